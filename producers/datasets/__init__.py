@@ -1,0 +1,41 @@
+"""Dataset readers: each streams a split in chunks of (ids, features, labels).
+
+Example:
+    >>> from producers import datasets
+    >>> sorted(datasets.NAMES)
+    ['csv', 'fashion-mnist', 'higgs', 'mnist', 'npz']
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pipeline.errors import ConfigError
+from producers.datasets.base import SPLITS, Chunk, Dataset
+from producers.datasets.fashion import FashionMnist
+from producers.datasets.higgs import Higgs
+from producers.datasets.mnist import Mnist
+from producers.datasets.tabular import Csv, Npz
+
+_REGISTRY: dict[str, type[Dataset]] = {
+    "mnist": Mnist, "fashion-mnist": FashionMnist, "higgs": Higgs, "csv": Csv, "npz": Npz,
+}
+NAMES = tuple(_REGISTRY)
+
+
+def get(name: str | Dataset, path: str | Path | None = None, **options: Any) -> Dataset:
+    """A dataset reader by name (``mnist``, ``fashion-mnist``, ``higgs``, ``csv``, ``npz``),
+    or the instance itself."""
+    if isinstance(name, Dataset):
+        return name
+    try:
+        cls = _REGISTRY[name]
+    except KeyError:
+        raise ConfigError(f"Unknown dataset {name!r}; expected one of {list(NAMES)}.") from None
+    if cls in (Csv, Npz) and path is None:
+        raise ConfigError(f"The {name} dataset needs a PATH to the file.")
+    return cls(path, **options)  # type: ignore[call-arg]
+
+
+__all__ = ["NAMES", "SPLITS", "Chunk", "Csv", "Dataset", "FashionMnist", "Higgs", "Mnist", "Npz", "get"]

@@ -1,0 +1,75 @@
+"""What every dataset reader yields: chunks of (ids, features, labels) for one split."""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+from collections.abc import Iterator
+
+import numpy as np
+
+from pipeline import codec
+from pipeline.errors import ConfigError
+
+SPLITS = ("train", "test")
+
+
+@dataclasses.dataclass
+class Chunk:
+    """Consecutive records of one split.
+
+    Attributes:
+        ids: record ids (uint64), unique within the split.
+        x: features, ``(n, n_features)`` in the schema's wire dtype.
+        y: class labels (int32).
+    """
+
+    ids: np.ndarray
+    x: np.ndarray
+    y: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+
+class Dataset(abc.ABC):
+    """A dataset reader: streams a split in chunks, counting rows it cannot use.
+
+    Subclasses implement :meth:`iter_chunks` and set :attr:`schema`. Rows that
+    cannot be parsed or encoded are counted in :attr:`malformed` and skipped.
+    """
+
+    name: str
+    schema: codec.Schema
+
+    def __init__(self) -> None:
+        self.malformed = 0
+
+    @abc.abstractmethod
+    def iter_chunks(self, split: str = "train", *, chunk_rows: int = 4096) -> Iterator[Chunk]:
+        """Yield the split's records in order, ``chunk_rows`` at a time (the last may be shorter)."""
+
+    def num_rows(self, split: str = "train") -> int | None:
+        """Rows in the split when known without reading it all, else None."""
+        return None
+
+    def load(self, split: str = "train") -> Chunk:
+        """The whole split in memory (for evaluation sets and small data)."""
+        chunks = list(self.iter_chunks(split, chunk_rows=65536))
+        if not chunks:
+            empty_x = np.empty((0, self.schema.n_features), self.schema.dtype)
+            return Chunk(np.empty(0, np.uint64), empty_x, np.empty(0, np.int32))
+        return Chunk(*(np.concatenate(parts) for parts in zip(*(dataclasses.astuple(c) for c in chunks), strict=True)))
+
+
+def check_split(split: str) -> str:
+    if split not in SPLITS:
+        raise ConfigError(f"Expected a split in {SPLITS}. Received: split={split!r}")
+    return split
+
+
+def chunk_arrays(x: np.ndarray, y: np.ndarray, chunk_rows: int, *, first_id: int = 0) -> Iterator[Chunk]:
+    """Cut in-memory arrays into chunks with consecutive ids."""
+    for start in range(0, len(y), chunk_rows):
+        stop = min(start + chunk_rows, len(y))
+        yield Chunk(np.arange(first_id + start, first_id + stop, dtype=np.uint64), x[start:stop], y[start:stop])

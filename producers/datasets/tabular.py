@@ -1,0 +1,109 @@
+"""Generic data: a CSV with a named label column, or an NPZ of arrays; N float32 features."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+
+from pipeline import codec
+from pipeline.errors import ConfigError, DataError
+from producers.datasets import _csv
+from producers.datasets.base import Chunk, Dataset, check_split, chunk_arrays
+
+
+def _label_ok(labels: np.ndarray, num_classes: int | None) -> np.ndarray:
+    ok = (labels == np.rint(labels)) & (labels >= 0)
+    return ok & (labels < num_classes) if num_classes else ok
+
+
+class Csv(Dataset):
+    """A numeric CSV with a header; the label column is a class index, every other
+    column a feature.
+
+    Args:
+        path: the train file (CSV or CSV.gz).
+        label_column: name of the label column.
+        test_path: the test file, same columns.
+        num_classes: rows whose label is outside ``[0, num_classes)`` count as malformed.
+    """
+
+    name = "csv"
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        label_column: str = "label",
+        test_path: str | Path | None = None,
+        num_classes: int | None = None,
+    ) -> None:
+        super().__init__()
+        self.paths = {"train": Path(path), "test": Path(test_path) if test_path else None}
+        self.label_column = label_column
+        self.num_classes = num_classes
+        with _csv.open_text(self.paths["train"]) as f:
+            header = _csv.read_header(f.readline())
+        self._label_index = _csv.check_columns(header, label_column, self.paths["train"])
+        assert header is not None
+        self.schema = codec.generic(len(header) - 1, num_classes or 2**31 - 1)
+
+    def iter_chunks(self, split: str = "train", *, chunk_rows: int = 4096) -> Iterator[Chunk]:
+        path = self.paths[check_split(split)]
+        if path is None:
+            raise ConfigError("This CSV dataset has no test split; pass --test-path.")
+        next_id = 0
+        for block, bad, header in _csv.iter_numeric_rows(path, block_rows=chunk_rows):
+            li = _csv.check_columns(header, self.label_column, path)
+            if li != self._label_index or block.shape[1] != self.schema.n_features + 1:
+                raise DataError(f"{path} has other columns than {self.paths['train']}: {header}")
+            labels = block[:, li]
+            ok = _csv.finite_rows(block) & _label_ok(labels, self.num_classes)
+            self.malformed += bad + int((~ok).sum())
+            n = int(ok.sum())
+            if n:
+                x = np.delete(block[ok], li, axis=1).astype(np.float32)
+                yield Chunk(np.arange(next_id, next_id + n, dtype=np.uint64), x, labels[ok].astype(np.int32))
+            next_id += n
+
+
+class Npz(Dataset):
+    """An NPZ of features and labels: ``x_train``/``y_train``/``x_test``/``y_test`` (Keras
+    layout) or one pair named by ``x_key``/``y_key`` (train split only)."""
+
+    name = "npz"
+
+    def __init__(self, path: str | Path, *, x_key: str = "x", y_key: str = "y", num_classes: int | None = None) -> None:
+        super().__init__()
+        path = Path(path)
+        if not path.is_file():
+            raise DataError(f"Expected an .npz file at {path}, found nothing there.")
+        with np.load(path, allow_pickle=False) as f:
+            keys = set(f.files)
+            pairs = {"train": ("x_train", "y_train"), "test": ("x_test", "y_test")}
+            if not {"x_train", "y_train"} <= keys:
+                if not {x_key, y_key} <= keys:
+                    raise DataError(
+                        f"Expected arrays x_train/y_train or {x_key!r}/{y_key!r} in {path}. Received: {sorted(keys)}"
+                    )
+                pairs = {"train": (x_key, y_key)}
+            self._arrays = {s: (f[xk], f[yk]) for s, (xk, yk) in pairs.items() if {xk, yk} <= keys}
+        x, _ = self._arrays["train"]
+        n_features = int(np.prod(x.shape[1:]))
+        self.num_classes = num_classes
+        self.schema = codec.generic(n_features, num_classes or 2**31 - 1)
+
+    def iter_chunks(self, split: str = "train", *, chunk_rows: int = 4096) -> Iterator[Chunk]:
+        if check_split(split) not in self._arrays:
+            raise ConfigError("This NPZ has no test split (x_test/y_test).")
+        x, y = self._arrays[split]
+        x = x.reshape(len(x), -1).astype(np.float32)
+        y = np.asarray(y).reshape(-1).astype(np.float64)
+        ok = np.isfinite(x).all(axis=1) & _label_ok(y, self.num_classes)
+        self.malformed += int((~ok).sum())
+        yield from chunk_arrays(x[ok], y[ok].astype(np.int32), chunk_rows)
+
+    def num_rows(self, split: str = "train") -> int | None:
+        pair = self._arrays.get(check_split(split))
+        return len(pair[1]) if pair else 0
