@@ -123,7 +123,7 @@ def encode_block(features: np.ndarray, labels: np.ndarray, schema: Schema) -> np
     Features are cast to the schema's dtype; callers validate ranges before.
     """
     n = len(labels)
-    flat = np.asarray(features).reshape(n, -1)
+    flat = np.asarray(features).reshape(n, schema.n_features if n == 0 else -1)
     if flat.shape[1] != schema.n_features:
         raise ConfigError(
             f"Expected {schema.n_features} features per {schema.name} record. "
@@ -135,7 +135,7 @@ def encode_block(features: np.ndarray, labels: np.ndarray, schema: Schema) -> np
     block[:, 2:4] = np.frombuffer(np.uint16(schema.n_features).tobytes(), np.uint8)
     block[:, 4:8] = np.asarray(labels, "<i4").reshape(n, 1).view(np.uint8)
     payload = np.ascontiguousarray(flat, dtype=np.dtype(schema.dtype).newbyteorder("<"))
-    block[:, HEADER_BYTES:] = payload.view(np.uint8).reshape(n, -1)
+    block[:, HEADER_BYTES:] = payload.view(np.uint8).reshape(n, schema.record_bytes - HEADER_BYTES)
     return block
 
 

@@ -203,8 +203,6 @@ class Replay:
         send = producer.send
         try:
             for chunk in self._chunks(report):
-                if self.limit is not None and handed >= self.limit:
-                    break
                 values = codec.encode(chunk.x, chunk.y, self.dataset.schema)
                 keys = codec.encode_keys(chunk.ids)
                 parts = (chunk.ids % np.uint64(partitions)).astype(np.int64).tolist()
@@ -220,6 +218,8 @@ class Replay:
                         bar.update(hi - lo)
                 self._settle(report, block=False)
                 self._count_malformed()
+                if self.limit is not None and handed >= self.limit:
+                    break  # before asking for another chunk, so a partial pass is not counted as an epoch
         except KeyboardInterrupt:
             report.interrupted = True
         finally:

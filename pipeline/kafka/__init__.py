@@ -1,7 +1,13 @@
 """Kafka: the embedded broker and client helpers that work on Tansu and real Kafka."""
 
 from pipeline.kafka.broker import EmbeddedBroker, find_tansu, free_port, running_bootstrap
-from pipeline.kafka.client import check_reachable, consumer, end_offsets, ensure_topic, parse_bootstrap
+from pipeline.kafka.client import (
+    check_reachable,
+    consumer,
+    end_offsets,
+    ensure_topic,
+    parse_bootstrap,
+)
 
 __all__ = [
     "EmbeddedBroker",

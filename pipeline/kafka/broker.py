@@ -59,6 +59,15 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
+def _port_free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+        return True
+
+
 def _die_with_parent() -> None:
     # Runs in the child between fork and exec: ask the kernel to SIGTERM it when
     # the parent dies, so a SIGKILLed test or driver leaves no orphan broker.
@@ -84,9 +93,9 @@ class EmbeddedBroker:
         log_path: where the broker's output goes (default: discarded).
 
     Example:
-        >>> with EmbeddedBroker() as broker:          # doctest: +SKIP
-        ...     print(broker.bootstrap)
-        127.0.0.1:40123
+        >>> with EmbeddedBroker() as broker:
+        ...     broker.bootstrap.startswith("127.0.0.1:")
+        True
     """
 
     def __init__(
@@ -120,6 +129,11 @@ class EmbeddedBroker:
             return self
         binary = find_tansu()
         requested = self.port
+        if requested and not _port_free(self.host, requested):
+            raise BrokerError(
+                f"Cannot start the embedded broker on {self.host}:{requested}: the port is in use. "
+                "Pass another --port (0 picks a free one), or --bootstrap to use the Kafka already there."
+            )
         # A probed free port can be taken before Tansu binds it: try a few. An
         # explicit port gets one try, since another would not be what was asked.
         for _ in range(1 if requested else 3):
@@ -156,7 +170,7 @@ class EmbeddedBroker:
                 with socket.create_connection((self.host, self.port), 0.2):
                     pass
                 wait_for_kafka(self.bootstrap, timeout_s=max(0.5, deadline - time.monotonic()))
-                return True
+                return self._proc.poll() is None
             except (OSError, BrokerError):
                 time.sleep(0.02)
         return False

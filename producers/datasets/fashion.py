@@ -28,12 +28,13 @@ class FashionMnist(Dataset):
     def __init__(self, path: str | Path | None = None, *, data_dir: Path | None = None) -> None:
         super().__init__()
         candidates = [Path(path)] if path else [p for p in (data_dir and data_dir / "fashion-mnist", DEBIAN_DIR) if p]
-        self.folder = next((c for c in candidates if _idx.find_idx(c, "train")), None)
-        if self.folder is None:
+        folder = next((c for c in candidates if _idx.find_idx(c, "train")), None)
+        if folder is None:
             raise DataError(
                 f"Expected Fashion-MNIST IDX files in {' or '.join(map(str, candidates))}; none found. "
                 "Install Debian's dataset-fashion-mnist or pass the folder holding train-images-idx3-ubyte.gz."
             )
+        self.folder: Path = folder
 
     def iter_chunks(self, split: str = "train", *, chunk_rows: int = 4096) -> Iterator[Chunk]:
         x, y = _idx.load_idx_split(self.folder, check_split(split))

