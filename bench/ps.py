@@ -1,0 +1,100 @@
+"""Benchmark: parameter-server exchange of the MNIST CNN's 1,048,853 weights over loopback.
+
+Clients run in their own processes, as executors would. Measured in one run:
+push+pull round trips (p50, p99), pushes applied per second with 2 and 4
+concurrent clients, and a memcpy of the same buffer as the floor.
+
+    .venv/bin/python bench/ps.py [--roundtrips 300] [--seconds 4]
+
+Last line: ``ps roundtrip_ms_p50=<n> roundtrip_ms_p99=<n> pushes_per_s=<n> ratio_vs_memcpy=<r>``
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import time
+
+import numpy as np
+
+from pipeline.ps import Client, ParameterServer
+
+WEIGHTS = 1_048_853  # dist-keras's MNIST CNN
+SECRET = b"bench-secret"
+
+
+def _roundtrips(address: tuple[str, int], n: int, out: mp.Queue) -> None:  # type: ignore[type-arg]
+    delta = np.full(WEIGHTS, 1e-6, np.float32)
+    times = []
+    with Client(address, secret=SECRET, worker=0, size=WEIGHTS) as c:
+        c.pull()
+        for _ in range(n + 10):
+            started = time.perf_counter()
+            c.push_pull(delta)
+            times.append(time.perf_counter() - started)
+    out.put(times[10:])  # the first few warm the socket buffers
+
+
+def _hammer(address: tuple[str, int], worker: int, seconds: float, go: mp.Event, out: mp.Queue) -> None:  # type: ignore[type-arg]
+    delta = np.full(WEIGHTS, 1e-6, np.float32)
+    with Client(address, secret=SECRET, worker=worker, size=WEIGHTS) as c:
+        c.pull()
+        go.wait()
+        started, n = time.perf_counter(), 0
+        while time.perf_counter() - started < seconds:
+            c.push_pull(delta)
+            n += 1
+    out.put((n, time.perf_counter() - started))
+
+
+def pushes_per_s(address: tuple[str, int], clients: int, seconds: float) -> float:
+    ctx = mp.get_context("spawn")
+    out, go = ctx.Queue(), ctx.Event()
+    procs = [ctx.Process(target=_hammer, args=(address, w, seconds, go, out)) for w in range(clients)]
+    for proc in procs:
+        proc.start()
+    time.sleep(1.5)  # let every client connect and pull before the clock starts
+    go.set()
+    results = [out.get(timeout=120) for _ in procs]
+    for proc in procs:
+        proc.join()
+    return sum(n for n, _ in results) / max(t for _, t in results)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--roundtrips", type=int, default=300)
+    ap.add_argument("--seconds", type=float, default=4.0)
+    args = ap.parse_args()
+
+    src = np.random.default_rng(0).standard_normal(WEIGHTS).astype(np.float32)
+    dst = np.empty_like(src)
+    copies = []
+    for _ in range(200):
+        started = time.perf_counter()
+        np.copyto(dst, src)
+        copies.append(time.perf_counter() - started)
+    memcpy_ms = float(np.median(copies)) * 1000
+
+    with ParameterServer(src, secret=SECRET) as server:
+        ctx = mp.get_context("spawn")
+        out = ctx.Queue()
+        proc = ctx.Process(target=_roundtrips, args=(server.address, args.roundtrips, out))
+        proc.start()
+        times = np.array(out.get(timeout=300)) * 1000
+        proc.join()
+        p50, p99 = float(np.percentile(times, 50)), float(np.percentile(times, 99))
+        rates = {k: pushes_per_s(server.address, k, args.seconds) for k in (2, 4)}
+        clock = server.clock
+
+    mb = WEIGHTS * 4 / 1e6
+    print(f"buffer {mb:.1f} MB; memcpy {memcpy_ms:.2f} ms; push+pull p50 {p50:.2f} ms p99 {p99:.2f} ms "
+          f"({2 * mb / p50:.2f} GB/s moved)")
+    print(f"pushes applied/s: 2 clients {rates[2]:.0f}, 4 clients {rates[4]:.0f}; server clock {clock}")
+    # A round trip moves the buffer twice (push, pull): the floor is two memcpys.
+    print(f"ps roundtrip_ms_p50={p50:.2f} roundtrip_ms_p99={p99:.2f} pushes_per_s={min(rates.values()):.0f} "
+          f"ratio_vs_memcpy={p50 / (2 * memcpy_ms):.1f}")
+
+
+if __name__ == "__main__":
+    main()

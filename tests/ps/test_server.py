@@ -1,0 +1,154 @@
+"""The parameter server: consistency, concurrency, staleness, and refusal of bad frames."""
+
+from __future__ import annotations
+
+import socket
+import struct
+import threading
+
+import numpy as np
+import pytest
+
+from pipeline.ps import Client, ParameterServer, ProtocolError
+from pipeline.ps import protocol as p
+
+SECRET = b"per-run-secret"
+N = 1000
+
+
+@pytest.fixture
+def server():  # type: ignore[no-untyped-def]
+    with ParameterServer(np.zeros(N, np.float32), secret=SECRET) as s:
+        yield s
+
+
+def _client(server: ParameterServer, worker: int = 0, secret: bytes = SECRET) -> Client:
+    return Client(server.address, secret=secret, worker=worker, size=N)
+
+
+def test_push_then_pull_is_consistent(server: ParameterServer) -> None:
+    rng = np.random.default_rng(0)
+    deltas = rng.standard_normal((5, N)).astype(np.float32)
+    with _client(server) as c:
+        c.pull()
+        for d in deltas:
+            c.push(d)
+        assert np.allclose(c.pull(), deltas.sum(axis=0), atol=1e-5)
+        assert c.clock == server.clock == 5
+
+
+def test_concurrent_clients_lose_no_update(server: ParameterServer) -> None:
+    workers, pushes = 4, 50
+
+    def work(w: int) -> None:
+        with _client(server, w) as c:
+            c.pull()
+            for _ in range(pushes):
+                c.push_pull(np.full(N, 1.0, np.float32))
+
+    threads = [threading.Thread(target=work, args=(w,)) for w in range(workers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert server.clock == workers * pushes
+    assert np.array_equal(server.weights(), np.full(N, workers * pushes, np.float32))
+    stats = server.stats()
+    # Every push was counted once in the staleness histogram, and some were stale.
+    assert sum(stats["staleness"].values()) == workers * pushes
+    assert stats["ops"]["push_pull"] == workers * pushes
+
+
+def test_staleness_is_updates_since_the_workers_last_pull(server: ParameterServer) -> None:
+    with _client(server, 0) as a, _client(server, 1) as b:
+        a.pull()
+        b.pull()
+        for _ in range(3):
+            b.push(np.zeros(N, np.float32))
+        assert a.push(np.zeros(N, np.float32)) == 3
+        assert b.push(np.zeros(N, np.float32)) == 4  # b pulled at 0; its own pushes count too
+        a.pull()
+        assert a.push(np.zeros(N, np.float32)) == 0
+
+
+def test_rule_sees_staleness_and_pulled_center() -> None:
+    seen = []
+
+    def rule(center: np.ndarray, delta: np.ndarray, *, staleness: int, pulled: np.ndarray | None) -> None:
+        seen.append((staleness, None if pulled is None else pulled.copy()))
+        center += delta / (staleness + 1)
+
+    with ParameterServer(np.ones(N, np.float32), secret=SECRET, rule=rule, keep_pulled=True) as s, \
+            _client(s) as c:
+        c.pull()
+        c.push(np.full(N, 2.0, np.float32))
+        c.push(np.full(N, 2.0, np.float32))
+    assert [st for st, _ in seen] == [0, 1]
+    assert np.array_equal(seen[0][1], np.ones(N, np.float32))
+    assert np.allclose(s.weights(), 1 + 2 + 1)
+
+
+def test_wrong_secret_is_refused_and_counted(server: ParameterServer) -> None:
+    with pytest.raises((ProtocolError, ConnectionError)), _client(server, secret=b"guess") as c:
+        c.pull()
+    with _client(server) as c:  # the server keeps serving
+        c.pull()
+    assert server.stats()["refused"] == {"auth": 1}
+
+
+def _raw_session(server: ParameterServer) -> tuple[socket.socket, bytes]:
+    sock = socket.create_connection(server.address, timeout=5)
+    nonce = bytearray(p.NONCE_BYTES)
+    p.recv_exact(sock, memoryview(nonce))
+    sock.sendall(p.challenge_answer(SECRET, bytes(nonce)))
+    return sock, p.session_key(SECRET, bytes(nonce))
+
+
+def _reply_status(sock: socket.socket) -> int:
+    raw = bytearray(p.HEADER.size)
+    p.recv_exact(sock, memoryview(raw))
+    return p.unpack(raw).op
+
+
+@pytest.mark.parametrize("make, reason", [
+    # A push declaring 1 TB: refused from the header, nothing allocated.
+    (lambda key: p.pack(p.Header(p.PUSH, 0, 1, 0, 1 << 40), key), "size"),
+    # A pull that claims a payload.
+    (lambda key: p.pack(p.Header(p.PULL, 0, 1, 0, 8), key), "size"),
+    # A header signed with the wrong key, and one replayed with an old sequence number.
+    (lambda key: p.pack(p.Header(p.PULL, 0, 1, 0, 0), b"x" * 32), "auth"),
+    (lambda key: p.pack(p.Header(p.PULL, 0, 7, 0, 0), key), "auth"),
+    # Garbage instead of a header, and an unknown op.
+    (lambda key: b"GET / HTTP/1.1\r\n" + b"\0" * (p.HEADER.size - 16), "frame"),
+    (lambda key: p.pack(p.Header(99, 0, 1, 0, 0), key), "frame"),
+])
+def test_bad_frames_are_refused_counted_and_the_server_keeps_serving(server, make, reason) -> None:  # type: ignore[no-untyped-def]
+    sock, key = _raw_session(server)
+    sock.sendall(make(key))
+    status = _reply_status(sock)
+    sock.close()
+    assert p.STATUS[status] == reason
+    assert server.stats()["refused"] == {reason: 1}
+    with _client(server) as c:
+        assert c.pull().shape == (N,)
+
+
+def test_truncated_push_is_counted_and_nothing_is_applied(server: ParameterServer) -> None:
+    sock, key = _raw_session(server)
+    sock.sendall(p.pack(p.Header(p.PUSH, 0, 1, 0, N * 4), key) + struct.pack("<10f", *range(10)))
+    sock.close()
+    with _client(server) as c:
+        assert not c.pull().any()
+        deadline_stats = c.stats()
+    assert deadline_stats["refused"] == {"truncated": 1} and server.clock == 0
+
+
+def test_stop_frees_the_port_even_with_clients_connected() -> None:
+    s = ParameterServer(np.zeros(N, np.float32), secret=SECRET).start()
+    port = s.port
+    c = _client(s)
+    c.pull()
+    s.stop()
+    with ParameterServer(np.zeros(N, np.float32), secret=SECRET, port=port) as again:
+        assert again.port == port
+    c.close()
