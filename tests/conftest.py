@@ -66,3 +66,13 @@ def consume(broker: EmbeddedBroker) -> Callable[..., list]:  # type: ignore[type
             c.close()
 
     return _consume
+
+
+@pytest.fixture(scope="session")
+def spark():  # type: ignore[no-untyped-def]
+    """A real local Spark (2 cores), once per session."""
+    from pipeline import spark as spark_mod
+
+    s = spark_mod.session("local[2]", app="streamtrain-tests")
+    yield s
+    s.stop()

@@ -59,6 +59,10 @@ class ParameterServer:
         port: 0 picks a free port.
         rule: the update rule applied to each push (default: center += delta).
         keep_pulled: keep each worker's last pulled center, for rules that use it.
+        sync_workers: if > 0, pushes are synchronous rounds: a round applies the
+            mean of ``sync_workers`` deltas at once (model averaging), and each
+            push_pull waits for its round. A round that waits ``sync_timeout_s``
+            closes with the deltas it has (a worker that ran out of data).
 
     Example:
         >>> import numpy as np
@@ -79,6 +83,8 @@ class ParameterServer:
         port: int = 0,
         rule: Rule = add_delta,
         keep_pulled: bool = False,
+        sync_workers: int = 0,
+        sync_timeout_s: float = 30.0,
     ) -> None:
         if not secret:
             raise ConfigError("The parameter server needs a non-empty secret.")
@@ -89,7 +95,12 @@ class ParameterServer:
         self.rule = rule
         self.keep_pulled = keep_pulled
         self.clock = 0
+        self.sync_workers = sync_workers
+        self.sync_timeout_s = sync_timeout_s
         self._lock = threading.Lock()
+        self._round_done = threading.Condition(self._lock)
+        self._round_sum = np.zeros(self.size, np.float32) if sync_workers else None
+        self._round_count = 0
         self._last_pulled: dict[int, int] = {}
         self._pulled: dict[int, np.ndarray] = {}
         self._stats = _Stats()
@@ -251,11 +262,30 @@ class ParameterServer:
                     return
             self._answer(conn, h, inbox, outbox, started)
 
+    def _join_round(self, delta: np.ndarray) -> None:
+        """Add ``delta`` to this round and wait until the round is applied (lock held)."""
+        assert self._round_sum is not None
+        np.add(self._round_sum, delta, out=self._round_sum)
+        self._round_count += 1
+        clock = self.clock
+        if self._round_count < self.sync_workers:
+            self._round_done.wait_for(lambda: self.clock != clock, timeout=self.sync_timeout_s)
+        if self.clock == clock:  # full round, or the wait timed out: apply what came
+            self.rule(self.center, self._round_sum / np.float32(self._round_count), staleness=0, pulled=None)
+            hist = self._stats.staleness
+            hist[0] = hist.get(0, 0) + self._round_count
+            self._round_sum.fill(0)
+            self._round_count = 0
+            self.clock += 1
+            self._round_done.notify_all()
+
     def _answer(self, conn: socket.socket, h: p.Header, inbox: np.ndarray, outbox: np.ndarray, started: float) -> None:
         staleness = 0
         payload: memoryview | bytes = b""
         with self._lock:
-            if h.op in (p.PUSH, p.PUSH_PULL):
+            if h.op in (p.PUSH, p.PUSH_PULL) and self.sync_workers:
+                self._join_round(inbox)
+            elif h.op in (p.PUSH, p.PUSH_PULL):
                 # Staleness from the server's own record of this worker's last pull;
                 # the worker's claimed clock is used only before its first pull.
                 pulled_at = self._last_pulled.get(h.worker, h.clock)

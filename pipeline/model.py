@@ -1,0 +1,160 @@
+"""Models as data: what executors need to rebuild a replica, and weights as one flat buffer.
+
+A :class:`ModelSpec` holds the model's Keras JSON, the optimizer and the loss; its
+fingerprint keys the executors' replica cache. Keras is imported only when a
+model is built, so the driver's parameter server and the producers stay light.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from typing import Any
+
+import numpy as np
+
+from pipeline.errors import ConfigError
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSpec:
+    """A Keras model's architecture, optimizer and loss, as plain data.
+
+    Attributes:
+        architecture: ``model.to_json()``.
+        optimizer: a Keras optimizer name or ``{"class_name", "config"}`` dict.
+        loss: a Keras loss name.
+        shapes: the shapes of ``model.get_weights()``, to cut the flat buffer.
+        imports: modules defining the model's own classes, imported before rebuilding
+            it (they must be importable where the workers run).
+    """
+
+    architecture: str
+    optimizer: str | dict[str, Any]
+    loss: str
+    shapes: tuple[tuple[int, ...], ...]
+    imports: tuple[str, ...] = ()
+
+    @property
+    def size(self) -> int:
+        """Number of weights."""
+        return int(sum(int(np.prod(s)) for s in self.shapes))
+
+    @property
+    def fingerprint(self) -> str:
+        """A digest of everything that makes two replicas interchangeable."""
+        blob = json.dumps([self.architecture, self.optimizer, self.loss], sort_keys=True, default=str)
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+    @classmethod
+    def from_model(cls, model: Any, *, optimizer: str | dict[str, Any], loss: str) -> ModelSpec:
+        """Describe a built Keras model (Sequential, functional, or subclassed with get_config)."""
+        if not model.built or not model.weights:
+            raise ConfigError("Expected a built Keras model with weights (give it an Input, or call it on one batch). Received an unbuilt one.")
+        try:
+            architecture = model.to_json()
+        except (NotImplementedError, TypeError, ValueError) as e:
+            raise ConfigError(
+                f"The model cannot be serialized for the workers ({e}). A subclassed model needs get_config() "
+                "and @keras.saving.register_keras_serializable()."
+            ) from None
+        layers = [model, *model._flatten_layers(include_self=False)]
+        imports = sorted({type(x).__module__ for x in layers} - {"__main__"})
+        imports = [m for m in imports if m.split(".")[0] not in ("keras", "tf_keras", "tensorflow")]
+        shapes = tuple(tuple(w.shape) for w in model.get_weights())
+        return cls(architecture, optimizer, loss, shapes, tuple(imports))
+
+    def build(self) -> Any:
+        """A compiled replica with freshly initialized weights."""
+        import importlib
+
+        import keras
+
+        for module in self.imports:
+            importlib.import_module(module)  # registers the model's custom classes
+
+        model = keras.models.model_from_json(self.architecture)
+        model.compile(optimizer=keras.optimizers.get(self.optimizer), loss=self.loss)
+        return model
+
+
+def input_shape(model: Any) -> tuple[int, ...]:
+    """The shape of one example, for Sequential, functional and subclassed models."""
+    inputs = getattr(model, "inputs", None)
+    if inputs:
+        return tuple(int(d) for d in inputs[0].shape[1:])
+    built = (model.get_build_config() or {}).get("input_shape")
+    if not built:
+        raise ConfigError("Cannot tell the model's input shape: call the model on one batch before training it.")
+    return tuple(int(d) for d in built[1:])
+
+
+def get_flat(model: Any) -> np.ndarray:
+    """All of a model's weights as one float32 vector."""
+    return np.concatenate([np.ravel(w) for w in model.get_weights()]).astype(np.float32, copy=False)
+
+
+def set_flat(model: Any, flat: np.ndarray, shapes: tuple[tuple[int, ...], ...]) -> None:
+    """Load a flat vector (from :func:`get_flat`) into a model's weights.
+
+    >>> class Fake:
+    ...     def set_weights(self, ws): self.ws = ws
+    >>> m = Fake(); set_flat(m, np.arange(5, dtype=np.float32), ((2,), (3, 1)))
+    >>> [w.tolist() for w in m.ws]
+    [[0.0, 1.0], [[2.0], [3.0], [4.0]]]
+    """
+    out, offset = [], 0
+    for shape in shapes:
+        n = int(np.prod(shape))
+        out.append(flat[offset : offset + n].reshape(shape))
+        offset += n
+    if offset != flat.size:
+        raise ConfigError(f"Expected {offset} weights for this model. Received: {flat.size}")
+    model.set_weights(out)
+
+
+def reset_optimizer(model: Any) -> None:
+    """Zero an optimizer's state (moments, step count) but keep its learning rate.
+
+    In Keras 3 the learning rate is one of the optimizer's variables, so zeroing
+    all of them would stop training.
+    """
+    opt = model.optimizer
+    if opt is None or not opt.built:
+        return
+    keep = {id(getattr(opt, "_learning_rate", None))}
+    for var in opt.variables:
+        if id(var) not in keep and "learning_rate" not in var.path:
+            var.assign(np.zeros(var.shape, var.dtype))
+
+
+# --- the model zoo: what `streamtrain run` trains when the user brings no model ---
+
+
+def mnist_cnn() -> Any:
+    """dist-keras's MNIST CNN (1,048,853 weights), from the Keras MNIST example."""
+    import keras
+
+    return keras.Sequential([
+        keras.Input((28, 28, 1)),
+        keras.layers.Conv2D(32, (3, 3), activation="relu"),
+        keras.layers.Conv2D(32, (3, 3), activation="relu"),
+        keras.layers.MaxPooling2D((2, 2)),
+        keras.layers.Flatten(),
+        keras.layers.Dense(225, activation="relu"),
+        keras.layers.Dense(10, activation="softmax"),
+    ], name="mnist_cnn")
+
+
+def higgs_mlp() -> Any:
+    """A HIGGS classifier: 28 features, three hidden layers, 2 classes."""
+    import keras
+
+    return keras.Sequential([
+        keras.Input((28,)),
+        keras.layers.Dense(300, activation="relu"),
+        keras.layers.Dense(300, activation="relu"),
+        keras.layers.Dense(300, activation="relu"),
+        keras.layers.Dense(2, activation="softmax"),
+    ], name="higgs_mlp")
