@@ -162,6 +162,21 @@ def decode_keys(keys: Sequence[bytes]) -> np.ndarray:
     return np.frombuffer(b"".join(keys), ">u8").astype(np.uint64)
 
 
+def decode_key_array(keys: Any) -> np.ndarray | None:
+    """Record ids from a block of keys (list or pyarrow array) in one pass, or None unless
+    every key is an 8-byte id.
+
+    >>> decode_key_array(encode_keys(np.array([3, 4]))).tolist()
+    [3, 4]
+    >>> decode_key_array([b"abc"]) is None
+    True
+    """
+    data, offsets = _as_buffer(keys)
+    if not len(offsets) - 1 or not (np.diff(offsets) == 8).all():
+        return None
+    return np.frombuffer(data[offsets[0] : offsets[-1]].tobytes(), ">u8").astype(np.uint64)
+
+
 @dataclasses.dataclass
 class Decoded:
     """Records decoded from one block of values.
@@ -200,7 +215,7 @@ def _as_buffer(values: Any) -> tuple[np.ndarray, np.ndarray]:
         data = np.frombuffer(data_buf, np.uint8) if data_buf is not None else np.empty(0, np.uint8)
         # A null value spans no bytes, so it fails the length check as wrong_length.
         return data, offsets.astype(np.int64, copy=False)
-    values = list(values)
+    values = [b"" if v is None else v for v in values]
     lengths = np.fromiter((len(v) for v in values), np.int64, len(values))
     offsets = np.zeros(len(values) + 1, np.int64)
     np.cumsum(lengths, out=offsets[1:])
