@@ -1,0 +1,105 @@
+"""Benchmark: Kafka -> Spark micro-batches -> decoded numpy on the executors, against a bare
+kafka-python consume of the same records in the same run.
+
+The stream arm runs the real StreamJob (Python Kafka source, local[2], availableNow,
+20,000-record micro-batches, a handler that only counts); its rate is records over
+the wall time from the first batch's start to the last batch's end, so trigger
+gaps count. The baseline assigns a kafka-python consumer to every partition and
+reads the same records once. Spark's start-up is excluded from both.
+
+    .venv/bin/python bench/source.py [--records 60000]
+
+Last line: ``source mnist_rps=<n> higgs_rps=<n> ratio_vs_consumer=<r> trigger_overhead_ms_p50=<n>``
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from typing import Any
+
+from kafka import TopicPartition
+
+from pipeline import codec, stream
+from pipeline import spark as spark_mod
+from pipeline.kafka import EmbeddedBroker, client
+from producers import Replay, datasets
+
+
+class Count(stream.Handler):
+    def process(self, block: stream.Block) -> dict[str, Any]:
+        return {"n": len(block.y), "pixels": int(block.x.shape[1])}
+
+
+def bare_consume(bootstrap: str, topic: str, n: int) -> float:
+    c = client.consumer(bootstrap, max_partition_fetch_bytes=16 << 20, fetch_max_bytes=64 << 20,
+                        receive_buffer_bytes=4 << 20)
+    tps = [TopicPartition(topic, p) for p in client.partitions_for(c, topic)]
+    c.assign(tps)
+    c.seek_to_beginning(*tps)
+    got = 0
+    started = time.perf_counter()
+    while got < n:
+        for records in c.poll(timeout_ms=500, max_records=100_000).values():
+            got += len(records)
+    elapsed = time.perf_counter() - started
+    c.close()
+    return got / elapsed
+
+
+def stream_arm(spark: Any, bootstrap: str, topic: str, schema: codec.Schema, n: int, per_batch: int) -> tuple[float, list[float]]:
+    with tempfile.TemporaryDirectory() as ckpt:
+        job = stream.StreamJob(spark, bootstrap=bootstrap, topics=[topic], schema=schema, handler=Count(),
+                               checkpoint=ckpt, source="python", available_now=True,
+                               max_offsets_per_trigger=per_batch, dead_letter_topic="")
+        marks: list[float] = []
+        original = job._on_batch
+
+        def timed(df: Any, batch_id: int) -> None:
+            marks.append(time.perf_counter())
+            original(df, batch_id)
+            marks.append(time.perf_counter())
+
+        job._on_batch = timed  # type: ignore[method-assign]
+        batches = job.run(timeout_s=600)
+    rows = sum(b.rows for b in batches)
+    assert rows == n and all(b.accepted == b.rows for b in batches), (rows, n)
+    overhead = [b.trigger_to_handler_s * 1000 for b in batches if b.trigger_to_handler_s is not None]
+    return rows / (marks[-1] - marks[0]), overhead
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--records", type=int, default=60_000)
+    ap.add_argument("--per-batch", type=int, default=20_000)
+    args = ap.parse_args()
+    n = args.records
+    with EmbeddedBroker() as broker:
+        sets = {"mnist": datasets.get("mnist"), "higgs": datasets.get("higgs")}
+        for name, data in sets.items():
+            Replay(data, bootstrap=broker.bootstrap, topic=name, partitions=2, loop=True, limit=n).run()
+        spark = spark_mod.session("local[2]", app="bench-source")
+        try:
+            # Warm-up: Python workers start and import their modules once per session.
+            stream_arm(spark, broker.bootstrap, "higgs", codec.HIGGS, n, args.per_batch)
+            results = {}
+            overheads: list[float] = []
+            for name, data in sets.items():
+                rps, overhead = stream_arm(spark, broker.bootstrap, name, data.schema, n, args.per_batch)
+                bare = bare_consume(broker.bootstrap, name, n)
+                results[name] = (rps, bare)
+                overheads += overhead
+                print(f"{name}: stream {rps:,.0f} records/s decoded on executors; bare kafka-python consume "
+                      f"{bare:,.0f} records/s; ratio {rps / bare:.2f}; trigger->handler ms {[round(o) for o in overhead]}",
+                      flush=True)
+        finally:
+            spark.stop()
+    ratio = statistics.median(r / b for r, b in results.values())
+    print(f"source mnist_rps={results['mnist'][0]:.0f} higgs_rps={results['higgs'][0]:.0f} "
+          f"ratio_vs_consumer={ratio:.2f} trigger_overhead_ms_p50={statistics.median(overheads):.0f}")
+
+
+if __name__ == "__main__":
+    main()
