@@ -32,6 +32,7 @@ def _setup_logging(verbose: bool) -> None:
     )
     # kafka-python logs every reconnect attempt at WARNING/ERROR; our own errors say it once.
     logging.getLogger("kafka").setLevel(logging.CRITICAL if not verbose else logging.INFO)
+    logging.getLogger("py4j").setLevel(logging.WARNING if not verbose else logging.INFO)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -105,6 +106,7 @@ _DATASET_OPTIONS: dict[str, tuple[str, ...]] = {
 @click.option("--rate", type=float, help="Records per second (default: full speed).")
 @click.option("--loop", is_flag=True, help="Start over at the end of the data, until --limit or Ctrl-C.")
 @click.option("--limit", type=int, help="Stop after this many records.")
+@click.option("--epochs", type=int, help="Stop after this many passes over the data (implies --loop).")
 @click.option("--split", type=click.Choice(["train", "test"]), default="train", show_default=True)
 @click.option("--partitions", type=int, default=2, show_default=True, help="Partitions of a new topic.")
 @_bootstrap_option
@@ -116,7 +118,7 @@ _DATASET_OPTIONS: dict[str, tuple[str, ...]] = {
 @click.option("--progress/--no-progress", default=None, help="Progress bar (default: on a terminal).")
 def produce(
     dataset: str, path: str | None, topic: str | None, rate: float | None, loop: bool, limit: int | None,
-    split: str, partitions: int, bootstrap: str | None, metrics_port: int | None, data_dir: str | None,
+    epochs: int | None, split: str, partitions: int, bootstrap: str | None, metrics_port: int | None, data_dir: str | None,
     label_column: str | None, test_path: str | None, num_classes: int | None, progress: bool | None,
 ) -> None:
     """Replay DATASET (from PATH, or the data folder) into a Kafka topic."""
@@ -138,7 +140,7 @@ def produce(
     server = metrics.serve(meters.registry, host=settings.metrics_host, port=port)
     log.info("producer metrics at %s", server.url)
     job = replay.Replay(
-        data, bootstrap=target, topic=topic or dataset, rate=rate, loop=loop, limit=limit, split=split,
+        data, bootstrap=target, topic=topic or dataset, rate=rate, loop=loop, limit=limit, epochs=epochs, split=split,
         partitions=partitions, meters=meters, progress=sys.stderr.isatty() if progress is None else progress,
     )
     try:
@@ -154,53 +156,45 @@ def produce(
 
 @cli.command()
 @click.option("--dataset", type=click.Choice(["mnist", "fashion-mnist", "higgs"]), default="mnist", show_default=True)
-@click.option("--topic", help="Kafka topic (default: the dataset's name).")
-@click.option("--rate", type=float, help="Records per second (default: full speed).")
-@click.option("--limit", type=int, help="Replay at most this many records.")
+@click.option("--algorithm", default="downpour", show_default=True,
+              help="single, averaging, downpour, agn, adag, aeasgd, eamsgd or dynsgd.")
+@click.option("--workers", type=int, default=2, show_default=True, help="Parallel model replicas.")
+@click.option("--batch-size", type=int, default=128, show_default=True)
+@click.option("--window", "communication_window", type=int, default=5, show_default=True,
+              help="Mini-batches between exchanges with the parameter server.")
+@click.option("--epochs", type=int, default=1, show_default=True, help="Times the producer replays the data.")
+@click.option("--rate", type=float, help="Replay rate, records/s (default: full speed).")
+@click.option("--until-accuracy", type=float, help="Stop once held-out accuracy reaches this.")
+@click.option("--max-batches", type=int, help="Stop after this many micro-batches.")
+@click.option("--timeout", "timeout_s", type=float, help="Stop after this many seconds of streaming.")
 @_bootstrap_option
+@click.option("--topic", help="Train from this topic; with --bootstrap, fed by someone else (no replay).")
+@click.option("--master", default="local[*]", show_default=True, help="Spark master URL.")
+@click.option("--model", help="Your model: FILE.py:BUILD_FN or FILE.keras (default: the dataset's).")
+@click.option("--out", type=click.Path(file_okay=False), help="Output folder (default: runs/DATASET-TIME).")
+@click.option("--resume", "resume_dir", type=click.Path(file_okay=False),
+              help="Continue the run in this folder after a stop or crash.")
+@click.option("--max-offsets-per-trigger", type=int, default=20_000, show_default=True,
+              help="Records per micro-batch at most.")
+@click.option("--eval-every", type=int, default=5, show_default=True,
+              help="Score the held-out split every this many micro-batches (and at the end).")
+@click.option("--metrics-port", type=int, default=0, show_default=True, help="Port of /metrics (0: a free port).")
 @click.option("--data-dir", type=click.Path(file_okay=False), help="Folder holding the datasets.")
-def run(dataset: str, topic: str | None, rate: float | None, limit: int | None, bootstrap: str | None,
-        data_dir: str | None) -> None:
-    """The main job on its embedded default: broker, replay, and the stream read back and decoded.
+@click.option("--seed", type=int, help="Seed for reproducible data order.")
+def run(resume_dir: str | None, out: str | None, bootstrap: str | None, **options: Any) -> None:
+    """The main job: replay a dataset into Kafka and train a model online from the stream."""
+    from pipeline import run as run_mod
 
-    Distributed training from the stream is not built yet: this release checks
-    the ingest path end to end (every record replayed, read back once, decoded).
-    """
-    import contextlib
-
-    from pipeline import codec
-    from pipeline.kafka import EmbeddedBroker, client
-    from producers import replay
-
-    data = _dataset(dataset, None, data_dir)
-    with contextlib.ExitStack() as stack:
-        target = client.parse_bootstrap(bootstrap) if bootstrap else stack.enter_context(EmbeddedBroker()).bootstrap
-        log.info("Kafka at %s%s", target, "" if bootstrap else " (embedded)")
-        name = topic or dataset
-        report = replay.Replay(data, bootstrap=target, topic=name, rate=rate, limit=limit,
-                               progress=sys.stderr.isatty()).run()
-        click.echo(report.summary())
-        consumer = client.consumer(target, max_partition_fetch_bytes=8 << 20)
-        try:
-            from kafka import TopicPartition
-
-            tps = [TopicPartition(name, p) for p in client.partitions_for(consumer, name)]
-            ends = client.end_offsets(consumer, tps)
-            consumer.assign(tps)
-            consumer.seek_to_beginning(*tps)
-            read, accepted = 0, 0
-            rejects: dict[str, int] = {}
-            while any(consumer.position(tp) < ends[tp] for tp in tps):
-                for records in consumer.poll(timeout_ms=500, max_records=50_000).values():
-                    out = codec.decode([r.value for r in records], data.schema)
-                    read += len(records)
-                    accepted += len(out.y)
-                    for reason, n in out.reject_counts().items():
-                        rejects[reason] = rejects.get(reason, 0) + n
-        finally:
-            consumer.close()
-    click.echo(f"read back {read} records from {name}: {accepted} decoded, rejected {rejects or 'none'}")
-    click.echo("training from the stream is not part of this release yet; see README.md")
+    if resume_dir and out and Path(out).resolve() != Path(resume_dir).resolve():
+        raise ConfigError("Pass either --out or --resume (the folder to continue), not two folders.")
+    boot = bootstrap or config.settings().bootstrap
+    cfg = run_mod.RunConfig(out=resume_dir or out, resume=bool(resume_dir), bootstrap=boot, **options)
+    report = run_mod.run(cfg)
+    final = " ".join(f"{k} {v:.4f}" for k, v in report["final"].items())
+    click.echo(f"trained {report['trained_records']} records in {report['train_seconds']:.1f} s "
+               f"({report['records_per_s']:.0f}/s after {report['startup_s']:.1f} s start-up); "
+               f"held-out {final}; stopped: {report['stopped_because']}")
+    click.echo(f"model and report in {report['out']}")
 
 
 @cli.group()

@@ -10,7 +10,7 @@ import dataclasses
 import threading
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 from pipeline.errors import ConfigError
 
@@ -46,6 +46,62 @@ def producer_metrics() -> ProducerMetrics:
                           "The replay rate limit (0: unlimited).", ["topic"], registry=reg),
         epochs=Counter("streamtrain_producer_epochs_total",
                        "Complete passes over the dataset split.", ["topic", "dataset"], registry=reg),
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainingMetrics:
+    """Metrics of the training driver (executors report theirs through it)."""
+
+    registry: CollectorRegistry
+    records_ingested: Counter
+    records_trained: Counter
+    records_rejected: Counter
+    batches: Counter
+    batches_skipped: Counter
+    batch_duration: Histogram
+    consumer_lag: Gauge
+    staleness: Histogram
+    updates_applied: Gauge
+    freshness: Gauge
+    prequential_loss: Gauge
+    prequential_accuracy: Gauge
+    heldout_accuracy: Gauge
+    worker_seconds: Counter
+
+
+def training_metrics() -> TrainingMetrics:
+    """A fresh registry with the training driver's metrics."""
+    reg = CollectorRegistry()
+    return TrainingMetrics(
+        registry=reg,
+        records_ingested=Counter("streamtrain_stream_records_ingested_total",
+                                 "Records read from Kafka into micro-batches.", ["topic"], registry=reg),
+        records_trained=Counter("streamtrain_train_records_total", "Records trained on.", ["topic"], registry=reg),
+        records_rejected=Counter("streamtrain_stream_records_rejected_total",
+                                 "Records set aside to the dead-letter topic, by reason.", ["reason"], registry=reg),
+        batches=Counter("streamtrain_stream_batches_total", "Micro-batches applied.", registry=reg),
+        batches_skipped=Counter("streamtrain_stream_batches_skipped_total",
+                                "Replayed micro-batches skipped because the checkpoint already holds them.",
+                                registry=reg),
+        batch_duration=Histogram("streamtrain_stream_batch_duration_seconds", "Wall time of a micro-batch.",
+                                 buckets=(0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64), registry=reg),
+        consumer_lag=Gauge("streamtrain_stream_consumer_lag_records",
+                           "Records in Kafka not yet trained, per partition.", ["topic", "partition"], registry=reg),
+        staleness=Histogram("streamtrain_ps_staleness_updates", "Updates applied between a worker's pull and push.",
+                            buckets=(0, 1, 2, 3, 4, 6, 8, 12, 16, 32, 64), registry=reg),
+        updates_applied=Gauge("streamtrain_ps_clock_updates", "Updates the parameter server has applied (its clock).",
+                              registry=reg),
+        freshness=Gauge("streamtrain_train_freshness_seconds",
+                        "Now minus the event time of records when trained (median of the last batch).", registry=reg),
+        prequential_loss=Gauge("streamtrain_train_prequential_loss",
+                               "Loss on each batch before training on it (test-then-train).", registry=reg),
+        prequential_accuracy=Gauge("streamtrain_train_prequential_accuracy",
+                                   "Accuracy on each batch before training on it.", registry=reg),
+        heldout_accuracy=Gauge("streamtrain_eval_heldout_accuracy",
+                               "Accuracy of the center weights on the held-out test split.", registry=reg),
+        worker_seconds=Counter("streamtrain_worker_seconds_total", "Worker time by activity.", ["activity"],
+                               registry=reg),
     )
 
 

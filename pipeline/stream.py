@@ -75,6 +75,10 @@ class Handler:
     def on_batch(self, info: BatchInfo) -> None:
         """Driver: called after every micro-batch, before Spark commits it."""
 
+    def skip(self, batch_id: int) -> bool:
+        """Driver: True for a batch already applied (Spark replays one whose commit was lost)."""
+        return False
+
 
 @dataclasses.dataclass
 class RangeFigures:
@@ -115,6 +119,7 @@ class BatchInfo:
     lag: dict[str, int] = dataclasses.field(default_factory=dict)
     trigger_to_handler_s: float | None = None
     results: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    started_at: float = 0.0  # time.monotonic() when the batch reached the driver
 
 
 # --- executor side -----------------------------------------------------------------------
@@ -205,18 +210,18 @@ class LagMonitor:
 
         from pipeline.kafka import client
 
-        c = client.consumer(self.bootstrap)
-        try:
-            while not self._stop.is_set():
-                try:
-                    tps = [TopicPartition(t, p) for t in self.topics for p in client.partitions_for(c, t)]
-                    found = client.end_offsets(c, tps, timeout_s=5)
-                    self.ends = {(tp.topic, tp.partition): n for tp, n in found.items()}
-                except Exception as e:  # lag is a figure, never a reason to stop training
-                    log.debug("lag refresh failed: %s", e)
-                self._stop.wait(self.interval_s)
-        finally:
-            c.close()
+        while not self._stop.is_set():
+            # A fresh consumer each time, as the source's planner does (see kafka_source._edges).
+            c = client.consumer(self.bootstrap)
+            try:
+                tps = [TopicPartition(t, p) for t in self.topics for p in client.partitions_for(c, t)]
+                found = client.end_offsets(c, tps, timeout_s=5)
+                self.ends = {(tp.topic, tp.partition): n for tp, n in found.items()}
+            except Exception as e:  # lag is a figure, never a reason to stop training
+                log.debug("lag refresh failed: %s", e)
+            finally:
+                c.close()
+            self._stop.wait(self.interval_s)
 
     def lag(self, ranges: list[tuple[str, int, int, int]]) -> dict[str, int]:
         ends = self.ends
@@ -335,9 +340,12 @@ class StreamJob:
             raise StreamtrainError(_STOP_MARKER)
         self._in_batch.set()
         try:
-            started = time.perf_counter()
+            if self.handler.skip(batch_id):
+                log.info("batch %d was applied before a restart: skipped", batch_id)
+                return
+            started, started_at = time.perf_counter(), time.monotonic()
             figures = self._run_tasks(df, batch_id)
-            info = BatchInfo(batch_id, [(f.topic, f.partition, f.start, f.end) for f in figures])
+            info = BatchInfo(batch_id, [(f.topic, f.partition, f.start, f.end) for f in figures], started_at=started_at)
             for f in figures:
                 info.rows += f.rows
                 info.bytes += f.bytes
@@ -349,10 +357,10 @@ class StreamJob:
                 info.results.append(f.result)
             info.ranges = _merge_ranges(info.ranges)
             info.lag = self._lag.lag(info.ranges) if self._lag else {}
-            self.handler.on_batch(info)
             info.batch_s = time.perf_counter() - started
+            self.handler.on_batch(info)
             self.batches.append(info)
-            log.info("batch %d: %d records (%d rejected) in %.2f s", batch_id, info.rows, info.rows - info.accepted,
+            log.debug("batch %d: %d records (%d rejected) in %.2f s", batch_id, info.rows, info.rows - info.accepted,
                      info.batch_s)
         finally:
             self._in_batch.clear()
@@ -374,16 +382,19 @@ class StreamJob:
         self._lag = LagMonitor(self.bootstrap, self.topics).start()
         return writer.start()
 
-    def run(self, *, max_batches: int | None = None, timeout_s: float | None = None) -> list[BatchInfo]:
-        """Run until ``max_batches`` more batches are done, ``timeout_s`` passes, or (with
-        ``available_now``) the data at start is drained; return the batches' figures."""
+    def run(self, *, max_batches: int | None = None, timeout_s: float | None = None,
+            until: Any = None) -> list[BatchInfo]:
+        """Run until ``max_batches`` more batches are done, ``timeout_s`` passes, ``until()``
+        is true, or (with ``available_now``) the data at start is drained; return the
+        batches' figures."""
         query = self.start()
         first = len(self.batches)
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         try:
             while query.isActive:
                 done = len(self.batches) - first
-                if (max_batches is not None and done >= max_batches) or (deadline and time.monotonic() > deadline):
+                if ((max_batches is not None and done >= max_batches) or (deadline and time.monotonic() > deadline)
+                        or (until is not None and until())):
                     self._stop_requested.set()
                     # Let a running batch finish and Spark commit it (stopping during the commit
                     # would replay it after a restart); one that starts after this raises and

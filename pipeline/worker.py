@@ -47,6 +47,9 @@ class PartitionResult:
     compute_s: float
     exchange_s: float
     fresh_replica: bool
+    preq_n: int = 0
+    preq_loss: float = float("nan")
+    preq_acc: float = float("nan")
 
 
 def init_tensorflow(threads: int) -> None:
@@ -98,12 +101,14 @@ def train_partition(
     epochs: int = 1,
     threads: int = 1,
     seed: int | None = None,
+    prequential: int = 0,
 ) -> PartitionResult:
     """Train on one partition's ``x``/``y`` with the algorithm's exchanges; report figures.
 
     The replica starts from the server's center, exchanges every
     ``communication_window`` mini-batches, and once more at the end so that no
-    step is lost.
+    step is lost. With ``prequential`` > 0 it first scores the center on up to that
+    many of the partition's records before training on them (test-then-train).
     """
     from pipeline import ps
 
@@ -127,6 +132,7 @@ def train_partition(
         pulled = client.pull().copy()
         set_flat(model, pulled, spec.shapes)
         exchange_s += time.perf_counter() - started
+        preq = _score(model, x[:prequential], y[:prequential]) if prequential and n else (0, float("nan"), float("nan"))
         step = 0
         for _ in range(epochs):
             order = rng.permutation(n) if seed is not None or epochs > 1 else np.arange(n)
@@ -151,4 +157,15 @@ def train_partition(
         worker=worker, records=n * epochs, steps=len(losses), exchanges=exchanges,
         loss_first=float(np.mean(head)), loss_last=float(np.mean(tail)), staleness=staleness,
         compute_s=compute_s, exchange_s=exchange_s, fresh_replica=fresh,
+        preq_n=preq[0], preq_loss=preq[1], preq_acc=preq[2],
     )
+
+
+def _score(model: Any, x: np.ndarray, y: np.ndarray) -> tuple[int, float, float]:
+    """(n, cross-entropy, accuracy) of a classifier on ``x``/``y`` (labels or one-hot)."""
+    probs = np.asarray(model.predict_on_batch(x), np.float64)
+    labels = y.argmax(axis=1) if y.ndim == 2 else y.astype(np.int64)
+    if probs.ndim != 2 or probs.shape[1] < 2:
+        return len(x), float("nan"), float("nan")
+    picked = np.clip(probs[np.arange(len(x)), labels], 1e-7, 1.0)
+    return len(x), float(-np.log(picked).mean()), float((probs.argmax(axis=1) == labels).mean())

@@ -115,8 +115,9 @@ class Replay:
         bootstrap: Kafka ``host:port``.
         topic: destination; created with ``partitions`` partitions if missing.
         rate: records/s, or None for full speed.
-        loop: start over at the end of the split, until ``limit`` or Ctrl-C.
+        loop: start over at the end of the split, until ``limit``, ``epochs`` or Ctrl-C.
         limit: stop after this many records.
+        epochs: stop after this many complete passes over the split (implies ``loop``).
         split: ``train`` (default) or ``test``.
         meters: the producer metrics to count in (a fresh set if None).
         producer_config: overrides of :data:`PRODUCER_DEFAULTS`.
@@ -132,6 +133,7 @@ class Replay:
         rate: float | None = None,
         loop: bool = False,
         limit: int | None = None,
+        epochs: int | None = None,
         split: str = "train",
         partitions: int = 2,
         meters: metrics.ProducerMetrics | None = None,
@@ -140,12 +142,15 @@ class Replay:
     ) -> None:
         if limit is not None and limit < 0:
             raise ConfigError(f"Expected --limit >= 0. Received: {limit}")
+        if epochs is not None and epochs < 1:
+            raise ConfigError(f"Expected --epochs >= 1. Received: {epochs}")
         self.dataset = dataset
         self.bootstrap = client.parse_bootstrap(bootstrap)
         self.topic = topic
         self.limiter = RateLimiter(rate)
-        self.loop = loop
+        self.loop = loop or epochs is not None
         self.limit = limit
+        self.epochs = epochs
         self.split = split
         self.partitions = partitions
         self.metrics = meters or metrics.producer_metrics()
@@ -162,7 +167,7 @@ class Replay:
                 yield chunk
             report.epochs += 1
             self.metrics.epochs.labels(self.topic, self.dataset.name).inc()
-            if not self.loop or empty:
+            if not self.loop or empty or (self.epochs is not None and report.epochs >= self.epochs):
                 return
 
     def _settle(self, report: ReplayReport, *, block: bool) -> None:
@@ -195,7 +200,13 @@ class Replay:
         producer = KafkaProducer(bootstrap_servers=self.bootstrap, **self.producer_config)
         report = ReplayReport(self.topic)
         self.metrics.target_rate.labels(self.topic).set(self.limiter.rate or 0)
-        total = self.limit if self.limit is not None else (None if self.loop else self.dataset.num_rows(self.split))
+        rows = self.dataset.num_rows(self.split)
+        if self.limit is not None:
+            total: int | None = self.limit
+        elif self.epochs is not None and rows is not None:
+            total = rows * self.epochs
+        else:
+            total = None if self.loop else rows
         bar = _progress_bar(total, self.topic) if self.progress else None
         started = time.monotonic()
         handed = 0

@@ -159,3 +159,19 @@ def test_cli_broker_is_found_by_produce_and_stops_on_sigterm(tmp_path: Path) -> 
     assert proc.returncode == 0
     assert not (tmp_path / "broker.json").exists()
     assert _port_free(int(bootstrap.rsplit(":", 1)[1]))
+
+
+def test_end_offsets_are_fresh_with_a_reused_consumer(broker: EmbeddedBroker, topic: str) -> None:
+    # A consumer reused across calls (the source's planner does this every trigger) must not
+    # report a high watermark from a fetch issued before the newest records arrived.
+    tps = [TopicPartition(topic, p) for p in range(2)]
+    client.ensure_topic(broker.bootstrap, topic, partitions=2)
+    c = client.consumer(broker.bootstrap)
+    try:
+        assert list(client.end_offsets(c, tps).values()) == [0, 0]
+        _produce(broker.bootstrap, topic, [50, 50])
+        assert list(client.end_offsets(c, tps).values()) == [50, 50]
+        _produce(broker.bootstrap, topic, [120, 120])
+        assert list(client.end_offsets(c, tps).values()) == [170, 170]
+    finally:
+        c.close()

@@ -114,6 +114,18 @@ def partitions_for(bootstrap_or_consumer: Any, topic: str) -> list[int]:
             c.close()
 
 
+def _forget_highwater(c: Any, tp: Any) -> None:
+    """Drop the high watermark kafka-python cached for ``tp``.
+
+    kafka-python keeps a partition's state, high watermark included, across
+    re-assignments, and only a fetch at the current position updates it; without
+    this, a reused consumer reports the end offsets of an earlier call.
+    """
+    state = getattr(getattr(c, "_subscription", None), "assignment", {}).get(tp)
+    if state is not None:
+        state.highwater = None
+
+
 def end_offsets(c: Any, partitions: Iterable[Any], *, timeout_s: float = 10.0) -> dict[Any, int]:
     """The true log-end offset of each partition, read from Fetch high watermarks.
 
@@ -131,12 +143,19 @@ def end_offsets(c: Any, partitions: Iterable[Any], *, timeout_s: float = 10.0) -
     try:
         for tp in tps:
             c.seek(tp, max(begin[tp], reported[tp] - 1))
+            _forget_highwater(c, tp)
+        # A high watermark read before the last batch was written is below that batch's
+        # first offset + 1, which is what ListOffsets answered: so one at or above the
+        # answer is fresh, and a stale one (a fetch still in flight from an earlier call)
+        # is waited out.
+        def pending() -> list[Any]:
+            return [tp for tp in tps if c.highwater(tp) is None or c.highwater(tp) < reported[tp]]
+
         deadline = time.monotonic() + timeout_s
-        while any(c.highwater(tp) is None for tp in tps):
+        while pending():
             if time.monotonic() > deadline:
-                missing = [str(tp) for tp in tps if c.highwater(tp) is None]
-                raise BrokerError(f"No fetch response for {missing} within {timeout_s:g} s.")
+                raise BrokerError(f"No fetch response for {[str(tp) for tp in pending()]} within {timeout_s:g} s.")
             c.poll(timeout_ms=100, max_records=1)
-        return {tp: max(int(c.highwater(tp)), int(reported[tp])) for tp in tps}
+        return {tp: int(c.highwater(tp)) for tp in tps}
     finally:
         c.assign([])

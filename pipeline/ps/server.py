@@ -165,6 +165,22 @@ class ParameterServer:
         with self._lock:
             return self.center.copy()
 
+    def snapshot(self) -> tuple[np.ndarray, int]:
+        """The center weights and the clock, taken together under the lock."""
+        with self._lock:
+            return self.center.copy(), self.clock
+
+    def restore(self, weights: np.ndarray, clock: int) -> None:
+        """Replace the center and the clock (resuming from a checkpoint)."""
+        flat = np.asarray(weights, np.float32).ravel()
+        if flat.size != self.size:
+            raise ConfigError(f"Expected {self.size} weights to restore. Received: {flat.size}")
+        with self._lock:
+            np.copyto(self.center, flat)
+            self.clock = clock
+            self._last_pulled.clear()
+            self._pulled.clear()
+
     def stats(self) -> dict[str, Any]:
         """Clock, op counts and seconds, refusals by reason, staleness histogram."""
         with self._lock:

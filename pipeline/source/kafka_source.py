@@ -141,33 +141,33 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # when a query that crashed before committing batch 0 is restarted.
         self.initial_path = options.get("initialOffsetsPath")
         self._target: Offsets | None = None  # Trigger.AvailableNow's end
-        self._consumer: Any = None
+        self._latest: Offsets | None = None  # the last log-end offsets seen
 
     # --- driver side ---
 
-    def _client(self) -> Any:
-        from pipeline.kafka import client
+    def _edges(self, which: str) -> Offsets:
+        """Earliest or latest offsets of every subscribed partition.
 
-        if self._consumer is None:
-            self._consumer = client.consumer(self.bootstrap)
-        return self._consumer
-
-    def _partitions(self) -> list[Any]:
+        A fresh consumer each call (~60 ms): a kafka-python consumer reused across
+        calls was seen to hang in poll() inside the planner after its partitions were
+        reassigned, stopping the query.
+        """
         from kafka import TopicPartition
 
-        c = self._client()
-        topics = self.topics or sorted(t for t in c.topics() if self.pattern and self.pattern.fullmatch(t))
-        return [TopicPartition(t, p) for t in topics for p in sorted(c.partitions_for_topic(t) or [])]
-
-    def _edges(self, which: str) -> Offsets:
         from pipeline.kafka import client
 
-        tps = self._partitions()
-        c = self._client()
-        found = c.beginning_offsets(tps) if which == "earliest" else client.end_offsets(c, tps)
+        c = client.consumer(self.bootstrap)
+        try:
+            topics = self.topics or sorted(t for t in c.topics() if self.pattern and self.pattern.fullmatch(t))
+            tps = [TopicPartition(t, p) for t in topics for p in sorted(c.partitions_for_topic(t) or [])]
+            found = c.beginning_offsets(tps) if which == "earliest" else client.end_offsets(c, tps)
+        finally:
+            c.close()
         out: Offsets = {}
         for tp, offset in found.items():
             out.setdefault(tp.topic, {})[str(tp.partition)] = int(offset)
+        if which == "latest":
+            self._latest = out
         return out
 
     def initialOffset(self) -> dict:
@@ -220,7 +220,8 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return ReadMaxRows(self.max_rows) if self.max_rows else ReadAllAvailable()
 
     def reportLatestOffset(self) -> dict | None:
-        return self._edges("latest")
+        # Spark asks right after latestOffset(): the offsets just read serve, saving a round trip.
+        return self._latest if self._latest is not None else self._edges("latest")
 
     def prepareForTriggerAvailableNow(self) -> None:
         self._target = self._edges("latest")
@@ -235,11 +236,6 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def commit(self, end: dict) -> None:
         pass  # offsets live in Spark's checkpoint, not in Kafka
-
-    def stop(self) -> None:
-        if self._consumer is not None:
-            self._consumer.close()
-            self._consumer = None
 
     # --- executor side ---
 

@@ -1,0 +1,71 @@
+"""The training checkpoint: center weights, clock, last applied batch and the ledger, in one file.
+
+It is written atomically (a temporary file, fsync, rename) after every micro-batch,
+before Spark commits the batch, so after a crash it always describes a whole
+number of batches: a batch Spark replays is either absent from it (and trained
+again) or present (and skipped).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pipeline.errors import DataError
+
+FILENAME = "state.npz"
+
+
+@dataclasses.dataclass
+class State:
+    """What a run has applied.
+
+    Attributes:
+        weights: the parameter server's center weights.
+        clock: updates applied.
+        last_batch_id: the last micro-batch applied (-1: none).
+        ledger: ``[batch_id, topic, partition, start, end]`` of every range trained.
+        extra: anything else worth resuming (counts, accuracy history).
+    """
+
+    weights: np.ndarray
+    clock: int = 0
+    last_batch_id: int = -1
+    ledger: list[list[Any]] = dataclasses.field(default_factory=list)
+    extra: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+def save(folder: str | os.PathLike[str], state: State) -> Path:
+    """Write ``state`` to ``folder/state.npz`` atomically."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    meta = {"clock": state.clock, "last_batch_id": state.last_batch_id, "ledger": state.ledger, "extra": state.extra}
+    buf = io.BytesIO()
+    np.savez(buf, weights=state.weights, meta=np.frombuffer(json.dumps(meta).encode(), np.uint8))
+    tmp = folder / f".{FILENAME}.tmp"
+    with open(tmp, "wb") as f:
+        f.write(buf.getbuffer())
+        f.flush()
+        os.fsync(f.fileno())
+    target = folder / FILENAME
+    os.replace(tmp, target)
+    return target
+
+
+def load(folder: str | os.PathLike[str]) -> State | None:
+    """The state saved in ``folder``, or None if there is none."""
+    path = Path(folder) / FILENAME
+    if not path.is_file():
+        return None
+    try:
+        with np.load(path, allow_pickle=False) as f:
+            weights, meta = f["weights"], json.loads(f["meta"].tobytes())
+    except (OSError, ValueError, KeyError) as e:
+        raise DataError(f"The checkpoint {path} is unreadable ({e}); it cannot be resumed from.") from None
+    return State(weights, meta["clock"], meta["last_batch_id"], meta["ledger"], meta.get("extra", {}))

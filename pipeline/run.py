@@ -1,0 +1,436 @@
+"""`streamtrain run`: replay a dataset into Kafka and train a model online from the stream.
+
+Embedded by default: a Tansu broker, a replay producer (a subprocess), Spark in
+local mode, the parameter server in this process. Every micro-batch is trained
+exactly once across crashes: after a batch, the center weights, the clock, the
+batch id and the trained offset ranges go to ``<out>/state.npz`` in one atomic
+write, before Spark commits the batch; a batch Spark replays after a crash is
+skipped if the checkpoint already holds it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import importlib.util
+import json
+import logging
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pipeline import algorithms, checkpoint, config, metrics, stream
+from pipeline.errors import ConfigError, DataError, StreamtrainError
+from pipeline.model import ModelSpec, get_flat, set_flat
+
+log = logging.getLogger("streamtrain.run")
+
+DATASETS = ("mnist", "fashion-mnist", "higgs")
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+    """Settings of one run (the CLI's options)."""
+
+    dataset: str = "mnist"
+    algorithm: str = "downpour"
+    workers: int = 2
+    batch_size: int = 128
+    communication_window: int = 5
+    epochs: int = 1
+    rate: float | None = None
+    until_accuracy: float | None = None
+    max_batches: int | None = None
+    timeout_s: float | None = None
+    bootstrap: str | None = None
+    topic: str | None = None
+    master: str = "local[*]"
+    model: str | None = None
+    out: str | None = None
+    resume: bool = False
+    max_offsets_per_trigger: int = 20_000
+    eval_every: int = 5
+    eval_max: int = 10_000
+    metrics_port: int = 0
+    data_dir: str | None = None
+    seed: int | None = None
+
+    def validate(self) -> None:
+        if self.dataset not in DATASETS:
+            raise ConfigError(f"Expected --dataset in {DATASETS}. Received: {self.dataset!r}")
+        for name in ("workers", "batch_size", "communication_window", "epochs", "max_offsets_per_trigger", "eval_every"):
+            value = getattr(self, name)
+            if value < 1:
+                raise ConfigError(f"Expected --{name.replace('_', '-')} >= 1. Received: {value}")
+        if self.until_accuracy is not None and not 0 < self.until_accuracy <= 1:
+            raise ConfigError(f"Expected --until-accuracy in (0, 1]. Received: {self.until_accuracy}")
+        if self.resume and not self.out:
+            raise ConfigError("--resume needs the run's output folder.")
+
+
+def load_model(source: str | None, dataset: str) -> Any:
+    """The user's model (``file.py:build_fn`` or a ``.keras`` file), or the dataset's default."""
+    from pipeline import model as zoo
+
+    if source is None:
+        return zoo.higgs_mlp() if dataset == "higgs" else zoo.mnist_cnn()
+    if source.endswith(".keras"):
+        if not Path(source).is_file():
+            raise ConfigError(f"Expected a Keras model file at {source}; there is none.")
+        import keras
+
+        try:
+            return keras.models.load_model(source, compile=False)
+        except Exception as e:
+            raise ConfigError(f"{source} is not a loadable Keras model ({type(e).__name__}: {e}).") from None
+    path, _, fn = source.partition(":")
+    if not path.endswith(".py") or not fn:
+        raise ConfigError(f"Expected --model FILE.py:BUILD_FN or FILE.keras. Received: {source!r}")
+    if not Path(path).is_file():
+        raise ConfigError(f"Expected a Python file at {path}; there is none.")
+    spec = importlib.util.spec_from_file_location(f"streamtrain_user_model_{Path(path).stem}", path)
+    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    try:
+        spec.loader.exec_module(module)  # type: ignore[union-attr]
+    except Exception as e:
+        raise ConfigError(f"{path} failed to import ({type(e).__name__}: {e}).") from None
+    build = getattr(module, fn, None)
+    if not callable(build):
+        raise ConfigError(f"{path} has no function {fn!r} to build the model.")
+    model = build()
+    if not hasattr(model, "get_weights"):
+        raise ConfigError(f"{path}:{fn}() returned {type(model).__name__}, not a Keras model.")
+    return model
+
+
+@dataclasses.dataclass
+class Evaluation:
+    """The held-out split, kept in the driver."""
+
+    x: np.ndarray
+    y: np.ndarray
+
+    def score(self, model: Any) -> dict[str, float]:
+        probs = model.predict(self.x, batch_size=1024, verbose=0)
+        out = {"accuracy": float((probs.argmax(axis=1) == self.y).mean())}
+        if probs.shape[1] == 2:
+            out["auc"] = roc_auc(self.y, probs[:, 1])
+        return out
+
+
+def roc_auc(y: np.ndarray, score: np.ndarray) -> float:
+    """ROC AUC from ranks (Mann-Whitney U), ties averaged.
+
+    >>> roc_auc(np.array([0, 0, 1, 1]), np.array([0.1, 0.4, 0.35, 0.8]))
+    0.75
+    """
+    # Average ranks of tied scores, as Mann-Whitney U needs.
+    _, inverse, counts = np.unique(score, return_inverse=True, return_counts=True)
+    ranks = (np.cumsum(counts) - (counts - 1) / 2)[inverse]
+    pos = y == 1
+    n_pos, n_neg = int(pos.sum()), int((~pos).sum())
+    return float((ranks[pos].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
+
+
+class Run:
+    """One online training run; :meth:`execute` runs it to the end and returns the report."""
+
+    def __init__(self, cfg: RunConfig) -> None:
+        cfg.validate()
+        self.cfg = cfg
+        self.algorithm = algorithms.get(cfg.algorithm, num_workers=cfg.workers, batch_size=cfg.batch_size,
+                                        communication_window=cfg.communication_window, seed=cfg.seed)
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        self.out = Path(cfg.out or Path("runs") / f"{cfg.dataset}-{stamp}").resolve()
+        self.topic = cfg.topic or f"streamtrain-{cfg.dataset}"
+        self.meters = metrics.training_metrics()
+        self.history: list[dict[str, Any]] = []
+        self.state: checkpoint.State | None = None
+        self.produced_target = 0
+        self._producer: subprocess.Popen[str] | None = None
+        self._producer_log: Any = None
+        self._started = time.monotonic()
+        self._first_batch_at: float | None = None
+        self._stop_reason = ""
+
+    # --- pieces ---
+
+    def _dataset(self) -> Any:
+        from producers import datasets
+
+        data_dir = Path(self.cfg.data_dir) if self.cfg.data_dir else config.data_dir()
+        return datasets.get(self.cfg.dataset, data_dir=data_dir)
+
+    def _start_producer(self, bootstrap: str) -> None:
+        cmd = [sys.executable, "-m", "producers", self.cfg.dataset, "--topic", self.topic, "--bootstrap", bootstrap,
+               "--epochs", str(self.cfg.epochs), "--partitions", str(self.cfg.workers), "--no-progress"]
+        if self.cfg.rate:
+            cmd += ["--rate", str(self.cfg.rate)]
+        if self.cfg.data_dir:
+            cmd += ["--data-dir", self.cfg.data_dir]
+        # Output goes to files, not pipes: nobody reads a pipe while the run streams.
+        self._producer_log = open(self.out / "producer.log", "w+")  # noqa: SIM115
+        self._producer = subprocess.Popen(cmd, stdout=self._producer_log, stderr=subprocess.STDOUT, text=True)
+        log.info("replaying %s x%d into %s (%s)", self.cfg.dataset, self.cfg.epochs, self.topic,
+                 f"{self.cfg.rate:g}/s" if self.cfg.rate else "full speed")
+
+    def _producer_done(self) -> bool:
+        """Whether the replay is over; learns how many records it sent, and fails the run
+        if it failed."""
+        proc = self._producer
+        if proc is None or proc.poll() is None:
+            return proc is None
+        if not self.produced_target:
+            self._producer_log.seek(0)
+            text = self._producer_log.read()
+            sent = re.search(r"^sent (\d+) records", text, re.M)
+            if proc.returncode != 0 or sent is None:
+                last = (text.strip().splitlines() or ["no output"])[-1]
+                raise StreamtrainError(f"The replay producer failed (exit {proc.returncode}): {last}")
+            self.produced_target = int(sent.group(1))
+        return True
+
+    # --- per batch, on the driver ---
+
+    def skip(self, batch_id: int) -> bool:
+        done = self.state is not None and batch_id <= self.state.last_batch_id
+        if done:
+            self.meters.batches_skipped.inc()
+        return done
+
+    def on_batch(self, info: stream.BatchInfo) -> None:
+        assert self.state is not None
+        server, evaluation, model = self._server, self._evaluation, self._model
+        if self._first_batch_at is None:
+            self._first_batch_at = info.started_at
+        weights, clock = server.snapshot()
+        self.state.weights, self.state.clock, self.state.last_batch_id = weights, clock, info.batch_id
+        self.state.ledger += [[info.batch_id, *r] for r in info.ranges]
+        trained = sum(r.get("records", 0) for r in info.results)
+        stal = [s for r in info.results for s in r.get("staleness", [])]
+        preq_n = sum(r.get("preq_n", 0) for r in info.results)
+        row: dict[str, Any] = {
+            "batch_id": info.batch_id, "t": round(time.monotonic() - self._started, 3), "rows": info.rows,
+            "trained": trained, "rejected": info.rejects, "batch_s": round(info.batch_s, 3), "lag": sum(info.lag.values()),
+            "staleness_p50": float(np.percentile(stal, 50)) if stal else None,
+            "staleness_p99": float(np.percentile(stal, 99)) if stal else None,
+            "clock": clock,
+            "compute_s": sum(r.get("compute_s", 0.0) for r in info.results),
+            "exchange_s": sum(r.get("exchange_s", 0.0) for r in info.results),
+        }
+        if preq_n:
+            row["prequential_accuracy"] = sum(r["preq_acc"] * r["preq_n"] for r in info.results if r.get("preq_n")) / preq_n
+            row["prequential_loss"] = sum(r["preq_loss"] * r["preq_n"] for r in info.results if r.get("preq_n")) / preq_n
+        if (len(self.history) + 1) % self.cfg.eval_every == 0:
+            set_flat(model, weights, self.spec.shapes)
+            row["heldout"] = evaluation.score(model)
+        self.history.append(row)
+        self.state.extra = {"trained": self.state.extra.get("trained", 0) + trained}
+        checkpoint.save(self.out, self.state)  # before Spark commits this batch
+        self._record_metrics(info, row)
+        self._print(row)
+        held = row.get("heldout", {}).get("accuracy")
+        if self.cfg.until_accuracy is not None and held is not None and held >= self.cfg.until_accuracy:
+            self._stop_reason = f"held-out accuracy {held:.4f} reached --until-accuracy {self.cfg.until_accuracy}"
+
+    def _record_metrics(self, info: stream.BatchInfo, row: dict[str, Any]) -> None:
+        m = self.meters
+        m.records_ingested.labels(self.topic).inc(info.rows)
+        m.records_trained.labels(self.topic).inc(row["trained"])
+        for reason, n in info.rejects.items():
+            m.records_rejected.labels(reason).inc(n)
+        m.batches.inc()
+        m.batch_duration.observe(info.batch_s)
+        for tp, lag in info.lag.items():
+            topic, _, part = tp.rpartition("-")
+            m.consumer_lag.labels(topic, part).set(lag)
+        for r in info.results:
+            for s in r.get("staleness", []):
+                m.staleness.observe(s)
+            if r.get("freshness_s"):
+                m.freshness.set(r["freshness_s"][0])
+        m.updates_applied.set(row["clock"])
+        m.worker_seconds.labels("compute").inc(row["compute_s"])
+        m.worker_seconds.labels("exchange").inc(row["exchange_s"])
+        if "prequential_accuracy" in row:
+            m.prequential_accuracy.set(row["prequential_accuracy"])
+            m.prequential_loss.set(row["prequential_loss"])
+        if "heldout" in row:
+            m.heldout_accuracy.set(row["heldout"]["accuracy"])
+
+    def _print(self, row: dict[str, Any]) -> None:
+        elapsed = max(1e-9, time.monotonic() - (self._first_batch_at or self._started))
+        total = self.state.extra.get("trained", 0) if self.state else 0
+        here = sum(b["trained"] for b in self.history)
+        parts = [f"batch {row['batch_id']:>4}", f"trained {total:>8,}", f"{here / elapsed:>7,.0f}/s",
+                 f"lag {row['lag']:>7,}"]
+        if row["staleness_p50"] is not None:
+            parts.append(f"staleness p50/p99 {row['staleness_p50']:.0f}/{row['staleness_p99']:.0f}")
+        if "prequential_accuracy" in row:
+            parts.append(f"prequential acc {row['prequential_accuracy']:.3f}")
+        if "heldout" in row:
+            parts.append("held-out " + " ".join(f"{k} {v:.4f}" for k, v in row["heldout"].items()))
+        print(" | ".join(parts), flush=True)
+
+    # --- the whole run ---
+
+    def _until(self) -> bool:
+        if self._stop_reason:
+            return True
+        # The end of the data: the producer is done and everything it sent is trained.
+        done = self.state.extra.get("trained", 0) + self._rejected() if self.state is not None else 0
+        if self._producer is not None and self._producer_done() and done >= self.produced_target:
+            self._stop_reason = "all produced records trained"
+            return True
+        return False
+
+    def _rejected(self) -> int:
+        return int(sum(sum(r.get("rejected", {}).values()) for r in self.history))
+
+    def execute(self) -> dict[str, Any]:
+        from pipeline import ps
+        from pipeline import spark as spark_mod
+        from pipeline.kafka import EmbeddedBroker, client
+        from pipeline.online import TrainHandler
+        from pipeline.worker import ServerInfo
+
+        cfg = self.cfg
+        prior = checkpoint.load(self.out) if cfg.resume else None
+        if cfg.resume and prior is None:
+            raise ConfigError(f"Nothing to resume in {self.out}: no {checkpoint.FILENAME} there.")
+        if not cfg.resume and (self.out / checkpoint.FILENAME).exists():
+            raise ConfigError(f"{self.out} holds a previous run; pass --resume to continue it, or another --out.")
+        self.out.mkdir(parents=True, exist_ok=True)
+        model = load_model(cfg.model, cfg.dataset)
+        spec = ModelSpec.from_model(model, optimizer=self.algorithm.worker_optimizer, loss=self.algorithm.loss)
+        self.spec = spec
+        data = self._dataset()
+        test = data.load("test")
+        n_eval = min(len(test.y), cfg.eval_max)
+        evaluation = Evaluation(data.schema.to_model_input(test.x[:n_eval]), test.y[:n_eval])
+        settings = config.settings()
+        server_metrics = metrics.serve(self.meters.registry, host=settings.metrics_host, port=cfg.metrics_port)
+        log.info("metrics at %s", server_metrics.url)
+
+        with contextlib.ExitStack() as stack:
+            stack.callback(server_metrics.stop)
+            if cfg.bootstrap:
+                bootstrap = client.parse_bootstrap(cfg.bootstrap)
+                client.check_reachable(bootstrap)
+            else:
+                bootstrap = stack.enter_context(EmbeddedBroker(log_path=self.out / "broker.log")).bootstrap
+                log.info("embedded Kafka at %s", bootstrap)
+            client.ensure_topic(bootstrap, self.topic, partitions=cfg.workers)
+            if not cfg.resume and not (cfg.topic and cfg.bootstrap):
+                self._start_producer(bootstrap)
+                stack.callback(self._stop_producer)
+
+            spark = spark_mod.session(cfg.master, app=f"streamtrain-{cfg.dataset}")
+            stack.callback(spark.stop)
+            cores = int(spark.sparkContext.defaultParallelism)
+            self.state = prior or checkpoint.State(get_flat(model))
+            server = ps.ParameterServer(
+                self.state.weights, secret=os.urandom(32),
+                host="127.0.0.1" if cfg.master.startswith("local") else spark.conf.get("spark.driver.host"),
+                rule=self.algorithm.apply, keep_pulled=self.algorithm.keep_pulled,
+                sync_workers=cfg.workers if self.algorithm.synchronous else 0,
+            )
+            server.restore(self.state.weights, self.state.clock)
+            stack.enter_context(server)
+            handler = TrainHandler(
+                spec=spec, algorithm=algorithms.serialize(self.algorithm),
+                server=ServerInfo(server.host, server.port, server.secret), job=uuid.uuid4().hex,
+                threads=max(1, cores // cfg.workers),
+                driver=self,
+            )
+            self._server, self._evaluation, self._model = server, evaluation, model
+            job = stream.StreamJob(
+                spark, bootstrap=bootstrap, topics=[self.topic], schema=data.schema, handler=handler,
+                checkpoint=self.out / "spark-checkpoint", max_offsets_per_trigger=cfg.max_offsets_per_trigger,
+                min_partitions=cfg.workers,
+            )
+            warm_up(spark, spec, handler.job, workers=cfg.workers, threads=handler.threads)
+            startup_s = time.monotonic() - self._started
+            job.run(max_batches=cfg.max_batches, timeout_s=cfg.timeout_s, until=self._until)
+            final_weights, _ = server.snapshot()
+        set_flat(model, final_weights, spec.shapes)
+        final = evaluation.score(model)
+        model.save(self.out / "model.keras")
+        report = self._report(final, startup_s)
+        (self.out / "report.json").write_text(json.dumps(report, indent=2, default=float))
+        return report
+
+    def _stop_producer(self) -> None:
+        proc = self._producer
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(10)
+            if proc.poll() is None:
+                proc.kill()
+        if self._producer_log is not None:
+            self._producer_log.close()
+
+    def _report(self, final: dict[str, float], startup_s: float) -> dict[str, Any]:
+        assert self.state is not None
+        trained = int(self.state.extra.get("trained", 0))
+        here = sum(b["trained"] for b in self.history)
+        span = (time.monotonic() - self._first_batch_at) if self._first_batch_at else 0.0
+        return {
+            "settings": dataclasses.asdict(self.cfg), "algorithm": algorithms.serialize(self.algorithm),
+            "topic": self.topic, "out": str(self.out), "startup_s": round(startup_s, 2),
+            "trained_records": trained, "trained_this_session": here, "rejected_records": self._rejected(),
+            "train_seconds": round(span, 2), "records_per_s": round(here / span, 1) if span else 0.0,
+            "stopped_because": self._stop_reason or "limit (--max-batches / --timeout)",
+            "final": final, "batches": self.history, "ledger": self.state.ledger,
+        }
+
+
+def warm_up(spark: Any, spec: ModelSpec, job: str, *, workers: int, threads: int) -> None:
+    """Import TensorFlow and build the replica in each executor Python worker before the
+    stream starts, so the first micro-batch trains at full speed."""
+
+    def build(_: Any) -> Any:
+        from pipeline.worker import replica
+
+        replica(spec, job=job, threads=threads)
+        time.sleep(0.5)  # hold the slot, so each task lands in its own Python worker
+        yield os.getpid()
+
+    sc = spark.sparkContext
+    sc.setJobDescription("streamtrain: warm up the workers")
+    pids = sc.parallelize(range(workers), workers).mapPartitions(build).collect()
+    log.info("replicas ready in %d worker processes", len(set(pids)))
+
+
+def check_ledger(ledger: list[list[Any]]) -> dict[tuple[str, int], int]:
+    """Verify that trained ranges chain with no gap and no overlap per partition; return the ends.
+
+    >>> check_ledger([[0, "t", 0, 0, 5], [1, "t", 0, 5, 9]])
+    {('t', 0): 9}
+    >>> check_ledger([[0, "t", 0, 0, 5], [1, "t", 0, 4, 9]])
+    Traceback (most recent call last):
+    ...
+    pipeline.errors.DataError: ledger: t-0 batch 1 starts at 4 but the previous range ended at 5
+    """
+    ends: dict[tuple[str, int], int] = {}
+    for batch_id, topic, part, start, end in ledger:
+        key = (topic, int(part))
+        if key in ends and start != ends[key]:
+            raise DataError(f"ledger: {topic}-{part} batch {batch_id} starts at {start} "
+                            f"but the previous range ended at {ends[key]}")
+        ends[key] = end
+    return ends
+
+
+def run(cfg: RunConfig) -> dict[str, Any]:
+    """Run ``cfg`` to the end; return the report (also written to ``<out>/report.json``)."""
+    return Run(cfg).execute()
