@@ -160,6 +160,7 @@ class Run:
         self._started = time.monotonic()
         self._first_batch_at: float | None = None
         self._stop_reason = ""
+        self._eval_s = 0.0
 
     # --- pieces ---
 
@@ -230,8 +231,13 @@ class Run:
             row["prequential_accuracy"] = sum(r["preq_acc"] * r["preq_n"] for r in info.results if r.get("preq_n")) / preq_n
             row["prequential_loss"] = sum(r["preq_loss"] * r["preq_n"] for r in info.results if r.get("preq_n")) / preq_n
         if (len(self.history) + 1) % self.cfg.eval_every == 0:
+            began = time.monotonic()
             set_flat(model, weights, self.spec.shapes)
             row["heldout"] = evaluation.score(model)
+            self._eval_s += time.monotonic() - began
+        # Streaming time so far, and the part of it spent scoring the held-out split here.
+        row["t_stream"] = round(time.monotonic() - self._first_batch_at, 3)
+        row["eval_s_total"] = round(self._eval_s, 3)
         self.history.append(row)
         self.state.extra = {"trained": self.state.extra.get("trained", 0) + trained}
         checkpoint.save(self.out, self.state)  # before Spark commits this batch
@@ -389,6 +395,7 @@ class Run:
             "topic": self.topic, "out": str(self.out), "startup_s": round(startup_s, 2),
             "trained_records": trained, "trained_this_session": here, "rejected_records": self._rejected(),
             "train_seconds": round(span, 2), "records_per_s": round(here / span, 1) if span else 0.0,
+            "records_per_s_excluding_eval": round(here / (span - self._eval_s), 1) if span > self._eval_s else 0.0,
             "stopped_because": self._stop_reason or "limit (--max-batches / --timeout)",
             "final": final, "batches": self.history, "ledger": self.state.ledger,
         }

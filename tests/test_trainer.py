@@ -8,16 +8,10 @@ import pytest
 from pipeline import codec
 from pipeline import model as models
 from pipeline.errors import ConfigError
+from pipeline.run import roc_auc
 from pipeline.trainer import Trainer
 from producers import datasets
 from tests import custom_model
-
-
-def _auc(y: np.ndarray, score: np.ndarray) -> float:
-    """ROC AUC by ranks (Mann-Whitney U)."""
-    ranks = np.argsort(np.argsort(score)) + 1
-    pos = y == 1
-    return float((ranks[pos].sum() - pos.sum() * (pos.sum() + 1) / 2) / (pos.sum() * (~pos).sum()))
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +51,7 @@ def test_spark_dataframe_with_two_workers(spark, higgs) -> None:  # type: ignore
     assert sorted(r.worker for r in t.results) == [0, 1]
     assert sum(r.records for r in t.results) == 3 * len(train.y)
     # An untrained model scores ~0.5; 7,000 HIGGS rows give ~0.65-0.70 after 3 epochs.
-    assert _auc(test.y, trained.predict(test.x, verbose=0)[:, 1]) > 0.6
+    assert roc_auc(test.y, trained.predict(test.x, verbose=0)[:, 1]) > 0.6
     assert all(r.loss_last < r.loss_first for r in t.results)
     # Spark reuses its Python workers: a second job finds the cached replicas.
     t.train(df.limit(1000))

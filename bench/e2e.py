@@ -1,0 +1,191 @@
+"""Benchmark: `streamtrain run` against the best single-process Keras, same data, model, batch size.
+
+Arms, in one run:
+  1. plain Keras: the faster of `model.fit` and a `train_on_batch` loop (Adam, batch 128),
+     samples/s and wall time to 0.985 MNIST test accuracy (scored every quarter epoch;
+     scoring time excluded);
+  2. `streamtrain run` (embedded broker, Spark local[*], parameter server): samples/s and
+     wall time to 0.985 from the first micro-batch (held-out scoring excluded), start-up
+     (Spark, worker warm-up, query start) reported on its own; peak RSS of all its processes;
+  3. HIGGS: ROC AUC on the 500-row test after the same epochs over the 7,000-row sample.
+Time to accuracy is the median over the seeds.
+
+    .venv/bin/python bench/e2e.py [--seeds 3] [--max-epochs 4]
+
+Last line: ``e2e throughput_ratio=<r> tta0985_ratio=<r> startup_s=<s> mnist_acc=<a> higgs_auc=<a>
+higgs_auc_delta=<d> peak_rss_gb=<g>``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+TARGET = 0.985
+
+
+def _tree_rss_bytes(root: int) -> int:
+    """RSS of ``root`` and all its descendants, from /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                ppid = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    total, todo = 0, [root]
+    while todo:
+        pid = todo.pop()
+        try:
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1]) * 1024
+        except OSError:
+            pass
+        todo += children.get(pid, [])
+    return total
+
+
+def plain_keras(dataset: str, seed: int, max_epochs: int, mode: str) -> dict[str, Any]:
+    """One plain-Keras arm in this process: samples/s and time to TARGET (MNIST) or AUC (HIGGS)."""
+    import keras
+
+    from pipeline import model as zoo
+    from pipeline.run import roc_auc
+    from producers import datasets
+
+    keras.utils.set_random_seed(seed)
+    data = datasets.get(dataset)
+    train, test = data.load("train"), data.load("test")
+    x, y = data.schema.to_model_input(train.x), train.y
+    xt = data.schema.to_model_input(test.x)
+    net = zoo.mnist_cnn() if dataset == "mnist" else zoo.higgs_mlp()
+    net.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+    steps = int(np.ceil(len(y) / 128))
+    quarter = max(1, steps // 4)
+    trained_s, samples, tta = 0.0, 0, None
+    rng = np.random.default_rng(seed)
+    for _ in range(max_epochs):
+        order = rng.permutation(len(y))
+        for start in range(0, steps, quarter):
+            idx = order[start * 128 : min(steps, start + quarter) * 128]
+            began = time.perf_counter()
+            if mode == "fit":
+                net.fit(x[idx], y[idx], batch_size=128, epochs=1, verbose=0, shuffle=False)
+            else:
+                for s in range(0, len(idx), 128):
+                    net.train_on_batch(x[idx[s : s + 128]], y[idx[s : s + 128]])
+            trained_s += time.perf_counter() - began
+            samples += len(idx)
+            if dataset == "mnist" and tta is None:
+                acc = float((net.predict(xt, batch_size=1024, verbose=0).argmax(1) == test.y).mean())
+                if acc >= TARGET:
+                    tta = trained_s
+        if dataset == "mnist" and tta is not None:
+            break
+    out: dict[str, Any] = {"samples_per_s": samples / trained_s, "tta_s": tta, "mode": mode}
+    probs = net.predict(xt, batch_size=1024, verbose=0)
+    out["accuracy"] = float((probs.argmax(1) == test.y).mean())
+    if dataset == "higgs":
+        out["auc"] = roc_auc(test.y, probs[:, 1])
+    return out
+
+
+def streamtrain(dataset: str, seed: int, epochs: int, until: float | None) -> dict[str, Any]:
+    """One `streamtrain run` in a subprocess, sampling the RSS of its whole process tree."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "run"
+        cmd = [sys.executable, "-m", "pipeline", "run", "--dataset", dataset, "--epochs", str(epochs),
+               "--seed", str(seed), "--out", str(out), "--eval-every", "1" if until else "1000"]
+        if until:
+            cmd += ["--until-accuracy", str(until)]
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        peak = [0]
+
+        def sample() -> None:
+            while proc.poll() is None:
+                peak[0] = max(peak[0], _tree_rss_bytes(proc.pid))
+                time.sleep(0.5)
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        _, err = proc.communicate()
+        sampler.join()
+        if proc.returncode != 0:
+            raise SystemExit(f"streamtrain run failed: {err.strip().splitlines()[-1:]}")
+        report = json.loads((out / "report.json").read_text())
+    tta = None
+    for row in report["batches"]:
+        if row.get("heldout", {}).get("accuracy", 0) >= TARGET:
+            tta = row["t_stream"] - row["eval_s_total"]
+            break
+    return {"samples_per_s": report["records_per_s_excluding_eval"], "tta_s": tta, "startup_s": report["startup_s"],
+            "final": report["final"], "peak_rss_gb": peak[0] / 1e9, "stopped": report["stopped_because"]}
+
+
+def _in_child(*args: str) -> dict[str, Any]:
+    """Run a plain-Keras arm in a fresh process (TensorFlow state and threads start clean)."""
+    done = subprocess.run([sys.executable, __file__, "--arm", *args], cwd=ROOT, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(done.stderr[-2000:])
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--max-epochs", type=int, default=4)
+    ap.add_argument("--higgs-epochs", type=int, default=5)
+    ap.add_argument("--arm", nargs=4, metavar=("DATASET", "SEED", "EPOCHS", "MODE"), help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.arm:
+        dataset, seed, epochs, mode = args.arm
+        print(json.dumps(plain_keras(dataset, int(seed), int(epochs), mode)))
+        return
+
+    plain_tta, stream_tta, plain_sps, stream_sps, startups, rss, accs = [], [], [], [], [], [], []
+    for seed in range(args.seeds):
+        arms = [_in_child("mnist", str(seed), str(args.max_epochs), m) for m in ("fit", "loop")]
+        best = max(arms, key=lambda a: a["samples_per_s"])
+        ttas = [a["tta_s"] for a in arms if a["tta_s"] is not None]
+        st = streamtrain("mnist", seed, args.max_epochs, TARGET)
+        print(f"seed {seed}: plain Keras fit {arms[0]['samples_per_s']:.0f}/s tta {arms[0]['tta_s']}, "
+              f"loop {arms[1]['samples_per_s']:.0f}/s tta {arms[1]['tta_s']}; streamtrain {st['samples_per_s']:.0f}/s "
+              f"tta {st['tta_s']} start-up {st['startup_s']:.1f} s final {st['final']} peak RSS "
+              f"{st['peak_rss_gb']:.2f} GB ({st['stopped']})", flush=True)
+        plain_sps.append(best["samples_per_s"])
+        stream_sps.append(st["samples_per_s"])
+        plain_tta.append(min(ttas) if ttas else float("inf"))
+        stream_tta.append(st["tta_s"] if st["tta_s"] is not None else float("inf"))
+        startups.append(st["startup_s"])
+        rss.append(st["peak_rss_gb"])
+        accs.append(st["final"]["accuracy"])
+
+    higgs_plain = _in_child("higgs", "0", str(args.higgs_epochs), "loop")
+    higgs_stream = streamtrain("higgs", 0, args.higgs_epochs, None)
+    rss.append(higgs_stream["peak_rss_gb"])
+    print(f"higgs: plain Keras AUC {higgs_plain['auc']:.4f}; streamtrain AUC {higgs_stream['final']['auc']:.4f} "
+          f"after {args.higgs_epochs} epochs", flush=True)
+    throughput = statistics.median(stream_sps) / statistics.median(plain_sps)
+    tta_ratio = statistics.median(plain_tta) / statistics.median(stream_tta)
+    print(f"e2e throughput_ratio={throughput:.2f} tta0985_ratio={tta_ratio:.2f} startup_s={statistics.median(startups):.1f} "
+          f"mnist_acc={statistics.median(accs):.4f} higgs_auc={higgs_stream['final']['auc']:.4f} "
+          f"higgs_auc_delta={higgs_stream['final']['auc'] - higgs_plain['auc']:+.4f} peak_rss_gb={max(rss):.2f}")
+
+
+if __name__ == "__main__":
+    main()
