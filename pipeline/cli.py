@@ -73,7 +73,7 @@ def broker(host: str, port: int, storage: str, log_path: str | None) -> None:
     click.echo(b.bootstrap)
     try:
         while not stop.wait(0.5):
-            if b._proc is None or b._proc.poll() is not None:
+            if not b.alive:
                 raise StreamtrainError(f"The embedded broker exited unexpectedly (see --log {log_path or 'FILE'}).")
     except KeyboardInterrupt:
         pass

@@ -302,10 +302,10 @@ class Run:
         return int(sum(sum(r.get("rejected", {}).values()) for r in self.history))
 
     def execute(self) -> dict[str, Any]:
-        from pipeline import ps
         from pipeline import spark as spark_mod
         from pipeline.kafka import EmbeddedBroker, client
         from pipeline.online import TrainHandler
+        from pipeline.trainer import parameter_server
         from pipeline.worker import ServerInfo
 
         cfg = self.cfg
@@ -343,12 +343,8 @@ class Run:
             stack.callback(spark.stop)
             cores = int(spark.sparkContext.defaultParallelism)
             self.state = prior or checkpoint.State(get_flat(model))
-            server = ps.ParameterServer(
-                self.state.weights, secret=os.urandom(32),
-                host="127.0.0.1" if cfg.master.startswith("local") else spark.conf.get("spark.driver.host"),
-                rule=self.algorithm.apply, keep_pulled=self.algorithm.keep_pulled,
-                sync_workers=cfg.workers if self.algorithm.synchronous else 0,
-            )
+            host = "127.0.0.1" if cfg.master.startswith("local") else spark.conf.get("spark.driver.host")
+            server = parameter_server(self.algorithm, self.state.weights, host=host)
             server.restore(self.state.weights, self.state.clock)
             stack.enter_context(server)
             handler = TrainHandler(

@@ -22,7 +22,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -383,7 +383,7 @@ class StreamJob:
         return writer.start()
 
     def run(self, *, max_batches: int | None = None, timeout_s: float | None = None,
-            until: Any = None) -> list[BatchInfo]:
+            until: Callable[[], bool] | None = None) -> list[BatchInfo]:
         """Run until ``max_batches`` more batches are done, ``timeout_s`` passes, ``until()``
         is true, or (with ``available_now``) the data at start is drained; return the
         batches' figures."""

@@ -59,6 +59,15 @@ def shutdown_workers() -> None:
 atexit.register(shutdown_workers)
 
 
+def parameter_server(algorithm: algorithms.Algorithm, weights: np.ndarray, *, host: str,
+                     sync_timeout_s: float = 30.0) -> ps.ParameterServer:
+    """A parameter server (not yet started) that applies ``algorithm``'s rule, with a fresh secret."""
+    return ps.ParameterServer(
+        weights, secret=os.urandom(32), host=host, rule=algorithm.apply, keep_pulled=algorithm.keep_pulled,
+        sync_workers=algorithm.num_workers if algorithm.synchronous else 0, sync_timeout_s=sync_timeout_s,
+    )
+
+
 def _train_in_process(kwargs: dict[str, Any]) -> PartitionResult:
     return train_partition(**kwargs)
 
@@ -114,11 +123,8 @@ class Trainer:
         self.server_stats: dict[str, Any] = {}
 
     def _server(self, host: str) -> ps.ParameterServer:
-        algo = self.algorithm
-        return ps.ParameterServer(
-            get_flat(self.model), secret=os.urandom(32), host=host, rule=algo.apply, keep_pulled=algo.keep_pulled,
-            sync_workers=algo.num_workers if algo.synchronous else 0, sync_timeout_s=10.0,
-        )
+        # A round waits 10 s at most for a worker whose partition ran out of steps.
+        return parameter_server(self.algorithm, get_flat(self.model), host=host, sync_timeout_s=10.0)
 
     def _finish(self, server: ps.ParameterServer, results: list[PartitionResult]) -> Any:
         self.results = sorted(results, key=lambda r: r.worker)

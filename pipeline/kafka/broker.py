@@ -123,6 +123,11 @@ class EmbeddedBroker:
     def pid(self) -> int | None:
         return self._proc.pid if self._proc else None
 
+    @property
+    def alive(self) -> bool:
+        """Whether the broker process is running."""
+        return self._proc is not None and self._proc.poll() is None
+
     def start(self, timeout_s: float = 15.0) -> EmbeddedBroker:
         """Start the broker and wait until it answers a metadata request."""
         if self._proc is not None:
