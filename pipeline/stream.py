@@ -211,7 +211,7 @@ class LagMonitor:
         from pipeline.kafka import client
 
         while not self._stop.is_set():
-            # A fresh consumer each time, as the source's planner does (see kafka_source._edges).
+            # A fresh consumer each time, as the source's planner uses (see kafka_source._edges).
             c = client.consumer(self.bootstrap)
             try:
                 tps = [TopicPartition(t, p) for t in self.topics for p in client.partitions_for(c, t)]

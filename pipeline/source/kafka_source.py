@@ -148,9 +148,9 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def _edges(self, which: str) -> Offsets:
         """Earliest or latest offsets of every subscribed partition.
 
-        A fresh consumer each call (~60 ms): a kafka-python consumer reused across
-        calls was seen to hang in poll() inside the planner after its partitions were
-        reassigned, stopping the query.
+        A fresh consumer each call (~60 ms): a reused one carries partition state from
+        the previous call (cached high watermarks, fetches still in flight), which
+        ``end_offsets`` has to guard against; a fresh one has none.
         """
         from kafka import TopicPartition
 
