@@ -275,7 +275,7 @@ class Run:
     def _print(self, row: dict[str, Any]) -> None:
         elapsed = max(1e-9, time.monotonic() - (self._first_batch_at or self._started))
         total = self.state.extra.get("trained", 0) if self.state else 0
-        here = sum(b["trained"] for b in self.history)
+        here = self._trained_here()
         parts = [f"batch {row['batch_id']:>4}", f"trained {total:>8,}", f"{here / elapsed:>7,.0f}/s",
                  f"lag {row['lag']:>7,}"]
         if row["staleness_p50"] is not None:
@@ -297,6 +297,10 @@ class Run:
             self._stop_reason = "all produced records trained"
             return True
         return False
+
+    def _trained_here(self) -> int:
+        """Records trained since this process started (a resumed run counts from its resume)."""
+        return int(sum(b["trained"] for b in self.history))
 
     def _rejected(self) -> int:
         return int(sum(sum(r.get("rejected", {}).values()) for r in self.history))
@@ -384,7 +388,7 @@ class Run:
     def _report(self, final: dict[str, float], startup_s: float) -> dict[str, Any]:
         assert self.state is not None
         trained = int(self.state.extra.get("trained", 0))
-        here = sum(b["trained"] for b in self.history)
+        here = self._trained_here()
         span = (time.monotonic() - self._first_batch_at) if self._first_batch_at else 0.0
         return {
             "settings": dataclasses.asdict(self.cfg), "algorithm": algorithms.serialize(self.algorithm),
