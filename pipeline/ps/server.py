@@ -319,6 +319,10 @@ class ParameterServer:
                 payload = outbox.data.cast("B")
             clock = self.clock
             stats_now = h.op == p.STATS
+            # Counted before the reply leaves: a client that reads stats right after
+            # its last answer must see that request counted.
+            ops = self._stats.ops
+            ops[p.OPS[h.op]] = ops.get(p.OPS[h.op], 0) + 1
         if stats_now:
             payload = json.dumps(self.stats()).encode()
         conn.sendall(p.pack(p.Header(p.OK, h.worker, h.seq, clock, len(payload), flags=min(staleness, 0xFFFF))))
@@ -326,6 +330,5 @@ class ParameterServer:
             conn.sendall(payload)
         name = p.OPS[h.op]
         with self._lock:
-            ops, secs = self._stats.ops, self._stats.op_seconds
-            ops[name] = ops.get(name, 0) + 1
+            secs = self._stats.op_seconds
             secs[name] = secs.get(name, 0.0) + time.perf_counter() - started
