@@ -1,11 +1,13 @@
-"""The `streamtrain` command: broker, produce, data, run.
+"""The `streamtrain` command: broker, produce, run, dashboards, data.
 
 A :class:`StreamtrainError` becomes one line on stderr and exit status 2; no traceback.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import signal
 import sys
 import threading
@@ -15,6 +17,7 @@ from typing import Any
 import click
 
 from pipeline import config
+from pipeline.dashboard import DEFAULT_FILE as DASHBOARD_FILE
 from pipeline.errors import ConfigError, StreamtrainError
 
 log = logging.getLogger("streamtrain")
@@ -179,6 +182,8 @@ def produce(
 @click.option("--eval-every", type=int, default=5, show_default=True,
               help="Score the held-out split every this many micro-batches (and at the end).")
 @click.option("--metrics-port", type=int, default=0, show_default=True, help="Port of /metrics (0: a free port).")
+@click.option("--producer-metrics-port", type=int, default=0, show_default=True,
+              help="Port of the replay producer's /metrics (0: a free port).")
 @click.option("--data-dir", type=click.Path(file_okay=False), help="Folder holding the datasets.")
 @click.option("--seed", type=int, help="Seed for reproducible data order.")
 def run(resume_dir: str | None, out: str | None, bootstrap: str | None, **options: Any) -> None:
@@ -195,6 +200,64 @@ def run(resume_dir: str | None, out: str | None, bootstrap: str | None, **option
                f"({report['records_per_s']:.0f}/s after {report['startup_s']:.1f} s start-up); "
                f"held-out {final}; stopped: {report['stopped_because']}")
     click.echo(f"model and report in {report['out']}")
+
+
+@cli.group()
+def dashboards() -> None:
+    """The Grafana dashboard: build its JSON, push it to Grafana, or render it without Grafana."""
+
+
+@dashboards.command("build")
+@click.option("--out", type=click.Path(dir_okay=False), default=str(DASHBOARD_FILE), show_default=True,
+              help="Where to write the dashboard JSON.")
+def dashboards_build(out: str) -> None:
+    """Write the dashboard as Grafana JSON (what deploy/grafana provisions)."""
+    from pipeline import dashboard
+
+    board = dashboard.build()
+    dashboard.validate(board)
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    Path(out).write_text(json.dumps(board, indent=2, sort_keys=True) + "\n")
+    click.echo(f"{len(dashboard.panels(board))} panels written to {out}")
+
+
+@dashboards.command("push")
+@click.option("--grafana-url", required=True,
+              help="Grafana's URL, e.g. http://admin:admin@localhost:3000 (or a token in GRAFANA_TOKEN).")
+@click.option("--prometheus-url", default="http://prometheus:9090", show_default=True,
+              help="Prometheus as Grafana reaches it (the datasource's URL).")
+@click.option("--dashboard", "dashboard_path", type=click.Path(dir_okay=False),
+              help="A dashboard JSON file (default: the built-in dashboard).")
+@click.option("--folder", default="streamtrain", show_default=True, help="Grafana folder uid and title.")
+def dashboards_push(grafana_url: str, prometheus_url: str, dashboard_path: str | None, folder: str) -> None:
+    """Upload the Prometheus datasource and the dashboard to Grafana with grafana-client."""
+    from pipeline import dashboard
+
+    board = dashboard.load(dashboard_path)
+    url = dashboard.push(grafana_url, prometheus_url, token=os.environ.get("GRAFANA_TOKEN") or None,
+                         dashboard=board, folder=folder)
+    click.echo(f"datasource {dashboard.DATASOURCE_UID} and dashboard uploaded: {url}")
+
+
+@dashboards.command("render")
+@click.option("--prometheus", "prometheus_url", default="http://127.0.0.1:9090", show_default=True,
+              help="Prometheus that scraped the run.")
+@click.option("--out", type=click.Path(dir_okay=False), default="panels.png", show_default=True,
+              help="The PNG to write.")
+@click.option("--since", default="30m", show_default=True, help="How far back to draw: 90s, 30m, 2h, 1d.")
+@click.option("--dashboard", "dashboard_path", type=click.Path(dir_okay=False),
+              help="A dashboard JSON file (default: the built-in dashboard).")
+@click.option("--scrape-interval", default="5s", show_default=True,
+              help="Prometheus's scrape interval (sets the rate window as Grafana would).")
+def dashboards_render(prometheus_url: str, out: str, since: str, dashboard_path: str | None,
+                      scrape_interval: str) -> None:
+    """Draw the dashboard's panels from Prometheus data into a PNG, for people without Grafana."""
+    from pipeline import dashboard, plots
+
+    found = plots.render(dashboard.load(dashboard_path), prometheus_url, out, since_s=plots.parse_duration(since),
+                         scrape_s=plots.parse_duration(scrape_interval))
+    empty = [title for title, n in found.items() if not n]
+    click.echo(f"{len(found)} panels drawn to {out}" + (f"; no data for: {', '.join(empty)}" if empty else ""))
 
 
 @cli.group()

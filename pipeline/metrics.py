@@ -62,12 +62,16 @@ class TrainingMetrics:
     batch_duration: Histogram
     consumer_lag: Gauge
     staleness: Histogram
-    updates_applied: Gauge
+    ps_request_duration: Histogram
+    updates_applied: Counter
+    clock: Gauge
     freshness: Gauge
     prequential_loss: Gauge
     prequential_accuracy: Gauge
     heldout_accuracy: Gauge
     worker_seconds: Counter
+    last_batch_time: Gauge
+    info: Gauge
 
 
 def training_metrics() -> TrainingMetrics:
@@ -90,8 +94,14 @@ def training_metrics() -> TrainingMetrics:
                            "Records in Kafka not yet trained, per partition.", ["topic", "partition"], registry=reg),
         staleness=Histogram("streamtrain_ps_staleness_updates", "Updates applied between a worker's pull and push.",
                             buckets=(0, 1, 2, 3, 4, 6, 8, 12, 16, 32, 64), registry=reg),
-        updates_applied=Gauge("streamtrain_ps_clock_updates", "Updates the parameter server has applied (its clock).",
-                              registry=reg),
+        ps_request_duration=Histogram(
+            "streamtrain_ps_request_duration_seconds", "Parameter-server request time on the server, by operation.",
+            ["op"], buckets=(0.0005, 0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.064, 0.128, 0.5, 2), registry=reg),
+        updates_applied=Counter("streamtrain_ps_updates_total", "Updates the parameter server applied in this process.",
+                                registry=reg),
+        clock=Gauge("streamtrain_ps_clock_updates",
+                    "The parameter server's clock: updates applied since the run began (kept across resumes).",
+                    registry=reg),
         freshness=Gauge("streamtrain_train_freshness_seconds",
                         "Now minus the event time of records when trained (median of the last batch).", registry=reg),
         prequential_loss=Gauge("streamtrain_train_prequential_loss",
@@ -100,8 +110,13 @@ def training_metrics() -> TrainingMetrics:
                                    "Accuracy on each batch before training on it.", registry=reg),
         heldout_accuracy=Gauge("streamtrain_eval_heldout_accuracy",
                                "Accuracy of the center weights on the held-out test split.", registry=reg),
-        worker_seconds=Counter("streamtrain_worker_seconds_total", "Worker time by activity.", ["activity"],
-                               registry=reg),
+        worker_seconds=Counter("streamtrain_worker_seconds_total",
+                               "Worker time by activity (compute: forward and backward; exchange: pull and push).",
+                               ["activity"], registry=reg),
+        last_batch_time=Gauge("streamtrain_train_last_batch_timestamp_seconds",
+                              "Unix time when the last micro-batch was trained and checkpointed.", registry=reg),
+        info=Gauge("streamtrain_run_info", "The run's settings, as labels (value 1).",
+                   ["dataset", "algorithm", "topic", "workers"], registry=reg),
     )
 
 

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline import algorithms, checkpoint, config, metrics, stream
+from pipeline import algorithms, checkpoint, codec, config, metrics, stream
 from pipeline.errors import ConfigError, DataError, StreamtrainError
 from pipeline.model import ModelSpec, get_flat, set_flat
 
@@ -60,6 +60,7 @@ class RunConfig:
     eval_every: int = 5
     eval_max: int = 10_000
     metrics_port: int = 0
+    producer_metrics_port: int = 0
     data_dir: str | None = None
     seed: int | None = None
 
@@ -152,6 +153,7 @@ class Run:
         self.out = Path(cfg.out or Path("runs") / f"{cfg.dataset}-{stamp}").resolve()
         self.topic = cfg.topic or f"streamtrain-{cfg.dataset}"
         self.meters = metrics.training_metrics()
+        self._init_metrics()
         self.history: list[dict[str, Any]] = []
         self.state: checkpoint.State | None = None
         self.produced_target = 0
@@ -161,6 +163,7 @@ class Run:
         self._first_batch_at: float | None = None
         self._stop_reason = ""
         self._eval_s = 0.0
+        self._clock_seen = 0
 
     # --- pieces ---
 
@@ -172,7 +175,8 @@ class Run:
 
     def _start_producer(self, bootstrap: str) -> None:
         cmd = [sys.executable, "-m", "producers", self.cfg.dataset, "--topic", self.topic, "--bootstrap", bootstrap,
-               "--epochs", str(self.cfg.epochs), "--partitions", str(self.cfg.workers), "--no-progress"]
+               "--epochs", str(self.cfg.epochs), "--partitions", str(self.cfg.workers), "--no-progress",
+               "--metrics-port", str(self.cfg.producer_metrics_port)]
         if self.cfg.rate:
             cmd += ["--rate", str(self.cfg.rate)]
         if self.cfg.data_dir:
@@ -247,6 +251,29 @@ class Run:
         if self.cfg.until_accuracy is not None and held is not None and held >= self.cfg.until_accuracy:
             self._stop_reason = f"held-out accuracy {held:.4f} reached --until-accuracy {self.cfg.until_accuracy}"
 
+    def _init_metrics(self) -> None:
+        # Every labelled series exists from the start at 0, so rates and alerts see a
+        # first reject or a first exchange as a change rather than a new series.
+        m, cfg = self.meters, self.cfg
+        m.info.labels(cfg.dataset, cfg.algorithm, self.topic, str(cfg.workers)).set(1)
+        # Not yet measured is NaN (a gap in a graph), not 0 (a loss of 0, a batch in 1970).
+        for gauge in (m.freshness, m.prequential_loss, m.prequential_accuracy, m.heldout_accuracy, m.last_batch_time):
+            gauge.set(float("nan"))
+        m.records_ingested.labels(self.topic)
+        m.records_trained.labels(self.topic)
+        for reason in codec.REASONS:
+            m.records_rejected.labels(reason)
+        for activity in ("compute", "exchange"):
+            m.worker_seconds.labels(activity)
+
+    def _on_ps_request(self, op: str, seconds: float) -> None:
+        self.meters.ps_request_duration.labels(op).observe(seconds)
+
+    def _on_lag(self, lag: dict[str, int]) -> None:
+        for tp, n in lag.items():
+            topic, _, part = tp.rpartition("-")
+            self.meters.consumer_lag.labels(topic, part).set(n)
+
     def _record_metrics(self, info: stream.BatchInfo, row: dict[str, Any]) -> None:
         m = self.meters
         m.records_ingested.labels(self.topic).inc(info.rows)
@@ -255,15 +282,16 @@ class Run:
             m.records_rejected.labels(reason).inc(n)
         m.batches.inc()
         m.batch_duration.observe(info.batch_s)
-        for tp, lag in info.lag.items():
-            topic, _, part = tp.rpartition("-")
-            m.consumer_lag.labels(topic, part).set(lag)
+        self._on_lag(info.lag)
         for r in info.results:
             for s in r.get("staleness", []):
                 m.staleness.observe(s)
             if r.get("freshness_s"):
                 m.freshness.set(r["freshness_s"][0])
-        m.updates_applied.set(row["clock"])
+        m.updates_applied.inc(max(0, row["clock"] - self._clock_seen))
+        self._clock_seen = row["clock"]
+        m.clock.set(row["clock"])
+        m.last_batch_time.set_to_current_time()
         m.worker_seconds.labels("compute").inc(row["compute_s"])
         m.worker_seconds.labels("exchange").inc(row["exchange_s"])
         if "prequential_accuracy" in row:
@@ -348,8 +376,10 @@ class Run:
             cores = int(spark.sparkContext.defaultParallelism)
             self.state = prior or checkpoint.State(get_flat(model))
             host = "127.0.0.1" if cfg.master.startswith("local") else spark.conf.get("spark.driver.host")
-            server = parameter_server(self.algorithm, self.state.weights, host=host)
+            server = parameter_server(self.algorithm, self.state.weights, host=host, on_request=self._on_ps_request)
             server.restore(self.state.weights, self.state.clock)
+            self.meters.clock.set(self.state.clock)
+            self._clock_seen = self.state.clock
             stack.enter_context(server)
             handler = TrainHandler(
                 spec=spec, algorithm=algorithms.serialize(self.algorithm),
@@ -361,7 +391,7 @@ class Run:
             job = stream.StreamJob(
                 spark, bootstrap=bootstrap, topics=[self.topic], schema=data.schema, handler=handler,
                 checkpoint=self.out / "spark-checkpoint", max_offsets_per_trigger=cfg.max_offsets_per_trigger,
-                min_partitions=cfg.workers,
+                min_partitions=cfg.workers, on_lag=self._on_lag,
             )
             warm_up(spark, spec, handler.job, workers=cfg.workers, threads=handler.threads)
             startup_s = time.monotonic() - self._started
@@ -371,6 +401,12 @@ class Run:
         final = evaluation.score(model)
         model.save(self.out / "model.keras")
         report = self._report(final, startup_s)
+        if self.history:
+            from pipeline import plots
+
+            plots.report_plots(self.history, self.out / "report.png",
+                               title=f"{cfg.dataset} with {cfg.algorithm}, {cfg.workers} workers ({self.out.name})")
+            report["plots"] = str(self.out / "report.png")
         (self.out / "report.json").write_text(json.dumps(report, indent=2, default=float))
         return report
 

@@ -195,8 +195,10 @@ def read_offset_log(checkpoint: str, batch_id: int) -> dict[str, dict[str, int]]
 class LagMonitor:
     """Log-end offsets of the stream's partitions, refreshed in the background."""
 
-    def __init__(self, bootstrap: str, topics: list[str], interval_s: float = 1.0) -> None:
+    def __init__(self, bootstrap: str, topics: list[str], interval_s: float = 1.0,
+                 on_refresh: Callable[[], None] | None = None) -> None:
         self.bootstrap, self.topics, self.interval_s = bootstrap, topics, interval_s
+        self.on_refresh = on_refresh
         self.ends: dict[tuple[str, int], int] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="lag-monitor", daemon=True)
@@ -217,6 +219,8 @@ class LagMonitor:
                 tps = [TopicPartition(t, p) for t in self.topics for p in client.partitions_for(c, t)]
                 found = client.end_offsets(c, tps, timeout_s=5)
                 self.ends = {(tp.topic, tp.partition): n for tp, n in found.items()}
+                if self.on_refresh is not None:
+                    self.on_refresh()
             except Exception as e:  # lag is a figure, never a reason to stop training
                 log.debug("lag refresh failed: %s", e)
             finally:
@@ -249,6 +253,9 @@ class StreamJob:
         min_partitions: split ranges so a batch has at least this many tasks.
         starting_offsets: ``earliest``, ``latest`` or Spark's Kafka JSON.
         dead_letter_topic: where rejected records go (default ``<first topic>.dlq``; "" for none).
+        on_lag: called about once a second with the lag (log end minus the end of the
+            last handled batch) of every ``topic-partition`` handled so far, so that lag
+            keeps moving while batches are slow or stalled.
     """
 
     def __init__(
@@ -267,6 +274,7 @@ class StreamJob:
         min_partitions: int | None = None,
         starting_offsets: str = "earliest",
         dead_letter_topic: str | None = None,
+        on_lag: Callable[[dict[str, int]], None] | None = None,
     ) -> None:
         if not topics:
             raise ConfigError("Expected at least one topic to read.")
@@ -289,6 +297,8 @@ class StreamJob:
         self._stop_requested = threading.Event()
         self._in_batch = threading.Event()
         self._lag: LagMonitor | None = None
+        self.on_lag = on_lag
+        self._handled: list[tuple[str, int, int, int]] = []  # the last handled end of each partition
 
     # --- per batch ---
 
@@ -360,6 +370,8 @@ class StreamJob:
             info.batch_s = time.perf_counter() - started
             self.handler.on_batch(info)
             self.batches.append(info)
+            ends = {(t, p): (t, p, s, e) for t, p, s, e in self._handled + info.ranges}
+            self._handled = list(ends.values())
             log.debug("batch %d: %d records (%d rejected) in %.2f s", batch_id, info.rows, info.rows - info.accepted,
                      info.batch_s)
         finally:
@@ -379,7 +391,7 @@ class StreamJob:
             writer = writer.trigger(availableNow=True)
         else:
             writer = writer.trigger(processingTime=f"{int(self.trigger_s * 1000)} milliseconds")
-        self._lag = LagMonitor(self.bootstrap, self.topics).start()
+        self._lag = LagMonitor(self.bootstrap, self.topics, on_refresh=self._report_lag).start()
         return writer.start()
 
     def run(self, *, max_batches: int | None = None, timeout_s: float | None = None,
@@ -418,6 +430,10 @@ class StreamJob:
             self._stop_requested.clear()
         self._attach_progress(query)
         return self.batches[first:]
+
+    def _report_lag(self) -> None:
+        if self.on_lag is not None and self._lag is not None and self._handled:
+            self.on_lag(self._lag.lag(self._handled))
 
     def _wait_committed(self, query: Any, timeout_s: float = 30.0) -> None:
         """Wait until the last handled batch is in the commit log and in the progress reports."""

@@ -22,6 +22,7 @@ import logging
 import multiprocessing as mp
 import os
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -60,11 +61,13 @@ atexit.register(shutdown_workers)
 
 
 def parameter_server(algorithm: algorithms.Algorithm, weights: np.ndarray, *, host: str,
-                     sync_timeout_s: float = 30.0) -> ps.ParameterServer:
+                     sync_timeout_s: float = 30.0,
+                     on_request: Callable[[str, float], None] | None = None) -> ps.ParameterServer:
     """A parameter server (not yet started) that applies ``algorithm``'s rule, with a fresh secret."""
     return ps.ParameterServer(
         weights, secret=os.urandom(32), host=host, rule=algorithm.apply, keep_pulled=algorithm.keep_pulled,
         sync_workers=algorithm.num_workers if algorithm.synchronous else 0, sync_timeout_s=sync_timeout_s,
+        on_request=on_request,
     )
 
 

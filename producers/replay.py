@@ -154,6 +154,9 @@ class Replay:
         self.split = split
         self.partitions = partitions
         self.metrics = meters or metrics.producer_metrics()
+        # Series exist at 0 from the start, so a first error is a rate, not a new series.
+        self.metrics.send_errors.labels(self.topic, self.dataset.name)
+        self.metrics.malformed_rows.labels(self.dataset.name)
         self._malformed_counted = 0
         self.producer_config = {**PRODUCER_DEFAULTS, **(producer_config or {})}
         self.progress = progress
@@ -227,7 +230,9 @@ class Replay:
                     handed += hi - lo
                     if bar is not None:
                         bar.update(hi - lo)
-                self._settle(report, block=False)
+                    # Count acknowledgements as they come, so the sent-records rate is smooth
+                    # even when a rate-limited chunk takes many seconds.
+                    self._settle(report, block=False)
                 self._count_malformed()
                 if self.limit is not None and handed >= self.limit:
                     break  # before asking for another chunk, so a partial pass is not counted as an epoch

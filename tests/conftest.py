@@ -76,3 +76,99 @@ def spark():  # type: ignore[no-untyped-def]
     s = spark_mod.session("local[2]", app="streamtrain-tests")
     yield s
     s.stop()
+
+
+def free_port() -> int:
+    """A loopback port nobody listens on right now."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _need(binary: str) -> str:
+    """The path of a Debian binary the README's test command installs; skip where it
+    cannot be had, but never in CI, where a skip would hide a missing check."""
+    import os
+    import shutil
+
+    path = shutil.which(binary)
+    if path is None:
+        if os.environ.get("CI"):
+            pytest.fail(f"{binary} is not installed; tests/run.sh installs Debian's prometheus package in CI")
+        pytest.skip(f"{binary} not installed (apt-get install prometheus, as root)")
+    return path
+
+
+@pytest.fixture(scope="session")
+def promtool() -> str:
+    return _need("promtool")
+
+
+class Prometheus:
+    """A real Prometheus on a free loopback port, scraping ``targets`` every second."""
+
+    def __init__(self, folder: Path, targets: dict[str, list[str]], rule_files: list[Path]) -> None:
+        import json
+        import subprocess
+
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        jobs = [{"job_name": job, "static_configs": [{"targets": addrs}]} for job, addrs in targets.items()]
+        cfg = {"global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+               "rule_files": [str(r) for r in rule_files], "scrape_configs": jobs}
+        (folder / "prometheus.yml").write_text(json.dumps(cfg))  # JSON is YAML
+        self.log = open(folder / "prometheus.log", "w")  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            [_need("prometheus"), f"--config.file={folder / 'prometheus.yml'}", f"--storage.tsdb.path={folder / 'tsdb'}",
+             f"--web.listen-address=127.0.0.1:{self.port}", "--web.enable-lifecycle"],
+            stdout=self.log, stderr=subprocess.STDOUT)
+        self._wait_ready()
+
+    def _wait_ready(self, timeout_s: float = 30.0) -> None:
+        import urllib.request
+
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, f"prometheus exited {self.proc.returncode}"
+            try:
+                with urllib.request.urlopen(f"{self.url}/-/ready", timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                time.sleep(0.2)
+        raise AssertionError("prometheus did not become ready")
+
+    def api(self, path: str) -> dict:  # type: ignore[type-arg]
+        import json
+        import urllib.request
+
+        with urllib.request.urlopen(f"{self.url}/api/v1/{path}", timeout=10) as r:
+            body: dict = json.load(r)  # type: ignore[type-arg]
+        assert body["status"] == "success", body
+        return body["data"]  # type: ignore[no-any-return]
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except Exception:
+            self.proc.kill()
+        self.log.close()
+
+
+@pytest.fixture(scope="module")
+def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., Prometheus]]:
+    """prometheus(targets, rule_files=[]) -> a running Prometheus; stopped after the module."""
+    started: list[Prometheus] = []
+
+    def start(targets: dict[str, list[str]], rule_files: list[Path] | None = None) -> Prometheus:
+        folder = tmp_path_factory.mktemp("prometheus")
+        p = Prometheus(folder, targets, rule_files or [])
+        started.append(p)
+        return p
+
+    yield start
+    for p in started:
+        p.stop()

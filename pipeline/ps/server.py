@@ -63,6 +63,8 @@ class ParameterServer:
             mean of ``sync_workers`` deltas at once (model averaging), and each
             push_pull waits for its round. A round that waits ``sync_timeout_s``
             closes with the deltas it has (a worker that ran out of data).
+        on_request: called with the operation's name and its seconds on the server
+            after each answered request (for metrics); it must be cheap and thread-safe.
 
     Example:
         >>> import numpy as np
@@ -85,6 +87,7 @@ class ParameterServer:
         keep_pulled: bool = False,
         sync_workers: int = 0,
         sync_timeout_s: float = 30.0,
+        on_request: Callable[[str, float], None] | None = None,
     ) -> None:
         if not secret:
             raise ConfigError("The parameter server needs a non-empty secret.")
@@ -97,6 +100,7 @@ class ParameterServer:
         self.clock = 0
         self.sync_workers = sync_workers
         self.sync_timeout_s = sync_timeout_s
+        self.on_request = on_request
         self._lock = threading.Lock()
         self._round_done = threading.Condition(self._lock)
         self._round_sum = np.zeros(self.size, np.float32) if sync_workers else None
@@ -328,7 +332,9 @@ class ParameterServer:
         conn.sendall(p.pack(p.Header(p.OK, h.worker, h.seq, clock, len(payload), flags=min(staleness, 0xFFFF))))
         if len(payload):
             conn.sendall(payload)
-        name = p.OPS[h.op]
+        name, took = p.OPS[h.op], time.perf_counter() - started
         with self._lock:
             secs = self._stats.op_seconds
-            secs[name] = secs.get(name, 0.0) + time.perf_counter() - started
+            secs[name] = secs.get(name, 0.0) + took
+        if self.on_request is not None:
+            self.on_request(name, took)
