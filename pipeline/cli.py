@@ -177,6 +177,9 @@ def produce(
 @click.option("--out", type=click.Path(file_okay=False), help="Output folder (default: runs/DATASET-TIME).")
 @click.option("--resume", "resume_dir", type=click.Path(file_okay=False),
               help="Continue the run in this folder after a stop or crash.")
+@click.option("--resume-if-exists", is_flag=True,
+              help="With --out: continue the run there if it has a checkpoint, else start it (for services "
+                   "that a supervisor restarts).")
 @click.option("--max-offsets-per-trigger", type=int, default=20_000, show_default=True,
               help="Records per micro-batch at most.")
 @click.option("--eval-every", type=int, default=5, show_default=True,
@@ -186,12 +189,19 @@ def produce(
               help="Port of the replay producer's /metrics (0: a free port).")
 @click.option("--data-dir", type=click.Path(file_okay=False), help="Folder holding the datasets.")
 @click.option("--seed", type=int, help="Seed for reproducible data order.")
-def run(resume_dir: str | None, out: str | None, bootstrap: str | None, **options: Any) -> None:
+def run(resume_dir: str | None, out: str | None, bootstrap: str | None, resume_if_exists: bool,
+        **options: Any) -> None:
     """The main job: replay a dataset into Kafka and train a model online from the stream."""
+    from pipeline import checkpoint
     from pipeline import run as run_mod
 
     if resume_dir and out and Path(out).resolve() != Path(resume_dir).resolve():
         raise ConfigError("Pass either --out or --resume (the folder to continue), not two folders.")
+    if resume_if_exists:
+        if not out:
+            raise ConfigError("--resume-if-exists needs --out, the folder to continue or start.")
+        if (Path(out) / checkpoint.FILENAME).exists():
+            resume_dir = out
     boot = bootstrap or config.settings().bootstrap
     cfg = run_mod.RunConfig(out=resume_dir or out, resume=bool(resume_dir), bootstrap=boot, **options)
     report = run_mod.run(cfg)

@@ -4,9 +4,11 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-# Real data and services the tests use; skipped (tests then fail loudly) where apt is not ours.
+# Real data and services the tests use; not installed where apt is not ours (the tests then say so).
 need=()
 dpkg -s dataset-fashion-mnist >/dev/null 2>&1 || need+=(dataset-fashion-mnist)
+# A real Prometheus and promtool for the observability tests (they skip without it, except in CI).
+command -v prometheus >/dev/null && command -v promtool >/dev/null || need+=(prometheus)
 if [ ${#need[@]} -gt 0 ] && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
   echo "installing Debian packages: ${need[*]}"
   (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}") >/dev/null \
