@@ -104,12 +104,14 @@ def plain_keras(dataset: str, seed: int, max_epochs: int, mode: str) -> dict[str
     return out
 
 
-def streamtrain(dataset: str, seed: int, epochs: int, until: float | None) -> dict[str, Any]:
+def streamtrain(dataset: str, seed: int, epochs: int, until: float | None, algorithm: str | None = None) -> dict[str, Any]:
     """One `streamtrain run` in a subprocess, sampling the RSS of its whole process tree."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "run"
         cmd = [sys.executable, "-m", "pipeline", "run", "--dataset", dataset, "--epochs", str(epochs),
                "--seed", str(seed), "--out", str(out), "--eval-every", "1" if until else "1000"]
+        if algorithm:
+            cmd += ["--algorithm", algorithm]
         if until:
             cmd += ["--until-accuracy", str(until)]
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -145,16 +147,35 @@ def _in_child(*args: str) -> dict[str, Any]:
     return result
 
 
+def compare(algorithms: list[str], seeds: int, max_epochs: int) -> None:
+    """Which algorithm reaches 0.985 soonest through the whole pipeline (the run's default
+    should be that one)."""
+    ttas: dict[str, list[float]] = {a: [] for a in algorithms}
+    for seed in range(seeds):
+        for algo in algorithms:
+            st = streamtrain("mnist", seed, max_epochs, TARGET, algorithm=algo)
+            ttas[algo].append(st["tta_s"] if st["tta_s"] is not None else float("inf"))
+            print(f"seed {seed} {algo}: tta {st['tta_s']} samples/s {st['samples_per_s']:.0f} final {st['final']}",
+                  flush=True)
+    print("algorithms " + " ".join(f"{a}_tta_s={statistics.median(t):.1f}" for a, t in ttas.items()))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--max-epochs", type=int, default=4)
     ap.add_argument("--higgs-epochs", type=int, default=5)
+    ap.add_argument("--compare", metavar="ALGOS",
+                    help="only the streamtrain arm: time to 0.985 for each comma-separated algorithm")
     ap.add_argument("--arm", nargs=4, metavar=("DATASET", "SEED", "EPOCHS", "MODE"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.arm:
         dataset, seed, epochs, mode = args.arm
         print(json.dumps(plain_keras(dataset, int(seed), int(epochs), mode)))
+        return
+
+    if args.compare:
+        compare(args.compare.split(","), args.seeds, args.max_epochs)
         return
 
     plain_tta, stream_tta, plain_sps, stream_sps, startups, rss, accs = [], [], [], [], [], [], []

@@ -161,6 +161,7 @@ class Run:
         self._producer_log: Any = None
         self._started = time.monotonic()
         self._first_batch_at: float | None = None
+        self._last_batch_at = 0.0
         self._stop_reason = ""
         self._eval_s = 0.0
         self._clock_seen = 0
@@ -241,6 +242,7 @@ class Run:
             self._eval_s += time.monotonic() - began
         # Streaming time so far, and the part of it spent scoring the held-out split here.
         row["t_stream"] = round(time.monotonic() - self._first_batch_at, 3)
+        self._last_batch_at = time.monotonic()
         row["eval_s_total"] = round(self._eval_s, 3)
         self.history.append(row)
         self.state.extra = {"trained": self.state.extra.get("trained", 0) + trained}
@@ -425,7 +427,9 @@ class Run:
         assert self.state is not None
         trained = int(self.state.extra.get("trained", 0))
         here = self._trained_here()
-        span = (time.monotonic() - self._first_batch_at) if self._first_batch_at else 0.0
+        # Streaming time: from the first batch to the end of the last one; stopping the
+        # query, the final evaluation and saving the model are not training.
+        span = (self._last_batch_at - self._first_batch_at) if self._first_batch_at else 0.0
         return {
             "settings": dataclasses.asdict(self.cfg), "algorithm": algorithms.serialize(self.algorithm),
             "topic": self.topic, "out": str(self.out), "startup_s": round(startup_s, 2),
