@@ -142,3 +142,13 @@ def test_leaders_of_every_partition_of_a_long_named_topic(broker) -> None:  # ty
     host, port = broker.bootstrap.rsplit(":", 1)
     assert {k: v for k, v in r._leaders.items() if k[0] == topic} == {(topic, p): (host, int(port)) for p in range(3)}
     r.close()
+
+
+def test_an_unreachable_broker_is_retried_until_the_timeout() -> None:
+    from tests.conftest import free_port
+
+    r = RangeReader(f"127.0.0.1:{free_port()}", timeout_s=1.5)
+    started = time.monotonic()
+    with pytest.raises(BrokerError, match="Cannot reach Kafka at 127.0.0.1"):
+        list(r.read("t", 0, 0, 10))
+    assert 1.5 <= time.monotonic() - started < 10

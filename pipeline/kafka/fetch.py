@@ -9,9 +9,8 @@ Fetch v4 (both still served by Kafka 4), and parses record batches (magic 2) wit
 vectorized numpy; the only per-record Python step is walking record lengths.
 
 Compressed batches are inflated with kafka-python's codecs; control batches
-(transaction markers) are skipped; CRCs are checked per batch. PLAINTEXT only:
-:func:`supported` says when a cluster needs TLS or SASL, and the caller then uses
-kafka-python's consumer instead.
+(transaction markers) are skipped; CRCs are checked per batch. PLAINTEXT listeners
+only, like the rest of streamtrain's Kafka clients today.
 """
 
 from __future__ import annotations
@@ -39,9 +38,8 @@ class OffsetOutOfRange(BrokerError):
     """The broker no longer (or not yet) has the requested offset."""
 
 
-def supported(security_protocol: str | None) -> bool:
-    """Whether this reader can talk to a cluster with this ``security.protocol``."""
-    return (security_protocol or "PLAINTEXT").upper() == "PLAINTEXT"
+class ConnectionLost(BrokerError):
+    """A broker could not be reached or dropped the connection (worth retrying)."""
 
 
 # --- wire helpers -----------------------------------------------------------------------
@@ -89,7 +87,7 @@ class _Connection:
         try:
             self.sock = socket.create_connection((host, port), timeout=timeout_s)
         except OSError as e:
-            raise BrokerError(f"Cannot connect to the Kafka broker at {host}:{port} ({e}).") from None
+            raise ConnectionLost(f"Cannot connect to the Kafka broker at {host}:{port} ({e}).") from None
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
         self.correlation = 0
@@ -98,9 +96,12 @@ class _Connection:
         self.correlation += 1
         header = struct.pack(">hhi", api_key, version, self.correlation) + _string("streamtrain")
         frame = header + body
-        self.sock.sendall(struct.pack(">i", len(frame)) + frame)
-        size = struct.unpack(">i", self._read(4))[0]
-        data = self._read(size)
+        try:
+            self.sock.sendall(struct.pack(">i", len(frame)) + frame)
+            size = struct.unpack(">i", self._read(4))[0]
+            data = self._read(size)
+        except OSError as e:  # timeouts included
+            raise ConnectionLost(f"Kafka request failed ({type(e).__name__}: {e}).") from None
         if struct.unpack_from(">i", data)[0] != self.correlation:
             raise BrokerError("Kafka answered a different request than the one sent (correlation id mismatch).")
         reader = _Reader(data)
@@ -113,7 +114,7 @@ class _Connection:
         while got < n:
             k = self.sock.recv_into(view[got:], n - got)
             if not k:
-                raise BrokerError("The Kafka broker closed the connection.")
+                raise ConnectionLost("The Kafka broker closed the connection.")
             got += k
         return bytes(buf)
 
@@ -343,7 +344,7 @@ class RangeReader:
                 if error and name == topic:
                     raise BrokerError(f"Kafka has no topic {topic!r} ({_ERRORS.get(error, error)}).")
             return
-        raise BrokerError(f"Cannot reach Kafka at {','.join(f'{h}:{p}' for h, p in self.bootstrap)}: "
+        raise ConnectionLost(f"Cannot reach Kafka at {','.join(f'{h}:{p}' for h, p in self.bootstrap)}: "
                           + "; ".join(errors))
 
     def _fetch(self, topic: str, partition: int, offset: int, max_bytes: int) -> tuple[memoryview | None, int]:
@@ -388,11 +389,19 @@ class RangeReader:
         position, max_bytes = start, self.max_partition_bytes
         deadline = time.monotonic() + self.timeout_s
         while position < end:
-            records, _ = self._fetch(topic, partition, position, max_bytes)
+            try:
+                records, _ = self._fetch(topic, partition, position, max_bytes)
+            except ConnectionLost:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)  # a restarting broker: reconnect and ask again
+                continue
             got, next_offset = parse_batches(records, start=position, end=end) if records else ([], position)
             if got:
                 deadline = time.monotonic() + self.timeout_s
                 yield from got
+            if records is None:
+                time.sleep(0.1)  # the leader moved or is being elected: ask again shortly
             if next_offset > position:
                 position = next_offset
             elif records is not None and len(records) >= max_bytes:

@@ -282,6 +282,8 @@ def read_range(bootstrap: str, r: OffsetRange, *, fail_on_data_loss: bool = True
         return
     reader = _READERS.get(bootstrap)
     if reader is None or reader.timeout_s != timeout_s:
+        if reader is not None:
+            reader.close()
         reader = _READERS[bootstrap] = RangeReader(bootstrap, timeout_s=timeout_s)
     position = r.start
     try:
