@@ -406,9 +406,12 @@ class Run:
         if self.history:
             from pipeline import plots
 
-            plots.report_plots(self.history, self.out / "report.png",
-                               title=f"{cfg.dataset} with {cfg.algorithm}, {cfg.workers} workers ({self.out.name})")
-            report["plots"] = str(self.out / "report.png")
+            try:
+                plots.report_plots(self.history, self.out / "report.png",
+                                   title=f"{cfg.dataset} with {cfg.algorithm}, {cfg.workers} workers ({self.out.name})")
+                report["plots"] = str(self.out / "report.png")
+            except Exception as e:  # the model and the report matter more than a picture
+                log.warning("could not draw the report plots: %s: %s", type(e).__name__, e)
         (self.out / "report.json").write_text(json.dumps(report, indent=2, default=float))
         return report
 
