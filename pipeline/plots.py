@@ -97,8 +97,8 @@ def render(dashboard: dict[str, Any], prometheus: str, out: str | Path, *, since
     for p in items:
         g, title = p["gridPos"], p.get("title", "")
         if p.get("type") == "row":
-            fig.text(box(g, 0.1, 0, 0, 0)[0], box(g, 0, 0, 0.28, 0)[1] + box(g, 0, 0, 0.28, 0)[3], title,
-                     fontsize=13, fontweight="bold", color="#333333", va="center")
+            left, bottom, _, height = box(g, 0.1, 0, 0.28, 0)  # the title's baseline, 0.28 in below the row's top
+            fig.text(left, bottom + height, title, fontsize=13, fontweight="bold", color="#333333", va="center")
             continue
         unit = p.get("fieldConfig", {}).get("defaults", {}).get("unit", "short")
         series = []

@@ -298,7 +298,7 @@ class StreamJob:
         self._in_batch = threading.Event()
         self._lag: LagMonitor | None = None
         self.on_lag = on_lag
-        self._handled: list[tuple[str, int, int, int]] = []  # the last handled end of each partition
+        self._handled: dict[tuple[str, int], tuple[str, int, int, int]] = {}  # the last handled range per partition
 
     # --- per batch ---
 
@@ -370,8 +370,7 @@ class StreamJob:
             info.batch_s = time.perf_counter() - started
             self.handler.on_batch(info)
             self.batches.append(info)
-            ends = {(t, p): (t, p, s, e) for t, p, s, e in self._handled + info.ranges}
-            self._handled = list(ends.values())
+            self._handled.update(((r[0], r[1]), r) for r in info.ranges)
             log.debug("batch %d: %d records (%d rejected) in %.2f s", batch_id, info.rows, info.rows - info.accepted,
                      info.batch_s)
         finally:
@@ -433,7 +432,7 @@ class StreamJob:
 
     def _report_lag(self) -> None:
         if self.on_lag is not None and self._lag is not None and self._handled:
-            self.on_lag(self._lag.lag(self._handled))
+            self.on_lag(self._lag.lag(list(self._handled.values())))
 
     def _wait_committed(self, query: Any, timeout_s: float = 30.0) -> None:
         """Wait until the last handled batch is in the commit log and in the progress reports."""

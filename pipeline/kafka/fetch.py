@@ -55,7 +55,7 @@ def _string(s: str | None) -> bytes:
 class _Reader:
     """Big-endian fields from a response, in order."""
 
-    def __init__(self, data: bytes) -> None:
+    def __init__(self, data: bytes | bytearray) -> None:
         self.data, self.pos = data, 0
 
     def take(self, fmt: str) -> Any:
@@ -108,7 +108,7 @@ class _Connection:
         reader.pos = 4
         return reader
 
-    def _read(self, n: int) -> bytes:
+    def _read(self, n: int) -> bytearray:
         buf = bytearray(n)
         view, got = memoryview(buf), 0
         while got < n:
@@ -116,7 +116,7 @@ class _Connection:
             if not k:
                 raise ConnectionLost("The Kafka broker closed the connection.")
             got += k
-        return bytes(buf)
+        return buf
 
     def close(self) -> None:
         self.sock.close()
@@ -225,14 +225,17 @@ def parse_batches(records: bytes | memoryview, *, start: int, end: int,
     """
     import crc32c
 
-    data = bytes(records)
-    view = memoryview(data)
+    size = len(records)
+    # One padded copy of the response; uncompressed batches are parsed where they lie
+    # (a varint read near a batch's end may look into the next batch: harmless, masked).
+    data = bytes(records) + bytes(_PAD)
+    view, buf = memoryview(data), np.frombuffer(data, np.uint8)
     pos, next_offset = 0, start
     out: list[Records] = []
-    while pos + _BATCH_HEADER <= len(data):
+    while pos + _BATCH_HEADER <= size:
         base, length = struct.unpack_from(">qi", data, pos)
         stop = pos + 12 + length
-        if stop > len(data):
+        if stop > size:
             break
         magic = data[pos + 16]
         if magic != 2:
@@ -244,21 +247,23 @@ def parse_batches(records: bytes | memoryview, *, start: int, end: int,
         next_offset = max(next_offset, base + last_delta + 1)
         if count and not attributes & 0x20 and base + last_delta >= start and base < end:  # 0x20: control batch
             codec = attributes & 0x07
-            body = data[pos + _BATCH_HEADER:stop]
             if codec:
-                body = _decompress(codec, body)
-            got = _parse_batch(body, count, base, base_ts, max_ts if attributes & 0x08 else -1, start, end)
+                body = _decompress(codec, data[pos + _BATCH_HEADER:stop]) + bytes(_PAD)
+                where = (body, np.frombuffer(body, np.uint8), 0, len(body) - _PAD)
+            else:
+                where = (data, buf, pos + _BATCH_HEADER, stop)
+            got = _parse_batch(*where, count, base, base_ts, max_ts if attributes & 0x08 else -1, start, end)
             if len(got):
                 out.append(got)
         pos = stop
     return out, next_offset
 
 
-def _parse_batch(body: bytes, count: int, base: int, base_ts: int, log_append_ts: int, start: int,
-                 end: int) -> Records:
-    """The records of one batch (its bytes after the header) whose offsets fall in ``[start, end)``."""
-    starts = _record_starts(body, 0, count, len(body))
-    buf = np.frombuffer(body + bytes(_PAD), np.uint8)
+def _parse_batch(data: bytes, buf: np.ndarray, first: int, stop: int, count: int, base: int, base_ts: int,
+                 log_append_ts: int, start: int, end: int) -> Records:
+    """The records of one batch, ``data[first:stop]`` after its header (``buf``: the same
+    bytes as numpy, padded), whose offsets fall in ``[start, end)``."""
+    starts = _record_starts(data, first, count, stop)
     _, size = _varints(buf, starts, 5)  # the record length
     at = starts + size + 1  # skip the attributes byte
     ts_delta, size = _varints(buf, at, 10)
