@@ -16,6 +16,9 @@ import numpy as np
 
 from pipeline.errors import ConfigError
 
+#: Losses whose models get an accuracy metric.
+CLASSIFICATION_LOSSES = ("sparse_categorical_crossentropy", "categorical_crossentropy", "binary_crossentropy")
+
 
 @dataclasses.dataclass(frozen=True)
 class ModelSpec:
@@ -47,6 +50,21 @@ class ModelSpec:
         blob = json.dumps([self.architecture, self.optimizer, self.loss], sort_keys=True, default=str)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
+    def to_json(self) -> str:
+        """The spec as JSON (what a model-describing subprocess hands back).
+
+        >>> spec = ModelSpec("{}", "adam", "mse", ((2, 3), (3,)))
+        >>> ModelSpec.from_json(spec.to_json()) == spec
+        True
+        """
+        return json.dumps(dataclasses.asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> ModelSpec:
+        d = json.loads(text)
+        return cls(d["architecture"], d["optimizer"], d["loss"], tuple(tuple(s) for s in d["shapes"]),
+                   tuple(d.get("imports", ())))
+
     @classmethod
     def from_model(cls, model: Any, *, optimizer: str | dict[str, Any], loss: str) -> ModelSpec:
         """Describe a built Keras model (Sequential, functional, or subclassed with get_config)."""
@@ -65,8 +83,8 @@ class ModelSpec:
         shapes = tuple(tuple(w.shape) for w in model.get_weights())
         return cls(architecture, optimizer, loss, shapes, tuple(imports))
 
-    def build(self) -> Any:
-        """A compiled replica with freshly initialized weights."""
+    def build(self, *, compile: bool = True) -> Any:
+        """A replica with freshly initialized weights, compiled unless asked not to."""
         import importlib
 
         import keras
@@ -75,7 +93,12 @@ class ModelSpec:
             importlib.import_module(module)  # registers the model's custom classes
 
         model = keras.models.model_from_json(self.architecture)
-        model.compile(optimizer=keras.optimizers.get(self.optimizer), loss=self.loss)
+        if not compile:
+            return model
+        # A classifier's accuracy comes with every training step's loss, computed in the
+        # same forward pass (the prequential score).
+        metrics = ["accuracy"] if self.loss in CLASSIFICATION_LOSSES else None
+        model.compile(optimizer=keras.optimizers.get(self.optimizer), loss=self.loss, metrics=metrics)
         return model
 
 
@@ -112,6 +135,54 @@ def set_flat(model: Any, flat: np.ndarray, shapes: tuple[tuple[int, ...], ...]) 
     if offset != flat.size:
         raise ConfigError(f"Expected {offset} weights for this model. Received: {flat.size}")
     model.set_weights(out)
+
+
+class FlatWeights:
+    """Reads and writes a model's weights as one flat float32 vector, one TensorFlow call each.
+
+    What :func:`get_flat` and :func:`set_flat` do, without a NumPy copy per layer
+    and a Python call per variable: a worker exchanging every step does this
+    hundreds of times a batch. Models on another Keras backend take the slow path.
+    """
+
+    def __init__(self, model: Any, shapes: tuple[tuple[int, ...], ...]) -> None:
+        import keras
+
+        self.model, self.shapes = model, shapes
+        self._get = self._set = None
+        if keras.backend.backend() != "tensorflow":
+            return
+        import tensorflow as tf
+
+        variables = [w.value for w in model.weights]  # the order of get_weights()
+        sizes = [int(np.prod(s)) for s in shapes]
+        if [int(np.prod(v.shape)) for v in variables] != sizes:
+            raise ConfigError(f"Expected weights of sizes {sizes}. Received: {[tuple(v.shape) for v in variables]}")
+
+        def read() -> Any:
+            return tf.concat([tf.reshape(tf.cast(v, tf.float32), [-1]) for v in variables], 0)
+
+        def write(flat: Any) -> None:
+            for v, part, shape in zip(variables, tf.split(flat, sizes), shapes, strict=True):
+                v.assign(tf.cast(tf.reshape(part, shape), v.dtype))
+
+        self._get = tf.function(read)
+        self._set = tf.function(write, input_signature=[tf.TensorSpec([sum(sizes)], tf.float32)])
+
+    def get(self) -> np.ndarray:
+        """The weights now, as a new float32 vector."""
+        if self._get is None:
+            return get_flat(self.model)
+        return np.asarray(self._get())
+
+    def set(self, flat: np.ndarray) -> None:
+        """Load a flat float32 vector into the weights."""
+        if self._set is None:
+            return set_flat(self.model, flat, self.shapes)
+        if flat.shape != (sum(int(np.prod(s)) for s in self.shapes),):
+            raise ConfigError(f"Expected {sum(int(np.prod(s)) for s in self.shapes)} weights for this model. "
+                              f"Received: {flat.size}")
+        self._set(flat)
 
 
 def reset_optimizer(model: Any) -> None:

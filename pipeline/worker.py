@@ -18,9 +18,9 @@ from typing import Any
 import numpy as np
 
 from pipeline import algorithms
-from pipeline.model import ModelSpec, get_flat, input_shape, reset_optimizer, set_flat
+from pipeline.model import FlatWeights, ModelSpec, input_shape, reset_optimizer
 
-#: fingerprint -> (compiled replica, the job it last trained for)
+#: fingerprint -> [compiled replica, the job it last trained for, its flat weights]
 _REPLICAS: dict[str, list[Any]] = {}
 
 
@@ -67,15 +67,19 @@ def init_tensorflow(threads: int) -> None:
         pass  # already initialized in this process: the first setting stays
 
 
-def replica(spec: ModelSpec, *, job: str, threads: int = 1) -> tuple[Any, bool]:
+def replica(spec: ModelSpec, *, job: str, threads: int = 1, prime_batch: int = 0) -> tuple[Any, bool]:
     """The cached compiled replica for ``spec`` (built if new); a new ``job`` resets its optimizer.
 
+    With ``prime_batch`` > 0 a new replica is also traced (see :func:`prime`).
     Returns the model and whether it was built now.
     """
     init_tensorflow(threads)
     entry = _REPLICAS.get(spec.fingerprint)
     if entry is None:
-        entry = _REPLICAS[spec.fingerprint] = [spec.build(), job]
+        model = spec.build()
+        if prime_batch:
+            prime(model, spec, prime_batch)
+        entry = _REPLICAS[spec.fingerprint] = [model, job, FlatWeights(model, spec.shapes)]
         return entry[0], True
     if entry[1] != job:
         reset_optimizer(entry[0])
@@ -83,10 +87,32 @@ def replica(spec: ModelSpec, *, job: str, threads: int = 1) -> tuple[Any, bool]:
     return entry[0], False
 
 
-def _one_hot_if_needed(loss: str, y: np.ndarray, classes: int) -> np.ndarray:
+def prime(model: Any, spec: ModelSpec, batch: int) -> None:
+    """Trace the replica's train function on zeros, then forget those steps.
+
+    TensorFlow traces a function on its first call (about a second for the MNIST
+    CNN) and once more for the first batch of another size (a partition's last,
+    short batch); done here, in the warm-up, the first micro-batch trains at full
+    speed. The weights it changes are replaced by the first pull, and the
+    optimizer state it creates is zeroed.
+    """
+    shape = input_shape(model)
+    x = np.zeros((batch, *shape), np.float32)
+    if spec.loss.startswith("sparse"):
+        y = np.zeros(batch, np.int32)
+    else:  # targets shaped like the outputs
+        y = np.zeros((batch, *np.shape(model.predict_on_batch(x[:1]))[1:]), np.float32)
+    for n in (batch, 1, batch):
+        model.train_on_batch(x[:n], y[:n])
+    reset_optimizer(model)
+
+
+def _labels(loss: str, y: np.ndarray, classes: int) -> np.ndarray:
+    """Labels in the one form the replica's traced train function takes (another dtype
+    would make TensorFlow trace it again)."""
     if loss == "categorical_crossentropy" and y.ndim == 1:
         return np.eye(classes, dtype=np.float32)[y]
-    return y
+    return y.astype(np.int32 if loss.startswith("sparse") else np.float32, copy=False)
 
 
 def train_partition(
@@ -101,21 +127,22 @@ def train_partition(
     epochs: int = 1,
     threads: int = 1,
     seed: int | None = None,
-    prequential: int = 0,
 ) -> PartitionResult:
     """Train on one partition's ``x``/``y`` with the algorithm's exchanges; report figures.
 
     The replica starts from the server's center, exchanges every
     ``communication_window`` mini-batches, and once more at the end so that no
-    step is lost. With ``prequential`` > 0 it first scores the center on up to that
-    many of the partition's records before training on them (test-then-train).
+    step is lost. The prequential (test-then-train) loss and accuracy come free from
+    the first pass: each step's loss and accuracy are those of its forward pass, on
+    weights that have not yet seen that mini-batch.
     """
     from pipeline import ps
 
     algo = algorithms.get(algorithm)
     model, fresh = replica(spec, job=job, threads=threads)
+    weights: FlatWeights = _REPLICAS[spec.fingerprint][2]
     classes = spec.shapes[-1][-1]  # the output layer's bias; subclassed models have no .outputs
-    y = _one_hot_if_needed(spec.loss, y, classes)
+    y = _labels(spec.loss, y, classes)
     shape = input_shape(model)
     if x.shape[1:] != shape:
         x = x.reshape((len(x), *shape))
@@ -124,30 +151,32 @@ def train_partition(
     n = len(x)
     steps_per_epoch = math.ceil(n / batch) if n else 0
     losses: list[float] = []
+    preq = np.zeros(3)  # records, summed loss, summed accuracy over the first pass
     staleness: list[int] = []
     compute_s = exchange_s = 0.0
     exchanges = 0
     with ps.Client((server.host, server.port), secret=server.secret, worker=worker, size=spec.size) as client:
         started = time.perf_counter()
         pulled = client.pull().copy()
-        set_flat(model, pulled, spec.shapes)
+        weights.set(pulled)
         exchange_s += time.perf_counter() - started
-        preq = _score(model, x[:prequential], y[:prequential]) if prequential and n else (0, float("nan"), float("nan"))
         step = 0
-        for _ in range(epochs):
+        for epoch in range(epochs):
             order = rng.permutation(n) if seed is not None or epochs > 1 else np.arange(n)
             for s in range(steps_per_epoch):
                 idx = order[s * batch : (s + 1) * batch]
                 started = time.perf_counter()
-                loss = model.train_on_batch(x[idx], y[idx])
+                out = model.train_on_batch(x[idx], y[idx])
                 compute_s += time.perf_counter() - started
-                losses.append(float(loss[0] if isinstance(loss, list | tuple) else loss))
+                loss, acc = (out[0], out[1]) if isinstance(out, list | tuple) else (out, float("nan"))
+                losses.append(float(loss))
+                if epoch == 0:
+                    preq += (len(idx), float(loss) * len(idx), float(acc) * len(idx))
                 step += 1
                 last = step == epochs * steps_per_epoch
                 if step % window == 0 or last:
                     started = time.perf_counter()
-                    local = get_flat(model)
-                    set_flat(model, algo.exchange(client, local, pulled), spec.shapes)
+                    weights.set(algo.exchange(client, weights.get(), pulled))
                     staleness.append(client.last_staleness)
                     exchange_s += time.perf_counter() - started
                     exchanges += 1
@@ -157,15 +186,35 @@ def train_partition(
         worker=worker, records=n * epochs, steps=len(losses), exchanges=exchanges,
         loss_first=float(np.mean(head)), loss_last=float(np.mean(tail)), staleness=staleness,
         compute_s=compute_s, exchange_s=exchange_s, fresh_replica=fresh,
-        preq_n=preq[0], preq_loss=preq[1], preq_acc=preq[2],
+        preq_n=int(preq[0]), preq_loss=float(preq[1] / preq[0]) if preq[0] else float("nan"),
+        preq_acc=float(preq[2] / preq[0]) if preq[0] else float("nan"),
     )
 
 
-def _score(model: Any, x: np.ndarray, y: np.ndarray) -> tuple[int, float, float]:
-    """(n, cross-entropy, accuracy) of a classifier on ``x``/``y`` (labels or one-hot)."""
-    probs = np.asarray(model.predict_on_batch(x), np.float64)
-    labels = y.argmax(axis=1) if y.ndim == 2 else y.astype(np.int64)
-    if probs.ndim != 2 or probs.shape[1] < 2:
-        return len(x), float("nan"), float("nan")
-    picked = np.clip(probs[np.arange(len(x)), labels], 1e-7, 1.0)
-    return len(x), float(-np.log(picked).mean()), float((probs.argmax(axis=1) == labels).mean())
+
+def predict(spec: ModelSpec, weights: np.ndarray, x: np.ndarray, *, job: str, threads: int = 1,
+            chunk: int = 1000) -> np.ndarray:
+    """The model's outputs on ``x`` with ``weights``, scored on this worker's resident replica.
+
+    The replica's own weights are overwritten; its next partition starts with a pull
+    anyway. Its optimizer state is left alone.
+    """
+    model, _ = replica(spec, job=job, threads=threads)
+    _REPLICAS[spec.fingerprint][2].set(np.asarray(weights, np.float32))
+    shape = input_shape(model)
+    x = x.reshape((len(x), *shape))
+    return np.concatenate([np.asarray(model.predict_on_batch(x[i : i + chunk])) for i in range(0, len(x), chunk)])
+
+
+def model_file(spec: ModelSpec, weights: np.ndarray) -> bytes:
+    """A ``.keras`` file of the model with ``weights``: a fresh, uncompiled model, not a
+    replica with its optimizer state."""
+    import tempfile
+
+    model = spec.build(compile=False)
+    FlatWeights(model, spec.shapes).set(np.asarray(weights, np.float32))
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "model.keras")
+        model.save(path)
+        with open(path, "rb") as f:
+            return f.read()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -95,9 +96,33 @@ def test_user_model_file(tmp_path: Path) -> None:
     assert report["trained_records"] == 7000 and np.isfinite(report["final"]["auc"])
 
 
+def test_the_driver_never_imports_tensorflow(tmp_path: Path) -> None:
+    # TensorFlow costs a process half a gigabyte: the model is described in a child
+    # process, and scored and saved on the workers.
+    script = ("import sys; from pipeline.run import Run, RunConfig; "
+              f"r = Run(RunConfig(dataset='higgs', max_batches=1, max_offsets_per_trigger=3500, eval_every=1, "
+              f"out={str(tmp_path / 'run')!r})).execute(); "
+              "print('heldout', r['batches'][0]['heldout']['accuracy'], 'final', r['final']['accuracy']); "
+              "print('tensorflow loaded:', 'tensorflow' in sys.modules, 'keras loaded:', 'keras' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "tensorflow loaded: False keras loaded: False" in done.stdout
+    # One batch trained: the held-out score after it (one Spark job) is the final one (another).
+    heldout, final = re.search(r"^heldout (\S+) final (\S+)$", done.stdout, re.M).groups()  # type: ignore[union-attr]
+    assert heldout == final and 0 < float(final) <= 1
+    assert keras_model_params(tmp_path / "run" / "model.keras") == 28 * 300 + 300 + 2 * (300 * 300 + 300) + 300 * 2 + 2
+
+
+def keras_model_params(path: Path) -> int:
+    import keras
+
+    return int(keras.models.load_model(path).count_params())
+
+
 @pytest.mark.parametrize("args, message", [
     (["--model", "tests/user_model.py:nope"], "has no function 'nope'"),
     (["--model", "tests/user_model.py:not_a_model"], "returned int, not a Keras model"),
+    (["--model", "tests/user_model.py:broken"], "Building the model failed (ValueError: no layer called Dense3000)"),
     (["--model", "missing.keras"], "Expected a Keras model file at missing.keras"),
     (["--model", "tests/user_model.py"], "Expected --model FILE.py:BUILD_FN or FILE.keras"),
     (["--algorithm", "sgd9000"], "Unknown algorithm 'sgd9000'"),
@@ -120,3 +145,11 @@ def test_a_finished_run_is_not_overwritten(tmp_path: Path) -> None:
     done = _cli("run", "--dataset", "higgs", "--out", str(tmp_path / "run"), timeout=120)
     assert done.returncode == 2 and "pass --resume to continue it" in done.stderr
     os.remove(tmp_path / "run" / checkpoint.FILENAME)
+
+
+@pytest.mark.parametrize("algorithm", ["downpour", "averaging", "aeasgd"])
+def test_window_sets_every_algorithms_communication_window(algorithm: str, tmp_path: Path) -> None:
+    from pipeline.run import Run, RunConfig
+
+    run = Run(RunConfig(algorithm=algorithm, communication_window=3, out=str(tmp_path / "run")))
+    assert run.algorithm.communication_window == 3

@@ -96,6 +96,34 @@ def test_available_now_drains_and_stops(spark, broker, topic, tmp_path, higgs) -
     assert sum(_assert_contiguous(batches).values()) == produced
 
 
+def test_no_batch_starts_before_prepare_returns(spark, broker, topic, tmp_path, higgs) -> None:  # type: ignore[no-untyped-def]
+    produced = _replay(broker, topic, higgs, limit=800)
+    ready: list[float] = []
+
+    def prepare() -> None:
+        time.sleep(4)  # the query starts and plans its first batch meanwhile
+        ready.append(time.monotonic())
+
+    [batch] = _job(spark, broker, topic, tmp_path / "ckpt").run(max_batches=1, timeout_s=60, prepare=prepare)
+    assert batch.rows == produced and batch.started_at >= ready[0]
+
+
+def test_a_failing_prepare_stops_the_query_and_commits_nothing(spark, broker, topic, tmp_path, higgs) -> None:  # type: ignore[no-untyped-def]
+    produced = _replay(broker, topic, higgs, limit=800)
+
+    def prepare() -> None:
+        time.sleep(3)
+        raise RuntimeError("the warm-up failed")
+
+    job = _job(spark, broker, topic, tmp_path / "ckpt")
+    with pytest.raises(RuntimeError, match="the warm-up failed"):
+        job.run(timeout_s=60, prepare=prepare)
+    assert job.batches == [] and not list((tmp_path / "ckpt" / "commits").glob("[0-9]*"))
+    # The next run trains from the start: nothing was lost.
+    [batch] = _job(spark, broker, topic, tmp_path / "ckpt").run(max_batches=1, timeout_s=60)
+    assert batch.batch_id == 0 and batch.rows == produced
+
+
 def test_figures_per_batch(spark, broker, topic, tmp_path, higgs) -> None:  # type: ignore[no-untyped-def]
     produced = _replay(broker, topic, higgs, limit=1200)
     [batch] = _job(spark, broker, topic, tmp_path / "ckpt", min_partitions=6).run(max_batches=1, timeout_s=60)

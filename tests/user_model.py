@@ -10,3 +10,7 @@ def build() -> keras.Model:
 
 def not_a_model() -> int:
     return 3
+
+
+def broken() -> keras.Model:
+    raise ValueError("no layer called Dense3000")

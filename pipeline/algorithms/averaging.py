@@ -28,6 +28,7 @@ class ModelAveraging(Algorithm):
 
     name = "averaging"
     synchronous = True
+    window_setting = "averaging_frequency"
     averaging_frequency: int = 5
 
     def __post_init__(self) -> None:

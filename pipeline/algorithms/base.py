@@ -48,6 +48,8 @@ class Algorithm(abc.ABC):
     keep_pulled: ClassVar[bool] = False
     #: Pushes form synchronous rounds whose mean is applied once (model averaging).
     synchronous: ClassVar[bool] = False
+    #: The setting that sets the communication window (``streamtrain run --window``).
+    window_setting: ClassVar[str] = "communication_window"
 
     worker_optimizer: str | dict[str, Any] = "adam"
     loss: str = "sparse_categorical_crossentropy"

@@ -1,0 +1,78 @@
+"""The executor side's model plumbing, on real Keras models: flat weights and the warm-up trace."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pipeline import model as zoo
+from pipeline.errors import ConfigError
+from pipeline.model import FlatWeights, ModelSpec, get_flat, set_flat
+from pipeline.worker import _labels, prime, replica
+
+
+def _compiled(build):  # type: ignore[no-untyped-def]
+    model = build()
+    spec = ModelSpec.from_model(model, optimizer="adam", loss="sparse_categorical_crossentropy")
+    return spec.build(), spec
+
+
+@pytest.mark.parametrize("build", [zoo.mnist_cnn, zoo.higgs_mlp])
+def test_flat_weights_match_the_numpy_path(build) -> None:  # type: ignore[no-untyped-def]
+    model, spec = _compiled(build)
+    flat = FlatWeights(model, spec.shapes)
+    assert np.array_equal(flat.get(), get_flat(model))
+    new = np.random.default_rng(0).standard_normal(spec.size).astype(np.float32)
+    flat.set(new)
+    assert np.array_equal(get_flat(model), new)
+    set_flat(model, -new, spec.shapes)  # and it sees changes made another way
+    assert np.array_equal(flat.get(), -new)
+    with pytest.raises(ConfigError, match=f"Expected {spec.size} weights"):
+        flat.set(new[:-1])
+
+
+def _tracings(fn, depth: int = 0) -> int:  # type: ignore[no-untyped-def]
+    """How many times the tf.functions inside Keras's train function have been traced."""
+    total = 0
+    for cell in getattr(fn, "__closure__", None) or ():
+        value = cell.cell_contents
+        if hasattr(value, "experimental_get_tracing_count"):
+            total += value.experimental_get_tracing_count()
+        elif callable(value) and depth < 3:
+            total += _tracings(value, depth + 1)
+    return total
+
+
+def test_prime_traces_training_once_and_leaves_no_optimizer_state() -> None:
+    model, spec = _compiled(zoo.higgs_mlp)
+    prime(model, spec, 64)
+    opt = model.optimizer
+    assert int(opt.iterations.numpy()) == 0
+    assert all(not np.any(v.numpy()) for v in opt.variables if "learning_rate" not in v.path)
+    traced = _tracings(model.train_function)
+    assert traced > 0
+    x = np.random.default_rng(1).standard_normal((64, 28)).astype(np.float32)
+    y = _labels(spec.loss, (x[:, 0] > 0).astype(np.int64), 2)  # as train_partition passes them
+    for n in (64, 64, 17, 64, 5):  # full batches and a partition's short last one
+        model.train_on_batch(x[:n], y[:n])
+    assert _tracings(model.train_function) == traced
+    assert int(opt.iterations.numpy()) == 5
+
+
+def test_a_primed_replica_is_cached_per_model() -> None:
+    _, spec = _compiled(zoo.higgs_mlp)
+    first, fresh = replica(spec, job="a", prime_batch=32)
+    again, fresh_again = replica(spec, job="a", prime_batch=32)
+    assert fresh and not fresh_again and first is again
+
+
+def test_prime_works_for_one_hot_targets() -> None:
+    model = zoo.higgs_mlp()
+    spec = ModelSpec.from_model(model, optimizer="adam", loss="categorical_crossentropy")
+    replica_model = spec.build()
+    prime(replica_model, spec, 32)
+    traced = _tracings(replica_model.train_function)
+    y = _labels(spec.loss, np.array([0, 1, 1], np.int32), 2)
+    assert y.shape == (3, 2) and y.dtype == np.float32
+    replica_model.train_on_batch(np.ones((3, 28), np.float32), y)
+    assert _tracings(replica_model.train_function) == traced
