@@ -75,11 +75,16 @@ class Probe:
         cmd = [sys.executable, "-m", "pipeline.modelprobe", source or "", dataset, json.dumps(optimizer), loss,
                str(folder)]
         env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
-        self._proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+        # Its output goes to a file: a pipe nobody reads until the end could fill and stall it.
+        self._log = open(folder / "probe.log", "w+")  # noqa: SIM115
+        self._proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, text=True, env=env)
 
     def result(self) -> tuple[ModelSpec, np.ndarray]:
         """The spec and the initial weights; a ConfigError with the child's message if it failed."""
-        _, err = self._proc.communicate()
+        self._proc.wait()
+        self._log.seek(0)
+        err = self._log.read()
+        self._log.close()
         if self._proc.returncode != 0:
             # TensorFlow may log to stderr too: the message is the line with the marker.
             said = [line.removeprefix(_MARK) for line in err.splitlines() if line.startswith(_MARK)]
@@ -91,7 +96,8 @@ class Probe:
     def cancel(self) -> None:
         if self._proc.poll() is None:
             self._proc.kill()
-            self._proc.communicate()
+            self._proc.wait()
+        self._log.close()
 
 
 def main(argv: list[str]) -> int:
