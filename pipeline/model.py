@@ -149,6 +149,7 @@ class FlatWeights:
         import keras
 
         self.model, self.shapes = model, shapes
+        self.size = sum(int(np.prod(s)) for s in shapes)
         self._get = self._set = None
         if keras.backend.backend() != "tensorflow":
             return
@@ -167,7 +168,7 @@ class FlatWeights:
                 v.assign(tf.cast(tf.reshape(part, shape), v.dtype))
 
         self._get = tf.function(read)
-        self._set = tf.function(write, input_signature=[tf.TensorSpec([sum(sizes)], tf.float32)])
+        self._set = tf.function(write, input_signature=[tf.TensorSpec([self.size], tf.float32)])
 
     def get(self) -> np.ndarray:
         """The weights now, as a new float32 vector."""
@@ -179,9 +180,8 @@ class FlatWeights:
         """Load a flat float32 vector into the weights."""
         if self._set is None:
             return set_flat(self.model, flat, self.shapes)
-        if flat.shape != (sum(int(np.prod(s)) for s in self.shapes),):
-            raise ConfigError(f"Expected {sum(int(np.prod(s)) for s in self.shapes)} weights for this model. "
-                              f"Received: {flat.size}")
+        if flat.shape != (self.size,):
+            raise ConfigError(f"Expected {self.size} weights for this model. Received: {flat.size}")
         self._set(flat)
 
 

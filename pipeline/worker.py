@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from pipeline import algorithms
-from pipeline.model import FlatWeights, ModelSpec, input_shape, reset_optimizer
+from pipeline.model import FlatWeights, ModelSpec, input_shape, reset_optimizer, set_flat
 
 #: fingerprint -> [compiled replica, the job it last trained for, its flat weights]
 _REPLICAS: dict[str, list[Any]] = {}
@@ -212,7 +212,7 @@ def model_file(spec: ModelSpec, weights: np.ndarray) -> bytes:
     import tempfile
 
     model = spec.build(compile=False)
-    FlatWeights(model, spec.shapes).set(np.asarray(weights, np.float32))
+    set_flat(model, np.asarray(weights, np.float32), spec.shapes)  # once: not worth tracing a function
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "model.keras")
         model.save(path)
