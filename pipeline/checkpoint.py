@@ -1,4 +1,5 @@
-"""The training checkpoint: center weights, clock, last applied batch and the ledger, in one file.
+"""The training checkpoint: center weights, the server's optimizer state, clock, last applied
+batch and the ledger, in one file.
 
 It is written atomically (a temporary file, fsync, rename) after every micro-batch,
 before Spark commits the batch, so after a crash it always describes a whole
@@ -20,6 +21,7 @@ import numpy as np
 from pipeline.errors import DataError
 
 FILENAME = "state.npz"
+_OPT = "optimizer."  # the prefix of the optimizer's arrays in the file
 
 
 @dataclasses.dataclass
@@ -32,6 +34,7 @@ class State:
         last_batch_id: the last micro-batch applied (-1: none).
         ledger: ``[batch_id, topic, partition, start, end]`` of every range trained.
         extra: anything else worth resuming (counts, accuracy history).
+        optimizer: the server-side optimizer's arrays (synchronous SGD), by name.
     """
 
     weights: np.ndarray
@@ -39,6 +42,7 @@ class State:
     last_batch_id: int = -1
     ledger: list[list[Any]] = dataclasses.field(default_factory=list)
     extra: dict[str, Any] = dataclasses.field(default_factory=dict)
+    optimizer: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
 
 
 def save(folder: str | os.PathLike[str], state: State) -> Path:
@@ -47,7 +51,9 @@ def save(folder: str | os.PathLike[str], state: State) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     meta = {"clock": state.clock, "last_batch_id": state.last_batch_id, "ledger": state.ledger, "extra": state.extra}
     buf = io.BytesIO()
-    np.savez(buf, weights=state.weights, meta=np.frombuffer(json.dumps(meta).encode(), np.uint8))
+    arrays = {"weights": state.weights, "meta": np.frombuffer(json.dumps(meta).encode(), np.uint8),
+              **{f"{_OPT}{k}": v for k, v in state.optimizer.items()}}
+    np.savez(buf, **arrays)  # type: ignore[arg-type]
     tmp = folder / f".{FILENAME}.tmp"
     with open(tmp, "wb") as f:
         f.write(buf.getbuffer())
@@ -66,6 +72,7 @@ def load(folder: str | os.PathLike[str]) -> State | None:
     try:
         with np.load(path, allow_pickle=False) as f:
             weights, meta = f["weights"], json.loads(f["meta"].tobytes())
+            optimizer = {k[len(_OPT):]: f[k] for k in f.files if k.startswith(_OPT)}
     except (OSError, ValueError, KeyError) as e:
         raise DataError(f"The checkpoint {path} is unreadable ({e}); it cannot be resumed from.") from None
-    return State(weights, meta["clock"], meta["last_batch_id"], meta["ledger"], meta.get("extra", {}))
+    return State(weights, meta["clock"], meta["last_batch_id"], meta["ledger"], meta.get("extra", {}), optimizer)

@@ -159,13 +159,14 @@ def produce(
 
 @cli.command()
 @click.option("--dataset", type=click.Choice(["mnist", "fashion-mnist", "higgs"]), default="mnist", show_default=True)
-@click.option("--algorithm", default="downpour", show_default=True,
-              help="single, averaging, downpour, agn, adag, aeasgd, eamsgd or dynsgd.")
+@click.option("--algorithm", default="sync", show_default=True,
+              help="sync, single, averaging, downpour, agn, adag, aeasgd, eamsgd or dynsgd.")
 @click.option("--workers", type=int, default=2, show_default=True, help="Parallel model replicas.")
-@click.option("--batch-size", type=int, default=128, show_default=True)
-@click.option("--window", "communication_window", type=int, default=5, show_default=True,
-              help="Mini-batches between exchanges with the parameter server (1 needs the fewest records "
-                   "to a given accuracy, but each exchange costs time).")
+@click.option("--batch-size", type=int, default=128, show_default=True,
+              help="Records per mini-batch on each worker; for sync, per round, split among the workers.")
+@click.option("--window", "communication_window", type=int,
+              help="Mini-batches between exchanges with the parameter server (default: the algorithm's own; "
+                   "1 for sync, 5 for most asynchronous ones).")
 @click.option("--epochs", type=int, default=1, show_default=True, help="Times the producer replays the data.")
 @click.option("--rate", type=float, help="Replay rate, records/s (default: full speed).")
 @click.option("--until-accuracy", type=float, help="Stop once held-out accuracy reaches this.")

@@ -31,6 +31,8 @@ class ModelSpec:
         shapes: the shapes of ``model.get_weights()``, to cut the flat buffer.
         imports: modules defining the model's own classes, imported before rebuilding
             it (they must be importable where the workers run).
+        trainable: per weight, whether gradients train it (empty: all do); batch-norm
+            statistics do not.
     """
 
     architecture: str
@@ -38,6 +40,7 @@ class ModelSpec:
     loss: str
     shapes: tuple[tuple[int, ...], ...]
     imports: tuple[str, ...] = ()
+    trainable: tuple[bool, ...] = ()
 
     @property
     def size(self) -> int:
@@ -63,7 +66,7 @@ class ModelSpec:
     def from_json(cls, text: str) -> ModelSpec:
         d = json.loads(text)
         return cls(d["architecture"], d["optimizer"], d["loss"], tuple(tuple(s) for s in d["shapes"]),
-                   tuple(d.get("imports", ())))
+                   tuple(d.get("imports", ())), tuple(bool(t) for t in d.get("trainable", ())))
 
     @classmethod
     def from_model(cls, model: Any, *, optimizer: str | dict[str, Any], loss: str) -> ModelSpec:
@@ -81,7 +84,8 @@ class ModelSpec:
         imports = sorted({type(x).__module__ for x in layers} - {"__main__"})
         imports = [m for m in imports if m.split(".")[0] not in ("keras", "tf_keras", "tensorflow")]
         shapes = tuple(tuple(w.shape) for w in model.get_weights())
-        return cls(architecture, optimizer, loss, shapes, tuple(imports))
+        trainable = tuple(bool(w.trainable) for w in model.weights)  # the order of get_weights()
+        return cls(architecture, optimizer, loss, shapes, tuple(imports), () if all(trainable) else trainable)
 
     def build(self, *, compile: bool = True) -> Any:
         """A replica with freshly initialized weights, compiled unless asked not to."""
@@ -183,6 +187,66 @@ class FlatWeights:
         if flat.shape != (self.size,):
             raise ConfigError(f"Expected {self.size} weights for this model. Received: {flat.size}")
         self._set(flat)
+
+
+class FlatGradients:
+    """One mini-batch's gradient of the compiled loss, as one flat float32 vector laid out
+    like :class:`FlatWeights` (what synchronous SGD pushes), with the step's loss and accuracy.
+
+    The forward pass runs in training mode, so dropout is on and batch-norm
+    statistics move in the replica; a weight that gradients do not train gets 0
+    in the vector (the worker sends its change instead). The function is traced
+    once, for any batch size. TensorFlow backend only.
+    """
+
+    def __init__(self, model: Any, spec: ModelSpec) -> None:
+        import tensorflow as tf
+
+        self.size = spec.size
+        variables = [w.value for w in model.weights]  # the order of get_weights()
+        trainable = [bool(w.trainable) for w in model.weights]
+        shape = input_shape(model)
+        sparse = spec.loss.startswith("sparse")
+        self._out: tuple[int, ...] | None = None
+        if sparse:
+            labels = tf.TensorSpec([None], tf.int32)
+        else:
+            self._out = tuple(np.shape(model.predict_on_batch(np.zeros((1, *shape), np.float32)))[1:])
+            labels = tf.TensorSpec([None, *self._out], tf.float32)
+        loss_name = spec.loss
+
+        def accuracy(y: Any, pred: Any) -> Any:
+            if loss_name == "sparse_categorical_crossentropy":
+                hit = tf.equal(tf.argmax(pred, -1, output_type=tf.int32), tf.reshape(y, [-1]))
+            elif loss_name == "categorical_crossentropy":
+                hit = tf.equal(tf.argmax(pred, -1), tf.argmax(y, -1))
+            elif loss_name == "binary_crossentropy":
+                hit = tf.equal(tf.cast(pred > 0.5, y.dtype), y)
+            else:
+                return tf.constant(float("nan"))
+            return tf.reduce_mean(tf.cast(hit, tf.float32))
+
+        def step(x: Any, y: Any) -> Any:
+            watched = [v for v, t in zip(variables, trainable, strict=True) if t]
+            with tf.GradientTape() as tape:
+                pred = model(x, training=True)
+                loss = model.compute_loss(x=x, y=y, y_pred=pred, training=True)
+            grads = iter(tape.gradient(loss, watched))
+            parts = []
+            for v, t in zip(variables, trainable, strict=True):
+                g = next(grads) if t else None
+                parts.append(tf.reshape(tf.cast(g, tf.float32), [-1]) if g is not None
+                             else tf.zeros([int(np.prod(v.shape))], tf.float32))
+            return tf.concat(parts, 0), loss, accuracy(y, pred)
+
+        self._step = tf.function(step, input_signature=[tf.TensorSpec([None, *shape], tf.float32), labels])
+
+    def __call__(self, x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, float, float]:
+        """The gradient on ``x``/``y`` at the replica's weights, the loss and the accuracy."""
+        if self._out is not None and y.shape[1:] != self._out:  # (n,) labels for (n, 1) outputs
+            y = y.reshape((len(y), *self._out))
+        flat, loss, acc = self._step(x, y)
+        return np.asarray(flat), float(loss), float(acc)
 
 
 def reset_optimizer(model: Any) -> None:

@@ -24,7 +24,7 @@ class TrainHandler(stream.Handler):
         job: the run's id (a new id resets the replicas' optimizer state).
         threads: TensorFlow threads per task.
         driver: the driver's half (checkpoint, metrics, evaluation): an object with
-            ``on_batch(info)`` and ``skip(batch_id)``; never shipped to executors.
+            ``on_tasks(n)``, ``on_batch(info)`` and ``skip(batch_id)``; never shipped to executors.
     """
 
     spec: ModelSpec
@@ -53,6 +53,10 @@ class TrainHandler(stream.Handler):
         figures = dataclasses.asdict(result)
         figures["freshness_s"] = [float(np.percentile(freshness, q)) for q in (50, 99)] if len(freshness) else []
         return figures
+
+    def on_tasks(self, n: int) -> None:
+        if self.driver is not None:
+            self.driver.on_tasks(n)
 
     def on_batch(self, info: stream.BatchInfo) -> None:
         if self.driver is not None:

@@ -42,10 +42,10 @@ class RunConfig:
     """Settings of one run (the CLI's options)."""
 
     dataset: str = "mnist"
-    algorithm: str = "downpour"
+    algorithm: str = "sync"
     workers: int = 2
     batch_size: int = 128
-    communication_window: int = 5
+    communication_window: int | None = None  # None: the algorithm's own
     epochs: int = 1
     rate: float | None = None
     until_accuracy: float | None = None
@@ -70,7 +70,7 @@ class RunConfig:
             raise ConfigError(f"Expected --dataset in {DATASETS}. Received: {self.dataset!r}")
         for name in ("workers", "batch_size", "communication_window", "epochs", "max_offsets_per_trigger", "eval_every"):
             value = getattr(self, name)
-            if value < 1:
+            if value is not None and value < 1:
                 raise ConfigError(f"Expected --{name.replace('_', '-')} >= 1. Received: {value}")
         if self.until_accuracy is not None and not 0 < self.until_accuracy <= 1:
             raise ConfigError(f"Expected --until-accuracy in (0, 1]. Received: {self.until_accuracy}")
@@ -166,7 +166,8 @@ class Run:
     def __init__(self, cfg: RunConfig) -> None:
         cfg.validate()
         self.cfg = cfg
-        window = {algorithms.get(cfg.algorithm).window_setting: cfg.communication_window}
+        window = ({} if cfg.communication_window is None else
+                  {algorithms.get(cfg.algorithm).window_setting: cfg.communication_window})
         self.algorithm = algorithms.get(cfg.algorithm, num_workers=cfg.workers, batch_size=cfg.batch_size,
                                         seed=cfg.seed, **window)
         stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -186,6 +187,7 @@ class Run:
         self._stop_reason = ""
         self._eval_s = 0.0
         self._clock_seen = 0
+        self._cores = 1
 
     # --- pieces ---
 
@@ -233,13 +235,19 @@ class Run:
             self.meters.batches_skipped.inc()
         return done
 
+    def on_tasks(self, n: int) -> None:
+        # Synchronous rounds wait for the tasks that run at once: at most one per core.
+        if self.algorithm.synchronous:
+            self._server.expect_workers(min(n, self._cores))
+
     def on_batch(self, info: stream.BatchInfo) -> None:
         assert self.state is not None
         server, evaluation = self._server, self._evaluation
         if self._first_batch_at is None:
             self._first_batch_at = info.started_at
-        weights, clock = server.snapshot()
+        weights, clock, optimizer = server.checkpoint()
         self.state.weights, self.state.clock, self.state.last_batch_id = weights, clock, info.batch_id
+        self.state.optimizer = optimizer
         self.state.ledger += [[info.batch_id, *r] for r in info.ranges]
         trained = sum(r.get("records", 0) for r in info.results)
         stal = [s for r in info.results for s in r.get("staleness", [])]
@@ -398,12 +406,13 @@ class Run:
             stack.callback(spark.stop)
             spec, initial = probe.result()
             self.spec = spec
-            cores = int(spark.sparkContext.defaultParallelism)
+            cores = self._cores = int(spark.sparkContext.defaultParallelism)
             threads = max(1, cores // cfg.workers)
             self.state = prior or checkpoint.State(initial)
             host = "127.0.0.1" if cfg.master.startswith("local") else spark.conf.get("spark.driver.host")
-            server = parameter_server(self.algorithm, self.state.weights, host=host, on_request=self._on_ps_request)
-            server.restore(self.state.weights, self.state.clock)
+            server = parameter_server(self.algorithm, spec, self.state.weights, host=host,
+                                      on_request=self._on_ps_request)
+            server.restore(self.state.weights, self.state.clock, self.state.optimizer)
             self.meters.clock.set(self.state.clock)
             self._clock_seen = self.state.clock
             stack.enter_context(server)
@@ -424,7 +433,7 @@ class Run:
 
             def prepare() -> None:
                 warm_up(spark, spec, handler.job, workers=cfg.workers, threads=handler.threads,
-                        batch=cfg.batch_size)
+                        batch=self.algorithm.worker_batch_size, gradients=self.algorithm.pushes_gradients)
                 self._ready_at = time.monotonic()
 
             job.run(max_batches=cfg.max_batches, timeout_s=cfg.timeout_s, until=self._until, prepare=prepare)
@@ -476,7 +485,8 @@ class Run:
         }
 
 
-def warm_up(spark: Any, spec: ModelSpec, job: str, *, workers: int, threads: int, batch: int) -> None:
+def warm_up(spark: Any, spec: ModelSpec, job: str, *, workers: int, threads: int, batch: int,
+            gradients: bool = False) -> None:
     """Import TensorFlow, build the replica and trace its functions in each executor
     Python worker before the first batch, so that it trains at full speed."""
 
@@ -486,7 +496,7 @@ def warm_up(spark: Any, spec: ModelSpec, job: str, *, workers: int, threads: int
 
         init_tensorflow(threads)
         imported = time.monotonic()
-        _, fresh = replica(spec, job=job, threads=threads, prime_batch=batch)
+        _, fresh = replica(spec, job=job, threads=threads, prime_batch=batch, gradients=gradients)
         built = time.monotonic()
         if not fresh:
             time.sleep(0.5)  # hold the slot, so each task lands in its own Python worker

@@ -62,7 +62,7 @@ class Block:
 
 
 class Handler:
-    """What a stream feeds. Subclass it; both methods are optional.
+    """What a stream feeds. Subclass it; every method is optional.
 
     The handler object travels to the executors with each task, so keep it
     small and picklable (addresses and settings, not connections or models).
@@ -71,6 +71,9 @@ class Handler:
     def process(self, block: Block) -> dict[str, Any]:
         """Executors: do the work on one decoded block; return JSON-able figures."""
         return {}
+
+    def on_tasks(self, n: int) -> None:
+        """Driver: ``n`` tasks are about to process this micro-batch (Python source only)."""
 
     def on_batch(self, info: BatchInfo) -> None:
         """Driver: called after every micro-batch, before Spark commits it."""
@@ -332,6 +335,7 @@ class StreamJob:
                                             planned=r, dead_letters=dead)
                     yield json.dumps(dataclasses.asdict(figures))
 
+            handler.on_tasks(len(ranges))
             sc = self.spark.sparkContext
             sc.setJobDescription(f"streamtrain batch {batch_id}")
             rows = sc.parallelize(ranges, len(ranges)).mapPartitions(task).collect()

@@ -60,14 +60,16 @@ def shutdown_workers() -> None:
 atexit.register(shutdown_workers)
 
 
-def parameter_server(algorithm: algorithms.Algorithm, weights: np.ndarray, *, host: str,
+def parameter_server(algorithm: algorithms.Algorithm, spec: ModelSpec, weights: np.ndarray, *, host: str,
                      sync_timeout_s: float = 30.0,
                      on_request: Callable[[str, float], None] | None = None) -> ps.ParameterServer:
-    """A parameter server (not yet started) that applies ``algorithm``'s rule, with a fresh secret."""
+    """A parameter server (not yet started) that applies ``algorithm``'s rule to ``spec``'s
+    weights, with a fresh secret."""
+    algorithm.bind(spec)
     return ps.ParameterServer(
         weights, secret=os.urandom(32), host=host, rule=algorithm.apply, keep_pulled=algorithm.keep_pulled,
         sync_workers=algorithm.num_workers if algorithm.synchronous else 0, sync_timeout_s=sync_timeout_s,
-        on_request=on_request,
+        on_request=on_request, state=algorithm,
     )
 
 
@@ -127,7 +129,7 @@ class Trainer:
 
     def _server(self, host: str) -> ps.ParameterServer:
         # A round waits 10 s at most for a worker whose partition ran out of steps.
-        return parameter_server(self.algorithm, get_flat(self.model), host=host, sync_timeout_s=10.0)
+        return parameter_server(self.algorithm, self.spec, get_flat(self.model), host=host, sync_timeout_s=10.0)
 
     def _finish(self, server: ps.ParameterServer, results: list[PartitionResult]) -> Any:
         self.results = sorted(results, key=lambda r: r.worker)

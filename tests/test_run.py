@@ -79,6 +79,10 @@ def test_sigkill_then_resume_trains_every_record_exactly_once(broker, topic, tmp
     assert ends == {(topic, 0): produced // 2, (topic, 1): produced - produced // 2}
     assert _ledger_total(final.ledger) == produced == final.extra["trained"]
     assert final.clock > killed_at.clock
+    # The default algorithm keeps Adam on the server: its state is saved with each batch's
+    # weights, and the resumed run continued it rather than starting Adam afresh.
+    assert int(killed_at.optimizer["iterations"]) == killed_at.clock
+    assert int(final.optimizer["iterations"]) == final.clock
     report = json.loads((out / "report.json").read_text())
     assert report["trained_records"] == produced
     assert report["trained_this_session"] == produced - killed_at.extra["trained"]
@@ -153,3 +157,13 @@ def test_window_sets_every_algorithms_communication_window(algorithm: str, tmp_p
 
     run = Run(RunConfig(algorithm=algorithm, communication_window=3, out=str(tmp_path / "run")))
     assert run.algorithm.communication_window == 3
+
+
+def test_without_window_each_algorithm_keeps_its_own(tmp_path: Path) -> None:
+    from pipeline import algorithms
+    from pipeline.run import Run, RunConfig
+
+    for name in ("sync", "downpour", "aeasgd"):
+        run = Run(RunConfig(algorithm=name, out=str(tmp_path / name)))
+        assert run.algorithm.communication_window == algorithms.get(name).communication_window
+    assert Run(RunConfig(out=str(tmp_path / "default"))).algorithm.name == "sync"

@@ -7,14 +7,18 @@ import pytest
 
 from pipeline import model as zoo
 from pipeline.errors import ConfigError
-from pipeline.model import FlatWeights, ModelSpec, get_flat, set_flat
-from pipeline.worker import _labels, prime, replica
+from pipeline.model import FlatGradients, FlatWeights, ModelSpec, get_flat, set_flat
+from pipeline.worker import Replica, _labels, prime, replica
 
 
-def _compiled(build):  # type: ignore[no-untyped-def]
+def _compiled(build, optimizer="adam"):  # type: ignore[no-untyped-def]
     model = build()
-    spec = ModelSpec.from_model(model, optimizer="adam", loss="sparse_categorical_crossentropy")
+    spec = ModelSpec.from_model(model, optimizer=optimizer, loss="sparse_categorical_crossentropy")
     return spec.build(), spec
+
+
+def _entry(model, spec) -> Replica:  # type: ignore[no-untyped-def]
+    return Replica(model, "job", FlatWeights(model, spec.shapes), spec)
 
 
 @pytest.mark.parametrize("build", [zoo.mnist_cnn, zoo.higgs_mlp])
@@ -45,7 +49,7 @@ def _tracings(fn, depth: int = 0) -> int:  # type: ignore[no-untyped-def]
 
 def test_prime_traces_training_once_and_leaves_no_optimizer_state() -> None:
     model, spec = _compiled(zoo.higgs_mlp)
-    prime(model, spec, 64)
+    prime(_entry(model, spec), 64)
     opt = model.optimizer
     assert int(opt.iterations.numpy()) == 0
     assert all(not np.any(v.numpy()) for v in opt.variables if "learning_rate" not in v.path)
@@ -63,16 +67,52 @@ def test_a_primed_replica_is_cached_per_model() -> None:
     _, spec = _compiled(zoo.higgs_mlp)
     first, fresh = replica(spec, job="a", prime_batch=32)
     again, fresh_again = replica(spec, job="a", prime_batch=32)
-    assert fresh and not fresh_again and first is again
+    assert fresh and not fresh_again and first is again and first.model is again.model
 
 
 def test_prime_works_for_one_hot_targets() -> None:
     model = zoo.higgs_mlp()
     spec = ModelSpec.from_model(model, optimizer="adam", loss="categorical_crossentropy")
     replica_model = spec.build()
-    prime(replica_model, spec, 32)
+    prime(_entry(replica_model, spec), 32)
     traced = _tracings(replica_model.train_function)
     y = _labels(spec.loss, np.array([0, 1, 1], np.int32), 2)
     assert y.shape == (3, 2) and y.dtype == np.float32
     replica_model.train_on_batch(np.ones((3, 28), np.float32), y)
     assert _tracings(replica_model.train_function) == traced
+
+
+@pytest.mark.parametrize("build", [zoo.mnist_cnn, zoo.higgs_mlp])
+def test_flat_gradients_are_what_a_unit_sgd_step_subtracts(build) -> None:  # type: ignore[no-untyped-def]
+    # SGD with learning rate 1 moves the weights by exactly minus the gradient.
+    model, spec = _compiled(build, optimizer={"class_name": "SGD", "config": {"learning_rate": 1.0}})
+    twin = spec.build()
+    twin.set_weights(model.get_weights())
+    shape = model.inputs[0].shape[1:]
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((16, *shape)).astype(np.float32)
+    y = rng.integers(0, spec.shapes[-1][-1], 16).astype(np.int32)
+    grads = FlatGradients(model, spec)
+    grad, loss, acc = grads(x, y)
+    before = get_flat(twin)
+    twin_loss = twin.train_on_batch(x, y)[0]
+    np.testing.assert_allclose(grad, before - get_flat(twin), rtol=1e-3, atol=1e-6)
+    assert loss == pytest.approx(twin_loss, rel=1e-5) and 0 <= acc <= 1
+    assert np.array_equal(get_flat(model), before)  # computing a gradient trains nothing
+    for n in (16, 3, 1):  # one trace serves every batch size
+        grads(x[:n], y[:n])
+    assert grads._step.experimental_get_tracing_count() == 1
+
+
+def test_weights_that_gradients_do_not_train_get_no_gradient() -> None:
+    import keras
+
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8), keras.layers.BatchNormalization(),
+                              keras.layers.Dense(2, activation="softmax")])
+    spec = ModelSpec.from_model(model, optimizer="adam", loss="sparse_categorical_crossentropy")
+    assert spec.trainable == (True, True, True, True, False, False, True, True)  # BN's moving mean and variance
+    replica_model = spec.build()
+    grad, _, _ = FlatGradients(replica_model, spec)(np.ones((5, 4), np.float32), np.zeros(5, np.int32))
+    sizes = [int(np.prod(s)) for s in spec.shapes]
+    stats = slice(sum(sizes[:4]), sum(sizes[:6]))
+    assert not np.any(grad[stats]) and np.any(grad[: stats.start])

@@ -7,7 +7,7 @@ Example:
     >>> algorithms.get({"name": "downpour", "config": {"communication_window": 3}}).communication_window
     3
     >>> sorted(algorithms.NAMES)
-    ['adag', 'aeasgd', 'agn', 'averaging', 'downpour', 'dynsgd', 'eamsgd', 'single']
+    ['adag', 'aeasgd', 'agn', 'averaging', 'downpour', 'dynsgd', 'eamsgd', 'single', 'sync']
 """
 
 from __future__ import annotations
@@ -23,10 +23,11 @@ from pipeline.algorithms.downpour import Downpour
 from pipeline.algorithms.dynsgd import DynSGD
 from pipeline.algorithms.eamsgd import EAMSGD
 from pipeline.algorithms.single import Single
+from pipeline.algorithms.sync import SyncSGD
 from pipeline.errors import ConfigError
 
 _REGISTRY: dict[str, type[Algorithm]] = {
-    cls.name: cls for cls in (Single, ModelAveraging, Downpour, AGN, ADAG, AEASGD, EAMSGD, DynSGD)
+    cls.name: cls for cls in (Single, SyncSGD, ModelAveraging, Downpour, AGN, ADAG, AEASGD, EAMSGD, DynSGD)
 }
 NAMES = tuple(_REGISTRY)
 
@@ -63,4 +64,4 @@ def serialize(algorithm: Algorithm) -> dict[str, Any]:
 
 
 __all__ = ["ADAG", "AEASGD", "AGN", "EAMSGD", "NAMES", "Algorithm", "Downpour", "DynSGD", "ExchangeClient",
-           "ModelAveraging", "Single", "get", "serialize"]
+           "ModelAveraging", "Single", "SyncSGD", "get", "serialize"]

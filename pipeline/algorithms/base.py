@@ -5,19 +5,24 @@ An algorithm has two halves that meet only through flat float32 buffers:
 * the worker half, :meth:`Algorithm.exchange`, called every ``communication_window``
   mini-batches with the replica's weights; it talks to the parameter server through
   a client and returns the weights the replica continues from;
-* the server half, :meth:`Algorithm.apply`, a pure function that changes the center
-  weights in place from one pushed buffer (and the push's staleness).
+* the server half, :meth:`Algorithm.apply`, a function that changes the center
+  weights in place from one pushed buffer (and the push's staleness). It is pure
+  except in algorithms that keep an optimizer on the server (synchronous SGD),
+  whose state :meth:`Algorithm.server_state` hands to the checkpoint.
 """
 
 from __future__ import annotations
 
 import abc
 import dataclasses
-from typing import Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import numpy as np
 
 from pipeline.errors import ConfigError
+
+if TYPE_CHECKING:
+    from pipeline.model import ModelSpec
 
 
 class ExchangeClient(Protocol):
@@ -50,6 +55,8 @@ class Algorithm(abc.ABC):
     synchronous: ClassVar[bool] = False
     #: The setting that sets the communication window (``streamtrain run --window``).
     window_setting: ClassVar[str] = "communication_window"
+    #: Workers push gradients, not weight deltas, and never step an optimizer themselves.
+    pushes_gradients: ClassVar[bool] = False
 
     worker_optimizer: str | dict[str, Any] = "adam"
     loss: str = "sparse_categorical_crossentropy"
@@ -64,6 +71,11 @@ class Algorithm(abc.ABC):
             if not isinstance(value, int) or value < 1:
                 raise ConfigError(f"Received an invalid value for `{field}`, expected a positive integer. "
                                   f"Received: {field}={value!r}")
+
+    @property
+    def worker_batch_size(self) -> int:
+        """The records of one mini-batch on one worker (``batch_size``, except in synchronous SGD)."""
+        return self.batch_size
 
     # --- worker half ---
 
@@ -89,6 +101,18 @@ class Algorithm(abc.ABC):
               pulled: np.ndarray | None = None) -> None:
         """Change ``center`` in place from one pushed buffer. Default: center += delta."""
         np.add(center, delta, out=center)
+
+    def bind(self, spec: ModelSpec) -> None:
+        """Hook: the model the server half will update, before its first push (size server state here)."""
+        return None
+
+    def server_state(self) -> dict[str, np.ndarray]:
+        """Hook: the server half's state beyond the center (for a checkpoint). Default: none."""
+        return {}
+
+    def load_server_state(self, state: dict[str, np.ndarray]) -> None:
+        """Hook: restore what :meth:`server_state` returned."""
+        return None
 
     # --- config ---
 

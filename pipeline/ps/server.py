@@ -60,9 +60,14 @@ class ParameterServer:
         rule: the update rule applied to each push (default: center += delta).
         keep_pulled: keep each worker's last pulled center, for rules that use it.
         sync_workers: if > 0, pushes are synchronous rounds: a round applies the
-            mean of ``sync_workers`` deltas at once (model averaging), and each
-            push_pull waits for its round. A round that waits ``sync_timeout_s``
-            closes with the deltas it has (a worker that ran out of data).
+            mean of one push from each worker at once (model averaging, synchronous
+            SGD), and each push_pull waits for its round. ``sync_workers`` workers are
+            expected (:meth:`expect_workers` changes it); a worker that disconnects
+            leaves the rounds, so the others go on without it. A round that waits
+            ``sync_timeout_s`` closes with the pushes it has (a worker that hangs).
+        state: the update rule's own state (an object with ``server_state()`` and
+            ``load_server_state(dict)``, such as an algorithm with a server-side
+            optimizer), read by :meth:`checkpoint` under the same lock as the center.
         on_request: called with the operation's name and its seconds on the server
             after each answered request (for metrics); it must be cheap and thread-safe.
 
@@ -88,6 +93,7 @@ class ParameterServer:
         sync_workers: int = 0,
         sync_timeout_s: float = 30.0,
         on_request: Callable[[str, float], None] | None = None,
+        state: Any = None,
     ) -> None:
         if not secret:
             raise ConfigError("The parameter server needs a non-empty secret.")
@@ -105,6 +111,9 @@ class ParameterServer:
         self._round_done = threading.Condition(self._lock)
         self._round_sum = np.zeros(self.size, np.float32) if sync_workers else None
         self._round_count = 0
+        self._members: set[int] = set()  # connections in the synchronous rounds
+        self._left = 0  # members that left since the rounds last had none
+        self.state = state
         self._last_pulled: dict[int, int] = {}
         self._pulled: dict[int, np.ndarray] = {}
         self._stats = _Stats()
@@ -174,14 +183,22 @@ class ParameterServer:
         with self._lock:
             return self.center.copy(), self.clock
 
-    def restore(self, weights: np.ndarray, clock: int) -> None:
-        """Replace the center and the clock (resuming from a checkpoint)."""
+    def checkpoint(self) -> tuple[np.ndarray, int, dict[str, np.ndarray]]:
+        """The center, the clock and the rule's state, taken together under the lock."""
+        with self._lock:
+            state = self.state.server_state() if self.state is not None else {}
+            return self.center.copy(), self.clock, state
+
+    def restore(self, weights: np.ndarray, clock: int, state: dict[str, np.ndarray] | None = None) -> None:
+        """Replace the center, the clock and the rule's state (resuming from a checkpoint)."""
         flat = np.asarray(weights, np.float32).ravel()
         if flat.size != self.size:
             raise ConfigError(f"Expected {self.size} weights to restore. Received: {flat.size}")
         with self._lock:
             np.copyto(self.center, flat)
             self.clock = clock
+            if state and self.state is not None:
+                self.state.load_server_state(state)
             self._last_pulled.clear()
             self._pulled.clear()
 
@@ -226,6 +243,8 @@ class ParameterServer:
         finally:
             self._conns.discard(conn)
             conn.close()
+            if self.sync_workers:
+                self._leave(id(conn))
 
     def _handshake(self, conn: socket.socket) -> bytes | None:
         nonce = os.urandom(p.NONCE_BYTES)
@@ -282,27 +301,58 @@ class ParameterServer:
                     return
             self._answer(conn, h, inbox, outbox, started)
 
+    def expect_workers(self, n: int) -> None:
+        """How many workers the next synchronous rounds wait for (call between jobs)."""
+        with self._lock:
+            self.sync_workers = max(1, n)
+            self._left = 0 if not self._members else self._left
+
+    def _round_size(self) -> int:
+        # The expected workers less those that left, or more if more joined.
+        return max(1, len(self._members), self.sync_workers - self._left)
+
+    def _leave(self, member: int) -> None:
+        with self._lock:
+            if member not in self._members:
+                return
+            self._members.discard(member)
+            self._left = self._left + 1 if self._members else 0
+            if self._round_count and self._round_count >= self._round_size():
+                self._close_round()
+
+    def _close_round(self) -> None:
+        """Apply the mean of the round's pushes (lock held)."""
+        assert self._round_sum is not None
+        self._round_sum *= np.float32(1.0 / self._round_count)
+        self.rule(self.center, self._round_sum, staleness=0, pulled=None)
+        hist = self._stats.staleness
+        hist[0] = hist.get(0, 0) + self._round_count
+        self._round_sum.fill(0)
+        self._round_count = 0
+        self.clock += 1
+        self._round_done.notify_all()
+
     def _join_round(self, delta: np.ndarray) -> None:
         """Add ``delta`` to this round and wait until the round is applied (lock held)."""
         assert self._round_sum is not None
         np.add(self._round_sum, delta, out=self._round_sum)
         self._round_count += 1
         clock = self.clock
-        if self._round_count < self.sync_workers:
-            self._round_done.wait_for(lambda: self.clock != clock, timeout=self.sync_timeout_s)
-        if self.clock == clock:  # full round, or the wait timed out: apply what came
-            self.rule(self.center, self._round_sum / np.float32(self._round_count), staleness=0, pulled=None)
-            hist = self._stats.staleness
-            hist[0] = hist.get(0, 0) + self._round_count
-            self._round_sum.fill(0)
-            self._round_count = 0
-            self.clock += 1
-            self._round_done.notify_all()
+        if self._round_count >= self._round_size():
+            self._close_round()
+            return
+        self._round_done.wait_for(lambda: self.clock != clock, timeout=self.sync_timeout_s)
+        if self.clock == clock:  # the wait timed out: apply what came
+            log.warning("a synchronous round waited %.0f s for %d of %d workers; applying it without them",
+                        self.sync_timeout_s, self._round_size() - self._round_count, self._round_size())
+            self._close_round()
 
     def _answer(self, conn: socket.socket, h: p.Header, inbox: np.ndarray, outbox: np.ndarray, started: float) -> None:
         staleness = 0
         payload: memoryview | bytes = b""
         with self._lock:
+            if self.sync_workers and h.op != p.STATS:
+                self._members.add(id(conn))
             if h.op in (p.PUSH, p.PUSH_PULL) and self.sync_workers:
                 self._join_round(inbox)
             elif h.op in (p.PUSH, p.PUSH_PULL):

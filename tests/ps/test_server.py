@@ -152,3 +152,60 @@ def test_stop_frees_the_port_even_with_clients_connected() -> None:
     with ParameterServer(np.zeros(N, np.float32), secret=SECRET, port=port) as again:
         assert again.port == port
     c.close()
+
+
+def _push_in_thread(client: Client, delta: np.ndarray) -> tuple[threading.Thread, list[np.ndarray]]:
+    got: list[np.ndarray] = []
+    t = threading.Thread(target=lambda: got.append(client.push_pull(delta).copy()), daemon=True)
+    t.start()
+    return t, got
+
+
+def test_a_worker_that_leaves_the_synchronous_rounds_does_not_hold_them_up() -> None:
+    # A timeout far beyond the joins below: a round that waited for it would fail the test.
+    with ParameterServer(np.zeros(N, np.float32), secret=SECRET, sync_workers=2, sync_timeout_s=600) as s:
+        a, b = _client(s, 0), _client(s, 1)
+        a.pull(), b.pull()
+        t, got = _push_in_thread(a, np.ones(N, np.float32))
+        b.push_pull(np.full(N, 3, np.float32))
+        t.join(30)
+        assert got and np.all(got[0] == 2)  # one round: the mean of both pushes
+        b.close()  # its partition ran out
+        t, got = _push_in_thread(a, np.full(N, 5, np.float32))
+        t.join(30)
+        assert got and np.all(got[0] == 7) and s.clock == 2  # a round of one
+        a.close()
+
+
+def test_expected_workers_set_the_round_size() -> None:
+    with ParameterServer(np.zeros(N, np.float32), secret=SECRET, sync_workers=2, sync_timeout_s=600) as s:
+        s.expect_workers(1)  # this job has one task
+        with _client(s) as c:
+            c.pull()
+            t, got = _push_in_thread(c, np.ones(N, np.float32))
+            t.join(30)
+        assert got and np.all(got[0] == 1) and s.clock == 1
+
+
+def test_checkpoint_carries_the_optimizer_and_restore_continues_its_path() -> None:
+    from pipeline import algorithms
+    from pipeline.model import ModelSpec
+
+    spec = ModelSpec("{}", "adam", "mse", ((N,),))
+    grads = np.random.default_rng(0).standard_normal((3, N)).astype(np.float32)
+
+    def server(algo: algorithms.Algorithm) -> ParameterServer:
+        algo.bind(spec)
+        return ParameterServer(np.zeros(N, np.float32), secret=SECRET, rule=algo.apply, state=algo, sync_workers=1)
+
+    with server(algorithms.get("sync")) as s, _client(s) as c:
+        c.pull()
+        for g in grads[:2]:
+            c.push_pull(g)
+        weights, clock, state = s.checkpoint()
+        expected = c.push_pull(grads[2]).copy()
+    assert clock == 2 and int(state["iterations"]) == 2 and state["m"].shape == (N,)
+    with server(algorithms.get("sync")) as s, _client(s) as c:
+        s.restore(weights, clock, state)
+        c.pull()
+        assert np.array_equal(c.push_pull(grads[2]), expected)  # Adam's moments came back too

@@ -1,0 +1,95 @@
+"""Synchronous SGD: data parallelism with one optimizer, on the parameter server.
+
+Worker: compute the gradient of ``communication_window`` mini-batches (their
+mean, at fixed weights; a window of 1 is one mini-batch), push it, and continue
+from the center the server sends back. The replica never steps an optimizer.
+Server: a round collects one gradient from every worker in it, and applies
+their mean with the optimizer (``worker_optimizer``'s rule, Keras's Adam or SGD
+run in NumPy) once.
+
+``batch_size`` is the whole round's mini-batch, split among the workers (as
+``tf.distribute`` splits a global batch): each computes its gradient on
+``batch_size / num_workers`` records, and a round steps the optimizer once on
+their mean, as one process would with ``batch_size``. Asynchronous algorithms
+trade that for never waiting, and need more records to reach an accuracy. A worker whose partition runs out leaves the rounds; the others go on
+without it. Weights that are not trained by gradients (batch-norm statistics)
+are averaged instead: their slots carry the change since the last pull.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from pipeline.algorithms import optimizers
+from pipeline.algorithms.base import Algorithm, ExchangeClient
+
+if TYPE_CHECKING:
+    from pipeline.model import ModelSpec
+
+
+@dataclasses.dataclass
+class SyncSGD(Algorithm):
+    """Synchronous data-parallel SGD with the optimizer on the server.
+
+    Example:
+        >>> import numpy as np
+        >>> algo = SyncSGD(worker_optimizer={"class_name": "SGD", "config": {"learning_rate": 0.5}})
+        >>> center = np.ones(2, np.float32)
+        >>> algo.apply(center, np.array([1.0, 2.0], np.float32)); center.tolist()
+        [0.5, 0.0]
+    """
+
+    name = "sync"
+    synchronous = True
+    pushes_gradients = True
+    communication_window: int = 1
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        optimizers.get(self.worker_optimizer, 0)  # an optimizer the server cannot run fails here, not mid-run
+        self._optimizer: optimizers.ServerOptimizer | None = None
+        self._averaged: np.ndarray | None = None  # slots of weights not trained by gradients
+
+    @property
+    def worker_batch_size(self) -> int:
+        """``batch_size`` split among the workers.
+
+        >>> SyncSGD(batch_size=128, num_workers=2).worker_batch_size
+        64
+        """
+        return max(1, round(self.batch_size / self.num_workers))
+
+    def bind(self, spec: ModelSpec) -> None:
+        self._optimizer = optimizers.get(self.worker_optimizer, spec.size)
+        if spec.trainable and not all(spec.trainable):
+            sizes = [int(np.prod(s)) for s in spec.shapes]
+            self._averaged = np.repeat(~np.array(spec.trainable), sizes)
+
+    def exchange(self, client: ExchangeClient, local: np.ndarray, pulled: np.ndarray) -> np.ndarray:
+        """``local`` is the window's mean gradient here; the weights to continue from come back."""
+        center = client.push_pull(local)
+        np.copyto(pulled, center)
+        return pulled
+
+    def apply(self, center: np.ndarray, delta: np.ndarray, *, staleness: int = 0,
+              pulled: np.ndarray | None = None) -> None:
+        if self._optimizer is None or self._optimizer.size != center.size:
+            self._optimizer = optimizers.get(self.worker_optimizer, center.size)  # a server used without bind()
+        if self._averaged is None:
+            self._optimizer.apply(center, delta)
+            return
+        averaged = self._averaged
+        kept = center[averaged] + delta[averaged]
+        self._optimizer.apply(center, np.where(averaged, np.float32(0), delta))
+        center[averaged] = kept
+
+    def server_state(self) -> dict[str, np.ndarray]:
+        return self._optimizer.state() if self._optimizer is not None else {}
+
+    def load_server_state(self, state: dict[str, np.ndarray]) -> None:
+        if state:
+            assert self._optimizer is not None, "bind() the model before restoring the optimizer"
+            self._optimizer.load_state(state)
