@@ -95,7 +95,7 @@ def main() -> None:
                       f"{bare:,.0f} records/s; ratio {rps / bare:.2f}; trigger->handler ms {[round(o) for o in overhead]}",
                       flush=True)
         finally:
-            spark.stop()
+            spark_mod.stop(spark)
     ratio = statistics.median(r / b for r, b in results.values())
     print(f"source mnist_rps={results['mnist'][0]:.0f} higgs_rps={results['higgs'][0]:.0f} "
           f"ratio_vs_consumer={ratio:.2f} trigger_overhead_ms_p50={statistics.median(overheads):.0f}")

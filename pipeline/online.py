@@ -23,6 +23,8 @@ class TrainHandler(stream.Handler):
         server: how to reach the parameter server.
         job: the run's id (a new id resets the replicas' optimizer state).
         threads: TensorFlow threads per task.
+        seed: with a seed, each block's shuffle follows from it and the block's first
+            offset, so a batch replayed after a crash trains in the same order.
         driver: the driver's half (checkpoint, metrics, evaluation): an object with
             ``on_tasks(n)``, ``on_batch(info)`` and ``skip(batch_id)``; never shipped to executors.
     """
@@ -32,6 +34,7 @@ class TrainHandler(stream.Handler):
     server: ServerInfo
     job: str
     threads: int = 1
+    seed: int | None = None
     driver: Any = dataclasses.field(default=None, repr=False)
 
     def __getstate__(self) -> dict[str, Any]:
@@ -44,9 +47,11 @@ class TrainHandler(stream.Handler):
         ctx = TaskContext.get()
         worker = ctx.partitionId() if ctx else block.partition
         x = block.schema.to_model_input(block.x)
+        first = int(block.offsets[0]) if len(block.offsets) else 0
         result = train_partition(
             x, block.y, spec=self.spec, algorithm=self.algorithm, server=self.server, worker=worker,
             job=self.job, threads=self.threads,
+            seed=None if self.seed is None else (self.seed, block.partition, first),
         )
         now_ms = time.time() * 1000
         freshness = (now_ms - block.timestamps_ms) / 1000 if len(block.timestamps_ms) else np.zeros(0)

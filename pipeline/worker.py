@@ -13,6 +13,7 @@ import math
 import os
 import sys
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -227,7 +228,7 @@ def train_partition(
     job: str,
     epochs: int = 1,
     threads: int = 1,
-    seed: int | None = None,
+    seed: int | Sequence[int] | None = None,
 ) -> PartitionResult:
     """Train on one partition's ``x``/``y`` with the algorithm's exchanges; report figures.
 
@@ -249,7 +250,10 @@ def train_partition(
     shape = input_shape(model)
     if x.shape[1:] != shape:
         x = x.reshape((len(x), *shape))
-    rng = np.random.default_rng(None if seed is None else [seed, worker])
+    # Mini-batches are drawn in a fresh random order each epoch, as model.fit does: a
+    # stream repeats the producer's order (every epoch of a replay is the same), and
+    # always seeing the same neighbours costs accuracy. ``seed`` makes it repeatable.
+    rng = np.random.default_rng(None if seed is None else [*np.atleast_1d(seed).tolist(), worker])
     batch, window = algo.worker_batch_size, algo.communication_window
     n = len(x)
     steps_per_epoch = math.ceil(n / batch) if n else 0
@@ -266,7 +270,7 @@ def train_partition(
         pusher = _GradientPusher(client, algo, entry, pulled) if algo.pushes_gradients else None
         step = 0
         for epoch in range(epochs):
-            order = rng.permutation(n) if seed is not None or epochs > 1 else np.arange(n)
+            order = rng.permutation(n)
             for s in range(steps_per_epoch):
                 idx = order[s * batch : (s + 1) * batch]
                 started = time.perf_counter()

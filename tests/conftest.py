@@ -75,7 +75,7 @@ def spark():  # type: ignore[no-untyped-def]
 
     s = spark_mod.session("local[2]", app="streamtrain-tests")
     yield s
-    s.stop()
+    spark_mod.stop(s)
 
 
 def free_port() -> int:
