@@ -50,7 +50,7 @@ class Adam(ServerOptimizer):
     Example:
         >>> w = np.zeros(2, np.float32)
         >>> opt = Adam(2, learning_rate=0.1)
-        >>> opt.apply(w, np.array([1.0, -2.0], np.float32)); np.round(w, 4).tolist()   # first step: -lr * sign
+        >>> opt.apply(w, np.array([1.0, -2.0], np.float32)); w.astype(float).round(4).tolist()   # first step: -lr * sign
         [-0.1, 0.1]
     """
 
