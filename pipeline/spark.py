@@ -51,6 +51,15 @@ def session(master: str = "local[*]", *, app: str = "streamtrain", conf: dict[st
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
+    # Two warnings every clean run printed, about nothing the user can act on: stopping a
+    # query cancels its job group, and the DAGScheduler warns when no job was running; and
+    # each stream start says adaptive execution is off for streams (it stays on for batch).
+    jvm: Any = spark.sparkContext._jvm
+    log4j = jvm.org.apache.logging.log4j
+    for logger in ("org.apache.spark.scheduler.DAGScheduler",
+                   "org.apache.spark.sql.execution.streaming.runtime.ResolveWriteToStream",  # Spark 4.1+
+                   "org.apache.spark.sql.execution.streaming.ResolveWriteToStream"):
+        log4j.core.config.Configurator.setLevel(logger, log4j.Level.ERROR)
     return spark
 
 
