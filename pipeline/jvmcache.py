@@ -93,8 +93,9 @@ def after_stop(gateway: object) -> None:
 def build(classlist: Path, archive: Path, java: str, argfile: Path) -> int:
     """Build ``archive`` from ``classlist`` (the exit status of ``java -Xshare:dump``).
 
-    Only a complete archive is put in place, by an atomic rename: a short one crashes
-    the JVM that maps it (SIGBUS).
+    Only a complete archive is put in place, by an atomic rename (a new file, never one
+    rewritten in place): a JVM that has the archive mapped dies with SIGBUS if the file
+    shrinks under it. A JVM that starts on a short or damaged archive refuses it.
     """
     partial = archive.with_name(f"{archive.name}.{os.getpid()}.part")
     try:
