@@ -419,7 +419,7 @@ class Run:
             handler = TrainHandler(
                 spec=spec, algorithm=algorithms.serialize(self.algorithm),
                 server=ServerInfo(server.host, server.port, server.secret), job=uuid.uuid4().hex,
-                threads=threads, driver=self,
+                threads=threads, seed=cfg.seed or 0, driver=self,  # a replayed batch trains in the same order
             )
             evaluation = Evaluation(spark, spec, schema=data.schema, x=test.x[:n_eval], y=test.y[:n_eval],
                                     job=handler.job, threads=threads, shards=cfg.workers)

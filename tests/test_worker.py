@@ -116,3 +116,38 @@ def test_weights_that_gradients_do_not_train_get_no_gradient() -> None:
     sizes = [int(np.prod(s)) for s in spec.shapes]
     stats = slice(sum(sizes[:4]), sum(sizes[:6]))
     assert not np.any(grad[stats]) and np.any(grad[: stats.start])
+
+
+def test_a_block_trains_shuffled_and_its_replay_trains_alike(mnist) -> None:  # type: ignore[no-untyped-def]
+    import uuid
+
+    import keras
+
+    from pipeline import algorithms, codec, stream
+    from pipeline.online import TrainHandler
+    from pipeline.trainer import parameter_server
+    from pipeline.worker import ServerInfo
+
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((784,)), keras.layers.Dense(32, activation="relu"),
+                              keras.layers.Dense(10, activation="softmax")])
+    spec = ModelSpec.from_model(model, optimizer="adam", loss="sparse_categorical_crossentropy")
+    start, train, n = get_flat(model), mnist.load("train"), 512
+    algo = algorithms.get("downpour", num_workers=1, batch_size=64, communication_window=1000)
+
+    def trained(first_offset: int) -> np.ndarray:
+        """The center after one block of the same records, at Kafka offsets from ``first_offset``."""
+        block = stream.Block("t", 0, train.x[:n], train.y[:n], np.arange(n), np.arange(first_offset, first_offset + n),
+                             np.zeros(n), codec.MNIST)
+        with parameter_server(algo, spec, start, host="127.0.0.1") as server:
+            handler = TrainHandler(spec=spec, algorithm=algorithms.serialize(algo), job=uuid.uuid4().hex,
+                                   server=ServerInfo(server.host, server.port, server.secret), seed=7)
+            assert handler.process(block)["records"] == n
+            return server.snapshot()[0]
+
+    first = trained(0)
+    assert not np.array_equal(first, start)
+    # A replay of the block (same offsets, after a crash) trains in the same order...
+    assert np.array_equal(trained(0), first)
+    # ...and the order is a shuffle that the block's offsets choose, not the stream's order.
+    assert not np.array_equal(trained(n), first)
