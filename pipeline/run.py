@@ -403,7 +403,7 @@ class Run:
                 stack.callback(self._stop_producer)
 
             spark = spark_mod.session(cfg.master, app=f"streamtrain-{cfg.dataset}")
-            stack.callback(spark.stop)
+            stack.callback(spark_mod.stop, spark)  # after a first run, builds the JVM's class archive
             spec, initial = probe.result()
             self.spec = spec
             cores = self._cores = int(spark.sparkContext.defaultParallelism)

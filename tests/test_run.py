@@ -21,9 +21,9 @@ from producers import Replay, datasets
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _cli(*args: str, timeout: float = 400) -> subprocess.CompletedProcess[str]:
+def _cli(*args: str, timeout: float = 400, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "pipeline", *args], capture_output=True, text=True, timeout=timeout,
-                          cwd=ROOT)
+                          cwd=ROOT, env=None if env is None else {**os.environ, **env})
 
 
 def _ledger_total(ledger: list[list]) -> int:  # type: ignore[type-arg]
@@ -32,9 +32,12 @@ def _ledger_total(ledger: list[list]) -> int:  # type: ignore[type-arg]
 
 
 def test_short_mnist_run_end_to_end(tmp_path: Path) -> None:
-    out = tmp_path / "run"
+    out, cache = tmp_path / "run", tmp_path / "cache"
+    # A cache with MNIST but no class archive: the run is a first run for the JVM.
+    cache.mkdir()
+    (cache / "mnist.npz").symlink_to(datasets.mnist.fetch())
     done = _cli("run", "--max-offsets-per-trigger", "5000", "--max-batches", "3", "--eval-every", "3",
-                "--out", str(out))
+                "--out", str(out), env={"STREAMTRAIN_CACHE_DIR": str(cache)})
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads((out / "report.json").read_text())
     assert (out / "model.keras").is_file()
@@ -49,6 +52,8 @@ def test_short_mnist_run_end_to_end(tmp_path: Path) -> None:
     assert "held-out accuracy" in done.stdout and "batch    2 |" in done.stdout
     # Spark's warnings that a clean run has nothing to act on are kept quiet.
     assert "ResolveWriteToStream" not in done.stderr and "Failed to cancel job group" not in done.stderr
+    # The classes the JVM loaded went to the background build of the archive for later runs.
+    assert list((cache / "jvm").glob("*.log")), sorted(p.name for p in (cache / "jvm").iterdir())
 
 
 def test_sigkill_then_resume_trains_every_record_exactly_once(broker, topic, tmp_path, data_dir) -> None:  # type: ignore[no-untyped-def]
