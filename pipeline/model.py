@@ -47,6 +47,17 @@ class ModelSpec:
         """Number of weights."""
         return int(sum(int(np.prod(s)) for s in self.shapes))
 
+    def untrained(self) -> np.ndarray | None:
+        """Per flat weight, whether gradients leave it alone (batch-norm statistics), or
+        None when gradients train every weight.
+
+        >>> ModelSpec("{}", "adam", "mse", ((2,), (1,)), trainable=(True, False)).untrained().tolist()
+        [False, False, True]
+        """
+        if not self.trainable or all(self.trainable):
+            return None
+        return np.repeat(~np.array(self.trainable), [int(np.prod(s)) for s in self.shapes])
+
     @property
     def fingerprint(self) -> str:
         """A digest of everything that makes two replicas interchangeable."""

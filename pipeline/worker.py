@@ -163,14 +163,12 @@ class _GradientPusher:
     def __init__(self, client: Any, algo: algorithms.Algorithm, entry: Replica, pulled: np.ndarray) -> None:
         from concurrent.futures import ThreadPoolExecutor
 
-        spec = entry.spec
         self.client, self.algo, self.weights, self.pulled = client, algo, entry.weights, pulled
         self.gradients = entry.gradients
         self.summed: np.ndarray | None = None
         self.count = 0
         # Weights that gradients do not train (batch-norm statistics) send their change instead.
-        self.averaged = (np.repeat(~np.array(spec.trainable), [int(np.prod(s)) for s in spec.shapes])
-                         if spec.trainable and not all(spec.trainable) else None)
+        self.averaged = entry.spec.untrained()
         self.base = pulled[self.averaged] if self.averaged is not None else None
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="streamtrain-push")
         self.pending: tuple[Any, int] | None = None

@@ -64,9 +64,7 @@ class SyncSGD(Algorithm):
 
     def bind(self, spec: ModelSpec) -> None:
         self._optimizer = optimizers.get(self.worker_optimizer, spec.size)
-        if spec.trainable and not all(spec.trainable):
-            sizes = [int(np.prod(s)) for s in spec.shapes]
-            self._averaged = np.repeat(~np.array(spec.trainable), sizes)
+        self._averaged = spec.untrained()
 
     def exchange(self, client: ExchangeClient, local: np.ndarray, pulled: np.ndarray) -> np.ndarray:
         """``local`` is the window's mean gradient here; the weights to continue from come back."""
