@@ -186,6 +186,7 @@ class Run:
         self._last_batch_at = 0.0
         self._stop_reason = ""
         self._eval_s = 0.0
+        self._ps_stats: dict[str, Any] = {}
         self._clock_seen = 0
         self._cores = 1
 
@@ -411,7 +412,7 @@ class Run:
             self.state = prior or checkpoint.State(initial)
             host = "127.0.0.1" if cfg.master.startswith("local") else spark.conf.get("spark.driver.host")
             server = parameter_server(self.algorithm, spec, self.state.weights, host=host,
-                                      on_request=self._on_ps_request)
+                                      shared_memory=settings.ps_shared_memory, on_request=self._on_ps_request)
             server.restore(self.state.weights, self.state.clock, self.state.optimizer)
             self.meters.clock.set(self.state.clock)
             self._clock_seen = self.state.clock
@@ -441,6 +442,7 @@ class Run:
             # session, the broker, the workers' warm-up, the query's start).
             startup_s = (self._first_batch_at or self._ready_at) - self._started
             final_weights, _ = server.snapshot()
+            self._ps_stats = server.stats()
             final = evaluation.score(final_weights)
             evaluation.save_model(final_weights, self.out / "model.keras")
         report = self._report(final, startup_s)
@@ -482,6 +484,9 @@ class Run:
             "records_per_s_excluding_eval": round(here / (span - self._eval_s), 1) if span > self._eval_s else 0.0,
             "stopped_because": self._stop_reason or "limit (--max-batches / --timeout)",
             "final": final, "batches": self.history, "ledger": self.state.ledger,
+            # How workers reached the server (connections over shared memory: local mode),
+            # and any request it refused.
+            "parameter_server": {k: self._ps_stats.get(k) for k in ("ops", "shared_memory", "refused")},
         }
 
 

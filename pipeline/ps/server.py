@@ -26,6 +26,7 @@ import numpy as np
 
 from pipeline.errors import ConfigError
 from pipeline.ps import protocol as p
+from pipeline.ps.shm import SharedBuffers
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +45,7 @@ class _Stats:
     ops: dict[str, int] = dataclasses.field(default_factory=dict)
     op_seconds: dict[str, float] = dataclasses.field(default_factory=dict)
     staleness: dict[int, int] = dataclasses.field(default_factory=dict)
+    shared: int = 0  # connections that attached shared memory
 
     def refuse(self, reason: str) -> None:
         self.refused[reason] = self.refused.get(reason, 0) + 1
@@ -70,6 +72,9 @@ class ParameterServer:
             optimizer), read by :meth:`checkpoint` under the same lock as the center.
         on_request: called with the operation's name and its seconds on the server
             after each answered request (for metrics); it must be cheap and thread-safe.
+        shared_memory: offer workers on this machine a shared-memory file instead
+            of the socket for payloads (:mod:`pipeline.ps.shm`); they fall back to
+            TCP when they cannot map it.
 
     Example:
         >>> import numpy as np
@@ -94,6 +99,7 @@ class ParameterServer:
         sync_timeout_s: float = 30.0,
         on_request: Callable[[str, float], None] | None = None,
         state: Any = None,
+        shared_memory: bool = True,
     ) -> None:
         if not secret:
             raise ConfigError("The parameter server needs a non-empty secret.")
@@ -107,6 +113,7 @@ class ParameterServer:
         self.sync_workers = sync_workers
         self.sync_timeout_s = sync_timeout_s
         self.on_request = on_request
+        self.shared_memory = shared_memory
         self._lock = threading.Lock()
         self._round_done = threading.Condition(self._lock)
         self._round_sum = np.zeros(self.size, np.float32) if sync_workers else None
@@ -209,6 +216,7 @@ class ParameterServer:
             return {
                 "clock": self.clock, "size": self.size, "workers": len(self._last_pulled),
                 "ops": dict(s.ops), "op_seconds": dict(s.op_seconds), "refused": dict(s.refused),
+                "shared_memory": s.shared,
                 "staleness": {str(k): v for k, v in sorted(s.staleness.items())},
             }
 
@@ -274,32 +282,77 @@ class ParameterServer:
         outbox = np.empty(self.size, np.float32)
         raw = bytearray(p.HEADER.size)
         seq = 0
-        while not self._stopping.is_set():
-            try:
-                p.recv_exact(conn, memoryview(raw))
-            except ConnectionError:
-                return
-            started = time.perf_counter()
-            try:
-                h = p.unpack(raw)
-            except p.ProtocolError:
-                return self._refuse(conn, "frame", p.ERR_FRAME)
-            seq += 1
-            if h.seq != seq or not p.verify(key, h):
-                return self._refuse(conn, "auth", p.ERR_AUTH)
-            if h.op not in p.OPS:
-                return self._refuse(conn, "frame", p.ERR_FRAME)
-            pushes = h.op in (p.PUSH, p.PUSH_PULL)
-            if h.length != (nbytes if pushes else 0):
-                return self._refuse(conn, "size", p.ERR_SIZE)
-            if pushes:
+        shared: SharedBuffers | None = None  # offered to this connection
+        attached = False  # and mapped by its worker
+        try:
+            while not self._stopping.is_set():
                 try:
-                    p.recv_exact(conn, inbox.data.cast("B"))
+                    p.recv_exact(conn, memoryview(raw))
                 except ConnectionError:
-                    with self._lock:
-                        self._stats.refuse("truncated")
                     return
-            self._answer(conn, h, inbox, outbox, started)
+                started = time.perf_counter()
+                try:
+                    h = p.unpack(raw)
+                except p.ProtocolError:
+                    return self._refuse(conn, "frame", p.ERR_FRAME)
+                seq += 1
+                if h.seq != seq or not p.verify(key, h):
+                    return self._refuse(conn, "auth", p.ERR_AUTH)
+                if h.op not in p.OPS or h.flags & ~p.SHARED or (h.flags and not attached):
+                    return self._refuse(conn, "frame", p.ERR_FRAME)
+                if h.op == p.ATTACH:
+                    if h.length not in (0, p.COOKIE_BYTES) or attached or (h.length == 0) == (shared is not None):
+                        return self._refuse(conn, "frame", p.ERR_FRAME)
+                    cookie = bytearray(h.length)
+                    p.recv_exact(conn, memoryview(cookie))
+                    shared, attached = self._attach(conn, h, shared, bytes(cookie))
+                    continue
+                pushes = h.op in (p.PUSH, p.PUSH_PULL)
+                if h.length != (nbytes if pushes else 0):
+                    return self._refuse(conn, "size", p.ERR_SIZE)
+                if h.flags:  # the payloads are in the shared file
+                    assert shared is not None
+                    self._answer(conn, h, shared.request, shared.response, started, shared=True)
+                    continue
+                if pushes:
+                    try:
+                        p.recv_exact(conn, inbox.data.cast("B"))
+                    except ConnectionError:
+                        with self._lock:
+                            self._stats.refuse("truncated")
+                        return
+                self._answer(conn, h, inbox, outbox, started)
+        finally:
+            if shared is not None:
+                shared.close()
+
+    def _attach(self, conn: socket.socket, h: p.Header, shared: SharedBuffers | None,
+                cookie: bytes) -> tuple[SharedBuffers | None, bool]:
+        """The two ATTACH requests: offer a shared file, then accept the worker's cookie for it."""
+        with self._lock:
+            ops = self._stats.ops
+            ops["attach"] = ops.get("attach", 0) + 1
+        if not cookie:  # the offer: a token, or none (off, or no room in /dev/shm)
+            token = b""
+            if self.shared_memory:
+                try:
+                    shared = SharedBuffers.create(self.size)
+                    token = shared.token.encode()
+                except OSError as e:
+                    log.info("no shared memory for a worker (%s); it stays on TCP", e)
+            conn.sendall(p.pack(p.Header(p.OK, h.worker, h.seq, self.clock, len(token))) + token)
+            return shared, False
+        assert shared is not None
+        accepted = hmac.compare_digest(cookie, shared.cookie)
+        shared.unlink()  # mapped by both now, or never to be: no name is left behind
+        if not accepted:
+            shared.close()
+            shared = None
+        else:
+            with self._lock:
+                self._stats.shared += 1
+        conn.sendall(p.pack(p.Header(p.OK, h.worker, h.seq, self.clock, 0, flags=int(accepted))))
+        return shared, accepted
 
     def expect_workers(self, n: int) -> None:
         """How many workers the next synchronous rounds wait for (call between jobs)."""
@@ -347,7 +400,8 @@ class ParameterServer:
                         self.sync_timeout_s, self._round_size() - self._round_count, self._round_size())
             self._close_round()
 
-    def _answer(self, conn: socket.socket, h: p.Header, inbox: np.ndarray, outbox: np.ndarray, started: float) -> None:
+    def _answer(self, conn: socket.socket, h: p.Header, inbox: np.ndarray, outbox: np.ndarray, started: float,
+                *, shared: bool = False) -> None:
         staleness = 0
         payload: memoryview | bytes = b""
         with self._lock:
@@ -370,7 +424,7 @@ class ParameterServer:
                 if self.keep_pulled:
                     kept = self._pulled.setdefault(h.worker, np.empty_like(self.center))
                     np.copyto(kept, self.center)
-                payload = outbox.data.cast("B")
+                payload = b"" if shared else outbox.data.cast("B")  # shared: already in the file
             clock = self.clock
             stats_now = h.op == p.STATS
             # Counted before the reply leaves: a client that reads stats right after

@@ -1,7 +1,10 @@
-"""The parameter server: consistency, concurrency, staleness, and refusal of bad frames."""
+"""The parameter server: consistency, concurrency, staleness, refusal of bad frames, and
+the shared-memory transport for workers on its machine."""
 
 from __future__ import annotations
 
+import glob
+import os
 import socket
 import struct
 import threading
@@ -9,16 +12,17 @@ import threading
 import numpy as np
 import pytest
 
-from pipeline.ps import Client, ParameterServer, ProtocolError
+from pipeline.ps import Client, ParameterServer, ProtocolError, shm
 from pipeline.ps import protocol as p
 
 SECRET = b"per-run-secret"
 N = 1000
 
 
-@pytest.fixture
-def server():  # type: ignore[no-untyped-def]
-    with ParameterServer(np.zeros(N, np.float32), secret=SECRET) as s:
+@pytest.fixture(params=["shared", "tcp"])
+def server(request):  # type: ignore[no-untyped-def]
+    """A server whose clients exchange through shared memory (the default here), or one that offers none."""
+    with ParameterServer(np.zeros(N, np.float32), secret=SECRET, shared_memory=request.param == "shared") as s:
         yield s
 
 
@@ -30,11 +34,13 @@ def test_push_then_pull_is_consistent(server: ParameterServer) -> None:
     rng = np.random.default_rng(0)
     deltas = rng.standard_normal((5, N)).astype(np.float32)
     with _client(server) as c:
+        assert c.shared == server.shared_memory
         c.pull()
         for d in deltas:
             c.push(d)
         assert np.allclose(c.pull(), deltas.sum(axis=0), atol=1e-5)
-        assert c.clock == server.clock == 5
+        assert np.allclose(c.push_pull(deltas[0]), deltas.sum(axis=0) + deltas[0], atol=1e-5)
+        assert c.clock == server.clock == 6
 
 
 def test_concurrent_clients_lose_no_update(server: ParameterServer) -> None:
@@ -209,3 +215,66 @@ def test_checkpoint_carries_the_optimizer_and_restore_continues_its_path() -> No
         s.restore(weights, clock, state)
         c.pull()
         assert np.array_equal(c.push_pull(grads[2]), expected)  # Adam's moments came back too
+
+
+def _shm_files() -> set[str]:
+    return set(glob.glob(f"{shm.SHM_DIR}/{shm.PREFIX}*"))
+
+
+def test_a_worker_on_this_machine_maps_the_servers_file_and_no_name_is_left() -> None:
+    before = _shm_files()
+    with ParameterServer(np.zeros(N, np.float32), secret=SECRET) as s, _client(s) as c:
+        assert c.shared and s.stats()["shared_memory"] == 1
+        assert _shm_files() <= before  # unlinked once both sides mapped it
+        center = c.push_pull(np.full(N, 2, np.float32))
+        assert np.all(center == 2) and np.all(s.weights() == 2)
+    with ParameterServer(np.zeros(N, np.float32), secret=SECRET) as s, \
+            Client(s.address, secret=SECRET, worker=0, size=N, shared_memory=False) as c:
+        assert not c.shared and s.stats()["shared_memory"] == 0  # the worker may decline
+
+
+def test_a_wrong_cookie_withdraws_the_offer_and_shared_requests_are_then_refused(server: ParameterServer) -> None:
+    sock, key = _raw_session(server)
+    sock.sendall(p.pack(p.Header(p.ATTACH, 0, 1, 0, 0), key))
+    raw = bytearray(p.HEADER.size)
+    p.recv_exact(sock, memoryview(raw))
+    token = bytearray(p.unpack(raw).length)
+    p.recv_exact(sock, memoryview(token))
+    if server.shared_memory:
+        path = shm.path_of(token.decode())
+        assert os.path.isfile(path) and os.stat(path).st_mode & 0o777 == 0o600
+        # A worker on another machine reads no cookie (or another file's): it answers zeros.
+        sock.sendall(p.pack(p.Header(p.ATTACH, 0, 2, 0, p.COOKIE_BYTES), key) + bytes(p.COOKIE_BYTES))
+        p.recv_exact(sock, memoryview(raw))
+        assert p.unpack(raw).flags == 0 and not os.path.exists(path)
+    else:
+        assert not token  # nothing offered
+    sock.sendall(p.pack(p.Header(p.PULL, 0, 3 if server.shared_memory else 2, 0, 0, flags=p.SHARED), key))
+    assert p.STATUS[_reply_status(sock)] == "frame"
+    sock.close()
+    assert server.stats()["refused"] == {"frame": 1} and server.stats()["shared_memory"] == 0
+
+
+def test_a_shared_file_that_is_not_the_servers_is_refused(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    token = os.urandom(shm.TOKEN_BYTES).hex()
+    with pytest.raises(FileNotFoundError):  # the server is on another machine
+        shm.SharedBuffers.open(token, N)
+    path = shm.path_of(token)
+    with open(os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600), "wb") as f:
+        f.write(bytes(shm.file_bytes(N) - 4))  # one float short
+    try:
+        with pytest.raises(ProtocolError, match="not the parameter server's"):
+            shm.SharedBuffers.open(token, N)
+    finally:
+        os.unlink(path)
+
+
+def test_shared_memory_and_tcp_workers_meet_in_one_synchronous_round() -> None:
+    with ParameterServer(np.zeros(N, np.float32), secret=SECRET, sync_workers=2, sync_timeout_s=600) as s, \
+            _client(s, 0) as a, Client(s.address, secret=SECRET, worker=1, size=N, shared_memory=False) as b:
+        assert a.shared and not b.shared
+        a.pull(), b.pull()
+        t, got = _push_in_thread(a, np.ones(N, np.float32))
+        center = b.push_pull(np.full(N, 3, np.float32)).copy()
+        t.join(30)
+        assert got and np.array_equal(got[0], center) and np.all(center == 2) and s.clock == 1
