@@ -26,7 +26,7 @@ import numpy as np
 
 from pipeline.errors import ConfigError
 from pipeline.ps import protocol as p
-from pipeline.ps.shm import SharedBuffers
+from pipeline.ps.shm import SharedBuffers, remove_stale
 
 log = logging.getLogger(__name__)
 
@@ -149,6 +149,8 @@ class ParameterServer:
         sock.listen(64)
         self._listener = sock
         self.port = sock.getsockname()[1]
+        if self.shared_memory:
+            remove_stale()
         t = threading.Thread(target=self._accept_loop, name="ps-accept", daemon=True)
         t.start()
         self._threads.append(t)

@@ -10,7 +10,8 @@ may instead share one file in ``/dev/shm`` (tmpfs, mode 0600):
 * the worker maps it and answers the cookie, which proves the file it mapped is
   the server's: a worker on another machine cannot open it, or reads another;
 * the server then unlinks it. Both keep their mappings, so a crash leaves
-  nothing behind.
+  nothing behind (but in the moment between offer and answer: a server that
+  starts removes such files once they are an hour old).
 
 Layout: 64 bytes (the cookie, zero padded), the request payload (worker to
 server), the response payload (server to worker). Each side writes its part only
@@ -20,10 +21,12 @@ between a request and its response, so the socket's round trip orders them.
 from __future__ import annotations
 
 import contextlib
+import glob
 import mmap
 import os
 import secrets
 import stat
+import time
 
 import numpy as np
 
@@ -58,6 +61,19 @@ def file_bytes(size: int) -> int:
     8064
     """
     return HEADER + 8 * size
+
+
+def remove_stale(max_age_s: float = 3600.0) -> int:
+    """Remove this user's shared files older than ``max_age_s`` (left by a server killed
+    between an offer and its answer; a live one unlinks within milliseconds). Returns how many."""
+    removed = 0
+    for path in glob.glob(f"{SHM_DIR}/{PREFIX}*"):
+        with contextlib.suppress(OSError):
+            st = os.lstat(path)
+            if st.st_uid == os.getuid() and time.time() - st.st_mtime > max_age_s:
+                os.unlink(path)
+                removed += 1
+    return removed
 
 
 class SharedBuffers:

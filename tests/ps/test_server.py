@@ -278,3 +278,19 @@ def test_shared_memory_and_tcp_workers_meet_in_one_synchronous_round() -> None:
         center = b.push_pull(np.full(N, 3, np.float32)).copy()
         t.join(30)
         assert got and np.array_equal(got[0], center) and np.all(center == 2) and s.clock == 1
+
+
+def test_a_starting_server_removes_shared_files_left_an_hour_ago() -> None:
+    old, new = (shm.path_of(os.urandom(shm.TOKEN_BYTES).hex()) for _ in range(2))
+    for path in (old, new):
+        os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600))
+    two_hours_ago = os.stat(old).st_mtime - 7200
+    os.utime(old, (two_hours_ago, two_hours_ago))
+    try:
+        with ParameterServer(np.zeros(N, np.float32), secret=SECRET):
+            assert not os.path.exists(old)
+            assert os.path.exists(new)  # maybe another server's, between its offer and the answer
+    finally:
+        for path in (old, new):
+            if os.path.exists(path):
+                os.unlink(path)
