@@ -10,8 +10,8 @@ may instead share one file in ``/dev/shm`` (tmpfs, mode 0600):
 * the worker maps it and answers the cookie, which proves the file it mapped is
   the server's: a worker on another machine cannot open it, or reads another;
 * the server then unlinks it. Both keep their mappings, so a crash leaves
-  nothing behind (but in the moment between offer and answer: a server that
-  starts removes such files once they are an hour old).
+  nothing behind, unless it comes in the moment between offer and answer; a
+  server that starts removes such files once they are an hour old.
 
 Layout: 64 bytes (the cookie, zero padded), the request payload (worker to
 server), the response payload (server to worker). Each side writes its part only
