@@ -105,5 +105,6 @@ def measure(src: np.ndarray, shared: bool, roundtrips: int, seconds: float) -> t
         rates = {k: pushes_per_s(server.address, k, shared, seconds) for k in (2, 4)}
     return float(np.percentile(times, 50)), float(np.percentile(times, 99)), rates
 
+
 if __name__ == "__main__":
     main()

@@ -155,7 +155,8 @@ class _GradientPusher:
     A window's mean gradient is pushed from a background thread, and the next
     window computes meanwhile on the weights the replica has, so the exchange (the
     round's wait for the other workers, the server's optimizer step, 8 MB through
-    shared memory or the socket) costs nothing but the load of the new center before the window after.
+    shared memory or the socket) costs nothing but the load of the new center
+    before the window after.
     The price is one round of staleness: a gradient is applied to a center one
     round newer than the weights it was computed on (recorded per push).
     """

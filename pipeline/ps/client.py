@@ -105,7 +105,8 @@ class Client:
         else:
             if payload.dtype != np.float32 or payload.size != self.size:
                 raise ConfigError(f"Expected {self.size} float32 values. Received: {payload.size} {payload.dtype}")
-            if self._shared is not None:
+            if shared:
+                assert self._shared is not None
                 np.copyto(self._shared.request, payload)
                 self._sock.sendall(header)
             else:

@@ -121,4 +121,3 @@ def recv_exact(sock: socket.socket, buf: memoryview) -> None:
         if n == 0:
             raise ConnectionError("peer closed the connection mid-frame")
         got += n
-
