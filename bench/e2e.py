@@ -64,8 +64,8 @@ def plain_keras(dataset: str, seed: int, max_epochs: int, mode: str) -> dict[str
     """One plain-Keras arm in this process: samples/s and time to TARGET (MNIST) or AUC (HIGGS)."""
     import keras
 
-    from pipeline import model as zoo
-    from pipeline.run import roc_auc
+    from pipeline.train import zoo
+    from pipeline.train.evaluation import roc_auc
     from producers import datasets
 
     keras.utils.set_random_seed(seed)

@@ -20,7 +20,7 @@ import numpy as np
 from kafka import KafkaProducer
 
 from pipeline import codec
-from pipeline.kafka import EmbeddedBroker, client
+from pipeline.ingest.kafka import EmbeddedBroker, client
 from producers import Replay, datasets
 from producers.replay import PRODUCER_DEFAULTS
 

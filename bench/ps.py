@@ -19,7 +19,7 @@ import time
 
 import numpy as np
 
-from pipeline.ps import Client, ParameterServer
+from pipeline.train.ps import Client, ParameterServer
 
 WEIGHTS = 1_048_853  # dist-keras's MNIST CNN
 SECRET = b"bench-secret"

@@ -22,9 +22,10 @@ from typing import Any
 
 from kafka import TopicPartition
 
-from pipeline import codec, stream
-from pipeline import spark as spark_mod
-from pipeline.kafka import EmbeddedBroker, client
+from pipeline import codec
+from pipeline.cluster import session as spark_mod
+from pipeline.ingest import microbatch as stream
+from pipeline.ingest.kafka import EmbeddedBroker, client
 from producers import Replay, datasets
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import signal
 import sys
 import threading
@@ -17,8 +16,9 @@ from typing import Any
 import click
 
 from pipeline import config
-from pipeline.dashboard import DEFAULT_FILE as DASHBOARD_FILE
 from pipeline.errors import ConfigError, StreamtrainError
+from pipeline.observe.dashboard import DEFAULT_FILE as DASHBOARD_FILE
+from producers import datasets
 
 log = logging.getLogger("streamtrain")
 
@@ -47,7 +47,7 @@ def cli(verbose: bool) -> None:
 
 def _resolve_bootstrap(bootstrap: str | None) -> str:
     """--bootstrap, else $STREAMTRAIN_BOOTSTRAP, else a running `streamtrain broker`."""
-    from pipeline.kafka import broker, client
+    from pipeline.ingest.kafka import broker, client
 
     chosen = bootstrap or config.settings().bootstrap or broker.running_bootstrap()
     if not chosen:
@@ -66,7 +66,7 @@ def _resolve_bootstrap(bootstrap: str | None) -> str:
 @click.option("--log", "log_path", type=click.Path(dir_okay=False), help="Write the broker's own log here.")
 def broker(host: str, port: int, storage: str, log_path: str | None) -> None:
     """Run the embedded Kafka broker (Tansu) until Ctrl-C."""
-    from pipeline.kafka import broker as broker_mod
+    from pipeline.ingest.kafka import broker as broker_mod
 
     b = broker_mod.EmbeddedBroker(host=host, port=port, storage=storage, log_path=log_path).start()
     state = broker_mod.write_state(b)
@@ -87,23 +87,14 @@ def broker(host: str, port: int, storage: str, log_path: str | None) -> None:
 
 
 def _dataset(name: str, path: str | None, data_dir: str | None, **options: Any) -> Any:
-    from producers import datasets
-
     kwargs = {k: v for k, v in options.items() if v is not None}
-    if name in ("mnist", "fashion-mnist", "higgs"):
+    if name in datasets.BUILTIN:
         kwargs["data_dir"] = Path(data_dir) if data_dir else config.data_dir()
     return datasets.get(name, path, **kwargs)
 
 
-#: The reader options each dataset takes.
-_DATASET_OPTIONS: dict[str, tuple[str, ...]] = {
-    "mnist": (), "fashion-mnist": (), "higgs": ("test_path",),
-    "csv": ("label_column", "test_path", "num_classes"), "npz": ("num_classes",),
-}
-
-
 @cli.command()
-@click.argument("dataset", type=click.Choice(list(_DATASET_OPTIONS)))
+@click.argument("dataset", type=click.Choice(list(datasets.NAMES)))
 @click.argument("path", required=False, type=click.Path())
 @click.option("--topic", help="Kafka topic (default: the dataset's name).")
 @click.option("--rate", type=float, help="Records per second (default: full speed).")
@@ -125,31 +116,24 @@ def produce(
     label_column: str | None, test_path: str | None, num_classes: int | None, progress: bool | None,
 ) -> None:
     """Replay DATASET (from PATH, or the data folder) into a Kafka topic."""
-    from pipeline import metrics
     from producers import replay
 
     given = {"label_column": label_column, "test_path": test_path, "num_classes": num_classes}
-    misplaced = [k for k, v in given.items() if v is not None and k not in _DATASET_OPTIONS[dataset]]
+    takes = datasets.options(dataset)
+    misplaced = [k for k, v in given.items() if v is not None and k not in takes]
     if misplaced:
         flags = ", ".join("--" + k.replace("_", "-") for k in misplaced)
         raise ConfigError(f"{flags} does not apply to {dataset}; it takes only: "
-                          f"{', '.join('--' + k.replace('_', '-') for k in _DATASET_OPTIONS[dataset]) or 'PATH'}.")
-    options = {k: v for k, v in given.items() if k in _DATASET_OPTIONS[dataset]}
-    data = _dataset(dataset, path, data_dir, **options)
+                          f"{', '.join('--' + k.replace('_', '-') for k in takes) or 'PATH'}.")
+    data = _dataset(dataset, path, data_dir, **{k: v for k, v in given.items() if k in takes})
     target = _resolve_bootstrap(bootstrap)
-    meters = metrics.producer_metrics()
     settings = config.settings()
-    port = settings.producer_metrics_port if metrics_port is None else metrics_port
-    server = metrics.serve(meters.registry, host=settings.metrics_host, port=port)
-    log.info("producer metrics at %s", server.url)
-    job = replay.Replay(
-        data, bootstrap=target, topic=topic or dataset, rate=rate, loop=loop, limit=limit, epochs=epochs, split=split,
-        partitions=partitions, meters=meters, progress=sys.stderr.isatty() if progress is None else progress,
+    report = replay.replay_with_metrics(
+        data, metrics_host=settings.metrics_host,
+        metrics_port=settings.producer_metrics_port if metrics_port is None else metrics_port,
+        bootstrap=target, topic=topic or dataset, rate=rate, loop=loop, limit=limit, epochs=epochs, split=split,
+        partitions=partitions, progress=sys.stderr.isatty() if progress is None else progress,
     )
-    try:
-        report = job.run()
-    finally:
-        server.stop()
     click.echo(report.summary())
     if report.interrupted:
         sys.exit(130)
@@ -158,7 +142,8 @@ def produce(
 
 
 @cli.command()
-@click.option("--dataset", type=click.Choice(["mnist", "fashion-mnist", "higgs"]), default="mnist", show_default=True)
+@click.option("--dataset", type=click.Choice(list(datasets.BUILTIN)), default="mnist", show_default=True,
+              help="A built-in dataset, read from the data folder.")
 @click.option("--algorithm", default="sync", show_default=True,
               help="sync, single, averaging, downpour, agn, adag, aeasgd, eamsgd or dynsgd.")
 @click.option("--workers", type=int, default=2, show_default=True, help="Parallel model replicas.")
@@ -194,8 +179,8 @@ def produce(
 def run(resume_dir: str | None, out: str | None, bootstrap: str | None, resume_if_exists: bool,
         **options: Any) -> None:
     """The main job: replay a dataset into Kafka and train a model online from the stream."""
-    from pipeline import checkpoint
-    from pipeline import run as run_mod
+    from pipeline.jobs import online
+    from pipeline.train import checkpoint
 
     if resume_dir and out and Path(out).resolve() != Path(resume_dir).resolve():
         raise ConfigError("Pass either --out or --resume (the folder to continue), not two folders.")
@@ -205,13 +190,10 @@ def run(resume_dir: str | None, out: str | None, bootstrap: str | None, resume_i
         if (Path(out) / checkpoint.FILENAME).exists():
             resume_dir = out
     boot = bootstrap or config.settings().bootstrap
-    cfg = run_mod.RunConfig(out=resume_dir or out, resume=bool(resume_dir), bootstrap=boot, **options)
-    report = run_mod.run(cfg)
-    final = " ".join(f"{k} {v:.4f}" for k, v in report["final"].items())
-    click.echo(f"trained {report['trained_records']} records in {report['train_seconds']:.1f} s "
-               f"({report['records_per_s']:.0f}/s after {report['startup_s']:.1f} s start-up); "
-               f"held-out {final}; stopped: {report['stopped_because']}")
-    click.echo(f"model and report in {report['out']}")
+    cfg = online.RunConfig(out=resume_dir or out, resume=bool(resume_dir), bootstrap=boot, **options)
+    report = online.run(cfg)
+    click.echo(report.summary())
+    click.echo(f"model and report in {report.out}")
 
 
 @cli.group()
@@ -224,7 +206,7 @@ def dashboards() -> None:
               help="Where to write the dashboard JSON.")
 def dashboards_build(out: str) -> None:
     """Write the dashboard as Grafana JSON (what deploy/grafana provisions)."""
-    from pipeline import dashboard
+    from pipeline.observe import dashboard
 
     board = dashboard.build()
     dashboard.validate(board)
@@ -243,12 +225,17 @@ def dashboards_build(out: str) -> None:
 @click.option("--folder", default="streamtrain", show_default=True, help="Grafana folder uid and title.")
 def dashboards_push(grafana_url: str, prometheus_url: str, dashboard_path: str | None, folder: str) -> None:
     """Upload the Prometheus datasource and the dashboard to Grafana with grafana-client."""
-    from pipeline import dashboard
+    from pipeline.observe import dashboard
 
     board = dashboard.load(dashboard_path)
-    url = dashboard.push(grafana_url, prometheus_url, token=os.environ.get("GRAFANA_TOKEN") or None,
+    url = dashboard.push(grafana_url, prometheus_url, token=_grafana_token(),
                          dashboard=board, folder=folder)
     click.echo(f"datasource {dashboard.DATASOURCE_UID} and dashboard uploaded: {url}")
+
+
+def _grafana_token() -> str | None:
+    token = config.settings().grafana_token
+    return token.get_secret_value() if token else None
 
 
 @dashboards.command("render")
@@ -264,10 +251,10 @@ def dashboards_push(grafana_url: str, prometheus_url: str, dashboard_path: str |
 def dashboards_render(prometheus_url: str, out: str, since: str, dashboard_path: str | None,
                       scrape_interval: str) -> None:
     """Draw the dashboard's panels from Prometheus data into a PNG, for people without Grafana."""
-    from pipeline import dashboard, plots
+    from pipeline.observe import dashboard, render
 
-    found = plots.render(dashboard.load(dashboard_path), prometheus_url, out, since_s=plots.parse_duration(since),
-                         scrape_s=plots.parse_duration(scrape_interval))
+    found = render.render(dashboard.load(dashboard_path), prometheus_url, out, since_s=render.parse_duration(since),
+                          scrape_s=render.parse_duration(scrape_interval))
     empty = [title for title, n in found.items() if not n]
     click.echo(f"{len(found)} panels drawn to {out}" + (f"; no data for: {', '.join(empty)}" if empty else ""))
 

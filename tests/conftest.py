@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from pipeline import config
-from pipeline.kafka import EmbeddedBroker, client
+from pipeline.ingest.kafka import EmbeddedBroker, client
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -71,7 +71,7 @@ def consume(broker: EmbeddedBroker) -> Callable[..., list]:  # type: ignore[type
 @pytest.fixture(scope="session")
 def spark():  # type: ignore[no-untyped-def]
     """A real local Spark (2 cores), once per session."""
-    from pipeline import spark as spark_mod
+    from pipeline.cluster import session as spark_mod
 
     s = spark_mod.session("local[2]", app="streamtrain-tests")
     yield s

@@ -4,6 +4,10 @@ Example:
     >>> from producers import datasets
     >>> sorted(datasets.NAMES)
     ['csv', 'fashion-mnist', 'higgs', 'mnist', 'npz']
+    >>> datasets.BUILTIN          # read from the data folder; what `streamtrain run` trains
+    ('mnist', 'fashion-mnist', 'higgs')
+    >>> datasets.options("csv")
+    ('label_column', 'test_path', 'num_classes')
 """
 
 from __future__ import annotations
@@ -21,7 +25,14 @@ from producers.datasets.tabular import Csv, Npz
 _REGISTRY: dict[str, type[Dataset]] = {
     "mnist": Mnist, "fashion-mnist": FashionMnist, "higgs": Higgs, "csv": Csv, "npz": Npz,
 }
+#: Every dataset's name, and those built in (no PATH: read from the data folder).
 NAMES = tuple(_REGISTRY)
+BUILTIN = tuple(name for name, cls in _REGISTRY.items() if cls.builtin)
+
+
+def options(name: str) -> tuple[str, ...]:
+    """The reader options dataset ``name`` takes."""
+    return _REGISTRY[name].options
 
 
 def get(name: str | Dataset, path: str | Path | None = None, **options: Any) -> Dataset:
@@ -33,9 +44,9 @@ def get(name: str | Dataset, path: str | Path | None = None, **options: Any) -> 
         cls = _REGISTRY[name]
     except KeyError:
         raise ConfigError(f"Unknown dataset {name!r}; expected one of {list(NAMES)}.") from None
-    if cls in (Csv, Npz) and path is None:
+    if not cls.builtin and path is None:
         raise ConfigError(f"The {name} dataset needs a PATH to the file.")
     return cls(path, **options)  # type: ignore[call-arg]
 
 
-__all__ = ["NAMES", "SPLITS", "Chunk", "Csv", "Dataset", "FashionMnist", "Higgs", "Mnist", "Npz", "get"]
+__all__ = ["BUILTIN", "NAMES", "SPLITS", "Chunk", "Csv", "Dataset", "FashionMnist", "Higgs", "Mnist", "Npz", "get", "options"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 from collections.abc import Iterator
+from typing import ClassVar
 
 import numpy as np
 
@@ -41,6 +42,10 @@ class Dataset(abc.ABC):
 
     name: str
     schema: codec.Schema
+    #: Built in: read from the data folder (no PATH), with a default model to train.
+    builtin: ClassVar[bool] = False
+    #: The reader options ``streamtrain produce`` passes on (``--label-column`` ...).
+    options: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self) -> None:
         self.malformed = 0

@@ -23,6 +23,7 @@ class FashionMnist(Dataset):
     """
 
     name = "fashion-mnist"
+    builtin = True
     schema = codec.FASHION_MNIST
 
     def __init__(self, path: str | Path | None = None, *, data_dir: Path | None = None) -> None:

@@ -57,6 +57,8 @@ class Higgs(Dataset):
     """
 
     name = "higgs"
+    builtin = True
+    options = ("test_path",)
     schema = codec.HIGGS
 
     def __init__(

@@ -160,6 +160,7 @@ class Mnist(Dataset):
     """MNIST, 28x28 digits in 10 classes (60k train, 10k test)."""
 
     name = "mnist"
+    builtin = True
     schema = codec.MNIST
 
     def __init__(self, path: str | Path | None = None, *, data_dir: Path | None = None) -> None:

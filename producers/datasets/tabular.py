@@ -30,6 +30,7 @@ class Csv(Dataset):
     """
 
     name = "csv"
+    options = ("label_column", "test_path", "num_classes")
 
     def __init__(
         self,
@@ -74,6 +75,7 @@ class Npz(Dataset):
     layout) or one pair named by ``x_key``/``y_key`` (train split only)."""
 
     name = "npz"
+    options = ("num_classes",)
 
     def __init__(self, path: str | Path, *, x_key: str = "x", y_key: str = "y", num_classes: int | None = None) -> None:
         super().__init__()

@@ -1,0 +1,77 @@
+"""A SparkSession set up the way streamtrain needs it (the facts behind each setting are in DESIGN.md)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+
+def session(master: str = "local[*]", *, app: str = "streamtrain", conf: dict[str, str] | None = None) -> Any:
+    """Get or create a SparkSession for streamtrain; stop it with :func:`stop`.
+
+    * Python workers run this interpreter, or they start a Python without our packages.
+    * The driver JVM gets a 16 MB thread stack: stopping a query inside foreachBatch
+      otherwise dies with a StackOverflowError that hides the real error.
+    * It compiles with C1 only: C2's compiler threads compete with TensorFlow's start-up
+      for the cores (start-up 2 s shorter on 2 cores), and the JVM is not on the hot path
+      (Python reads and trains the records).
+    * It maps its classes from an archive built after an earlier run (:mod:`pipeline.cluster.jvmcache`).
+    * Local mode binds the driver to loopback; the UI is off unless asked for.
+
+    ``conf`` adds to or overrides these settings; its ``spark.driver.extraJavaOptions``
+    come after streamtrain's, so they win.
+    """
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    if master.startswith("local"):
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # nothing bound beyond loopback
+    from pyspark import SparkContext
+    from pyspark.sql import SparkSession
+
+    conf = dict(conf or {})
+    java = ["-Xss16m", "-XX:TieredStopAtLevel=1"]
+    if SparkContext._gateway is None:  # a JVM is about to start (not one already running)
+        from pipeline.cluster import jvmcache
+
+        java += jvmcache.options()
+    java += [conf.pop("spark.driver.extraJavaOptions", "")]
+    builder = (
+        SparkSession.builder.master(master).appName(app)
+        .config("spark.driver.extraJavaOptions", " ".join(o for o in java if o))
+        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.ui.enabled", "false")
+        .config("spark.python.worker.reuse", "true")
+        .config("spark.ui.showConsoleProgress", "false")  # our own status line says more
+    )
+    if master.startswith("local"):
+        builder = builder.config("spark.driver.bindAddress", "127.0.0.1").config("spark.driver.host", "127.0.0.1")
+    for key, value in conf.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("WARN")
+    # Two warnings every clean run printed, about nothing the user can act on: stopping a
+    # query cancels its job group, and the DAGScheduler warns when no job was running; and
+    # each stream start says adaptive execution is off for streams (it stays on for batch).
+    jvm: Any = spark.sparkContext._jvm
+    log4j = jvm.org.apache.logging.log4j
+    for logger in ("org.apache.spark.scheduler.DAGScheduler",
+                   "org.apache.spark.sql.execution.streaming.runtime.ResolveWriteToStream",  # Spark 4.1+
+                   "org.apache.spark.sql.execution.streaming.ResolveWriteToStream"):
+        log4j.core.config.Configurator.setLevel(logger, log4j.Level.ERROR)
+    return spark
+
+
+def stop(spark: Any) -> None:
+    """Stop ``spark``; a JVM that recorded its classes exits too, and the archive for
+    later runs is built in the background (:mod:`pipeline.cluster.jvmcache`)."""
+    from pyspark import SparkContext
+
+    from pipeline.cluster import jvmcache
+
+    spark.stop()
+    gateway = SparkContext._gateway
+    if jvmcache.recording() and gateway is not None:
+        SparkContext._gateway = SparkContext._jvm = None  # a later session starts a new JVM
+        jvmcache.after_stop(gateway)

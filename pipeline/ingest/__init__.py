@@ -1,0 +1,40 @@
+"""Ingest: from Kafka to decoded blocks on the executors.
+
+* :mod:`~pipeline.ingest.kafka`: Kafka clients, the raw Fetch reader, the embedded broker.
+* :mod:`~pipeline.ingest.offsets`: the one offset planner (ranges per micro-batch).
+* :mod:`~pipeline.ingest.sources` and :mod:`~pipeline.ingest.spark_source`: Kafka into
+  Spark Structured Streaming (Spark's source, or streamtrain's Python data source).
+* :mod:`~pipeline.ingest.reader`: one range, read on an executor, as Arrow.
+* :mod:`~pipeline.ingest.decode` and :mod:`~pipeline.ingest.dead_letters`: wire format to
+  numpy, rejects set aside.
+* :mod:`~pipeline.ingest.lag`: consumer lag.
+* :mod:`~pipeline.ingest.microbatch`: the micro-batch driver and its :class:`Handler`.
+
+Importing the package is cheap (producers use its Kafka helpers): the names below load
+their module, and with it Spark, on first use.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pipeline.ingest.decode import Block, RangeFigures
+    from pipeline.ingest.microbatch import BatchInfo, Handler, StreamJob
+    from pipeline.ingest.offsets import OffsetRange
+
+_EXPORTS = {
+    "BatchInfo": "pipeline.ingest.microbatch", "Handler": "pipeline.ingest.microbatch",
+    "StreamJob": "pipeline.ingest.microbatch", "Block": "pipeline.ingest.decode",
+    "RangeFigures": "pipeline.ingest.decode", "OffsetRange": "pipeline.ingest.offsets",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'pipeline.ingest' has no attribute {name!r}")
+
+
+__all__ = ["BatchInfo", "Block", "Handler", "OffsetRange", "RangeFigures", "StreamJob"]

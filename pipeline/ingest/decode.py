@@ -1,0 +1,133 @@
+"""Decoding one task's records: wire format to numpy, rejects to the dead-letter topic,
+the rest to the handler, and the figures of it all back to the driver."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from pipeline import codec
+from pipeline.ingest import dead_letters
+from pipeline.ingest.offsets import OffsetRange
+
+if TYPE_CHECKING:
+    from pipeline.ingest.microbatch import Handler
+
+
+@dataclasses.dataclass
+class Block:
+    """The decoded, trainable records of one offset range (on an executor).
+
+    Attributes:
+        topic, partition: where the records come from.
+        x, y: features (wire dtype) and labels of the accepted records.
+        ids: record ids from the Kafka keys (the offset where a key is missing).
+        offsets: Kafka offsets of the accepted records.
+        timestamps_ms: event times of the accepted records.
+        schema: the record layout.
+    """
+
+    topic: str
+    partition: int
+    x: np.ndarray
+    y: np.ndarray
+    ids: np.ndarray
+    offsets: np.ndarray
+    timestamps_ms: np.ndarray
+    schema: codec.Schema
+
+
+@dataclasses.dataclass
+class RangeFigures:
+    """What one task did with one offset range.
+
+    Attributes:
+        range: the records ``[start, end)`` it covered.
+        rows, bytes: records read and their value bytes.
+        accepted: records that decoded (the rest went to the dead-letter topic).
+        rejects: rejected records by reason.
+        decode_s, handler_s: seconds decoding, and in :meth:`Handler.process`.
+        freshness_s: median seconds from the records' event time to the end of the handler.
+        result: what :meth:`Handler.process` returned.
+    """
+
+    range: OffsetRange
+    rows: int
+    bytes: int
+    accepted: int
+    rejects: dict[str, int]
+    decode_s: float
+    handler_s: float
+    freshness_s: float | None
+    result: Any
+
+    def to_json(self) -> str:
+        """The figures as JSON (how they leave an Arrow task)."""
+        result = self.result
+        if dataclasses.is_dataclass(result) and not isinstance(result, type):
+            result = dataclasses.asdict(result)
+        return json.dumps({**dataclasses.asdict(self), "range": dataclasses.astuple(self.range), "result": result})
+
+    @classmethod
+    def from_json(cls, text: str, result_type: type | None = None) -> RangeFigures:
+        """Read :meth:`to_json` back; the result as ``result_type(**result)`` when given."""
+        d = json.loads(text)
+        result = d.pop("result")
+        return cls(**{**d, "range": OffsetRange(*d["range"]),
+                      "result": result_type(**result) if result_type and result is not None else result})
+
+
+def decode_range(
+    batches: Iterator[Any], *, schema: codec.Schema, handler: Handler, planned: OffsetRange | None,
+    dead_letter: tuple[str, str] | None,
+) -> RangeFigures:
+    """Decode one task's Arrow batches (one Kafka partition's range), dead-letter the rejects,
+    and run the handler on the rest.
+
+    Args:
+        batches: Arrow record batches with :data:`pipeline.ingest.columns.NAMES`.
+        schema: the record layout.
+        handler: what processes the decoded block.
+        planned: the range the batches hold, where the driver planned it (else it is
+            read off the records).
+        dead_letter: ``(bootstrap, topic)`` for rejected records, or None to drop them.
+    """
+    import pyarrow as pa
+
+    from pipeline.ingest.reader import arrow_schema
+
+    started = time.perf_counter()
+    table = pa.Table.from_batches(list(batches), schema=arrow_schema())
+    values = table.column("value").combine_chunks()
+    decoded = codec.decode(values, schema)
+    offsets = table.column("offset").to_numpy()
+    ok = decoded.accepted
+    ids = codec.decode_key_array(table.column("key").combine_chunks())
+    if ids is None:  # records produced by someone else, without 8-byte ids: use offsets
+        ids = offsets.astype(np.uint64)
+    stamps = table.column("timestamp").cast(pa.int64()).to_numpy() // 1000
+    covered = planned or _covered(table, offsets)
+    if decoded.rejected.size and dead_letter is not None:
+        dead_letters.send(*dead_letter, table.take(pa.array(decoded.rejected)).to_pydict(), decoded.reason_names())
+    decode_s = time.perf_counter() - started
+    block = Block(covered.topic, covered.partition, decoded.x, decoded.y, ids[ok], offsets[ok], stamps[ok], schema)
+    started = time.perf_counter()
+    result = handler.process(block)
+    handler_s = time.perf_counter() - started
+    freshness = float(np.median(time.time() - block.timestamps_ms / 1000)) if len(block.timestamps_ms) else None
+    nbytes = int(pa.compute.sum(pa.compute.binary_length(values)).as_py() or 0)
+    return RangeFigures(covered, len(table), nbytes, len(ok), decoded.reject_counts(), decode_s, handler_s,
+                        freshness, result)
+
+
+def _covered(table: Any, offsets: np.ndarray) -> OffsetRange:
+    """The range a task's records span, where no plan says it (Spark's JVM source)."""
+    if not len(offsets):
+        return OffsetRange("", -1, 0, 0)
+    return OffsetRange(table.column("topic")[0].as_py(), table.column("partition")[0].as_py(),
+                       int(offsets.min()), int(offsets.max()) + 1)

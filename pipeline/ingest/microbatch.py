@@ -1,0 +1,367 @@
+"""The micro-batch driver: Kafka -> Spark Structured Streaming -> decoded blocks -> a handler.
+
+Per micro-batch (``foreachBatch(df, batch_id)``) the driver takes the batch's offsets
+from the query's offset log (Spark's write-ahead log: it wrote them before calling
+us, and replays a failed batch with the same id and offsets; the Python source's
+planner runs in a process of Spark's, so the log is the one record the driver can
+read), cuts them into ranges with the source's own planner
+(:func:`pipeline.ingest.offsets.plan`), decodes each range on an executor, sends
+rejected records to a dead-letter topic, and calls the handler:
+:meth:`Handler.process` on the executors with each decoded block, then
+:meth:`Handler.on_batch` on the driver with the batch's figures.
+
+With streamtrain's Python source each range is read by the task that processes it,
+so a task holds one Python worker, not one for the source and one for the handler;
+with Spark's JVM source the batch's DataFrame is decoded with ``mapInArrow``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from pipeline import cluster, codec
+from pipeline.errors import ConfigError, StreamtrainError
+from pipeline.ingest import offsets, sources
+from pipeline.ingest.decode import Block, RangeFigures, decode_range
+from pipeline.ingest.lag import LagMonitor
+from pipeline.ingest.offsets import OffsetRange
+from pipeline.ingest.reader import read_range
+
+log = logging.getLogger(__name__)
+
+_STOP_MARKER = "streamtrain: stop requested before this batch"
+
+
+class Handler:
+    """What a stream feeds. Subclass it; every method is optional.
+
+    The handler object travels to the executors with each task, so keep it
+    small and picklable (addresses and settings, not connections or models).
+    """
+
+    #: The type :meth:`process` returns, where it is a dataclass (it crosses from Spark's
+    #: JVM source as JSON and is rebuilt as this type); None: JSON values as they are.
+    result_type: type | None = None
+
+    def process(self, block: Block) -> Any:
+        """Executors: do the work on one decoded block; return its figures."""
+        return None
+
+    def on_tasks(self, n: int) -> None:
+        """Driver: ``n`` tasks are about to process this micro-batch (Python source only)."""
+
+    def on_batch(self, info: BatchInfo) -> None:
+        """Driver: called after every micro-batch, before Spark commits it."""
+
+    def skip(self, batch_id: int) -> bool:
+        """Driver: True for a batch already applied (Spark replays one whose commit was lost)."""
+        return False
+
+
+@dataclasses.dataclass
+class BatchInfo:
+    """Figures of one micro-batch.
+
+    ``ranges`` are the ``[start, end)`` of every Kafka partition the batch covered
+    (the tasks' ranges merged); ``lag`` is log-end minus ``end`` per
+    ``topic-partition`` when the batch finished; ``results`` are what the handler
+    returned for each task; ``trigger_to_handler_s`` (from Spark's progress report)
+    is filled in once the query reports it.
+    """
+
+    batch_id: int
+    ranges: list[OffsetRange]
+    rows: int = 0
+    bytes: int = 0
+    accepted: int = 0
+    rejects: dict[str, int] = dataclasses.field(default_factory=dict)
+    decode_s: float = 0.0
+    handler_s: float = 0.0
+    batch_s: float = 0.0
+    lag: dict[str, int] = dataclasses.field(default_factory=dict)
+    trigger_to_handler_s: float | None = None
+    results: list[Any] = dataclasses.field(default_factory=list)
+    freshness_s: float | None = None  # the median of the tasks' median freshness
+    started_at: float = 0.0  # time.monotonic() when the batch reached the driver
+
+    @classmethod
+    def gather(cls, batch_id: int, figures: list[RangeFigures], *, started_at: float) -> BatchInfo:
+        """Add up the tasks' figures."""
+        info = cls(batch_id, offsets.merge_ranges([f.range for f in figures]), started_at=started_at)
+        for f in figures:
+            info.rows += f.rows
+            info.bytes += f.bytes
+            info.accepted += f.accepted
+            info.decode_s += f.decode_s
+            info.handler_s += f.handler_s
+            for reason, n in f.rejects.items():
+                info.rejects[reason] = info.rejects.get(reason, 0) + n
+            info.results.append(f.result)
+        fresh = sorted(f.freshness_s for f in figures if f.freshness_s is not None)
+        info.freshness_s = fresh[len(fresh) // 2] if fresh else None
+        return info
+
+
+def logged_offsets(checkpoint: str, batch_id: int) -> offsets.Offsets | None:
+    """The end offsets Spark logged for ``batch_id`` (its write-ahead log), or None;
+    for batch -1, the start the Python source kept for the query's first batch."""
+    if batch_id < 0:
+        path = Path(sources.initial_offsets_path(checkpoint))
+        return json.loads(path.read_text()) if path.is_file() else None
+    path = Path(checkpoint) / "offsets" / str(batch_id)
+    if not path.is_file():
+        return None
+    lines = path.read_text().splitlines()
+    # Line 1 is the log version, line 2 the batch metadata, then one offset per source.
+    return json.loads(lines[2]) if len(lines) > 2 and lines[2] != "-" else None
+
+
+class StreamJob:
+    """Runs a streaming query whose micro-batches feed a :class:`Handler`.
+
+    Args:
+        spark: the SparkSession.
+        bootstrap: Kafka ``host:port``.
+        topics: topics to read.
+        schema: the record layout to decode.
+        handler: what consumes decoded blocks.
+        checkpoint: the query's checkpoint folder (offsets, commits); restart from it.
+        source: ``auto``, ``python`` or ``jvm`` (see :mod:`pipeline.ingest.sources`).
+        trigger_s: seconds between micro-batch starts (0: as fast as possible).
+        available_now: read what is there at start, in batches, then stop.
+        max_offsets_per_trigger: cap on records per batch.
+        min_partitions: split ranges so a batch has at least this many tasks.
+        starting_offsets: ``earliest``, ``latest`` or Spark's Kafka JSON.
+        dead_letter_topic: where rejected records go (default ``<first topic>.dlq``; "" for none).
+        on_lag: called about once a second with the lag (log end minus the end of the
+            last handled batch) of every ``topic-partition`` handled so far, so that lag
+            keeps moving while batches are slow or stalled.
+    """
+
+    def __init__(
+        self,
+        spark: Any,
+        *,
+        bootstrap: str,
+        topics: list[str],
+        schema: codec.Schema,
+        handler: Handler | None = None,
+        checkpoint: str | os.PathLike[str],
+        source: str = "auto",
+        trigger_s: float = 0.0,
+        available_now: bool = False,
+        max_offsets_per_trigger: int | None = None,
+        min_partitions: int | None = None,
+        starting_offsets: str = "earliest",
+        dead_letter_topic: str | None = None,
+        on_lag: Callable[[dict[str, int]], None] | None = None,
+    ) -> None:
+        if not topics:
+            raise ConfigError("Expected at least one topic to read.")
+        if trigger_s < 0:
+            raise ConfigError(f"Expected trigger_s >= 0. Received: {trigger_s}")
+        self.spark, self.bootstrap, self.topics, self.schema = spark, bootstrap, topics, schema
+        self.handler = handler or Handler()
+        self.checkpoint = str(Path(checkpoint).resolve())
+        self.source_kind = sources.choose(spark, source)
+        self.trigger_s, self.available_now = trigger_s, available_now
+        self.max_offsets_per_trigger = max_offsets_per_trigger
+        self.min_partitions = min_partitions or 0
+        self.starting_offsets = starting_offsets
+        self.dead_letter_topic = f"{topics[0]}.dlq" if dead_letter_topic is None else dead_letter_topic
+        self.on_lag = on_lag
+        self.batches: list[BatchInfo] = []
+        self._stop_requested = threading.Event()
+        self._in_batch = threading.Event()
+        self._prepared = threading.Event()
+        self._prepared.set()
+        self._lag: LagMonitor | None = None
+        self._handled: dict[tuple[str, int], OffsetRange] = {}  # the last handled range per partition
+
+    # --- per batch ---
+
+    def _planned_ranges(self, batch_id: int) -> list[OffsetRange]:
+        end = logged_offsets(self.checkpoint, batch_id)
+        if end is None:
+            raise StreamtrainError(f"No offsets logged for batch {batch_id} in {self.checkpoint}/offsets.")
+        start = logged_offsets(self.checkpoint, batch_id - 1) or {}
+        return offsets.plan(start, end, min_partitions=self.min_partitions)
+
+    def _run_tasks(self, df: Any, batch_id: int) -> list[RangeFigures]:
+        schema, handler = self.schema, self.handler
+        dead = (self.bootstrap, self.dead_letter_topic) if self.dead_letter_topic else None
+        if self.source_kind == "python":
+            ranges = self._planned_ranges(batch_id)
+            if ranges:
+                handler.on_tasks(len(ranges))
+            bootstrap = self.bootstrap
+
+            def task(r: OffsetRange) -> RangeFigures:
+                return decode_range(read_range(bootstrap, r), schema=schema, handler=handler, planned=r,
+                                    dead_letter=dead)
+
+            return cluster.run_on_executors(self.spark, ranges, task, description=f"streamtrain batch {batch_id}")
+
+        def arrow_task(batches: Any) -> Any:
+            import pyarrow as pa
+
+            figures = decode_range(batches, schema=schema, handler=handler, planned=None, dead_letter=dead)
+            yield pa.RecordBatch.from_pylist([{"figures": figures.to_json()}])
+
+        rows = df.mapInArrow(arrow_task, "figures string").collect()
+        figures = (RangeFigures.from_json(r["figures"], handler.result_type) for r in rows)
+        return [f for f in figures if f.rows]
+
+    def _on_batch(self, df: Any, batch_id: int) -> None:
+        self._prepared.wait()
+        if self._stop_requested.is_set():
+            # Raising keeps this batch uncommitted: a restart replays it with the same offsets.
+            raise StreamtrainError(_STOP_MARKER)
+        self._in_batch.set()
+        try:
+            if self.handler.skip(batch_id):
+                log.info("batch %d was applied before a restart: skipped", batch_id)
+                return
+            started, started_at = time.perf_counter(), time.monotonic()
+            info = BatchInfo.gather(batch_id, self._run_tasks(df, batch_id), started_at=started_at)
+            info.lag = self._lag.lag(info.ranges) if self._lag else {}
+            info.batch_s = time.perf_counter() - started
+            self.handler.on_batch(info)
+            self.batches.append(info)
+            self._handled.update(((r.topic, r.partition), r) for r in info.ranges)
+            log.debug("batch %d: %d records (%d rejected) in %.2f s", batch_id, info.rows, info.rows - info.accepted,
+                      info.batch_s)
+        finally:
+            self._in_batch.clear()
+
+    # --- the query ---
+
+    def start(self) -> Any:
+        """Start the streaming query (non-blocking); :meth:`run` wraps it."""
+        df = sources.read_stream(
+            self.spark, bootstrap=self.bootstrap, topics=self.topics, source=self.source_kind,
+            starting_offsets=self.starting_offsets, max_offsets_per_trigger=self.max_offsets_per_trigger,
+            min_partitions=self.min_partitions, checkpoint=self.checkpoint,
+        )
+        writer = df.writeStream.foreachBatch(self._on_batch).option("checkpointLocation", self.checkpoint)
+        if self.available_now:
+            writer = writer.trigger(availableNow=True)
+        else:
+            writer = writer.trigger(processingTime=f"{int(self.trigger_s * 1000)} milliseconds")
+        self._lag = LagMonitor(self.bootstrap, self.topics, on_refresh=self._report_lag).start()
+        return writer.start()
+
+    def run(self, *, max_batches: int | None = None, timeout_s: float | None = None,
+            until: Callable[[], bool] | None = None, prepare: Callable[[], None] | None = None) -> list[BatchInfo]:
+        """Run until ``max_batches`` more batches are done, ``timeout_s`` passes, ``until()``
+        is true, or (with ``available_now``) the data at start is drained; return the
+        batches' figures.
+
+        ``prepare`` runs in a thread while the query starts (seconds of source set-up and
+        planning); no batch begins before it returns, and the run stops if it raises.
+        ``timeout_s`` counts from its end.
+        """
+        first = len(self.batches)
+        query = self._start_while(prepare)
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+
+        def done() -> bool:
+            return ((max_batches is not None and len(self.batches) - first >= max_batches)
+                    or (deadline is not None and time.monotonic() > deadline) or (until is not None and until()))
+
+        try:
+            while query.isActive:
+                if done():
+                    self._stop_after_commit(query)
+                    break
+                query.awaitTermination(0.1)
+            error = query.exception()
+            if error is not None and _STOP_MARKER not in str(error):
+                raise StreamtrainError(f"The streaming query failed: {str(error).splitlines()[0]}")
+        except KeyboardInterrupt:
+            self._stop_requested.set()
+            query.stop()
+            raise
+        finally:
+            if self._lag:
+                self._lag.stop()
+            self._stop_requested.clear()
+        self._attach_progress(query)
+        return self.batches[first:]
+
+    def _start_while(self, prepare: Callable[[], None] | None) -> Any:
+        """Start the query while ``prepare`` runs in a thread; raise what it raised."""
+        if prepare is None:
+            return self.start()
+        from pyspark import InheritableThread  # closes its JVM connection when done
+
+        self._prepared.clear()
+        failed: list[BaseException] = []
+
+        def target() -> None:
+            try:
+                prepare()
+            except BaseException as e:
+                failed.append(e)
+                self._stop_requested.set()  # a batch waiting for it raises the stop marker: uncommitted
+            finally:
+                self._prepared.set()
+
+        preparing = InheritableThread(target=target, name="prepare", daemon=True)
+        preparing.start()
+        try:
+            query = self.start()
+        finally:
+            preparing.join()
+        if failed:
+            query.stop()
+            self._stop_requested.clear()
+            if self._lag:
+                self._lag.stop()
+            raise failed[0]
+        return query
+
+    def _stop_after_commit(self, query: Any) -> None:
+        """Stop the query without losing a batch's commit."""
+        self._stop_requested.set()
+        # Let a running batch finish and Spark commit it (stopping during the commit would
+        # replay it after a restart); one that starts after this raises and stays uncommitted.
+        while self._in_batch.is_set():
+            time.sleep(0.02)
+        self._wait_committed(query)
+        query.stop()
+
+    def _report_lag(self) -> None:
+        if self.on_lag is not None and self._lag is not None and self._handled:
+            self.on_lag(self._lag.lag(list(self._handled.values())))
+
+    def _wait_committed(self, query: Any, timeout_s: float = 30.0) -> None:
+        """Wait until the last handled batch is in the commit log and in the progress reports."""
+        if not self.batches:
+            return
+        last = self.batches[-1].batch_id
+        commit = Path(self.checkpoint) / "commits" / str(last)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and query.isActive:
+            progress = query.lastProgress
+            if commit.is_file() and progress is not None and progress["batchId"] >= last:
+                return
+            time.sleep(0.02)
+
+    def _attach_progress(self, query: Any) -> None:
+        by_id = {}
+        for p in query.recentProgress:
+            d = p.durationMs or {}
+            before = sum(d.get(k, 0) for k in ("latestOffset", "queryPlanning", "getBatch", "walCommit"))
+            by_id[p.batchId] = before / 1000
+        for info in self.batches:
+            if info.trigger_to_handler_s is None:
+                info.trigger_to_handler_s = by_id.get(info.batch_id)

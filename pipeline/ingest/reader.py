@@ -1,0 +1,171 @@
+"""Reading one exact offset range on an executor, as Arrow record batches.
+
+Raw Fetch requests parsed with numpy (:mod:`pipeline.ingest.kafka.fetch`) by default;
+kafka-python's consumer where ``STREAMTRAIN_KAFKA_READER=consumer`` (read once, by
+:func:`pipeline.config.settings`), and for what is left of a range whose head is gone
+when ``fail_on_data_loss`` is off. Both keep their connection for the life of the
+Python worker process (best-effort: Spark reaps idle workers).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from pipeline import config
+from pipeline.errors import BrokerError
+from pipeline.ingest import columns
+from pipeline.ingest.offsets import OffsetRange
+
+#: Records per Arrow batch that the consumer path yields.
+_ARROW_ROWS = 8192
+
+#: bootstrap -> raw Fetch reader / kafka-python consumer, one each per Python worker.
+_READERS: dict[str, Any] = {}
+_CONSUMERS: dict[str, Any] = {}
+
+_ARROW_SCHEMA: Any = None
+
+
+def arrow_schema() -> Any:
+    """:func:`pipeline.ingest.columns.arrow_schema`, built once per process."""
+    global _ARROW_SCHEMA
+    if _ARROW_SCHEMA is None:
+        _ARROW_SCHEMA = columns.arrow_schema()
+    return _ARROW_SCHEMA
+
+
+def gone(topic: str, partition: int, first: int, last: int | None = None) -> BrokerError:
+    """The error for records a range needs that Kafka no longer has.
+
+    >>> str(gone("t", 0, 5, 9))
+    'Records 5..9 of t-0 are gone from Kafka (retention or compaction). Set failOnDataLoss=false to skip them.'
+    """
+    which = f"from {first}" if last is None else f"{first}..{last}"
+    return BrokerError(f"Records {which} of {topic}-{partition} are gone from Kafka (retention or compaction). "
+                       "Set failOnDataLoss=false to skip them.")
+
+
+def read_range(bootstrap: str, r: OffsetRange, *, fail_on_data_loss: bool = True,
+               timeout_s: float = 60.0) -> Iterator[Any]:
+    """Yield Arrow record batches (:data:`pipeline.ingest.columns.NAMES`) holding exactly
+    the records ``[r.start, r.end)``."""
+    from pipeline.ingest.kafka.fetch import OffsetOutOfRange, RangeReader
+
+    if config.settings().kafka_reader == "consumer":
+        yield from _read_with_consumer(bootstrap, r, fail_on_data_loss=fail_on_data_loss, timeout_s=timeout_s)
+        return
+    reader = _READERS.get(bootstrap)
+    if reader is None or reader.timeout_s != timeout_s:
+        if reader is not None:
+            reader.close()
+        reader = _READERS[bootstrap] = RangeReader(bootstrap, timeout_s=timeout_s)
+    position = r.start
+    try:
+        for records in reader.read(r.topic, r.partition, r.start, r.end):
+            first = int(records.offsets[0])
+            # Only the range's head: gaps inside it are compaction or transaction markers.
+            if position == r.start and first > position and fail_on_data_loss:
+                raise gone(r.topic, r.partition, position, first - 1)
+            position = int(records.offsets[-1]) + 1
+            yield _arrow(records, r)
+    except OffsetOutOfRange:
+        if fail_on_data_loss:
+            raise gone(r.topic, r.partition, position) from None
+        rest = dataclasses.replace(r, start=position)
+        yield from _read_with_consumer(bootstrap, rest, fail_on_data_loss=False, timeout_s=timeout_s)
+
+
+def _arrow(records: Any, r: OffsetRange) -> Any:
+    """Parsed records as an Arrow batch (no per-record Python)."""
+    import numpy as np
+    import pyarrow as pa
+
+    n = len(records)
+
+    def binary(offsets: Any, data: Any, valid: Any) -> Any:
+        nulls = n - int(valid.sum())
+        bitmap = pa.py_buffer(np.packbits(valid, bitorder="little")) if nulls else None
+        return pa.Array.from_buffers(pa.binary(), n, [bitmap, pa.py_buffer(offsets), pa.py_buffer(data)],
+                                     null_count=nulls)
+
+    return pa.RecordBatch.from_arrays([
+        binary(records.key_offsets, records.key_data, records.key_valid),
+        binary(records.value_offsets, records.value_data, records.value_valid),
+        pa.array([r.topic], pa.string()).take(pa.array(np.zeros(n, np.int32))),
+        pa.array(np.full(n, r.partition, np.int32)),
+        pa.array(records.offsets, pa.int64()),
+        pa.array(records.timestamps_ms * 1000, pa.timestamp("us", tz="UTC")),
+    ], schema=arrow_schema())
+
+
+def _consumer(bootstrap: str) -> Any:
+    from pipeline.ingest.kafka import client
+
+    c = _CONSUMERS.get(bootstrap)
+    if c is None:
+        c = _CONSUMERS[bootstrap] = client.consumer(
+            bootstrap, max_partition_fetch_bytes=16 << 20, fetch_max_bytes=64 << 20, max_poll_records=100_000,
+            receive_buffer_bytes=4 << 20,
+        )
+    return c
+
+
+def _read_with_consumer(bootstrap: str, r: OffsetRange, *, fail_on_data_loss: bool = True,
+                        timeout_s: float = 60.0) -> Iterator[Any]:
+    """:func:`read_range` with kafka-python's consumer (per-record Python objects)."""
+    import pyarrow as pa
+    from kafka import TopicPartition
+
+    tp = TopicPartition(r.topic, r.partition)
+    c = _consumer(bootstrap)
+    c.assign([tp])
+    c.seek(tp, r.start)
+    keys: list[bytes | None] = []
+    values: list[bytes | None] = []
+    offsets: list[int] = []
+    stamps: list[int] = []
+    first_seen: int | None = None
+    position = r.start
+    deadline = time.monotonic() + timeout_s
+
+    def flush() -> Any:
+        n = len(offsets)
+        batch = pa.RecordBatch.from_arrays([
+            pa.array(keys, pa.binary()), pa.array(values, pa.binary()),
+            pa.array([r.topic] * n, pa.string()), pa.array([r.partition] * n, pa.int32()),
+            pa.array(offsets, pa.int64()), pa.array([s * 1000 for s in stamps], pa.timestamp("us", tz="UTC")),
+        ], schema=arrow_schema())
+        for column in (keys, values, offsets, stamps):
+            column.clear()
+        return batch
+
+    while position < r.end:
+        got = c.poll(timeout_ms=200, max_records=min(100_000, r.end - position)).get(tp, [])
+        if not got:
+            if time.monotonic() > deadline:
+                raise BrokerError(f"Kafka returned nothing for {r.topic}-{r.partition} at offset {position} "
+                                  f"(wanted up to {r.end}) within {timeout_s:g} s.")
+            continue
+        deadline = time.monotonic() + timeout_s
+        for rec in got:
+            if rec.offset >= r.end:
+                break
+            if rec.offset < position:
+                continue
+            if first_seen is None:
+                first_seen = rec.offset
+            keys.append(rec.key)
+            values.append(rec.value)
+            offsets.append(rec.offset)
+            stamps.append(rec.timestamp)
+        position = max(position, got[-1].offset + 1)
+        if len(offsets) >= _ARROW_ROWS:
+            yield flush()
+    if fail_on_data_loss and first_seen is not None and first_seen > r.start:
+        raise gone(r.topic, r.partition, r.start, first_seen - 1)
+    if offsets:
+        yield flush()
+    c.assign([])

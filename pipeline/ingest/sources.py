@@ -1,0 +1,86 @@
+"""Kafka into Spark Structured Streaming: two interchangeable sources with the same columns
+(:data:`pipeline.ingest.columns.NAMES`).
+
+``source="jvm"`` is Spark's own ``format("kafka")`` (needs the spark-sql-kafka jar),
+``source="python"`` is streamtrain's Python data source, and ``source="auto"``
+takes the JVM one when its classes load.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from pipeline.errors import ConfigError
+from pipeline.ingest import columns
+
+log = logging.getLogger(__name__)
+
+SOURCES = ("auto", "python", "jvm")
+COLUMNS = columns.NAMES
+
+
+def jvm_available(spark: Any) -> bool:
+    """Whether Spark's Kafka source classes are on the driver's classpath."""
+    try:
+        spark.sparkContext._jvm.java.lang.Class.forName("org.apache.spark.sql.kafka010.KafkaSourceProvider")
+    except Exception:  # py4j wraps ClassNotFoundException in its own error type
+        return False
+    return True
+
+
+def choose(spark: Any, source: str) -> str:
+    """Resolve ``auto`` to ``jvm`` or ``python``, saying which in the log."""
+    if source not in SOURCES:
+        raise ConfigError(f"Expected source in {SOURCES}. Received: source={source!r}")
+    if source != "auto":
+        if source == "jvm" and not jvm_available(spark):
+            raise ConfigError("source=jvm needs the spark-sql-kafka jar on Spark's classpath; it is not there. "
+                              "Use source=python (or auto).")
+        return source
+    if jvm_available(spark):
+        log.info("Kafka source: Spark's own (spark-sql-kafka found)")
+        return "jvm"
+    log.info("Kafka source: streamtrain's Python source (spark-sql-kafka is not on the classpath)")
+    return "python"
+
+
+def initial_offsets_path(checkpoint: str) -> str:
+    """Where the Python source keeps a query's first start offsets, inside its checkpoint."""
+    return f"{checkpoint.rstrip('/')}/streamtrain/initial-offsets.json"
+
+
+def read_stream(
+    spark: Any,
+    *,
+    bootstrap: str,
+    topics: list[str] | None = None,
+    pattern: str | None = None,
+    source: str = "auto",
+    starting_offsets: str = "earliest",
+    max_offsets_per_trigger: int | None = None,
+    min_partitions: int | None = None,
+    fail_on_data_loss: bool = True,
+    checkpoint: str | None = None,
+) -> Any:
+    """A streaming DataFrame of Kafka records, with exactly :data:`COLUMNS`."""
+    if bool(topics) == bool(pattern):
+        raise ConfigError("Expected topics or a pattern to subscribe to (exactly one).")
+    kind = choose(spark, source)
+    options = {"kafka.bootstrap.servers": bootstrap, "startingOffsets": starting_offsets,
+               "failOnDataLoss": str(fail_on_data_loss).lower()}
+    options["subscribe" if topics else "subscribePattern"] = ",".join(topics) if topics else str(pattern)
+    if max_offsets_per_trigger:
+        options["maxOffsetsPerTrigger"] = str(max_offsets_per_trigger)
+    if min_partitions:
+        options["minPartitions"] = str(min_partitions)
+    if kind == "python":
+        from pipeline.ingest import spark_source
+
+        if checkpoint:
+            options["initialOffsetsPath"] = initial_offsets_path(checkpoint)
+        spark_source.register(spark)
+        reader = spark.readStream.format(spark_source.NAME)
+    else:
+        reader = spark.readStream.format("kafka")
+    return reader.options(**options).load().select(*COLUMNS)

@@ -1,0 +1,180 @@
+"""streamtrain's own Kafka source for Spark Structured Streaming (a Spark 4 Python data source).
+
+It is what runs where Spark's ``spark-sql-kafka`` jar is not on the classpath.
+Offsets are Spark's Kafka JSON form, ``{"topic": {"0": 42, "1": 17}}`` (the next
+offset to read, per partition), written by Spark to the query's offset log before
+a batch runs, so a replayed batch reads exactly the same ranges. The driver side
+plans ranges with :func:`pipeline.ingest.offsets.plan`; each task reads its range with
+raw Fetch requests (:mod:`pipeline.ingest.reader`): no consumer group, no committed
+offsets in Kafka.
+
+Options (as in Spark's Kafka source): ``kafka.bootstrap.servers``, ``subscribe``
+(comma-separated topics) or ``subscribePattern``, ``startingOffsets`` (``earliest``,
+``latest`` or JSON with -2 for earliest and -1 for latest), ``maxOffsetsPerTrigger``,
+``minPartitions``, ``failOnDataLoss``, ``kafka.fetch.timeout.ms``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+
+from pipeline.errors import ConfigError
+from pipeline.ingest import columns, offsets
+from pipeline.ingest.offsets import OffsetRange, Offsets
+from pipeline.ingest.reader import read_range
+
+NAME = "streamtrain-kafka"
+
+
+class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Plans exact offset ranges on the driver and reads them on the executors."""
+
+    def __init__(self, options: Mapping[str, str]) -> None:
+        self.bootstrap = options.get("kafka.bootstrap.servers") or ""
+        if not self.bootstrap:
+            raise ConfigError("The Kafka source needs option kafka.bootstrap.servers (HOST:PORT).")
+        topics, pattern = options.get("subscribe"), options.get("subscribePattern")
+        if bool(topics) == bool(pattern):
+            raise ConfigError("The Kafka source needs exactly one of the options subscribe or subscribePattern.")
+        self.topics = [t.strip() for t in topics.split(",") if t.strip()] if topics else []
+        self.pattern = re.compile(pattern) if pattern else None
+        self.starting = options.get("startingOffsets", "earliest")
+        max_rows = options.get("maxOffsetsPerTrigger")
+        self.max_rows = int(max_rows) if max_rows else None
+        if self.max_rows is not None and self.max_rows < 1:
+            raise ConfigError(f"Expected maxOffsetsPerTrigger >= 1. Received: {max_rows}")
+        self.min_partitions = int(options.get("minPartitions", "0") or 0)
+        self.fail_on_data_loss = options.get("failOnDataLoss", "true").lower() != "false"
+        self.fetch_timeout_s = int(options.get("kafka.fetch.timeout.ms", "60000")) / 1000
+        # Where the first batch's start is kept: "latest" must mean the same offsets
+        # when a query that crashed before committing batch 0 is restarted.
+        self.initial_path = options.get("initialOffsetsPath")
+        self._target: Offsets | None = None  # Trigger.AvailableNow's end
+        self._latest: Offsets | None = None  # the last log-end offsets seen
+
+    # --- driver side ---
+
+    def _edges(self, which: str) -> Offsets:
+        """Earliest or latest offsets of every subscribed partition.
+
+        A fresh consumer each call (~60 ms): a reused one carries partition state from
+        the previous call (cached high watermarks, fetches still in flight), which
+        ``end_offsets`` has to guard against; a fresh one has none.
+        """
+        from kafka import TopicPartition
+
+        from pipeline.ingest.kafka import client
+
+        c = client.consumer(self.bootstrap)
+        try:
+            topics = self.topics or sorted(t for t in c.topics() if self.pattern and self.pattern.fullmatch(t))
+            tps = [TopicPartition(t, p) for t in topics for p in sorted(c.partitions_for_topic(t) or [])]
+            found = c.beginning_offsets(tps) if which == "earliest" else client.end_offsets(c, tps)
+        finally:
+            c.close()
+        out: Offsets = {}
+        for tp, offset in found.items():
+            out.setdefault(tp.topic, {})[str(tp.partition)] = int(offset)
+        if which == "latest":
+            self._latest = out
+        return out
+
+    def initialOffset(self) -> dict:
+        if self.initial_path and os.path.exists(self.initial_path):
+            with open(self.initial_path) as f:
+                kept: dict = json.load(f)
+            return kept
+        offsets = self._initial_offsets()
+        if self.initial_path:
+            os.makedirs(os.path.dirname(self.initial_path) or ".", exist_ok=True)
+            tmp = f"{self.initial_path}.tmp"
+            with open(tmp, "w") as f:
+                json.dump(offsets, f)
+            os.replace(tmp, self.initial_path)
+        return offsets
+
+    def _initial_offsets(self) -> Offsets:
+        if self.starting in ("earliest", "latest"):
+            return self._edges(self.starting)
+        try:
+            given = json.loads(self.starting)
+        except json.JSONDecodeError:
+            raise ConfigError(
+                f"Expected startingOffsets earliest, latest or JSON like {{\"topic\": {{\"0\": 42}}}}. "
+                f"Received: {self.starting!r}"
+            ) from None
+        earliest, latest = self._edges("earliest"), self._edges("latest")
+        out: Offsets = {}
+        for topic, parts in earliest.items():
+            for p, low in parts.items():
+                chosen = int(given.get(topic, {}).get(p, -2))
+                out.setdefault(topic, {})[p] = low if chosen == -2 else latest[topic][p] if chosen == -1 else chosen
+        return out
+
+    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        end = self._target if self._target is not None else self._edges("latest")
+        # A partition that appeared after the start is read from its beginning.
+        earliest: Offsets | None = None
+        for topic, parts in end.items():
+            for p in parts:
+                if p not in start.get(topic, {}):
+                    earliest = earliest or self._edges("earliest")
+                    start = {**start, topic: {**start.get(topic, {}), p: earliest[topic][p]}}
+        end = {t: {p: max(o, start.get(t, {}).get(p, 0)) for p, o in parts.items()} for t, parts in end.items()}
+        if isinstance(limit, ReadMaxRows):
+            end = offsets.cap_offsets(start, end, limit.max_rows)
+        return end
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        return ReadMaxRows(self.max_rows) if self.max_rows else ReadAllAvailable()
+
+    def reportLatestOffset(self) -> dict | None:
+        # Spark asks right after latestOffset(): the offsets just read serve, saving a round trip.
+        return self._latest if self._latest is not None else self._edges("latest")
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self._target = self._edges("latest")
+
+    def partitions(self, start: dict, end: dict) -> list[OffsetRange]:
+        return offsets.plan(start, end, min_partitions=self.min_partitions)
+
+    def commit(self, end: dict) -> None:
+        pass  # offsets live in Spark's checkpoint, not in Kafka
+
+    # --- executor side ---
+
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        assert isinstance(partition, OffsetRange)
+        yield from read_range(self.bootstrap, partition, fail_on_data_loss=self.fail_on_data_loss,
+                              timeout_s=self.fetch_timeout_s)
+
+
+class KafkaDataSource(DataSource):
+    """``spark.readStream.format("streamtrain-kafka")``, once registered with :func:`register`."""
+
+    @classmethod
+    def name(cls) -> str:
+        return NAME
+
+    def schema(self) -> str:
+        return columns.spark_schema()
+
+    def streamReader(self, schema: Any) -> DataSourceStreamReader:
+        return KafkaStreamReader(self.options)  # case-insensitive keys, as Spark options are
+
+
+def register(spark: Any) -> None:
+    """Make ``format("streamtrain-kafka")`` available in this Spark session."""
+    spark.dataSource.register(KafkaDataSource)

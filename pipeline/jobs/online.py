@@ -1,0 +1,284 @@
+"""`streamtrain run`: replay a dataset into Kafka and train a model online from the stream.
+
+Embedded by default: a Tansu broker, a replay producer (a process of its own), Spark
+in local mode, the parameter server in this process. Every micro-batch is trained
+exactly once across crashes: after a batch, the center weights, the clock, the batch
+id and the trained offset ranges go to ``<out>/state.npz`` in one atomic write, before
+Spark commits the batch; a batch Spark replays after a crash is skipped if the
+checkpoint already holds it.
+
+:class:`Run` wires the stages; its collaborators are the replay
+(:mod:`~pipeline.jobs.replay_process`), the metrics (:mod:`~pipeline.jobs.run_metrics`)
+and the report (:mod:`~pipeline.jobs.report`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import logging
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from pipeline import cluster, config
+from pipeline.errors import ConfigError
+from pipeline.ingest import microbatch
+from pipeline.ingest.offsets import OffsetRange
+from pipeline.jobs.replay_process import ReplayProcess
+from pipeline.jobs.report import BatchRow, RunReport
+from pipeline.jobs.run_config import RunConfig
+from pipeline.jobs.run_metrics import RunMetrics
+from pipeline.observe import metrics
+from pipeline.train import algorithms, checkpoint
+from pipeline.train.ledger import check_ledger
+from pipeline.train.probe import Probe
+
+log = logging.getLogger("streamtrain.run")
+
+__all__ = ["Run", "RunConfig", "check_ledger", "run"]
+
+
+class Run:
+    """One online training run; :meth:`execute` runs it to the end and returns the report."""
+
+    def __init__(self, cfg: RunConfig) -> None:
+        cfg.validate()
+        self.cfg = cfg
+        window = ({} if cfg.communication_window is None else
+                  {algorithms.get(cfg.algorithm).window_setting: cfg.communication_window})
+        self.algorithm = algorithms.get(cfg.algorithm, num_workers=cfg.workers, batch_size=cfg.batch_size,
+                                        seed=cfg.seed, **window)
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        self.out = Path(cfg.out or Path("runs") / f"{cfg.dataset}-{stamp}").resolve()
+        self.topic = cfg.topic or f"streamtrain-{cfg.dataset}"
+        self.metrics = RunMetrics(dataset=cfg.dataset, algorithm=cfg.algorithm, topic=self.topic,
+                                  workers=cfg.workers)
+        self.meters = self.metrics.meters
+        self.history: list[BatchRow] = []
+        self.state: checkpoint.State | None = None
+        self.replay: ReplayProcess | None = None
+        self._started = time.monotonic()
+        self._first_batch_at: float | None = None
+        self._ready_at = 0.0
+        self._last_batch_at = 0.0
+        self._stop_reason = ""
+        self._eval_s = 0.0
+        self._cores = 1
+        self._server: Any = None
+        self._evaluation: Any = None
+
+    # --- per batch, on the driver (the TrainHandler's driver half) ---
+
+    def skip(self, batch_id: int) -> bool:
+        done = self.state is not None and batch_id <= self.state.last_batch_id
+        if done:
+            self.metrics.skipped()
+        return done
+
+    def on_tasks(self, n: int) -> None:
+        # Synchronous rounds wait for the tasks that run at once: at most one per core.
+        if self.algorithm.synchronous:
+            self._server.expect_workers(min(n, self._cores))
+
+    def on_batch(self, info: microbatch.BatchInfo) -> None:
+        assert self.state is not None
+        if self._first_batch_at is None:
+            self._first_batch_at = info.started_at
+        weights, clock, optimizer = self._server.checkpoint()
+        row = BatchRow.from_batch(info, t=time.monotonic() - self._started, clock=clock)
+        if (len(self.history) + 1) % self.cfg.eval_every == 0:
+            began = time.monotonic()
+            row.heldout = self._evaluation.score(weights)
+            self._eval_s += time.monotonic() - began
+        # Streaming time so far, and the part of it spent scoring the held-out split here.
+        row.t_stream = round(time.monotonic() - self._first_batch_at, 3)
+        row.eval_s_total = round(self._eval_s, 3)
+        self._last_batch_at = time.monotonic()
+        self.history.append(row)
+        self._save(info, weights, clock, optimizer, trained=row.trained)
+        self.metrics.on_batch(info, row)
+        elapsed = max(1e-9, time.monotonic() - (self._first_batch_at or self._started))
+        print(row.status(total=self._trained_total(), per_s=self._trained_here() / elapsed), flush=True)
+        held = (row.heldout or {}).get("accuracy")
+        if self.cfg.until_accuracy is not None and held is not None and held >= self.cfg.until_accuracy:
+            self._stop_reason = f"held-out accuracy {held:.4f} reached --until-accuracy {self.cfg.until_accuracy}"
+
+    def _save(self, info: microbatch.BatchInfo, weights: Any, clock: int, optimizer: dict[str, Any], *,
+              trained: int) -> None:
+        """Checkpoint the batch (before Spark commits it)."""
+        assert self.state is not None
+        state = self.state
+        state.weights, state.clock, state.last_batch_id, state.optimizer = weights, clock, info.batch_id, optimizer
+        state.ledger += [_ledger_entry(info.batch_id, r) for r in info.ranges]
+        state.extra = {"trained": state.extra.get("trained", 0) + trained}
+        checkpoint.save(self.out, state)
+
+    # --- when to stop ---
+
+    def _until(self) -> bool:
+        if self._stop_reason:
+            return True
+        # The end of the data: the replay is done and everything it sent is trained.
+        if self.replay is not None and self.replay.done():
+            assert self.replay.sent is not None
+            if self._trained_total() + self._rejected() >= self.replay.sent:
+                self._stop_reason = "all produced records trained"
+                return True
+        return False
+
+    def _trained_total(self) -> int:
+        return int(self.state.extra.get("trained", 0)) if self.state is not None else 0
+
+    def _trained_here(self) -> int:
+        """Records trained since this process started (a resumed run counts from its resume)."""
+        return sum(b.trained for b in self.history)
+
+    def _rejected(self) -> int:
+        return sum(sum(b.rejected.values()) for b in self.history)
+
+    # --- the whole run ---
+
+    def _check_out(self) -> checkpoint.State | None:
+        """The checkpoint to resume, after checking the output folder fits the options."""
+        prior = checkpoint.load(self.out) if self.cfg.resume else None
+        if self.cfg.resume and prior is None:
+            raise ConfigError(f"Nothing to resume in {self.out}: no {checkpoint.FILENAME} there.")
+        if not self.cfg.resume and (self.out / checkpoint.FILENAME).exists():
+            raise ConfigError(f"{self.out} holds a previous run; pass --resume to continue it, or another --out.")
+        return prior
+
+    def _data_dir(self) -> Path:
+        return Path(self.cfg.data_dir) if self.cfg.data_dir else config.data_dir()
+
+    def _start_broker_and_replay(self, stack: contextlib.ExitStack) -> str:
+        """Kafka (the given one, or an embedded broker), the topic, and the replay into it."""
+        from pipeline.ingest.kafka import EmbeddedBroker, client
+
+        cfg = self.cfg
+        if cfg.bootstrap:
+            bootstrap = client.parse_bootstrap(cfg.bootstrap)
+        else:
+            bootstrap = stack.enter_context(EmbeddedBroker(log_path=self.out / "broker.log")).bootstrap
+            log.info("embedded Kafka at %s", bootstrap)
+        client.ensure_topic(bootstrap, self.topic, partitions=cfg.workers)
+        if not cfg.resume and not (cfg.topic and cfg.bootstrap):
+            self.replay = ReplayProcess(
+                dataset=cfg.dataset, data_dir=self._data_dir(), bootstrap=bootstrap, topic=self.topic,
+                epochs=cfg.epochs, rate=cfg.rate, partitions=cfg.workers, metrics_host=config.settings().metrics_host,
+                metrics_port=cfg.producer_metrics_port, log_path=self.out / "producer.log",
+            ).start()
+            stack.callback(self.replay.stop)
+        return bootstrap
+
+    def execute(self) -> RunReport:
+        from pipeline.ingest.kafka import client
+        from pipeline.train.center import parameter_server
+        from pipeline.train.evaluation import Evaluation
+        from pipeline.train.handler import TrainHandler
+        from pipeline.train.partition import ServerInfo
+        from pipeline.train.warmup import warm_up
+        from producers import datasets
+
+        cfg, settings = self.cfg, config.settings()
+        prior = self._check_out()
+        self.out.mkdir(parents=True, exist_ok=True)
+        if cfg.bootstrap:
+            client.check_reachable(client.parse_bootstrap(cfg.bootstrap))
+        with contextlib.ExitStack() as stack:
+            # Describing the model (a child process imports TensorFlow), starting the broker
+            # and the replay, and starting Spark's JVM each take seconds: they overlap.
+            probe = Probe(cfg.model, cfg.dataset, optimizer=self.algorithm.worker_optimizer, loss=self.algorithm.loss,
+                          folder=Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="streamtrain-model-"))))
+            stack.callback(probe.cancel)
+            data = datasets.get(cfg.dataset, data_dir=self._data_dir())
+            test = data.load("test")
+            served = metrics.serve(self.meters.registry, host=settings.metrics_host, port=cfg.metrics_port)
+            log.info("metrics at %s", served.url)
+            stack.callback(served.stop)
+            bootstrap = self._start_broker_and_replay(stack)
+
+            spark = cluster.session(cfg.master, app=f"streamtrain-{cfg.dataset}")
+            stack.callback(cluster.stop, spark)  # after a first run, builds the JVM's class archive
+            spec, initial = probe.result()
+            self._cores = int(spark.sparkContext.defaultParallelism)
+            threads = cluster.task_threads(spark, cfg.workers)
+            self.state = prior or checkpoint.State(initial)
+            server = self._server = parameter_server(
+                self.algorithm, spec, self.state.weights, host=cluster.driver_host(spark),
+                shared_memory=settings.ps_shared_memory, on_request=self.metrics.on_ps_request)
+            server.restore(self.state.weights, self.state.clock, self.state.optimizer)
+            self.metrics.restore_clock(self.state.clock)
+            stack.enter_context(server)
+            handler = TrainHandler(
+                spec=spec, algorithm=algorithms.serialize(self.algorithm),
+                server=ServerInfo(server.host, server.port, server.secret), job=uuid.uuid4().hex,
+                threads=threads, seed=cfg.seed or 0, driver=self,  # a replayed batch trains in the same order
+            )
+            n_eval = min(len(test.y), cfg.eval_max)
+            self._evaluation = Evaluation(spark, spec, schema=data.schema, x=test.x[:n_eval], y=test.y[:n_eval],
+                                          job=handler.job, threads=threads, shards=cfg.workers)
+            stack.callback(self._evaluation.close)
+            job = microbatch.StreamJob(
+                spark, bootstrap=bootstrap, topics=[self.topic], schema=data.schema, handler=handler,
+                checkpoint=self.out / "spark-checkpoint", max_offsets_per_trigger=cfg.max_offsets_per_trigger,
+                min_partitions=cfg.workers, on_lag=self.metrics.on_lag,
+            )
+
+            def prepare() -> None:
+                warm_up(spark, spec, handler.job, workers=cfg.workers, threads=threads,
+                        batch=self.algorithm.worker_batch_size, gradients=self.algorithm.pushes_gradients)
+                self._ready_at = time.monotonic()
+
+            job.run(max_batches=cfg.max_batches, timeout_s=cfg.timeout_s, until=self._until, prepare=prepare)
+            # Start-up: everything before the first micro-batch starts training (Spark's
+            # session, the broker, the workers' warm-up, the query's start).
+            startup_s = (self._first_batch_at or self._ready_at) - self._started
+            final_weights, _ = server.snapshot()
+            ps_stats = server.stats()
+            final = self._evaluation.score(final_weights)
+            self._evaluation.save_model(final_weights, self.out / "model.keras")
+        report = self._report(final, startup_s, ps_stats)
+        self._plot(report)
+        (self.out / "report.json").write_text(json.dumps(report.to_dict(), indent=2, default=float))
+        return report
+
+    def _report(self, final: dict[str, float], startup_s: float, ps_stats: dict[str, Any]) -> RunReport:
+        assert self.state is not None
+        here = self._trained_here()
+        span = (self._last_batch_at - self._first_batch_at) if self._first_batch_at else 0.0
+        return RunReport(
+            settings=dataclasses.asdict(self.cfg), algorithm=algorithms.serialize(self.algorithm), topic=self.topic,
+            out=str(self.out), startup_s=round(startup_s, 2), trained_records=self._trained_total(),
+            trained_this_session=here, rejected_records=self._rejected(), train_seconds=round(span, 2),
+            records_per_s=round(here / span, 1) if span else 0.0,
+            records_per_s_excluding_eval=round(here / (span - self._eval_s), 1) if span > self._eval_s else 0.0,
+            stopped_because=self._stop_reason or "limit (--max-batches / --timeout)", final=final,
+            batches=self.history, ledger=self.state.ledger,
+            parameter_server={k: ps_stats.get(k) for k in ("ops", "shared_memory", "refused")},
+        )
+
+    def _plot(self, report: RunReport) -> None:
+        if not self.history:
+            return
+        from pipeline.observe import report_plot
+
+        cfg, path = self.cfg, self.out / "report.png"
+        try:
+            report_plot.report_plots([row.to_dict() for row in self.history], path,
+                                     title=f"{cfg.dataset} with {cfg.algorithm}, {cfg.workers} workers ({self.out.name})")
+            report.plots = str(path)
+        except Exception as e:  # the model and the report matter more than a picture
+            log.warning("could not draw the report plots: %s: %s", type(e).__name__, e)
+
+
+def _ledger_entry(batch_id: int, r: OffsetRange) -> list[Any]:
+    return [batch_id, r.topic, r.partition, r.start, r.end]
+
+
+def run(cfg: RunConfig) -> RunReport:
+    """Run ``cfg`` to the end; return the report (also written to ``<out>/report.json``)."""
+    return Run(cfg).execute()

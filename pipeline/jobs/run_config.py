@@ -1,0 +1,56 @@
+"""The settings of one online run (``streamtrain run``'s options), checked before anything starts."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from pipeline.errors import ConfigError
+
+
+def _builtin_datasets() -> tuple[str, ...]:
+    from producers import datasets
+
+    return datasets.BUILTIN
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+    """Settings of one run (the CLI's options)."""
+
+    dataset: str = "mnist"
+    algorithm: str = "sync"
+    workers: int = 2
+    batch_size: int = 128
+    communication_window: int | None = None  # None: the algorithm's own
+    epochs: int = 1
+    rate: float | None = None
+    until_accuracy: float | None = None
+    max_batches: int | None = None
+    timeout_s: float | None = None
+    bootstrap: str | None = None
+    topic: str | None = None
+    master: str = "local[*]"
+    model: str | None = None
+    out: str | None = None
+    resume: bool = False
+    max_offsets_per_trigger: int = 20_000
+    eval_every: int = 5
+    eval_max: int = 10_000
+    metrics_port: int = 0
+    producer_metrics_port: int = 0
+    data_dir: str | None = None
+    seed: int | None = None
+
+    def validate(self) -> None:
+        """Raise :class:`~pipeline.errors.ConfigError` for the first bad setting."""
+        names = _builtin_datasets()
+        if self.dataset not in names:
+            raise ConfigError(f"Expected --dataset in {names}. Received: {self.dataset!r}")
+        for name in ("workers", "batch_size", "communication_window", "epochs", "max_offsets_per_trigger", "eval_every"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ConfigError(f"Expected --{name.replace('_', '-')} >= 1. Received: {value}")
+        if self.until_accuracy is not None and not 0 < self.until_accuracy <= 1:
+            raise ConfigError(f"Expected --until-accuracy in (0, 1]. Received: {self.until_accuracy}")
+        if self.resume and not self.out:
+            raise ConfigError("--resume needs the run's output folder.")

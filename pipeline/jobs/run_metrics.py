@@ -1,0 +1,74 @@
+"""The online run's Prometheus figures: each micro-batch's, and the parameter server's and
+the lag monitor's as they happen."""
+
+from __future__ import annotations
+
+from pipeline import codec
+from pipeline.ingest.microbatch import BatchInfo
+from pipeline.jobs.report import BatchRow
+from pipeline.observe import metrics
+
+
+class RunMetrics:
+    """Counts a run into :func:`pipeline.observe.metrics.training_metrics`.
+
+    Every labelled series exists from the start at 0, so rates and alerts see a first
+    reject or a first exchange as a change rather than a new series; what is not yet
+    measured is NaN (a gap in a graph), not 0 (a loss of 0, a batch in 1970).
+    """
+
+    def __init__(self, *, dataset: str, algorithm: str, topic: str, workers: int, clock: int = 0) -> None:
+        self.meters = m = metrics.training_metrics()
+        self.topic = topic
+        m.info.labels(dataset, algorithm, topic, str(workers)).set(1)
+        for gauge in (m.freshness, m.prequential_loss, m.prequential_accuracy, m.heldout_accuracy, m.last_batch_time):
+            gauge.set(float("nan"))
+        m.records_ingested.labels(topic)
+        m.records_trained.labels(topic)
+        for reason in codec.REASONS:
+            m.records_rejected.labels(reason)
+        for activity in ("compute", "exchange"):
+            m.worker_seconds.labels(activity)
+        self.restore_clock(clock)
+
+    def restore_clock(self, clock: int) -> None:
+        """The server's clock at start (a resumed run's is not 0)."""
+        self._clock_seen = clock
+        self.meters.clock.set(clock)
+
+    def on_ps_request(self, op: str, seconds: float) -> None:
+        self.meters.ps_request_duration.labels(op).observe(seconds)
+
+    def on_lag(self, lag: dict[str, int]) -> None:
+        for tp, n in lag.items():
+            topic, _, part = tp.rpartition("-")
+            self.meters.consumer_lag.labels(topic, part).set(n)
+
+    def skipped(self) -> None:
+        self.meters.batches_skipped.inc()
+
+    def on_batch(self, info: BatchInfo, row: BatchRow) -> None:
+        m = self.meters
+        m.records_ingested.labels(self.topic).inc(info.rows)
+        m.records_trained.labels(self.topic).inc(row.trained)
+        for reason, n in info.rejects.items():
+            m.records_rejected.labels(reason).inc(n)
+        m.batches.inc()
+        m.batch_duration.observe(info.batch_s)
+        self.on_lag(info.lag)
+        for r in info.results:
+            for s in r.staleness:
+                m.staleness.observe(s)
+        if info.freshness_s is not None:
+            m.freshness.set(info.freshness_s)
+        m.updates_applied.inc(max(0, row.clock - self._clock_seen))
+        self._clock_seen = row.clock
+        m.clock.set(row.clock)
+        m.last_batch_time.set_to_current_time()
+        m.worker_seconds.labels("compute").inc(row.compute_s)
+        m.worker_seconds.labels("exchange").inc(row.exchange_s)
+        if row.prequential_accuracy is not None and row.prequential_loss is not None:
+            m.prequential_accuracy.set(row.prequential_accuracy)
+            m.prequential_loss.set(row.prequential_loss)
+        if row.heldout is not None:
+            m.heldout_accuracy.set(row.heldout["accuracy"])

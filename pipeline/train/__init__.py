@@ -1,0 +1,46 @@
+"""Train: from decoded blocks to center weights.
+
+* :mod:`~pipeline.train.model` (a model as data, flat weights) and :mod:`~pipeline.train.zoo`
+  (the built-in models); :mod:`~pipeline.train.probe` describes a model without TensorFlow
+  in the driver.
+* :mod:`~pipeline.train.replica` (the resident replica per executor Python worker),
+  :mod:`~pipeline.train.partition` (training one partition), :mod:`~pipeline.train.handler`
+  (the stream handler that does it per block), :mod:`~pipeline.train.warmup`.
+* :mod:`~pipeline.train.algorithms` (each with its worker and server halves) and
+  :mod:`~pipeline.train.ps` (the parameter server); :mod:`~pipeline.train.center` starts
+  one for an algorithm.
+* :mod:`~pipeline.train.checkpoint` and :mod:`~pipeline.train.ledger` (exactly once),
+  :mod:`~pipeline.train.evaluation` (held-out scores).
+
+Importing the package is cheap: TensorFlow loads in the executors, when a replica is built.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pipeline.train.center import parameter_server
+    from pipeline.train.evaluation import Evaluation, roc_auc, scores
+    from pipeline.train.handler import TrainHandler
+    from pipeline.train.model import ModelSpec
+    from pipeline.train.partition import PartitionResult, ServerInfo, train_partition
+
+_EXPORTS = {
+    "parameter_server": "pipeline.train.center", "Evaluation": "pipeline.train.evaluation",
+    "roc_auc": "pipeline.train.evaluation", "scores": "pipeline.train.evaluation",
+    "TrainHandler": "pipeline.train.handler", "ModelSpec": "pipeline.train.model",
+    "PartitionResult": "pipeline.train.partition", "ServerInfo": "pipeline.train.partition",
+    "train_partition": "pipeline.train.partition",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'pipeline.train' has no attribute {name!r}")
+
+
+__all__ = ["Evaluation", "ModelSpec", "PartitionResult", "ServerInfo", "TrainHandler", "parameter_server",
+           "roc_auc", "scores", "train_partition"]

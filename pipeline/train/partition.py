@@ -1,0 +1,155 @@
+"""Training one partition on an executor: the resident replica, the algorithm's worker
+half, and the exchanges with the parameter server."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+
+from pipeline.train import algorithms, ps
+from pipeline.train.model import ModelSpec, input_shape
+from pipeline.train.replica import replica
+
+
+@dataclasses.dataclass(frozen=True)
+class ServerInfo:
+    """How a worker reaches the parameter server (the secret travels in Spark's task, never logged)."""
+
+    host: str
+    port: int
+    secret: bytes = dataclasses.field(repr=False)
+
+
+@dataclasses.dataclass
+class PartitionResult:
+    """What one worker did with one partition.
+
+    Attributes:
+        worker: the worker's id.
+        records, steps, exchanges: records trained (over all epochs), mini-batches, exchanges.
+        loss_first, loss_last: mean loss of the first and the last ten mini-batches.
+        staleness: per push, the server updates it missed (see the algorithm's worker half).
+        compute_s, exchange_s: seconds computing, and exchanging with the server.
+        fresh_replica: whether the replica was built for this partition.
+        preq_n, preq_loss, preq_acc: the prequential (test-then-train) score of the
+            first pass: records, mean loss, mean accuracy.
+    """
+
+    worker: int
+    records: int
+    steps: int
+    exchanges: int
+    loss_first: float
+    loss_last: float
+    staleness: list[int]
+    compute_s: float
+    exchange_s: float
+    fresh_replica: bool
+    preq_n: int = 0
+    preq_loss: float = float("nan")
+    preq_acc: float = float("nan")
+
+
+def _labels(loss: str, y: np.ndarray, classes: int) -> np.ndarray:
+    """Labels in the one form the replica's traced train function takes (another dtype
+    would make TensorFlow trace it again)."""
+    if loss == "categorical_crossentropy" and y.ndim == 1:
+        return np.eye(classes, dtype=np.float32)[y]
+    return y.astype(np.int32 if loss.startswith("sparse") else np.float32, copy=False)
+
+
+def train_partition(
+    x: np.ndarray,
+    y: np.ndarray,
+    *,
+    spec: ModelSpec,
+    algorithm: dict[str, object],
+    server: ServerInfo,
+    worker: int,
+    job: str,
+    epochs: int = 1,
+    threads: int = 1,
+    seed: int | Sequence[int] | None = None,
+) -> PartitionResult:
+    """Train on one partition's ``x``/``y`` with the algorithm's exchanges; report figures.
+
+    The replica starts from the server's center; the algorithm's worker half
+    (:meth:`~pipeline.train.algorithms.Algorithm.worker`) learns from every mini-batch
+    and exchanges every ``communication_window`` of them, and once more at the end so
+    that no step is lost. The prequential (test-then-train) loss and accuracy come free
+    from the first pass: each step's loss and accuracy are those of its forward pass, on
+    weights that have not yet seen that mini-batch.
+    """
+    algo = algorithms.get(algorithm)
+    entry, fresh = replica(spec, job=job, threads=threads)
+    y = _labels(spec.loss, y, spec.shapes[-1][-1])  # the output layer's bias: subclassed models have no .outputs
+    shape = input_shape(entry.model)
+    if x.shape[1:] != shape:
+        x = x.reshape((len(x), *shape))
+    # Mini-batches are drawn in a fresh random order each epoch, as model.fit does: a
+    # stream repeats the producer's order (every epoch of a replay is the same), and
+    # always seeing the same neighbours costs accuracy. ``seed`` makes it repeatable.
+    rng = np.random.default_rng(None if seed is None else [*np.atleast_1d(seed).tolist(), worker])
+    batch, window = algo.worker_batch_size, algo.communication_window
+    n = len(x)
+    steps_per_epoch = math.ceil(n / batch) if n else 0
+    losses: list[float] = []
+    preq = np.zeros(3)  # records, summed loss, summed accuracy over the first pass
+    timer = _Timer()
+    with ps.Client((server.host, server.port), secret=server.secret, worker=worker, size=spec.size) as client:
+        with timer("exchange"):
+            pulled = client.pull().copy()
+            entry.weights.set(pulled)
+        half = algo.worker(client, entry, pulled)
+        for step, idx in enumerate(_minibatches(rng, n, batch, epochs), start=1):
+            with timer("compute"):
+                loss, acc = half.compute(x[idx], y[idx])
+            losses.append(loss)
+            if step <= steps_per_epoch:  # the first pass
+                preq += (len(idx), loss * len(idx), acc * len(idx))
+            if step % window == 0 or step == epochs * steps_per_epoch:
+                with timer("exchange"):
+                    half.exchange()
+                timer.exchanges += 1
+        with timer("exchange"):
+            half.close()
+    head = losses[: min(10, len(losses))] or [float("nan")]
+    tail = losses[-min(10, len(losses)) :] or [float("nan")]
+    return PartitionResult(
+        worker=worker, records=n * epochs, steps=len(losses), exchanges=timer.exchanges,
+        loss_first=float(np.mean(head)), loss_last=float(np.mean(tail)), staleness=half.staleness,
+        compute_s=timer.seconds["compute"], exchange_s=timer.seconds["exchange"], fresh_replica=fresh,
+        preq_n=int(preq[0]), preq_loss=float(preq[1] / preq[0]) if preq[0] else float("nan"),
+        preq_acc=float(preq[2] / preq[0]) if preq[0] else float("nan"),
+    )
+
+
+def _minibatches(rng: np.random.Generator, n: int, batch: int, epochs: int) -> Iterator[np.ndarray]:
+    """The indices of each mini-batch, epoch after epoch, each epoch in a new order."""
+    for _ in range(epochs):
+        order = rng.permutation(n)
+        for start in range(0, n, batch):
+            yield order[start : start + batch]
+
+
+class _Timer:
+    """Seconds spent per activity, in ``with timer("name"):`` blocks."""
+
+    def __init__(self) -> None:
+        self.seconds = {"compute": 0.0, "exchange": 0.0}
+        self.exchanges = 0
+        self._name = ""
+
+    def __call__(self, name: str) -> _Timer:
+        self._name = name
+        return self
+
+    def __enter__(self) -> None:
+        self._started = time.perf_counter()
+
+    def __exit__(self, *_: object) -> None:
+        self.seconds[self._name] += time.perf_counter() - self._started

@@ -1,0 +1,16 @@
+"""The parameter server: flat float32 weights over an authenticated binary protocol.
+
+It knows neither Spark nor TensorFlow, so it can be started and tested alone:
+:mod:`~pipeline.train.ps.server` holds the center, the clock and the rule,
+:mod:`~pipeline.train.ps.transport` the sockets and the handshake,
+:mod:`~pipeline.train.ps.rounds` synchronous rounds, :mod:`~pipeline.train.ps.protocol`
+the frames, :mod:`~pipeline.train.ps.shm` shared memory, :mod:`~pipeline.train.ps.client`
+a worker's side.
+"""
+
+from pipeline.train.ps.client import Client, parse_address
+from pipeline.train.ps.protocol import ProtocolError
+from pipeline.train.ps.rules import Rule, add_delta
+from pipeline.train.ps.server import ParameterServer
+
+__all__ = ["Client", "ParameterServer", "ProtocolError", "Rule", "add_delta", "parse_address"]

@@ -1,0 +1,164 @@
+"""A worker's connection to the parameter server."""
+
+from __future__ import annotations
+
+import json
+import socket
+from types import TracebackType
+from typing import Any
+
+import numpy as np
+
+from pipeline.errors import ConfigError
+from pipeline.train.ps import protocol as p
+from pipeline.train.ps.shm import SharedBuffers
+
+
+def parse_address(address: str | tuple[str, int]) -> tuple[str, int]:
+    """``"host:port"`` or ``(host, port)``.
+
+    >>> parse_address("127.0.0.1:7000")
+    ('127.0.0.1', 7000)
+    """
+    if isinstance(address, tuple):
+        return address
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise ConfigError(f"Expected a parameter-server address HOST:PORT. Received: {address!r}")
+    return host, int(port)
+
+
+class Client:
+    """Pull and push flat float32 weights.
+
+    Args:
+        address: the server's ``(host, port)`` or ``"host:port"``.
+        secret: the per-run secret.
+        worker: this worker's id (staleness is tracked per id).
+        size: number of weights.
+        timeout_s: socket timeout.
+        shared_memory: move payloads through shared memory when the server offers
+            it and this process can map it (a worker on the server's machine); else,
+            or with False, over the socket. :attr:`shared` says which.
+
+    The arrays that :meth:`pull` and :meth:`push_pull` return are this client's
+    receive buffer: valid until its next call (copy them to keep them).
+    """
+
+    def __init__(
+        self, address: str | tuple[str, int], *, secret: bytes, worker: int, size: int, timeout_s: float = 60.0,
+        shared_memory: bool = True,
+    ) -> None:
+        self.address = parse_address(address)
+        self.worker = worker
+        self.size = size
+        self.clock = 0
+        self.last_staleness = 0
+        self._buf = np.empty(size, np.float32)
+        self._seq = 0
+        self._sock = socket.create_connection(self.address, timeout=timeout_s)
+        self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        nonce = bytearray(p.NONCE_BYTES)
+        p.recv_exact(self._sock, memoryview(nonce))
+        self._sock.sendall(p.challenge_answer(secret, bytes(nonce)))
+        self._key = p.session_key(secret, bytes(nonce))
+        self._shared: SharedBuffers | None = None
+        if shared_memory:
+            try:
+                self._shared = self._attach()
+            except BaseException:
+                self._sock.close()
+                raise
+
+    @property
+    def shared(self) -> bool:
+        """Whether payloads travel through shared memory rather than the socket."""
+        return self._shared is not None
+
+    def _attach(self) -> SharedBuffers | None:
+        """Ask for the server's shared file, map it, and prove it with the cookie in it."""
+        reply = self._request(p.ATTACH)
+        token = bytearray(reply.length)
+        p.recv_exact(self._sock, memoryview(token))
+        if not token:
+            return None  # not offered
+        shared = None
+        try:
+            shared = SharedBuffers.open(token.decode("ascii", "replace"), self.size)
+            cookie = shared.cookie
+        except (OSError, p.ProtocolError):
+            cookie = bytes(p.COOKIE_BYTES)  # another machine: the server will withdraw the offer
+        reply = self._request(p.ATTACH, body=cookie)
+        if shared is not None and reply.flags != 1:
+            shared.close()
+            shared = None
+        return shared
+
+    def _request(self, op: int, payload: np.ndarray | None = None, *, body: bytes = b"") -> p.Header:
+        self._seq += 1
+        length = len(body) if payload is None else payload.nbytes
+        shared = self._shared is not None and op != p.STATS
+        flags = p.SHARED if shared else 0
+        header = p.pack(p.Header(op, self.worker, self._seq, self.clock, length, flags=flags), self._key)
+        if payload is None:
+            self._sock.sendall(header + body)
+        else:
+            if payload.dtype != np.float32 or payload.size != self.size:
+                raise ConfigError(f"Expected {self.size} float32 values. Received: {payload.size} {payload.dtype}")
+            if shared:
+                assert self._shared is not None
+                np.copyto(self._shared.request, payload)
+                self._sock.sendall(header)
+            else:
+                self._sock.sendall(header)
+                self._sock.sendall(np.ascontiguousarray(payload).data.cast("B"))
+        raw = bytearray(p.HEADER.size)
+        p.recv_exact(self._sock, memoryview(raw))
+        reply = p.unpack(raw)
+        if reply.op != p.OK:
+            raise p.ProtocolError(f"the parameter server refused the request ({p.STATUS.get(reply.op, reply.op)})")
+        return reply
+
+    def pull(self) -> np.ndarray:
+        """The center weights now; remembers the clock for staleness."""
+        reply = self._request(p.PULL)
+        self.clock = reply.clock
+        return self._center()
+
+    def push(self, delta: np.ndarray) -> int:
+        """Send an update; return its staleness (updates applied since this worker pulled)."""
+        reply = self._request(p.PUSH, delta)
+        self.last_staleness = reply.flags
+        return reply.flags
+
+    def push_pull(self, delta: np.ndarray) -> np.ndarray:
+        """Send an update and get the new center in one round trip."""
+        reply = self._request(p.PUSH_PULL, delta)
+        self.clock = reply.clock
+        self.last_staleness = reply.flags
+        return self._center()
+
+    def _center(self) -> np.ndarray:
+        """The center a PULL or PUSH_PULL answered: in the shared file, or read off the socket."""
+        if self._shared is not None:
+            return self._shared.response
+        p.recv_exact(self._sock, self._buf.data.cast("B"))
+        return self._buf
+
+    def stats(self) -> dict[str, Any]:
+        reply = self._request(p.STATS)
+        body = bytearray(reply.length)
+        p.recv_exact(self._sock, memoryview(body))
+        result: dict[str, Any] = json.loads(body)
+        return result
+
+    def close(self) -> None:
+        self._sock.close()
+        if self._shared is not None:
+            self._shared.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()

@@ -1,0 +1,234 @@
+"""The parameter server's transport: the listening socket, the handshake, and each
+connection's frames (payloads over the socket, or through a shared-memory file).
+
+It knows the protocol, not the weights: every authenticated, well-formed request is
+handed to the server's :meth:`~pipeline.train.ps.server.ParameterServer.answer`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hmac
+import logging
+import os
+import socket
+import threading
+import time
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from pipeline.errors import ConfigError
+from pipeline.train.ps import protocol as p
+from pipeline.train.ps.shm import SharedBuffers, remove_stale
+
+if TYPE_CHECKING:
+    from pipeline.train.ps.server import ParameterServer
+
+log = logging.getLogger("pipeline.train.ps.server")
+
+
+class Transport:
+    """Accepts connections for ``server`` and serves each on its own thread.
+
+    Args:
+        server: what answers the requests (and counts refusals).
+        host, port: the address to bind (port 0: a free one).
+        shared_memory: offer workers on this machine a shared-memory file for payloads.
+    """
+
+    def __init__(self, server: ParameterServer, *, host: str, port: int, shared_memory: bool) -> None:
+        self.server, self.host, self.port, self.shared_memory = server, host, port, shared_memory
+        self._listener: socket.socket | None = None
+        self._conns: set[socket.socket] = set()
+        self._threads: list[threading.Thread] = []
+        self._stopping = threading.Event()
+
+    # --- life cycle ---
+
+    def start(self) -> None:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        # Reuse the address so a restarted driver can bind the port an interrupted run held.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((self.host, self.port))
+        except OSError as e:
+            sock.close()
+            raise ConfigError(
+                f"The parameter server cannot bind {self.host}:{self.port} ({e.strerror}); pass another port, or 0."
+            ) from None
+        sock.listen(64)
+        self._listener = sock
+        self.port = sock.getsockname()[1]
+        if self.shared_memory:
+            remove_stale()
+        t = threading.Thread(target=self._accept_loop, name="ps-accept", daemon=True)
+        t.start()
+        self._threads.append(t)
+
+    def stop(self) -> None:
+        """Close the listening socket and every connection; the port is free on return."""
+        self._stopping.set()
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            with contextlib.suppress(OSError):
+                listener.shutdown(socket.SHUT_RDWR)
+            listener.close()
+        for conn in list(self._conns):
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)
+        for t in self._threads:
+            if t is not threading.current_thread():
+                t.join(timeout=5)
+        self._threads.clear()
+
+    def _accept_loop(self) -> None:
+        assert self._listener is not None
+        listener = self._listener
+        while not self._stopping.is_set():
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self._conns.add(conn)
+            t = threading.Thread(target=self._serve, args=(conn,), name="ps-conn", daemon=True)
+            t.start()
+            self._threads = [x for x in self._threads if x.is_alive()] + [t]
+
+    def _serve(self, conn: socket.socket) -> None:
+        try:
+            key = self._handshake(conn)
+            if key is not None:
+                _Connection(self, conn, key).serve()
+        except (ConnectionError, OSError):
+            pass  # a closed or reset connection ends only itself
+        finally:
+            self._conns.discard(conn)
+            conn.close()
+            self.server.disconnected(id(conn))
+
+    # --- per connection ---
+
+    def refuse(self, conn: socket.socket, reason: str, status: int) -> None:
+        self.server.count_refusal(reason)
+        with contextlib.suppress(OSError):
+            conn.sendall(p.pack(p.Header(status, 0, 0, self.server.clock, 0)))
+        log.warning("parameter server refused a %s request (%s)", reason, status)
+
+    def _handshake(self, conn: socket.socket) -> bytes | None:
+        """Challenge the peer to prove the secret; the session key, or None if it did not."""
+        secret = self.server.secret
+        nonce = os.urandom(p.NONCE_BYTES)
+        conn.sendall(nonce)
+        answer = bytearray(32)
+        conn.settimeout(10)
+        try:
+            p.recv_exact(conn, memoryview(answer))
+        except (ConnectionError, TimeoutError):
+            self.server.count_refusal("truncated")
+            return None
+        conn.settimeout(None)
+        if not hmac.compare_digest(bytes(answer), p.challenge_answer(secret, nonce)):
+            self.refuse(conn, "auth", p.ERR_AUTH)
+            return None
+        return p.session_key(secret, nonce)
+
+
+class _Connection:
+    """One authenticated connection's request loop."""
+
+    def __init__(self, transport: Transport, conn: socket.socket, key: bytes) -> None:
+        self.transport, self.conn, self.key = transport, conn, key
+        self.server = transport.server
+        size = self.server.size
+        # One receive and one send buffer per connection, allocated once: a request's
+        # declared length never decides an allocation.
+        self.inbox = np.empty(size, np.float32)
+        self.outbox = np.empty(size, np.float32)
+        self.shared: SharedBuffers | None = None  # offered to this connection
+        self.attached = False  # and mapped by its worker
+
+    def serve(self) -> None:
+        try:
+            self._loop()
+        finally:
+            if self.shared is not None:
+                self.shared.close()
+
+    def _loop(self) -> None:
+        conn, refuse = self.conn, self.transport.refuse
+        nbytes = self.server.size * 4
+        raw = bytearray(p.HEADER.size)
+        seq = 0
+        while not self.transport._stopping.is_set():
+            try:
+                p.recv_exact(conn, memoryview(raw))
+            except ConnectionError:
+                return
+            started = time.perf_counter()
+            try:
+                h = p.unpack(raw)
+            except p.ProtocolError:
+                return refuse(conn, "frame", p.ERR_FRAME)
+            seq += 1
+            if h.seq != seq or not p.verify(self.key, h):
+                return refuse(conn, "auth", p.ERR_AUTH)
+            if h.op not in p.OPS or h.flags & ~p.SHARED or (h.flags and not self.attached):
+                return refuse(conn, "frame", p.ERR_FRAME)
+            if h.op == p.ATTACH:
+                if (h.length not in (0, p.COOKIE_BYTES) or self.attached
+                        or (h.length == 0) == (self.shared is not None)):
+                    return refuse(conn, "frame", p.ERR_FRAME)
+                cookie = bytearray(h.length)
+                p.recv_exact(conn, memoryview(cookie))
+                self._attach(h, bytes(cookie))
+                continue
+            pushes = h.op in (p.PUSH, p.PUSH_PULL)
+            if h.length != (nbytes if pushes else 0):
+                return refuse(conn, "size", p.ERR_SIZE)
+            if h.flags:  # the payloads are in the shared file
+                assert self.shared is not None
+                self._reply(h, self.shared.request, self.shared.response, started, shared=True)
+                continue
+            if pushes:
+                try:
+                    p.recv_exact(conn, self.inbox.data.cast("B"))
+                except ConnectionError:
+                    self.server.count_refusal("truncated")
+                    return
+            self._reply(h, self.inbox, self.outbox, started)
+
+    def _reply(self, h: p.Header, inbox: np.ndarray, outbox: np.ndarray, started: float, *,
+               shared: bool = False) -> None:
+        clock, staleness, payload = self.server.answer(h, inbox, outbox, member=id(self.conn), shared=shared)
+        self.conn.sendall(p.pack(p.Header(p.OK, h.worker, h.seq, clock, len(payload),
+                                          flags=min(staleness, 0xFFFF))))
+        if len(payload):
+            self.conn.sendall(payload)
+        self.server.finished(p.OPS[h.op], time.perf_counter() - started)
+
+    def _attach(self, h: p.Header, cookie: bytes) -> None:
+        """The two ATTACH requests: offer a shared file, then accept the worker's cookie for it."""
+        server = self.server
+        server.count_op("attach")
+        if not cookie:  # the offer: a token, or none (off, or no room in /dev/shm)
+            token = b""
+            if self.transport.shared_memory:
+                try:
+                    self.shared = SharedBuffers.create(server.size)
+                    token = self.shared.token.encode()
+                except OSError as e:
+                    log.info("no shared memory for a worker (%s); it stays on TCP", e)
+            self.conn.sendall(p.pack(p.Header(p.OK, h.worker, h.seq, server.clock, len(token))) + token)
+            return
+        assert self.shared is not None
+        accepted = hmac.compare_digest(cookie, self.shared.cookie)
+        self.shared.unlink()  # mapped by both now, or never to be: no name is left behind
+        if not accepted:
+            self.shared.close()
+            self.shared = None
+        else:
+            server.count_shared()
+        self.attached = accepted
+        self.conn.sendall(p.pack(p.Header(p.OK, h.worker, h.seq, server.clock, 0, flags=int(accepted))))

@@ -1,0 +1,54 @@
+"""The model zoo: what ``streamtrain run`` trains when the user brings no model.
+
+A new built-in dataset adds its model here (and its reader to
+:mod:`producers.datasets`); ``tests/train/test_zoo.py`` checks that every built-in
+dataset has one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from pipeline.errors import ConfigError
+
+
+def mnist_cnn() -> Any:
+    """dist-keras's MNIST CNN (1,048,853 weights), from the Keras MNIST example."""
+    import keras
+
+    return keras.Sequential([
+        keras.Input((28, 28, 1)),
+        keras.layers.Conv2D(32, (3, 3), activation="relu"),
+        keras.layers.Conv2D(32, (3, 3), activation="relu"),
+        keras.layers.MaxPooling2D((2, 2)),
+        keras.layers.Flatten(),
+        keras.layers.Dense(225, activation="relu"),
+        keras.layers.Dense(10, activation="softmax"),
+    ], name="mnist_cnn")
+
+
+def higgs_mlp() -> Any:
+    """A HIGGS classifier: 28 features, three hidden layers, 2 classes."""
+    import keras
+
+    return keras.Sequential([
+        keras.Input((28,)),
+        keras.layers.Dense(300, activation="relu"),
+        keras.layers.Dense(300, activation="relu"),
+        keras.layers.Dense(300, activation="relu"),
+        keras.layers.Dense(2, activation="softmax"),
+    ], name="higgs_mlp")
+
+
+#: dataset name -> the function that builds its default model.
+DEFAULTS: dict[str, Callable[[], Any]] = {"mnist": mnist_cnn, "fashion-mnist": mnist_cnn, "higgs": higgs_mlp}
+
+
+def for_dataset(name: str) -> Any:
+    """A fresh default model for dataset ``name``."""
+    try:
+        return DEFAULTS[name]()
+    except KeyError:
+        raise ConfigError(f"No built-in model for dataset {name!r}; expected one of {sorted(DEFAULTS)}, "
+                          "or pass --model FILE.py:BUILD_FN / FILE.keras.") from None

@@ -1,0 +1,72 @@
+"""The Spark session's JVM class archive: recorded by the first run, used by the next."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+_START = """
+import sys
+from pipeline.cluster import session as spark_mod
+s = spark_mod.session("local[1]", conf={"spark.driver.extraJavaOptions": sys.argv[1]})
+assert s.range(3).count() == 3
+spark_mod.stop(s)
+"""
+
+
+def _start(cache: Path, java_options: str = "") -> None:
+    env = {**os.environ, "STREAMTRAIN_CACHE_DIR": str(cache)}
+    done = subprocess.run([sys.executable, "-c", _START, java_options], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+def _built_archive(cache: Path) -> Path:
+    """The archive the background build leaves, once it is done (it runs at nice 19)."""
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        files = sorted(p.name for p in (cache / "jvm").iterdir())
+        if not any(name.endswith(".part") for name in files) and any(n.endswith(".jsa") for n in files):
+            break
+        time.sleep(1)
+    [archive] = (cache / "jvm").glob("*.jsa")
+    return archive
+
+
+def test_the_first_session_records_the_class_archive_and_the_next_maps_it(tmp_path: Path) -> None:
+    _start(tmp_path)
+    archive = _built_archive(tmp_path)
+    assert archive.stat().st_size > 10_000_000
+    assert not list((tmp_path / "jvm").glob("*.part"))  # class list and partial archive cleaned up
+
+    loaded = tmp_path / "classes.log"
+    _start(tmp_path, f"-Xlog:class+load=info:file={loaded}")
+    lines = loaded.read_text().splitlines()
+    spark_context = [line for line in lines if " org.apache.spark.SparkContext " in line]
+    assert spark_context and "source: shared objects file" in spark_context[0], spark_context
+    assert not list((tmp_path / "jvm").glob("*.part"))  # used, not recorded again
+
+
+def test_a_damaged_archive_is_refused_and_spark_starts_without_it(tmp_path: Path) -> None:
+    _start(tmp_path)
+    archive = _built_archive(tmp_path)
+    data = bytearray(archive.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    archive.write_bytes(bytes(data))
+
+    loaded = tmp_path / "classes.log"
+    _start(tmp_path, f"-Xlog:class+load=info:file={loaded}")
+    spark_context = [line for line in loaded.read_text().splitlines() if " org.apache.spark.SparkContext " in line]
+    assert spark_context and "shared objects file" not in spark_context[0], spark_context
+
+
+def test_the_class_archive_can_be_turned_off(tmp_path: Path) -> None:
+    env = {**os.environ, "STREAMTRAIN_CACHE_DIR": str(tmp_path), "STREAMTRAIN_JVM_CLASS_CACHE": "false"}
+    code = "from pipeline import jvmcache; print(jvmcache.options())"
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert done.stdout.strip() == "[]" and not (tmp_path / "jvm").exists(), done.stderr

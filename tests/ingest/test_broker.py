@@ -1,0 +1,177 @@
+"""The embedded broker's life cycle, and the Tansu quirks that kafka_client works around."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from kafka import KafkaProducer, TopicPartition
+
+from pipeline.errors import BrokerError
+from pipeline.ingest.kafka import EmbeddedBroker, client
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie still answers kill(0); it is gone for our purposes.
+    stat = Path(f"/proc/{pid}/stat")
+    return not (stat.exists() and stat.read_text().split()[2] == "Z")
+
+
+def _wait_dead(pid: int, timeout_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not _alive(pid)
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) != 0
+
+
+def test_start_answers_metadata_and_stop_frees_port_and_pid() -> None:
+    b = EmbeddedBroker().start()
+    pid, port = b.pid, b.port
+    assert pid and b.bootstrap == f"127.0.0.1:{port}"
+    client.check_reachable(b.bootstrap, timeout_s=2)
+    b.stop()
+    assert _wait_dead(pid) and _port_free(port)
+    b.stop()  # idempotent
+
+
+def test_context_exit_on_exception_stops_the_broker() -> None:
+    with pytest.raises(KeyboardInterrupt), EmbeddedBroker() as b:
+        pid = b.pid
+        raise KeyboardInterrupt
+    assert pid and _wait_dead(pid)
+
+
+def test_no_orphan_when_the_owner_is_killed(tmp_path: Path) -> None:
+    script = (
+        "import sys, time\n"
+        "from pipeline.ingest.kafka import EmbeddedBroker\n"
+        "b = EmbeddedBroker().start()\n"
+        "print(b.pid, flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    owner = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    broker_pid = int(owner.stdout.readline())  # type: ignore[union-attr]
+    assert _alive(broker_pid)
+    owner.send_signal(signal.SIGKILL)
+    owner.wait()
+    assert _wait_dead(broker_pid), "the broker outlived a SIGKILLed owner"
+
+
+def test_interpreter_exit_stops_the_broker() -> None:
+    script = "from pipeline.ingest.kafka import EmbeddedBroker\nprint(EmbeddedBroker().start().pid)\n"
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert _wait_dead(int(done.stdout))
+
+
+def test_unreachable_bootstrap_is_a_clear_error_quickly() -> None:
+    started = time.monotonic()
+    with pytest.raises(BrokerError, match=r"Cannot reach Kafka at 127\.0\.0\.1:1: .*--bootstrap"):
+        client.check_reachable("127.0.0.1:1", timeout_s=1)
+    assert time.monotonic() - started < 10
+
+
+def test_explicit_port_in_use_is_a_clear_error(broker: EmbeddedBroker) -> None:
+    with pytest.raises(BrokerError, match="port is in use"):
+        EmbeddedBroker(port=broker.port).start(timeout_s=2)
+
+
+def _produce(bootstrap: str, topic: str, per_partition: list[int]) -> None:
+    client.ensure_topic(bootstrap, topic, partitions=len(per_partition))
+    p = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=50, batch_size=1 << 20)
+    for part, n in enumerate(per_partition):
+        for i in range(n):
+            p.send(topic, b"v%d" % i, partition=part)
+    p.flush()
+    p.close()
+
+
+def test_list_offsets_latest_is_wrong_on_tansu_and_end_offsets_is_right(broker: EmbeddedBroker, topic: str) -> None:
+    _produce(broker.bootstrap, topic, [500, 1, 0])
+    tps = [TopicPartition(topic, p) for p in range(3)]
+    c = client.consumer(broker.bootstrap)
+    try:
+        naive = c.end_offsets(tps)
+        true = client.end_offsets(c, tps)
+    finally:
+        c.close()
+    # The quirk: ListOffsets(LATEST) is the first offset of the last batch + 1 ...
+    assert naive[tps[0]] < 500, "Tansu fixed ListOffsets LATEST; the workaround may go"
+    # ... and the workaround reads the true ends, also for 1-record and empty partitions.
+    assert [true[tp] for tp in tps] == [500, 1, 0]
+
+
+def _first_records_after(bootstrap: str, topic: str, group: str, patience_s: float, **settings: object) -> float | None:
+    from kafka import KafkaConsumer
+
+    c = KafkaConsumer(topic, bootstrap_servers=bootstrap, group_id=group, auto_offset_reset="earliest", **settings)
+    started = time.monotonic()
+    try:
+        while time.monotonic() - started < patience_s:
+            if c.poll(timeout_ms=200):
+                return time.monotonic() - started
+        return None
+    finally:
+        c.close()
+
+
+@pytest.mark.slow
+def test_group_join_needs_a_short_session_timeout_on_tansu(broker: EmbeddedBroker, topic: str) -> None:
+    _produce(broker.bootstrap, topic, [10])
+    # Kafka's default session timeout: no records within 10 s (the join takes ~23 s).
+    assert _first_records_after(broker.bootstrap, topic, topic + "-default", 10.0) is None
+    # Our group defaults: records within seconds.
+    joined = _first_records_after(broker.bootstrap, topic, topic + "-fast", 10.0, **client.GROUP_DEFAULTS)
+    assert joined is not None
+
+
+def test_cli_broker_is_found_by_produce_and_stops_on_sigterm(tmp_path: Path) -> None:
+    env = {**os.environ, "STREAMTRAIN_CACHE_DIR": str(tmp_path)}
+    cli = [sys.executable, "-m", "pipeline"]
+    proc = subprocess.Popen([*cli, "broker", "--port", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env)
+    try:
+        bootstrap = proc.stdout.readline().strip()  # type: ignore[union-attr]
+        assert bootstrap.startswith("127.0.0.1:")
+        assert (tmp_path / "broker.json").is_file()
+        sent = subprocess.run([*cli, "produce", "higgs", "--limit", "50", "--topic", "h"],
+                              capture_output=True, text=True, env=env, timeout=120)
+        assert sent.returncode == 0, sent.stderr
+        assert "sent 50 records" in sent.stdout
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=15)
+    assert proc.returncode == 0
+    assert not (tmp_path / "broker.json").exists()
+    assert _port_free(int(bootstrap.rsplit(":", 1)[1]))
+
+
+def test_end_offsets_are_fresh_with_a_reused_consumer(broker: EmbeddedBroker, topic: str) -> None:
+    # A consumer reused across calls (the source's planner does this every trigger) must not
+    # report a high watermark from a fetch issued before the newest records arrived.
+    tps = [TopicPartition(topic, p) for p in range(2)]
+    client.ensure_topic(broker.bootstrap, topic, partitions=2)
+    c = client.consumer(broker.bootstrap)
+    try:
+        assert list(client.end_offsets(c, tps).values()) == [0, 0]
+        _produce(broker.bootstrap, topic, [50, 50])
+        assert list(client.end_offsets(c, tps).values()) == [50, 50]
+        _produce(broker.bootstrap, topic, [120, 120])
+        assert list(client.end_offsets(c, tps).values()) == [170, 170]
+    finally:
+        c.close()

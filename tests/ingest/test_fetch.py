@@ -1,0 +1,154 @@
+"""The raw Fetch reader against the real broker: it must return exactly what kafka-python's
+consumer returns for the same offsets, whatever the range, batch layout or compression."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from kafka import KafkaProducer, TopicPartition
+
+from pipeline.errors import BrokerError
+from pipeline.ingest.kafka import client
+from pipeline.ingest.kafka.fetch import RangeReader, _varints, parse_batches
+
+
+def _produce(bootstrap: str, topic: str, n: int, **config: object) -> None:
+    client.ensure_topic(bootstrap, topic, partitions=1)
+    p = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=2, batch_size=16 << 10, **config)
+    rng = np.random.default_rng(7)
+    for i in range(n):
+        value = None if i % 11 == 5 else bytes(rng.integers(0, 256, int(rng.integers(0, 900)), dtype=np.uint8))
+        key = None if i % 7 == 0 and value is not None else f"k{i}".encode()
+        headers = [("h", b"x")] if i % 5 == 0 else None
+        p.send(topic, key=key, value=value, headers=headers, timestamp_ms=1_700_000_000_000 + 37 * i)
+        if i % 97 == 0:
+            p.flush()  # many small batches, of many sizes
+    p.flush()
+    p.close()
+
+
+def _expected(bootstrap: str, topic: str, start: int, end: int) -> list[tuple[int, bytes | None, bytes | None, int]]:
+    c = client.consumer(bootstrap)
+    tp = TopicPartition(topic, 0)
+    c.assign([tp])
+    c.seek(tp, start)
+    out: list[tuple[int, bytes | None, bytes | None, int]] = []
+    deadline = time.monotonic() + 30
+    while (not out or out[-1][0] < end - 1) and time.monotonic() < deadline:
+        for r in c.poll(timeout_ms=200).get(tp, []):
+            if start <= r.offset < end:
+                out.append((r.offset, r.key, r.value, r.timestamp))
+    c.close()
+    return out
+
+
+def _read(reader: RangeReader, topic: str, start: int, end: int) -> list[tuple[int, bytes | None, bytes | None, int]]:
+    out = []
+    for rec in reader.read(topic, 0, start, end):
+        for i in range(len(rec)):
+            key = bytes(rec.key_data[rec.key_offsets[i]:rec.key_offsets[i + 1]]) if rec.key_valid[i] else None
+            value = bytes(rec.value_data[rec.value_offsets[i]:rec.value_offsets[i + 1]]) if rec.value_valid[i] else None
+            out.append((int(rec.offsets[i]), key, value, int(rec.timestamps_ms[i])))
+    return out
+
+
+N = 1500
+
+
+@pytest.fixture(scope="module")
+def topics(broker) -> dict[str, str]:  # type: ignore[no-untyped-def]
+    made = {}
+    for codec in (None, "gzip"):
+        name = f"t-fetch-{codec or 'plain'}-{time.monotonic_ns()}"
+        _produce(broker.bootstrap, name, N, compression_type=codec)
+        made[codec or "plain"] = name
+    return made
+
+
+@pytest.fixture(scope="module")
+def reader(broker) -> RangeReader:  # type: ignore[no-untyped-def]
+    r = RangeReader(broker.bootstrap, timeout_s=5)
+    yield r  # type: ignore[misc]
+    r.close()
+
+
+@pytest.mark.parametrize("codec", ["plain", "gzip"])
+def test_whole_log_equals_the_consumers_view(broker, topics, reader, codec) -> None:  # type: ignore[no-untyped-def]
+    got = _read(reader, topics[codec], 0, N)
+    assert [g[0] for g in got] == list(range(N))
+    assert got == _expected(broker.bootstrap, topics[codec], 0, N)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_any_range_equals_the_consumers_view(broker, topics, reader, data) -> None:  # type: ignore[no-untyped-def]
+    start = data.draw(st.integers(0, N - 1))
+    end = data.draw(st.integers(start + 1, N))
+    codec = data.draw(st.sampled_from(["plain", "gzip"]))
+    got = _read(reader, topics[codec], start, end)
+    assert [g[0] for g in got] == list(range(start, end))
+    assert got == _expected(broker.bootstrap, topics[codec], start, end)
+
+
+def test_a_range_beyond_the_log_end_times_out_clearly(topics, reader) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(BrokerError, match=rf"returned nothing for {topics['plain']}-0 at offset {N}"):
+        list(reader.read(topics["plain"], 0, N - 10, N + 5))
+
+
+def test_an_unknown_topic_is_a_clear_error(broker) -> None:  # type: ignore[no-untyped-def]
+    r = RangeReader(broker.bootstrap, timeout_s=2)
+    with pytest.raises(BrokerError):
+        list(r.read("no-such-topic-here", 0, 0, 1))
+    r.close()
+
+
+def test_a_corrupt_batch_fails_its_crc(broker, topics, reader) -> None:  # type: ignore[no-untyped-def]
+    records, _ = reader._fetch(topics["plain"], 0, 0, 1 << 20)
+    assert records is not None
+    raw = bytearray(records)
+    raw[100] ^= 0xFF  # a byte inside the first batch's records
+    with pytest.raises(BrokerError, match="failed its CRC check"):
+        parse_batches(bytes(raw), start=0, end=N)
+
+
+@given(st.lists(st.integers(-(2**62), 2**62), min_size=1, max_size=50))
+def test_varints_round_trip(values: list[int]) -> None:
+    raw = b""
+    positions = []
+    for v in values:
+        positions.append(len(raw))
+        z = (v << 1) ^ (v >> 63)
+        while True:
+            b = z & 0x7F
+            z >>= 7
+            raw += bytes([b | (0x80 if z else 0)])
+            if not z:
+                break
+    buf = np.frombuffer(raw + bytes(16), np.uint8)
+    decoded, sizes = _varints(buf, np.array(positions))
+    assert decoded.tolist() == values
+    assert int(sizes.sum()) == len(raw)
+
+
+def test_leaders_of_every_partition_of_a_long_named_topic(broker) -> None:  # type: ignore[no-untyped-def]
+    topic = "t-" + "long-name-" * 12 + str(time.monotonic_ns())
+    client.ensure_topic(broker.bootstrap, topic, partitions=3)
+    r = RangeReader(broker.bootstrap, timeout_s=5)
+    r._refresh(topic)
+    host, port = broker.bootstrap.rsplit(":", 1)
+    assert {k: v for k, v in r._leaders.items() if k[0] == topic} == {(topic, p): (host, int(port)) for p in range(3)}
+    r.close()
+
+
+def test_an_unreachable_broker_is_retried_until_the_timeout() -> None:
+    from tests.conftest import free_port
+
+    r = RangeReader(f"127.0.0.1:{free_port()}", timeout_s=1.5)
+    started = time.monotonic()
+    with pytest.raises(BrokerError, match="Cannot reach Kafka at 127.0.0.1"):
+        list(r.read("t", 0, 0, 10))
+    assert 1.5 <= time.monotonic() - started < 10

@@ -1,0 +1,201 @@
+"""Kafka -> Spark Structured Streaming -> decoded blocks, against the real broker and Spark."""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+from kafka import KafkaProducer
+
+from pipeline import codec
+from pipeline.ingest import microbatch as stream
+from pipeline.ingest import sources as source
+from pipeline.ingest.kafka import client
+from producers import Replay, datasets
+from tests.ingest import stream_helpers
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _ship_helpers() -> None:
+    stream_helpers.register()
+
+
+@pytest.fixture(scope="module")
+def higgs(data_dir):  # type: ignore[no-untyped-def]
+    return datasets.get("higgs", data_dir=data_dir)
+
+
+def _replay(broker, topic: str, data, *, limit: int | None = None, split: str = "train") -> int:  # type: ignore[no-untyped-def]
+    report = Replay(data, bootstrap=broker.bootstrap, topic=topic, partitions=3, limit=limit, split=split).run()
+    assert report.send_errors == 0
+    return report.records_sent
+
+
+def _job(spark, broker, topic: str, checkpoint: Path, **kwargs):  # type: ignore[no-untyped-def]
+    return stream.StreamJob(spark, bootstrap=broker.bootstrap, topics=[topic], schema=codec.HIGGS,
+                            handler=stream_helpers.Recording(), checkpoint=checkpoint, source="python", **kwargs)
+
+
+def _ids(batches: list[stream.BatchInfo]) -> list[int]:
+    return [i for b in batches for r in b.results for i in r["ids"]]
+
+
+def _assert_contiguous(batches: list[stream.BatchInfo]) -> dict[tuple[str, int], int]:
+    """Each partition's ranges follow one another with no gap and no overlap; returns the ends."""
+    ends: dict[tuple[str, int], int] = {}
+    for b in batches:
+        for t, p, start, end in b.ranges:
+            assert start == ends.get((t, p), 0), f"batch {b.batch_id}: {t}-{p} starts at {start}, not {ends.get((t, p), 0)}"
+            assert end > start
+            ends[(t, p)] = end
+    return ends
+
+
+def test_every_record_exactly_once_across_runs(spark, broker, topic, tmp_path, higgs) -> None:  # type: ignore[no-untyped-def]
+    checkpoint = tmp_path / "ckpt"
+    produced = _replay(broker, topic, higgs, limit=2500)  # before the first run
+    job = _job(spark, broker, topic, checkpoint, max_offsets_per_trigger=1000)
+
+    def during() -> None:
+        time.sleep(3)
+        Replay(higgs, bootstrap=broker.bootstrap, topic=topic, split="test", partitions=3).run()
+
+    feeder = threading.Thread(target=during)
+    feeder.start()
+    first = job.run(timeout_s=15)
+    feeder.join()
+    produced += 500
+    produced += _replay(broker, topic, higgs, limit=700)  # between runs
+    second = _job(spark, broker, topic, checkpoint, max_offsets_per_trigger=1000).run(timeout_s=60, max_batches=1)
+    batches = first + second
+    assert [b.batch_id for b in batches] == list(range(len(batches)))
+    assert all(b.rows <= 1000 for b in batches)
+    ends = _assert_contiguous(batches)
+    assert sum(ends.values()) == produced == sum(b.rows for b in batches)
+    # Every record once: offsets per partition, and (id, split) pairs as produced.
+    offsets = Counter((r["partition"], o) for b in batches for r in b.results for o in r["offsets"])
+    assert len(offsets) == produced and set(offsets.values()) == {1}
+    ids = Counter(_ids(batches))
+    assert ids == Counter([*range(2500), *range(500), *range(700)])
+
+
+def test_available_now_drains_and_stops(spark, broker, topic, tmp_path, higgs) -> None:  # type: ignore[no-untyped-def]
+    produced = _replay(broker, topic, higgs, limit=3500)
+    batches = _job(spark, broker, topic, tmp_path / "ckpt", available_now=True,
+                   max_offsets_per_trigger=1000).run(timeout_s=120)
+    assert [b.rows for b in batches] == [1000, 1000, 1000, 500]
+    assert sum(_assert_contiguous(batches).values()) == produced
+
+
+def test_no_batch_starts_before_prepare_returns(spark, broker, topic, tmp_path, higgs) -> None:  # type: ignore[no-untyped-def]
+    produced = _replay(broker, topic, higgs, limit=800)
+    ready: list[float] = []
+
+    def prepare() -> None:
+        time.sleep(4)  # the query starts and plans its first batch meanwhile
+        ready.append(time.monotonic())
+
+    [batch] = _job(spark, broker, topic, tmp_path / "ckpt").run(max_batches=1, timeout_s=60, prepare=prepare)
+    assert batch.rows == produced and batch.started_at >= ready[0]
+
+
+def test_a_failing_prepare_stops_the_query_and_commits_nothing(spark, broker, topic, tmp_path, higgs) -> None:  # type: ignore[no-untyped-def]
+    produced = _replay(broker, topic, higgs, limit=800)
+
+    def prepare() -> None:
+        time.sleep(3)
+        raise RuntimeError("the warm-up failed")
+
+    job = _job(spark, broker, topic, tmp_path / "ckpt")
+    with pytest.raises(RuntimeError, match="the warm-up failed"):
+        job.run(timeout_s=60, prepare=prepare)
+    assert job.batches == [] and not list((tmp_path / "ckpt" / "commits").glob("[0-9]*"))
+    # The next run trains from the start: nothing was lost.
+    [batch] = _job(spark, broker, topic, tmp_path / "ckpt").run(max_batches=1, timeout_s=60)
+    assert batch.batch_id == 0 and batch.rows == produced
+
+
+def test_figures_per_batch(spark, broker, topic, tmp_path, higgs) -> None:  # type: ignore[no-untyped-def]
+    produced = _replay(broker, topic, higgs, limit=1200)
+    [batch] = _job(spark, broker, topic, tmp_path / "ckpt", min_partitions=6).run(max_batches=1, timeout_s=60)
+    assert batch.rows == batch.accepted == produced and batch.bytes == produced * codec.HIGGS.record_bytes
+    # Split into 6 tasks for parallelism, reported as one range per Kafka partition.
+    assert len(batch.results) == 6 and len(batch.ranges) == 3
+    assert batch.decode_s > 0 and batch.handler_s >= 0 and batch.trigger_to_handler_s is not None
+    labels = [y for r in batch.results for y in r["labels"]]
+    assert sorted(labels) == sorted(higgs.load().y[:produced].tolist())
+
+
+def test_malformed_records_go_to_the_dead_letter_topic(spark, broker, topic, tmp_path, higgs, consume) -> None:  # type: ignore[no-untyped-def]
+    good = higgs.load("test")
+    values = codec.encode(good.x[:10], good.y[:10], codec.HIGGS)
+    nan = codec.encode(np.full((1, 28), np.nan, np.float32), np.array([1]), codec.HIGGS)[0]
+    label = codec.encode(good.x[:1], np.array([7]), codec.HIGGS)[0]
+    bad = [b"junk", nan, label, values[0][:-4], codec.encode(np.zeros((1, 784), np.uint8), np.array([1]), codec.MNIST)[0]]
+    client.ensure_topic(broker.bootstrap, topic, partitions=1)
+    p = KafkaProducer(bootstrap_servers=broker.bootstrap)
+    for v in values[:5] + bad + values[5:]:
+        p.send(topic, v, key=b"k", partition=0)
+    p.flush()
+    [batch] = _job(spark, broker, topic, tmp_path / "ckpt").run(max_batches=1, timeout_s=60)
+    assert batch.rows == 15 and batch.accepted == 10
+    assert batch.rejects == {"wrong_length": 3, "non_finite": 1, "label_out_of_range": 1}
+    assert sum(len(r["labels"]) for r in batch.results) == 10  # rejects never reach the handler
+    dead = consume(f"{topic}.dlq", 5)
+    assert [r.value for r in dead] == bad
+    reasons = [dict(r.headers)["streamtrain.reason"].decode() for r in dead]
+    assert reasons == ["wrong_length", "non_finite", "label_out_of_range", "wrong_length", "wrong_length"]
+    assert [int(dict(r.headers)["streamtrain.offset"]) for r in dead] == [5, 6, 7, 8, 9]
+
+
+def test_restart_after_sigkill_mid_batch_replays_the_same_batch(spark, broker, topic, tmp_path, higgs) -> None:  # type: ignore[no-untyped-def]
+    produced = _replay(broker, topic, higgs, limit=3000)
+    checkpoint, ledger = tmp_path / "ckpt", tmp_path / "ledger.jsonl"
+    child = subprocess.Popen([sys.executable, "-m", "tests.ingest.stream_helpers", broker.bootstrap, topic, str(checkpoint),
+                              str(ledger), "1"], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and child.poll() is None:
+        lines = ledger.read_text().splitlines() if ledger.exists() else []
+        if any(json.loads(line)["batch_id"] == 1 for line in lines):
+            break
+        time.sleep(0.2)
+    assert child.poll() is None, child.stderr.read().decode()[-3000:]  # type: ignore[union-attr]
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+    before = [json.loads(line) for line in ledger.read_text().splitlines()]
+    assert [b["batch_id"] for b in before] == [0, 1]
+
+    after = _job(spark, broker, topic, checkpoint, max_offsets_per_trigger=1000).run(max_batches=2, timeout_s=90)
+    # The killed batch comes back with the same id and the same offsets; nothing is skipped.
+    assert after[0].batch_id == 1
+    assert [list(r) for r in after[0].ranges] == before[1]["ranges"]
+    ranges = [tuple(r) for r in before[0]["ranges"]]
+    all_batches = [stream.BatchInfo(0, ranges, rows=before[0]["rows"]), *after]
+    assert sum(_assert_contiguous(all_batches).values()) == produced
+
+
+def test_both_sources_give_the_same_columns_and_auto_says_which(spark, broker, topic, tmp_path, caplog) -> None:  # type: ignore[no-untyped-def]
+    client.ensure_topic(broker.bootstrap, topic, partitions=1)
+    with caplog.at_level(logging.INFO, logger="pipeline.ingest.sources"):
+        df = source.read_stream(spark, bootstrap=broker.bootstrap, topics=[topic], source="auto")
+    assert tuple(df.columns) == source.COLUMNS
+    assert [f.dataType.simpleString() for f in df.schema.fields] == \
+        ["binary", "binary", "string", "int", "bigint", "timestamp"]
+    if source.jvm_available(spark):
+        jvm = source.read_stream(spark, bootstrap=broker.bootstrap, topics=[topic], source="jvm")
+        assert jvm.schema == df.schema
+    else:
+        assert "Python source (spark-sql-kafka is not on the classpath)" in caplog.text
+        with pytest.raises(Exception, match="source=jvm needs the spark-sql-kafka jar"):
+            source.read_stream(spark, bootstrap=broker.bootstrap, topics=[topic], source="jvm")

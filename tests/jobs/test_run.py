@@ -1,0 +1,180 @@
+"""`streamtrain run`, the main job, end to end: real broker, Spark, parameter server and TensorFlow."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pipeline.train import checkpoint
+from pipeline.train.ledger import check_ledger
+from producers import Replay, datasets
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _cli(*args: str, timeout: float = 400, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "pipeline", *args], capture_output=True, text=True, timeout=timeout,
+                          cwd=ROOT, env=None if env is None else {**os.environ, **env})
+
+
+def _ledger_total(ledger: list[list]) -> int:  # type: ignore[type-arg]
+    check_ledger(ledger)
+    return sum(end - start for _, _, _, start, end in ledger)
+
+
+def test_short_mnist_run_end_to_end(tmp_path: Path) -> None:
+    out, cache = tmp_path / "run", tmp_path / "cache"
+    # A cache with MNIST but no class archive: the run is a first run for the JVM.
+    cache.mkdir()
+    (cache / "mnist.npz").symlink_to(datasets.mnist.fetch())
+    done = _cli("run", "--max-offsets-per-trigger", "5000", "--max-batches", "3", "--eval-every", "3",
+                "--out", str(out), env={"STREAMTRAIN_CACHE_DIR": str(cache)})
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads((out / "report.json").read_text())
+    assert (out / "model.keras").is_file()
+    # A few thousand records of real MNIST put the CNN far above chance (0.1).
+    assert report["final"]["accuracy"] > 0.6
+    assert [b["batch_id"] for b in report["batches"]] == [0, 1, 2]
+    assert all(b["rows"] <= 5000 for b in report["batches"])
+    # The report agrees with the ledger: every trained record is in exactly one range.
+    assert report["trained_records"] == _ledger_total(report["ledger"]) == sum(b["trained"] for b in report["batches"])
+    assert report["batches"][-1]["heldout"]["accuracy"] == pytest.approx(report["final"]["accuracy"], abs=0.05)
+    assert "prequential_accuracy" in report["batches"][0] and report["startup_s"] > 0
+    assert "held-out accuracy" in done.stdout and "batch    2 |" in done.stdout
+    # In local mode every partition's worker exchanged through shared memory, one
+    # connection per partition and batch, and the server refused nothing.
+    assert report["parameter_server"]["shared_memory"] == 2 * 3, report["parameter_server"]
+    assert report["parameter_server"]["refused"] == {}
+    # Spark's warnings that a clean run has nothing to act on are kept quiet.
+    assert "ResolveWriteToStream" not in done.stderr and "Failed to cancel job group" not in done.stderr
+    # The classes the JVM loaded went to the background build of the archive for later runs.
+    assert list((cache / "jvm").glob("*.log")), sorted(p.name for p in (cache / "jvm").iterdir())
+
+
+def test_sigkill_then_resume_trains_every_record_exactly_once(broker, topic, tmp_path, data_dir) -> None:  # type: ignore[no-untyped-def]
+    produced = Replay(datasets.get("higgs", data_dir=data_dir), bootstrap=broker.bootstrap, topic=topic,
+                      partitions=2).run().records_sent
+    out = tmp_path / "run"
+    common = ["--dataset", "higgs", "--bootstrap", broker.bootstrap, "--topic", topic,
+              "--max-offsets-per-trigger", "1000", "--eval-every", "100"]
+    first = subprocess.Popen([sys.executable, "-m", "pipeline", "run", *common, "--out", str(out)], cwd=ROOT,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 240
+    state = None
+    while time.monotonic() < deadline and first.poll() is None:
+        with_state = checkpoint.load(out) if (out / checkpoint.FILENAME).exists() else None
+        if with_state is not None and with_state.last_batch_id >= 1:
+            state = with_state
+            break
+        time.sleep(0.1)
+    assert state is not None, (first.poll(), (first.stderr.read() if first.poll() is not None else "")[-3000:])  # type: ignore[union-attr]
+    first.send_signal(signal.SIGKILL)
+    first.wait()
+    killed_at = checkpoint.load(out)
+    assert killed_at is not None and killed_at.last_batch_id < 6  # it was killed mid-run
+
+    done = _cli("run", *common, "--resume", str(out), "--timeout", "45")
+    assert done.returncode == 0, done.stderr[-3000:]
+    final = checkpoint.load(out)
+    assert final is not None
+    ends = check_ledger(final.ledger)  # no gap, no overlap, across the crash
+    assert ends == {(topic, 0): produced // 2, (topic, 1): produced - produced // 2}
+    assert _ledger_total(final.ledger) == produced == final.extra["trained"]
+    assert final.clock > killed_at.clock
+    # The default algorithm keeps Adam on the server: its state is saved with each batch's
+    # weights, and the resumed run continued it rather than starting Adam afresh.
+    assert int(killed_at.optimizer["iterations"]) == killed_at.clock
+    assert int(final.optimizer["iterations"]) == final.clock
+    report = json.loads((out / "report.json").read_text())
+    assert report["trained_records"] == produced
+    assert report["trained_this_session"] == produced - killed_at.extra["trained"]
+
+
+def test_user_model_file(tmp_path: Path) -> None:
+    done = _cli("run", "--dataset", "higgs", "--model", "tests/jobs/user_model.py:build", "--max-offsets-per-trigger",
+                "3500", "--max-batches", "2", "--out", str(tmp_path / "run"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    import keras
+
+    model = keras.models.load_model(tmp_path / "run" / "model.keras")
+    assert model.count_params() == 28 * 32 + 32 + 32 * 2 + 2
+    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    assert report["trained_records"] == 7000 and np.isfinite(report["final"]["auc"])
+
+
+def test_the_driver_never_imports_tensorflow(tmp_path: Path) -> None:
+    # TensorFlow costs a process half a gigabyte: the model is described in a child
+    # process, and scored and saved on the workers.
+    script = ("import sys; from pipeline.jobs.online import Run, RunConfig; "
+              f"r = Run(RunConfig(dataset='higgs', max_batches=1, max_offsets_per_trigger=3500, eval_every=1, "
+              f"out={str(tmp_path / 'run')!r})).execute(); "
+              "print('heldout', r['batches'][0]['heldout']['accuracy'], 'final', r['final']['accuracy']); "
+              "print('tensorflow loaded:', 'tensorflow' in sys.modules, 'keras loaded:', 'keras' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "tensorflow loaded: False keras loaded: False" in done.stdout
+    # One batch trained: the held-out score after it (one Spark job) is the final one (another).
+    heldout, final = re.search(r"^heldout (\S+) final (\S+)$", done.stdout, re.M).groups()  # type: ignore[union-attr]
+    assert heldout == final and 0 < float(final) <= 1
+    assert keras_model_params(tmp_path / "run" / "model.keras") == 28 * 300 + 300 + 2 * (300 * 300 + 300) + 300 * 2 + 2
+
+
+def keras_model_params(path: Path) -> int:
+    import keras
+
+    return int(keras.models.load_model(path).count_params())
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--model", "tests/jobs/user_model.py:nope"], "has no function 'nope'"),
+    (["--model", "tests/jobs/user_model.py:not_a_model"], "returned int, not a Keras model"),
+    (["--model", "tests/jobs/user_model.py:broken"], "Building the model failed (ValueError: no layer called Dense3000)"),
+    (["--model", "missing.keras"], "Expected a Keras model file at missing.keras"),
+    (["--model", "tests/jobs/user_model.py"], "Expected --model FILE.py:BUILD_FN or FILE.keras"),
+    (["--algorithm", "sgd9000"], "Unknown algorithm 'sgd9000'"),
+    (["--workers", "0"], "Expected --workers >= 1"),
+    (["--bootstrap", "127.0.0.1:1"], "Cannot reach Kafka at 127.0.0.1:1"),
+])
+def test_bad_options_fail_fast_with_one_clear_line(args: list[str], message: str, tmp_path: Path) -> None:
+    started = time.monotonic()
+    done = _cli("run", "--dataset", "higgs", "--out", str(tmp_path / "run"), *args, timeout=120)
+    assert done.returncode == 2, done.stderr[-2000:]
+    errors = [line for line in done.stderr.splitlines() if line.startswith("streamtrain: error:")]
+    assert len(errors) == 1 and message in errors[0], done.stderr[-2000:]
+    assert "Traceback" not in done.stderr
+    assert time.monotonic() - started < 60
+
+
+def test_a_finished_run_is_not_overwritten(tmp_path: Path) -> None:
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / checkpoint.FILENAME).write_bytes(b"")
+    done = _cli("run", "--dataset", "higgs", "--out", str(tmp_path / "run"), timeout=120)
+    assert done.returncode == 2 and "pass --resume to continue it" in done.stderr
+    os.remove(tmp_path / "run" / checkpoint.FILENAME)
+
+
+@pytest.mark.parametrize("algorithm", ["downpour", "averaging", "aeasgd"])
+def test_window_sets_every_algorithms_communication_window(algorithm: str, tmp_path: Path) -> None:
+    from pipeline.jobs.online import Run, RunConfig
+
+    run = Run(RunConfig(algorithm=algorithm, communication_window=3, out=str(tmp_path / "run")))
+    assert run.algorithm.communication_window == 3
+
+
+def test_without_window_each_algorithm_keeps_its_own(tmp_path: Path) -> None:
+    from pipeline.jobs.online import Run, RunConfig
+    from pipeline.train import algorithms
+
+    for name in ("sync", "downpour", "aeasgd"):
+        run = Run(RunConfig(algorithm=name, out=str(tmp_path / name)))
+        assert run.algorithm.communication_window == algorithms.get(name).communication_window
+    assert Run(RunConfig(out=str(tmp_path / "default"))).algorithm.name == "sync"

@@ -1,0 +1,183 @@
+"""Observability against a real run: a real Prometheus scrapes `streamtrain run` and a
+replay producer; every dashboard panel, the alert rules and the pictures are checked on
+what it stored."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pipeline import codec
+from pipeline.ingest.kafka import client
+from pipeline.observe import dashboard, metrics, render
+from producers import Replay, datasets
+from tests.conftest import ROOT, free_port
+
+pytestmark = pytest.mark.slow
+
+N_BAD = 40  # records with a wrong length, written among the real ones
+
+
+def _get(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=5) as r:
+        return r.read().decode()
+
+
+def _wait_for(predicate: Any, timeout_s: float, what: str, proc: subprocess.Popen[str] | None = None) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"the run exited ({proc.returncode}) while waiting for {what}")
+        try:
+            if predicate():
+                return
+        except OSError:
+            pass
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.fixture(scope="module")
+def scraped(broker, prometheus, data_dir, tmp_path_factory) -> dict[str, Any]:  # type: ignore[no-untyped-def]
+    """A real HIGGS run, fed live by a rate-limited replay plus a few broken records,
+    scraped every second by Prometheus (with the project's alert rules loaded)."""
+    from kafka import KafkaProducer
+
+    topic = f"t-observability-{uuid.uuid4().hex[:8]}"
+    client.ensure_topic(broker.bootstrap, topic, partitions=2)
+    producer_meters = metrics.producer_metrics()
+    producer_server = metrics.serve(producer_meters.registry)
+    run_port = free_port()
+    prom = prometheus({"streamtrain": [f"127.0.0.1:{run_port}"],
+                       "streamtrain-producer": [f"127.0.0.1:{producer_server.port}"]},
+                      [ROOT / "deploy" / "prometheus" / "alerts.yml"])
+    out = tmp_path_factory.mktemp("observed") / "run"
+    log = out.parent / "run.log"
+    started = time.time()
+    with open(log, "w") as log_file:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "pipeline", "run", "--dataset", "higgs", "--bootstrap", broker.bootstrap,
+             "--topic", topic, "--metrics-port", str(run_port), "--max-offsets-per-trigger", "400",
+             "--eval-every", "2", "--timeout", "30", "--out", str(out)],
+            cwd=ROOT, stdout=log_file, stderr=subprocess.STDOUT, text=True)
+        try:
+            # Produce once the workers are warm, so the stream is live while Prometheus watches.
+            _wait_for(lambda: "replicas ready" in log.read_text(), 240, "warm workers", proc)
+            bad = KafkaProducer(bootstrap_servers=broker.bootstrap)
+            for i in range(N_BAD):
+                bad.send(topic, key=f"bad-{i}".encode(), value=b"\x01broken")
+            bad.flush()
+            bad.close()
+            replay = Replay(datasets.get("higgs", data_dir=data_dir), bootstrap=broker.bootstrap, topic=topic,
+                            rate=500, meters=producer_meters)
+            reports: list[Any] = []
+            feeder = threading.Thread(target=lambda: reports.append(replay.run()))
+            feeder.start()
+            run_metrics: list[str] = []
+
+            def mid_run() -> bool:
+                text = _get(f"http://127.0.0.1:{run_port}/metrics")
+                run_metrics.append(text)
+                return "streamtrain_stream_batches_total 3.0" in text
+
+            _wait_for(mid_run, 120, "three batches", proc)
+            producer_text = _get(producer_server.url)
+            feeder.join(120)
+            assert proc.wait(240) == 0, log.read_text()[-3000:]
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    time.sleep(1.5)  # one more scrape of the producer
+    import json
+
+    return {"prom": prom, "start": started, "end": time.time(), "out": out, "run_metrics": run_metrics[-1],
+            "producer_metrics": producer_text, "produced": reports[0].records_sent, "topic": topic,
+            "report": json.loads((out / "report.json").read_text())}
+
+
+def _last(prom_url: str, expr: str, at: float) -> float:
+    series = dashboard.query_range(prom_url, expr, at - 1, at, 1)
+    assert series, f"no data for {expr}"
+    return float(series[0]["values"][-1][1])
+
+
+def test_every_dashboard_panel_query_returns_data(scraped: dict[str, Any]) -> None:
+    board = dashboard.load(dashboard.DEFAULT_FILE)
+    empty = []
+    for title, expr, _ in dashboard.queries(board):
+        # $__rate_interval as Grafana computes it for a 1 s scrape: four scrapes.
+        series = dashboard.query_range(scraped["prom"].url, dashboard.expand(expr, 4), scraped["start"],
+                                       scraped["end"], 1)
+        values = [float(v) for s in series for _, v in s["values"]]
+        if not any(math.isfinite(v) for v in values):
+            empty.append(f"{title}: {expr}")
+    assert len(dashboard.queries(board)) >= 20
+    assert not empty, "panels without data:\n" + "\n".join(empty)
+
+
+def test_prometheus_figures_agree_with_the_run(scraped: dict[str, Any]) -> None:
+    url, end, report = scraped["prom"].url, scraped["end"], scraped["report"]
+    last = lambda expr: _last(url, f"last_over_time(({expr})[1m:1s])", end)  # noqa: E731
+    assert report["rejected_records"] == N_BAD
+    assert last('streamtrain_stream_records_rejected_total{reason="wrong_length"}') == N_BAD
+    assert last('sum(streamtrain_stream_records_rejected_total{reason!="wrong_length"})') == 0
+    assert last("sum(streamtrain_train_records_total)") == report["trained_records"] == scraped["produced"]
+    assert last("sum(streamtrain_stream_records_ingested_total)") == report["trained_records"] + N_BAD
+    assert last("sum(streamtrain_producer_records_sent_total)") == scraped["produced"] == 7000
+    assert last("sum(streamtrain_stream_consumer_lag_records)") == 0  # all trained by the end
+    assert last("streamtrain_ps_clock_updates") == report["batches"][-1]["clock"] > 0
+    assert last("streamtrain_eval_heldout_accuracy") > 0.5
+    assert last('sum(streamtrain_ps_request_duration_seconds_count{op="push_pull"})') > 0
+
+
+def test_exposition_passes_promtool_check_metrics(scraped: dict[str, Any], promtool: str) -> None:
+    for text in (scraped["run_metrics"], scraped["producer_metrics"]):
+        assert "streamtrain_" in text
+        done = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True)
+        assert done.returncode == 0 and not done.stdout.strip() and not done.stderr.strip(), done.stdout + done.stderr
+
+
+def test_alert_rules_evaluate_on_real_data_and_stay_quiet_on_a_healthy_run(scraped: dict[str, Any]) -> None:
+    groups = scraped["prom"].api("rules")["groups"]
+    rules = {r["name"]: r for g in groups for r in g["rules"]}
+    assert set(rules) == {"StreamtrainDown", "StreamtrainTrainingStalled", "StreamtrainLagGrowing",
+                          "StreamtrainStalenessHigh", "StreamtrainRejectRateHigh"}
+    assert all(r["health"] == "ok" for r in rules.values()), {n: r.get("lastError") for n, r in rules.items()}
+    assert not [r for r in rules.values() if r["state"] == "firing"]
+
+
+def test_render_draws_every_panel_with_data(scraped: dict[str, Any], tmp_path: Path) -> None:
+    import matplotlib.image
+
+    out = tmp_path / "panels.png"
+    since = time.time() - scraped["start"] + 5
+    found = render.render(dashboard.load(), scraped["prom"].url, out, since_s=since, scrape_s=1)
+    assert len(found) == len(dashboard.panels(dashboard.load()))
+    assert all(found.values()), {t: n for t, n in found.items() if not n}
+    height, width, _ = matplotlib.image.imread(out).shape
+    assert width > 1500 and height > 1000
+
+
+def test_the_run_report_comes_with_readable_plots(scraped: dict[str, Any]) -> None:
+    import matplotlib.image
+
+    png = Path(scraped["report"]["plots"])
+    assert png == scraped["out"] / "report.png"
+    image = matplotlib.image.imread(png)
+    assert image.shape[0] > 500 and image.shape[1] > 800
+    assert image.std() > 0.05  # lines and text, not a blank canvas
+
+
+def test_every_reject_reason_is_a_series_from_the_start(scraped: dict[str, Any]) -> None:
+    text = scraped["run_metrics"]
+    for reason in codec.REASONS:
+        assert f'streamtrain_stream_records_rejected_total{{reason="{reason}"}}' in text

@@ -1,0 +1,155 @@
+"""The replay producer against the real embedded broker."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pipeline import codec
+from pipeline.errors import BrokerError, ConfigError
+from pipeline.ingest.kafka import EmbeddedBroker
+from pipeline.observe import metrics
+from producers import Replay, datasets
+
+
+def _round_trip(data: datasets.Dataset, broker: EmbeddedBroker, topic: str, consume: Callable[..., list],
+                split: str = "train", limit: int | None = None) -> None:
+    report = Replay(data, bootstrap=broker.bootstrap, topic=topic, split=split, limit=limit, partitions=3).run()
+    expected = data.load(split)
+    n = len(expected.y) if limit is None else limit
+    assert report.records_sent == n and report.send_errors == 0
+    assert report.bytes_sent == n * data.schema.record_bytes
+    records = consume(topic, n)
+    assert len(records) == n
+    ids = codec.decode_keys([r.key for r in records])
+    # Keyed by record id, partition = id mod partitions, in id order within a partition.
+    assert all(r.partition == int(i) % 3 for r, i in zip(records, ids, strict=True))
+    order = np.argsort(ids, kind="stable")
+    assert ids[order].tolist() == expected.ids[:n].tolist()
+    values = [records[i].value for i in order]
+    # Byte-exact against an independent encoding of the reader's rows ...
+    assert values == codec.encode(expected.x[:n], expected.y[:n], data.schema)
+    # ... and the decoder gives back exactly the reader's arrays.
+    out = codec.decode(values, data.schema)
+    assert out.rejected.size == 0
+    assert np.array_equal(out.x, expected.x[:n]) and np.array_equal(out.y, expected.y[:n])
+    # Event time is the Kafka timestamp, set at send.
+    now_ms = time.time() * 1000
+    assert all(now_ms - 600_000 < r.timestamp <= now_ms + 1000 for r in records[:10])
+
+
+def test_mnist_train_split_round_trips_exactly(broker, topic, consume, mnist) -> None:  # type: ignore[no-untyped-def]
+    _round_trip(mnist, broker, topic, consume)
+
+
+def test_fashion_mnist_test_split_round_trips_exactly(broker, topic, consume) -> None:  # type: ignore[no-untyped-def]
+    _round_trip(datasets.get("fashion-mnist"), broker, topic, consume, split="test", limit=5000)
+
+
+def test_higgs_sample_round_trips_exactly(broker, topic, consume, data_dir) -> None:  # type: ignore[no-untyped-def]
+    _round_trip(datasets.get("higgs", data_dir=data_dir), broker, topic, consume)
+    _round_trip(datasets.get("higgs", data_dir=data_dir), broker, topic + "-test", consume, split="test")
+
+
+def test_csv_and_npz_round_trip_exactly(broker, topic, consume, tmp_path, data_dir) -> None:  # type: ignore[no-untyped-def]
+    sample = datasets.get("higgs", data_dir=data_dir).load("test")
+    csv = tmp_path / "d.csv"
+    header = "f0,label," + ",".join(f"f{i}" for i in range(1, 28))
+    rows = [",".join([f"{r[0]:.3f}", str(y), *(f"{v:.3f}" for v in r[1:])]) for r, y in zip(sample.x, sample.y, strict=True)]
+    csv.write_text(header + "\n" + "\n".join(rows) + "\n")
+    _round_trip(datasets.get("csv", csv, num_classes=2), broker, topic, consume)
+    np.savez(tmp_path / "d.npz", x_train=sample.x, y_train=sample.y)
+    _round_trip(datasets.get("npz", tmp_path / "d.npz"), broker, topic + "-npz", consume)
+
+
+def test_rate_limit_holds_within_ten_percent(broker, topic, data_dir) -> None:  # type: ignore[no-untyped-def]
+    rate, limit = 2000, 6000
+    started = time.monotonic()
+    report = Replay(datasets.get("higgs", data_dir=data_dir), bootstrap=broker.bootstrap, topic=topic,
+                    rate=rate, limit=limit).run()
+    elapsed = time.monotonic() - started
+    assert report.records_sent == limit
+    achieved = limit / elapsed
+    assert 0.9 * rate <= achieved <= 1.1 * rate, f"{achieved:.0f} records/s for a limit of {rate}"
+
+
+def test_loop_replays_epochs_with_the_same_ids(broker, topic, consume, data_dir) -> None:  # type: ignore[no-untyped-def]
+    data = datasets.get("higgs", data_dir=data_dir)
+    report = Replay(data, bootstrap=broker.bootstrap, topic=topic, split="test", loop=True, limit=1200).run()
+    assert report.records_sent == 1200 and report.epochs == 2
+    ids = codec.decode_keys([r.key for r in consume(topic, 1200)])
+    assert np.bincount(ids.astype(np.int64)).tolist() == [3] * 200 + [2] * 300
+
+
+def test_malformed_rows_are_counted_skipped_and_exported(broker, topic, consume, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    path = tmp_path / "d.csv"
+    path.write_text("x,label\n1,0\noops,1\n2,1\n3\n4,9\n5,0\n")
+    meters = metrics.producer_metrics()
+    server = metrics.serve(meters.registry, port=0)
+    try:
+        report = Replay(datasets.get("csv", path, num_classes=2), bootstrap=broker.bootstrap, topic=topic,
+                        meters=meters).run()
+        body = urllib.request.urlopen(server.url, timeout=5).read().decode()
+    finally:
+        server.stop()
+    assert report.records_sent == 3 and report.malformed == 3
+    assert 'streamtrain_producer_malformed_rows_total{dataset="csv"} 3.0' in body
+    assert f'streamtrain_producer_records_sent_total{{dataset="csv",topic="{topic}"}} 3.0' in body
+    assert f'streamtrain_producer_bytes_sent_total{{dataset="csv",topic="{topic}"}} {3.0 * (8 + 4)}' in body
+    values = [r.value for r in consume(topic, 3)]
+    assert sorted(codec.decode(values, datasets.get("csv", path).schema).x.ravel().tolist()) == [1, 2, 5]
+
+
+def test_no_broker_is_a_clear_error() -> None:
+    data = datasets.get("higgs")
+    with pytest.raises(BrokerError, match="Cannot reach Kafka at 127.0.0.1:1"):
+        Replay(data, bootstrap="127.0.0.1:1", topic="t").run()
+
+
+@pytest.mark.parametrize("kwargs, match", [({"rate": 0}, "--rate > 0"), ({"limit": -1}, "--limit >= 0"),
+                                           ({"bootstrap": "nohost"}, "HOST:PORT")])
+def test_bad_options_are_refused(kwargs: dict, match: str) -> None:  # type: ignore[type-arg]
+    with pytest.raises(ConfigError, match=match):
+        Replay(datasets.get("higgs"), **{"bootstrap": "127.0.0.1:9", "topic": "t", **kwargs})
+
+
+def _cli(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "pipeline", *args], capture_output=True, text=True,
+                          timeout=timeout, env=env)
+
+
+def test_ctrl_c_flushes_and_reports(broker, topic, consume) -> None:  # type: ignore[no-untyped-def]
+    proc = subprocess.Popen([sys.executable, "-m", "producers", "higgs", "--topic", topic, "--rate", "500",
+                             "--loop", "--bootstrap", broker.bootstrap], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    time.sleep(4)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, err
+    assert "(interrupted)" in out and "Traceback" not in err
+    sent = int(out.split("sent ")[1].split(" records")[0])
+    assert sent > 0
+    # Everything reported as sent is in the topic: the flush happened before the report.
+    assert len(consume(topic, sent, timeout_s=10)) == sent
+
+
+@pytest.mark.parametrize("args, message", [
+    (["produce", "csv", "/no/such.csv", "--bootstrap", "127.0.0.1:9"], "Expected a CSV file at /no/such.csv"),
+    (["produce", "higgs", "--bootstrap", "127.0.0.1:1"], "Cannot reach Kafka at 127.0.0.1:1"),
+    (["produce", "higgs", "--rate", "-5", "--bootstrap", "127.0.0.1:9"], "Expected --rate > 0"),
+    (["produce", "mnist", "--label-column", "y", "--bootstrap", "127.0.0.1:9"], "--label-column does not apply"),
+])
+def test_cli_errors_are_one_line_without_traceback(args: list[str], message: str, tmp_path: Path) -> None:
+    done = _cli(*args, env={**os.environ, "STREAMTRAIN_CACHE_DIR": str(tmp_path)})
+    assert done.returncode == 2
+    lines = [line for line in done.stderr.splitlines() if "error" in line]
+    assert len(lines) == 1 and message in lines[0] and "Traceback" not in done.stderr

@@ -1,0 +1,135 @@
+"""Every algorithm in the registry passes the same contract, on real MNIST."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import numpy as np
+import pytest
+
+from pipeline import codec
+from pipeline.errors import ConfigError
+from pipeline.jobs.trainer import Trainer
+from pipeline.train import algorithms, ps
+
+NAMES = algorithms.NAMES
+
+
+def _workers(name: str, wanted: int) -> int:
+    return 1 if name == "single" else wanted
+
+
+@pytest.fixture(scope="module")
+def mnist_small(mnist):  # type: ignore[no-untyped-def]
+    train = mnist.load("train")
+    return codec.MNIST.to_model_input(train.x[:4000]).reshape(4000, 784), train.y[:4000]
+
+
+def _mlp(seed: int = 0):  # type: ignore[no-untyped-def]
+    import keras
+
+    keras.utils.set_random_seed(seed)
+    return keras.Sequential([keras.Input((784,)), keras.layers.Dense(64, activation="relu"),
+                             keras.layers.Dense(10, activation="softmax")])
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_config_round_trip(name: str) -> None:
+    algo = algorithms.get(name, batch_size=17, seed=5)
+    config = algorithms.serialize(algo)
+    again = algorithms.get(json.loads(json.dumps(config)))
+    assert again == algo and type(again) is type(algo)
+    assert again.batch_size == 17 and again.seed == 5
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_determinism_with_a_seed_on_one_worker(name: str, mnist_small) -> None:  # type: ignore[no-untyped-def]
+    x, y = mnist_small
+    weights = []
+    for _ in range(2):
+        t = Trainer(_mlp(), algorithm=name, num_workers=1, batch_size=64, seed=11)
+        weights.append([w.copy() for w in t.train(x[:1500], y[:1500]).get_weights()])
+    assert all(np.array_equal(a, b) for a, b in zip(*weights, strict=True))
+    # and the run really trained: the weights moved from the initial model
+    assert not all(np.array_equal(a, b) for a, b in zip(weights[0], _mlp().get_weights(), strict=True))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_loss_falls_on_a_short_real_mnist_run(name: str, mnist_small) -> None:  # type: ignore[no-untyped-def]
+    import keras
+
+    x, y = mnist_small
+    model = _mlp()
+    before = keras.losses.sparse_categorical_crossentropy(y, model.predict(x, verbose=0)).numpy().mean()
+    # A short window: elastic averaging moves the center by alpha per exchange, and a
+    # short run has few exchanges at the default window of 32.
+    t = Trainer(model, algorithm=name, num_workers=_workers(name, 2), batch_size=32, communication_window=4, seed=1)
+    trained = t.train(x, y)
+    after = keras.losses.sparse_categorical_crossentropy(y, trained.predict(x, verbose=0)).numpy().mean()
+    assert after < 0.7 * before, f"{name}: loss {before:.3f} -> {after:.3f}"
+    assert all(r.loss_last < r.loss_first for r in t.results)
+    assert sum(r.records for r in t.results) == len(y)
+    assert t.server_stats["clock"] > 0
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_push_then_pull_applies_the_rule_exactly(name: str) -> None:
+    algo = algorithms.get(name)
+    rng = np.random.default_rng(0)
+    start, delta = rng.standard_normal((2, 500)).astype(np.float32)
+    expected = start.copy()
+    # A twin applies the rule by hand: a server-side optimizer has state of its own.
+    algorithms.get(name).apply(expected, delta, staleness=0, pulled=start.copy())
+    with ps.ParameterServer(start, secret=b"s", rule=algo.apply, keep_pulled=algo.keep_pulled,
+                            sync_workers=1 if algo.synchronous else 0) as server, \
+            ps.Client(server.address, secret=b"s", worker=0, size=500) as c:
+        c.pull()
+        got = c.push_pull(delta).copy()
+    np.testing.assert_array_equal(got, expected)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_concurrent_clients_lose_no_update(name: str) -> None:
+    algo = algorithms.get(name)
+    workers, pushes, n = 4, 25, 300
+    sync = workers if algo.synchronous else 0
+    with ps.ParameterServer(np.zeros(n, np.float32), secret=b"s", rule=algo.apply, keep_pulled=algo.keep_pulled,
+                            sync_workers=sync) as server:
+        def work(w: int) -> None:
+            with ps.Client(server.address, secret=b"s", worker=w, size=n) as c:
+                c.pull()
+                for _ in range(pushes):
+                    c.push_pull(np.ones(n, np.float32))
+
+        threads = [threading.Thread(target=work, args=(w,)) for w in range(workers)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        stats = server.stats()
+        center = server.weights()
+    assert sum(stats["staleness"].values()) == workers * pushes
+    if algo.pushes_gradients:  # each round steps the server's optimizer once with the mean gradient, 1
+        twin, expected = algorithms.get(name), np.zeros(n, np.float32)
+        for _ in range(pushes):
+            twin.apply(expected, np.ones(n, np.float32))
+        assert stats["clock"] == pushes and np.array_equal(center, expected) and np.all(center < 0)
+    elif algo.synchronous:
+        assert stats["clock"] == pushes and np.allclose(center, pushes)  # each round adds the mean, 1
+    else:
+        assert stats["clock"] == workers * pushes
+    if type(algo).apply is algorithms.Algorithm.apply and not algo.synchronous:  # plain center += delta
+        assert np.array_equal(center, np.full(n, workers * pushes, np.float32))
+
+
+@pytest.mark.parametrize("bad, match", [
+    ({"name": "adag", "config": {"communication_window": 0}}, "communication_window"),
+    ({"name": "aeasgd", "config": {"rho": 500.0}}, "learning_rate \\* rho"),
+    ({"name": "single", "config": {"num_workers": 2}}, "exactly one worker"),
+    ({"name": "nope"}, "Unknown algorithm 'nope'"),
+    ({"name": "downpour", "config": {"colour": 1}}, "Bad settings"),
+])
+def test_bad_settings_are_clear_errors(bad: dict, match: str) -> None:  # type: ignore[type-arg]
+    with pytest.raises(ConfigError, match=match):
+        algorithms.get(bad)

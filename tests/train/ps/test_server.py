@@ -1,0 +1,296 @@
+"""The parameter server: consistency, concurrency, staleness, refusal of bad frames, and
+the shared-memory transport for workers on its machine."""
+
+from __future__ import annotations
+
+import glob
+import os
+import socket
+import struct
+import threading
+
+import numpy as np
+import pytest
+
+from pipeline.train.ps import Client, ParameterServer, ProtocolError, shm
+from pipeline.train.ps import protocol as p
+
+SECRET = b"per-run-secret"
+N = 1000
+
+
+@pytest.fixture(params=["shared", "tcp"])
+def server(request):  # type: ignore[no-untyped-def]
+    """A server whose clients exchange through shared memory (the default here), or one that offers none."""
+    with ParameterServer(np.zeros(N, np.float32), secret=SECRET, shared_memory=request.param == "shared") as s:
+        yield s
+
+
+def _client(server: ParameterServer, worker: int = 0, secret: bytes = SECRET) -> Client:
+    return Client(server.address, secret=secret, worker=worker, size=N)
+
+
+def test_push_then_pull_is_consistent(server: ParameterServer) -> None:
+    rng = np.random.default_rng(0)
+    deltas = rng.standard_normal((5, N)).astype(np.float32)
+    with _client(server) as c:
+        assert c.shared == server.shared_memory
+        c.pull()
+        for d in deltas:
+            c.push(d)
+        assert np.allclose(c.pull(), deltas.sum(axis=0), atol=1e-5)
+        assert np.allclose(c.push_pull(deltas[0]), deltas.sum(axis=0) + deltas[0], atol=1e-5)
+        assert c.clock == server.clock == 6
+
+
+def test_concurrent_clients_lose_no_update(server: ParameterServer) -> None:
+    workers, pushes = 4, 50
+
+    def work(w: int) -> None:
+        with _client(server, w) as c:
+            c.pull()
+            for _ in range(pushes):
+                c.push_pull(np.full(N, 1.0, np.float32))
+
+    threads = [threading.Thread(target=work, args=(w,)) for w in range(workers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert server.clock == workers * pushes
+    assert np.array_equal(server.weights(), np.full(N, workers * pushes, np.float32))
+    stats = server.stats()
+    # Every push was counted once in the staleness histogram, and some were stale.
+    assert sum(stats["staleness"].values()) == workers * pushes
+    assert stats["ops"]["push_pull"] == workers * pushes
+
+
+def test_staleness_is_updates_since_the_workers_last_pull(server: ParameterServer) -> None:
+    with _client(server, 0) as a, _client(server, 1) as b:
+        a.pull()
+        b.pull()
+        for _ in range(3):
+            b.push(np.zeros(N, np.float32))
+        assert a.push(np.zeros(N, np.float32)) == 3
+        assert b.push(np.zeros(N, np.float32)) == 4  # b pulled at 0; its own pushes count too
+        a.pull()
+        assert a.push(np.zeros(N, np.float32)) == 0
+
+
+def test_rule_sees_staleness_and_pulled_center() -> None:
+    seen = []
+
+    def rule(center: np.ndarray, delta: np.ndarray, *, staleness: int, pulled: np.ndarray | None) -> None:
+        seen.append((staleness, None if pulled is None else pulled.copy()))
+        center += delta / (staleness + 1)
+
+    with ParameterServer(np.ones(N, np.float32), secret=SECRET, rule=rule, keep_pulled=True) as s, \
+            _client(s) as c:
+        c.pull()
+        c.push(np.full(N, 2.0, np.float32))
+        c.push(np.full(N, 2.0, np.float32))
+    assert [st for st, _ in seen] == [0, 1]
+    assert np.array_equal(seen[0][1], np.ones(N, np.float32))
+    assert np.allclose(s.weights(), 1 + 2 + 1)
+
+
+def test_wrong_secret_is_refused_and_counted(server: ParameterServer) -> None:
+    with pytest.raises((ProtocolError, ConnectionError)), _client(server, secret=b"guess") as c:
+        c.pull()
+    with _client(server) as c:  # the server keeps serving
+        c.pull()
+    assert server.stats()["refused"] == {"auth": 1}
+
+
+def _raw_session(server: ParameterServer) -> tuple[socket.socket, bytes]:
+    sock = socket.create_connection(server.address, timeout=5)
+    nonce = bytearray(p.NONCE_BYTES)
+    p.recv_exact(sock, memoryview(nonce))
+    sock.sendall(p.challenge_answer(SECRET, bytes(nonce)))
+    return sock, p.session_key(SECRET, bytes(nonce))
+
+
+def _reply_status(sock: socket.socket) -> int:
+    raw = bytearray(p.HEADER.size)
+    p.recv_exact(sock, memoryview(raw))
+    return p.unpack(raw).op
+
+
+@pytest.mark.parametrize("make, reason", [
+    # A push declaring 1 TB: refused from the header, nothing allocated.
+    (lambda key: p.pack(p.Header(p.PUSH, 0, 1, 0, 1 << 40), key), "size"),
+    # A pull that claims a payload.
+    (lambda key: p.pack(p.Header(p.PULL, 0, 1, 0, 8), key), "size"),
+    # A header signed with the wrong key, and one replayed with an old sequence number.
+    (lambda key: p.pack(p.Header(p.PULL, 0, 1, 0, 0), b"x" * 32), "auth"),
+    (lambda key: p.pack(p.Header(p.PULL, 0, 7, 0, 0), key), "auth"),
+    # Garbage instead of a header, and an unknown op.
+    (lambda key: b"GET / HTTP/1.1\r\n" + b"\0" * (p.HEADER.size - 16), "frame"),
+    (lambda key: p.pack(p.Header(99, 0, 1, 0, 0), key), "frame"),
+])
+def test_bad_frames_are_refused_counted_and_the_server_keeps_serving(server, make, reason) -> None:  # type: ignore[no-untyped-def]
+    sock, key = _raw_session(server)
+    sock.sendall(make(key))
+    status = _reply_status(sock)
+    sock.close()
+    assert p.STATUS[status] == reason
+    assert server.stats()["refused"] == {reason: 1}
+    with _client(server) as c:
+        assert c.pull().shape == (N,)
+
+
+def test_truncated_push_is_counted_and_nothing_is_applied(server: ParameterServer) -> None:
+    sock, key = _raw_session(server)
+    sock.sendall(p.pack(p.Header(p.PUSH, 0, 1, 0, N * 4), key) + struct.pack("<10f", *range(10)))
+    sock.close()
+    with _client(server) as c:
+        assert not c.pull().any()
+        deadline_stats = c.stats()
+    assert deadline_stats["refused"] == {"truncated": 1} and server.clock == 0
+
+
+def test_stop_frees_the_port_even_with_clients_connected() -> None:
+    s = ParameterServer(np.zeros(N, np.float32), secret=SECRET).start()
+    port = s.port
+    c = _client(s)
+    c.pull()
+    s.stop()
+    with ParameterServer(np.zeros(N, np.float32), secret=SECRET, port=port) as again:
+        assert again.port == port
+    c.close()
+
+
+def _push_in_thread(client: Client, delta: np.ndarray) -> tuple[threading.Thread, list[np.ndarray]]:
+    got: list[np.ndarray] = []
+    t = threading.Thread(target=lambda: got.append(client.push_pull(delta).copy()), daemon=True)
+    t.start()
+    return t, got
+
+
+def test_a_worker_that_leaves_the_synchronous_rounds_does_not_hold_them_up() -> None:
+    # A timeout far beyond the joins below: a round that waited for it would fail the test.
+    with ParameterServer(np.zeros(N, np.float32), secret=SECRET, sync_workers=2, sync_timeout_s=600) as s:
+        a, b = _client(s, 0), _client(s, 1)
+        a.pull(), b.pull()
+        t, got = _push_in_thread(a, np.ones(N, np.float32))
+        b.push_pull(np.full(N, 3, np.float32))
+        t.join(30)
+        assert got and np.all(got[0] == 2)  # one round: the mean of both pushes
+        b.close()  # its partition ran out
+        t, got = _push_in_thread(a, np.full(N, 5, np.float32))
+        t.join(30)
+        assert got and np.all(got[0] == 7) and s.clock == 2  # a round of one
+        a.close()
+
+
+def test_expected_workers_set_the_round_size() -> None:
+    with ParameterServer(np.zeros(N, np.float32), secret=SECRET, sync_workers=2, sync_timeout_s=600) as s:
+        s.expect_workers(1)  # this job has one task
+        with _client(s) as c:
+            c.pull()
+            t, got = _push_in_thread(c, np.ones(N, np.float32))
+            t.join(30)
+        assert got and np.all(got[0] == 1) and s.clock == 1
+
+
+def test_checkpoint_carries_the_optimizer_and_restore_continues_its_path() -> None:
+    from pipeline.train import algorithms
+    from pipeline.train.model import ModelSpec
+
+    spec = ModelSpec("{}", "adam", "mse", ((N,),))
+    grads = np.random.default_rng(0).standard_normal((3, N)).astype(np.float32)
+
+    def server(algo: algorithms.Algorithm) -> ParameterServer:
+        algo.bind(spec)
+        return ParameterServer(np.zeros(N, np.float32), secret=SECRET, rule=algo.apply, state=algo, sync_workers=1)
+
+    with server(algorithms.get("sync")) as s, _client(s) as c:
+        c.pull()
+        for g in grads[:2]:
+            c.push_pull(g)
+        weights, clock, state = s.checkpoint()
+        expected = c.push_pull(grads[2]).copy()
+    assert clock == 2 and int(state["iterations"]) == 2 and state["m"].shape == (N,)
+    with server(algorithms.get("sync")) as s, _client(s) as c:
+        s.restore(weights, clock, state)
+        c.pull()
+        assert np.array_equal(c.push_pull(grads[2]), expected)  # Adam's moments came back too
+
+
+def _shm_files() -> set[str]:
+    return set(glob.glob(f"{shm.SHM_DIR}/{shm.PREFIX}*"))
+
+
+def test_a_worker_on_this_machine_maps_the_servers_file_and_no_name_is_left() -> None:
+    before = _shm_files()
+    with ParameterServer(np.zeros(N, np.float32), secret=SECRET) as s, _client(s) as c:
+        assert c.shared and s.stats()["shared_memory"] == 1
+        assert _shm_files() <= before  # unlinked once both sides mapped it
+        center = c.push_pull(np.full(N, 2, np.float32))
+        assert np.all(center == 2) and np.all(s.weights() == 2)
+    with ParameterServer(np.zeros(N, np.float32), secret=SECRET) as s, \
+            Client(s.address, secret=SECRET, worker=0, size=N, shared_memory=False) as c:
+        assert not c.shared and s.stats()["shared_memory"] == 0  # the worker may decline
+
+
+def test_a_wrong_cookie_withdraws_the_offer_and_shared_requests_are_then_refused(server: ParameterServer) -> None:
+    sock, key = _raw_session(server)
+    sock.sendall(p.pack(p.Header(p.ATTACH, 0, 1, 0, 0), key))
+    raw = bytearray(p.HEADER.size)
+    p.recv_exact(sock, memoryview(raw))
+    token = bytearray(p.unpack(raw).length)
+    p.recv_exact(sock, memoryview(token))
+    if server.shared_memory:
+        path = shm.path_of(token.decode())
+        assert os.path.isfile(path) and os.stat(path).st_mode & 0o777 == 0o600
+        # A worker on another machine reads no cookie (or another file's): it answers zeros.
+        sock.sendall(p.pack(p.Header(p.ATTACH, 0, 2, 0, p.COOKIE_BYTES), key) + bytes(p.COOKIE_BYTES))
+        p.recv_exact(sock, memoryview(raw))
+        assert p.unpack(raw).flags == 0 and not os.path.exists(path)
+    else:
+        assert not token  # nothing offered
+    sock.sendall(p.pack(p.Header(p.PULL, 0, 3 if server.shared_memory else 2, 0, 0, flags=p.SHARED), key))
+    assert p.STATUS[_reply_status(sock)] == "frame"
+    sock.close()
+    assert server.stats()["refused"] == {"frame": 1} and server.stats()["shared_memory"] == 0
+
+
+def test_a_shared_file_that_is_not_the_servers_is_refused(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    token = os.urandom(shm.TOKEN_BYTES).hex()
+    with pytest.raises(FileNotFoundError):  # the server is on another machine
+        shm.SharedBuffers.open(token, N)
+    path = shm.path_of(token)
+    with open(os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600), "wb") as f:
+        f.write(bytes(shm.file_bytes(N) - 4))  # one float short
+    try:
+        with pytest.raises(ProtocolError, match="not the parameter server's"):
+            shm.SharedBuffers.open(token, N)
+    finally:
+        os.unlink(path)
+
+
+def test_shared_memory_and_tcp_workers_meet_in_one_synchronous_round() -> None:
+    with ParameterServer(np.zeros(N, np.float32), secret=SECRET, sync_workers=2, sync_timeout_s=600) as s, \
+            _client(s, 0) as a, Client(s.address, secret=SECRET, worker=1, size=N, shared_memory=False) as b:
+        assert a.shared and not b.shared
+        a.pull(), b.pull()
+        t, got = _push_in_thread(a, np.ones(N, np.float32))
+        center = b.push_pull(np.full(N, 3, np.float32)).copy()
+        t.join(30)
+        assert got and np.array_equal(got[0], center) and np.all(center == 2) and s.clock == 1
+
+
+def test_a_starting_server_removes_shared_files_left_an_hour_ago() -> None:
+    old, new = (shm.path_of(os.urandom(shm.TOKEN_BYTES).hex()) for _ in range(2))
+    for path in (old, new):
+        os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600))
+    two_hours_ago = os.stat(old).st_mtime - 7200
+    os.utime(old, (two_hours_ago, two_hours_ago))
+    try:
+        with ParameterServer(np.zeros(N, np.float32), secret=SECRET):
+            assert not os.path.exists(old)
+            assert os.path.exists(new)  # maybe another server's, between its offer and the answer
+    finally:
+        for path in (old, new):
+            if os.path.exists(path):
+                os.unlink(path)
