@@ -22,8 +22,7 @@ from typing import Any
 
 from kafka import TopicPartition
 
-from pipeline import codec
-from pipeline.cluster import session as spark_mod
+from pipeline import cluster, codec
 from pipeline.ingest import microbatch as stream
 from pipeline.ingest.kafka import EmbeddedBroker, client
 from producers import Replay, datasets
@@ -81,7 +80,7 @@ def main() -> None:
         sets = {"mnist": datasets.get("mnist"), "higgs": datasets.get("higgs")}
         for name, data in sets.items():
             Replay(data, bootstrap=broker.bootstrap, topic=name, partitions=2, loop=True, limit=n).run()
-        spark = spark_mod.session("local[2]", app="bench-source")
+        spark = cluster.session("local[2]", app="bench-source")
         try:
             # Warm-up: Python workers start and import their modules once per session.
             stream_arm(spark, broker.bootstrap, "higgs", codec.HIGGS, n, args.per_batch)
@@ -96,7 +95,7 @@ def main() -> None:
                       f"{bare:,.0f} records/s; ratio {rps / bare:.2f}; trigger->handler ms {[round(o) for o in overhead]}",
                       flush=True)
         finally:
-            spark_mod.stop(spark)
+            cluster.stop(spark)
     ratio = statistics.median(r / b for r, b in results.values())
     print(f"source mnist_rps={results['mnist'][0]:.0f} higgs_rps={results['higgs'][0]:.0f} "
           f"ratio_vs_consumer={ratio:.2f} trigger_overhead_ms_p50={statistics.median(overheads):.0f}")

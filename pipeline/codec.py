@@ -105,18 +105,6 @@ def generic(n_features: int, num_classes: int) -> Schema:
     return Schema("generic", _GENERIC_ID, "float32", n_features, num_classes, (n_features,))
 
 
-def get_schema(name: str, **kwargs: Any) -> Schema:
-    """A schema by dataset name; ``generic`` needs ``n_features`` and ``num_classes``."""
-    if name == "generic":
-        return generic(**kwargs)
-    try:
-        return SCHEMAS[name]
-    except KeyError:
-        raise ConfigError(
-            f"Unknown dataset schema {name!r}; expected one of {sorted([*SCHEMAS, 'generic'])}."
-        ) from None
-
-
 def encode_block(features: np.ndarray, labels: np.ndarray, schema: Schema) -> np.ndarray:
     """Encode N records into an ``(N, record_bytes)`` uint8 array, one record a row.
 

@@ -71,11 +71,11 @@ def consume(broker: EmbeddedBroker) -> Callable[..., list]:  # type: ignore[type
 @pytest.fixture(scope="session")
 def spark():  # type: ignore[no-untyped-def]
     """A real local Spark (2 cores), once per session."""
-    from pipeline.cluster import session as spark_mod
+    from pipeline import cluster
 
-    s = spark_mod.session("local[2]", app="streamtrain-tests")
+    s = cluster.session("local[2]", app="streamtrain-tests")
     yield s
-    spark_mod.stop(s)
+    cluster.stop(s)
 
 
 def free_port() -> int:

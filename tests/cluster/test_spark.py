@@ -12,10 +12,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 _START = """
 import sys
-from pipeline.cluster import session as spark_mod
-s = spark_mod.session("local[1]", conf={"spark.driver.extraJavaOptions": sys.argv[1]})
+from pipeline import cluster
+s = cluster.session("local[1]", conf={"spark.driver.extraJavaOptions": sys.argv[1]})
 assert s.range(3).count() == 3
-spark_mod.stop(s)
+cluster.stop(s)
 """
 
 

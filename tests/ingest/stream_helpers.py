@@ -6,6 +6,7 @@ need not be importable there.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -37,7 +38,7 @@ class Recording(stream.Handler):
     def on_batch(self, info: stream.BatchInfo) -> None:
         if self.ledger:
             with open(self.ledger, "a") as f:
-                f.write(json.dumps({"batch_id": info.batch_id, "ranges": info.ranges, "rows": info.rows,
+                f.write(json.dumps({"batch_id": info.batch_id, "ranges": [dataclasses.astuple(r) for r in info.ranges], "rows": info.rows,
                                     "pid": os.getpid()}) + "\n")
                 f.flush()
                 os.fsync(f.fileno())
@@ -47,11 +48,10 @@ class Recording(stream.Handler):
 
 def child(bootstrap: str, topic: str, checkpoint: str, ledger: str, hang_on_batch: int) -> None:
     """A driver that stops (hangs) inside batch ``hang_on_batch``, waiting to be killed."""
-    from pipeline import codec
-    from pipeline.cluster import session as spark_mod
+    from pipeline import cluster, codec
 
     register()
-    spark = spark_mod.session("local[2]", app="streamtrain-child")
+    spark = cluster.session("local[2]", app="streamtrain-child")
     job = stream.StreamJob(spark, bootstrap=bootstrap, topics=[topic], schema=codec.HIGGS,
                            handler=Recording(ledger, hang_on_batch), checkpoint=checkpoint, source="python",
                            max_offsets_per_trigger=1000)

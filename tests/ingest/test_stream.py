@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import signal
@@ -11,6 +12,7 @@ import threading
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -20,6 +22,7 @@ from pipeline import codec
 from pipeline.ingest import microbatch as stream
 from pipeline.ingest import sources as source
 from pipeline.ingest.kafka import client
+from pipeline.ingest.offsets import OffsetRange
 from producers import Replay, datasets
 from tests.ingest import stream_helpers
 
@@ -47,6 +50,13 @@ def _job(spark, broker, topic: str, checkpoint: Path, **kwargs):  # type: ignore
                             handler=stream_helpers.Recording(), checkpoint=checkpoint, source="python", **kwargs)
 
 
+def _wait_until(predicate: Any, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
 def _ids(batches: list[stream.BatchInfo]) -> list[int]:
     return [i for b in batches for r in b.results for i in r["ids"]]
 
@@ -55,7 +65,8 @@ def _assert_contiguous(batches: list[stream.BatchInfo]) -> dict[tuple[str, int],
     """Each partition's ranges follow one another with no gap and no overlap; returns the ends."""
     ends: dict[tuple[str, int], int] = {}
     for b in batches:
-        for t, p, start, end in b.ranges:
+        for r in b.ranges:
+            t, p, start, end = r.topic, r.partition, r.start, r.end
             assert start == ends.get((t, p), 0), f"batch {b.batch_id}: {t}-{p} starts at {start}, not {ends.get((t, p), 0)}"
             assert end > start
             ends[(t, p)] = end
@@ -68,7 +79,8 @@ def test_every_record_exactly_once_across_runs(spark, broker, topic, tmp_path, h
     job = _job(spark, broker, topic, checkpoint, max_offsets_per_trigger=1000)
 
     def during() -> None:
-        time.sleep(3)
+        # More records arrive while the query runs: once it has handled a first batch.
+        _wait_until(lambda: bool(job.batches), 60, "a first batch")
         Replay(higgs, bootstrap=broker.bootstrap, topic=topic, split="test", partitions=3).run()
 
     feeder = threading.Thread(target=during)
@@ -101,12 +113,14 @@ def test_available_now_drains_and_stops(spark, broker, topic, tmp_path, higgs) -
 def test_no_batch_starts_before_prepare_returns(spark, broker, topic, tmp_path, higgs) -> None:  # type: ignore[no-untyped-def]
     produced = _replay(broker, topic, higgs, limit=800)
     ready: list[float] = []
+    checkpoint = tmp_path / "ckpt"
 
     def prepare() -> None:
-        time.sleep(4)  # the query starts and plans its first batch meanwhile
+        # Return only once the query has planned its first batch: it waits for us.
+        _wait_until(lambda: (checkpoint / "offsets" / "0").is_file(), 60, "batch 0 planned")
         ready.append(time.monotonic())
 
-    [batch] = _job(spark, broker, topic, tmp_path / "ckpt").run(max_batches=1, timeout_s=60, prepare=prepare)
+    [batch] = _job(spark, broker, topic, checkpoint).run(max_batches=1, timeout_s=60, prepare=prepare)
     assert batch.rows == produced and batch.started_at >= ready[0]
 
 
@@ -114,7 +128,7 @@ def test_a_failing_prepare_stops_the_query_and_commits_nothing(spark, broker, to
     produced = _replay(broker, topic, higgs, limit=800)
 
     def prepare() -> None:
-        time.sleep(3)
+        _wait_until(lambda: (tmp_path / "ckpt" / "offsets" / "0").is_file(), 60, "batch 0 planned")
         raise RuntimeError("the warm-up failed")
 
     job = _job(spark, broker, topic, tmp_path / "ckpt")
@@ -179,8 +193,8 @@ def test_restart_after_sigkill_mid_batch_replays_the_same_batch(spark, broker, t
     after = _job(spark, broker, topic, checkpoint, max_offsets_per_trigger=1000).run(max_batches=2, timeout_s=90)
     # The killed batch comes back with the same id and the same offsets; nothing is skipped.
     assert after[0].batch_id == 1
-    assert [list(r) for r in after[0].ranges] == before[1]["ranges"]
-    ranges = [tuple(r) for r in before[0]["ranges"]]
+    assert [list(dataclasses.astuple(r)) for r in after[0].ranges] == before[1]["ranges"]
+    ranges = [OffsetRange(*r) for r in before[0]["ranges"]]
     all_batches = [stream.BatchInfo(0, ranges, rows=before[0]["rows"]), *after]
     assert sum(_assert_contiguous(all_batches).values()) == produced
 

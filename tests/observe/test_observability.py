@@ -46,6 +46,16 @@ def _wait_for(predicate: Any, timeout_s: float, what: str, proc: subprocess.Pope
     raise AssertionError(f"timed out waiting for {what}")
 
 
+def _last_scrape(prometheus_url: str, job: str) -> float:
+    """When Prometheus last scraped ``job`` (Unix seconds; 0 before it has)."""
+    import json
+    import urllib.parse
+
+    query = urllib.parse.quote(f'timestamp(up{{job="{job}"}})')
+    result = json.loads(_get(f"{prometheus_url}/api/v1/query?query={query}"))["data"]["result"]
+    return max((float(r["value"][1]) for r in result), default=0.0)
+
+
 @pytest.fixture(scope="module")
 def scraped(broker, prometheus, data_dir, tmp_path_factory) -> dict[str, Any]:  # type: ignore[no-untyped-def]
     """A real HIGGS run, fed live by a rate-limited replay plus a few broken records,
@@ -96,7 +106,9 @@ def scraped(broker, prometheus, data_dir, tmp_path_factory) -> dict[str, Any]:  
         finally:
             if proc.poll() is None:
                 proc.kill()
-    time.sleep(1.5)  # one more scrape of the producer
+    # One more scrape of the producer once it is done, so its final counts are in Prometheus.
+    finished = time.time()
+    _wait_for(lambda: _last_scrape(prom.url, "streamtrain-producer") > finished, 30, "a last producer scrape")
     import json
 
     return {"prom": prom, "start": started, "end": time.time(), "out": out, "run_metrics": run_metrics[-1],

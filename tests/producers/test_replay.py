@@ -16,7 +16,7 @@ import pytest
 
 from pipeline import codec
 from pipeline.errors import BrokerError, ConfigError
-from pipeline.ingest.kafka import EmbeddedBroker
+from pipeline.ingest.kafka import EmbeddedBroker, client
 from pipeline.observe import metrics
 from producers import Replay, datasets
 
@@ -128,11 +128,14 @@ def _cli(*args: str, env: dict[str, str] | None = None, timeout: float = 120) ->
 
 
 def test_ctrl_c_flushes_and_reports(broker, topic, consume) -> None:  # type: ignore[no-untyped-def]
-    proc = subprocess.Popen([sys.executable, "-m", "producers", "higgs", "--topic", topic, "--rate", "500",
+    client.ensure_topic(broker.bootstrap, topic, partitions=2)
+    proc = subprocess.Popen([sys.executable, "-m", "pipeline", "produce", "higgs", "--topic", topic, "--rate", "500",
                              "--loop", "--bootstrap", broker.bootstrap], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
-    time.sleep(4)
-    proc.send_signal(signal.SIGINT)
+    try:
+        assert consume(topic, 1, timeout_s=60), "no record arrived"  # interrupted mid-send, once they flow
+    finally:
+        proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=30)
     assert proc.returncode == 130, err
     assert "(interrupted)" in out and "Traceback" not in err

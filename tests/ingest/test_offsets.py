@@ -1,0 +1,57 @@
+"""Offset planning and range merging: pure functions, no Spark or Kafka."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pipeline.ingest.offsets import OffsetRange, cap_offsets, merge_ranges, plan, split_ranges
+
+_parts = st.dictionaries(st.sampled_from(["0", "1", "2", "3"]), st.tuples(st.integers(0, 500), st.integers(0, 500)),
+                         min_size=1)
+
+
+def _offsets(parts: dict[str, tuple[int, int]]) -> tuple[dict, dict]:  # type: ignore[type-arg]
+    start = {"t": {p: min(a, b) for p, (a, b) in parts.items()}}
+    end = {"t": {p: max(a, b) for p, (a, b) in parts.items()}}
+    return start, end
+
+
+def test_a_partition_missing_from_the_start_is_read_from_zero() -> None:
+    assert plan({"t": {"0": 4}}, {"t": {"0": 9, "1": 3}, "u": {"0": 2}}) == [
+        OffsetRange("t", 0, 4, 9), OffsetRange("t", 1, 0, 3), OffsetRange("u", 0, 0, 2)]
+
+
+def test_empty_ranges_are_dropped_and_nothing_is_split_below_two_records() -> None:
+    assert plan({"t": {"0": 5}}, {"t": {"0": 5}}, min_partitions=4) == []
+    assert split_ranges([OffsetRange("t", 0, 0, 1)], 3) == [OffsetRange("t", 0, 0, 1)]
+
+
+@settings(max_examples=200, deadline=None)
+@given(_parts, st.integers(0, 12))
+def test_a_plan_covers_each_partition_exactly_and_merges_back(parts, min_partitions) -> None:  # type: ignore[no-untyped-def]
+    start, end = _offsets(parts)
+    ranges = plan(start, end, min_partitions=min_partitions)
+    whole = plan(start, end)
+    total = sum(end["t"][p] - start["t"][p] for p in parts)
+    assert sum(r.count for r in ranges) == total and all(r.count > 0 for r in ranges)
+    # As many tasks as asked, unless the records run out first.
+    assert len(ranges) >= min(min_partitions, total)
+    assert merge_ranges(ranges) == whole
+    assert merge_ranges(list(reversed(ranges))) == whole  # the order tasks finish in does not matter
+
+
+@settings(max_examples=200, deadline=None)
+@given(_parts, st.integers(1, 2000))
+def test_a_cap_takes_at_most_max_rows_and_never_goes_back(parts, max_rows) -> None:  # type: ignore[no-untyped-def]
+    start, end = _offsets(parts)
+    capped = cap_offsets(start, end, max_rows)
+    pending = sum(end["t"][p] - start["t"][p] for p in parts)
+    taken = sum(capped["t"][p] - start["t"][p] for p in parts)
+    assert taken == min(pending, max_rows)
+    assert all(start["t"][p] <= capped["t"][p] <= end["t"][p] for p in parts)
+
+
+def test_merging_keeps_gaps_and_partitions_apart() -> None:
+    ranges = [OffsetRange("t", 0, 0, 5), OffsetRange("t", 0, 6, 9), OffsetRange("t", 1, 5, 9)]
+    assert merge_ranges(ranges) == ranges
