@@ -1,24 +1,15 @@
 """The micro-batch driver: Kafka -> Spark Structured Streaming -> decoded blocks -> a handler.
 
-Per micro-batch (``foreachBatch(df, batch_id)``) the driver takes the batch's offsets
-from the query's offset log (Spark's write-ahead log: it wrote them before calling
-us, and replays a failed batch with the same id and offsets; the Python source's
-planner runs in a process of Spark's, so the log is the one record the driver can
-read), cuts them into ranges with the source's own planner
-(:func:`pipeline.ingest.offsets.plan`), decodes each range on an executor, sends
-rejected records to a dead-letter topic, and calls the handler:
-:meth:`Handler.process` on the executors with each decoded block, then
-:meth:`Handler.on_batch` on the driver with the batch's figures.
-
-With streamtrain's Python source each range is read by the task that processes it,
-so a task holds one Python worker, not one for the source and one for the handler;
-with Spark's JVM source the batch's DataFrame is decoded with ``mapInArrow``.
+Per micro-batch (``foreachBatch(df, batch_id)``) the driver runs the batch's tasks
+(:mod:`pipeline.ingest.tasks`: each decodes one offset range on an executor, sends
+rejected records to a dead-letter topic, and calls :meth:`Handler.process` with the
+decoded block), then calls :meth:`Handler.on_batch` with the batch's figures, before
+Spark commits the batch. It stops a query only between a batch's commit and the next.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import os
 import threading
@@ -27,13 +18,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pipeline import cluster, codec
+from pipeline import codec
 from pipeline.errors import ConfigError, StreamtrainError
 from pipeline.ingest import offsets, sources
-from pipeline.ingest.decode import Block, RangeFigures, decode_range
+from pipeline.ingest.decode import Block, RangeFigures
 from pipeline.ingest.lag import LagMonitor
 from pipeline.ingest.offsets import OffsetRange
-from pipeline.ingest.reader import read_range
+from pipeline.ingest.tasks import BatchTasks
 
 log = logging.getLogger(__name__)
 
@@ -110,20 +101,6 @@ class BatchInfo:
         return info
 
 
-def logged_offsets(checkpoint: str, batch_id: int) -> offsets.Offsets | None:
-    """The end offsets Spark logged for ``batch_id`` (its write-ahead log), or None;
-    for batch -1, the start the Python source kept for the query's first batch."""
-    if batch_id < 0:
-        path = Path(sources.initial_offsets_path(checkpoint))
-        return json.loads(path.read_text()) if path.is_file() else None
-    path = Path(checkpoint) / "offsets" / str(batch_id)
-    if not path.is_file():
-        return None
-    lines = path.read_text().splitlines()
-    # Line 1 is the log version, line 2 the batch metadata, then one offset per source.
-    return json.loads(lines[2]) if len(lines) > 2 and lines[2] != "-" else None
-
-
 class StreamJob:
     """Runs a streaming query whose micro-batches feed a :class:`Handler`.
 
@@ -177,6 +154,9 @@ class StreamJob:
         self.min_partitions = min_partitions or 0
         self.starting_offsets = starting_offsets
         self.dead_letter_topic = f"{topics[0]}.dlq" if dead_letter_topic is None else dead_letter_topic
+        self._tasks = BatchTasks(spark, bootstrap=bootstrap, schema=schema, handler=self.handler,
+                                 checkpoint=self.checkpoint, python_source=self.source_kind == "python",
+                                 min_partitions=self.min_partitions, dead_letter_topic=self.dead_letter_topic)
         self.on_lag = on_lag
         self.batches: list[BatchInfo] = []
         self._stop_requested = threading.Event()
@@ -187,38 +167,6 @@ class StreamJob:
         self._handled: dict[tuple[str, int], OffsetRange] = {}  # the last handled range per partition
 
     # --- per batch ---
-
-    def _planned_ranges(self, batch_id: int) -> list[OffsetRange]:
-        end = logged_offsets(self.checkpoint, batch_id)
-        if end is None:
-            raise StreamtrainError(f"No offsets logged for batch {batch_id} in {self.checkpoint}/offsets.")
-        start = logged_offsets(self.checkpoint, batch_id - 1) or {}
-        return offsets.plan(start, end, min_partitions=self.min_partitions)
-
-    def _run_tasks(self, df: Any, batch_id: int) -> list[RangeFigures]:
-        schema, handler = self.schema, self.handler
-        dead = (self.bootstrap, self.dead_letter_topic) if self.dead_letter_topic else None
-        if self.source_kind == "python":
-            ranges = self._planned_ranges(batch_id)
-            if ranges:
-                handler.on_tasks(len(ranges))
-            bootstrap = self.bootstrap
-
-            def task(r: OffsetRange) -> RangeFigures:
-                return decode_range(read_range(bootstrap, r), schema=schema, handler=handler, planned=r,
-                                    dead_letter=dead)
-
-            return cluster.run_on_executors(self.spark, ranges, task, description=f"streamtrain batch {batch_id}")
-
-        def arrow_task(batches: Any) -> Any:
-            import pyarrow as pa
-
-            figures = decode_range(batches, schema=schema, handler=handler, planned=None, dead_letter=dead)
-            yield pa.RecordBatch.from_pylist([{"figures": figures.to_json()}])
-
-        rows = df.mapInArrow(arrow_task, "figures string").collect()
-        figures = (RangeFigures.from_json(r["figures"], handler.result_type) for r in rows)
-        return [f for f in figures if f.rows]
 
     def _on_batch(self, df: Any, batch_id: int) -> None:
         self._prepared.wait()
@@ -231,7 +179,7 @@ class StreamJob:
                 log.info("batch %d was applied before a restart: skipped", batch_id)
                 return
             started, started_at = time.perf_counter(), time.monotonic()
-            info = BatchInfo.gather(batch_id, self._run_tasks(df, batch_id), started_at=started_at)
+            info = BatchInfo.gather(batch_id, self._tasks.run(df, batch_id), started_at=started_at)
             info.lag = self._lag.lag(info.ranges) if self._lag else {}
             info.batch_s = time.perf_counter() - started
             self.handler.on_batch(info)

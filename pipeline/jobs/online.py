@@ -21,6 +21,7 @@ import logging
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,7 @@ from pipeline.errors import ConfigError
 from pipeline.ingest import microbatch
 from pipeline.ingest.offsets import OffsetRange
 from pipeline.jobs.replay_process import ReplayProcess
-from pipeline.jobs.report import BatchRow, RunReport
+from pipeline.jobs.report import BatchRow, History, RunReport
 from pipeline.jobs.run_config import RunConfig
 from pipeline.jobs.run_metrics import RunMetrics
 from pipeline.observe import metrics
@@ -58,15 +59,12 @@ class Run:
         self.metrics = RunMetrics(dataset=cfg.dataset, algorithm=cfg.algorithm, topic=self.topic,
                                   workers=cfg.workers)
         self.meters = self.metrics.meters
-        self.history: list[BatchRow] = []
+        self.history = History()
         self.state: checkpoint.State | None = None
         self.replay: ReplayProcess | None = None
         self._started = time.monotonic()
-        self._first_batch_at: float | None = None
         self._ready_at = 0.0
-        self._last_batch_at = 0.0
         self._stop_reason = ""
-        self._eval_s = 0.0
         self._cores = 1
         self._server: Any = None
         self._evaluation: Any = None
@@ -85,31 +83,29 @@ class Run:
             self._server.expect_workers(min(n, self._cores))
 
     def on_batch(self, info: microbatch.BatchInfo) -> None:
-        assert self.state is not None
-        if self._first_batch_at is None:
-            self._first_batch_at = info.started_at
+        history = self.history
+        if history.first_batch_at is None:
+            history.first_batch_at = info.started_at
         weights, clock, optimizer = self._server.checkpoint()
         row = BatchRow.from_batch(info, t=time.monotonic() - self._started, clock=clock)
-        if (len(self.history) + 1) % self.cfg.eval_every == 0:
+        if (len(history.rows) + 1) % self.cfg.eval_every == 0:
             began = time.monotonic()
             row.heldout = self._evaluation.score(weights)
-            self._eval_s += time.monotonic() - began
+            history.eval_s += time.monotonic() - began
         # Streaming time so far, and the part of it spent scoring the held-out split here.
-        row.t_stream = round(time.monotonic() - self._first_batch_at, 3)
-        row.eval_s_total = round(self._eval_s, 3)
-        self._last_batch_at = time.monotonic()
-        self.history.append(row)
-        self._save(info, weights, clock, optimizer, trained=row.trained)
+        row.t_stream = round(time.monotonic() - history.first_batch_at, 3)
+        row.eval_s_total = round(history.eval_s, 3)
+        history.add(row, ended_at=time.monotonic())
+        self._save(info, weights, clock, optimizer, trained=row.trained)  # before Spark commits the batch
         self.metrics.on_batch(info, row)
-        elapsed = max(1e-9, time.monotonic() - (self._first_batch_at or self._started))
-        print(row.status(total=self._trained_total(), per_s=self._trained_here() / elapsed), flush=True)
+        elapsed = max(1e-9, time.monotonic() - history.first_batch_at)
+        print(row.status(total=self._trained_total(), per_s=history.trained() / elapsed), flush=True)
         held = (row.heldout or {}).get("accuracy")
         if self.cfg.until_accuracy is not None and held is not None and held >= self.cfg.until_accuracy:
             self._stop_reason = f"held-out accuracy {held:.4f} reached --until-accuracy {self.cfg.until_accuracy}"
 
     def _save(self, info: microbatch.BatchInfo, weights: Any, clock: int, optimizer: dict[str, Any], *,
               trained: int) -> None:
-        """Checkpoint the batch (before Spark commits it)."""
         assert self.state is not None
         state = self.state
         state.weights, state.clock, state.last_batch_id, state.optimizer = weights, clock, info.batch_id, optimizer
@@ -117,15 +113,13 @@ class Run:
         state.extra = {"trained": state.extra.get("trained", 0) + trained}
         checkpoint.save(self.out, state)
 
-    # --- when to stop ---
-
     def _until(self) -> bool:
+        """Whether to stop: a reason was found, or the replay is over and all it sent is handled."""
         if self._stop_reason:
             return True
-        # The end of the data: the replay is done and everything it sent is trained.
         if self.replay is not None and self.replay.done():
             assert self.replay.sent is not None
-            if self._trained_total() + self._rejected() >= self.replay.sent:
+            if self._trained_total() + self.history.rejected() >= self.replay.sent:
                 self._stop_reason = "all produced records trained"
                 return True
         return False
@@ -133,22 +127,54 @@ class Run:
     def _trained_total(self) -> int:
         return int(self.state.extra.get("trained", 0)) if self.state is not None else 0
 
-    def _trained_here(self) -> int:
-        """Records trained since this process started (a resumed run counts from its resume)."""
-        return sum(b.trained for b in self.history)
-
-    def _rejected(self) -> int:
-        return sum(sum(b.rejected.values()) for b in self.history)
-
     # --- the whole run ---
 
+    def execute(self) -> RunReport:
+        from producers import datasets
+
+        cfg = self.cfg
+        prior = self._check_out()
+        with contextlib.ExitStack() as stack:
+            # Describing the model (a child process imports TensorFlow), starting the broker
+            # and the replay, and starting Spark's JVM each take seconds: they overlap.
+            probe = Probe(cfg.model, cfg.dataset, optimizer=self.algorithm.worker_optimizer, loss=self.algorithm.loss,
+                          folder=Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="streamtrain-model-"))))
+            stack.callback(probe.cancel)
+            data = datasets.get(cfg.dataset, data_dir=self._data_dir())
+            served = metrics.serve(self.meters.registry, host=config.settings().metrics_host, port=cfg.metrics_port)
+            log.info("metrics at %s", served.url)
+            stack.callback(served.stop)
+            bootstrap = self._start_broker_and_replay(stack)
+            spark = cluster.session(cfg.master, app=f"streamtrain-{cfg.dataset}")
+            stack.callback(cluster.stop, spark)  # after a first run, builds the JVM's class archive
+            spec, initial = probe.result()
+            self.state = prior or checkpoint.State(initial)
+            job, warm_up = self._stream_job(stack, spark, spec, data, bootstrap)
+            job.run(max_batches=cfg.max_batches, timeout_s=cfg.timeout_s, until=self._until, prepare=warm_up)
+            # Start-up: everything before the first micro-batch starts training (Spark's
+            # session, the broker, the workers' warm-up, the query's start).
+            startup_s = (self.history.first_batch_at or self._ready_at) - self._started
+            final_weights, _ = self._server.snapshot()
+            ps_stats = self._server.stats()
+            final = self._evaluation.score(final_weights)
+            self._evaluation.save_model(final_weights, self.out / "model.keras")
+        report = self._report(final, startup_s, ps_stats)
+        self._plot(report)
+        (self.out / "report.json").write_text(json.dumps(report.to_dict(), indent=2, default=float))
+        return report
+
     def _check_out(self) -> checkpoint.State | None:
-        """The checkpoint to resume, after checking the output folder fits the options."""
+        """Check the output folder and Kafka fit the options; the checkpoint to resume."""
+        from pipeline.ingest.kafka import client
+
         prior = checkpoint.load(self.out) if self.cfg.resume else None
         if self.cfg.resume and prior is None:
             raise ConfigError(f"Nothing to resume in {self.out}: no {checkpoint.FILENAME} there.")
         if not self.cfg.resume and (self.out / checkpoint.FILENAME).exists():
             raise ConfigError(f"{self.out} holds a previous run; pass --resume to continue it, or another --out.")
+        self.out.mkdir(parents=True, exist_ok=True)
+        if self.cfg.bootstrap:
+            client.check_reachable(client.parse_bootstrap(self.cfg.bootstrap))
         return prior
 
     def _data_dir(self) -> Path:
@@ -174,101 +200,71 @@ class Run:
             stack.callback(self.replay.stop)
         return bootstrap
 
-    def execute(self) -> RunReport:
-        from pipeline.ingest.kafka import client
+    def _stream_job(self, stack: contextlib.ExitStack, spark: Any, spec: Any, data: Any,
+                    bootstrap: str) -> tuple[microbatch.StreamJob, Callable[[], None]]:
+        """The parameter server, the held-out evaluation and the query, wired to this run;
+        and the warm-up of the workers, to run while the query starts."""
         from pipeline.train.center import parameter_server
         from pipeline.train.evaluation import Evaluation
         from pipeline.train.handler import TrainHandler
         from pipeline.train.partition import ServerInfo
         from pipeline.train.warmup import warm_up
-        from producers import datasets
 
-        cfg, settings = self.cfg, config.settings()
-        prior = self._check_out()
-        self.out.mkdir(parents=True, exist_ok=True)
-        if cfg.bootstrap:
-            client.check_reachable(client.parse_bootstrap(cfg.bootstrap))
-        with contextlib.ExitStack() as stack:
-            # Describing the model (a child process imports TensorFlow), starting the broker
-            # and the replay, and starting Spark's JVM each take seconds: they overlap.
-            probe = Probe(cfg.model, cfg.dataset, optimizer=self.algorithm.worker_optimizer, loss=self.algorithm.loss,
-                          folder=Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="streamtrain-model-"))))
-            stack.callback(probe.cancel)
-            data = datasets.get(cfg.dataset, data_dir=self._data_dir())
-            test = data.load("test")
-            served = metrics.serve(self.meters.registry, host=settings.metrics_host, port=cfg.metrics_port)
-            log.info("metrics at %s", served.url)
-            stack.callback(served.stop)
-            bootstrap = self._start_broker_and_replay(stack)
+        assert self.state is not None
+        cfg, state = self.cfg, self.state
+        self._cores = int(spark.sparkContext.defaultParallelism)
+        threads = cluster.task_threads(spark, cfg.workers)
+        server = self._server = parameter_server(
+            self.algorithm, spec, state.weights, host=cluster.driver_host(spark),
+            shared_memory=config.settings().ps_shared_memory, on_request=self.metrics.on_ps_request)
+        server.restore(state.weights, state.clock, state.optimizer)
+        self.metrics.restore_clock(state.clock)
+        stack.enter_context(server)
+        handler = TrainHandler(
+            spec=spec, algorithm=algorithms.serialize(self.algorithm),
+            server=ServerInfo(server.host, server.port, server.secret), job=uuid.uuid4().hex,
+            threads=threads, seed=cfg.seed or 0, driver=self,  # a replayed batch trains in the same order
+        )
+        test = data.load("test")
+        n_eval = min(len(test.y), cfg.eval_max)
+        self._evaluation = Evaluation(spark, spec, schema=data.schema, x=test.x[:n_eval], y=test.y[:n_eval],
+                                      job=handler.job, threads=threads, shards=cfg.workers)
+        stack.callback(self._evaluation.close)
+        job = microbatch.StreamJob(
+            spark, bootstrap=bootstrap, topics=[self.topic], schema=data.schema, handler=handler,
+            checkpoint=self.out / "spark-checkpoint", max_offsets_per_trigger=cfg.max_offsets_per_trigger,
+            min_partitions=cfg.workers, on_lag=self.metrics.on_lag)
 
-            spark = cluster.session(cfg.master, app=f"streamtrain-{cfg.dataset}")
-            stack.callback(cluster.stop, spark)  # after a first run, builds the JVM's class archive
-            spec, initial = probe.result()
-            self._cores = int(spark.sparkContext.defaultParallelism)
-            threads = cluster.task_threads(spark, cfg.workers)
-            self.state = prior or checkpoint.State(initial)
-            server = self._server = parameter_server(
-                self.algorithm, spec, self.state.weights, host=cluster.driver_host(spark),
-                shared_memory=settings.ps_shared_memory, on_request=self.metrics.on_ps_request)
-            server.restore(self.state.weights, self.state.clock, self.state.optimizer)
-            self.metrics.restore_clock(self.state.clock)
-            stack.enter_context(server)
-            handler = TrainHandler(
-                spec=spec, algorithm=algorithms.serialize(self.algorithm),
-                server=ServerInfo(server.host, server.port, server.secret), job=uuid.uuid4().hex,
-                threads=threads, seed=cfg.seed or 0, driver=self,  # a replayed batch trains in the same order
-            )
-            n_eval = min(len(test.y), cfg.eval_max)
-            self._evaluation = Evaluation(spark, spec, schema=data.schema, x=test.x[:n_eval], y=test.y[:n_eval],
-                                          job=handler.job, threads=threads, shards=cfg.workers)
-            stack.callback(self._evaluation.close)
-            job = microbatch.StreamJob(
-                spark, bootstrap=bootstrap, topics=[self.topic], schema=data.schema, handler=handler,
-                checkpoint=self.out / "spark-checkpoint", max_offsets_per_trigger=cfg.max_offsets_per_trigger,
-                min_partitions=cfg.workers, on_lag=self.metrics.on_lag,
-            )
+        def prepare() -> None:
+            warm_up(spark, spec, handler.job, workers=cfg.workers, threads=threads,
+                    batch=self.algorithm.worker_batch_size, gradients=self.algorithm.pushes_gradients)
+            self._ready_at = time.monotonic()
 
-            def prepare() -> None:
-                warm_up(spark, spec, handler.job, workers=cfg.workers, threads=threads,
-                        batch=self.algorithm.worker_batch_size, gradients=self.algorithm.pushes_gradients)
-                self._ready_at = time.monotonic()
-
-            job.run(max_batches=cfg.max_batches, timeout_s=cfg.timeout_s, until=self._until, prepare=prepare)
-            # Start-up: everything before the first micro-batch starts training (Spark's
-            # session, the broker, the workers' warm-up, the query's start).
-            startup_s = (self._first_batch_at or self._ready_at) - self._started
-            final_weights, _ = server.snapshot()
-            ps_stats = server.stats()
-            final = self._evaluation.score(final_weights)
-            self._evaluation.save_model(final_weights, self.out / "model.keras")
-        report = self._report(final, startup_s, ps_stats)
-        self._plot(report)
-        (self.out / "report.json").write_text(json.dumps(report.to_dict(), indent=2, default=float))
-        return report
+        return job, prepare
 
     def _report(self, final: dict[str, float], startup_s: float, ps_stats: dict[str, Any]) -> RunReport:
         assert self.state is not None
-        here = self._trained_here()
-        span = (self._last_batch_at - self._first_batch_at) if self._first_batch_at else 0.0
+        history = self.history
+        here, span = history.trained(), history.span_s()
         return RunReport(
             settings=dataclasses.asdict(self.cfg), algorithm=algorithms.serialize(self.algorithm), topic=self.topic,
             out=str(self.out), startup_s=round(startup_s, 2), trained_records=self._trained_total(),
-            trained_this_session=here, rejected_records=self._rejected(), train_seconds=round(span, 2),
+            trained_this_session=here, rejected_records=history.rejected(), train_seconds=round(span, 2),
             records_per_s=round(here / span, 1) if span else 0.0,
-            records_per_s_excluding_eval=round(here / (span - self._eval_s), 1) if span > self._eval_s else 0.0,
+            records_per_s_excluding_eval=round(here / (span - history.eval_s), 1) if span > history.eval_s else 0.0,
             stopped_because=self._stop_reason or "limit (--max-batches / --timeout)", final=final,
-            batches=self.history, ledger=self.state.ledger,
+            batches=history.rows, ledger=self.state.ledger,
             parameter_server={k: ps_stats.get(k) for k in ("ops", "shared_memory", "refused")},
         )
 
     def _plot(self, report: RunReport) -> None:
-        if not self.history:
+        if not self.history.rows:
             return
         from pipeline.observe import report_plot
 
         cfg, path = self.cfg, self.out / "report.png"
         try:
-            report_plot.report_plots([row.to_dict() for row in self.history], path,
+            report_plot.report_plots([row.to_dict() for row in self.history.rows], path,
                                      title=f"{cfg.dataset} with {cfg.algorithm}, {cfg.workers} workers ({self.out.name})")
             report.plots = str(path)
         except Exception as e:  # the model and the report matter more than a picture

@@ -90,6 +90,31 @@ class BatchRow:
         return " | ".join(parts)
 
 
+class History:
+    """The rows of the batches this process trained, and the times the report needs."""
+
+    def __init__(self) -> None:
+        self.rows: list[BatchRow] = []
+        self.eval_s = 0.0  # scoring the held-out split, between batches
+        self.first_batch_at: float | None = None  # time.monotonic() when the first batch began
+        self.last_batch_at = 0.0  # and when the last one ended
+
+    def add(self, row: BatchRow, *, ended_at: float) -> None:
+        self.rows.append(row)
+        self.last_batch_at = ended_at
+
+    def trained(self) -> int:
+        """Records trained since this process started (a resumed run counts from its resume)."""
+        return sum(row.trained for row in self.rows)
+
+    def rejected(self) -> int:
+        return sum(sum(row.rejected.values()) for row in self.rows)
+
+    def span_s(self) -> float:
+        """Streaming time: from the first batch to the end of the last one."""
+        return self.last_batch_at - self.first_batch_at if self.first_batch_at is not None else 0.0
+
+
 @dataclasses.dataclass
 class RunReport:
     """The end of a run: settings, totals, speed, final scores, every batch and the ledger.

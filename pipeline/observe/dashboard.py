@@ -29,7 +29,7 @@ DATASOURCE_UID = "streamtrain-prometheus"
 DASHBOARD_UID = "streamtrain-overview"
 TITLE = "streamtrain: online training"
 #: Where the committed dashboard lives in a checkout (Grafana provisions it from there).
-DEFAULT_FILE = Path(__file__).resolve().parents[1] / "dashboards" / "streamtrain.json"
+DEFAULT_FILE = Path(__file__).resolve().parents[2] / "dashboards" / "streamtrain.json"
 
 _RATE = "[$__rate_interval]"
 

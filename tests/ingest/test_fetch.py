@@ -13,7 +13,8 @@ from kafka import KafkaProducer, TopicPartition
 
 from pipeline.errors import BrokerError
 from pipeline.ingest.kafka import client
-from pipeline.ingest.kafka.fetch import RangeReader, _varints, parse_batches
+from pipeline.ingest.kafka.fetch import RangeReader
+from pipeline.ingest.kafka.record_batch import _varints, parse_batches
 
 
 def _produce(bootstrap: str, topic: str, n: int, **config: object) -> None:

@@ -1,0 +1,95 @@
+"""One micro-batch's tasks: which ranges, read and decoded where, and their figures back.
+
+With streamtrain's Python source the driver plans the batch's ranges itself from
+the offsets Spark logged for it (its write-ahead log: Spark wrote them before calling
+foreachBatch and replays a failed batch with the same id and offsets; the source's
+own planner runs in a process of Spark's, so the log is the one record the driver
+can read) with the same planner as the source, :func:`pipeline.ingest.offsets.plan`;
+each task then reads its range and processes it in one Python worker. With Spark's
+JVM source the batch's DataFrame is decoded with ``mapInArrow``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pipeline import cluster, codec
+from pipeline.errors import StreamtrainError
+from pipeline.ingest import offsets, sources
+from pipeline.ingest.decode import RangeFigures, decode_range
+from pipeline.ingest.offsets import OffsetRange
+from pipeline.ingest.reader import read_range
+
+if TYPE_CHECKING:
+    from pipeline.ingest.microbatch import Handler
+
+
+def logged_offsets(checkpoint: str, batch_id: int) -> offsets.Offsets | None:
+    """The end offsets Spark logged for ``batch_id`` (its write-ahead log), or None;
+    for batch -1, the start the Python source kept for the query's first batch."""
+    if batch_id < 0:
+        path = Path(sources.initial_offsets_path(checkpoint))
+        return json.loads(path.read_text()) if path.is_file() else None
+    path = Path(checkpoint) / "offsets" / str(batch_id)
+    if not path.is_file():
+        return None
+    lines = path.read_text().splitlines()
+    # Line 1 is the log version, line 2 the batch metadata, then one offset per source.
+    return json.loads(lines[2]) if len(lines) > 2 and lines[2] != "-" else None
+
+
+class BatchTasks:
+    """Runs a micro-batch's tasks and collects their figures.
+
+    Args:
+        spark: the SparkSession.
+        bootstrap: Kafka ``host:port``.
+        schema: the record layout to decode.
+        handler: what processes each decoded block.
+        checkpoint: the query's checkpoint folder (where Spark logs each batch's offsets).
+        python_source: whether the query reads with streamtrain's Python source.
+        min_partitions: split ranges so a batch has at least this many tasks.
+        dead_letter_topic: where rejected records go ("" for nowhere).
+    """
+
+    def __init__(self, spark: Any, *, bootstrap: str, schema: codec.Schema, handler: Handler, checkpoint: str,
+                 python_source: bool, min_partitions: int, dead_letter_topic: str) -> None:
+        self.spark, self.bootstrap, self.schema, self.handler = spark, bootstrap, schema, handler
+        self.checkpoint, self.python_source, self.min_partitions = checkpoint, python_source, min_partitions
+        self.dead_letter = (bootstrap, dead_letter_topic) if dead_letter_topic else None
+
+    def planned_ranges(self, batch_id: int) -> list[OffsetRange]:
+        """The ranges of ``batch_id``, as the Python source planned them."""
+        end = logged_offsets(self.checkpoint, batch_id)
+        if end is None:
+            raise StreamtrainError(f"No offsets logged for batch {batch_id} in {self.checkpoint}/offsets.")
+        start = logged_offsets(self.checkpoint, batch_id - 1) or {}
+        return offsets.plan(start, end, min_partitions=self.min_partitions)
+
+    def run(self, df: Any, batch_id: int) -> list[RangeFigures]:
+        """Process the batch ``df`` (id ``batch_id``); one figure per task that read records."""
+        schema, handler, dead = self.schema, self.handler, self.dead_letter
+        if self.python_source:
+            ranges = self.planned_ranges(batch_id)
+            if ranges:
+                handler.on_tasks(len(ranges))
+            bootstrap = self.bootstrap
+
+            def task(r: OffsetRange) -> RangeFigures:
+                return decode_range(read_range(bootstrap, r), schema=schema, handler=handler, planned=r,
+                                    dead_letter=dead)
+
+            return cluster.run_on_executors(self.spark, ranges, task, description=f"streamtrain batch {batch_id}")
+
+        def arrow_task(batches: Iterator[Any]) -> Iterator[Any]:
+            import pyarrow as pa
+
+            figures = decode_range(batches, schema=schema, handler=handler, planned=None, dead_letter=dead)
+            yield pa.RecordBatch.from_pylist([{"figures": figures.to_json()}])
+
+        rows = df.mapInArrow(arrow_task, "figures string").collect()
+        figures = (RangeFigures.from_json(r["figures"], handler.result_type) for r in rows)
+        return [f for f in figures if f.rows]
