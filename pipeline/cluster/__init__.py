@@ -4,7 +4,7 @@ and running a function on the executors.
 Importing the package is cheap; pyspark loads when a session starts.
 """
 
-from pipeline.cluster.executors import driver_host, run_on_executors, task_threads
+from pipeline.cluster.executors import driver_host, local_slots, run_on_executors, task_threads
 from pipeline.cluster.session import session, stop
 
-__all__ = ["driver_host", "run_on_executors", "session", "stop", "task_threads"]
+__all__ = ["driver_host", "local_slots", "run_on_executors", "session", "stop", "task_threads"]

@@ -36,6 +36,33 @@ def driver_host(spark: Any) -> str:
     return str(spark.conf.get("spark.driver.host"))
 
 
+def local_slots(master: str, workers: int, cores: int) -> tuple[str, str | None]:
+    """The master to start for ``workers`` replicas, and a warning where they cannot all run at once.
+
+    Spark's ``local[*]`` has one task slot per core, so 4 workers on 2 cores would train 2
+    at a time and staleness would show half of what 4 concurrent replicas give. In local
+    mode with ``*`` the run takes a slot per worker (they share the cores, one TensorFlow
+    thread each); a fixed ``local[N]`` below the workers is kept, with a warning.
+
+    >>> local_slots("local[*]", 4, 2)
+    ('local[4]', None)
+    >>> local_slots("local[*]", 2, 8)
+    ('local[*]', None)
+    >>> local_slots("local[2]", 4, 8)[1]
+    'local[2] has 2 task slots for 4 workers: only 2 replicas train at a time (pass --master local[4])'
+    """
+    if not master.startswith("local"):
+        return master, None
+    inner = master[len("local["):-1] if master.startswith("local[") else "1"
+    slots = cores if inner == "*" else int(inner.split(",")[0]) if inner.split(",")[0].isdigit() else cores
+    if slots >= workers:
+        return master, None
+    if inner == "*":
+        return f"local[{workers}]", None
+    return master, (f"{master} has {slots} task slots for {workers} workers: only {slots} replicas train at a "
+                    f"time (pass --master local[{workers}])")
+
+
 def task_threads(spark: Any, workers: int) -> int:
     """TensorFlow threads for each of ``workers`` concurrent tasks: the cores Spark has, shared."""
     return max(1, int(spark.sparkContext.defaultParallelism) // workers)

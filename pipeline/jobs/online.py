@@ -18,6 +18,8 @@ import contextlib
 import dataclasses
 import json
 import logging
+import os
+import shutil
 import tempfile
 import time
 import uuid
@@ -132,20 +134,35 @@ class Run:
     def execute(self) -> RunReport:
         from producers import datasets
 
-        cfg = self.cfg
         prior = self._check_out()
+        data = datasets.get(self.cfg.dataset, data_dir=self._data_dir())  # its files, before anything starts
+        created = not self.out.exists()
+        self.out.mkdir(parents=True, exist_ok=True)
+        try:
+            return self._execute(prior, data)
+        except ConfigError:
+            # A model that fails to build (found once it is built, in parallel with the
+            # start-up) leaves no folder behind, as a bad option found earlier does.
+            if created and not (self.out / checkpoint.FILENAME).exists():
+                shutil.rmtree(self.out, ignore_errors=True)
+            raise
+
+    def _execute(self, prior: checkpoint.State | None, data: Any) -> RunReport:
+        cfg = self.cfg
         with contextlib.ExitStack() as stack:
             # Describing the model (a child process imports TensorFlow), starting the broker
             # and the replay, and starting Spark's JVM each take seconds: they overlap.
             probe = Probe(cfg.model, cfg.dataset, optimizer=self.algorithm.worker_optimizer, loss=self.algorithm.loss,
                           folder=Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="streamtrain-model-"))))
             stack.callback(probe.cancel)
-            data = datasets.get(cfg.dataset, data_dir=self._data_dir())
             served = metrics.serve(self.meters.registry, host=config.settings().metrics_host, port=cfg.metrics_port)
             log.info("metrics at %s", served.url)
             stack.callback(served.stop)
             bootstrap = self._start_broker_and_replay(stack)
-            spark = cluster.session(cfg.master, app=f"streamtrain-{cfg.dataset}")
+            master, short = cluster.local_slots(cfg.master, cfg.workers, os.cpu_count() or 1)
+            if short:
+                log.warning("%s", short)
+            spark = cluster.session(master, app=f"streamtrain-{cfg.dataset}")
             stack.callback(cluster.stop, spark)  # after a first run, builds the JVM's class archive
             spec, initial = probe.result()
             self.state = prior or checkpoint.State(initial)
@@ -157,7 +174,11 @@ class Run:
             final_weights, _ = self._server.snapshot()
             ps_stats = self._server.stats()
             final = self._evaluation.score(final_weights)
+            self.metrics.on_final(final)
             self._evaluation.save_model(final_weights, self.out / "model.keras")
+            # A run watched by Prometheus stays up for one more scrape, so its final
+            # figures are recorded; an unwatched one does not wait.
+            served.await_scrape()
         report = self._report(final, startup_s, ps_stats)
         self._plot(report)
         (self.out / "report.json").write_text(json.dumps(report.to_dict(), indent=2, default=float))
@@ -172,7 +193,6 @@ class Run:
             raise ConfigError(f"Nothing to resume in {self.out}: no {checkpoint.FILENAME} there.")
         if not self.cfg.resume and (self.out / checkpoint.FILENAME).exists():
             raise ConfigError(f"{self.out} holds a previous run; pass --resume to continue it, or another --out.")
-        self.out.mkdir(parents=True, exist_ok=True)
         if self.cfg.bootstrap:
             client.check_reachable(client.parse_bootstrap(self.cfg.bootstrap))
         return prior
@@ -255,6 +275,8 @@ class Run:
             stopped_because=self._stop_reason or "limit (--max-batches / --timeout)", final=final,
             batches=history.rows, ledger=self.state.ledger,
             parameter_server={k: ps_stats.get(k) for k in ("ops", "shared_memory", "refused")},
+            parallelism={"workers": self.cfg.workers, "task_slots": self._cores,
+                         "concurrent_replicas": min(self.cfg.workers, self._cores)},
         )
 
     def _plot(self, report: RunReport) -> None:
@@ -264,8 +286,10 @@ class Run:
 
         cfg, path = self.cfg, self.out / "report.png"
         try:
-            report_plot.report_plots([row.to_dict() for row in self.history.rows], path,
-                                     title=f"{cfg.dataset} with {cfg.algorithm}, {cfg.workers} workers ({self.out.name})")
+            report_plot.report_plots(
+                [row.to_dict() for row in self.history.rows], path, final=report.final.get("accuracy"),
+                eval_every=cfg.eval_every, eval_records=len(self._evaluation.y),
+                title=f"{cfg.dataset} with {cfg.algorithm}, {cfg.workers} workers ({self.out.name})")
             report.plots = str(path)
         except Exception as e:  # the model and the report matter more than a picture
             log.warning("could not draw the report plots: %s: %s", type(e).__name__, e)

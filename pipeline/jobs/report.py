@@ -140,6 +140,7 @@ class RunReport:
     batches: list[BatchRow]
     ledger: list[list[Any]]
     parameter_server: dict[str, Any]  # how workers connected, and any request refused
+    parallelism: dict[str, int]  # workers asked for, Spark's task slots, replicas that trained at once
     plots: str | None = None
 
     def to_dict(self) -> dict[str, Any]:

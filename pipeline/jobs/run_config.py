@@ -54,3 +54,7 @@ class RunConfig:
             raise ConfigError(f"Expected --until-accuracy in (0, 1]. Received: {self.until_accuracy}")
         if self.resume and not self.out:
             raise ConfigError("--resume needs the run's output folder.")
+        if self.model is not None:
+            from pipeline.train.probe import check_source
+
+            check_source(self.model)

@@ -44,6 +44,10 @@ class RunMetrics:
             topic, _, part = tp.rpartition("-")
             self.meters.consumer_lag.labels(topic, part).set(n)
 
+    def on_final(self, scores: dict[str, float]) -> None:
+        """The held-out score after the last batch (it may come after the last scored batch)."""
+        self.meters.heldout_accuracy.set(scores["accuracy"])
+
     def skipped(self) -> None:
         self.meters.batches_skipped.inc()
 

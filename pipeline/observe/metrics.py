@@ -8,11 +8,17 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import time
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 from pipeline.errors import ConfigError
+
+#: Staleness is a whole number of updates. Histogram quantiles interpolate inside a bucket,
+#: so each bound k has a bucket (k - 0.01, k] of its own: a constant staleness k reads as k
+#: (within 0.01), where buckets (0, 1] made a constant 1 read p50 0.5 and p99 0.99.
+_INTEGER_BUCKETS = (0.0, *(b for k in (1, 2, 3, 4, 6, 8, 12, 16, 32, 64) for b in (k - 0.01, k)))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,7 +99,7 @@ def training_metrics() -> TrainingMetrics:
         consumer_lag=Gauge("streamtrain_stream_consumer_lag_records",
                            "Records in Kafka not yet trained, per partition.", ["topic", "partition"], registry=reg),
         staleness=Histogram("streamtrain_ps_staleness_updates", "Updates applied between a worker's pull and push.",
-                            buckets=(0, 1, 2, 3, 4, 6, 8, 12, 16, 32, 64), registry=reg),
+                            buckets=_INTEGER_BUCKETS, registry=reg),
         ps_request_duration=Histogram(
             "streamtrain_ps_request_duration_seconds", "Parameter-server request time on the server, by operation.",
             ["op"], buckets=(0.0005, 0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.064, 0.128, 0.5, 2), registry=reg),
@@ -120,6 +126,17 @@ def training_metrics() -> TrainingMetrics:
     )
 
 
+class _ScrapeClock:
+    """A collector that exports nothing and remembers when it was last collected (scraped)."""
+
+    def __init__(self) -> None:
+        self.times: list[float] = []
+
+    def collect(self) -> list[Any]:
+        self.times = [*self.times[-1:], time.monotonic()]  # the last two: their gap is the interval
+        return []
+
+
 @dataclasses.dataclass
 class MetricsServer:
     """A running /metrics endpoint; ``port`` is the bound port (useful with port 0)."""
@@ -128,10 +145,29 @@ class MetricsServer:
     port: int
     _server: Any
     _thread: threading.Thread
+    _scrapes: _ScrapeClock
 
     @property
     def url(self) -> str:
         return f"http://{self.host}:{self.port}/metrics"
+
+    def await_scrape(self, *, max_wait_s: float = 30.0) -> bool:
+        """Wait for one more scrape, if something scrapes this endpoint, so the last figures
+        reach Prometheus before the process exits; return whether one came.
+
+        Nobody scraped yet: return at once. Else wait up to two scrape intervals (as last
+        seen), ``max_wait_s`` at most.
+        """
+        seen = list(self._scrapes.times)
+        if not seen:
+            return False
+        interval = seen[1] - seen[0] if len(seen) == 2 else 15.0
+        deadline = time.monotonic() + min(max_wait_s, 2 * interval + 1)
+        while time.monotonic() < deadline:
+            if self._scrapes.times[-1] > seen[-1]:
+                return True
+            time.sleep(0.05)
+        return False
 
     def stop(self) -> None:
         self._server.shutdown()
@@ -140,10 +176,13 @@ class MetricsServer:
 
 def serve(registry: CollectorRegistry, *, host: str = "127.0.0.1", port: int = 0) -> MetricsServer:
     """Serve ``registry`` at ``http://host:port/metrics`` from a daemon thread."""
+    scrapes = _ScrapeClock()
+    registry.register(scrapes)
     try:
         server, thread = start_http_server(port, addr=host, registry=registry)
     except OSError as e:
+        registry.unregister(scrapes)
         raise ConfigError(
             f"Cannot serve /metrics on {host}:{port} ({e.strerror}). Pass another --metrics-port, or 0 for a free one."
         ) from None
-    return MetricsServer(host, int(server.server_port), server, thread)
+    return MetricsServer(host, int(server.server_port), server, thread, scrapes)

@@ -19,8 +19,16 @@ def pyplot() -> Any:
     return plt
 
 
-def report_plots(history: list[dict[str, Any]], out: str | Path, *, title: str = "") -> None:
-    """Accuracy, throughput, staleness and lag of a run, against seconds of streaming."""
+def report_plots(history: list[dict[str, Any]], out: str | Path, *, title: str = "",
+                 final: float | None = None, eval_every: int | None = None,
+                 eval_records: int | None = None) -> dict[str, int]:
+    """Accuracy, throughput, staleness and lag of a run, against seconds of streaming.
+
+    Held-out accuracy is drawn wherever it was measured: the scored batches, and
+    ``final`` (the score after the last batch) at the end, so that a run shorter than
+    ``eval_every`` batches still shows one; the panel says what was measured how often.
+    Returns the number of points drawn per series (what a test can check).
+    """
     plt = pyplot()
     fig, axes = plt.subplots(2, 2, figsize=(13, 8), layout="constrained")
     fig.suptitle(title or "streamtrain run", fontsize=13)
@@ -31,8 +39,16 @@ def report_plots(history: list[dict[str, Any]], out: str | Path, *, title: str =
     held = [(x, b["heldout"]["accuracy"]) for x, b in zip(t, history, strict=True) if "heldout" in b]
     if pre:
         acc.plot(*zip(*pre, strict=True), label="prequential (batch scored before training)", linewidth=1, alpha=0.7)
+    if final is not None and len(t) and not (held and held[-1][0] == t[-1] and held[-1][1] == final):
+        held.append((float(t[-1]), final))
     if held:
         acc.plot(*zip(*held, strict=True), "o-", label="held-out", linewidth=1.5, markersize=4)
+    measured = ["prequential: every training step's batch, before it trains"]
+    if eval_every is not None:
+        split = f" on {eval_records:,} records" if eval_records else ""
+        measured.append(f"held-out: every {eval_every} batches and at the end{split}")
+    acc.text(0.99, 0.02, "\n".join(measured), ha="right", va="bottom", fontsize=7, color="#555555",
+             transform=acc.transAxes)
     acc.set_title("Accuracy", loc="left")
     acc.set_ylim(0, 1)
 
@@ -66,3 +82,5 @@ def report_plots(history: list[dict[str, Any]], out: str | Path, *, title: str =
             ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes, color="#888888")
     fig.savefig(out, dpi=90)
     plt.close(fig)
+    return {"prequential": len(pre), "held-out": len(held), "throughput": len(t), "staleness": len(p50),
+            "lag": len(t)}

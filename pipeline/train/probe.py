@@ -27,6 +27,37 @@ from pipeline.train.model import ModelSpec, get_flat
 _MARK = "streamtrain-model-error: "
 
 
+def check_source(source: str) -> None:
+    """Check ``--model`` without importing anything: a ``.keras`` file that exists, or a
+    ``FILE.py:BUILD_FN`` whose file exists, parses, and defines ``BUILD_FN`` at its top level.
+
+    >>> check_source("nope.keras")
+    Traceback (most recent call last):
+    ...
+    pipeline.errors.ConfigError: Expected a Keras model file at nope.keras; there is none.
+    """
+    if source.endswith(".keras"):
+        if not Path(source).is_file():
+            raise ConfigError(f"Expected a Keras model file at {source}; there is none.")
+        return
+    path, _, fn = source.partition(":")
+    if not path.endswith(".py") or not fn:
+        raise ConfigError(f"Expected --model FILE.py:BUILD_FN or FILE.keras. Received: {source!r}")
+    if not Path(path).is_file():
+        raise ConfigError(f"Expected a Python file at {path}; there is none.")
+    import ast
+
+    try:
+        tree = ast.parse(Path(path).read_text(), filename=path)
+    except SyntaxError as e:
+        raise ConfigError(f"{path} failed to import (SyntaxError: {e.msg}, line {e.lineno}).") from None
+    defined = {n.name for n in tree.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)}
+    defined |= {t.id for n in tree.body if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)}
+    defined |= {a.asname or a.name for n in tree.body if isinstance(n, ast.ImportFrom | ast.Import) for a in n.names}
+    if fn not in defined:
+        raise ConfigError(f"{path} has no function {fn!r} to build the model.")
+
+
 def load_model(source: str | None, dataset: str) -> Any:
     """The user's model (``file.py:build_fn`` or a ``.keras`` file), or the dataset's default."""
     from pipeline.train import zoo

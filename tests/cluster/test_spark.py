@@ -67,6 +67,6 @@ def test_a_damaged_archive_is_refused_and_spark_starts_without_it(tmp_path: Path
 
 def test_the_class_archive_can_be_turned_off(tmp_path: Path) -> None:
     env = {**os.environ, "STREAMTRAIN_CACHE_DIR": str(tmp_path), "STREAMTRAIN_JVM_CLASS_CACHE": "false"}
-    code = "from pipeline import jvmcache; print(jvmcache.options())"
+    code = "from pipeline.cluster import jvmcache; print(jvmcache.options())"
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True)
     assert done.stdout.strip() == "[]" and not (tmp_path / "jvm").exists(), done.stderr

@@ -100,8 +100,9 @@ def test_sigkill_then_resume_trains_every_record_exactly_once(broker, topic, tmp
 
 
 def test_user_model_file(tmp_path: Path) -> None:
+    # Four workers on a machine with fewer cores: each still gets a task slot of its own.
     done = _cli("run", "--dataset", "higgs", "--model", "tests/jobs/user_model.py:build", "--max-offsets-per-trigger",
-                "3500", "--max-batches", "2", "--out", str(tmp_path / "run"))
+                "3500", "--max-batches", "2", "--workers", "4", "--out", str(tmp_path / "run"))
     assert done.returncode == 0, done.stderr[-3000:]
     import keras
 
@@ -109,6 +110,7 @@ def test_user_model_file(tmp_path: Path) -> None:
     assert model.count_params() == 28 * 32 + 32 + 32 * 2 + 2
     report = json.loads((tmp_path / "run" / "report.json").read_text())
     assert report["trained_records"] == 7000 and np.isfinite(report["final"]["auc"])
+    assert report["parallelism"]["concurrent_replicas"] == 4 <= report["parallelism"]["task_slots"]
 
 
 def test_the_driver_never_imports_tensorflow(tmp_path: Path) -> None:
@@ -117,7 +119,7 @@ def test_the_driver_never_imports_tensorflow(tmp_path: Path) -> None:
     script = ("import sys; from pipeline.jobs.online import Run, RunConfig; "
               f"r = Run(RunConfig(dataset='higgs', max_batches=1, max_offsets_per_trigger=3500, eval_every=1, "
               f"out={str(tmp_path / 'run')!r})).execute(); "
-              "print('heldout', r['batches'][0]['heldout']['accuracy'], 'final', r['final']['accuracy']); "
+              "print('heldout', r.batches[0].heldout['accuracy'], 'final', r.final['accuracy']); "
               "print('tensorflow loaded:', 'tensorflow' in sys.modules, 'keras loaded:', 'keras' in sys.modules)")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -152,6 +154,11 @@ def test_bad_options_fail_fast_with_one_clear_line(args: list[str], message: str
     assert len(errors) == 1 and message in errors[0], done.stderr[-2000:]
     assert "Traceback" not in done.stderr
     assert time.monotonic() - started < 60
+    # Found before anything started (or, for a model that fails to build, cleaned up):
+    # no output folder is left behind.
+    assert not (tmp_path / "run").exists()
+    if "returned int" not in message and "Building the model failed" not in message:
+        assert "embedded Kafka at" not in done.stderr and "metrics at" not in done.stderr, done.stderr[-2000:]
 
 
 def test_a_finished_run_is_not_overwritten(tmp_path: Path) -> None:

@@ -148,6 +148,12 @@ def test_prometheus_figures_agree_with_the_run(scraped: dict[str, Any]) -> None:
     assert last("sum(streamtrain_stream_consumer_lag_records)") == 0  # all trained by the end
     assert last("streamtrain_ps_clock_updates") == report["batches"][-1]["clock"] > 0
     assert last("streamtrain_eval_heldout_accuracy") > 0.5
+    # The final score reached Prometheus before the run exited (one more scrape was awaited).
+    assert last("streamtrain_eval_heldout_accuracy") == pytest.approx(report["final"]["accuracy"])
+    # Synchronous SGD's staleness is 1 on every push; its quantiles must read 1, not 0.5.
+    for q in (0.5, 0.99):
+        quantile = f"histogram_quantile({q}, sum by (le) (streamtrain_ps_staleness_updates_bucket))"
+        assert last(quantile) == pytest.approx(1.0, abs=0.01), q
     assert last('sum(streamtrain_ps_request_duration_seconds_count{op="push_pull"})') > 0
 
 

@@ -1,7 +1,7 @@
 """Distributed training algorithms, one module each, behind a name registry.
 
 Example:
-    >>> from pipeline import algorithms
+    >>> from pipeline.train import algorithms
     >>> algorithms.get("adag").name
     'adag'
     >>> algorithms.get({"name": "downpour", "config": {"communication_window": 3}}).communication_window

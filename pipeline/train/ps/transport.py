@@ -20,6 +20,7 @@ import numpy as np
 
 from pipeline.errors import ConfigError
 from pipeline.train.ps import protocol as p
+from pipeline.train.ps.refusals import RefusalLog, logger_line
 from pipeline.train.ps.shm import SharedBuffers, remove_stale
 
 if TYPE_CHECKING:
@@ -43,6 +44,8 @@ class Transport:
         self._conns: set[socket.socket] = set()
         self._threads: list[threading.Thread] = []
         self._stopping = threading.Event()
+        # A flood of bad connections (a scanner, a misconfigured client) must not flood the log.
+        self._refusals = RefusalLog(logger_line(log))
 
     # --- life cycle ---
 
@@ -81,6 +84,7 @@ class Transport:
             if t is not threading.current_thread():
                 t.join(timeout=5)
         self._threads.clear()
+        self._refusals.flush()
 
     def _accept_loop(self) -> None:
         assert self._listener is not None
@@ -110,11 +114,13 @@ class Transport:
 
     # --- per connection ---
 
-    def refuse(self, conn: socket.socket, reason: str, status: int) -> None:
+    def refuse(self, conn: socket.socket, reason: str, status: int | None = None) -> None:
+        """Count and log a refusal; answer it with ``status`` (None: the peer is gone)."""
         self.server.count_refusal(reason)
-        with contextlib.suppress(OSError):
-            conn.sendall(p.pack(p.Header(status, 0, 0, self.server.clock, 0)))
-        log.warning("parameter server refused a %s request (%s)", reason, status)
+        self._refusals.refused(reason)
+        if status is not None:
+            with contextlib.suppress(OSError):
+                conn.sendall(p.pack(p.Header(status, 0, 0, self.server.clock, 0)))
 
     def _handshake(self, conn: socket.socket) -> bytes | None:
         """Challenge the peer to prove the secret; the session key, or None if it did not."""
@@ -126,7 +132,7 @@ class Transport:
         try:
             p.recv_exact(conn, memoryview(answer))
         except (ConnectionError, TimeoutError):
-            self.server.count_refusal("truncated")
+            self.refuse(conn, "truncated")
             return None
         conn.settimeout(None)
         if not hmac.compare_digest(bytes(answer), p.challenge_answer(secret, nonce)):
@@ -195,8 +201,7 @@ class _Connection:
                 try:
                     p.recv_exact(conn, self.inbox.data.cast("B"))
                 except ConnectionError:
-                    self.server.count_refusal("truncated")
-                    return
+                    return self.transport.refuse(conn, "truncated")
             self._reply(h, self.inbox, self.outbox, started)
 
     def _reply(self, h: p.Header, inbox: np.ndarray, outbox: np.ndarray, started: float, *,

@@ -8,6 +8,7 @@ import os
 import socket
 import struct
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -294,3 +295,28 @@ def test_a_starting_server_removes_shared_files_left_an_hour_ago() -> None:
         for path in (old, new):
             if os.path.exists(path):
                 os.unlink(path)
+
+
+def test_a_flood_of_junk_is_counted_in_full_and_logged_in_a_few_lines(caplog) -> None:  # type: ignore[no-untyped-def]
+    """Proves: 300 connections of random bytes (short and long) are each refused and counted,
+    while the log gets the first refusal and a summary, not a line per connection."""
+    import logging
+
+    rng = np.random.default_rng(0)
+    attempts = 300  # bounded: a fixed number of connections, each closed at once
+    with caplog.at_level(logging.WARNING, logger="pipeline.train.ps.server"), \
+            ParameterServer(np.zeros(N, np.float32), secret=SECRET) as s:
+        for i in range(attempts):
+            with socket.create_connection(s.address, timeout=5) as sock:
+                sock.recv(p.NONCE_BYTES)
+                sock.sendall(rng.bytes(int(rng.integers(1, 32)) if i % 2 else int(rng.integers(32, 200))))
+        deadline = time.monotonic() + 10
+        while sum(s.stats()["refused"].values()) < attempts and time.monotonic() < deadline:
+            time.sleep(0.05)
+        refused = s.stats()["refused"]
+        with _client(s) as c:  # and it still serves
+            assert c.pull().shape == (N,)
+    assert sum(refused.values()) == attempts and set(refused) == {"auth", "truncated"}, refused
+    lines = [r for r in caplog.records if "refused" in r.getMessage()]
+    assert 1 <= len(lines) <= 3, [r.getMessage() for r in lines]
+    assert "more are summed up" in lines[0].getMessage()
