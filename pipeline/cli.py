@@ -109,11 +109,14 @@ def _dataset(name: str, path: str | None, data_dir: str | None, **options: Any) 
 @click.option("--label-column", help="csv: the label column (default: label).")
 @click.option("--test-path", type=click.Path(), help="csv/higgs: a separate test file.")
 @click.option("--num-classes", type=int, help="csv/npz: labels outside [0, N) count as malformed.")
+@click.option("--max-malformed", type=float, metavar="N|FRACTION",
+              help="Fail once more rows than this are malformed: a count, or a fraction below 1 (0.05: 5%).")
 @click.option("--progress/--no-progress", default=None, help="Progress bar (default: on a terminal).")
 def produce(
     dataset: str, path: str | None, topic: str | None, rate: float | None, loop: bool, limit: int | None,
     epochs: int | None, split: str, partitions: int, bootstrap: str | None, metrics_port: int | None, data_dir: str | None,
-    label_column: str | None, test_path: str | None, num_classes: int | None, progress: bool | None,
+    label_column: str | None, test_path: str | None, num_classes: int | None, max_malformed: float | None,
+    progress: bool | None,
 ) -> None:
     """Replay DATASET (from PATH, or the data folder) into a Kafka topic."""
     from producers import replay
@@ -133,6 +136,7 @@ def produce(
         metrics_port=settings.producer_metrics_port if metrics_port is None else metrics_port,
         bootstrap=target, topic=topic or dataset, rate=rate, loop=loop, limit=limit, epochs=epochs, split=split,
         partitions=partitions, progress=sys.stderr.isatty() if progress is None else progress,
+        max_malformed=max_malformed,
     )
     click.echo(report.summary())
     if report.interrupted:

@@ -18,10 +18,11 @@ from typing import Any
 import numpy as np
 
 from pipeline import codec
-from pipeline.errors import ConfigError
+from pipeline.errors import ConfigError, DataError
 from pipeline.ingest.kafka import client
 from pipeline.observe import metrics
 from producers.datasets import Chunk, Dataset
+from producers.datasets.base import MALFORMED_REASONS
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +83,8 @@ class ReplayReport:
     bytes_sent: int = 0
     send_errors: int = 0
     malformed: int = 0
+    malformed_by_reason: dict[str, int] = dataclasses.field(default_factory=dict)
+    malformed_examples: list[tuple[int, str]] = dataclasses.field(default_factory=list)  # (line, reason)
     epochs: int = 0
     seconds: float = 0.0
     interrupted: bool = False
@@ -99,13 +102,22 @@ class ReplayReport:
 
         >>> ReplayReport("t", records_sent=10, bytes_sent=8000, seconds=2.0).summary()
         'sent 10 records (0.0 MB) to t in 2.0 s: 5 records/s, 0.00 MB/s; 0 send errors, 0 malformed rows skipped'
+        >>> ReplayReport("t", malformed=2, malformed_examples=[(3, "not_a_number"), (9, "bad_label")]).summary().split("; ")[1]
+        '0 send errors, 2 malformed rows skipped (line 3: not_a_number, line 9: bad_label)'
         """
         stopped = " (interrupted)" if self.interrupted else ""
         return (
             f"sent {self.records_sent} records ({self.bytes_sent / 1e6:.1f} MB) to {self.topic} in "
             f"{self.seconds:.1f} s{stopped}: {self.records_per_s:.0f} records/s, {self.mb_per_s:.2f} MB/s; "
-            f"{self.send_errors} send errors, {self.malformed} malformed rows skipped"
+            f"{self.send_errors} send errors, {self.malformed} malformed rows skipped{self.malformed_detail()}"
         )
+
+    def malformed_detail(self) -> str:
+        """`` (line 3: not_a_number, ...)`` for the first malformed rows, or nothing."""
+        if not self.malformed_examples:
+            return ""
+        more = ", ..." if self.malformed > len(self.malformed_examples) else ""
+        return " (" + ", ".join(f"line {n}: {why}" for n, why in self.malformed_examples) + more + ")"
 
 
 class Replay:
@@ -123,6 +135,9 @@ class Replay:
         meters: the producer metrics to count in (a fresh set if None).
         producer_config: overrides of :data:`PRODUCER_DEFAULTS`.
         progress: show a progress bar with records/s.
+        max_malformed: fail (:class:`~pipeline.errors.DataError`) once more rows than this
+            are malformed: a count (>= 1), or a fraction of the rows read (< 1, checked
+            from 1,000 rows on and at the end of the data). None: never.
     """
 
     def __init__(
@@ -140,7 +155,10 @@ class Replay:
         meters: metrics.ProducerMetrics | None = None,
         producer_config: dict[str, Any] | None = None,
         progress: bool = False,
+        max_malformed: float | None = None,
     ) -> None:
+        if max_malformed is not None and max_malformed < 0:
+            raise ConfigError(f"Expected --max-malformed >= 0 (a count, or a fraction below 1). Received: {max_malformed}")
         if limit is not None and limit < 0:
             raise ConfigError(f"Expected --limit >= 0. Received: {limit}")
         if epochs is not None and epochs < 1:
@@ -157,8 +175,10 @@ class Replay:
         self.metrics = meters or metrics.producer_metrics()
         # Series exist at 0 from the start, so a first error is a rate, not a new series.
         self.metrics.send_errors.labels(self.topic, self.dataset.name)
-        self.metrics.malformed_rows.labels(self.dataset.name)
-        self._malformed_counted = 0
+        for reason in MALFORMED_REASONS:
+            self.metrics.malformed_rows.labels(self.dataset.name, reason)
+        self._malformed_counted: dict[str, int] = {}
+        self.max_malformed = max_malformed
         self.producer_config = {**PRODUCER_DEFAULTS, **(producer_config or {})}
         self.progress = progress
         self._pending: collections.deque[tuple[list[Any], int]] = collections.deque()
@@ -235,6 +255,7 @@ class Replay:
                     # even when a rate-limited chunk takes many seconds.
                     self._settle(report, block=False)
                 self._count_malformed()
+                self._check_malformed(final=False)
                 if self.limit is not None and handed >= self.limit:
                     break  # before asking for another chunk, so a partial pass is not counted as an epoch
         except KeyboardInterrupt:
@@ -246,15 +267,37 @@ class Replay:
             if bar is not None:
                 bar.close()
             report.seconds = time.monotonic() - started
-            report.malformed = self.dataset.malformed
+            data = self.dataset
+            report.malformed, report.malformed_by_reason = data.malformed, dict(data.malformed_by_reason)
+            report.malformed_examples = list(data.malformed_examples)
             self._count_malformed()
+        if not report.interrupted:
+            self._check_malformed(final=True)
         return report
 
     def _count_malformed(self) -> None:
-        new = self.dataset.malformed - self._malformed_counted
-        if new:
-            self.metrics.malformed_rows.labels(self.dataset.name).inc(new)
-            self._malformed_counted += new
+        for reason, n in self.dataset.malformed_by_reason.items():
+            new = n - self._malformed_counted.get(reason, 0)
+            if new:
+                self.metrics.malformed_rows.labels(self.dataset.name, reason).inc(new)
+                self._malformed_counted[reason] = n
+
+    def _check_malformed(self, *, final: bool) -> None:
+        """Fail once the malformed rows pass ``max_malformed``."""
+        limit, data = self.max_malformed, self.dataset
+        if limit is None or not data.malformed:
+            return
+        if limit >= 1:
+            failed, allowed = data.malformed > limit, f"{limit:g} rows"
+        else:
+            failed = (final or data.rows_read >= 1000) and data.malformed > limit * max(1, data.rows_read)
+            allowed = f"{limit:.0%} of the rows"
+        if failed:
+            detail = ReplayReport(self.topic, malformed=data.malformed,
+                                  malformed_examples=list(data.malformed_examples)).malformed_detail()
+            raise DataError(f"Expected at most {allowed} of {data.name} to be malformed (--max-malformed). "
+                            f"Received: {data.malformed} of {data.rows_read} rows read{detail}. Fix the file, "
+                            "or raise --max-malformed.")
 
 
 def _progress_bar(total: int | None, topic: str) -> Any:

@@ -123,7 +123,8 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
         ), unit="short", width=12),
         Panel("Producer problems per second", (
             Query(_rate("streamtrain_producer_send_errors_total", "topic"), "send errors {{topic}}"),
-            Query(_rate("streamtrain_producer_malformed_rows_total", "dataset"), "malformed rows {{dataset}}"),
+            Query(_rate("streamtrain_producer_malformed_rows_total", "dataset, reason"),
+                  "malformed rows {{dataset}} ({{reason}})"),
         ), unit="short", width=12),
     )),
 )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import ClassVar
 
 import numpy as np
@@ -13,6 +13,9 @@ from pipeline import codec
 from pipeline.errors import ConfigError
 
 SPLITS = ("train", "test")
+#: Why a row is malformed: a line with too few or too many fields, a field that is not a
+#: number, a feature that is NaN or infinite, a label outside the classes.
+MALFORMED_REASONS = ("wrong_field_count", "not_a_number", "non_finite", "bad_label")
 
 
 @dataclasses.dataclass
@@ -37,8 +40,13 @@ class Dataset(abc.ABC):
     """A dataset reader: streams a split in chunks, counting rows it cannot use.
 
     Subclasses implement :meth:`iter_chunks` and set :attr:`schema`. Rows that
-    cannot be parsed or encoded are counted in :attr:`malformed` and skipped.
+    cannot be parsed or encoded are skipped and counted (:meth:`reject`): in
+    :attr:`malformed`, by reason in :attr:`malformed_by_reason`, and the first few
+    with their line (or row) in :attr:`malformed_examples`.
     """
+
+    #: How many rejected rows are kept as examples.
+    EXAMPLES: ClassVar[int] = 5
 
     name: str
     schema: codec.Schema
@@ -49,6 +57,30 @@ class Dataset(abc.ABC):
 
     def __init__(self) -> None:
         self.malformed = 0
+        self.rows_read = 0  # good and bad
+        self.malformed_by_reason: dict[str, int] = {}
+        self.malformed_examples: list[tuple[int, str]] = []
+
+    def reject(self, rejected: Sequence[tuple[int, str]]) -> None:
+        """Count rows as malformed: ``(line, reason)`` each, lines being file lines (or row numbers)."""
+        for line, reason in rejected:
+            self.malformed += 1
+            self.malformed_by_reason[reason] = self.malformed_by_reason.get(reason, 0) + 1
+            if len(self.malformed_examples) < self.EXAMPLES:
+                self.malformed_examples.append((int(line), reason))
+
+    def check_rows(self, lines: np.ndarray, ok: np.ndarray, reasons: list[tuple[np.ndarray, str]],
+                   unparsed: Sequence[tuple[int, str]] = ()) -> None:
+        """Count a block: ``lines`` of its parsed rows, ``ok`` those kept, for each reason the
+        mask of rows it rejects (the first that applies counts), and ``unparsed`` lines."""
+        self.rows_read += len(lines) + len(unparsed)
+        rejected = list(unparsed)
+        left = ~ok
+        for mask, reason in reasons:
+            hit = left & mask
+            rejected += [(int(line), reason) for line in lines[hit]]
+            left &= ~hit
+        self.reject(sorted(rejected))
 
     @abc.abstractmethod
     def iter_chunks(self, split: str = "train", *, chunk_rows: int = 4096) -> Iterator[Chunk]:

@@ -82,15 +82,17 @@ class Higgs(Dataset):
         else:
             rows = _csv.iter_numeric_rows(self.train_file, block_rows=chunk_rows, max_rows=self.train_rows)
         next_id = 0
-        for block, bad, _ in rows:
+        for parsed in rows:
+            block = parsed.rows
             if block.shape[1] != 1 + codec.HIGGS.n_features:
                 raise DataError(
                     f"Expected {1 + codec.HIGGS.n_features} columns (label, then 28 features) in "
                     f"{self.train_file}. Received: {block.shape[1]}"
                 )
             label = block[:, 0]
-            ok = _csv.finite_rows(block) & ((label == 0) | (label == 1))
-            self.malformed += bad + int((~ok).sum())
+            finite, label_ok = _csv.finite_rows(block), (label == 0) | (label == 1)
+            ok = finite & label_ok
+            self.check_rows(parsed.lines, ok, [(~finite, "non_finite"), (~label_ok, "bad_label")], parsed.bad)
             n = int(ok.sum())
             ids = np.arange(next_id, next_id + n, dtype=np.uint64)
             next_id += n

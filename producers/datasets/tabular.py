@@ -56,13 +56,15 @@ class Csv(Dataset):
         if path is None:
             raise ConfigError("This CSV dataset has no test split; pass --test-path.")
         next_id = 0
-        for block, bad, header in _csv.iter_numeric_rows(path, block_rows=chunk_rows):
+        for parsed in _csv.iter_numeric_rows(path, block_rows=chunk_rows):
+            block, header = parsed.rows, parsed.header
             li = _csv.check_columns(header, self.label_column, path)
             if li != self._label_index or block.shape[1] != self.schema.n_features + 1:
                 raise DataError(f"{path} has other columns than {self.paths['train']}: {header}")
             labels = block[:, li]
-            ok = _csv.finite_rows(block) & _label_ok(labels, self.num_classes)
-            self.malformed += bad + int((~ok).sum())
+            finite, label_ok = _csv.finite_rows(block), _label_ok(labels, self.num_classes)
+            ok = finite & label_ok
+            self.check_rows(parsed.lines, ok, [(~finite, "non_finite"), (~label_ok, "bad_label")], parsed.bad)
             n = int(ok.sum())
             if n:
                 x = np.delete(block[ok], li, axis=1).astype(np.float32)
@@ -103,8 +105,10 @@ class Npz(Dataset):
         x, y = self._arrays[split]
         x = x.reshape(len(x), -1).astype(np.float32)
         y = np.asarray(y).reshape(-1).astype(np.float64)
-        ok = np.isfinite(x).all(axis=1) & _label_ok(y, self.num_classes)
-        self.malformed += int((~ok).sum())
+        finite, label_ok = np.isfinite(x).all(axis=1), _label_ok(y, self.num_classes)
+        ok = finite & label_ok
+        # Rows are numbered from 1, as lines are in a CSV.
+        self.check_rows(np.arange(1, len(y) + 1), ok, [(~finite, "non_finite"), (~label_ok, "bad_label")])
         yield from chunk_arrays(x[ok], y[ok].astype(np.int32), chunk_rows)
 
     def num_rows(self, split: str = "train") -> int | None:

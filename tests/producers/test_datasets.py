@@ -99,6 +99,9 @@ def test_higgs_malformed_rows_are_counted_and_skipped(tmp_path: Path, data_dir: 
     path.write_text("\n".join(bad) + "\n")
     h = higgs.Higgs(path)
     assert len(h.load("train").y) == 4 and h.malformed == 4
+    # Lines 3 (3 fields), 5 (words), 7 (label 2), 8 (NaN features): each with its reason.
+    assert h.malformed_examples == [(3, "wrong_field_count"), (5, "not_a_number"), (7, "bad_label"),
+                                    (8, "non_finite")]
 
 
 def test_missing_higgs_says_what_to_do(tmp_path: Path) -> None:
@@ -113,6 +116,7 @@ def test_generic_csv_with_named_label_and_bad_rows(tmp_path: Path) -> None:
     chunk = d.load()
     assert chunk.x.tolist() == [[0.5, 2.0], [1.5, 3.0]] and chunk.y.tolist() == [1, 0]
     assert d.malformed == 3 and d.schema.n_features == 2
+    assert d.malformed_by_reason == {"not_a_number": 1, "bad_label": 2}
     with pytest.raises(DataError, match="Expected a column 'label'"):
         datasets.get("csv", path)
 

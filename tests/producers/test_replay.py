@@ -102,7 +102,11 @@ def test_malformed_rows_are_counted_skipped_and_exported(broker, topic, consume,
     finally:
         server.stop()
     assert report.records_sent == 3 and report.malformed == 3
-    assert 'streamtrain_producer_malformed_rows_total{dataset="csv"} 3.0' in body
+    # Which rows and why, in the summary and in the metrics by reason.
+    assert report.malformed_examples == [(3, "not_a_number"), (5, "wrong_field_count"), (6, "bad_label")]
+    assert "(line 3: not_a_number, line 5: wrong_field_count, line 6: bad_label)" in report.summary()
+    for reason, n in (("not_a_number", 1), ("wrong_field_count", 1), ("bad_label", 1), ("non_finite", 0)):
+        assert f'streamtrain_producer_malformed_rows_total{{dataset="csv",reason="{reason}"}} {n:.1f}' in body
     assert f'streamtrain_producer_records_sent_total{{dataset="csv",topic="{topic}"}} 3.0' in body
     assert f'streamtrain_producer_bytes_sent_total{{dataset="csv",topic="{topic}"}} {3.0 * (8 + 4)}' in body
     values = [r.value for r in consume(topic, 3)]
@@ -143,6 +147,23 @@ def test_ctrl_c_flushes_and_reports(broker, topic, consume) -> None:  # type: ig
     assert sent > 0
     # Everything reported as sent is in the topic: the flush happened before the report.
     assert len(consume(topic, sent, timeout_s=10)) == sent
+
+
+def test_max_malformed_fails_a_mostly_bad_file(broker, topic, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Proves: a file that is mostly malformed fails the replay with one line naming the rows,
+    by count and by fraction; under the limit it passes and says which rows it skipped."""
+    path = tmp_path / "d.csv"
+    path.write_text("x,label\n" + "".join(f"{i},0\n" if i % 4 == 0 else f"{i},x\n" for i in range(40)))
+    env = {**os.environ, "STREAMTRAIN_CACHE_DIR": str(tmp_path)}
+    base = ["produce", "csv", str(path), "--num-classes", "2", "--bootstrap", broker.bootstrap, "--topic", topic]
+    for limit in ("5", "0.5"):
+        done = _cli(*base, "--max-malformed", limit, env=env)
+        assert done.returncode == 2, done.stderr[-2000:]
+        [error] = [line for line in done.stderr.splitlines() if line.startswith("streamtrain: error:")]
+        assert "--max-malformed" in error and "line 3: not_a_number" in error, error
+    done = _cli(*base, "--max-malformed", "30", env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "30 malformed rows skipped (line 3: not_a_number, line 4: not_a_number" in done.stdout
 
 
 @pytest.mark.parametrize("args, message", [
