@@ -73,6 +73,11 @@ class Run:
 
     # --- per batch, on the driver (the TrainHandler's driver half) ---
 
+    def _step(self, what: str) -> None:
+        """A start-up milestone on the live display (the first run on a machine waits a minute
+        or more here: TensorFlow's first import, Spark's first start)."""
+        print(f"start-up {time.monotonic() - self._started:5.1f} s: {what}", flush=True)
+
     def skip(self, batch_id: int) -> bool:
         done = self.state is not None and batch_id <= self.state.last_batch_id
         if done:
@@ -88,6 +93,7 @@ class Run:
         history = self.history
         if history.first_batch_at is None:
             history.first_batch_at = info.started_at
+            self._step(f"first micro-batch trained ({info.rows:,} records)")
         weights, clock, optimizer = self._server.checkpoint()
         row = BatchRow.from_batch(info, t=time.monotonic() - self._started, clock=clock)
         if (len(history.rows) + 1) % self.cfg.eval_every == 0:
@@ -136,6 +142,7 @@ class Run:
 
         prior = self._check_out()
         data = datasets.get(self.cfg.dataset, data_dir=self._data_dir())  # its files, before anything starts
+        self._step(f"{self.cfg.dataset} found; starting Kafka, the replay, Spark and the model in parallel")
         created = not self.out.exists()
         self.out.mkdir(parents=True, exist_ok=True)
         try:
@@ -164,7 +171,10 @@ class Run:
                 log.warning("%s", short)
             spark = cluster.session(master, app=f"streamtrain-{cfg.dataset}")
             stack.callback(cluster.stop, spark)  # after a first run, builds the JVM's class archive
+            self._step(f"Spark ready ({master}, {spark.sparkContext.defaultParallelism} task slots)")
             spec, initial = probe.result()
+            self._step(f"model described ({spec.size:,} weights); warming up {cfg.workers} workers "
+                       "(TensorFlow import and trace) while the query starts")
             self.state = prior or checkpoint.State(initial)
             job, warm_up = self._stream_job(stack, spark, spec, data, bootstrap)
             job.run(max_batches=cfg.max_batches, timeout_s=cfg.timeout_s, until=self._until, prepare=warm_up)
@@ -210,6 +220,7 @@ class Run:
         else:
             bootstrap = stack.enter_context(EmbeddedBroker(log_path=self.out / "broker.log")).bootstrap
             log.info("embedded Kafka at %s", bootstrap)
+        self._step(f"Kafka ready at {bootstrap}")
         client.ensure_topic(bootstrap, self.topic, partitions=cfg.workers)
         if not cfg.resume and not (cfg.topic and cfg.bootstrap):
             self.replay = ReplayProcess(
@@ -259,6 +270,7 @@ class Run:
             warm_up(spark, spec, handler.job, workers=cfg.workers, threads=threads,
                     batch=self.algorithm.worker_batch_size, gradients=self.algorithm.pushes_gradients)
             self._ready_at = time.monotonic()
+            self._step("workers warm")
 
         return job, prepare
 

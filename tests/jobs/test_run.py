@@ -50,6 +50,10 @@ def test_short_mnist_run_end_to_end(tmp_path: Path) -> None:
     assert report["batches"][-1]["heldout"]["accuracy"] == pytest.approx(report["final"]["accuracy"], abs=0.05)
     assert "prequential_accuracy" in report["batches"][0] and report["startup_s"] > 0
     assert "held-out accuracy" in done.stdout and "batch    2 |" in done.stdout
+    # Start-up shows its progress on the live display, in order, before the first batch's line.
+    steps = [line.split(": ", 1)[1] for line in done.stdout.splitlines() if line.startswith("start-up ")]
+    assert [s.split(" ")[0] for s in steps] == ["mnist", "Kafka", "Spark", "model", "workers", "first"], steps
+    assert done.stdout.index("first micro-batch") < done.stdout.index("batch    0 |")
     # In local mode every partition's worker exchanged through shared memory, one
     # connection per partition and batch, and the server refused nothing.
     assert report["parameter_server"]["shared_memory"] == 2 * 3, report["parameter_server"]
