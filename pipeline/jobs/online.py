@@ -140,7 +140,7 @@ class Run:
     def execute(self) -> RunReport:
         from producers import datasets
 
-        prior = self._check_out()
+        prior = _check_out(self.cfg, self.out)
         data = datasets.get(self.cfg.dataset, data_dir=self._data_dir())  # its files, before anything starts
         self._step(f"{self.cfg.dataset} found; starting Kafka, the replay, Spark and the model in parallel")
         created = not self.out.exists()
@@ -190,22 +190,9 @@ class Run:
             # figures are recorded; an unwatched one does not wait.
             served.await_scrape()
         report = self._report(final, startup_s, ps_stats)
-        self._plot(report)
+        _plot(report, self.cfg, self.out, eval_records=len(self._evaluation.y))
         (self.out / "report.json").write_text(json.dumps(report.to_dict(), indent=2, default=float))
         return report
-
-    def _check_out(self) -> checkpoint.State | None:
-        """Check the output folder and Kafka fit the options; the checkpoint to resume."""
-        from pipeline.ingest.kafka import client
-
-        prior = checkpoint.load(self.out) if self.cfg.resume else None
-        if self.cfg.resume and prior is None:
-            raise ConfigError(f"Nothing to resume in {self.out}: no {checkpoint.FILENAME} there.")
-        if not self.cfg.resume and (self.out / checkpoint.FILENAME).exists():
-            raise ConfigError(f"{self.out} holds a previous run; pass --resume to continue it, or another --out.")
-        if self.cfg.bootstrap:
-            client.check_reachable(client.parse_bootstrap(self.cfg.bootstrap))
-        return prior
 
     def _data_dir(self) -> Path:
         return Path(self.cfg.data_dir) if self.cfg.data_dir else config.data_dir()
@@ -291,20 +278,36 @@ class Run:
                          "concurrent_replicas": min(self.cfg.workers, self._cores)},
         )
 
-    def _plot(self, report: RunReport) -> None:
-        if not self.history.rows:
-            return
-        from pipeline.observe import report_plot
 
-        cfg, path = self.cfg, self.out / "report.png"
-        try:
-            report_plot.report_plots(
-                [row.to_dict() for row in self.history.rows], path, final=report.final.get("accuracy"),
-                eval_every=cfg.eval_every, eval_records=len(self._evaluation.y),
-                title=f"{cfg.dataset} with {cfg.algorithm}, {cfg.workers} workers ({self.out.name})")
-            report.plots = str(path)
-        except Exception as e:  # the model and the report matter more than a picture
-            log.warning("could not draw the report plots: %s: %s", type(e).__name__, e)
+def _plot(report: RunReport, cfg: RunConfig, out: Path, *, eval_records: int) -> None:
+    """Draw ``report.png`` (a failed picture never fails a finished run)."""
+    if not report.batches:
+        return
+    from pipeline.observe import report_plot
+
+    path = out / "report.png"
+    try:
+        report_plot.report_plots(
+            [row.to_dict() for row in report.batches], path, final=report.final.get("accuracy"),
+            eval_every=cfg.eval_every, eval_records=eval_records,
+            title=f"{cfg.dataset} with {cfg.algorithm}, {cfg.workers} workers ({out.name})")
+        report.plots = str(path)
+    except Exception as e:  # the model and the report matter more than a picture
+        log.warning("could not draw the report plots: %s: %s", type(e).__name__, e)
+
+
+def _check_out(cfg: RunConfig, out: Path) -> checkpoint.State | None:
+    """Check the output folder and Kafka fit the options; the checkpoint to resume."""
+    from pipeline.ingest.kafka import client
+
+    prior = checkpoint.load(out) if cfg.resume else None
+    if cfg.resume and prior is None:
+        raise ConfigError(f"Nothing to resume in {out}: no {checkpoint.FILENAME} there.")
+    if not cfg.resume and (out / checkpoint.FILENAME).exists():
+        raise ConfigError(f"{out} holds a previous run; pass --resume to continue it, or another --out.")
+    if cfg.bootstrap:
+        client.check_reachable(client.parse_bootstrap(cfg.bootstrap))
+    return prior
 
 
 def _ledger_entry(batch_id: int, r: OffsetRange) -> list[Any]:
