@@ -114,10 +114,19 @@ class ReplayReport:
 
     def malformed_detail(self) -> str:
         """`` (line 3: not_a_number, ...)`` for the first malformed rows, or nothing."""
-        if not self.malformed_examples:
-            return ""
-        more = ", ..." if self.malformed > len(self.malformed_examples) else ""
-        return " (" + ", ".join(f"line {n}: {why}" for n, why in self.malformed_examples) + more + ")"
+        return _malformed_detail(self.malformed, self.malformed_examples)
+
+
+def _malformed_detail(malformed: int, examples: list[tuple[int, str]]) -> str:
+    """The first malformed rows by line and reason, for a summary or an error.
+
+    >>> _malformed_detail(3, [(3, "not_a_number")])
+    ' (line 3: not_a_number, ...)'
+    """
+    if not examples:
+        return ""
+    more = ", ..." if malformed > len(examples) else ""
+    return " (" + ", ".join(f"line {n}: {why}" for n, why in examples) + more + ")"
 
 
 class Replay:
@@ -293,8 +302,7 @@ class Replay:
             failed = (final or data.rows_read >= 1000) and data.malformed > limit * max(1, data.rows_read)
             allowed = f"{limit:.0%} of the rows"
         if failed:
-            detail = ReplayReport(self.topic, malformed=data.malformed,
-                                  malformed_examples=list(data.malformed_examples)).malformed_detail()
+            detail = _malformed_detail(data.malformed, data.malformed_examples)
             raise DataError(f"Expected at most {allowed} of {data.name} to be malformed (--max-malformed). "
                             f"Received: {data.malformed} of {data.rows_read} rows read{detail}. Fix the file, "
                             "or raise --max-malformed.")

@@ -60,7 +60,6 @@ class Run:
         self.topic = cfg.topic or f"streamtrain-{cfg.dataset}"
         self.metrics = RunMetrics(dataset=cfg.dataset, algorithm=cfg.algorithm, topic=self.topic,
                                   workers=cfg.workers)
-        self.meters = self.metrics.meters
         self.history = History()
         self.state: checkpoint.State | None = None
         self.replay: ReplayProcess | None = None
@@ -162,7 +161,7 @@ class Run:
             probe = Probe(cfg.model, cfg.dataset, optimizer=self.algorithm.worker_optimizer, loss=self.algorithm.loss,
                           folder=Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="streamtrain-model-"))))
             stack.callback(probe.cancel)
-            served = metrics.serve(self.meters.registry, host=config.settings().metrics_host, port=cfg.metrics_port)
+            served = metrics.serve(self.metrics.meters.registry, host=config.settings().metrics_host, port=cfg.metrics_port)
             log.info("metrics at %s", served.url)
             stack.callback(served.stop)
             bootstrap = self._start_broker_and_replay(stack)

@@ -47,6 +47,10 @@ class Transport:
         # A flood of bad connections (a scanner, a misconfigured client) must not flood the log.
         self._refusals = RefusalLog(logger_line(log))
 
+    @property
+    def stopping(self) -> bool:
+        return self._stopping.is_set()
+
     # --- life cycle ---
 
     def start(self) -> None:
@@ -167,7 +171,7 @@ class _Connection:
         nbytes = self.server.size * 4
         raw = bytearray(p.HEADER.size)
         seq = 0
-        while not self.transport._stopping.is_set():
+        while not self.transport.stopping:
             try:
                 p.recv_exact(conn, memoryview(raw))
             except ConnectionError:
