@@ -1,5 +1,21 @@
-"""``python -m pipeline``: the streamtrain command."""
+"""``python -m pipeline`` and the ``streamtrain`` console script.
 
-from pipeline.cli import main
+The CLI is imported inside :func:`main`, so that a Ctrl-C while Python is still
+importing it (a second or more on a cold machine) ends with one line and status 130
+rather than a traceback.
+"""
 
-main()
+import sys
+
+
+def main() -> None:
+    try:
+        from pipeline.cli import main as cli_main
+    except KeyboardInterrupt:
+        sys.stderr.write("interrupted while starting; nothing was done\n")
+        raise SystemExit(130) from None
+    cli_main()
+
+
+if __name__ == "__main__":
+    main()

@@ -61,18 +61,26 @@ def _resolve_bootstrap(bootstrap: str | None) -> str:
 @cli.command()
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", default=9092, show_default=True, help="Port to listen on (0: a free port).")
-@click.option("--storage", default="memory://tansu/", show_default=True,
-              help="Tansu storage engine (memory:// keeps data in RAM only; s3://... persists).")
+@click.option("--engine", type=click.Choice(["tansu", "noida"]),
+              help="tansu (default; env STREAMTRAIN_BROKER_ENGINE): memory only. noida: keeps its data "
+                   "in --storage across restarts, and serves librdkafka before 2.1 (kcat).")
+@click.option("--storage", metavar="URL|FOLDER",
+              help="tansu: its storage engine URL (default memory://tansu/). noida: the folder that keeps "
+                   "the data across restarts (default: a temporary folder, removed at exit).")
 @click.option("--log", "log_path", type=click.Path(dir_okay=False), help="Write the broker's own log here.")
-def broker(host: str, port: int, storage: str, log_path: str | None) -> None:
-    """Run the embedded Kafka broker (Tansu) until Ctrl-C."""
+def broker(host: str, port: int, engine: str | None, storage: str | None, log_path: str | None) -> None:
+    """Run the embedded Kafka broker until Ctrl-C.
+
+    Two engines speak the Kafka protocol here; each serves kafka-python, confluent-kafka
+    and Spark's source, and only noida serves kcat (README: Brokers).
+    """
     from pipeline.ingest.kafka import broker as broker_mod
 
-    b = broker_mod.EmbeddedBroker(host=host, port=port, storage=storage, log_path=log_path).start()
+    b = broker_mod.EmbeddedBroker(host=host, port=port, engine=engine, storage=storage, log_path=log_path).start()
     state = broker_mod.write_state(b)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    click.echo(f"embedded Kafka broker (pid {b.pid}) at {b.bootstrap}; Ctrl-C stops it", err=True)
+    click.echo(f"embedded Kafka broker ({b.engine}, pid {b.pid}) at {b.bootstrap}; Ctrl-C stops it", err=True)
     click.echo(b.bootstrap)
     try:
         while not stop.wait(0.5):
@@ -112,15 +120,25 @@ def _dataset(name: str, path: str | None, data_dir: str | None, **options: Any) 
 @click.option("--max-malformed", type=float, metavar="N|FRACTION",
               help="Fail once more rows than this are malformed: a count, or a fraction below 1 (0.05: 5%).")
 @click.option("--progress/--no-progress", default=None, help="Progress bar (default: on a terminal).")
-def produce(
-    dataset: str, path: str | None, topic: str | None, rate: float | None, loop: bool, limit: int | None,
-    epochs: int | None, split: str, partitions: int, bootstrap: str | None, metrics_port: int | None, data_dir: str | None,
-    label_column: str | None, test_path: str | None, num_classes: int | None, max_malformed: float | None,
-    progress: bool | None,
-) -> None:
+def produce(dataset: str, path: str | None, **options: Any) -> None:
     """Replay DATASET (from PATH, or the data folder) into a Kafka topic."""
     from producers import replay
 
+    with replay.stop_on_signals(threading.Event()) as stop:  # Ctrl-C from here on: flush and report
+        report = _produce(replay, stop, dataset, path, **options)
+    click.echo(report.summary())
+    if report.interrupted:
+        sys.exit(130)
+    if report.send_errors:
+        sys.exit(1)
+
+
+def _produce(
+    replay: Any, stop: threading.Event, dataset: str, path: str | None, *, topic: str | None, rate: float | None,
+    loop: bool, limit: int | None, epochs: int | None, split: str, partitions: int, bootstrap: str | None,
+    metrics_port: int | None, data_dir: str | None, label_column: str | None, test_path: str | None,
+    num_classes: int | None, max_malformed: float | None, progress: bool | None,
+) -> Any:
     given = {"label_column": label_column, "test_path": test_path, "num_classes": num_classes}
     takes = datasets.options(dataset)
     misplaced = [k for k, v in given.items() if v is not None and k not in takes]
@@ -131,18 +149,13 @@ def produce(
     data = _dataset(dataset, path, data_dir, **{k: v for k, v in given.items() if k in takes})
     target = _resolve_bootstrap(bootstrap)
     settings = config.settings()
-    report = replay.replay_with_metrics(
+    return replay.replay_with_metrics(
         data, metrics_host=settings.metrics_host,
         metrics_port=settings.producer_metrics_port if metrics_port is None else metrics_port,
         bootstrap=target, topic=topic or dataset, rate=rate, loop=loop, limit=limit, epochs=epochs, split=split,
         partitions=partitions, progress=sys.stderr.isatty() if progress is None else progress,
-        max_malformed=max_malformed,
+        max_malformed=max_malformed, stop=stop,
     )
-    click.echo(report.summary())
-    if report.interrupted:
-        sys.exit(130)
-    if report.send_errors:
-        sys.exit(1)
 
 
 @cli.command()
@@ -162,6 +175,9 @@ def produce(
 @click.option("--max-batches", type=int, help="Stop after this many micro-batches.")
 @click.option("--timeout", "timeout_s", type=float, help="Stop after this many seconds of streaming.")
 @_bootstrap_option
+@click.option("--broker-engine", type=click.Choice(["tansu", "noida"]),
+              help="The embedded broker, when there is no --bootstrap (env STREAMTRAIN_BROKER_ENGINE; "
+                   "default tansu). README: Brokers.")
 @click.option("--topic", help="Train from this topic; with --bootstrap, fed by someone else (no replay).")
 @click.option("--master", default="local[*]", show_default=True, help="Spark master URL.")
 @click.option("--model", help="Your model: FILE.py:BUILD_FN or FILE.keras (default: the dataset's).")

@@ -44,8 +44,13 @@ class Settings(BaseSettings):
     #: How executors read offset ranges: raw Fetch requests parsed by numpy (``fetch``), or
     #: kafka-python's consumer (``consumer``, slower; for brokers the fetch reader cannot read).
     kafka_reader: Literal["fetch", "consumer"] = "fetch"
+    #: Which program `streamtrain broker` and an embedded run start: ``tansu`` (the default:
+    #: memory only) or ``noida`` (keeps its data on disk; speaks to old librdkafka clients).
+    broker_engine: Literal["tansu", "noida"] = "tansu"
     #: A Tansu binary to run as the embedded broker instead of the wheel's copy.
     tansu_bin: Path | None = None
+    #: A noida-db binary to run as the embedded broker instead of the wheel's copy.
+    noida_bin: Path | None = None
     #: A Grafana API token (``GRAFANA_TOKEN``), used instead of the URL's user and password.
     grafana_token: SecretStr | None = Field(default=None, validation_alias="GRAFANA_TOKEN")
     #: Spark's and Java's homes, as Spark's own launcher reads them.

@@ -9,8 +9,13 @@ Kafka acknowledged count as sent.
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import logging
+import os
+import signal
+import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -53,7 +58,7 @@ class RateLimiter:
         rate: float | None,
         *,
         clock: Callable[[], float] = time.monotonic,
-        sleep: Callable[[float], None] = time.sleep,
+        sleep: Callable[[float], object] = time.sleep,
     ) -> None:
         if rate is not None and rate <= 0:
             raise ConfigError(f"Expected --rate > 0 records/s (or none for full speed). Received: {rate}")
@@ -165,6 +170,7 @@ class Replay:
         producer_config: dict[str, Any] | None = None,
         progress: bool = False,
         max_malformed: float | None = None,
+        stop: threading.Event | None = None,
     ) -> None:
         if max_malformed is not None and max_malformed < 0:
             raise ConfigError(f"Expected --max-malformed >= 0 (a count, or a fraction below 1). Received: {max_malformed}")
@@ -175,7 +181,9 @@ class Replay:
         self.dataset = dataset
         self.bootstrap = client.parse_bootstrap(bootstrap)
         self.topic = topic
-        self.limiter = RateLimiter(rate)
+        #: Set to stop the replay: it stops sending, flushes and reports (see :meth:`stop`).
+        self.stopping = stop or threading.Event()
+        self.limiter = RateLimiter(rate, sleep=self.stopping.wait)
         self.loop = loop or epochs is not None
         self.limit = limit
         self.epochs = epochs
@@ -224,50 +232,30 @@ class Replay:
                 first = next(f for f in futures if f.failed())
                 log.warning("%d records not acknowledged by Kafka: %s", failed, first.exception)
 
+    def stop(self) -> None:
+        """Ask a running replay to stop; safe from a signal handler or another thread."""
+        self.stopping.set()
+
     def run(self) -> ReplayReport:
-        """Send until the split ends (or ``limit``, or Ctrl-C); flush; report."""
+        """Send until the split ends (or ``limit``, or :meth:`stop`, or Ctrl-C); flush; report."""
         from kafka import KafkaProducer
 
+        report = ReplayReport(self.topic)
+        started = time.monotonic()
+        # Each start-up step is bounded by its own timeout, and a stop asked for during
+        # one ends the replay before the next.
+        if self.stopping.is_set():
+            return self._interrupted_before_start(report, started)
         client.check_reachable(self.bootstrap)
         partitions = client.ensure_topic(self.bootstrap, self.topic, partitions=self.partitions)
+        if self.stopping.is_set():
+            return self._interrupted_before_start(report, started)
         producer = KafkaProducer(bootstrap_servers=self.bootstrap, **self.producer_config)
-        report = ReplayReport(self.topic)
         self.metrics.target_rate.labels(self.topic).set(self.limiter.rate or 0)
-        rows = self.dataset.num_rows(self.split)
-        if self.limit is not None:
-            total: int | None = self.limit
-        elif self.epochs is not None and rows is not None:
-            total = rows * self.epochs
-        else:
-            total = None if self.loop else rows
-        bar = _progress_bar(total, self.topic) if self.progress else None
-        started = time.monotonic()
-        handed = 0
-        step = self.limiter.slice_size()
-        send = producer.send
+        bar = _progress_bar(self._total(), self.topic) if self.progress else None
         try:
-            for chunk in self._chunks(report):
-                values = codec.encode(chunk.x, chunk.y, self.dataset.schema)
-                keys = codec.encode_keys(chunk.ids)
-                parts = (chunk.ids % np.uint64(partitions)).astype(np.int64).tolist()
-                size = self.dataset.schema.record_bytes
-                n = len(values) if self.limit is None else min(len(values), self.limit - handed)
-                for lo in range(0, n, step):
-                    hi = min(lo + step, n)
-                    self.limiter.wait(handed)
-                    futures = [send(self.topic, values[i], keys[i], None, parts[i]) for i in range(lo, hi)]
-                    self._pending.append((futures, size))
-                    handed += hi - lo
-                    if bar is not None:
-                        bar.update(hi - lo)
-                    # Count acknowledgements as they come, so the sent-records rate is smooth
-                    # even when a rate-limited chunk takes many seconds.
-                    self._settle(report, block=False)
-                self._count_malformed()
-                self._check_malformed(final=False)
-                if self.limit is not None and handed >= self.limit:
-                    break  # before asking for another chunk, so a partial pass is not counted as an epoch
-        except KeyboardInterrupt:
+            self._send(producer, partitions, report, bar)
+        except KeyboardInterrupt:  # no signal handler installed (a library caller): the default Ctrl-C
             report.interrupted = True
         finally:
             producer.flush(timeout=30)
@@ -276,13 +264,60 @@ class Replay:
             if bar is not None:
                 bar.close()
             report.seconds = time.monotonic() - started
-            data = self.dataset
-            report.malformed, report.malformed_by_reason = data.malformed, dict(data.malformed_by_reason)
-            report.malformed_examples = list(data.malformed_examples)
-            self._count_malformed()
+            self._finish(report)
         if not report.interrupted:
             self._check_malformed(final=True)
         return report
+
+    def _interrupted_before_start(self, report: ReplayReport, started: float) -> ReplayReport:
+        report.interrupted = True
+        report.seconds = time.monotonic() - started
+        self._finish(report)
+        return report
+
+    def _finish(self, report: ReplayReport) -> None:
+        data = self.dataset
+        report.malformed, report.malformed_by_reason = data.malformed, dict(data.malformed_by_reason)
+        report.malformed_examples = list(data.malformed_examples)
+        self._count_malformed()
+
+    def _total(self) -> int | None:
+        """Records this replay will send, when that is known (for the progress bar)."""
+        rows = self.dataset.num_rows(self.split)
+        if self.limit is not None:
+            return self.limit
+        if self.epochs is not None and rows is not None:
+            return rows * self.epochs
+        return None if self.loop else rows
+
+    def _send(self, producer: Any, partitions: int, report: ReplayReport, bar: Any) -> None:
+        handed = 0
+        step = self.limiter.slice_size()
+        send = producer.send
+        for chunk in self._chunks(report):
+            values = codec.encode(chunk.x, chunk.y, self.dataset.schema)
+            keys = codec.encode_keys(chunk.ids)
+            parts = (chunk.ids % np.uint64(partitions)).astype(np.int64).tolist()
+            size = self.dataset.schema.record_bytes
+            n = len(values) if self.limit is None else min(len(values), self.limit - handed)
+            for lo in range(0, n, step):
+                self.limiter.wait(handed)
+                if self.stopping.is_set():
+                    report.interrupted = True
+                    return
+                hi = min(lo + step, n)
+                futures = [send(self.topic, values[i], keys[i], None, parts[i]) for i in range(lo, hi)]
+                self._pending.append((futures, size))
+                handed += hi - lo
+                if bar is not None:
+                    bar.update(hi - lo)
+                # Count acknowledgements as they come, so the sent-records rate is smooth
+                # even when a rate-limited chunk takes many seconds.
+                self._settle(report, block=False)
+            self._count_malformed()
+            self._check_malformed(final=False)
+            if self.limit is not None and handed >= self.limit:
+                return  # before asking for another chunk, so a partial pass is not counted as an epoch
 
     def _count_malformed(self) -> None:
         for reason, n in self.dataset.malformed_by_reason.items():
@@ -314,15 +349,44 @@ def _progress_bar(total: int | None, topic: str) -> Any:
     return tqdm(total=total, unit="rec", unit_scale=True, desc=f"→ {topic}", smoothing=0.1, mininterval=0.5)
 
 
+@contextlib.contextmanager
+def stop_on_signals(stop: threading.Event) -> Iterator[threading.Event]:
+    """While inside, SIGINT and SIGTERM set ``stop`` rather than raise KeyboardInterrupt;
+    a second one exits at once (status 130) without flushing.
+
+    Why: kafka-python runs its event loop in the calling thread during metadata, topic
+    and send calls, and logs and drops any exception raised inside a task there, a
+    KeyboardInterrupt included; a Ctrl-C that landed in one was lost and the producer
+    ran on. A flag that the send loop reads cannot be lost. Main thread only.
+    """
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+    def handle(signum: int, _frame: Any) -> None:
+        if stop.is_set():
+            sys.stderr.write("interrupted again: exiting without waiting for Kafka\n")
+            sys.stderr.flush()
+            os._exit(130)
+        stop.set()
+
+    for sig in previous:
+        signal.signal(sig, handle)
+    try:
+        yield stop
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 def replay_with_metrics(dataset: Dataset, *, metrics_host: str = "127.0.0.1", metrics_port: int = 0,
                         **options: Any) -> ReplayReport:
     """Run a :class:`Replay` of ``dataset`` (``options`` are its arguments) while serving its
     Prometheus ``/metrics`` on ``metrics_host:metrics_port``; return its report."""
     meters = metrics.producer_metrics()
+    replay = Replay(dataset, meters=meters, **options)
     server = metrics.serve(meters.registry, host=metrics_host, port=metrics_port)
     log.info("producer metrics at %s", server.url)
     try:
-        return Replay(dataset, meters=meters, **options).run()
+        return replay.run()
     finally:
         server.stop()
 
@@ -350,8 +414,9 @@ def replay_in_child(job: dict[str, Any], report: Any, log_path: str) -> None:
                         format="%(asctime)s %(levelname).1s %(name)s: %(message)s", datefmt="%H:%M:%S")
     job = dict(job)
     try:
-        data = datasets.get(job.pop("dataset"), data_dir=Path(job.pop("data_dir")))
-        result = replay_with_metrics(data, **job)
+        with stop_on_signals(threading.Event()) as stop:  # the parent stops us with SIGINT
+            data = datasets.get(job.pop("dataset"), data_dir=Path(job.pop("data_dir")))
+            result = replay_with_metrics(data, stop=stop, **job)
     except Exception as e:  # the parent turns it into one line
         log.error("the replay failed: %s: %s", type(e).__name__, e)
         report.send({"error": f"{type(e).__name__}: {e}"})

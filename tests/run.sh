@@ -9,6 +9,8 @@ need=()
 dpkg -s dataset-fashion-mnist >/dev/null 2>&1 || need+=(dataset-fashion-mnist)
 # A real Prometheus and promtool for the observability tests (they skip without it, except in CI).
 command -v prometheus >/dev/null && command -v promtool >/dev/null || need+=(prometheus)
+# kcat (librdkafka 2.0) for the broker/client compatibility tests.
+command -v kcat >/dev/null || need+=(kcat)
 if [ ${#need[@]} -gt 0 ] && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
   echo "installing Debian packages: ${need[*]}"
   (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}") >/dev/null \

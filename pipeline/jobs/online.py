@@ -204,7 +204,7 @@ class Run:
         if cfg.bootstrap:
             bootstrap = client.parse_bootstrap(cfg.bootstrap)
         else:
-            bootstrap = stack.enter_context(EmbeddedBroker(log_path=self.out / "broker.log")).bootstrap
+            bootstrap = stack.enter_context(EmbeddedBroker(engine=cfg.broker_engine, log_path=self.out / "broker.log")).bootstrap
             log.info("embedded Kafka at %s", bootstrap)
         self._step(f"Kafka ready at {bootstrap}")
         client.ensure_topic(bootstrap, self.topic, partitions=cfg.workers)

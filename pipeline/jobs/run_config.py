@@ -28,6 +28,7 @@ class RunConfig:
     max_batches: int | None = None
     timeout_s: float | None = None
     bootstrap: str | None = None
+    broker_engine: str | None = None  # None: $STREAMTRAIN_BROKER_ENGINE, else tansu
     topic: str | None = None
     master: str = "local[*]"
     model: str | None = None

@@ -102,6 +102,8 @@ def _produce(bootstrap: str, topic: str, per_partition: list[int]) -> None:
 
 
 def test_list_offsets_latest_is_wrong_on_tansu_and_end_offsets_is_right(broker: EmbeddedBroker, topic: str) -> None:
+    if broker.engine != "tansu":
+        pytest.skip("a Tansu quirk; this suite's broker is " + broker.engine)
     _produce(broker.bootstrap, topic, [500, 1, 0])
     tps = [TopicPartition(topic, p) for p in range(3)]
     c = client.consumer(broker.bootstrap)
@@ -132,12 +134,38 @@ def _first_records_after(bootstrap: str, topic: str, group: str, patience_s: flo
 
 @pytest.mark.slow
 def test_group_join_needs_a_short_session_timeout_on_tansu(broker: EmbeddedBroker, topic: str) -> None:
+    if broker.engine != "tansu":
+        pytest.skip("a Tansu quirk; this suite's broker is " + broker.engine)
     _produce(broker.bootstrap, topic, [10])
     # Kafka's default session timeout: no records within 10 s (the join takes ~23 s).
     assert _first_records_after(broker.bootstrap, topic, topic + "-default", 10.0) is None
     # Our group defaults: records within seconds.
     joined = _first_records_after(broker.bootstrap, topic, topic + "-fast", 10.0, **client.GROUP_DEFAULTS)
     assert joined is not None
+
+
+def test_noida_keeps_its_records_across_a_restart(tmp_path: Path) -> None:
+    """The persistent engine: what was acknowledged before a stop is there after a start
+    on the same folder, at the same offsets; the default (no folder) leaves nothing behind."""
+    folder = tmp_path / "data"
+    with EmbeddedBroker(engine="noida", storage=str(folder)) as b:
+        _produce(b.bootstrap, "kept", [30])
+    with EmbeddedBroker(engine="noida", storage=str(folder)) as b:
+        c = client.consumer(b.bootstrap)
+        try:
+            assert client.end_offsets(c, [TopicPartition("kept", 0)]) == {TopicPartition("kept", 0): 30}
+        finally:
+            c.close()
+    scratch = EmbeddedBroker(engine="noida").start()
+    made = scratch._scratch
+    assert made and Path(made).is_dir()
+    scratch.stop()
+    assert not Path(made).exists()
+
+
+def test_unknown_engine_is_a_clear_error() -> None:
+    with pytest.raises(BrokerError, match="Unknown broker engine 'kafka': expected one of tansu, noida"):
+        EmbeddedBroker(engine="kafka")
 
 
 def test_cli_broker_is_found_by_produce_and_stops_on_sigterm(tmp_path: Path) -> None:

@@ -149,6 +149,28 @@ def test_ctrl_c_flushes_and_reports(broker, topic, consume) -> None:  # type: ig
     assert len(consume(topic, sent, timeout_s=10)) == sent
 
 
+@pytest.mark.parametrize("delay_s", [0.05, 0.3, 0.6, 0.9, 1.2, 1.8])
+def test_ctrl_c_at_any_moment_of_start_up_stops_promptly(broker, topic, delay_s) -> None:  # type: ignore[no-untyped-def]
+    """Proves: a Ctrl-C during start-up (imports, data, topic, producer) is never lost. It
+    used to be, when it landed inside kafka-python's event loop, which drops exceptions
+    raised in its tasks, and a --loop producer ran on. Now: exit 130 within seconds, with
+    the report once the command has started, and never a traceback."""
+    proc = subprocess.Popen([sys.executable, "-m", "pipeline", "produce", "higgs", "--topic", topic, "--rate", "500",
+                             "--loop", "--bootstrap", broker.bootstrap], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    time.sleep(delay_s)  # the moment of the Ctrl-C, not a wait for a condition
+    proc.send_signal(signal.SIGINT)
+    try:
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, err[-2000:]
+    assert "Traceback" not in err, err[-2000:]
+    assert "interrupted" in out + err, (out, err[-500:])
+
+
 def test_max_malformed_fails_a_mostly_bad_file(broker, topic, tmp_path) -> None:  # type: ignore[no-untyped-def]
     """Proves: a file that is mostly malformed fails the replay with one line naming the rows,
     by count and by fraction; under the limit it passes and says which rows it skipped."""

