@@ -51,6 +51,11 @@ class Settings(BaseSettings):
     tansu_bin: Path | None = None
     #: A noida-db binary to run as the embedded broker instead of the wheel's copy.
     noida_bin: Path | None = None
+    #: Address the model server binds (``serve``, ``run --serve-port``); loopback by default.
+    #: Any other address needs a token.
+    serve_host: str = "127.0.0.1"
+    #: The bearer token the model server asks for (never on the command line).
+    serve_token: SecretStr | None = None
     #: A Grafana API token (``GRAFANA_TOKEN``), used instead of the URL's user and password.
     grafana_token: SecretStr | None = Field(default=None, validation_alias="GRAFANA_TOKEN")
     #: Spark's and Java's homes, as Spark's own launcher reads them.

@@ -19,8 +19,10 @@ ALLOWED = {
                   "pipeline.observe.metrics"},
     "pipeline.train": {"pipeline.errors", "pipeline.config", "pipeline.codec", "pipeline.cluster",
                        "pipeline.ingest"},
+    "pipeline.serve": {"pipeline.errors", "pipeline.config", "pipeline.codec", "pipeline.cluster",
+                       "pipeline.ingest", "pipeline.train", "pipeline.observe"},
     "pipeline.jobs": {"pipeline.errors", "pipeline.config", "pipeline.codec", "pipeline.cluster",
-                      "pipeline.ingest", "pipeline.train", "pipeline.observe", "producers"},
+                      "pipeline.ingest", "pipeline.train", "pipeline.observe", "pipeline.serve", "producers"},
     "pipeline.cli": {"pipeline", "producers"},  # the edge: anything but itself
 }
 

@@ -237,6 +237,7 @@ class Run:
         server.restore(state.weights, state.clock, state.optimizer)
         self.metrics.restore_clock(state.clock)
         stack.enter_context(server)
+        serving = self._serving(stack, spec, data.schema, server)
         handler = TrainHandler(
             spec=spec, algorithm=algorithms.serialize(self.algorithm),
             server=ServerInfo(server.host, server.port, server.secret), job=uuid.uuid4().hex,
@@ -257,8 +258,25 @@ class Run:
                     batch=self.algorithm.worker_batch_size, gradients=self.algorithm.pushes_gradients)
             self._ready_at = time.monotonic()
             self._step("workers warm")
+            if serving is not None:
+                self._step(f"serving predictions at {serving.wait()}:predict")
 
         return job, prepare
+
+    def _serving(self, stack: contextlib.ExitStack, spec: Any, schema: Any, server: Any) -> Any:
+        """Record what ``streamtrain serve`` needs in the output folder; with --serve-port,
+        start the model server's process (it imports TensorFlow while the workers warm up)."""
+        from pipeline.serve.predictor import write_description
+        from pipeline.serve.process import ServingProcess
+
+        write_description(self.out, spec, schema, name=self.cfg.dataset)
+        if self.cfg.serve_port is None:
+            return None
+        serving = ServingProcess.for_run(name=self.cfg.dataset, spec=spec, schema=schema, server=server,
+                                         port=self.cfg.serve_port, max_age_s=self.cfg.serve_max_age_s,
+                                         log_path=self.out / "serve.log").start()
+        stack.callback(serving.stop)
+        return serving
 
     def _report(self, final: dict[str, float], startup_s: float, ps_stats: dict[str, Any]) -> RunReport:
         assert self.state is not None

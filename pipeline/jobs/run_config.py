@@ -41,6 +41,8 @@ class RunConfig:
     producer_metrics_port: int = 0
     data_dir: str | None = None
     seed: int | None = None
+    serve_port: int | None = None  # serve predictions from the live weights on this port (0: a free one)
+    serve_max_age_s: float = 1.0  # refuse to predict with weights older than this
 
     def validate(self) -> None:
         """Raise :class:`~pipeline.errors.ConfigError` for the first bad setting."""
@@ -53,6 +55,10 @@ class RunConfig:
                 raise ConfigError(f"Expected --{name.replace('_', '-')} >= 1. Received: {value}")
         if self.until_accuracy is not None and not 0 < self.until_accuracy <= 1:
             raise ConfigError(f"Expected --until-accuracy in (0, 1]. Received: {self.until_accuracy}")
+        if self.serve_port is not None:
+            from pipeline.serve.process import check_serving
+
+            check_serving(self.serve_port, self.serve_max_age_s)
         if self.resume and not self.out:
             raise ConfigError("--resume needs the run's output folder.")
         if self.model is not None:

@@ -126,6 +126,48 @@ def training_metrics() -> TrainingMetrics:
     )
 
 
+@dataclasses.dataclass(frozen=True)
+class ServingMetrics:
+    """Metrics of a model server (``streamtrain serve``, ``run --serve-port``) and of the
+    predict stream."""
+
+    registry: CollectorRegistry
+    requests: Counter
+    bad_requests: Counter
+    latency: Histogram
+    instances: Histogram
+    weights_age: Gauge
+    model_version: Gauge
+    predictions_written: Counter
+
+
+def serving_metrics(model: str) -> ServingMetrics:
+    """A fresh registry with a model server's metrics; ``model`` labels them."""
+    reg = CollectorRegistry()
+    return ServingMetrics(
+        registry=reg,
+        requests=Counter("streamtrain_serve_requests_total", "Prediction API requests answered, by HTTP status.",
+                         ["model", "code"], registry=reg),
+        bad_requests=Counter("streamtrain_serve_bad_requests_total",
+                             "Requests refused for their content (a 4xx), by reason.", ["model", "reason"],
+                             registry=reg),
+        latency=Histogram("streamtrain_serve_request_seconds", "Seconds from a request's arrival to its answer.",
+                          ["model"], registry=reg,
+                          buckets=(0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)),
+        instances=Histogram("streamtrain_serve_instances", "Instances per prediction request.", ["model"],
+                            registry=reg, buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)),
+        weights_age=Gauge("streamtrain_serve_weights_age_seconds",
+                          "Age of the weights predictions use now (since the parameter server or the "
+                          "checkpoint held them).", ["model"], registry=reg),
+        model_version=Gauge("streamtrain_serve_model_version",
+                            "The parameter server's clock when the served weights were read.", ["model"],
+                            registry=reg),
+        predictions_written=Counter("streamtrain_predictions_written_total",
+                                    "Predictions the predict stream wrote to its output topic.", ["topic"],
+                                    registry=reg),
+    )
+
+
 class _ScrapeClock:
     """A collector that exports nothing and remembers when it was last collected (scraped)."""
 

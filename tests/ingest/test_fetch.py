@@ -21,11 +21,14 @@ def _produce(bootstrap: str, topic: str, n: int, **config: object) -> None:
     client.ensure_topic(bootstrap, topic, partitions=1)
     p = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=2, batch_size=16 << 10, **config)
     rng = np.random.default_rng(7)
+    # Recent timestamps: a broker that enforces time retention, as Kafka does (noida does;
+    # Tansu does not), deletes records older than a week at its next clean-up.
+    base_ms = int(time.time() * 1000) - 3_600_000
     for i in range(n):
         value = None if i % 11 == 5 else bytes(rng.integers(0, 256, int(rng.integers(0, 900)), dtype=np.uint8))
         key = None if i % 7 == 0 and value is not None else f"k{i}".encode()
         headers = [("h", b"x")] if i % 5 == 0 else None
-        p.send(topic, key=key, value=value, headers=headers, timestamp_ms=1_700_000_000_000 + 37 * i)
+        p.send(topic, key=key, value=value, headers=headers, timestamp_ms=base_ms + 37 * i)
         if i % 97 == 0:
             p.flush()  # many small batches, of many sizes
     p.flush()

@@ -125,6 +125,13 @@ class Client:
         self.clock = reply.clock
         return self._center()
 
+    def peek(self) -> np.ndarray:
+        """The center weights now, read without counting as this worker's pull (no
+        synchronous round waits for a peeker); :attr:`clock` is the center's version."""
+        reply = self._request(p.PEEK)
+        self.clock = reply.clock
+        return self._center()
+
     def push(self, delta: np.ndarray) -> int:
         """Send an update; return its staleness (updates applied since this worker pulled)."""
         reply = self._request(p.PUSH, delta)
@@ -139,7 +146,7 @@ class Client:
         return self._center()
 
     def _center(self) -> np.ndarray:
-        """The center a PULL or PUSH_PULL answered: in the shared file, or read off the socket."""
+        """The center a PULL, PUSH_PULL or PEEK answered: in the shared file, or read off the socket."""
         if self._shared is not None:
             return self._shared.response
         p.recv_exact(self._sock, self._buf.data.cast("B"))

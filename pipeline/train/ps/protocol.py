@@ -20,7 +20,7 @@ offset  type   field
 ======  =====  =============================================================
 0       4s     magic ``b"STPS"``
 4       u8     protocol version (1)
-5       u8     op (PULL, PUSH, PUSH_PULL, STATS, ATTACH) or, in a response, a status
+5       u8     op (PULL, PUSH, PUSH_PULL, STATS, ATTACH, PEEK) or, in a response, a status
 6       u16    flags (request: SHARED; response: the push's staleness, or 1 for an accepted ATTACH)
 8       u32    worker id
 12      u32    sequence number (per connection, from 1)
@@ -46,9 +46,10 @@ HEADER = struct.Struct("<4sBBHIIQQ16s")
 NONCE_BYTES = 16
 MAC_BYTES = 16
 
-# Ops (requests).
-PULL, PUSH, PUSH_PULL, STATS, ATTACH = 1, 2, 3, 4, 5
-OPS = {PULL: "pull", PUSH: "push", PUSH_PULL: "push_pull", STATS: "stats", ATTACH: "attach"}
+# Ops (requests). PEEK reads the center like PULL but is no worker's pull: it joins no
+# synchronous round and moves no staleness clock (what serving reads the live model with).
+PULL, PUSH, PUSH_PULL, STATS, ATTACH, PEEK = 1, 2, 3, 4, 5, 6
+OPS = {PULL: "pull", PUSH: "push", PUSH_PULL: "push_pull", STATS: "stats", ATTACH: "attach", PEEK: "peek"}
 # Request flags.
 SHARED = 1  # the payloads travel in the connection's shared-memory file
 COOKIE_BYTES = 16  # the second ATTACH's payload (see pipeline.train.ps.shm)

@@ -187,7 +187,7 @@ class ParameterServer:
         payload: memoryview | bytes = b""
         pushes = h.op in (p.PUSH, p.PUSH_PULL)
         with self._lock:
-            if self._rounds is not None and h.op != p.STATS:
+            if self._rounds is not None and h.op not in (p.STATS, p.PEEK):
                 self._rounds.join(member)
             if pushes and self._rounds is not None:
                 self._rounds.push(inbox)
@@ -195,6 +195,9 @@ class ParameterServer:
                 staleness = self._apply_push(h, inbox)
             if h.op in (p.PULL, p.PUSH_PULL):
                 self._pull_into(outbox, h.worker)
+            elif h.op == p.PEEK:
+                np.copyto(outbox, self.center)
+            if h.op in (p.PULL, p.PUSH_PULL, p.PEEK):
                 payload = b"" if shared else outbox.data.cast("B")  # shared: already in the file
             clock = self.clock
             # Counted before the reply leaves: a client that reads stats right after

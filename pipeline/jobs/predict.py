@@ -1,0 +1,106 @@
+"""``streamtrain predict``: the predict stream's wiring (Spark, the query, its figures)."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from pathlib import Path
+
+from pipeline import cluster
+from pipeline.errors import ConfigError
+from pipeline.ingest import microbatch
+from pipeline.ingest.kafka import client
+from pipeline.observe import metrics
+from pipeline.serve.predictor import read_description
+from pipeline.serve.stream import PredictHandler, job_id
+from pipeline.train import checkpoint
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class PredictConfig:
+    """The options of ``streamtrain predict`` (see its ``--help``)."""
+
+    run_dir: str
+    topic: str
+    bootstrap: str
+    output_topic: str | None = None
+    checkpoint: str | None = None
+    master: str = "local[*]"
+    max_batches: int | None = None
+    timeout_s: float | None = None
+    available_now: bool = False
+    max_offsets_per_trigger: int = 20_000
+    metrics_port: int | None = None
+
+    def validate(self) -> None:
+        folder = Path(self.run_dir)
+        read_description(folder)  # a clear error for a folder that is no run
+        if not (folder / checkpoint.FILENAME).is_file():
+            raise ConfigError(f"Expected a checkpoint ({checkpoint.FILENAME}) in {folder}: the run has not trained "
+                              "a micro-batch yet. Wait for one, or pass another run's folder.")
+        if self.output_topic == self.topic:
+            raise ConfigError(f"Expected --output-topic to differ from --topic ({self.topic}): predictions written "
+                              "into the input would be read back as records.")
+        if self.max_offsets_per_trigger < 1:
+            raise ConfigError(f"Expected --max-offsets-per-trigger >= 1. Received: {self.max_offsets_per_trigger}")
+
+
+@dataclasses.dataclass
+class PredictSummary:
+    batches: int
+    written: int
+    output_topic: str
+    newest_version: int
+
+    def summary(self) -> str:
+        return (f"wrote {self.written:,} predictions to {self.output_topic} in {self.batches} micro-batches "
+                f"(newest weights: version {self.newest_version})")
+
+
+def run(cfg: PredictConfig) -> PredictSummary:
+    """Score ``cfg.topic`` into the output topic until stopped (or drained, or a limit)."""
+    from pipeline import config
+
+    cfg.validate()
+    folder = Path(cfg.run_dir).resolve()
+    name, _, schema = read_description(folder)
+    output = cfg.output_topic or f"{cfg.topic}.predictions"
+    partitions = client.partitions_for(cfg.bootstrap, cfg.topic)
+    if not partitions:
+        raise ConfigError(f"Expected topic {cfg.topic} at {cfg.bootstrap}. It does not exist; produce into it first.")
+    client.ensure_topic(cfg.bootstrap, output, partitions=len(partitions))
+    meters = metrics.serving_metrics(name)
+    served = None
+    if cfg.metrics_port is not None:
+        served = metrics.serve(meters.registry, host=config.settings().metrics_host, port=cfg.metrics_port)
+        log.info("metrics at %s", served.url)
+    figures = {"batches": 0, "written": 0, "version": -1}
+
+    def on_written(n: int, version: int) -> None:
+        figures["batches"] += 1
+        figures["written"] += n
+        figures["version"] = max(figures["version"], version)
+        meters.predictions_written.labels(output).inc(n)
+        print(f"batch {figures['batches']}: {n:,} predictions (weights version {version}) -> {output}", flush=True)
+
+    spark = cluster.session(cfg.master, app=f"streamtrain-predict-{cfg.topic}")
+    try:
+        handler = PredictHandler(run_dir=str(folder), bootstrap=cfg.bootstrap, output_topic=output,
+                                 job=job_id(str(folder)), threads=cluster.task_threads(spark, len(partitions)),
+                                 on_written=on_written)
+        job = microbatch.StreamJob(
+            spark, bootstrap=cfg.bootstrap, topics=[cfg.topic], schema=schema, handler=handler,
+            checkpoint=cfg.checkpoint or folder / f"predict-{cfg.topic}",
+            available_now=cfg.available_now, max_offsets_per_trigger=cfg.max_offsets_per_trigger,
+            dead_letter_topic=f"{output}.dlq")
+        started = time.monotonic()
+        job.run(max_batches=cfg.max_batches, timeout_s=cfg.timeout_s)
+        log.info("predict stream stopped after %.1f s", time.monotonic() - started)
+    finally:
+        cluster.stop(spark)
+        if served is not None:
+            served.stop()
+    return PredictSummary(figures["batches"], figures["written"], output, figures["version"])

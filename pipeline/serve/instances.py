@@ -1,0 +1,114 @@
+"""A prediction request's body, as TensorFlow Serving's REST API takes it, checked and
+turned into the features a model trains on (numpy only).
+
+Two shapes are accepted, as in TensorFlow Serving: the row format
+``{"instances": [instance, ...]}`` and the columnar ``{"inputs": [instance, ...]}``
+(or either with one named input, ``{"inputs": {"x": [...]}}``). An instance is the
+record's features as the producer sends them: for MNIST, 784 pixel values in
+[0, 255] (flat, 28 x 28, or 28 x 28 x 1); for HIGGS, 28 numbers. Every way a body can
+be wrong is a :class:`BadRequest` that says what was expected and what arrived.
+
+Example:
+    >>> from pipeline import codec
+    >>> x, columnar = parse(b'{"instances": [[0.5, 1.5], [2, 3]]}', codec.generic(2, 2), max_instances=8)
+    >>> x.tolist(), columnar
+    ([[0.5, 1.5], [2.0, 3.0]], False)
+    >>> parse(b'{"instances": [[1, 2, 3]]}', codec.generic(2, 2), max_instances=8)
+    Traceback (most recent call last):
+    ...
+    pipeline.serve.instances.BadRequest: Expected each instance to hold 2 numbers (shape [2]); instance 0 holds 3.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import numpy as np
+
+from pipeline.codec import Schema
+from pipeline.errors import StreamtrainError
+
+
+class BadRequest(StreamtrainError):
+    """A request the server refuses for its content; ``status`` is the HTTP status to answer
+    with and ``reason`` the label it is counted under."""
+
+    def __init__(self, message: str, *, status: int = 400, reason: str = "bad_instances") -> None:
+        super().__init__(message)
+        self.status = status
+        self.reason = reason
+
+
+def _shape_text(schema: Schema) -> str:
+    return "[" + ", ".join(str(d) for d in schema.input_shape) + "]"
+
+
+def _rows(body: Any) -> tuple[Any, bool]:
+    if not isinstance(body, dict):
+        raise BadRequest(f'Expected a JSON object with "instances" or "inputs". Received: a JSON {type(body).__name__}.',
+                         reason="bad_json")
+    keys = [k for k in ("instances", "inputs") if k in body]
+    if len(keys) != 1:
+        raise BadRequest('Expected exactly one of "instances" or "inputs" in the request. '
+                         f"Received keys: {sorted(body)[:8]}.", reason="bad_json")
+    rows = body[keys[0]]
+    if isinstance(rows, dict):  # one named input (this model has one)
+        if len(rows) != 1:
+            raise BadRequest(f"Expected one named input (the model has one). Received {len(rows)}: {sorted(rows)[:8]}.",
+                             reason="bad_json")
+        rows = next(iter(rows.values()))
+    if not isinstance(rows, list):
+        raise BadRequest(f'Expected "{keys[0]}" to be a list of instances. Received: a JSON {type(rows).__name__}.',
+                         reason="bad_json")
+    return rows, keys[0] == "inputs"
+
+
+def _instance(row: Any, index: int, schema: Schema) -> np.ndarray:
+    if isinstance(row, dict) and len(row) == 1:
+        row = next(iter(row.values()))
+    try:
+        x = np.asarray(row, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise BadRequest(f"Expected instance {index} to hold only numbers (shape {_shape_text(schema)}); "
+                         "it holds something else (a string, null, or lists of unequal length).",
+                         reason="not_numeric") from None
+    if _has_bool(row):
+        raise BadRequest(f"Expected instance {index} to hold only numbers; it holds true or false.",
+                         reason="not_numeric")
+    if x.size != schema.n_features:
+        raise BadRequest(f"Expected each instance to hold {schema.n_features} numbers (shape {_shape_text(schema)}); "
+                         f"instance {index} holds {x.size}.", reason="wrong_shape")
+    if not np.isfinite(x).all():
+        raise BadRequest(f"Expected finite numbers; instance {index} holds NaN or infinity.", reason="not_numeric")
+    if schema.dtype == "uint8" and (x.min() < 0 or x.max() > 255):
+        raise BadRequest(f"Expected pixel values in [0, 255] (as the producer sends them); instance {index} holds "
+                         f"values in [{x.min():g}, {x.max():g}].", reason="out_of_range")
+    return x.reshape(-1)
+
+
+def _has_bool(row: Any) -> bool:
+    # Only the first level and the first element of each deeper level: a bool is a
+    # mistake worth naming, and checking every number would cost as much as parsing.
+    while isinstance(row, list) and row:
+        if any(isinstance(v, bool) for v in row):
+            return True
+        row = row[0]
+    return isinstance(row, bool)
+
+
+def parse(raw: bytes, schema: Schema, *, max_instances: int) -> tuple[np.ndarray, bool]:
+    """The body's instances as an ``(n, n_features)`` float64 array in the producer's units,
+    and whether the request was columnar (answer ``"outputs"``, not ``"predictions"``)."""
+    try:
+        body = json.loads(raw, parse_constant=lambda c: math.nan)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise BadRequest(f"Expected a JSON body. Received bytes that are not JSON ({e}).", reason="bad_json") from None
+    rows, columnar = _rows(body)
+    if not rows:
+        raise BadRequest("Expected at least one instance. Received none.", reason="no_instances")
+    if len(rows) > max_instances:
+        raise BadRequest(f"Expected at most {max_instances} instances per request. Received {len(rows)}; "
+                         "split the request.", status=413, reason="too_many_instances")
+    return np.stack([_instance(row, i, schema) for i, row in enumerate(rows)]), columnar
