@@ -5,6 +5,7 @@ importing it (a second or more on a cold machine) ends with one line and status 
 rather than a traceback.
 """
 
+import os
 import sys
 
 
@@ -13,7 +14,10 @@ def main() -> None:
         from pipeline.cli import main as cli_main
     except KeyboardInterrupt:
         sys.stderr.write("interrupted while starting; nothing was done\n")
-        raise SystemExit(130) from None
+        sys.stderr.flush()
+        # Not SystemExit: an interrupt that landed inside an import can leave CPython set to
+        # re-raise SIGINT at exit (status -2). Nothing has started that needs cleaning up.
+        os._exit(130)
     cli_main()
 
 

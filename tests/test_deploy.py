@@ -63,7 +63,9 @@ def test_prometheus_scrapes_the_ports_the_services_serve(stack: dict[str, Any]) 
     for target in targets:
         service, port = target.split(":")
         command = stack["services"][service]["command"]
-        assert "--metrics-port" in command and command[command.index("--metrics-port") + 1] == port, target
+        # /metrics of the process itself, or of the model server it starts (which serves its own).
+        served = [command[command.index(flag) + 1] for flag in ("--metrics-port", "--serve-port") if flag in command]
+        assert port in served, target
 
 
 def test_mounted_configuration_exists(stack: dict[str, Any]) -> None:

@@ -117,6 +117,29 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
             Query(_rate("streamtrain_worker_seconds_total", "activity"), "{{activity}}"),
         ), unit="s", width=12, description="Worker-seconds per second spent in each activity, all workers."),
     )),
+    ("Serving", (
+        Panel("Prediction requests per second, by status", (
+            Query(_rate("streamtrain_serve_requests_total", "code"), "{{code}}"),
+        ), unit="reqps", width=8),
+        Panel("Prediction latency", (
+            Query(_quantile(0.5, "streamtrain_serve_request_seconds"), "p50"),
+            Query(_quantile(0.99, "streamtrain_serve_request_seconds"), "p99"),
+        ), unit="s", width=8),
+        Panel("Served weights: age", (
+            Query("max(streamtrain_serve_weights_age_seconds)", "age"),
+        ), unit="s", width=8, description="Seconds since the served weights were the parameter server's center "
+                                          "(or since the checkpoint served was written)."),
+        Panel("Instances per request", (
+            Query(_quantile(0.5, "streamtrain_serve_instances"), "p50"),
+            Query(_quantile(0.99, "streamtrain_serve_instances"), "p99"),
+        ), unit="short", width=8),
+        Panel("Refused requests per second, by reason", (
+            Query(_rate("streamtrain_serve_bad_requests_total", "reason"), "{{reason}}"),
+        ), unit="reqps", width=8),
+        Panel("Predictions written per second (predict stream)", (
+            Query(_rate("streamtrain_predictions_written_total", "topic"), "{{topic}}"),
+        ), unit="short", width=8),
+    )),
     ("What was rejected, and why?", (
         Panel("Rejected records per second, by reason", (
             Query(_rate("streamtrain_stream_records_rejected_total", "reason"), "{{reason}}"),

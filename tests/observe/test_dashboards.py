@@ -34,7 +34,8 @@ def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedP
 def _exported_names() -> set[str]:
     """Every sample name streamtrain's registries expose (with _bucket, _count, ...)."""
     names = set()
-    for registry in (metrics.training_metrics().registry, metrics.producer_metrics().registry):
+    for registry in (metrics.training_metrics().registry, metrics.producer_metrics().registry,
+                     metrics.serving_metrics("m").registry):
         for family in registry.collect():
             names.add(family.name)
             names.update(s.name for s in family.samples)
@@ -70,7 +71,8 @@ def test_every_query_names_only_metrics_streamtrain_exports() -> None:
 def test_dashboard_answers_the_three_questions_with_one_datasource() -> None:
     board = dashboard.build()
     rows = [p["title"] for p in board["panels"] if p["type"] == "row"]
-    assert rows == ["At a glance", "Is data flowing?", "Is training healthy?", "What was rejected, and why?"]
+    assert rows == ["At a glance", "Is data flowing?", "Is training healthy?", "Serving",
+                    "What was rejected, and why?"]
     panels = dashboard.panels(board)
     assert {p["datasource"]["uid"] for p in panels} == {dashboard.DATASOURCE_UID}
     assert len({p["id"] for p in board["panels"]}) == len(board["panels"])

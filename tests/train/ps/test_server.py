@@ -184,6 +184,23 @@ def test_a_worker_that_leaves_the_synchronous_rounds_does_not_hold_them_up() -> 
         a.close()
 
 
+def test_a_peeker_reads_the_center_without_joining_rounds_or_moving_staleness(server: ParameterServer) -> None:
+    """Proves: what serving reads the live model with (PEEK) is no worker's pull: a
+    synchronous round of one worker completes with a peeker connected, and a worker's
+    staleness counts only its own pulls."""
+    with ParameterServer(np.zeros(N, np.float32), secret=SECRET, sync_workers=1, sync_timeout_s=600,
+                         shared_memory=server.shared_memory) as s:
+        peeker, worker = _client(s, 0xFFFFFFFF), _client(s, 0)
+        assert np.all(peeker.peek() == 0) and peeker.clock == 0
+        worker.pull()
+        t, got = _push_in_thread(worker, np.ones(N, np.float32))
+        t.join(30)  # a peeker that had joined the round would hold it up for 600 s
+        assert got and s.clock == 1
+        assert np.all(peeker.peek() == 1) and peeker.clock == 1
+        assert s.stats()["workers"] == 1  # the peeker is no worker
+        peeker.close(), worker.close()
+
+
 def test_expected_workers_set_the_round_size() -> None:
     with ParameterServer(np.zeros(N, np.float32), secret=SECRET, sync_workers=2, sync_timeout_s=600) as s:
         s.expect_workers(1)  # this job has one task
