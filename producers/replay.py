@@ -386,7 +386,12 @@ def replay_with_metrics(dataset: Dataset, *, metrics_host: str = "127.0.0.1", me
     server = metrics.serve(meters.registry, host=metrics_host, port=metrics_port)
     log.info("producer metrics at %s", server.url)
     try:
-        return replay.run()
+        report = replay.run()
+        # Watched by Prometheus: one more scrape, so the final counts are recorded (not
+        # after Ctrl-C, which wants the process gone).
+        if not report.interrupted:
+            server.await_scrape()
+        return report
     finally:
         server.stop()
 
