@@ -249,8 +249,11 @@ def serve(run_dir: str, port: int, name: str | None, max_age_s: float | None) ->
 @cli.command()
 @click.option("--run", "run_dir", required=True, type=click.Path(file_okay=False),
               help="The run whose model scores (its checkpoint, reloaded as the run writes new ones).")
-@click.option("--topic", required=True, help="The topic of records to score (the project's wire format).")
+@click.option("--topic", required=True, help="The topic of records to score.")
 @click.option("--output-topic", help="Where predictions go (default: TOPIC.predictions).")
+@click.option("--input-format", type=click.Choice(["wire", "json"]), default="wire", show_default=True,
+              help="wire: records as `streamtrain produce` writes them; json: each value one JSON instance "
+                   '(a list of numbers, or {"instances": [one]}) in the same units.')
 @_bootstrap_option
 @click.option("--checkpoint", type=click.Path(file_okay=False),
               help="The query's checkpoint: a restart continues after it (default: RUN/predict-TOPIC).")

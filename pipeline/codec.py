@@ -42,8 +42,8 @@ VERSION = 1
 HEADER_BYTES = 8
 
 #: Reject reasons, in the order they are checked; the index is the stored code.
-REASONS = ("wrong_length", "unknown_version", "wrong_schema", "label_out_of_range", "non_finite")
-_WRONG_LENGTH, _UNKNOWN_VERSION, _WRONG_SCHEMA, _LABEL_RANGE, _NON_FINITE = range(len(REASONS))
+REASONS = ("wrong_length", "unknown_version", "wrong_schema", "label_out_of_range", "non_finite", "not_an_instance")
+_WRONG_LENGTH, _UNKNOWN_VERSION, _WRONG_SCHEMA, _LABEL_RANGE, _NON_FINITE, _NOT_AN_INSTANCE = range(len(REASONS))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,6 +57,9 @@ class Schema:
         n_features: features per record.
         num_classes: labels must lie in ``[0, num_classes)``.
         input_shape: the shape a model sees, e.g. ``(28, 28, 1)``.
+        encoding: ``"wire"`` (the layout above) or ``"json"``: each value one JSON
+            instance of the features, unlabelled (what a prediction stream may carry; see
+            :func:`json_instances`).
     """
 
     name: str
@@ -65,6 +68,7 @@ class Schema:
     n_features: int
     num_classes: int
     input_shape: tuple[int, ...]
+    encoding: str = "wire"
 
     @property
     def record_bytes(self) -> int:
@@ -210,6 +214,58 @@ def _as_buffer(values: Any) -> tuple[np.ndarray, np.ndarray]:
     return np.frombuffer(b"".join(values), np.uint8), offsets
 
 
+def json_instances(schema: Schema) -> Schema:
+    """``schema``'s features as JSON instances: a value is a list of numbers (flat or
+    nested), ``{"instances": [one]}`` or ``{"features": [...]}``, in the wire units.
+
+    >>> d = decode([b"[1, 2]", b'{"instances": [[3, 4]]}', b"[1]", b"oops"], json_instances(generic(2, 2)))
+    >>> d.x.tolist(), d.reason_names()
+    ([[1.0, 2.0], [3.0, 4.0]], ['not_an_instance', 'not_an_instance'])
+    """
+    return dataclasses.replace(schema, encoding="json")
+
+
+def _json_instance(value: bytes | None, schema: Schema) -> np.ndarray | int:
+    """The features of one JSON value, or the reason code it is rejected with."""
+    import json
+
+    try:
+        body = json.loads(value or b"")
+        if isinstance(body, dict):
+            body = body["instances"][0] if "instances" in body else body["features"]
+        if _holds_bool(body):
+            return _NOT_AN_INSTANCE
+        x = np.asarray(body, dtype=np.float64).reshape(-1)
+    except (ValueError, TypeError, KeyError, IndexError):
+        return _NOT_AN_INSTANCE
+    if x.size != schema.n_features:
+        return _NOT_AN_INSTANCE
+    if not np.isfinite(x).all():
+        return _NON_FINITE
+    if schema.dtype == "uint8" and (x.min() < 0 or x.max() > 255):
+        return _NOT_AN_INSTANCE
+    return x
+
+
+def _holds_bool(body: Any) -> bool:
+    while isinstance(body, list) and body:
+        if any(isinstance(v, bool) for v in body):
+            return True
+        body = body[0]
+    return isinstance(body, bool)
+
+
+def _decode_json(values: Any, schema: Schema) -> Decoded:
+    raw = values.to_pylist() if hasattr(values, "to_pylist") else list(values)
+    parsed = [_json_instance(v, schema) for v in raw]
+    ok = [i for i, v in enumerate(parsed) if not isinstance(v, int)]
+    bad = [i for i, v in enumerate(parsed) if isinstance(v, int)]
+    rows = [parsed[i] for i in ok]
+    x = np.stack(rows).astype(schema.dtype) if rows else np.empty((0, schema.n_features), schema.dtype)
+    return Decoded(x=x, y=np.zeros(len(ok), np.int32), accepted=np.array(ok, np.int64),
+                   rejected=np.array(bad, np.int64), reasons=np.array([parsed[i] for i in bad], np.uint8))
+
+
 def decode(values: Any, schema: Schema) -> Decoded:
     """Decode a block of Kafka values in one vectorized pass.
 
@@ -228,6 +284,8 @@ def decode(values: Any, schema: Schema) -> Decoded:
         >>> decode([ok, nan, bad_label, b"\\x02" + ok[1:]], generic(2, 2)).reason_names()
         ['non_finite', 'label_out_of_range', 'unknown_version']
     """
+    if schema.encoding == "json":
+        return _decode_json(values, schema)
     data, offsets = _as_buffer(values)
     n = len(offsets) - 1
     rec = schema.record_bytes

@@ -30,6 +30,8 @@ class Block:
         offsets: Kafka offsets of the accepted records.
         timestamps_ms: event times of the accepted records.
         schema: the record layout.
+        keys: the accepted records' Kafka keys as sent, where the handler asks for them
+            (``Handler.wants_keys``); None otherwise (training does not need them).
     """
 
     topic: str
@@ -40,6 +42,7 @@ class Block:
     offsets: np.ndarray
     timestamps_ms: np.ndarray
     schema: codec.Schema
+    keys: list[bytes | None] | None = None
 
 
 @dataclasses.dataclass
@@ -115,7 +118,9 @@ def decode_range(
     if decoded.rejected.size and dead_letter is not None:
         dead_letters.send(*dead_letter, table.take(pa.array(decoded.rejected)).to_pydict(), decoded.reason_names())
     decode_s = time.perf_counter() - started
-    block = Block(covered.topic, covered.partition, decoded.x, decoded.y, ids[ok], offsets[ok], stamps[ok], schema)
+    keys = table.column("key").take(pa.array(ok)).to_pylist() if handler.wants_keys else None
+    block = Block(covered.topic, covered.partition, decoded.x, decoded.y, ids[ok], offsets[ok], stamps[ok], schema,
+                  keys)
     started = time.perf_counter()
     result = handler.process(block)
     handler_s = time.perf_counter() - started

@@ -41,6 +41,8 @@ class Handler:
     #: The type :meth:`process` returns, where it is a dataclass (it crosses from Spark's
     #: JVM source as JSON and is rebuilt as this type); None: JSON values as they are.
     result_type: type | None = None
+    #: Whether :meth:`process` needs each record's Kafka key as sent (``Block.keys``).
+    wants_keys: bool = False
 
     def process(self, block: Block) -> Any:
         """Executors: do the work on one decoded block; return its figures."""

@@ -7,7 +7,7 @@ import logging
 import time
 from pathlib import Path
 
-from pipeline import cluster
+from pipeline import cluster, codec
 from pipeline.errors import ConfigError
 from pipeline.ingest import microbatch
 from pipeline.ingest.kafka import client
@@ -27,6 +27,7 @@ class PredictConfig:
     topic: str
     bootstrap: str
     output_topic: str | None = None
+    input_format: str = "wire"  # or "json": each record one JSON instance
     checkpoint: str | None = None
     master: str = "local[*]"
     max_batches: int | None = None
@@ -44,6 +45,8 @@ class PredictConfig:
         if self.output_topic == self.topic:
             raise ConfigError(f"Expected --output-topic to differ from --topic ({self.topic}): predictions written "
                               "into the input would be read back as records.")
+        if self.input_format not in ("wire", "json"):
+            raise ConfigError(f"Expected --input-format wire or json. Received: {self.input_format!r}")
         if self.max_offsets_per_trigger < 1:
             raise ConfigError(f"Expected --max-offsets-per-trigger >= 1. Received: {self.max_offsets_per_trigger}")
 
@@ -67,6 +70,8 @@ def run(cfg: PredictConfig) -> PredictSummary:
     cfg.validate()
     folder = Path(cfg.run_dir).resolve()
     name, _, schema = read_description(folder)
+    if cfg.input_format == "json":
+        schema = codec.json_instances(schema)
     output = cfg.output_topic or f"{cfg.topic}.predictions"
     partitions = client.partitions_for(cfg.bootstrap, cfg.topic)
     if not partitions:

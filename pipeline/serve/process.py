@@ -112,7 +112,9 @@ def serve_live(job: dict[str, Any], report: Any, log_path: str) -> None:
     try:
         schema = schema_from_dict(job["schema"])
         source.start()
-        predictor = Predictor(ModelSpec.from_json(job["spec"]), schema, source, max_age_s=job["max_age_s"])
+        # One TensorFlow thread: the cores belong to the training it runs beside.
+        predictor = Predictor(ModelSpec.from_json(job["spec"]), schema, source, max_age_s=job["max_age_s"],
+                              threads=1)
         server = ModelServer(predictor, name=job["name"], host=job["host"], port=job["port"],
                              token=job["token"]).start()
     except Exception as e:  # the parent turns it into one line

@@ -109,6 +109,7 @@ class PredictHandler(Handler):
     on_written: Any = None  # driver only: called with (records written, newest version) per batch
 
     result_type = Predicted
+    wants_keys = True
 
     def process(self, block: Block) -> Predicted:
         from pipeline.serve.predictor import read_description
@@ -120,7 +121,7 @@ class PredictHandler(Handler):
         weights, version = _weights(self.run_dir)
         probs = predict(spec, weights, schema.to_model_input(block.x), job=self.job, threads=self.threads)
         producer = _producer(self.bootstrap)
-        keys = codec.encode_keys(block.ids)
+        keys = block.keys if block.keys is not None else codec.encode_keys(block.ids)
         futures = [producer.send(self.output_topic, value=v, key=k)
                    for k, v in zip(keys, prediction_values(block, probs, version), strict=True)]
         producer.flush()

@@ -231,3 +231,33 @@ def test_predict_stream_writes_one_keyed_versioned_prediction_per_record(live_ru
         value = json.loads(out.value)
         assert out.key == rec.key and value["version"] == version and value["topic"] == topic
         assert len(value["probabilities"]) == 10 and value["class"] == int(np.argmax(value["probabilities"]))
+
+
+def test_predict_stream_reads_json_instances_and_keeps_their_keys(live_run, broker, topic, consume,  # type: ignore[no-untyped-def]
+                                                                  mnist_test) -> None:
+    """Proves: with --input-format json, each JSON instance is scored with its own key kept
+    (any bytes, not only record ids), and a value that is no instance is set aside to the
+    output's dead-letter topic instead of being scored."""
+    from kafka import KafkaProducer
+
+    from pipeline.ingest.kafka import client
+
+    client.ensure_topic(broker.bootstrap, topic, partitions=1)
+    producer = KafkaProducer(bootstrap_servers=broker.bootstrap)
+    for i in range(20):
+        value = json.dumps(mnist_test.x[i].tolist() if i % 2 else {"instances": [mnist_test.x[i].reshape(28, 28).tolist()]})
+        producer.send(topic, key=f"user-{i}".encode(), value=value.encode())
+    producer.send(topic, key=b"broken", value=b'{"instances": "nope"}')
+    producer.flush()
+    producer.close()
+    done = subprocess.run([sys.executable, "-m", "pipeline", "predict", "--run", str(live_run["out"]), "--topic", topic,
+                           "--bootstrap", broker.bootstrap, "--available-now", "--input-format", "json"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    outputs = consume(f"{topic}.predictions", 21, timeout_s=5)
+    assert sorted(o.key for o in outputs) == sorted(f"user-{i}".encode() for i in range(20))
+    labels = {f"user-{i}".encode(): int(mnist_test.y[i]) for i in range(20)}
+    right = sum(json.loads(o.value)["class"] == labels[o.key] for o in outputs)
+    assert right >= 14  # the short run's model: far above chance (2 of 20)
+    [dead] = consume(f"{topic}.predictions.dlq", 1)
+    assert dead.key == b"broken" and dict(dead.headers)["streamtrain.reason"] == b"not_an_instance"

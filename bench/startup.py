@@ -1,0 +1,164 @@
+"""Benchmark: how long `streamtrain run` takes to train its first micro-batch, and its memory,
+against the floor its parts set, all measured in one run.
+
+The parts, each timed in a fresh process: ``import tensorflow`` plus building the MNIST
+CNN and tracing its training step (what every worker needs), a bare SparkSession start,
+and the embedded broker's start. floor_s is the largest of them: what perfect overlap of
+everything else would cost. Then `streamtrain run --max-batches 1`, from launch to its
+"first micro-batch trained" line: cold (an empty cache folder, no compiled bytecode, the
+page cache dropped where allowed) and warm (the same again). Memory: the peak, over the
+warm run, of the sum over every process of the run of PSS (``/proc/<pid>/smaps_rollup``:
+shared pages divided among the processes sharing them) and of RSS (shared pages counted
+once per process).
+
+    .venv/bin/python bench/startup.py [--repeat 3]
+
+Last line: ``startup cold_s=<s> warm_s=<s> floor_s=<s> warm_ratio_vs_floor=<r>
+peak_pss_gb=<g> peak_rss_gb=<g>``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from e2e import _drop_page_cache  # noqa: E402  (a sibling benchmark)
+
+ROOT = Path(__file__).resolve().parent.parent
+
+PARTS = {
+    "tensorflow": """
+import time; t = time.perf_counter()
+import numpy as np
+from pipeline.train import zoo
+from pipeline.train.replica import init_tensorflow
+init_tensorflow(1)
+model = zoo.mnist_cnn()
+model.compile(optimizer="adam", loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+model.train_on_batch(np.zeros((64, 28, 28, 1), np.float32), np.zeros(64, np.int32))
+print(time.perf_counter() - t)
+""",
+    "spark": """
+import time; t = time.perf_counter()
+from pipeline import cluster
+s = cluster.session("local[2]", app="startup-floor")
+s.sparkContext.parallelize([1]).count()
+print(time.perf_counter() - t)
+cluster.stop(s)
+""",
+    "broker": """
+import time; t = time.perf_counter()
+from pipeline.ingest.kafka import EmbeddedBroker
+b = EmbeddedBroker().start()
+print(time.perf_counter() - t)
+b.stop()
+""",
+}
+
+
+def part_s(code: str) -> float:
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    if done.returncode != 0:
+        raise SystemExit(done.stderr[-2000:])
+    return float(done.stdout.strip().splitlines()[-1])
+
+
+def _descendants(root: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                ppid = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo += children.get(pid, [])
+    return out
+
+
+def memory_bytes(root: int) -> tuple[int, int]:
+    """(PSS, RSS) summed over ``root`` and its descendants."""
+    pss = rss = 0
+    for pid in _descendants(root):
+        try:
+            for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+                if line.startswith("Pss:"):
+                    pss += int(line.split()[1]) * 1024
+                elif line.startswith("Rss:"):
+                    rss += int(line.split()[1]) * 1024
+        except OSError:
+            pass
+    return pss, rss
+
+
+def run_once(env: dict[str, str]) -> tuple[float, int, int]:
+    """Seconds from launch to the first trained micro-batch; peak PSS and RSS of the run."""
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [sys.executable, "-m", "pipeline", "run", "--max-batches", "1", "--out", str(Path(tmp) / "run")]
+        started = time.monotonic()
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        peak = [0, 0]
+
+        def sample() -> None:
+            while proc.poll() is None:
+                pss, rss = memory_bytes(proc.pid)
+                peak[0], peak[1] = max(peak[0], pss), max(peak[1], rss)
+                time.sleep(0.5)
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        seen = None
+        for line in proc.stdout:  # type: ignore[union-attr]
+            if seen is None and "first micro-batch trained" in line:
+                seen = time.monotonic() - started
+        proc.wait()
+        sampler.join()
+        if proc.returncode != 0 or seen is None:
+            raise SystemExit(f"streamtrain run --max-batches 1 failed (exit {proc.returncode})")
+        return seen, peak[0], peak[1]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeat", type=int, default=3, help="warm runs (the median is reported)")
+    args = ap.parse_args()
+    from pipeline import config
+
+    parts = {name: statistics.median(part_s(code) for _ in range(2)) for name, code in PARTS.items()}
+    print("parts: " + " ".join(f"{k}={v:.1f}s" for k, v in parts.items()), flush=True)
+    floor = max(parts.values())
+
+    real_cache = config.cache_dir()
+    with tempfile.TemporaryDirectory() as cache, tempfile.TemporaryDirectory() as pyc:
+        if (real_cache / "mnist.npz").exists():  # data is not start-up: link it in
+            os.symlink(real_cache / "mnist.npz", Path(cache) / "mnist.npz")
+        env = {**os.environ, "STREAMTRAIN_CACHE_DIR": cache, "PYTHONPYCACHEPREFIX": pyc}
+        dropped = _drop_page_cache()
+        cold, _, _ = run_once(env)
+        print(f"cold: {cold:.1f} s (page cache {'dropped' if dropped else 'kept: not allowed here'})", flush=True)
+        warm_runs = [run_once(env) for _ in range(args.repeat)]
+    for i, (s, pss, rss) in enumerate(warm_runs):
+        print(f"warm {i}: {s:.1f} s, peak PSS {pss / 1e9:.2f} GB, peak RSS {rss / 1e9:.2f} GB", flush=True)
+    warm = statistics.median(s for s, _, _ in warm_runs)
+    pss = max(p for _, p, _ in warm_runs)
+    rss = max(r for _, _, r in warm_runs)
+    print(json.dumps({"parts": parts, "cold": cold, "warm": [w[0] for w in warm_runs]}))
+    print(f"startup cold_s={cold:.1f} warm_s={warm:.1f} floor_s={floor:.1f} warm_ratio_vs_floor={warm / floor:.2f} "
+          f"peak_pss_gb={pss / 1e9:.2f} peak_rss_gb={rss / 1e9:.2f}")
+
+
+if __name__ == "__main__":
+    main()
