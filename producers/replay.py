@@ -406,10 +406,9 @@ def replay_in_child(job: dict[str, Any], report: Any, log_path: str) -> None:
             one-line ``{"error": ...}`` when the replay could not run.
         log_path: where the child's log goes (nobody reads a pipe while a run streams).
     """
-    import os
-    import sys
     from pathlib import Path
 
+    from pipeline.ingest.kafka.broker import die_with_parent
     from producers import datasets
 
     with open(log_path, "a") as f:  # stdout and stderr, C libraries' included
@@ -420,6 +419,7 @@ def replay_in_child(job: dict[str, Any], report: Any, log_path: str) -> None:
     job = dict(job)
     try:
         with stop_on_signals(threading.Event()) as stop:  # the parent stops us with SIGINT
+            die_with_parent(job.pop("parent", None))  # a driver killed outright: no replay left behind
             data = datasets.get(job.pop("dataset"), data_dir=Path(job.pop("data_dir")))
             result = replay_with_metrics(data, stop=stop, **job)
     except Exception as e:  # the parent turns it into one line

@@ -1,8 +1,16 @@
-"""The dead-letter topic: records that could not be decoded, kept with why and where from."""
+"""The dead-letter topic: records that could not be decoded, kept with why and where from.
+
+Every dead letter carries its source topic, partition and offset in headers. A batch
+that Spark replays (its commit was lost) sends its rejects again; a reader of the
+dead-letter topic drops repeats by that origin. A send that fails fails the batch, so
+that no rejected record is lost: the batch is not committed, and is replayed.
+"""
 
 from __future__ import annotations
 
 from typing import Any
+
+from pipeline.errors import BrokerError
 
 #: bootstrap -> producer, one per Python worker process.
 _PRODUCERS: dict[str, Any] = {}
@@ -23,10 +31,21 @@ def send(bootstrap: str, topic: str, records: dict[str, list[Any]], reasons: lis
     producer = _PRODUCERS.get(bootstrap)
     if producer is None:
         producer = _PRODUCERS[bootstrap] = KafkaProducer(bootstrap_servers=bootstrap, acks="all",
-                                                         enable_idempotence=True, linger_ms=5)
+                                                         enable_idempotence=True, linger_ms=5,
+                                                         delivery_timeout_ms=30_000, request_timeout_ms=10_000)
+    from kafka.errors import KafkaError
+
+    futures, errors = [], []
     for i, reason in enumerate(reasons):
         origin = {k: str(records[k][i]).encode() for k in ("topic", "partition", "offset")}
         headers = [("streamtrain.reason", reason.encode())] + [(f"streamtrain.{k}", v) for k, v in origin.items()]
-        producer.send(topic, value=records["value"][i], key=records["key"][i], headers=headers)
+        try:
+            futures.append(producer.send(topic, value=records["value"][i], key=records["key"][i], headers=headers))
+        except KafkaError as e:  # refused before sending (too large, no metadata in time)
+            errors.append(e)
     # Before the batch commits: a record is never both untrained and out of the dead-letter topic.
     producer.flush()
+    errors += [f.exception for f in futures if f.failed()]
+    if errors:
+        raise BrokerError(f"{len(errors)} of {len(reasons)} rejected records could not be set aside to {topic} "
+                          f"({errors[0]}); the micro-batch fails and is replayed, so none is lost.")

@@ -37,7 +37,7 @@ from pipeline.jobs.run_config import RunConfig
 from pipeline.jobs.run_metrics import RunMetrics
 from pipeline.observe import metrics
 from pipeline.train import algorithms, checkpoint
-from pipeline.train.ledger import check_ledger
+from pipeline.train.ledger import check_ledger, compact
 from pipeline.train.probe import Probe
 
 log = logging.getLogger("streamtrain.run")
@@ -116,7 +116,8 @@ class Run:
         assert self.state is not None
         state = self.state
         state.weights, state.clock, state.last_batch_id, state.optimizer = weights, clock, info.batch_id, optimizer
-        state.ledger += [_ledger_entry(info.batch_id, r) for r in info.ranges]
+        state.ledger = compact(state.ledger + [_ledger_entry(info.batch_id, r) for r in info.ranges],
+                               keep_batch=info.batch_id)
         state.extra = {"trained": state.extra.get("trained", 0) + trained}
         checkpoint.save(self.out, state)
 

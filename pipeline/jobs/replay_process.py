@@ -33,7 +33,7 @@ class ReplayProcess:
         self.job: dict[str, Any] = {
             "dataset": dataset, "data_dir": str(data_dir), "bootstrap": bootstrap, "topic": topic,
             "epochs": epochs, "rate": rate, "partitions": partitions, "metrics_host": metrics_host,
-            "metrics_port": metrics_port,
+            "metrics_port": metrics_port, "parent": os.getpid(),
         }
         self.log_path = log_path
         self.sent: int | None = None  # records Kafka acknowledged, once the replay is over

@@ -94,15 +94,21 @@ def serve_live(job: dict[str, Any], report: Any, log_path: str) -> None:
     Args:
         job: ``spec`` (JSON), ``schema`` and ``name`` (see :func:`predictor.write_description`),
             ``address``, ``secret``, ``size``, ``host``, ``port``, ``token``, ``max_age_s``,
-            ``refresh_s``.
+            ``refresh_s``, and ``parent`` (the driver's pid).
         report: a connection the bound port (or ``{"error": ...}``) is sent through.
         log_path: where the child's output goes.
     """
+    from pipeline.ingest.kafka.broker import die_with_parent
+
     with open(log_path, "a") as f:
         os.dup2(f.fileno(), 1)
         os.dup2(f.fileno(), 2)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname).1s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    die_with_parent(job["parent"])  # a driver killed outright leaves no server behind
     from pipeline.serve.http import ModelServer
     from pipeline.serve.predictor import Predictor, schema_from_dict
     from pipeline.serve.weights import LiveWeights
@@ -125,7 +131,8 @@ def serve_live(job: dict[str, Any], report: Any, log_path: str) -> None:
     log.info("serving %s at %s:predict", job["name"], server.url)
     report.send({"port": server.port, "url": server.url})
     try:
-        _wait_for_signal()
+        while not stop.wait(0.5):
+            pass
     finally:
         server.stop()
         source.close()
@@ -149,7 +156,7 @@ class ServingProcess:
         return cls({"name": name, "spec": spec.to_json(), "schema": schema_dict(schema),
                     "address": f"{server.host}:{server.port}", "secret": server.secret, "size": spec.size,
                     "host": host, "port": port, "token": token, "max_age_s": max_age_s,
-                    "refresh_s": min(0.2, max_age_s / 4)}, log_path)
+                    "refresh_s": min(0.2, max_age_s / 4), "parent": os.getpid()}, log_path)
 
     def __init__(self, job: dict[str, Any], log_path: Path) -> None:
         self.job, self.log_path = job, log_path

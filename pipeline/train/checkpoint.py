@@ -1,7 +1,7 @@
 """The training checkpoint: center weights, the server's optimizer state, clock, last applied
 batch and the ledger, in one file.
 
-It is written atomically (a temporary file, fsync, rename) after every micro-batch,
+It is written atomically (a temporary file, fsync, rename, fsync of the folder) after every micro-batch,
 before Spark commits the batch, so after a crash it always describes a whole
 number of batches: a batch Spark replays is either absent from it (and trained
 again) or present (and skipped).
@@ -32,7 +32,8 @@ class State:
         weights: the parameter server's center weights.
         clock: updates applied.
         last_batch_id: the last micro-batch applied (-1: none).
-        ledger: ``[batch_id, topic, partition, start, end]`` of every range trained.
+        ledger: ``[batch_id, topic, partition, start, end]`` of every range trained
+            (compacted: see :func:`pipeline.train.ledger.compact`).
         extra: anything else worth resuming (counts, accuracy history).
         optimizer: the server-side optimizer's arrays (synchronous SGD), by name.
     """
@@ -61,6 +62,13 @@ def save(folder: str | os.PathLike[str], state: State) -> Path:
         os.fsync(f.fileno())
     target = folder / FILENAME
     os.replace(tmp, target)
+    # The rename is durable only once the folder's entry is: without this, a power cut
+    # could bring back the previous checkpoint after Spark committed the new batch.
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
     return target
 
 

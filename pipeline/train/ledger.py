@@ -1,5 +1,10 @@
 """The ledger: every offset range a run trained, ``[batch_id, topic, partition, start, end]``,
-kept in the checkpoint with the weights that learned from it."""
+kept in the checkpoint with the weights that learned from it.
+
+Compacted as it grows (:func:`compact`): each partition's chained ranges become one, so a
+trainer that never stops rewrites a checkpoint of constant size; the newest batch's ranges
+stay as they were, to compare a replayed batch against.
+"""
 
 from __future__ import annotations
 
@@ -26,3 +31,25 @@ def check_ledger(ledger: list[list[Any]]) -> dict[tuple[str, int], int]:
                             f"but the previous range ended at {ends[key]}")
         ends[key] = end
     return ends
+
+
+def compact(ledger: list[list[Any]], *, keep_batch: int) -> list[list[Any]]:
+    """Merge each partition's ranges that follow one another into one range, labelled with
+    the last batch it covers; the ranges of batch ``keep_batch`` are left as they are.
+
+    >>> compact([[0, "t", 0, 0, 5], [0, "t", 1, 0, 4], [1, "t", 0, 5, 9], [2, "t", 0, 9, 12]], keep_batch=2)
+    [[1, 't', 0, 0, 9], [0, 't', 1, 0, 4], [2, 't', 0, 9, 12]]
+    >>> compact([[0, "t", 0, 0, 5], [3, "t", 0, 7, 9]], keep_batch=9)  # a gap is kept, for check_ledger to see
+    [[0, 't', 0, 0, 5], [3, 't', 0, 7, 9]]
+    """
+    out: list[list[Any]] = []
+    last: dict[tuple[str, int], int] = {}
+    for batch_id, topic, part, start, end in ledger:
+        key = (topic, int(part))
+        i = last.get(key)
+        if batch_id != keep_batch and i is not None and out[i][0] != keep_batch and out[i][4] == start:
+            out[i] = [batch_id, topic, part, out[i][3], end]
+        else:
+            out.append([batch_id, topic, part, start, end])
+            last[key] = len(out) - 1
+    return out

@@ -189,3 +189,46 @@ def test_without_window_each_algorithm_keeps_its_own(tmp_path: Path) -> None:
         run = Run(RunConfig(algorithm=name, out=str(tmp_path / name)))
         assert run.algorithm.communication_window == algorithms.get(name).communication_window
     assert Run(RunConfig(out=str(tmp_path / "default"))).algorithm.name == "sync"
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                    out.append(int(entry))
+            except (OSError, IndexError, ValueError):
+                pass
+    return out
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def test_a_driver_killed_outright_leaves_no_replay_or_model_server(tmp_path: Path) -> None:
+    """Proves: SIGKILL of `streamtrain run` (no clean-up runs) still ends its replay producer
+    and its model server: each asked the kernel to stop it when its parent dies."""
+    log = tmp_path / "run.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "pipeline", "run", "--dataset", "higgs", "--rate", "200",
+                                 "--serve-port", "0", "--out", str(tmp_path / "run")], cwd=ROOT, stdout=out,
+                                stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 300
+        while "serving predictions at" not in log.read_text():
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.2)
+        spawned = [pid for pid in _children(proc.pid) if "multiprocessing" in _cmdline(pid)]
+        assert len(spawned) >= 2, [_cmdline(p) for p in _children(proc.pid)]  # the replay and the model server
+    finally:
+        proc.kill()
+        proc.wait()
+    deadline = time.monotonic() + 30
+    while [p for p in spawned if Path(f"/proc/{p}").exists() and "multiprocessing" in _cmdline(p)]:
+        assert time.monotonic() < deadline, [_cmdline(p) for p in spawned]
+        time.sleep(0.2)

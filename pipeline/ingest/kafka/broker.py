@@ -92,12 +92,18 @@ def _port_free(host: str, port: int) -> bool:
         return True
 
 
-def _die_with_parent() -> None:
-    # Runs in the child between fork and exec: ask the kernel to SIGTERM it when
-    # the parent dies, so a SIGKILLed test or driver leaves no orphan broker.
+def die_with_parent(parent: int | None = None) -> None:
+    """Ask the kernel to SIGTERM this process when its parent dies (Linux), so that a
+    SIGKILLed test or driver leaves no orphan broker, producer or model server.
+
+    In a child between fork and exec (``preexec_fn``), or first thing in a spawned one;
+    with ``parent`` (the pid that started it), a parent already gone ends it at once.
+    """
     if sys.platform.startswith("linux"):
         with contextlib.suppress(Exception):
             ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    if parent is not None and os.getppid() != parent:
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def wait_for_kafka(bootstrap: str, timeout_s: float = 10.0) -> None:
@@ -193,7 +199,7 @@ class EmbeddedBroker:
                 self._proc = subprocess.Popen(
                     self._command(binary, port),
                     stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                    preexec_fn=_die_with_parent,
+                    preexec_fn=die_with_parent,
                 )
             finally:
                 if out is not subprocess.DEVNULL:
