@@ -93,6 +93,7 @@ class ReplayReport:
     epochs: int = 0
     seconds: float = 0.0
     interrupted: bool = False
+    resumed_after: int = 0  # records of this replay already in the topic, not sent again
 
     @property
     def records_per_s(self) -> float:
@@ -111,6 +112,8 @@ class ReplayReport:
         '0 send errors, 2 malformed rows skipped (line 3: not_a_number, line 9: bad_label)'
         """
         stopped = " (interrupted)" if self.interrupted else ""
+        if self.resumed_after:
+            stopped += f" (resumed after the {self.resumed_after} records already there)"
         return (
             f"sent {self.records_sent} records ({self.bytes_sent / 1e6:.1f} MB) to {self.topic} in "
             f"{self.seconds:.1f} s{stopped}: {self.records_per_s:.0f} records/s, {self.mb_per_s:.2f} MB/s; "
@@ -171,6 +174,7 @@ class Replay:
         progress: bool = False,
         max_malformed: float | None = None,
         stop: threading.Event | None = None,
+        resume: bool = False,
     ) -> None:
         if max_malformed is not None and max_malformed < 0:
             raise ConfigError(f"Expected --max-malformed >= 0 (a count, or a fraction below 1). Received: {max_malformed}")
@@ -199,6 +203,10 @@ class Replay:
         self.producer_config = {**PRODUCER_DEFAULTS, **(producer_config or {})}
         self.progress = progress
         self._pending: collections.deque[tuple[list[Any], int]] = collections.deque()
+        #: Resuming: records of each partition already in the topic (this replay's order is
+        #: deterministic, so they are the first that many bound for it); None: send all.
+        self.resume = resume
+        self._skip: np.ndarray | None = None
 
     def _chunks(self, report: ReplayReport) -> Iterator[Chunk]:
         while True:
@@ -248,11 +256,17 @@ class Replay:
             return self._interrupted_before_start(report, started)
         client.check_reachable(self.bootstrap)
         partitions = client.ensure_topic(self.bootstrap, self.topic, partitions=self.partitions)
+        if self.resume:
+            self._skip = self._already_there(partitions)
+            report.resumed_after = int(self._skip.sum())
         if self.stopping.is_set():
             return self._interrupted_before_start(report, started)
         producer = KafkaProducer(bootstrap_servers=self.bootstrap, **self.producer_config)
         self.metrics.target_rate.labels(self.topic).set(self.limiter.rate or 0)
-        bar = _progress_bar(self._total(), self.topic) if self.progress else None
+        total = self._total()
+        if total is not None and self._skip is not None:
+            total = max(0, total - int(self._skip.sum()))
+        bar = _progress_bar(total, self.topic) if self.progress else None
         try:
             self._send(producer, partitions, report, bar)
         except KeyboardInterrupt:  # no signal handler installed (a library caller): the default Ctrl-C
@@ -268,6 +282,19 @@ class Replay:
         if not report.interrupted:
             self._check_malformed(final=True)
         return report
+
+    def _already_there(self, partitions: int) -> np.ndarray:
+        """Each partition's log end: offsets are never reused, so it counts every record ever
+        appended, by this replay's earlier runs (a topic only it writes to)."""
+        from kafka import TopicPartition
+
+        c = client.consumer(self.bootstrap)
+        try:
+            tps = [TopicPartition(self.topic, p) for p in range(partitions)]
+            ends = client.end_offsets(c, tps)
+        finally:
+            c.close()
+        return np.array([ends[tp] for tp in tps], np.int64)
 
     def _interrupted_before_start(self, report: ReplayReport, started: float) -> ReplayReport:
         report.interrupted = True
@@ -291,29 +318,35 @@ class Replay:
         return None if self.loop else rows
 
     def _send(self, producer: Any, partitions: int, report: ReplayReport, bar: Any) -> None:
-        handed = 0
+        handed = 0  # records of the replay's order passed, sent or (resuming) already in the topic
+        sent = 0  # records handed to the producer by this process: what the rate applies to
         step = self.limiter.slice_size()
         send = producer.send
         for chunk in self._chunks(report):
             values = codec.encode(chunk.x, chunk.y, self.dataset.schema)
             keys = codec.encode_keys(chunk.ids)
-            parts = (chunk.ids % np.uint64(partitions)).astype(np.int64).tolist()
+            parts_array = (chunk.ids % np.uint64(partitions)).astype(np.int64)
             size = self.dataset.schema.record_bytes
             n = len(values) if self.limit is None else min(len(values), self.limit - handed)
-            for lo in range(0, n, step):
-                self.limiter.wait(handed)
+            order = np.arange(n)
+            if self._skip is not None and self._skip.any():
+                order = np.flatnonzero(skip_mask(parts_array[:n], self._skip))
+            parts = parts_array.tolist()
+            for lo in range(0, len(order), step):
+                self.limiter.wait(sent)
                 if self.stopping.is_set():
                     report.interrupted = True
                     return
-                hi = min(lo + step, n)
-                futures = [send(self.topic, values[i], keys[i], None, parts[i]) for i in range(lo, hi)]
+                batch = order[lo : lo + step].tolist()
+                futures = [send(self.topic, values[i], keys[i], None, parts[i]) for i in batch]
                 self._pending.append((futures, size))
-                handed += hi - lo
+                sent += len(batch)
                 if bar is not None:
-                    bar.update(hi - lo)
+                    bar.update(len(batch))
                 # Count acknowledgements as they come, so the sent-records rate is smooth
                 # even when a rate-limited chunk takes many seconds.
                 self._settle(report, block=False)
+            handed += n
             self._count_malformed()
             self._check_malformed(final=False)
             if self.limit is not None and handed >= self.limit:
@@ -347,6 +380,22 @@ def _progress_bar(total: int | None, topic: str) -> Any:
     from tqdm import tqdm
 
     return tqdm(total=total, unit="rec", unit_scale=True, desc=f"→ {topic}", smoothing=0.1, mininterval=0.5)
+
+
+def skip_mask(parts: np.ndarray, remaining: np.ndarray) -> np.ndarray:
+    """Which records of a chunk to send, resuming: the first ``remaining[p]`` records bound
+    for partition ``p`` are in the topic already (``remaining`` is updated in place).
+
+    >>> left = np.array([1, 2])
+    >>> skip_mask(np.array([0, 1, 0, 1, 1]), left).tolist(), left.tolist()
+    ([False, False, True, False, True], [0, 0])
+    """
+    keep = np.ones(len(parts), bool)
+    for p in np.flatnonzero(remaining):
+        first = np.flatnonzero(parts == p)[: remaining[p]]
+        keep[first] = False
+        remaining[p] -= len(first)
+    return keep
 
 
 @contextlib.contextmanager
