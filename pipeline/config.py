@@ -51,6 +51,9 @@ class Settings(BaseSettings):
     tansu_bin: Path | None = None
     #: A noida-db binary to run as the embedded broker instead of the wheel's copy.
     noida_bin: Path | None = None
+    #: Tests only: SIGKILL the training driver at a named point, ``<point>:<batch id>``
+    #: (``batch``, ``saved``, ``committed``; see ``pipeline.jobs.online._fault``).
+    fault: str | None = None
     #: Address the model server binds (``serve``, ``run --serve-port``); loopback by default.
     #: Any other address needs a token.
     serve_host: str = "127.0.0.1"

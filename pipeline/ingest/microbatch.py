@@ -54,8 +54,11 @@ class Handler:
     def on_batch(self, info: BatchInfo) -> None:
         """Driver: called after every micro-batch, before Spark commits it."""
 
-    def skip(self, batch_id: int) -> bool:
-        """Driver: True for a batch already applied (Spark replays one whose commit was lost)."""
+    def skip(self, batch_id: int, ranges: list[OffsetRange] | None) -> bool:
+        """Driver: True for a batch already applied (Spark replays one whose commit was lost).
+        ``ranges`` are the batch's merged ranges as Spark logged them (None where the
+        source does not say: Spark's JVM source), for the handler to check against what
+        it applied under that id."""
         return False
 
 
@@ -177,7 +180,7 @@ class StreamJob:
             raise StreamtrainError(_STOP_MARKER)
         self._in_batch.set()
         try:
-            if self.handler.skip(batch_id):
+            if self.handler.skip(batch_id, self._tasks.logged_ranges(batch_id)):
                 log.info("batch %d was applied before a restart: skipped", batch_id)
                 return
             started, started_at = time.perf_counter(), time.monotonic()

@@ -69,6 +69,13 @@ class BatchTasks:
         start = logged_offsets(self.checkpoint, batch_id - 1) or {}
         return offsets.plan(start, end, min_partitions=self.min_partitions)
 
+    def logged_ranges(self, batch_id: int) -> list[OffsetRange] | None:
+        """The batch's ranges merged per partition, from Spark's offset log (Python source
+        only; None where it logged none)."""
+        if not self.python_source or logged_offsets(self.checkpoint, batch_id) is None:
+            return None
+        return offsets.merge_ranges(self.planned_ranges(batch_id))
+
     def run(self, df: Any, batch_id: int) -> list[RangeFigures]:
         """Process the batch ``df`` (id ``batch_id``); one figure per task that read records."""
         schema, handler, dead = self.schema, self.handler, self.dead_letter

@@ -20,6 +20,7 @@ import json
 import logging
 import os
 import shutil
+import signal
 import tempfile
 import time
 import uuid
@@ -37,7 +38,7 @@ from pipeline.jobs.run_config import RunConfig
 from pipeline.jobs.run_metrics import RunMetrics
 from pipeline.observe import metrics
 from pipeline.train import algorithms, checkpoint
-from pipeline.train.ledger import check_ledger, compact
+from pipeline.train.ledger import check_ledger, check_replay, compact
 from pipeline.train.probe import Probe
 
 log = logging.getLogger("streamtrain.run")
@@ -66,6 +67,7 @@ class Run:
         self._started = time.monotonic()
         self._ready_at = 0.0
         self._stop_reason = ""
+        self._batch = -1
         self._cores = 1
         self._server: Any = None
         self._evaluation: Any = None
@@ -77,13 +79,19 @@ class Run:
         or more here: TensorFlow's first import, Spark's first start)."""
         print(f"start-up {time.monotonic() - self._started:5.1f} s: {what}", flush=True)
 
-    def skip(self, batch_id: int) -> bool:
-        done = self.state is not None and batch_id <= self.state.last_batch_id
-        if done:
-            self.metrics.skipped()
-        return done
+    def skip(self, batch_id: int, ranges: list[OffsetRange] | None) -> bool:
+        self._batch = batch_id
+        _fault("committed", batch_id - 1)  # Spark committed the previous batch and asks for this one
+        state = self.state
+        if state is None or batch_id > state.last_batch_id:
+            return False
+        check_replay(state.ledger, batch_id=batch_id, last_batch_id=state.last_batch_id, ranges=ranges,
+                     where=str(self.out))
+        self.metrics.skipped()
+        return True
 
     def on_tasks(self, n: int) -> None:
+        _fault("batch", self._batch)  # inside the batch, before its state is saved
         # Synchronous rounds wait for the tasks that run at once: at most one per core.
         if self.algorithm.synchronous:
             self._server.expect_workers(min(n, self._cores))
@@ -104,6 +112,7 @@ class Run:
         row.eval_s_total = round(history.eval_s, 3)
         history.add(row, ended_at=time.monotonic())
         self._save(info, weights, clock, optimizer, trained=row.trained)  # before Spark commits the batch
+        _fault("saved", info.batch_id)  # saved, and Spark has not committed it
         self.metrics.on_batch(info, row)
         elapsed = max(1e-9, time.monotonic() - history.first_batch_at)
         print(row.status(total=self._trained_total(), per_s=history.trained() / elapsed), flush=True)
@@ -326,6 +335,16 @@ def _check_out(cfg: RunConfig, out: Path) -> checkpoint.State | None:
     if cfg.bootstrap:
         client.check_reachable(client.parse_bootstrap(cfg.bootstrap))
     return prior
+
+
+def _fault(point: str, batch_id: int) -> None:
+    """Fault injection for the crash tests: ``STREAMTRAIN_FAULT=<point>:<batch>`` SIGKILLs the
+    driver there (``batch``: inside the batch, before its state is saved; ``saved``: after
+    the save, before Spark's commit; ``committed``: after Spark's commit)."""
+    wanted = config.settings().fault
+    if wanted and wanted == f"{point}:{batch_id}":
+        print(f"fault injection: killed at {wanted}", flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _ledger_entry(batch_id: int, r: OffsetRange) -> list[Any]:

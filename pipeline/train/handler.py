@@ -7,6 +7,7 @@ from typing import Any, Protocol
 
 from pipeline.ingest import microbatch
 from pipeline.ingest.decode import Block
+from pipeline.ingest.offsets import OffsetRange
 from pipeline.train.model import ModelSpec
 from pipeline.train.partition import PartitionResult, ServerInfo, train_partition
 
@@ -18,7 +19,7 @@ class DriverHalf(Protocol):
 
     def on_batch(self, info: microbatch.BatchInfo) -> None: ...
 
-    def skip(self, batch_id: int) -> bool: ...
+    def skip(self, batch_id: int, ranges: list[OffsetRange] | None) -> bool: ...
 
 
 @dataclasses.dataclass
@@ -70,5 +71,5 @@ class TrainHandler(microbatch.Handler):
         if self.driver is not None:
             self.driver.on_batch(info)
 
-    def skip(self, batch_id: int) -> bool:
-        return bool(self.driver is not None and self.driver.skip(batch_id))
+    def skip(self, batch_id: int, ranges: list[OffsetRange] | None) -> bool:
+        return bool(self.driver is not None and self.driver.skip(batch_id, ranges))

@@ -53,3 +53,36 @@ def compact(ledger: list[list[Any]], *, keep_batch: int) -> list[list[Any]]:
             out.append([batch_id, topic, part, start, end])
             last[key] = len(out) - 1
     return out
+
+
+def check_replay(ledger: list[list[Any]], *, batch_id: int, last_batch_id: int,
+                 ranges: list[Any] | None, where: str) -> None:
+    """Refuse to skip a replayed batch the checkpoint did not apply as Spark now replays it.
+
+    Spark replays at most the last batch whose commit it lost, with the offsets it logged:
+    so a replay of an older batch, or of the last one over other ranges, means Spark's
+    checkpoint and ``state.npz`` are not from the same run (one was reset or copied), and
+    skipping would drop records that were never trained.
+
+    >>> check_replay([[4, "t", 0, 10, 20]], batch_id=4, last_batch_id=4, ranges=None, where="out")
+    >>> check_replay([[4, "t", 0, 10, 20]], batch_id=0, last_batch_id=4, ranges=None, where="out")
+    Traceback (most recent call last):
+    ...
+    pipeline.errors.DataError: Spark replays batch 0, but the checkpoint in out holds batches up to 4: Spark's checkpoint (out/spark-checkpoint) does not belong with state.npz. Restore both from the same moment, or train into a new --out.
+    """
+    if batch_id < last_batch_id:
+        raise DataError(f"Spark replays batch {batch_id}, but the checkpoint in {where} holds batches up to "
+                        f"{last_batch_id}: Spark's checkpoint ({where}/spark-checkpoint) does not belong with "
+                        "state.npz. Restore both from the same moment, or train into a new --out.")
+    if ranges is None:
+        return
+    applied = sorted((t, int(p), int(s), int(e)) for b, t, p, s, e in ledger if b == batch_id and e > s)
+    replayed = sorted((r.topic, r.partition, r.start, r.end) for r in ranges if r.end > r.start)
+    if applied != replayed:
+        raise DataError(f"Spark replays batch {batch_id} over {_ranges(replayed)}, but the checkpoint in {where} "
+                        f"applied batch {batch_id} over {_ranges(applied)}: Spark's checkpoint does not belong with "
+                        "state.npz. Restore both from the same moment, or train into a new --out.")
+
+
+def _ranges(ranges: list[tuple[str, int, int, int]]) -> str:
+    return ", ".join(f"{t}-{p}[{s}, {e})" for t, p, s, e in ranges) or "nothing"

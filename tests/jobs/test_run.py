@@ -64,35 +64,39 @@ def test_short_mnist_run_end_to_end(tmp_path: Path) -> None:
     assert list((cache / "jvm").glob("*.log")), sorted(p.name for p in (cache / "jvm").iterdir())
 
 
-def test_sigkill_then_resume_trains_every_record_exactly_once(broker, topic, tmp_path, data_dir) -> None:  # type: ignore[no-untyped-def]
+#: Where the driver is killed (STREAMTRAIN_FAULT), and the last batch its checkpoint holds then.
+BOUNDARIES = {"batch": 1, "saved": 2, "committed": 2}
+
+
+@pytest.mark.parametrize("point", list(BOUNDARIES))
+def test_a_driver_killed_at_each_boundary_of_a_batch_resumes_every_record_once(point, broker, topic, tmp_path,  # type: ignore[no-untyped-def]
+                                                                               data_dir) -> None:
+    """Proves: SIGKILL of the driver inside batch 2 before its state is saved ("batch"),
+    after the save and before Spark's commit ("saved"), and after the commit ("committed"),
+    then --resume: every record is trained exactly once (the ledger chains with no gap and
+    no overlap, and sums to what was produced), and only after "saved" is the replayed
+    batch skipped, once its ranges match the checkpoint's. Then a Spark checkpoint reset
+    beside the state is refused with one line instead of skipping batches it never ran."""
     produced = Replay(datasets.get("higgs", data_dir=data_dir), bootstrap=broker.bootstrap, topic=topic,
                       partitions=2).run().records_sent
     out = tmp_path / "run"
     common = ["--dataset", "higgs", "--bootstrap", broker.bootstrap, "--topic", topic,
               "--max-offsets-per-trigger", "1000", "--eval-every", "100"]
-    first = subprocess.Popen([sys.executable, "-m", "pipeline", "run", *common, "--out", str(out)], cwd=ROOT,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 240
-    state = None
-    while time.monotonic() < deadline and first.poll() is None:
-        with_state = checkpoint.load(out) if (out / checkpoint.FILENAME).exists() else None
-        if with_state is not None and with_state.last_batch_id >= 1:
-            state = with_state
-            break
-        time.sleep(0.1)
-    assert state is not None, (first.poll(), (first.stderr.read() if first.poll() is not None else "")[-3000:])  # type: ignore[union-attr]
-    first.send_signal(signal.SIGKILL)
-    first.wait()
+    first = _cli("run", *common, "--out", str(out), env={"STREAMTRAIN_FAULT": f"{point}:2"})
+    assert first.returncode == -signal.SIGKILL, first.stderr[-3000:]
+    assert f"fault injection: killed at {point}:2" in first.stdout
     killed_at = checkpoint.load(out)
-    assert killed_at is not None and killed_at.last_batch_id < 6  # it was killed mid-run
+    assert killed_at is not None and killed_at.last_batch_id == BOUNDARIES[point]
 
-    done = _cli("run", *common, "--resume", str(out), "--timeout", "45")
+    done = _cli("run", *common, "--resume", str(out), "--timeout", "25")
     assert done.returncode == 0, done.stderr[-3000:]
+    assert ("batch 2 was applied before a restart: skipped" in done.stderr) == (point == "saved")
     final = checkpoint.load(out)
     assert final is not None
     ends = check_ledger(final.ledger)  # no gap, no overlap, across the crash
     assert ends == {(topic, 0): produced // 2, (topic, 1): produced - produced // 2}
     assert _ledger_total(final.ledger) == produced == final.extra["trained"]
+    assert len(final.ledger) <= 2 * 2  # compacted: a range per partition, and the newest batch's
     assert final.clock > killed_at.clock
     # The default algorithm keeps Adam on the server: its state is saved with each batch's
     # weights, and the resumed run continued it rather than starting Adam afresh.
@@ -101,6 +105,14 @@ def test_sigkill_then_resume_trains_every_record_exactly_once(broker, topic, tmp
     report = json.loads((out / "report.json").read_text())
     assert report["trained_records"] == produced
     assert report["trained_this_session"] == produced - killed_at.extra["trained"]
+    if point == "committed":
+        import shutil
+
+        shutil.rmtree(out / "spark-checkpoint")  # Spark would start over at batch 0
+        again = _cli("run", *common, "--resume", str(out), "--timeout", "25")
+        assert again.returncode != 0
+        assert "does not belong with state.npz" in again.stderr, again.stderr[-3000:]
+        assert checkpoint.load(out).extra["trained"] == produced  # type: ignore[union-attr]
 
 
 def test_user_model_file(tmp_path: Path) -> None:
