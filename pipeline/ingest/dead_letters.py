@@ -49,3 +49,11 @@ def send(bootstrap: str, topic: str, records: dict[str, list[Any]], reasons: lis
     if errors:
         raise BrokerError(f"{len(errors)} of {len(reasons)} rejected records could not be set aside to {topic} "
                           f"({errors[0]}); the micro-batch fails and is replayed, so none is lost.")
+
+
+def close() -> None:
+    """Close this process's dead-letter producers (an executor keeps its own for its life;
+    a test process closes them before its broker stops)."""
+    while _PRODUCERS:
+        _, producer = _PRODUCERS.popitem()
+        producer.close(timeout=5)

@@ -9,6 +9,12 @@ from pipeline.ingest import dead_letters
 from pipeline.ingest.kafka import client
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _close_producers():  # type: ignore[no-untyped-def]
+    yield
+    dead_letters.close()  # before the session's broker stops, so none retries it at exit
+
+
 def _rejects(values: list[bytes]) -> dict[str, list[object]]:
     return {"key": [b"k%d" % i for i in range(len(values))], "value": values, "topic": ["in"] * len(values),
             "partition": [1] * len(values), "offset": list(range(40, 40 + len(values)))}
