@@ -43,8 +43,8 @@ ROOT = Path(__file__).resolve().parent.parent
 TARGET = 0.985
 
 
-def _tree_rss_bytes(root: int) -> int:
-    """RSS of ``root`` and all its descendants, from /proc."""
+def descendants(root: int) -> list[int]:
+    """``root`` and every process below it, from /proc."""
     children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
@@ -53,16 +53,24 @@ def _tree_rss_bytes(root: int) -> int:
             except (OSError, IndexError, ValueError):
                 continue
             children.setdefault(ppid, []).append(int(entry))
-    total, todo = 0, [root]
+    out, todo = [], [root]
     while todo:
         pid = todo.pop()
+        out.append(pid)
+        todo += children.get(pid, [])
+    return out
+
+
+def _tree_rss_bytes(root: int) -> int:
+    """RSS of ``root`` and all its descendants, from /proc."""
+    total = 0
+    for pid in descendants(root):
         try:
             for line in Path(f"/proc/{pid}/status").read_text().splitlines():
                 if line.startswith("VmRSS:"):
                     total += int(line.split()[1]) * 1024
         except OSError:
             pass
-        todo += children.get(pid, [])
     return total
 
 

@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from e2e import _drop_page_cache  # noqa: E402  (a sibling benchmark)
+from e2e import _drop_page_cache, descendants  # noqa: E402  (a sibling benchmark)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -72,27 +72,10 @@ def part_s(code: str) -> float:
     return float(done.stdout.strip().splitlines()[-1])
 
 
-def _descendants(root: int) -> list[int]:
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                ppid = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(entry))
-    out, todo = [], [root]
-    while todo:
-        pid = todo.pop()
-        out.append(pid)
-        todo += children.get(pid, [])
-    return out
-
-
 def memory_bytes(root: int) -> tuple[int, int]:
     """(PSS, RSS) summed over ``root`` and its descendants."""
     pss = rss = 0
-    for pid in _descendants(root):
+    for pid in descendants(root):
         try:
             for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
                 if line.startswith("Pss:"):
