@@ -233,7 +233,7 @@ def _json_instance(value: bytes | None, schema: Schema) -> np.ndarray | int:
         body = json.loads(value or b"")
         if isinstance(body, dict):
             body = body["instances"][0] if "instances" in body else body["features"]
-        if _holds_bool(body):
+        if holds_bool(body):
             return _NOT_AN_INSTANCE
         x = np.asarray(body, dtype=np.float64).reshape(-1)
     except (ValueError, TypeError, KeyError, IndexError):
@@ -247,7 +247,14 @@ def _json_instance(value: bytes | None, schema: Schema) -> np.ndarray | int:
     return x
 
 
-def _holds_bool(body: Any) -> bool:
+def holds_bool(body: Any) -> bool:
+    """Whether a parsed JSON instance holds true or false where numbers belong (numpy would
+    take them as 1 and 0). Looks at the first level and the first element of each deeper
+    one: checking every number would cost as much as parsing.
+
+    >>> holds_bool([[1, 2], [3, 4]]), holds_bool([[True, 2]]), holds_bool([0, False])
+    (False, True, True)
+    """
     while isinstance(body, list) and body:
         if any(isinstance(v, bool) for v in body):
             return True

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.codec import Schema
+from pipeline.codec import Schema, holds_bool
 from pipeline.errors import StreamtrainError
 
 
@@ -74,7 +74,7 @@ def _instance(row: Any, index: int, schema: Schema) -> np.ndarray:
         raise BadRequest(f"Expected instance {index} to hold only numbers (shape {_shape_text(schema)}); "
                          "it holds something else (a string, null, or lists of unequal length).",
                          reason="not_numeric") from None
-    if _has_bool(row):
+    if holds_bool(row):
         raise BadRequest(f"Expected instance {index} to hold only numbers; it holds true or false.",
                          reason="not_numeric")
     if x.size != schema.n_features:
@@ -86,16 +86,6 @@ def _instance(row: Any, index: int, schema: Schema) -> np.ndarray:
         raise BadRequest(f"Expected pixel values in [0, 255] (as the producer sends them); instance {index} holds "
                          f"values in [{x.min():g}, {x.max():g}].", reason="out_of_range")
     return x.reshape(-1)
-
-
-def _has_bool(row: Any) -> bool:
-    # Only the first level and the first element of each deeper level: a bool is a
-    # mistake worth naming, and checking every number would cost as much as parsing.
-    while isinstance(row, list) and row:
-        if any(isinstance(v, bool) for v in row):
-            return True
-        row = row[0]
-    return isinstance(row, bool)
 
 
 def parse(raw: bytes, schema: Schema, *, max_instances: int) -> tuple[np.ndarray, bool]:
