@@ -69,7 +69,7 @@ def run(cfg: PredictConfig) -> PredictSummary:
 
     cfg.validate()
     folder = Path(cfg.run_dir).resolve()
-    name, _, schema = read_description(folder)
+    name, spec, schema = read_description(folder)
     if cfg.input_format == "json":
         schema = codec.json_instances(schema)
     output = cfg.output_topic or f"{cfg.topic}.predictions"
@@ -93,7 +93,7 @@ def run(cfg: PredictConfig) -> PredictSummary:
 
     spark = cluster.session(cfg.master, app=f"streamtrain-predict-{cfg.topic}")
     try:
-        handler = PredictHandler(run_dir=str(folder), bootstrap=cfg.bootstrap, output_topic=output,
+        handler = PredictHandler(run_dir=str(folder), spec=spec, bootstrap=cfg.bootstrap, output_topic=output,
                                  job=job_id(str(folder)), threads=cluster.task_threads(spark, len(partitions)),
                                  on_written=on_written)
         job = microbatch.StreamJob(

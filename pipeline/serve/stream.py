@@ -31,6 +31,7 @@ import numpy as np
 from pipeline import codec
 from pipeline.ingest.decode import Block
 from pipeline.ingest.microbatch import BatchInfo, Handler
+from pipeline.train.model import ModelSpec
 
 #: per Python worker: the run folder -> (checkpoint stamp, weights, version); bootstrap -> producer
 _WEIGHTS: dict[str, tuple[tuple[int, int], np.ndarray, int]] = {}
@@ -94,14 +95,16 @@ class PredictHandler(Handler):
     """Scores each block with the run's newest checkpoint and writes the predictions.
 
     Args:
-        run_dir: the run folder (``model.json`` and ``state.npz``); executors read it, so
-            on a cluster it must be on storage every host mounts.
+        run_dir: the run folder; executors read its ``state.npz``, so on a cluster it must
+            be on storage every host mounts.
+        spec: the run's model (its ``model.json``, read once on the driver).
         bootstrap, output_topic: where predictions go.
         job: the replicas' cache key.
         threads: TensorFlow threads per task.
     """
 
     run_dir: str
+    spec: ModelSpec
     bootstrap: str
     output_topic: str
     job: str
@@ -112,14 +115,14 @@ class PredictHandler(Handler):
     wants_keys = True
 
     def process(self, block: Block) -> Predicted:
-        from pipeline.serve.predictor import read_description
         from pipeline.train.replica import predict
 
         if not len(block.offsets):
             return Predicted(0, -1)
-        _, spec, schema = read_description(Path(self.run_dir))
         weights, version = _weights(self.run_dir)
-        probs = predict(spec, weights, schema.to_model_input(block.x), job=self.job, threads=self.threads)
+        # block.schema scales features as training did (a JSON encoding has the same units).
+        probs = predict(self.spec, weights, block.schema.to_model_input(block.x), job=self.job,
+                        threads=self.threads)
         producer = _producer(self.bootstrap)
         keys = block.keys if block.keys is not None else codec.encode_keys(block.ids)
         futures = [producer.send(self.output_topic, value=v, key=k)
