@@ -56,16 +56,22 @@ def check_serving(port: int, max_age_s: float | None) -> None:
                                   "Pass another --serve-port, or 0 for a free one.") from None
 
 
-def _wait_for_signal() -> None:
+def _stop_on_signals() -> threading.Event:
+    """An event that SIGINT or SIGTERM sets (the main thread waits on it in short steps, so
+    that the handler runs promptly)."""
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
+    return stop
+
+
+def _wait(stop: threading.Event) -> None:
     while not stop.wait(0.5):
         pass
 
 
 def serve_folder(run_dir: Path, *, host: str, port: int, name: str | None, token: str | None,
-                 max_age_s: float | None, ready: Any = None) -> None:
+                 max_age_s: float | None) -> None:
     """Serve the model of the run in ``run_dir`` from its checkpoint (reloaded whenever the
     run writes one) until SIGINT or SIGTERM."""
     from pipeline.serve.http import ModelServer
@@ -80,9 +86,7 @@ def serve_folder(run_dir: Path, *, host: str, port: int, name: str | None, token
         server = ModelServer(predictor, name=name or recorded, host=host, port=port, token=token).start()
         print(f"serving {name or recorded} from {run_dir} at {server.url}:predict; Ctrl-C stops it",
               file=sys.stderr, flush=True)
-        if ready is not None:
-            ready(server)
-        _wait_for_signal()
+        _wait(_stop_on_signals())
         server.stop()
     finally:
         source.close()
@@ -105,9 +109,7 @@ def serve_live(job: dict[str, Any], report: Any, log_path: str) -> None:
         os.dup2(f.fileno(), 2)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname).1s %(name)s: %(message)s", datefmt="%H:%M:%S")
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
+    stop = _stop_on_signals()
     die_with_parent(job["parent"])  # a driver killed outright leaves no server behind
     from pipeline.serve.http import ModelServer
     from pipeline.serve.predictor import Predictor, schema_from_dict
@@ -131,8 +133,7 @@ def serve_live(job: dict[str, Any], report: Any, log_path: str) -> None:
     log.info("serving %s at %s:predict", job["name"], server.url)
     report.send({"port": server.port, "url": server.url})
     try:
-        while not stop.wait(0.5):
-            pass
+        _wait(stop)
     finally:
         server.stop()
         source.close()
