@@ -66,7 +66,9 @@ def _resolve_bootstrap(bootstrap: str | None) -> str:
                    "in --storage across restarts, and serves librdkafka before 2.1 (kcat).")
 @click.option("--storage", metavar="URL|FOLDER",
               help="tansu: its storage engine URL (default memory://tansu/). noida: the folder that keeps "
-                   "the data across restarts (default: a temporary folder, removed at exit).")
+                   "the data across restarts (default: a temporary folder, removed at exit); stopped with "
+                   "Ctrl-C or SIGTERM it saves every record it acknowledged, and a restart on the same --port "
+                   "and --storage carries on where it stopped (a SIGKILL can lose the last ~0.1 s).")
 @click.option("--log", "log_path", type=click.Path(dir_okay=False), help="Write the broker's own log here.")
 def broker(host: str, port: int, engine: str | None, storage: str | None, log_path: str | None) -> None:
     """Run the embedded Kafka broker until Ctrl-C.

@@ -41,6 +41,31 @@ PRODUCER_DEFAULTS: dict[str, Any] = {
 }
 
 
+#: Times a record whose send failed for a reason worth retrying is sent again before it
+#: counts as a send error (with waits of 0.4, 0.8, ... up to 5 s between: about half a minute).
+RESENDS = 8
+
+
+def _worth_resending(error: BaseException | None) -> bool:
+    """Whether a failed send may succeed if sent again: Kafka's retriable errors, and the
+    idempotent producer's sequence errors after a broker restarted and lost its producer
+    state (kafka-python then takes a new epoch and fails what was in flight, unappended).
+
+    >>> from kafka import errors
+    >>> _worth_resending(errors.OutOfOrderSequenceNumberError()), _worth_resending(errors.MessageSizeTooLargeError())
+    (True, False)
+    """
+    return bool(getattr(error, "retriable", False)) or _lost_sequence(error)
+
+
+def _lost_sequence(error: BaseException | None) -> bool:
+    """Whether the broker no longer knows the idempotent producer's sequence (it restarted)."""
+    from kafka import errors
+
+    return isinstance(error, (errors.OutOfOrderSequenceNumberError, errors.UnknownProducerIdError,
+                              errors.InvalidProducerEpochError))
+
+
 class RateLimiter:
     """Paces a sender to ``rate`` records/s on average since start (no burst debt beyond it).
 
@@ -202,7 +227,12 @@ class Replay:
         self.max_malformed = max_malformed
         self.producer_config = {**PRODUCER_DEFAULTS, **(producer_config or {})}
         self.progress = progress
-        self._pending: collections.deque[tuple[list[Any], int]] = collections.deque()
+        #: Sends not yet counted: (futures, record size, (value, key, partition) of each, resends so far).
+        self._pending: collections.deque[tuple[list[Any], int, list[tuple[bytes, bytes, int]], int]] = \
+            collections.deque()
+        self._producer: Any = None
+        self._renew = False  # a sequence error was seen: replace the producer before sending again
+        self._resend: collections.deque[tuple[list[tuple[bytes, bytes, int]], int, int]] = collections.deque()
         #: Resuming: records of each partition already in the topic (this replay's order is
         #: deterministic, so they are the first that many bound for it); None: send all.
         self.resume = resume
@@ -221,24 +251,52 @@ class Replay:
 
     def _settle(self, report: ReplayReport, *, block: bool) -> None:
         """Count acknowledged and failed sends, oldest first; stop at the first unfinished
-        one unless ``block`` (after a flush, when all are finished)."""
+        one unless ``block`` (after a flush, when all are finished). A send that failed for
+        a reason worth retrying (a broker restarting, see :func:`_worth_resending`) goes to
+        :attr:`_resend`, up to :data:`RESENDS` times."""
         labels = (self.topic, self.dataset.name)
         while self._pending:
-            futures, size = self._pending[0]
+            futures, size, records, tries = self._pending[0]
             if not block and not futures[-1].is_done:
                 return
             self._pending.popleft()
-            failed = sum(1 for f in futures if f.failed())
-            ok = len(futures) - failed
+            again = [rec for f, rec in zip(futures, records, strict=True)
+                     if f.failed() and tries < RESENDS and _worth_resending(f.exception)]
+            self._renew = self._renew or any(f.failed() and _lost_sequence(f.exception) for f in futures)
+            if again:
+                self._resend.append((again, size, tries + 1))
+            failed = sum(1 for f in futures if f.failed()) - len(again)
+            ok = len(futures) - failed - len(again)
             report.records_sent += ok
             report.bytes_sent += ok * size
             report.send_errors += failed
             self.metrics.records_sent.labels(*labels).inc(ok)
             self.metrics.bytes_sent.labels(*labels).inc(ok * size)
-            if failed:
-                self.metrics.send_errors.labels(*labels).inc(failed)
+            if failed or again:
                 first = next(f for f in futures if f.failed())
-                log.warning("%d records not acknowledged by Kafka: %s", failed, first.exception)
+                self.metrics.send_errors.labels(*labels).inc(failed)
+                log.warning("%d records not acknowledged by Kafka (%d to send again): %s", failed + len(again),
+                            len(again), first.exception)
+
+    def _send_again(self) -> None:
+        """Send the records whose sends failed for a reason worth retrying, after a short wait
+        for the broker; their futures join the pending ones.
+
+        After a sequence error the producer is replaced by a new one (a new producer id, no
+        sequence history): kafka-python's own recovery (a new epoch, sequences renumbered
+        while batches are in flight) lost acknowledged records on a restarted noida broker.
+        """
+        if self._renew:
+            old, self._producer = self._producer, self._new_producer()
+            old.close(timeout=10)  # what it still had in flight settles (and may come back here)
+            self._renew = False
+        producer = self._producer
+        if self._resend:  # one wait for all: a broker restart fails what was in flight at once
+            self.stopping.wait(min(5.0, 0.2 * 2 ** max(tries for _, _, tries in self._resend)))
+        while self._resend:
+            records, size, tries = self._resend.popleft()
+            futures = [producer.send(self.topic, value, key, None, part) for value, key, part in records]
+            self._pending.append((futures, size, records, tries))
 
     def stop(self) -> None:
         """Ask a running replay to stop; safe from a signal handler or another thread."""
@@ -246,8 +304,6 @@ class Replay:
 
     def run(self) -> ReplayReport:
         """Send until the split ends (or ``limit``, or :meth:`stop`, or Ctrl-C); flush; report."""
-        from kafka import KafkaProducer
-
         report = ReplayReport(self.topic)
         started = time.monotonic()
         # Each start-up step is bounded by its own timeout, and a stop asked for during
@@ -261,20 +317,26 @@ class Replay:
             report.resumed_after = int(self._skip.sum())
         if self.stopping.is_set():
             return self._interrupted_before_start(report, started)
-        producer = KafkaProducer(bootstrap_servers=self.bootstrap, **self.producer_config)
+        self._producer = self._new_producer()
         self.metrics.target_rate.labels(self.topic).set(self.limiter.rate or 0)
         total = self._total()
         if total is not None and self._skip is not None:
             total = max(0, total - int(self._skip.sum()))
         bar = _progress_bar(total, self.topic) if self.progress else None
         try:
-            self._send(producer, partitions, report, bar)
+            self._send(partitions, report, bar)
         except KeyboardInterrupt:  # no signal handler installed (a library caller): the default Ctrl-C
             report.interrupted = True
         finally:
-            producer.flush(timeout=30)
-            self._settle(report, block=True)
-            producer.close(timeout=5)
+            # Records to send again are sent again even after a stop was asked for: a stop
+            # ends the replay, it does not drop records already taken from the data.
+            for _ in range(RESENDS + 1):
+                self._producer.flush(timeout=30)
+                self._settle(report, block=True)
+                if not self._resend:
+                    break
+                self._send_again()
+            self._producer.close(timeout=5)
             if bar is not None:
                 bar.close()
             report.seconds = time.monotonic() - started
@@ -295,6 +357,11 @@ class Replay:
         finally:
             c.close()
         return np.array([ends[tp] for tp in tps], np.int64)
+
+    def _new_producer(self) -> Any:
+        from kafka import KafkaProducer
+
+        return KafkaProducer(bootstrap_servers=self.bootstrap, **self.producer_config)
 
     def _interrupted_before_start(self, report: ReplayReport, started: float) -> ReplayReport:
         report.interrupted = True
@@ -317,11 +384,10 @@ class Replay:
             return rows * self.epochs
         return None if self.loop else rows
 
-    def _send(self, producer: Any, partitions: int, report: ReplayReport, bar: Any) -> None:
+    def _send(self, partitions: int, report: ReplayReport, bar: Any) -> None:
         handed = 0  # records of the replay's order passed, sent or (resuming) already in the topic
         sent = 0  # records handed to the producer by this process: what the rate applies to
         step = self.limiter.slice_size()
-        send = producer.send
         for chunk in self._chunks(report):
             values = codec.encode(chunk.x, chunk.y, self.dataset.schema)
             keys = codec.encode_keys(chunk.ids)
@@ -338,14 +404,16 @@ class Replay:
                     report.interrupted = True
                     return
                 batch = order[lo : lo + step].tolist()
+                send = self._producer.send
                 futures = [send(self.topic, values[i], keys[i], None, parts[i]) for i in batch]
-                self._pending.append((futures, size))
+                self._pending.append((futures, size, [(values[i], keys[i], parts[i]) for i in batch], 0))
                 sent += len(batch)
                 if bar is not None:
                     bar.update(len(batch))
                 # Count acknowledgements as they come, so the sent-records rate is smooth
                 # even when a rate-limited chunk takes many seconds.
                 self._settle(report, block=False)
+                self._send_again()
             handed += n
             self._count_malformed()
             self._check_malformed(final=False)

@@ -40,8 +40,9 @@ class LagMonitor:
 
         while not self._stop.is_set():
             # A fresh consumer each time, as the source's planner uses (see spark_source._edges).
-            c = client.consumer(self.bootstrap)
+            c = None
             try:
+                c = client.consumer(self.bootstrap)  # fails while the broker restarts: tried again
                 tps = [TopicPartition(t, p) for t in self.topics for p in client.partitions_for(c, t)]
                 found = client.end_offsets(c, tps, timeout_s=5)
                 self.ends = {(tp.topic, tp.partition): n for tp, n in found.items()}
@@ -50,7 +51,8 @@ class LagMonitor:
             except Exception as e:  # lag is a figure, never a reason to stop training
                 log.debug("lag refresh failed: %s", e)
             finally:
-                c.close()
+                if c is not None:
+                    c.close()
             self._stop.wait(self.interval_s)
 
     def lag(self, ranges: list[OffsetRange]) -> dict[str, int]:

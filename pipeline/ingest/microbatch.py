@@ -9,6 +9,7 @@ Spark commits the batch. It stops a query only between a batch's commit and the 
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import logging
 import os
@@ -106,6 +107,33 @@ class BatchInfo:
         return info
 
 
+class _ExpectedFailures(logging.Filter):
+    """Keeps py4j from logging a traceback for a batch that raised a :class:`StreamtrainError`:
+    :meth:`StreamJob.run` raises it as one line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.exc_info and isinstance(record.exc_info[1], StreamtrainError))
+
+
+_PY4J_FILTER = _ExpectedFailures()
+
+#: Batches whose figures a :class:`StreamJob` keeps in memory.
+KEEP_BATCHES = 1000
+
+
+def _query_failure(error: str, checkpoint: str) -> StreamtrainError:
+    """One line for a failed query; a full disk says where and what to do.
+
+    >>> str(_query_failure("java.io.IOException: No space left on device\\n\\tat x", "/out/ckpt"))
+    'The streaming query could not write its checkpoint /out/ckpt: no space left on device. Free space there, then resume (the batch it was writing is replayed, nothing is lost).'
+    """
+    if "No space left on device" in error or "Disk quota exceeded" in error:
+        return StreamtrainError(f"The streaming query could not write its checkpoint {checkpoint}: no space left on "
+                                "device. Free space there, then resume (the batch it was writing is replayed, "
+                                "nothing is lost).")
+    return StreamtrainError(f"The streaming query failed: {error.splitlines()[0]}")
+
+
 class StreamJob:
     """Runs a streaming query whose micro-batches feed a :class:`Handler`.
 
@@ -163,7 +191,12 @@ class StreamJob:
                                  checkpoint=self.checkpoint, python_source=self.source_kind == "python",
                                  min_partitions=self.min_partitions, dead_letter_topic=self.dead_letter_topic)
         self.on_lag = on_lag
-        self.batches: list[BatchInfo] = []
+        logging.getLogger("py4j.clientserver").addFilter(_PY4J_FILTER)  # once: a filter is added only once
+        #: The figures of the last :data:`KEEP_BATCHES` batches handled (a job that never stops
+        #: keeps a window, not every batch); :attr:`handled` counts them all.
+        self.batches: collections.deque[BatchInfo] = collections.deque(maxlen=KEEP_BATCHES)
+        self.handled = 0
+        self._failure: StreamtrainError | None = None  # what a batch raised, for run() to raise as it was
         self._stop_requested = threading.Event()
         self._in_batch = threading.Event()
         self._prepared = threading.Event()
@@ -189,9 +222,13 @@ class StreamJob:
             info.batch_s = time.perf_counter() - started
             self.handler.on_batch(info)
             self.batches.append(info)
+            self.handled += 1
             self._handled.update(((r.topic, r.partition), r) for r in info.ranges)
             log.debug("batch %d: %d records (%d rejected) in %.2f s", batch_id, info.rows, info.rows - info.accepted,
                       info.batch_s)
+        except StreamtrainError as e:
+            self._failure = e  # Spark wraps it in layers of its own; run() raises it as it was
+            raise
         finally:
             self._in_batch.clear()
 
@@ -222,12 +259,15 @@ class StreamJob:
         planning); no batch begins before it returns, and the run stops if it raises.
         ``timeout_s`` counts from its end.
         """
-        first = len(self.batches)
+        from pyspark.errors import StreamingQueryException
+
+        first = self.handled
+        self._failure = None
         query = self._start_while(prepare)
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
 
         def done() -> bool:
-            return ((max_batches is not None and len(self.batches) - first >= max_batches)
+            return ((max_batches is not None and self.handled - first >= max_batches)
                     or (deadline is not None and time.monotonic() > deadline) or (until is not None and until()))
 
         try:
@@ -235,10 +275,13 @@ class StreamJob:
                 if done():
                     self._stop_after_commit(query)
                     break
-                query.awaitTermination(0.1)
+                try:
+                    query.awaitTermination(0.1)
+                except StreamingQueryException:
+                    break  # the query failed: its exception is read just below
             error = query.exception()
             if error is not None and _STOP_MARKER not in str(error):
-                raise StreamtrainError(f"The streaming query failed: {str(error).splitlines()[0]}")
+                raise self._failure or _query_failure(str(error), self.checkpoint)
         except KeyboardInterrupt:
             self._stop_requested.set()
             query.stop()
@@ -248,7 +291,7 @@ class StreamJob:
                 self._lag.stop()
             self._stop_requested.clear()
         self._attach_progress(query)
-        return self.batches[first:]
+        return list(self.batches)[len(self.batches) - min(len(self.batches), self.handled - first):]
 
     def _start_while(self, prepare: Callable[[], None] | None) -> Any:
         """Start the query while ``prepare`` runs in a thread; raise what it raised."""

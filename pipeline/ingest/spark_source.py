@@ -17,11 +17,14 @@ Options (as in Spark's Kafka source): ``kafka.bootstrap.servers``, ``subscribe``
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
+import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from kafka.errors import KafkaError
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import (
     ReadAllAvailable,
@@ -36,6 +39,8 @@ from pipeline.ingest.offsets import OffsetRange, Offsets
 from pipeline.ingest.reader import read_range
 
 NAME = "streamtrain-kafka"
+
+log = logging.getLogger(__name__)
 
 
 class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -63,6 +68,8 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.initial_path = options.get("initialOffsetsPath")
         self._target: Offsets | None = None  # Trigger.AvailableNow's end
         self._latest: Offsets | None = None  # the last log-end offsets seen
+        self._outage_since: float | None = None  # Kafka unreachable since (time.monotonic())
+        self._outage_logged = 0.0
 
     # --- driver side ---
 
@@ -124,7 +131,17 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return out
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
-        end = self._target if self._target is not None else self._edges("latest")
+        if self._target is not None:
+            end = self._target
+        else:
+            try:
+                end = self._edges("latest")
+            except (KafkaError, OSError) as e:
+                return self._waiting(start, f"{type(e).__name__}: {e}")
+            missing = [f"{t}-{p}" for t, parts in start.items() for p in parts if p not in end.get(t, {})]
+            if missing:  # a broker still loading its log after a restart lists no partitions yet
+                return self._waiting(start, f"partitions {', '.join(missing)} not listed")
+        self._outage_since = None
         # A partition that appeared after the start is read from its beginning.
         earliest: Offsets | None = None
         for topic, parts in end.items():
@@ -136,6 +153,19 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if isinstance(limit, ReadMaxRows):
             end = offsets.cap_offsets(start, end, limit.max_rows)
         return end
+
+    def _waiting(self, start: dict, why: str) -> dict:
+        """While Kafka cannot be reached (a broker restarting), plan no batch: the query waits
+        and retries at its next trigger instead of failing. Logged once, then every 30 s."""
+        now = time.monotonic()
+        if self._outage_since is None:
+            self._outage_since, self._outage_logged = now, 0.0
+        if now - self._outage_logged >= 30:
+            self._outage_logged = now
+            log.warning("Kafka at %s unavailable for %.0f s (%s); the stream waits for it",
+                        self.bootstrap, now - self._outage_since, why)
+        self._latest = start
+        return start
 
     def getDefaultReadLimit(self) -> ReadLimit:
         return ReadMaxRows(self.max_rows) if self.max_rows else ReadAllAvailable()

@@ -43,6 +43,9 @@ from pipeline.train.probe import Probe
 
 log = logging.getLogger("streamtrain.run")
 
+#: Every batch's row, one JSON line each, appended as the run goes (the report keeps the last 1,000).
+BATCHES_FILE = "batches.jsonl"
+
 __all__ = ["Run", "RunConfig", "check_ledger", "run"]
 
 
@@ -61,7 +64,7 @@ class Run:
         self.topic = cfg.topic or f"streamtrain-{cfg.dataset}"
         self.metrics = RunMetrics(dataset=cfg.dataset, algorithm=cfg.algorithm, topic=self.topic,
                                   workers=cfg.workers)
-        self.history = History()
+        self.history = History(path=self.out / BATCHES_FILE)
         self.state: checkpoint.State | None = None
         self.replay: ReplayProcess | None = None
         self._started = time.monotonic()
@@ -103,15 +106,17 @@ class Run:
             self._step(f"first micro-batch trained ({info.rows:,} records)")
         weights, clock, optimizer = self._server.checkpoint()
         row = BatchRow.from_batch(info, t=time.monotonic() - self._started, clock=clock)
-        if (len(history.rows) + 1) % self.cfg.eval_every == 0:
+        if (history.count + 1) % self.cfg.eval_every == 0:
             began = time.monotonic()
             row.heldout = self._evaluation.score(weights)
             history.eval_s += time.monotonic() - began
         # Streaming time so far, and the part of it spent scoring the held-out split here.
         row.t_stream = round(time.monotonic() - history.first_batch_at, 3)
         row.eval_s_total = round(history.eval_s, 3)
-        history.add(row, ended_at=time.monotonic())
+        began = time.perf_counter()
         self._save(info, weights, clock, optimizer, trained=row.trained)  # before Spark commits the batch
+        row.checkpoint_ms = round((time.perf_counter() - began) * 1000, 2)
+        history.add(row, ended_at=time.monotonic())
         _fault("saved", info.batch_id)  # saved, and Spark has not committed it
         self.metrics.on_batch(info, row)
         elapsed = max(1e-9, time.monotonic() - history.first_batch_at)
@@ -299,7 +304,7 @@ class Run:
             records_per_s=round(here / span, 1) if span else 0.0,
             records_per_s_excluding_eval=round(here / (span - history.eval_s), 1) if span > history.eval_s else 0.0,
             stopped_because=self._stop_reason or "limit (--max-batches / --timeout)", final=final,
-            batches=history.rows, ledger=self.state.ledger,
+            batches=list(history.rows), batches_file=str(self.out / BATCHES_FILE), ledger=self.state.ledger,
             parameter_server={k: ps_stats.get(k) for k in ("ops", "shared_memory", "refused")},
             parallelism={"workers": self.cfg.workers, "task_slots": self._cores,
                          "concurrent_replicas": min(self.cfg.workers, self._cores)},

@@ -3,7 +3,10 @@ final report (``report.json``)."""
 
 from __future__ import annotations
 
+import collections
 import dataclasses
+import json
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -27,6 +30,7 @@ class BatchRow:
         prequential_accuracy, prequential_loss: test-then-train scores (None: no classifier step).
         heldout: held-out scores, on the batches that were scored.
         eval_s_total: seconds spent scoring the held-out split so far.
+        checkpoint_ms: milliseconds writing the checkpoint after the batch.
     """
 
     batch_id: int
@@ -46,6 +50,7 @@ class BatchRow:
     heldout: dict[str, float] | None = None
     t_stream: float = 0.0
     eval_s_total: float = 0.0
+    checkpoint_ms: float = 0.0
 
     @classmethod
     def from_batch(cls, info: BatchInfo, *, t: float, clock: int) -> BatchRow:
@@ -91,24 +96,44 @@ class BatchRow:
 
 
 class History:
-    """The rows of the batches this process trained, and the times the report needs."""
+    """The batches this process trained: running totals, the last ``keep`` rows in memory,
+    and every row appended to ``path`` (JSON lines) as it comes, so a trainer that never
+    stops holds a window, not its whole past.
 
-    def __init__(self) -> None:
-        self.rows: list[BatchRow] = []
+    Example:
+        >>> h = History(keep=2)
+        >>> for i in range(3):
+        ...     h.add(BatchRow(i, 1.0, 10, 9, {"bad": 1}, 0.5, 0, None, None, i, 0.1, 0.1), ended_at=float(i))
+        >>> [row.batch_id for row in h.rows], h.trained(), h.rejected(), h.count
+        ([1, 2], 27, 3, 3)
+    """
+
+    def __init__(self, *, keep: int = 1000, path: Path | None = None) -> None:
+        self.rows: collections.deque[BatchRow] = collections.deque(maxlen=keep)
+        self.path = path
+        self.count = 0  # rows added
         self.eval_s = 0.0  # scoring the held-out split, between batches
         self.first_batch_at: float | None = None  # time.monotonic() when the first batch began
         self.last_batch_at = 0.0  # and when the last one ended
+        self._trained = 0
+        self._rejected = 0
 
     def add(self, row: BatchRow, *, ended_at: float) -> None:
         self.rows.append(row)
+        self.count += 1
+        self._trained += row.trained
+        self._rejected += sum(row.rejected.values())
         self.last_batch_at = ended_at
+        if self.path is not None:
+            with open(self.path, "a") as f:
+                f.write(json.dumps(row.to_dict(), default=float) + "\n")
 
     def trained(self) -> int:
         """Records trained since this process started (a resumed run counts from its resume)."""
-        return sum(row.trained for row in self.rows)
+        return self._trained
 
     def rejected(self) -> int:
-        return sum(sum(row.rejected.values()) for row in self.rows)
+        return self._rejected
 
     def span_s(self) -> float:
         """Streaming time: from the first batch to the end of the last one."""
@@ -117,7 +142,10 @@ class History:
 
 @dataclasses.dataclass
 class RunReport:
-    """The end of a run: settings, totals, speed, final scores, every batch and the ledger.
+    """The end of a run: settings, totals, speed, final scores, the last batches and the ledger.
+
+    ``batches`` holds this process's last 1,000 batches; ``batches_file`` (``batches.jsonl``)
+    has every batch of the run, across resumes.
 
     ``trained_this_session`` counts from this process's start (a resumed run's figure
     is what it added); ``train_seconds`` runs from the first batch to the end of the
@@ -142,12 +170,14 @@ class RunReport:
     parameter_server: dict[str, Any]  # how workers connected, and any request refused
     parallelism: dict[str, int]  # workers asked for, Spark's task slots, replicas that trained at once
     plots: str | None = None
+    batches_file: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["batches"] = [row.to_dict() for row in self.batches]
-        if self.plots is None:
-            del d["plots"]
+        for key in ("plots", "batches_file"):
+            if d[key] is None:
+                del d[key]
         return d
 
     def summary(self) -> str:

@@ -9,6 +9,7 @@ again) or present (and skipped).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import io
 import json
@@ -18,7 +19,11 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.errors import DataError
+from pipeline.errors import DataError, StreamtrainError
+
+
+class CheckpointError(StreamtrainError):
+    """The checkpoint could not be written (the batch stays uncommitted)."""
 
 FILENAME = "state.npz"
 _OPT = "optimizer."  # the prefix of the optimizer's arrays in the file
@@ -55,20 +60,27 @@ def save(folder: str | os.PathLike[str], state: State) -> Path:
     arrays = {"weights": state.weights, "meta": np.frombuffer(json.dumps(meta).encode(), np.uint8),
               **{f"{_OPT}{k}": v for k, v in state.optimizer.items()}}
     np.savez(buf, **arrays)  # type: ignore[arg-type]
-    tmp = folder / f".{FILENAME}.tmp"
-    with open(tmp, "wb") as f:
-        f.write(buf.getbuffer())
-        f.flush()
-        os.fsync(f.fileno())
-    target = folder / FILENAME
-    os.replace(tmp, target)
-    # The rename is durable only once the folder's entry is: without this, a power cut
-    # could bring back the previous checkpoint after Spark committed the new batch.
-    fd = os.open(folder, os.O_RDONLY)
+    tmp, target = folder / f".{FILENAME}.tmp", folder / FILENAME
     try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+        with open(tmp, "wb") as f:
+            f.write(buf.getbuffer())
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+        # The rename is durable only once the folder's entry is: without this, a power cut
+        # could bring back the previous checkpoint after Spark committed the new batch.
+        fd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError as e:  # a full disk, a quota, a folder gone read-only
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise CheckpointError(
+            f"Could not write the checkpoint {target} ({e.strerror or e}): batch {state.last_batch_id} is not "
+            f"committed, and the previous checkpoint is intact. Free space there (or fix the folder), then "
+            f"continue with: streamtrain run --resume {folder}") from None
     return target
 
 

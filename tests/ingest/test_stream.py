@@ -134,7 +134,7 @@ def test_a_failing_prepare_stops_the_query_and_commits_nothing(spark, broker, to
     job = _job(spark, broker, topic, tmp_path / "ckpt")
     with pytest.raises(RuntimeError, match="the warm-up failed"):
         job.run(timeout_s=60, prepare=prepare)
-    assert job.batches == [] and not list((tmp_path / "ckpt" / "commits").glob("[0-9]*"))
+    assert not job.batches and not list((tmp_path / "ckpt" / "commits").glob("[0-9]*"))
     # The next run trains from the start: nothing was lost.
     [batch] = _job(spark, broker, topic, tmp_path / "ckpt").run(max_batches=1, timeout_s=60)
     assert batch.batch_id == 0 and batch.rows == produced

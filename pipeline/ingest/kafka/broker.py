@@ -85,6 +85,8 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 def _port_free(host: str, port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        # As the broker binds: a port its previous run left in TIME_WAIT is free for it.
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
         except OSError:
@@ -236,6 +238,8 @@ class EmbeddedBroker:
             return
         atexit.unregister(self.stop)
         if proc.poll() is None:
+            if self.engine == "noida":
+                self._stop_noida_service()
             proc.terminate()
             try:
                 proc.wait(timeout_s)
@@ -245,6 +249,16 @@ class EmbeddedBroker:
         if self._scratch:
             shutil.rmtree(self._scratch, ignore_errors=True)
             self._scratch = None
+
+    def _stop_noida_service(self) -> None:
+        """Stop noida's Kafka service before its process: ``noida-db stop kafka`` saves every
+        record it acknowledged. Measured: a SIGTERM or SIGINT alone, while a producer was
+        sending, lost the last ~70 ms of acknowledged records (about 10 at 150 records/s)."""
+        folder = self.storage or self._scratch
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            subprocess.run([find_binary("noida"), "stop", "kafka", "--data-dir", str(folder)],
+                           stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                           timeout=15, check=False)
 
     def __enter__(self) -> EmbeddedBroker:
         return self.start()
