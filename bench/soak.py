@@ -24,8 +24,8 @@ log end: records the trainer lost or trained twice).
 
 Last line: ``soak minutes=<n> lost=<n> duplicated=<n> rss_growth_mb=<n> ckpt_ms_growth=<r> lag_max=<n>``
 rss_growth_mb: the trainer's processes (driver, Spark's JVM and Python workers), median RSS
-of the last minute minus that at one third of the run (or a minute after the resumed
-trainer's first batch, if later: the new JVM and workers settle first). ckpt_ms_growth: the
+of the last minute minus that of the minute from one third of the run (or from a minute
+after the resumed trainer's first batch, if later: the new JVM and workers settle first). ckpt_ms_growth: the
 median checkpoint write time of the last minute over that of the first.
 """
 
@@ -289,7 +289,7 @@ def main() -> None:
     total = args.minutes * 60
     s = soak.samples
     settle = max(total / 3, (soak.resumed_first_batch or 0) + 60)
-    growth = _median_at(s, "trainer_mb", total - 60, total) - _median_at(s, "trainer_mb", settle - 10, settle + 10)
+    growth = _median_at(s, "trainer_mb", total - 60, total) - _median_at(s, "trainer_mb", settle, settle + 60)
     first = [ms for t, ms in soak.ckpt if t <= 60]
     last = [ms for t, ms in soak.ckpt if t >= total - 60]
     ckpt_growth = statistics.median(last) / statistics.median(first) if first and last else float("nan")
@@ -298,7 +298,8 @@ def main() -> None:
     print(json.dumps({**checks, "ckpt_ms_first_minute": statistics.median(first) if first else None,
                       "ckpt_ms_last_minute": statistics.median(last) if last else None,
                       "ckpt_bytes_first_last": [s[0]["ckpt_bytes"], s[-1]["ckpt_bytes"]],
-                      "broker_rss_growth_mb": round(broker_growth, 1), "rss_from_s": round(settle, 1)}), flush=True)
+                      "broker_rss_growth_mb": round(broker_growth, 1), "rss_from_s": round(settle, 1),
+                      "trainer_mb_every_30s": [round(x["trainer_mb"]) for x in s[::15]]}), flush=True)
     if not args.keep:
         import shutil
 
