@@ -8,12 +8,15 @@ concurrent clients, and a memcpy of the same buffer as the floor.
     .venv/bin/python bench/ps.py [--roundtrips 300] [--seconds 4]
 
 Last line (the first four for shared memory): ``ps roundtrip_ms_p50=<n> roundtrip_ms_p99=<n>
-pushes_per_s=<n> ratio_vs_memcpy=<r> tcp_roundtrip_ms_p50=<n> tcp_pushes_per_s=<n>``
+pushes_per_s=<n> ratio_vs_memcpy=<r> tcp_roundtrip_ms_p50=<n> tcp_pushes_per_s=<n> tcp_mac_share=<r>``
+(tcp_mac_share: the four payload MACs of a TCP round trip, as a share of its p50).
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
+import hmac
 import multiprocessing as mp
 import time
 
@@ -79,10 +82,19 @@ def main() -> None:
         np.copyto(dst, src)
         copies.append(time.perf_counter() - started)
     memcpy_ms = float(np.median(copies)) * 1000
+    # What authenticating a TCP payload costs: one HMAC-SHA256 of the buffer. A TCP round
+    # trip makes four (the worker signs its push, the server checks it, signs the center
+    # it sends back, and the worker checks that); shared-memory frames MAC the header only.
+    macs = []
+    for _ in range(50):
+        started = time.perf_counter()
+        hmac.new(SECRET, src.data.cast("B"), hashlib.sha256).digest()
+        macs.append(time.perf_counter() - started)
+    mac_ms = float(np.median(macs)) * 1000
 
     figures = {shared: measure(src, shared, args.roundtrips, args.seconds) for shared in (True, False)}
     mb = WEIGHTS * 4 / 1e6
-    print(f"buffer {mb:.1f} MB; memcpy {memcpy_ms:.2f} ms")
+    print(f"buffer {mb:.1f} MB; memcpy {memcpy_ms:.2f} ms; HMAC-SHA256 {mac_ms:.2f} ms")
     for shared, (p50, p99, rates) in figures.items():
         print(f"{'shared memory' if shared else 'TCP':>13}: push+pull p50 {p50:.2f} ms p99 {p99:.2f} ms; "
               f"pushes applied/s: 2 clients {rates[2]:.0f}, 4 clients {rates[4]:.0f}")
@@ -90,7 +102,7 @@ def main() -> None:
     # A round trip moves the buffer twice (push, pull): the floor is two memcpys.
     print(f"ps roundtrip_ms_p50={p50:.2f} roundtrip_ms_p99={p99:.2f} pushes_per_s={min(rates.values()):.0f} "
           f"ratio_vs_memcpy={p50 / (2 * memcpy_ms):.1f} tcp_roundtrip_ms_p50={tcp_p50:.2f} "
-          f"tcp_pushes_per_s={min(tcp_rates.values()):.0f}")
+          f"tcp_pushes_per_s={min(tcp_rates.values()):.0f} tcp_mac_share={4 * mac_ms / tcp_p50:.2f}")
 
 
 def measure(src: np.ndarray, shared: bool, roundtrips: int, seconds: float) -> tuple[float, float, dict[int, float]]:

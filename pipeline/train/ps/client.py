@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import hmac
 import json
+import os
 import socket
 from types import TracebackType
 from typing import Any
@@ -57,18 +59,29 @@ class Client:
         self._buf = np.empty(size, np.float32)
         self._seq = 0
         self._sock = socket.create_connection(self.address, timeout=timeout_s)
-        self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        nonce = bytearray(p.NONCE_BYTES)
-        p.recv_exact(self._sock, memoryview(nonce))
-        self._sock.sendall(p.challenge_answer(secret, bytes(nonce)))
-        self._key = p.session_key(secret, bytes(nonce))
-        self._shared: SharedBuffers | None = None
-        if shared_memory:
-            try:
-                self._shared = self._attach()
-            except BaseException:
-                self._sock.close()
-                raise
+        try:
+            self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self._keys = self._handshake(secret)
+            self._shared: SharedBuffers | None = None
+            self._shared = self._attach() if shared_memory else None
+        except BaseException:
+            self._sock.close()
+            raise
+
+    def _handshake(self, secret: bytes) -> p.Keys:
+        """Prove the secret, and make the server prove it too."""
+        theirs = bytearray(p.NONCE_BYTES)
+        p.recv_exact(self._sock, memoryview(theirs))
+        ours = os.urandom(p.NONCE_BYTES)
+        self._sock.sendall(ours + p.client_proof(secret, bytes(theirs), ours))
+        answer = bytearray(1 + p.PROOF_BYTES)
+        p.recv_exact(self._sock, memoryview(answer))
+        if answer[0] != p.OK:
+            raise p.ProtocolError("the parameter server refused this worker's proof of the run's secret (auth)")
+        if not hmac.compare_digest(bytes(answer[1:]), p.server_proof(secret, bytes(theirs), ours)):
+            raise p.ProtocolError(f"the parameter server at {self.address[0]}:{self.address[1]} did not prove the "
+                                  "run's secret: not this run's server")
+        return p.Keys.derive(secret, bytes(theirs), ours)
 
     @property
     def shared(self) -> bool:
@@ -77,86 +90,93 @@ class Client:
 
     def _attach(self) -> SharedBuffers | None:
         """Ask for the server's shared file, map it, and prove it with the cookie in it."""
-        reply = self._request(p.ATTACH)
-        token = bytearray(reply.length)
-        p.recv_exact(self._sock, memoryview(token))
+        _, token = self._request(p.ATTACH, most=p.MAX_TOKEN)
         if not token:
             return None  # not offered
         shared = None
         try:
-            shared = SharedBuffers.open(token.decode("ascii", "replace"), self.size)
+            shared = SharedBuffers.open(bytes(token).decode("ascii", "replace"), self.size)
             cookie = shared.cookie
         except (OSError, p.ProtocolError):
             cookie = bytes(p.COOKIE_BYTES)  # another machine: the server will withdraw the offer
-        reply = self._request(p.ATTACH, body=cookie)
+        reply, _ = self._request(p.ATTACH, body=cookie)
         if shared is not None and reply.flags != 1:
             shared.close()
             shared = None
         return shared
 
-    def _request(self, op: int, payload: np.ndarray | None = None, *, body: bytes = b"") -> p.Header:
+    def _request(self, op: int, payload: np.ndarray | None = None, *, body: bytes = b"",
+                 most: int = 0) -> tuple[p.Header, memoryview]:
+        """Send a request; return the reply's header and payload (at most ``most`` bytes; the
+        weights' size where the weights come back on the socket), both authenticated."""
         self._seq += 1
-        length = len(body) if payload is None else payload.nbytes
-        shared = self._shared is not None and op != p.STATS
-        flags = p.SHARED if shared else 0
-        header = p.pack(p.Header(op, self.worker, self._seq, self.clock, length, flags=flags), self._key)
-        if payload is None:
-            self._sock.sendall(header + body)
-        else:
+        shared = self._shared is not None and op not in (p.STATS, p.ATTACH)
+        out: memoryview | bytes = body
+        if payload is not None:
             if payload.dtype != np.float32 or payload.size != self.size:
                 raise ConfigError(f"Expected {self.size} float32 values. Received: {payload.size} {payload.dtype}")
             if shared:
                 assert self._shared is not None
                 np.copyto(self._shared.request, payload)
-                self._sock.sendall(header)
+                out = b""
             else:
-                self._sock.sendall(header)
-                self._sock.sendall(np.ascontiguousarray(payload).data.cast("B"))
+                out = np.ascontiguousarray(payload).data.cast("B")
+        header = p.pack(p.Header(op, self.worker, self._seq, self.clock, len(out), flags=p.SHARED if shared else 0),
+                        self._keys.request, out)
+        if len(out) > 4096:
+            self._sock.sendall(header)
+            self._sock.sendall(out)
+        else:
+            self._sock.sendall(header + bytes(out))
         raw = bytearray(p.HEADER.size)
         p.recv_exact(self._sock, memoryview(raw))
         reply = p.unpack(raw)
         if reply.op != p.OK:
             raise p.ProtocolError(f"the parameter server refused the request ({p.STATUS.get(reply.op, reply.op)})")
-        return reply
+        weights = op in (p.PULL, p.PEEK, p.PUSH_PULL) and not shared
+        allowed = self.size * 4 if weights else most
+        if reply.seq != self._seq or (reply.length != allowed if weights else reply.length > allowed):
+            raise p.ProtocolError(f"the parameter server's reply does not fit the request (sequence {reply.seq}, "
+                                  f"{reply.length} bytes)")
+        into = self._buf.data.cast("B") if weights else memoryview(bytearray(reply.length))
+        p.recv_exact(self._sock, into)
+        if not p.verify(self._keys.reply, reply, into):
+            raise p.ProtocolError("a reply from the parameter server failed authentication (altered in transit?)")
+        return reply, into
 
     def pull(self) -> np.ndarray:
         """The center weights now; remembers the clock for staleness."""
-        reply = self._request(p.PULL)
+        reply, _ = self._request(p.PULL)
         self.clock = reply.clock
         return self._center()
 
     def peek(self) -> np.ndarray:
         """The center weights now, read without counting as this worker's pull (no
         synchronous round waits for a peeker); :attr:`clock` is the center's version."""
-        reply = self._request(p.PEEK)
+        reply, _ = self._request(p.PEEK)
         self.clock = reply.clock
         return self._center()
 
     def push(self, delta: np.ndarray) -> int:
         """Send an update; return its staleness (updates applied since this worker pulled)."""
-        reply = self._request(p.PUSH, delta)
+        reply, _ = self._request(p.PUSH, delta)
         self.last_staleness = reply.flags
         return reply.flags
 
     def push_pull(self, delta: np.ndarray) -> np.ndarray:
         """Send an update and get the new center in one round trip."""
-        reply = self._request(p.PUSH_PULL, delta)
+        reply, _ = self._request(p.PUSH_PULL, delta)
         self.clock = reply.clock
         self.last_staleness = reply.flags
         return self._center()
 
     def _center(self) -> np.ndarray:
-        """The center a PULL, PUSH_PULL or PEEK answered: in the shared file, or read off the socket."""
-        if self._shared is not None:
-            return self._shared.response
-        p.recv_exact(self._sock, self._buf.data.cast("B"))
-        return self._buf
+        """The center a PULL, PUSH_PULL or PEEK answered: in the shared file, or the receive buffer."""
+        return self._shared.response if self._shared is not None else self._buf
 
     def stats(self) -> dict[str, Any]:
-        reply = self._request(p.STATS)
-        body = bytearray(reply.length)
-        p.recv_exact(self._sock, memoryview(body))
-        result: dict[str, Any] = json.loads(body)
+        _, body = self._request(p.STATS, most=p.MAX_STATS)
+        result: dict[str, Any] = json.loads(bytes(body))
         return result
 
     def close(self) -> None:

@@ -1,17 +1,22 @@
 """The parameter server's wire protocol: fixed binary headers and raw float32 buffers.
 
-No pickle and no JSON on the hot path. A connection opens with a challenge:
-the server sends a random nonce, the client answers HMAC-SHA256(secret, nonce);
-both then derive a session key. Every request header after that carries a MAC
-over the header and a sequence number, so no request is accepted from a peer
-without the per-run secret and none can be replayed. Payloads (weights, deltas)
-are not MACed: hashing 4 MB costs ~3 ms, as much as the exchange itself, and the
-header MAC already binds the request to an authenticated connection.
+No pickle and no JSON on the hot path. Each side proves the per-run secret: the server
+sends a nonce, the client answers with its own nonce and HMAC-SHA256(secret, both), the
+server answers with a status byte and an HMAC of its own over both (so a worker never
+sends weights to, or trains from, a server that does not hold the secret). Both derive a
+request key and a reply key from the secret and the two nonces.
+
+Every frame after that, request and reply, carries a MAC over its header and its payload
+bytes on the socket (HMAC-SHA256, truncated to 16 bytes), keyed by direction, with a
+sequence number that a reply repeats, so no frame is accepted from a peer without the
+secret, and none can be replayed, reordered or altered. Lengths are checked against what
+the op allows before anything is read or allocated: a header never sizes a buffer.
 
 A worker on the server's own machine (Spark's local mode) may move payloads
 through shared memory instead (see :mod:`pipeline.train.ps.shm`): two ATTACH requests
 set it up, and a request flagged SHARED then carries its payload, and gets its
-response's, in the connection's shared file; such a response declares length 0.
+response's, in the connection's shared file (mode 0600, mapped only after the peer proved
+the secret and the file's cookie); such a frame's MAC covers its header.
 
 Request and response header (48 bytes, little-endian):
 
@@ -19,14 +24,14 @@ Request and response header (48 bytes, little-endian):
 offset  type   field
 ======  =====  =============================================================
 0       4s     magic ``b"STPS"``
-4       u8     protocol version (1)
+4       u8     protocol version (2)
 5       u8     op (PULL, PUSH, PUSH_PULL, STATS, ATTACH, PEEK) or, in a response, a status
 6       u16    flags (request: SHARED; response: the push's staleness, or 1 for an accepted ATTACH)
 8       u32    worker id
-12      u32    sequence number (per connection, from 1)
+12      u32    sequence number (per connection, from 1; a response repeats its request's)
 16      u64    clock (request: the clock the worker last pulled; response: now)
 24      u64    payload bytes
-32      16s    MAC (requests only; zeros in responses)
+32      16s    MAC over the header (this field zeroed) and the payload on the socket
 ======  =====  =============================================================
 """
 
@@ -41,7 +46,7 @@ import struct
 from pipeline.errors import StreamtrainError
 
 MAGIC = b"STPS"
-VERSION = 1
+VERSION = 2
 HEADER = struct.Struct("<4sBBHIIQQ16s")
 NONCE_BYTES = 16
 MAC_BYTES = 16
@@ -56,6 +61,9 @@ COOKIE_BYTES = 16  # the second ATTACH's payload (see pipeline.train.ps.shm)
 # Statuses (responses).
 OK, ERR_AUTH, ERR_FRAME, ERR_SIZE = 0, 0xE1, 0xE2, 0xE3
 STATUS = {OK: "ok", ERR_AUTH: "auth", ERR_FRAME: "frame", ERR_SIZE: "size"}
+PROOF_BYTES = 32
+#: The most a reply other than the weights may carry (an ATTACH token, STATS' JSON).
+MAX_TOKEN, MAX_STATS = 256, 1 << 20
 
 
 class ProtocolError(StreamtrainError):
@@ -73,31 +81,48 @@ class Header:
     mac: bytes = b"\0" * MAC_BYTES
 
 
-def session_key(secret: bytes, nonce: bytes) -> bytes:
-    """The key both sides derive after the challenge."""
-    return hmac.new(secret, b"session" + nonce, hashlib.sha256).digest()
-
-
-def challenge_answer(secret: bytes, nonce: bytes) -> bytes:
+def client_proof(secret: bytes, server_nonce: bytes, client_nonce: bytes) -> bytes:
     """What a client proves it holds the secret with."""
-    return hmac.new(secret, b"hello" + nonce, hashlib.sha256).digest()
+    return hmac.new(secret, b"client" + server_nonce + client_nonce, hashlib.sha256).digest()
 
 
-def _mac(key: bytes, h: Header) -> bytes:
+def server_proof(secret: bytes, server_nonce: bytes, client_nonce: bytes) -> bytes:
+    """What the server proves it holds the secret with (another label: not a replayed client proof)."""
+    return hmac.new(secret, b"server" + server_nonce + client_nonce, hashlib.sha256).digest()
+
+
+@dataclasses.dataclass(frozen=True)
+class Keys:
+    """A session's two MAC keys: one per direction, so a reply can never pass as a request."""
+
+    request: bytes
+    reply: bytes
+
+    @classmethod
+    def derive(cls, secret: bytes, server_nonce: bytes, client_nonce: bytes) -> Keys:
+        both = server_nonce + client_nonce
+        return cls(hmac.new(secret, b"request" + both, hashlib.sha256).digest(),
+                   hmac.new(secret, b"reply" + both, hashlib.sha256).digest())
+
+
+def _mac(key: bytes, h: Header, payload: bytes | bytearray | memoryview = b"") -> bytes:
     body = HEADER.pack(MAGIC, VERSION, h.op, h.flags, h.worker, h.seq, h.clock, h.length, b"\0" * MAC_BYTES)
-    return hmac.new(key, body, hashlib.sha256).digest()[:MAC_BYTES]
+    m = hmac.new(key, body, hashlib.sha256)
+    if len(payload):
+        m.update(payload)
+    return m.digest()[:MAC_BYTES]
 
 
-def pack(h: Header, key: bytes | None = None) -> bytes:
-    """Encode a header; with ``key``, sign it.
+def pack(h: Header, key: bytes | None = None, payload: bytes | bytearray | memoryview = b"") -> bytes:
+    """Encode a header; with ``key``, sign it and ``payload`` (the bytes that follow it).
 
-    >>> h = Header(PULL, worker=1, seq=1, clock=0, length=0)
-    >>> len(pack(h, b"k" * 32))
+    >>> h = Header(PULL, worker=1, seq=1, clock=0, length=3)
+    >>> len(pack(h, b"k" * 32, b"abc"))
     48
-    >>> unpack(pack(h, b"k" * 32)).op == PULL
-    True
+    >>> verify(b"k" * 32, unpack(pack(h, b"k" * 32, b"abc")), b"abc"), verify(b"k" * 32, unpack(pack(h, b"k" * 32, b"abc")), b"abd")
+    (True, False)
     """
-    mac = _mac(key, h) if key is not None else h.mac
+    mac = _mac(key, h, payload) if key is not None else h.mac
     return HEADER.pack(MAGIC, VERSION, h.op, h.flags, h.worker, h.seq, h.clock, h.length, mac)
 
 
@@ -109,16 +134,23 @@ def unpack(raw: bytes | bytearray | memoryview) -> Header:
     return Header(op, worker, seq, clock, length, flags, bytes(mac))
 
 
-def verify(key: bytes, h: Header) -> bool:
-    """Whether the header's MAC is right for ``key``."""
-    return hmac.compare_digest(_mac(key, h), h.mac)
+def verify(key: bytes, h: Header, payload: bytes | bytearray | memoryview = b"") -> bool:
+    """Whether the header's MAC is right for ``key`` over the header and ``payload``."""
+    return hmac.compare_digest(_mac(key, h, payload), h.mac)
+
+
+class Closed(ConnectionError):
+    """The peer closed the connection between frames (not in the middle of one)."""
 
 
 def recv_exact(sock: socket.socket, buf: memoryview) -> None:
-    """Fill ``buf`` from ``sock``; raise ConnectionError if the peer closes first."""
+    """Fill ``buf`` from ``sock``; raise :class:`Closed` if the peer closed before the first
+    byte, ConnectionError if it closed part way."""
     got = 0
     while got < len(buf):
         n = sock.recv_into(buf[got:])
         if n == 0:
+            if got == 0:
+                raise Closed("peer closed the connection")
             raise ConnectionError("peer closed the connection mid-frame")
         got += n

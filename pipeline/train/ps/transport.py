@@ -28,6 +28,13 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("pipeline.train.ps.server")
 
+#: Connections served at once; more are refused ("busy") before the handshake.
+MAX_CONNECTIONS = 256
+#: Seconds a peer has to complete the handshake, and an authenticated connection may stay
+#: silent between requests (a worker computes between exchanges; a sync round waits on the
+#: server, not on the socket).
+HANDSHAKE_TIMEOUT_S, IDLE_TIMEOUT_S = 10.0, 600.0
+
 
 class Transport:
     """Accepts connections for ``server`` and serves each on its own thread.
@@ -98,6 +105,10 @@ class Transport:
                 conn, _ = listener.accept()
             except OSError:
                 return
+            if len(self._conns) >= MAX_CONNECTIONS:
+                self.refuse(conn, "busy")
+                conn.close()
+                continue
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             self._conns.add(conn)
             t = threading.Thread(target=self._serve, args=(conn,), name="ps-conn", daemon=True)
@@ -106,9 +117,12 @@ class Transport:
 
     def _serve(self, conn: socket.socket) -> None:
         try:
-            key = self._handshake(conn)
-            if key is not None:
-                _Connection(self, conn, key).serve()
+            keys = self._handshake(conn)
+            if keys is not None:
+                conn.settimeout(IDLE_TIMEOUT_S)
+                _Connection(self, conn, keys).serve()
+        except TimeoutError:
+            self.refuse(conn, "idle")
         except (ConnectionError, OSError):
             pass  # a closed or reset connection ends only itself
         finally:
@@ -126,30 +140,33 @@ class Transport:
             with contextlib.suppress(OSError):
                 conn.sendall(p.pack(p.Header(status, 0, 0, self.server.clock, 0)))
 
-    def _handshake(self, conn: socket.socket) -> bytes | None:
-        """Challenge the peer to prove the secret; the session key, or None if it did not."""
+    def _handshake(self, conn: socket.socket) -> p.Keys | None:
+        """Both sides prove the secret; the session's keys, or None if the peer did not."""
         secret = self.server.secret
         nonce = os.urandom(p.NONCE_BYTES)
+        conn.settimeout(HANDSHAKE_TIMEOUT_S)
         conn.sendall(nonce)
-        answer = bytearray(32)
-        conn.settimeout(10)
+        answer = bytearray(p.NONCE_BYTES + p.PROOF_BYTES)
         try:
             p.recv_exact(conn, memoryview(answer))
         except (ConnectionError, TimeoutError):
             self.refuse(conn, "truncated")
             return None
-        conn.settimeout(None)
-        if not hmac.compare_digest(bytes(answer), p.challenge_answer(secret, nonce)):
-            self.refuse(conn, "auth", p.ERR_AUTH)
+        theirs, proof = bytes(answer[:p.NONCE_BYTES]), bytes(answer[p.NONCE_BYTES:])
+        if not hmac.compare_digest(proof, p.client_proof(secret, nonce, theirs)):
+            self.refuse(conn, "auth")
+            with contextlib.suppress(OSError):
+                conn.sendall(bytes([p.ERR_AUTH]) + bytes(p.PROOF_BYTES))
             return None
-        return p.session_key(secret, nonce)
+        conn.sendall(bytes([p.OK]) + p.server_proof(secret, nonce, theirs))
+        return p.Keys.derive(secret, nonce, theirs)
 
 
 class _Connection:
     """One authenticated connection's request loop."""
 
-    def __init__(self, transport: Transport, conn: socket.socket, key: bytes) -> None:
-        self.transport, self.conn, self.key = transport, conn, key
+    def __init__(self, transport: Transport, conn: socket.socket, keys: p.Keys) -> None:
+        self.transport, self.conn, self.keys = transport, conn, keys
         self.server = transport.server
         size = self.server.size
         # One receive and one send buffer per connection, allocated once: a request's
@@ -170,51 +187,62 @@ class _Connection:
         conn, refuse = self.conn, self.transport.refuse
         nbytes = self.server.size * 4
         raw = bytearray(p.HEADER.size)
+        cookie = bytearray(p.COOKIE_BYTES)
         seq = 0
         while not self.transport.stopping:
             try:
                 p.recv_exact(conn, memoryview(raw))
+            except p.Closed:
+                return  # between frames: a worker that is done
             except ConnectionError:
-                return
+                return refuse(conn, "truncated")
             started = time.perf_counter()
             try:
                 h = p.unpack(raw)
             except p.ProtocolError:
                 return refuse(conn, "frame", p.ERR_FRAME)
             seq += 1
-            if h.seq != seq or not p.verify(self.key, h):
+            if h.seq != seq:
                 return refuse(conn, "auth", p.ERR_AUTH)
             if h.op not in p.OPS or h.flags & ~p.SHARED or (h.flags and not self.attached):
                 return refuse(conn, "frame", p.ERR_FRAME)
+            # What the op allows, checked before a byte of payload is read.
+            pushes = h.op in (p.PUSH, p.PUSH_PULL)
             if h.op == p.ATTACH:
-                if (h.length not in (0, p.COOKIE_BYTES) or self.attached
+                if (h.length not in (0, p.COOKIE_BYTES) or self.attached or h.flags
                         or (h.length == 0) == (self.shared is not None)):
                     return refuse(conn, "frame", p.ERR_FRAME)
-                cookie = bytearray(h.length)
-                p.recv_exact(conn, memoryview(cookie))
-                self._attach(h, bytes(cookie))
-                continue
-            pushes = h.op in (p.PUSH, p.PUSH_PULL)
-            if h.length != (nbytes if pushes else 0):
+            elif h.length != (nbytes if pushes and not h.flags else 0):
                 return refuse(conn, "size", p.ERR_SIZE)
-            if h.flags:  # the payloads are in the shared file
+            body = memoryview(cookie)[:h.length] if h.op == p.ATTACH else self.inbox.data.cast("B")[:h.length]
+            try:
+                if len(body):
+                    p.recv_exact(conn, body)
+            except ConnectionError:
+                return refuse(conn, "truncated")
+            if not p.verify(self.keys.request, h, body):
+                return refuse(conn, "auth", p.ERR_AUTH)
+            if h.op == p.ATTACH:
+                self._attach(h, bytes(body))
+            elif h.flags:  # the payloads are in the shared file
                 assert self.shared is not None
                 self._reply(h, self.shared.request, self.shared.response, started, shared=True)
-                continue
-            if pushes:
-                try:
-                    p.recv_exact(conn, self.inbox.data.cast("B"))
-                except ConnectionError:
-                    return self.transport.refuse(conn, "truncated")
-            self._reply(h, self.inbox, self.outbox, started)
+            else:
+                self._reply(h, self.inbox, self.outbox, started)
+
+    def _send(self, h: p.Header, payload: bytes | memoryview = b"") -> None:
+        """A reply: its header MACed with the reply key over itself and ``payload``."""
+        header = p.pack(h, self.keys.reply, payload)
+        if len(payload) > 4096:
+            self.conn.sendall(header)
+            self.conn.sendall(payload)
+        else:
+            self.conn.sendall(header + bytes(payload))
 
     def _reply(self, h: p.Header, inbox: np.ndarray, outbox: np.ndarray, started: float, *,
                shared: bool = False) -> None:
         clock, staleness, payload = self.server.answer(h, inbox, outbox, member=id(self.conn), shared=shared)
-        self.conn.sendall(p.pack(p.Header(p.OK, h.worker, h.seq, clock, len(payload),
-                                          flags=min(staleness, 0xFFFF))))
-        if len(payload):
-            self.conn.sendall(payload)
+        self._send(p.Header(p.OK, h.worker, h.seq, clock, len(payload), flags=min(staleness, 0xFFFF)), payload)
         self.server.finished(p.OPS[h.op], time.perf_counter() - started)
 
     def _attach(self, h: p.Header, cookie: bytes) -> None:
@@ -229,7 +257,7 @@ class _Connection:
                     token = self.shared.token.encode()
                 except OSError as e:
                     log.info("no shared memory for a worker (%s); it stays on TCP", e)
-            self.conn.sendall(p.pack(p.Header(p.OK, h.worker, h.seq, server.clock, len(token))) + token)
+            self._send(p.Header(p.OK, h.worker, h.seq, server.clock, len(token)), token)
             return
         assert self.shared is not None
         accepted = hmac.compare_digest(cookie, self.shared.cookie)
@@ -240,4 +268,4 @@ class _Connection:
         else:
             server.count_shared()
         self.attached = accepted
-        self.conn.sendall(p.pack(p.Header(p.OK, h.worker, h.seq, server.clock, 0, flags=int(accepted))))
+        self._send(p.Header(p.OK, h.worker, h.seq, server.clock, 0, flags=int(accepted)))

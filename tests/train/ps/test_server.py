@@ -104,11 +104,16 @@ def test_wrong_secret_is_refused_and_counted(server: ParameterServer) -> None:
 
 
 def _raw_session(server: ParameterServer) -> tuple[socket.socket, bytes]:
+    """A connection past the handshake, and its request key."""
     sock = socket.create_connection(server.address, timeout=5)
-    nonce = bytearray(p.NONCE_BYTES)
-    p.recv_exact(sock, memoryview(nonce))
-    sock.sendall(p.challenge_answer(SECRET, bytes(nonce)))
-    return sock, p.session_key(SECRET, bytes(nonce))
+    theirs = bytearray(p.NONCE_BYTES)
+    p.recv_exact(sock, memoryview(theirs))
+    ours = b"n" * p.NONCE_BYTES
+    sock.sendall(ours + p.client_proof(SECRET, bytes(theirs), ours))
+    answer = bytearray(1 + p.PROOF_BYTES)
+    p.recv_exact(sock, memoryview(answer))
+    assert answer[0] == p.OK and bytes(answer[1:]) == p.server_proof(SECRET, bytes(theirs), ours)
+    return sock, p.Keys.derive(SECRET, bytes(theirs), ours).request
 
 
 def _reply_status(sock: socket.socket) -> int:
@@ -262,7 +267,8 @@ def test_a_wrong_cookie_withdraws_the_offer_and_shared_requests_are_then_refused
         path = shm.path_of(token.decode())
         assert os.path.isfile(path) and os.stat(path).st_mode & 0o777 == 0o600
         # A worker on another machine reads no cookie (or another file's): it answers zeros.
-        sock.sendall(p.pack(p.Header(p.ATTACH, 0, 2, 0, p.COOKIE_BYTES), key) + bytes(p.COOKIE_BYTES))
+        zeros = bytes(p.COOKIE_BYTES)
+        sock.sendall(p.pack(p.Header(p.ATTACH, 0, 2, 0, p.COOKIE_BYTES), key, zeros) + zeros)
         p.recv_exact(sock, memoryview(raw))
         assert p.unpack(raw).flags == 0 and not os.path.exists(path)
     else:
