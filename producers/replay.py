@@ -44,6 +44,8 @@ PRODUCER_DEFAULTS: dict[str, Any] = {
 #: Times a record whose send failed for a reason worth retrying is sent again before it
 #: counts as a send error (with waits of 0.4, 0.8, ... up to 5 s between: about half a minute).
 RESENDS = 8
+#: Seconds a finishing replay waits for Kafka to acknowledge what it sent (resends included).
+FINAL_FLUSH_S = 30.0
 
 
 def _worth_resending(error: BaseException | None) -> bool:
@@ -56,6 +58,15 @@ def _worth_resending(error: BaseException | None) -> bool:
     (True, False)
     """
     return bool(getattr(error, "retriable", False)) or _lost_sequence(error)
+
+
+def _close(producer: Any, *, timeout_s: float) -> None:
+    """Close a producer; with Kafka away, kafka-python's close raises once its flush times
+    out: what it held is counted unacknowledged by then."""
+    from kafka.errors import KafkaTimeoutError
+
+    with contextlib.suppress(KafkaTimeoutError):
+        producer.close(timeout=timeout_s)
 
 
 def _lost_sequence(error: BaseException | None) -> bool:
@@ -265,7 +276,8 @@ class Replay:
             self._renew = self._renew or any(f.failed() and _lost_sequence(f.exception) for f in futures)
             if again:
                 self._resend.append((again, size, tries + 1))
-            failed = sum(1 for f in futures if f.failed()) - len(again)
+            # After a flush that timed out, a send still unfinished is not acknowledged.
+            failed = sum(1 for f in futures if f.failed() or not f.is_done) - len(again)
             ok = len(futures) - failed - len(again)
             report.records_sent += ok
             report.bytes_sent += ok * size
@@ -273,10 +285,10 @@ class Replay:
             self.metrics.records_sent.labels(*labels).inc(ok)
             self.metrics.bytes_sent.labels(*labels).inc(ok * size)
             if failed or again:
-                first = next(f for f in futures if f.failed())
+                first = next((f for f in futures if f.failed()), None)
                 self.metrics.send_errors.labels(*labels).inc(failed)
                 log.warning("%d records not acknowledged by Kafka (%d to send again): %s", failed + len(again),
-                            len(again), first.exception)
+                            len(again), first.exception if first is not None else "no answer in time")
 
     def _send_again(self) -> None:
         """Send the records whose sends failed for a reason worth retrying, after a short wait
@@ -288,7 +300,7 @@ class Replay:
         """
         if self._renew:
             old, self._producer = self._producer, self._new_producer()
-            old.close(timeout=10)  # what it still had in flight settles (and may come back here)
+            _close(old, timeout_s=10)  # what it still had in flight settles (and may come back here)
             self._renew = False
         producer = self._producer
         if self._resend:  # one wait for all: a broker restart fails what was in flight at once
@@ -328,15 +340,8 @@ class Replay:
         except KeyboardInterrupt:  # no signal handler installed (a library caller): the default Ctrl-C
             report.interrupted = True
         finally:
-            # Records to send again are sent again even after a stop was asked for: a stop
-            # ends the replay, it does not drop records already taken from the data.
-            for _ in range(RESENDS + 1):
-                self._producer.flush(timeout=30)
-                self._settle(report, block=True)
-                if not self._resend:
-                    break
-                self._send_again()
-            self._producer.close(timeout=5)
+            self._drain(report)
+            _close(self._producer, timeout_s=5)
             if bar is not None:
                 bar.close()
             report.seconds = time.monotonic() - started
@@ -357,6 +362,28 @@ class Replay:
         finally:
             c.close()
         return np.array([ends[tp] for tp in tps], np.int64)
+
+    def _drain(self, report: ReplayReport) -> None:
+        """Wait for every send, sending again what failed for a reason worth retrying, within
+        :data:`FINAL_FLUSH_S` in all (so a Ctrl-C while Kafka is away still reports soon);
+        what is unacknowledged by then counts as send errors. A stop ends the replay; it
+        does not drop records already taken from the data."""
+        from kafka.errors import KafkaTimeoutError
+
+        deadline = time.monotonic() + FINAL_FLUSH_S
+        while True:
+            with contextlib.suppress(KafkaTimeoutError):
+                self._producer.flush(timeout=max(0.1, deadline - time.monotonic()))
+            self._settle(report, block=True)
+            if not self._resend or time.monotonic() >= deadline:
+                break
+            self._send_again()
+        unsent = sum(len(records) for records, _, _ in self._resend)
+        if unsent:
+            self._resend.clear()
+            report.send_errors += unsent
+            self.metrics.send_errors.labels(self.topic, self.dataset.name).inc(unsent)
+            log.warning("%d records still unacknowledged by Kafka after %g s", unsent, FINAL_FLUSH_S)
 
     def _new_producer(self) -> Any:
         from kafka import KafkaProducer

@@ -63,6 +63,18 @@ def session(master: str = "local[*]", *, app: str = "streamtrain", conf: dict[st
     return spark
 
 
+def quiet_query_failure(spark: Any) -> None:
+    """Keep Spark from logging the failure of the streaming query about to fail: the caller
+    reports it in one line itself (a StreamtrainError a batch raised, such as a checkpoint
+    that could not be written). Spark's log of it is a Java stack with the Python traceback
+    inside, ahead of that line."""
+    jvm: Any = spark.sparkContext._jvm
+    log4j = jvm.org.apache.logging.log4j
+    for logger in ("org.apache.spark.sql.execution.streaming.runtime.MicroBatchExecution",  # Spark 4.1+
+                   "org.apache.spark.sql.execution.streaming.MicroBatchExecution"):
+        log4j.core.config.Configurator.setLevel(logger, log4j.Level.OFF)
+
+
 def stop(spark: Any) -> None:
     """Stop ``spark``; a JVM that recorded its classes exits too, and the archive for
     later runs is built in the background (:mod:`pipeline.cluster.jvmcache`)."""

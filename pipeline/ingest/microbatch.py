@@ -10,6 +10,7 @@ Spark commits the batch. It stops a query only between a batch's commit and the 
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import logging
 import os
@@ -19,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pipeline import codec
+from pipeline import cluster, codec
 from pipeline.errors import ConfigError, StreamtrainError
 from pipeline.ingest import offsets, sources
 from pipeline.ingest.decode import Block, RangeFigures
@@ -228,6 +229,8 @@ class StreamJob:
                       info.batch_s)
         except StreamtrainError as e:
             self._failure = e  # Spark wraps it in layers of its own; run() raises it as it was
+            with contextlib.suppress(Exception):  # best effort: the error is raised either way
+                cluster.quiet_query_failure(self.spark)
             raise
         finally:
             self._in_batch.clear()

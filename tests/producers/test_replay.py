@@ -235,3 +235,32 @@ def test_cli_errors_are_one_line_without_traceback(args: list[str], message: str
     assert done.returncode == 2
     lines = [line for line in done.stderr.splitlines() if "error" in line]
     assert len(lines) == 1 and message in lines[0] and "Traceback" not in done.stderr
+
+
+def test_a_stop_while_kafka_is_away_reports_within_the_final_flush(topic, data_dir, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Proves: a replay stopped while its broker is gone still stops within FINAL_FLUSH_S
+    and reports; what Kafka never acknowledged counts as send errors, none as sent."""
+    import threading
+
+    from producers import replay as replay_mod
+
+    monkeypatch.setattr(replay_mod, "FINAL_FLUSH_S", 2.0)
+    gone = EmbeddedBroker().start()
+    stop = threading.Event()
+    r = Replay(datasets.get("higgs", data_dir=data_dir), bootstrap=gone.bootstrap, topic=topic, rate=500,
+               stop=stop)
+    done: list[replay_mod.ReplayReport] = []
+    sender = threading.Thread(target=lambda: done.append(r.run()), daemon=True)
+    sender.start()
+    deadline = time.monotonic() + 30
+    while r.metrics.records_sent.labels(topic, "higgs")._value.get() < 200:
+        assert time.monotonic() < deadline and sender.is_alive(), "the replay never got going"
+        time.sleep(0.05)
+    gone.stop()
+    time.sleep(0.5)  # sends now go nowhere: the outage is the fault
+    stop.set()
+    stopped_at = time.monotonic()
+    sender.join(30)
+    assert not sender.is_alive() and time.monotonic() - stopped_at < 20  # 2 s of flush, then closing
+    report = done[0]
+    assert report.interrupted and report.records_sent >= 200 and report.send_errors > 0
