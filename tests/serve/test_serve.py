@@ -77,9 +77,16 @@ def live_run(tmp_path_factory: pytest.TempPathFactory, mnist_test: Any) -> Itera
                 break
         assert port, "".join(lines)[-3000:] + err_path.read_text()[-3000:]
         x = mnist_test.x[:32].tolist()
-        deadline = time.monotonic() + 240
+        deadline, resets = time.monotonic() + 240, 0
         while proc.poll() is None and len(seen) < 3 and time.monotonic() < deadline:
-            status, headers, body = _request(port, "POST", "/v1/models/mnist:predict", {"instances": x})
+            try:
+                status, headers, body = _request(port, "POST", "/v1/models/mnist:predict", {"instances": x})
+            except ConnectionResetError:
+                # Seen twice in one hour on this machine, on the first request, at connect (the
+                # cause was not found): tried again; the tests below need several versions seen.
+                resets += 1
+                time.sleep(0.3)
+                continue
             if status == 200:
                 seen.setdefault(int(headers["X-Model-Version"]), body["predictions"])
                 # The bound (--serve-max-age 1) holds when the request starts; the header is
@@ -92,7 +99,7 @@ def live_run(tmp_path_factory: pytest.TempPathFactory, mnist_test: Any) -> Itera
             proc.kill()
             proc.wait()
     assert proc.returncode == 0, err_path.read_text()[-3000:]
-    yield {"out": out, "seen": seen, "report": json.loads((out / "report.json").read_text())}
+    yield {"out": out, "seen": seen, "resets": resets, "report": json.loads((out / "report.json").read_text())}
 
 
 @pytest.fixture(scope="module")
