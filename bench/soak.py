@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from e2e import descendants  # noqa: E402
+from e2e import _tree_rss_bytes  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 TOPIC = "soak-higgs"
@@ -53,17 +53,7 @@ CLI = [sys.executable, "-m", "pipeline"]
 
 
 def tree_rss_mb(pid: int | None) -> float:
-    if pid is None:
-        return 0.0
-    total = 0
-    for p in descendants(pid):
-        try:
-            for line in Path(f"/proc/{p}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    total += int(line.split()[1])
-        except OSError:
-            pass
-    return total / 1024
+    return _tree_rss_bytes(pid) / (1 << 20) if pid is not None else 0.0
 
 
 class Proc:
