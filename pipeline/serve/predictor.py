@@ -97,6 +97,9 @@ class Predictor:
         model = self.model
         self._call = tf.function(lambda x: model(x, training=False), reduce_retracing=True,
                                  input_signature=[tf.TensorSpec([None, *shape], tf.float32)])
+        # Traced now, not on the first request: a server that says it listens answers at
+        # once (the trace took seconds on a loaded 2-core machine).
+        self._call(tf.zeros((1, *shape), tf.float32))
 
     def snapshot(self) -> Snapshot:
         """The weights a prediction would use now; raises :class:`Unavailable`."""

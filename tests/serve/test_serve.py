@@ -81,12 +81,12 @@ def live_run(tmp_path_factory: pytest.TempPathFactory, mnist_test: Any) -> Itera
         while proc.poll() is None and len(seen) < 3 and time.monotonic() < deadline:
             try:
                 status, headers, body = _request(port, "POST", "/v1/models/mnist:predict", {"instances": x})
-            except ConnectionResetError:
-                # Seen twice in one hour on this machine, on the first request, at connect (the
-                # cause was not found): tried again; the tests below need several versions seen.
+            except (ConnectionRefusedError, ConnectionResetError):
+                # The run stops its model server when training ends, some seconds before the
+                # process exits: a refusal or reset then is the end of the watch, not a fault
+                # (the test below asserts enough versions were seen before it).
                 resets += 1
-                time.sleep(0.3)
-                continue
+                break
             if status == 200:
                 seen.setdefault(int(headers["X-Model-Version"]), body["predictions"])
                 # The bound (--serve-max-age 1) holds when the request starts; the header is
@@ -126,7 +126,7 @@ def test_live_predictions_change_as_the_clock_advances(live_run: dict[str, Any])
     """Proves: `run --serve-port` answers from the weights being trained: a client saw
     several versions (the server's clock) and different predictions for the same images."""
     seen = live_run["seen"]
-    assert len(seen) >= 2, f"saw only versions {sorted(seen)}"
+    assert len(seen) >= 2, f"saw only versions {sorted(seen)}; watch ended by a refused connection: {live_run['resets']}"
     versions = sorted(seen)
     first, last = np.array(seen[versions[0]]), np.array(seen[versions[-1]])
     assert first.shape == last.shape == (32, 10)
