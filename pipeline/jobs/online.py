@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline import cluster, config
-from pipeline.errors import ConfigError
+from pipeline.errors import ConfigError, StreamtrainError
 from pipeline.ingest import microbatch
 from pipeline.ingest.offsets import OffsetRange
 from pipeline.jobs.replay_process import ReplayProcess
@@ -106,6 +106,7 @@ class Run:
             self._step(f"first micro-batch trained ({info.rows:,} records)")
         weights, clock, optimizer = self._server.checkpoint()
         row = BatchRow.from_batch(info, t=time.monotonic() - self._started, clock=clock)
+        row.tasks = self._applied_once(info)
         if (history.count + 1) % self.cfg.eval_every == 0:
             began = time.monotonic()
             row.heldout = self._evaluation.score(weights)
@@ -124,6 +125,22 @@ class Run:
         held = (row.heldout or {}).get("accuracy")
         if self.cfg.until_accuracy is not None and held is not None and held >= self.cfg.until_accuracy:
             self._stop_reason = f"held-out accuracy {held:.4f} reached --until-accuracy {self.cfg.until_accuracy}"
+
+    def _applied_once(self, info: microbatch.BatchInfo) -> list[dict[str, int]]:
+        """Each task's mini-batches against the parameter server's own count of those it
+        applied; a difference (an update applied twice, or lost) stops the run before the
+        batch is committed, so that a resume trains it again from the last checkpoint."""
+        tasks = []
+        for r in info.results:
+            applied = self._server.applied(r.task)[1] if r.task else r.steps
+            tasks.append({"worker": r.worker, "records": r.records, "steps": r.steps_total, "applied": applied,
+                          "skipped": r.steps_skipped, "repeats": r.repeats, "attempt": r.attempt})
+            if r.task and applied != r.steps_total:
+                raise StreamtrainError(
+                    f"Batch {info.batch_id}: the parameter server applied {applied} of the {r.steps_total} "
+                    f"mini-batches of worker {r.worker}'s range; the batch is not committed. Continue with: "
+                    f"streamtrain run --resume {self.out}")
+        return tasks
 
     def _save(self, info: microbatch.BatchInfo, weights: Any, clock: int, optimizer: dict[str, Any], *,
               trained: int) -> None:

@@ -31,6 +31,10 @@ class BatchRow:
         heldout: held-out scores, on the batches that were scored.
         eval_s_total: seconds spent scoring the held-out split so far.
         checkpoint_ms: milliseconds writing the checkpoint after the batch.
+        tasks: per task (one offset range): ``worker``, ``records``, ``steps`` (its
+            mini-batches), ``applied`` (those the parameter server counted as applied,
+            its own count), ``skipped`` (left to an earlier attempt's pushes),
+            ``repeats`` (pushes dropped as repeats) and Spark's ``attempt``.
     """
 
     batch_id: int
@@ -51,6 +55,7 @@ class BatchRow:
     t_stream: float = 0.0
     eval_s_total: float = 0.0
     checkpoint_ms: float = 0.0
+    tasks: list[dict[str, int]] = dataclasses.field(default_factory=list)
 
     @classmethod
     def from_batch(cls, info: BatchInfo, *, t: float, clock: int) -> BatchRow:

@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import os
+import signal
+from pathlib import Path
 from typing import Any, Protocol
 
+from pipeline import config
 from pipeline.ingest import microbatch
 from pipeline.ingest.decode import Block
 from pipeline.ingest.offsets import OffsetRange
 from pipeline.train.model import ModelSpec
 from pipeline.train.partition import PartitionResult, ServerInfo, train_partition
+from pipeline.train.ps.protocol import task_key
 
 
 class DriverHalf(Protocol):
@@ -32,8 +38,9 @@ class TrainHandler(microbatch.Handler):
         server: how to reach the parameter server.
         job: the run's id (a new id resets the replicas' optimizer state).
         threads: TensorFlow threads per task.
-        seed: with a seed, each block's shuffle follows from it and the block's first
-            offset, so a batch replayed after a crash trains in the same order.
+        seed: each block's shuffle follows from it (None: from ``job``) and the block's
+            first offset, so a batch replayed after a crash, and a task Spark runs again,
+            train in the same order.
         driver: the driver's half; never shipped to executors.
     """
 
@@ -57,10 +64,12 @@ class TrainHandler(microbatch.Handler):
         ctx = TaskContext.get()
         worker = ctx.partitionId() if ctx else block.partition
         first = int(block.offsets[0]) if len(block.offsets) else 0
+        seed = int(self.job[:8], 16) if self.seed is None else self.seed
         return train_partition(
             block.schema.to_model_input(block.x), block.y, spec=self.spec, algorithm=self.algorithm,
             server=self.server, worker=worker, job=self.job, threads=self.threads,
-            seed=None if self.seed is None else (self.seed, block.partition, first),
+            seed=(seed, block.partition, first), task=task_key(block.topic, block.partition, first),
+            attempt=ctx.attemptNumber() if ctx else 0, after_exchange=_fault_after,
         )
 
     def on_tasks(self, n: int) -> None:
@@ -73,3 +82,34 @@ class TrainHandler(microbatch.Handler):
 
     def skip(self, batch_id: int, ranges: list[OffsetRange] | None) -> bool:
         return bool(self.driver is not None and self.driver.skip(batch_id, ranges))
+
+
+def _fault_after(exchange: int) -> None:
+    """Fault injection for the task-retry tests, in an executor's Python worker:
+    ``STREAMTRAIN_FAULT=exchange:<k>:<python|executor>:<marker file>`` SIGKILLs, after a
+    task's k-th exchange, the Python worker itself or the executor JVM it belongs to;
+    once per run (the first task there creates the marker, with the pid it killed)."""
+    wanted = config.settings().fault or ""
+    parts = wanted.split(":", 3)
+    if len(parts) != 4 or parts[0] != "exchange" or parts[1] != str(exchange):
+        return
+    victim = os.getpid() if parts[2] == "python" else _executor_jvm()
+    try:
+        fd = os.open(parts[3], os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+    except FileExistsError:
+        return
+    os.write(fd, f"{victim}\n".encode())
+    os.close(fd)
+    os.kill(victim, signal.SIGKILL)
+
+
+def _executor_jvm() -> int:
+    """The pid of the executor JVM this Python worker runs under (its nearest ancestor
+    running ``CoarseGrainedExecutorBackend``, Spark's executor on a cluster)."""
+    pid = os.getppid()
+    while pid > 1:
+        with contextlib.suppress(OSError):
+            if b"CoarseGrainedExecutorBackend" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                return pid
+        pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    raise RuntimeError("fault injection: no executor JVM above this Python worker (local mode has none)")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -37,6 +37,12 @@ class PartitionResult:
         fresh_replica: whether the replica was built for this partition.
         preq_n, preq_loss, preq_acc: the prequential (test-then-train) score of the
             first pass: records, mean loss, mean accuracy.
+        task: the range's key on the parameter server (0: pushes named no task).
+        steps_total: the partition's mini-batches over all epochs, in every attempt.
+        steps_skipped: of those, the ones an earlier attempt of this task already had
+            applied, which this attempt skipped (Spark retried the task).
+        repeats: pushes the server dropped as repeats (a speculative copy ran beside it).
+        attempt: Spark's attempt number for the task.
     """
 
     worker: int
@@ -52,6 +58,11 @@ class PartitionResult:
     preq_n: int = 0
     preq_loss: float = float("nan")
     preq_acc: float = float("nan")
+    task: int = 0
+    steps_total: int = 0
+    steps_skipped: int = 0
+    repeats: int = 0
+    attempt: int = 0
 
 
 def _labels(loss: str, y: np.ndarray, classes: int) -> np.ndarray:
@@ -74,6 +85,9 @@ def train_partition(
     epochs: int = 1,
     threads: int = 1,
     seed: int | Sequence[int] | None = None,
+    task: int = 0,
+    attempt: int = 0,
+    after_exchange: Callable[[int], None] | None = None,
 ) -> PartitionResult:
     """Train on one partition's ``x``/``y`` with the algorithm's exchanges; report figures.
 
@@ -83,6 +97,13 @@ def train_partition(
     that no step is lost. The prequential (test-then-train) loss and accuracy come free
     from the first pass: each step's loss and accuracy are those of its forward pass, on
     weights that have not yet seen that mini-batch.
+
+    With a ``task`` key (:func:`pipeline.train.ps.protocol.task_key`) every push names the
+    task and its exchange, and the server applies each exchange once: an attempt that
+    Spark runs again after a failure skips the mini-batches whose exchanges an earlier
+    attempt had applied (``seed`` must then fix the order, so that every attempt draws
+    the same mini-batches) and trains on from there. ``after_exchange`` is called with
+    each exchange's index (fault injection).
     """
     algo = algorithms.get(algorithm)
     entry, fresh = replica(spec, job=job, threads=threads)
@@ -97,24 +118,31 @@ def train_partition(
     batch, window = algo.worker_batch_size, algo.communication_window
     n = len(x)
     steps_per_epoch = math.ceil(n / batch) if n else 0
+    total = epochs * steps_per_epoch
     losses: list[float] = []
     preq = np.zeros(3)  # records, summed loss, summed accuracy over the first pass
     timer = _Timer()
     with ps.Client((server.host, server.port), secret=server.secret, worker=worker, size=spec.size) as client:
         with timer("exchange"):
+            done = client.begin(task, steps=total, window=window) if task else 0
             pulled = client.pull().copy()
             entry.weights.set(pulled)
+        skipped = min(total, done * window)
         half = algo.worker(client, entry, pulled)
         for step, idx in enumerate(_minibatches(rng, n, batch, epochs), start=1):
+            if step <= skipped:  # applied by an earlier attempt: drawn, not trained
+                continue
             with timer("compute"):
                 loss, acc = half.compute(x[idx], y[idx])
             losses.append(loss)
             if step <= steps_per_epoch:  # the first pass
                 preq += (len(idx), loss * len(idx), acc * len(idx))
-            if step % window == 0 or step == epochs * steps_per_epoch:
+            if step % window == 0 or step == total:
                 with timer("exchange"):
                     half.exchange()
                 timer.exchanges += 1
+                if after_exchange is not None:
+                    after_exchange(done + timer.exchanges)
         with timer("exchange"):
             half.close()
     head = losses[: min(10, len(losses))] or [float("nan")]
@@ -125,6 +153,7 @@ def train_partition(
         compute_s=timer.seconds["compute"], exchange_s=timer.seconds["exchange"], fresh_replica=fresh,
         preq_n=int(preq[0]), preq_loss=float(preq[1] / preq[0]) if preq[0] else float("nan"),
         preq_acc=float(preq[2] / preq[0]) if preq[0] else float("nan"),
+        task=task, steps_total=total, steps_skipped=skipped, repeats=client.repeats, attempt=attempt,
     )
 
 

@@ -45,6 +45,9 @@ class Client:
 
     The arrays that :meth:`pull` and :meth:`push_pull` return are this client's
     receive buffer: valid until its next call (copy them to keep them).
+
+    After :meth:`begin`, each push names the task and its exchange's index, and the
+    server applies it once however many attempts push it (see :mod:`pipeline.train.ps.tasks`).
     """
 
     def __init__(
@@ -56,6 +59,9 @@ class Client:
         self.size = size
         self.clock = 0
         self.last_staleness = 0
+        self.repeats = 0  # pushes the server dropped as repeats of applied exchanges
+        self._task = (0, 0, 1)  # key, steps in all, steps per exchange
+        self._exchange = 0  # the last exchange pushed in the task
         self._buf = np.empty(size, np.float32)
         self._seq = 0
         self._sock = socket.create_connection(self.address, timeout=timeout_s)
@@ -105,12 +111,12 @@ class Client:
             shared = None
         return shared
 
-    def _request(self, op: int, payload: np.ndarray | None = None, *, body: bytes = b"",
-                 most: int = 0) -> tuple[p.Header, memoryview]:
+    def _request(self, op: int, payload: np.ndarray | None = None, *, body: bytes = b"", most: int = 0,
+                 task: int = 0, exchange: int = 0, steps: int = 0) -> tuple[p.Header, memoryview]:
         """Send a request; return the reply's header and payload (at most ``most`` bytes; the
         weights' size where the weights come back on the socket), both authenticated."""
         self._seq += 1
-        shared = self._shared is not None and op not in (p.STATS, p.ATTACH)
+        shared = self._shared is not None and op not in (p.STATS, p.ATTACH, p.PROGRESS)
         out: memoryview | bytes = body
         if payload is not None:
             if payload.dtype != np.float32 or payload.size != self.size:
@@ -121,8 +127,8 @@ class Client:
                 out = b""
             else:
                 out = np.ascontiguousarray(payload).data.cast("B")
-        header = p.pack(p.Header(op, self.worker, self._seq, self.clock, len(out), flags=p.SHARED if shared else 0),
-                        self._keys.request, out)
+        header = p.pack(p.Header(op, self.worker, self._seq, self.clock, len(out), flags=p.SHARED if shared else 0,
+                                 task=task, exchange=exchange, steps=steps), self._keys.request, out)
         if len(out) > 4096:
             self._sock.sendall(header)
             self._sock.sendall(out)
@@ -157,17 +163,43 @@ class Client:
         self.clock = reply.clock
         return self._center()
 
+    def begin(self, task: int, *, steps: int, window: int) -> int:
+        """Name the task the next pushes belong to: ``steps`` mini-batches in all, an
+        exchange every ``window`` of them (and one after the last). Returns how many of
+        its exchanges the server already applied (an earlier attempt's): the next push
+        is the one after them."""
+        reply, _ = self._request(p.PROGRESS, task=task)
+        self._task, self._exchange = (task, steps, max(1, window)), reply.exchange
+        return reply.exchange
+
+    def _identity(self) -> tuple[int, int, int]:
+        """The next push's task, exchange index and the mini-batches it covers (zeros
+        outside a task)."""
+        task, total, window = self._task
+        if not task:
+            return 0, 0, 0
+        self._exchange += 1
+        k = self._exchange
+        return task, k, max(0, min(k * window, total) - (k - 1) * window)
+
+    def _pushed(self, reply: p.Header, identity: tuple[int, int, int]) -> None:
+        self.last_staleness = reply.flags
+        if identity[0] and identity[2] and reply.steps == 0:
+            self.repeats += 1
+
     def push(self, delta: np.ndarray) -> int:
         """Send an update; return its staleness (updates applied since this worker pulled)."""
-        reply, _ = self._request(p.PUSH, delta)
-        self.last_staleness = reply.flags
+        identity = self._identity()
+        reply, _ = self._request(p.PUSH, delta, task=identity[0], exchange=identity[1], steps=identity[2])
+        self._pushed(reply, identity)
         return reply.flags
 
     def push_pull(self, delta: np.ndarray) -> np.ndarray:
         """Send an update and get the new center in one round trip."""
-        reply, _ = self._request(p.PUSH_PULL, delta)
+        identity = self._identity()
+        reply, _ = self._request(p.PUSH_PULL, delta, task=identity[0], exchange=identity[1], steps=identity[2])
         self.clock = reply.clock
-        self.last_staleness = reply.flags
+        self._pushed(reply, identity)
         return self._center()
 
     def _center(self) -> np.ndarray:

@@ -12,26 +12,36 @@ sequence number that a reply repeats, so no frame is accepted from a peer withou
 secret, and none can be replayed, reordered or altered. Lengths are checked against what
 the op allows before anything is read or allocated: a header never sizes a buffer.
 
+A push may carry its task's identity (a 64-bit key of the offset range it trains) and
+its exchange's index within that task, so that the server applies each exchange of a
+range once however often Spark runs the task (a retry, a speculative copy): PROGRESS
+asks how many exchanges of a task the server already applied, and a retry skips them.
+
 A worker on the server's own machine (Spark's local mode) may move payloads
 through shared memory instead (see :mod:`pipeline.train.ps.shm`): two ATTACH requests
 set it up, and a request flagged SHARED then carries its payload, and gets its
 response's, in the connection's shared file (mode 0600, mapped only after the peer proved
 the secret and the file's cookie); such a frame's MAC covers its header.
 
-Request and response header (48 bytes, little-endian):
+Request and response header (64 bytes, little-endian):
 
 ======  =====  =============================================================
 offset  type   field
 ======  =====  =============================================================
 0       4s     magic ``b"STPS"``
-4       u8     protocol version (2)
-5       u8     op (PULL, PUSH, PUSH_PULL, STATS, ATTACH, PEEK) or, in a response, a status
+4       u8     protocol version (3)
+5       u8     op (PULL, PUSH, PUSH_PULL, STATS, ATTACH, PEEK, PROGRESS) or, in a response, a status
 6       u16    flags (request: SHARED; response: the push's staleness, or 1 for an accepted ATTACH)
 8       u32    worker id
 12      u32    sequence number (per connection, from 1; a response repeats its request's)
 16      u64    clock (request: the clock the worker last pulled; response: now)
 24      u64    payload bytes
-32      16s    MAC over the header (this field zeroed) and the payload on the socket
+32      u64    task: the key of the range a push or PROGRESS is about (0: none)
+40      u32    exchange: a push's index within its task, from 1 (response to a push or
+               PROGRESS: the task's exchanges applied so far)
+44      u32    steps: the mini-batches a push covers (response: those the server applied
+               from it, 0 for a repeat it dropped; to PROGRESS: all the task's applied)
+48      16s    MAC over the header (this field zeroed) and the payload on the socket
 ======  =====  =============================================================
 """
 
@@ -46,15 +56,16 @@ import struct
 from pipeline.errors import StreamtrainError
 
 MAGIC = b"STPS"
-VERSION = 2
-HEADER = struct.Struct("<4sBBHIIQQ16s")
+VERSION = 3
+HEADER = struct.Struct("<4sBBHIIQQQII16s")
 NONCE_BYTES = 16
 MAC_BYTES = 16
 
 # Ops (requests). PEEK reads the center like PULL but is no worker's pull: it joins no
 # synchronous round and moves no staleness clock (what serving reads the live model with).
-PULL, PUSH, PUSH_PULL, STATS, ATTACH, PEEK = 1, 2, 3, 4, 5, 6
-OPS = {PULL: "pull", PUSH: "push", PUSH_PULL: "push_pull", STATS: "stats", ATTACH: "attach", PEEK: "peek"}
+PULL, PUSH, PUSH_PULL, STATS, ATTACH, PEEK, PROGRESS = 1, 2, 3, 4, 5, 6, 7
+OPS = {PULL: "pull", PUSH: "push", PUSH_PULL: "push_pull", STATS: "stats", ATTACH: "attach", PEEK: "peek",
+       PROGRESS: "progress"}
 # Request flags.
 SHARED = 1  # the payloads travel in the connection's shared-memory file
 COOKIE_BYTES = 16  # the second ATTACH's payload (see pipeline.train.ps.shm)
@@ -78,6 +89,9 @@ class Header:
     clock: int
     length: int
     flags: int = 0
+    task: int = 0
+    exchange: int = 0
+    steps: int = 0
     mac: bytes = b"\0" * MAC_BYTES
 
 
@@ -106,7 +120,8 @@ class Keys:
 
 
 def _mac(key: bytes, h: Header, payload: bytes | bytearray | memoryview = b"") -> bytes:
-    body = HEADER.pack(MAGIC, VERSION, h.op, h.flags, h.worker, h.seq, h.clock, h.length, b"\0" * MAC_BYTES)
+    body = HEADER.pack(MAGIC, VERSION, h.op, h.flags, h.worker, h.seq, h.clock, h.length, h.task, h.exchange,
+                       h.steps, b"\0" * MAC_BYTES)
     m = hmac.new(key, body, hashlib.sha256)
     if len(payload):
         m.update(payload)
@@ -118,20 +133,21 @@ def pack(h: Header, key: bytes | None = None, payload: bytes | bytearray | memor
 
     >>> h = Header(PULL, worker=1, seq=1, clock=0, length=3)
     >>> len(pack(h, b"k" * 32, b"abc"))
-    48
+    64
     >>> verify(b"k" * 32, unpack(pack(h, b"k" * 32, b"abc")), b"abc"), verify(b"k" * 32, unpack(pack(h, b"k" * 32, b"abc")), b"abd")
     (True, False)
     """
     mac = _mac(key, h, payload) if key is not None else h.mac
-    return HEADER.pack(MAGIC, VERSION, h.op, h.flags, h.worker, h.seq, h.clock, h.length, mac)
+    return HEADER.pack(MAGIC, VERSION, h.op, h.flags, h.worker, h.seq, h.clock, h.length, h.task, h.exchange,
+                       h.steps, mac)
 
 
 def unpack(raw: bytes | bytearray | memoryview) -> Header:
     """Decode a header, refusing a wrong magic or version."""
-    magic, version, op, flags, worker, seq, clock, length, mac = HEADER.unpack(raw)
+    magic, version, op, flags, worker, seq, clock, length, task, exchange, steps, mac = HEADER.unpack(raw)
     if magic != MAGIC or version != VERSION:
         raise ProtocolError(f"not a streamtrain parameter-server frame (magic {magic!r}, version {version})")
-    return Header(op, worker, seq, clock, length, flags, bytes(mac))
+    return Header(op, worker, seq, clock, length, flags, task, exchange, steps, bytes(mac))
 
 
 def verify(key: bytes, h: Header, payload: bytes | bytearray | memoryview = b"") -> bool:
@@ -154,3 +170,14 @@ def recv_exact(sock: socket.socket, buf: memoryview) -> None:
                 raise Closed("peer closed the connection")
             raise ConnectionError("peer closed the connection mid-frame")
         got += n
+
+
+def task_key(topic: str, partition: int, first_offset: int) -> int:
+    """The 64-bit key that names one offset range's training task (never 0), the same in
+    every attempt Spark makes at it.
+
+    >>> task_key("mnist", 0, 0) == task_key("mnist", 0, 0) != task_key("mnist", 1, 0)
+    True
+    """
+    digest = hashlib.blake2b(f"{topic}\0{partition}\0{first_offset}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") or 1

@@ -49,12 +49,18 @@ class Rounds:
         """``member`` (a connection) takes part in the rounds from now on."""
         self._members.add(member)
 
-    def leave(self, member: int) -> None:
-        """``member`` is gone: the round no longer waits for it."""
+    def leave(self, member: int, *, done: bool = True) -> None:
+        """``member`` is gone: the round no longer waits for it. ``done``: a worker that
+        finished or died (the rounds expect one worker fewer until :meth:`expect`); else
+        one that only stands aside this round (its push was a repeat of an applied one).
+
+        A worker that finished stays counted as gone even once no member is left: a task
+        Spark runs again after the others finished replaces the dead worker, and trains
+        in rounds of its own instead of waiting for workers that will not come."""
         if member not in self._members:
             return
         self._members.discard(member)
-        self._left = self._left + 1 if self._members else 0
+        self._left += int(done)
         if self._count and self._count >= self._size():
             self._close()
 

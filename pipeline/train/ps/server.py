@@ -24,6 +24,7 @@ from pipeline.train.ps import protocol as p
 from pipeline.train.ps.rounds import Rounds
 from pipeline.train.ps.rules import Rule, add_delta
 from pipeline.train.ps.stats import Stats
+from pipeline.train.ps.tasks import TaskProgress
 from pipeline.train.ps.transport import Transport
 
 
@@ -92,6 +93,7 @@ class ParameterServer:
         self._last_pulled: dict[int, int] = {}
         self._pulled: dict[int, np.ndarray] = {}
         self._stats = Stats()
+        self._tasks = TaskProgress()
         self._transport = Transport(self, host=host, port=port, shared_memory=shared_memory)
 
     @property
@@ -175,24 +177,40 @@ class ParameterServer:
         """Clock, op counts and seconds, refusals by reason, staleness histogram."""
         with self._lock:
             return {"clock": self.clock, "size": self.size, "workers": len(self._last_pulled),
-                    **self._stats.as_dict()}
+                    "repeats_dropped": self._tasks.repeats, **self._stats.as_dict()}
+
+    def applied(self, task: int) -> tuple[int, int]:
+        """The exchanges of ``task`` (a :func:`~pipeline.train.ps.protocol.task_key`) this
+        server applied, and the mini-batches they covered: its own count, whatever the
+        workers report."""
+        with self._lock:
+            return self._tasks.applied(task)
 
     # --- requests (called by the transport) ---
 
     def answer(self, h: p.Header, inbox: np.ndarray, outbox: np.ndarray, *, member: int,
-               shared: bool) -> tuple[int, int, memoryview | bytes]:
-        """Apply one authenticated request; return the clock, the push's staleness and the
-        reply's payload (the center in ``outbox``, or nothing where it is in shared memory)."""
+               shared: bool) -> tuple[p.Header, memoryview | bytes]:
+        """Apply one authenticated request; return the reply's header (its clock, a push's
+        staleness in ``flags``, a task's progress) with ``length`` set, and its payload
+        (the center in ``outbox``, or nothing where it is in shared memory).
+
+        A push that names its task is applied only as that task's next exchange: a
+        repeat (from a retried or speculative attempt) is dropped and answered as usual.
+        """
         staleness = 0
         payload: memoryview | bytes = b""
         pushes = h.op in (p.PUSH, p.PUSH_PULL)
         with self._lock:
-            if self._rounds is not None and h.op not in (p.STATS, p.PEEK):
+            applies = pushes and (not h.task or self._tasks.admit(h.task, exchange=h.exchange, steps=h.steps))
+            if self._rounds is not None and h.op not in (p.STATS, p.PEEK, p.PROGRESS):
                 self._rounds.join(member)
-            if pushes and self._rounds is not None:
+                if pushes and not applies:  # nothing to add: no round may wait for it
+                    self._rounds.leave(member, done=False)
+            if applies and self._rounds is not None:
                 self._rounds.push(inbox)
-            elif pushes:
+            elif applies:
                 staleness = self._apply_push(h, inbox)
+            exchange, steps = self._tasks.applied(h.task) if h.task else (0, 0)
             if h.op in (p.PULL, p.PUSH_PULL):
                 self._pull_into(outbox, h.worker)
             elif h.op == p.PEEK:
@@ -205,7 +223,11 @@ class ParameterServer:
             self._stats.count_op(p.OPS[h.op])
         if h.op == p.STATS:
             payload = json.dumps(self.stats()).encode()
-        return clock, staleness, payload
+        if pushes:
+            steps = h.steps if applies else 0
+        reply = p.Header(p.OK, h.worker, h.seq, clock, len(payload), flags=min(staleness, 0xFFFF), task=h.task,
+                         exchange=exchange, steps=steps)
+        return reply, payload
 
     def finished(self, op: str, seconds: float) -> None:
         """A request was answered in ``seconds`` on the server."""

@@ -222,13 +222,16 @@ class _Connection:
                 return refuse(conn, "truncated")
             if not p.verify(self.keys.request, h, body):
                 return refuse(conn, "auth", p.ERR_AUTH)
-            if h.op == p.ATTACH:
-                self._attach(h, bytes(body))
-            elif h.flags:  # the payloads are in the shared file
-                assert self.shared is not None
-                self._reply(h, self.shared.request, self.shared.response, started, shared=True)
-            else:
-                self._reply(h, self.inbox, self.outbox, started)
+            try:
+                if h.op == p.ATTACH:
+                    self._attach(h, bytes(body))
+                elif h.flags:  # the payloads are in the shared file
+                    assert self.shared is not None
+                    self._reply(h, self.shared.request, self.shared.response, started, shared=True)
+                else:
+                    self._reply(h, self.inbox, self.outbox, started)
+            except p.ProtocolError:  # a push that skips exchanges of its task
+                return refuse(conn, "order", p.ERR_FRAME)
 
     def _send(self, h: p.Header, payload: bytes | memoryview = b"") -> None:
         """A reply: its header MACed with the reply key over itself and ``payload``."""
@@ -241,8 +244,8 @@ class _Connection:
 
     def _reply(self, h: p.Header, inbox: np.ndarray, outbox: np.ndarray, started: float, *,
                shared: bool = False) -> None:
-        clock, staleness, payload = self.server.answer(h, inbox, outbox, member=id(self.conn), shared=shared)
-        self._send(p.Header(p.OK, h.worker, h.seq, clock, len(payload), flags=min(staleness, 0xFFFF)), payload)
+        reply, payload = self.server.answer(h, inbox, outbox, member=id(self.conn), shared=shared)
+        self._send(reply, payload)
         self.server.finished(p.OPS[h.op], time.perf_counter() - started)
 
     def _attach(self, h: p.Header, cookie: bytes) -> None:

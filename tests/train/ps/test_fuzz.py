@@ -86,11 +86,14 @@ def test_random_bytes_from_a_peer_without_the_secret_are_refused_and_counted(ser
 
 def _valid_frame(keys: p.Keys, op: int, seq: int) -> bytes:
     payload = np.ones(N, np.float32).tobytes() if op in (p.PUSH, p.PUSH_PULL) else b""
-    return p.pack(p.Header(op, 0, seq, 0, len(payload)), keys.request, payload) + payload
+    # Task identity on pushes and PROGRESS (an intact push after the first is a repeat,
+    # dropped and answered: not a refusal).
+    task = {"task": 12345, "exchange": 1, "steps": 3} if op in (p.PUSH, p.PUSH_PULL, p.PROGRESS) else {}
+    return p.pack(p.Header(op, 0, seq, 0, len(payload), **task), keys.request, payload) + payload
 
 
 @FUZZ
-@given(op=st.sampled_from([p.PULL, p.PUSH, p.PUSH_PULL, p.STATS, p.PEEK]),
+@given(op=st.sampled_from([p.PULL, p.PUSH, p.PUSH_PULL, p.STATS, p.PEEK, p.PROGRESS]),
        flips=st.lists(st.tuples(st.integers(min_value=0), st.integers(min_value=1, max_value=255)),
                       min_size=1, max_size=4),
        cut=st.none() | st.integers(min_value=0))
@@ -198,4 +201,4 @@ def test_connections_beyond_the_cap_and_silent_peers_are_refused_and_counted(mon
 
 
 def test_frames_pack_as_documented() -> None:
-    assert p.HEADER.size == 48 and struct.calcsize("<4sBBHIIQQ16s") == 48
+    assert p.HEADER.size == 64 and struct.calcsize("<4sBBHIIQQQII16s") == 64

@@ -343,3 +343,63 @@ def test_a_flood_of_junk_is_counted_in_full_and_logged_in_a_few_lines(caplog) ->
     lines = [r for r in caplog.records if "refused" in r.getMessage()]
     assert 1 <= len(lines) <= 3, [r.getMessage() for r in lines]
     assert "more are summed up" in lines[0].getMessage()
+
+
+def test_each_exchange_of_a_task_is_applied_once_across_attempts(server: ParameterServer) -> None:
+    """Proves: a task's exchanges are applied once however attempts interleave: an attempt
+    that died after two exchanges, its retry that starts after them, and a speculative copy
+    that began beside the retry (its pushes dropped as repeats, each still answered)."""
+    task, ones = p.task_key("t", 0, 0), np.ones(N, np.float32)
+    with _client(server, 0) as killed:
+        assert killed.begin(task, steps=10, window=3) == 0  # exchanges of 3, 3, 3 and 1 steps
+        killed.pull()
+        killed.push_pull(ones)
+        killed.push_pull(ones)
+    with _client(server, 0) as retry, _client(server, 0) as copy:
+        assert retry.begin(task, steps=10, window=3) == 2
+        assert copy.begin(task, steps=10, window=3) == 2
+        for c in (retry, copy, retry, copy):
+            c.pull()
+            c.push_pull(ones)
+        assert (retry.repeats, copy.repeats) == (0, 2)
+    assert server.applied(task) == (4, 10)
+    assert server.clock == 4 and server.stats()["repeats_dropped"] == 2
+    np.testing.assert_array_equal(server.weights(), np.full(N, 4, np.float32))
+    assert server.applied(p.task_key("t", 0, 1)) == (0, 0)  # another range: its own count
+
+
+def test_a_push_that_skips_exchanges_is_refused(server: ParameterServer) -> None:
+    """Proves: an exchange that is neither the task's next nor a repeat (a client off the
+    protocol) is refused and counted, and applies nothing."""
+    task = p.task_key("t", 0, 0)
+    with _client(server) as c:
+        c.begin(task, steps=10, window=3)
+        c._exchange = 2  # the next push claims exchange 3 of a task with none applied
+        with pytest.raises(ProtocolError):
+            c.push_pull(np.ones(N, np.float32))
+    assert server.stats()["refused"] == {"order": 1}
+    assert server.clock == 0 and server.applied(task) == (0, 0)
+
+
+def test_a_repeated_push_never_holds_a_synchronous_round() -> None:
+    """Proves: in synchronous rounds of two tasks, a speculative copy of one task (connected,
+    pulled, its push a repeat) is answered at once and no round waits for it: the round
+    closes on the two tasks' pushes, with no wait for the timeout."""
+    t1, t2, ones = p.task_key("t", 0, 0), p.task_key("t", 1, 0), np.ones(N, np.float32)
+    with ParameterServer(np.zeros(N, np.float32), secret=SECRET, sync_workers=2, sync_timeout_s=60) as s:
+        with _client(s, 0) as w1, _client(s, 0) as copy, _client(s, 1) as w2:
+            for c, task in ((w1, t1), (copy, t1), (w2, t2)):
+                c.begin(task, steps=2, window=1)
+                c.pull()
+            first = threading.Thread(target=w1.push_pull, args=(ones,))
+            first.start()
+            deadline = time.monotonic() + 10
+            while s.applied(t1) == (0, 0):  # w1's push is in the open round
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
+            began = time.monotonic()
+            copy.push_pull(ones)  # a repeat of w1's: answered without joining the round
+            w2.push_pull(ones)  # the round's second push: it closes
+            first.join(10)
+            assert not first.is_alive() and time.monotonic() - began < 10
+        assert s.clock == 1 and copy.repeats == 1 and s.applied(t1) == s.applied(t2) == (1, 1)
