@@ -184,7 +184,12 @@ def _produce(
               help="The embedded broker, when there is no --bootstrap (env STREAMTRAIN_BROKER_ENGINE; "
                    "default tansu). README: Brokers.")
 @click.option("--topic", help="Train from this topic; with --bootstrap, fed by someone else (no replay).")
-@click.option("--master", default="local[*]", show_default=True, help="Spark master URL.")
+@click.option("--master", default="local[*]", show_default=True,
+              help="Spark master URL: local[N] or local[N,MAX_FAILURES], or spark://HOST:PORT (README: "
+                   "When one machine is not enough).")
+@click.option("--spark-conf", type=click.Path(dir_okay=False),
+              help="A Spark properties file for the session (a cluster beyond loopback needs one with "
+                   "authentication and encryption: see streamtrain cluster-conf).")
 @click.option("--model", help="Your model: FILE.py:BUILD_FN or FILE.keras (default: the dataset's).")
 @click.option("--out", type=click.Path(file_okay=False), help="Output folder (default: runs/DATASET-TIME).")
 @click.option("--resume", "resume_dir", type=click.Path(file_okay=False),
@@ -224,6 +229,22 @@ def run(resume_dir: str | None, out: str | None, bootstrap: str | None, resume_i
     report = online.run(cfg)
     click.echo(report.summary())
     click.echo(f"model and report in {report.out}")
+
+
+@cli.command("cluster-conf")
+@click.argument("path", type=click.Path(dir_okay=False))
+def cluster_conf(path: str) -> None:
+    """Write PATH: a Spark properties file with a fresh secret that turns on Spark's RPC
+    authentication and encryption (mode 0600).
+
+    Copy it to every machine of the cluster, start the master and the workers with
+    `--properties-file PATH`, and train with `streamtrain run --master spark://HOST:7077
+    --spark-conf PATH`.
+    """
+    from pipeline.cluster import security
+
+    click.echo(f"wrote {security.write_conf(path)}: start the master and workers with --properties-file {path}, "
+               f"and pass --spark-conf {path} to streamtrain run")
 
 
 @cli.command()

@@ -17,14 +17,18 @@ def session(master: str = "local[*]", *, app: str = "streamtrain", conf: dict[st
       for the cores (start-up 2 s shorter on 2 cores), and the JVM is not on the hot path
       (Python reads and trains the records).
     * It maps its classes from an archive built after an earlier run (:mod:`pipeline.cluster.jvmcache`).
-    * Local mode binds the driver to loopback; the UI is off unless asked for.
+    * Local mode, and a cluster whose master is on loopback, bind the driver to loopback;
+      the UI is off unless asked for.
 
     ``conf`` adds to or overrides these settings; its ``spark.driver.extraJavaOptions``
     come after streamtrain's, so they win.
     """
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    if master.startswith("local"):
+    from pipeline.cluster.security import on_loopback
+
+    loopback = on_loopback(master)
+    if loopback:
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # nothing bound beyond loopback
     from pyspark import SparkContext
     from pyspark.sql import SparkSession
@@ -45,7 +49,7 @@ def session(master: str = "local[*]", *, app: str = "streamtrain", conf: dict[st
         .config("spark.python.worker.reuse", "true")
         .config("spark.ui.showConsoleProgress", "false")  # our own status line says more
     )
-    if master.startswith("local"):
+    if loopback:
         builder = builder.config("spark.driver.bindAddress", "127.0.0.1").config("spark.driver.host", "127.0.0.1")
     for key, value in conf.items():
         builder = builder.config(key, value)

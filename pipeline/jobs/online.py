@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline import cluster, config
+from pipeline.cluster import security
 from pipeline.errors import ConfigError, StreamtrainError
 from pipeline.ingest import microbatch
 from pipeline.ingest.offsets import OffsetRange
@@ -126,15 +127,16 @@ class Run:
         if self.cfg.until_accuracy is not None and held is not None and held >= self.cfg.until_accuracy:
             self._stop_reason = f"held-out accuracy {held:.4f} reached --until-accuracy {self.cfg.until_accuracy}"
 
-    def _applied_once(self, info: microbatch.BatchInfo) -> list[dict[str, int]]:
+    def _applied_once(self, info: microbatch.BatchInfo) -> list[dict[str, Any]]:
         """Each task's mini-batches against the parameter server's own count of those it
         applied; a difference (an update applied twice, or lost) stops the run before the
         batch is committed, so that a resume trains it again from the last checkpoint."""
-        tasks = []
+        tasks: list[dict[str, Any]] = []
         for r in info.results:
             applied = self._server.applied(r.task)[1] if r.task else r.steps
             tasks.append({"worker": r.worker, "records": r.records, "steps": r.steps_total, "applied": applied,
-                          "skipped": r.steps_skipped, "repeats": r.repeats, "attempt": r.attempt})
+                          "skipped": r.steps_skipped, "repeats": r.repeats, "attempt": r.attempt,
+                          "transport": "shared memory" if r.shared_memory else "tcp"})
             if r.task and applied != r.steps_total:
                 raise StreamtrainError(
                     f"Batch {info.batch_id}: the parameter server applied {applied} of the {r.steps_total} "
@@ -200,7 +202,8 @@ class Run:
             master, short = cluster.local_slots(cfg.master, cfg.workers, os.cpu_count() or 1)
             if short:
                 log.warning("%s", short)
-            spark = cluster.session(master, app=f"streamtrain-{cfg.dataset}")
+            spark = cluster.session(master, app=f"streamtrain-{cfg.dataset}",
+                                    conf=security.spark_conf(cfg.master, cfg.spark_conf))
             stack.callback(cluster.stop, spark)  # after a first run, builds the JVM's class archive
             self._step(f"Spark ready ({master}, {spark.sparkContext.defaultParallelism} task slots)")
             spec, initial = probe.result()

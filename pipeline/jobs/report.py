@@ -34,7 +34,8 @@ class BatchRow:
         tasks: per task (one offset range): ``worker``, ``records``, ``steps`` (its
             mini-batches), ``applied`` (those the parameter server counted as applied,
             its own count), ``skipped`` (left to an earlier attempt's pushes),
-            ``repeats`` (pushes dropped as repeats) and Spark's ``attempt``.
+            ``repeats`` (pushes dropped as repeats), Spark's ``attempt``, and the
+            ``transport`` of its exchanges (``shared memory`` or ``tcp``).
     """
 
     batch_id: int
@@ -55,7 +56,7 @@ class BatchRow:
     t_stream: float = 0.0
     eval_s_total: float = 0.0
     checkpoint_ms: float = 0.0
-    tasks: list[dict[str, int]] = dataclasses.field(default_factory=list)
+    tasks: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
     @classmethod
     def from_batch(cls, info: BatchInfo, *, t: float, clock: int) -> BatchRow:

@@ -31,6 +31,7 @@ class RunConfig:
     broker_engine: str | None = None  # None: $STREAMTRAIN_BROKER_ENGINE, else tansu
     topic: str | None = None
     master: str = "local[*]"
+    spark_conf: str | None = None  # a Spark properties file (the cluster's security settings, and any other)
     model: str | None = None
     out: str | None = None
     resume: bool = False
@@ -59,9 +60,21 @@ class RunConfig:
             from pipeline.serve.process import check_serving
 
             check_serving(self.serve_port, self.serve_max_age_s)
+        if self.master.startswith("spark://"):
+            self._check_cluster()
         if self.resume and not self.out:
             raise ConfigError("--resume needs the run's output folder.")
         if self.model is not None:
             from pipeline.train.probe import check_source
 
             check_source(self.model)
+
+    def _check_cluster(self) -> None:
+        """A standalone cluster: its security settings, and a Kafka its executors can reach."""
+        from pipeline.cluster import security
+
+        security.spark_conf(self.master, self.spark_conf)
+        host = security.master_host(self.master)
+        if not self.bootstrap and host not in ("127.0.0.1", "localhost"):
+            raise ConfigError(f"Expected --bootstrap HOST:PORT for the cluster at {self.master}: its executors read "
+                              "Kafka, and the embedded broker listens on this machine's loopback only.")

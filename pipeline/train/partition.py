@@ -43,6 +43,7 @@ class PartitionResult:
             applied, which this attempt skipped (Spark retried the task).
         repeats: pushes the server dropped as repeats (a speculative copy ran beside it).
         attempt: Spark's attempt number for the task.
+        shared_memory: whether its exchanges went through shared memory (else TCP).
     """
 
     worker: int
@@ -63,6 +64,7 @@ class PartitionResult:
     steps_skipped: int = 0
     repeats: int = 0
     attempt: int = 0
+    shared_memory: bool = False
 
 
 def _labels(loss: str, y: np.ndarray, classes: int) -> np.ndarray:
@@ -154,6 +156,7 @@ def train_partition(
         preq_n=int(preq[0]), preq_loss=float(preq[1] / preq[0]) if preq[0] else float("nan"),
         preq_acc=float(preq[2] / preq[0]) if preq[0] else float("nan"),
         task=task, steps_total=total, steps_skipped=skipped, repeats=client.repeats, attempt=attempt,
+        shared_memory=client.shared,
     )
 
 

@@ -9,14 +9,17 @@ import math
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from pipeline.cluster import security
 from pipeline.train import checkpoint
 from pipeline.train.ledger import check_ledger
 from producers import Replay, datasets
+from tests.cluster.standalone import Standalone
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -33,12 +36,18 @@ def run_with_fault(out: Path, fault: str, *args: str, env: dict[str, str] | None
     return report
 
 
-def assert_applied_once(report: dict[str, Any], out: Path, produced: int, batch_size: int) -> list[dict[str, int]]:
+def assert_applied_once(report: dict[str, Any], out: Path, produced: int, batch_size: int,
+                        window: int | None = None) -> list[dict[str, int]]:
     """Every task's mini-batches were applied once by the server's own count, every record
-    trained once by the ledger; returns the tasks of the retried attempts."""
+    trained once by the ledger; with an asynchronous algorithm's ``window``, the server's
+    clock rose by exactly the exchanges of each batch. Returns the retried attempts' tasks."""
     tasks = [t for row in report["batches"] for t in row["tasks"]]
     for t in tasks:
         assert t["applied"] == t["steps"] == math.ceil(t["records"] / batch_size), t
+    clock = 0
+    for row in report["batches"] if window else []:
+        assert row["clock"] - clock == sum(math.ceil(t["steps"] / window) for t in row["tasks"]), row
+        clock = row["clock"]
     state = checkpoint.load(out)
     assert state is not None
     assert sum(check_ledger(state.ledger).values()) == produced == state.extra["trained"]
@@ -63,5 +72,51 @@ def test_a_python_worker_killed_mid_partition_trains_each_minibatch_once(  # typ
                             "--topic", topic, "--algorithm", algorithm, "--master", "local[2,4]",
                             "--max-offsets-per-trigger", "3500", "--max-batches", "2", "--eval-every", "1000")
     assert marker.is_file()  # the fault fired: a worker died mid-partition
-    retried = assert_applied_once(report, out, produced, batch_size=batch_size)
+    retried = assert_applied_once(report, out, produced, batch_size=batch_size,
+                                  window=None if algorithm == "sync" else window)
     assert retried and retried[0]["skipped"] == 2 * window, retried
+
+
+@pytest.fixture(scope="module")
+def standalone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Standalone]:
+    """Spark's standalone master and two 1-core workers on loopback, with RPC authentication
+    and encryption from a `streamtrain cluster-conf` file, as the README starts them."""
+    folder = tmp_path_factory.mktemp("standalone")
+    cluster = Standalone(folder, security.write_conf(folder / "auth.conf"), workers=2, cores=1)
+    try:
+        yield cluster.start()
+    finally:
+        cluster.stop()
+
+
+def _driver_conf(cluster: Standalone, path: Path, settings: dict[str, str]) -> Path:
+    """The cluster's properties file plus ``settings``, readable by its owner only."""
+    extra = "".join(f"{k} {v}\n" for k, v in settings.items())
+    path.write_text(cluster.conf.read_text() + extra)
+    path.chmod(0o600)
+    return path
+
+
+@pytest.mark.parametrize("victim", ["executor", "python"])
+def test_on_a_standalone_cluster_a_killed_task_trains_each_minibatch_once(  # type: ignore[no-untyped-def]
+        standalone: Standalone, broker, topic: str, data_dir: Path, tmp_path: Path, victim: str) -> None:
+    """Proves: on Spark's standalone cluster (authenticated, encrypted RPC), an executor JVM
+    (or, with speculation on, a Python worker) SIGKILLed mid-partition: Spark runs the task
+    again (and may run copies beside slow ones), and the server applies every mini-batch of
+    every range once, by its own count; every record is trained once."""
+    produced = Replay(datasets.get("higgs", data_dir=data_dir), bootstrap=broker.bootstrap, topic=topic,
+                      partitions=2).run().records_sent
+    out, marker = tmp_path / "run", tmp_path / "killed"
+    settings = {"spark.task.maxFailures": "4", "spark.executorEnv.STREAMTRAIN_FAULT": f"exchange:2:{victim}:{marker}"}
+    if victim == "python":  # copies of any task running longer than half the finished one's time
+        settings.update({"spark.speculation": "true", "spark.speculation.multiplier": "0.5",
+                         "spark.speculation.quantile": "0.5", "spark.speculation.interval": "200ms"})
+    conf = _driver_conf(standalone, tmp_path / "driver.conf", settings)
+    report = run_with_fault(out, "", "--dataset", "higgs", "--bootstrap", broker.bootstrap, "--topic", topic,
+                            "--algorithm", "downpour", "--master", standalone.master, "--spark-conf", str(conf),
+                            "--max-offsets-per-trigger", "3500", "--max-batches", "2", "--eval-every", "1000")
+    assert marker.is_file(), standalone.executor_logs()[-3000:]
+    # An executor's Python worker may live on for a moment after its JVM is killed and push
+    # the rest of its range: the retry then finds it applied, and skips it.
+    retried = assert_applied_once(report, out, produced, batch_size=128, window=5)
+    assert retried and retried[0]["skipped"] >= 10, report["batches"]

@@ -40,8 +40,9 @@ class Client:
         size: number of weights.
         timeout_s: socket timeout.
         shared_memory: move payloads through shared memory when the server offers
-            it and this process can map it (a worker on the server's machine); else,
-            or with False, over the socket. :attr:`shared` says which.
+            it, this process can map it, and the connection's two ends have one address
+            (a worker on the server's machine); else, or with False, over the socket.
+            :attr:`shared` says which.
 
     The arrays that :meth:`pull` and :meth:`push_pull` return are this client's
     receive buffer: valid until its next call (copy them to keep them).
@@ -69,7 +70,11 @@ class Client:
             self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             self._keys = self._handshake(secret)
             self._shared: SharedBuffers | None = None
-            self._shared = self._attach() if shared_memory else None
+            # Shared memory only between the two ends of one host: a worker whose address
+            # differs from the server's is on another machine (or another network
+            # namespace, which the tests use as one), and stays on TCP.
+            here, there = self._sock.getsockname()[0], self._sock.getpeername()[0]
+            self._shared = self._attach() if shared_memory and here == there else None
         except BaseException:
             self._sock.close()
             raise
