@@ -18,26 +18,28 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 class Standalone:
-    """A master and ``workers`` workers of ``cores`` cores each, on ``host``, reading the
-    properties file ``conf`` (the cluster's secret); stopped by pid.
+    """A master on ``host`` and a worker of ``cores`` cores on each of ``worker_hosts``,
+    reading the properties file ``conf`` (the cluster's secret); stopped by pid.
 
     Args:
         folder: logs, and the workers' folders (each executor's stdout and stderr).
         conf: the properties file the master and workers start with.
-        prefix: a command the processes run under (``ip netns exec NAME`` for a host in a
-            network namespace; one per process, in the order master, workers).
+        prefixes: the command each process runs under (``ip netns exec NAME`` for a host
+            in a network namespace), in the order master, workers.
     """
 
-    def __init__(self, folder: Path, conf: Path, *, host: str = "127.0.0.1", workers: int = 2, cores: int = 1,
-                 prefixes: list[list[str]] | None = None, env: dict[str, str] | None = None) -> None:
+    def __init__(self, folder: Path, conf: Path, *, host: str = "127.0.0.1", worker_hosts: list[str] | None = None,
+                 cores: int = 1, prefixes: list[list[str]] | None = None) -> None:
         self.folder, self.conf, self.host = folder, conf, host
+        # On loopback, a free port; on a namespace's address, Spark's own (the namespace is ours).
         self.port = free_port(host) if host == "127.0.0.1" else 7077
-        self.workers, self.cores = workers, cores
-        self.prefixes = prefixes or [[] for _ in range(workers + 1)]
+        self.worker_hosts = worker_hosts or [host, host]
+        self.cores = cores
+        self.prefixes = prefixes or [[] for _ in range(len(self.worker_hosts) + 1)]
         # Executors run the driver's Python (PYSPARK_PYTHON travels with the tasks) and import
         # this checkout of the project, wherever the venv's editable install points.
         self.env = {**os.environ, "SPARK_HOME": str(SPARK_HOME), "SPARK_NO_DAEMONIZE": "1",
-                    "PYTHONPATH": str(ROOT), **(env or {})}
+                    "PYTHONPATH": str(ROOT)}
         self.procs: list[subprocess.Popen[bytes]] = []
 
     @property
@@ -53,18 +55,17 @@ class Standalone:
 
     def start(self, timeout_s: float = 120) -> Standalone:
         self.folder.mkdir(parents=True, exist_ok=True)
-        local = {"SPARK_LOCAL_IP": self.host}
         master_log = self._start("master", self.prefixes[0], [
             "org.apache.spark.deploy.master.Master", "--host", self.host, "--port", str(self.port),
-            "--webui-port", "0", "--properties-file", str(self.conf)], {**self.env, **local})
+            "--webui-port", "0", "--properties-file", str(self.conf)], {**self.env, **_local(self.host)})
         self._wait(master_log, "I have been elected leader", timeout_s)
         logs = []
-        for i in range(self.workers):
+        for i, host in enumerate(self.worker_hosts):
             work = self.folder / f"worker-{i}"
             logs.append(self._start(f"worker-{i}", self.prefixes[i + 1], [
-                "org.apache.spark.deploy.worker.Worker", "--cores", str(self.cores), "--memory", "3g",
+                "org.apache.spark.deploy.worker.Worker", "--host", host, "--cores", str(self.cores), "--memory", "3g",
                 "--webui-port", "0", "--work-dir", str(work), "--properties-file", str(self.conf), self.master],
-                {**self.env, **local}))
+                {**self.env, **_local(host)}))
         for log in logs:
             self._wait(log, "Successfully registered with master", timeout_s)
         return self
@@ -91,3 +92,8 @@ class Standalone:
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
+
+
+def _local(host: str) -> dict[str, str]:
+    """The environment that makes a Spark process bind and advertise ``host``."""
+    return {"SPARK_LOCAL_IP": host, "SPARK_LOCAL_HOSTNAME": host}
