@@ -41,6 +41,9 @@ class Settings(BaseSettings):
     #: Let workers on the driver's machine exchange weights with the parameter server through
     #: shared memory (``/dev/shm``) rather than loopback TCP; ``false``: TCP for all.
     ps_shared_memory: bool = True
+    #: The parameter server's port on the driver (0: a free one); fix it where a firewall
+    #: between the driver and the workers needs to know it.
+    ps_port: int = 0
     #: How executors read offset ranges: raw Fetch requests parsed by numpy (``fetch``), or
     #: kafka-python's consumer (``consumer``, slower; for brokers the fetch reader cannot read).
     kafka_reader: Literal["fetch", "consumer"] = "fetch"

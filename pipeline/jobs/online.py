@@ -267,7 +267,7 @@ class Run:
         self._cores = int(spark.sparkContext.defaultParallelism)
         threads = cluster.task_threads(spark, cfg.workers)
         server = self._server = parameter_server(
-            self.algorithm, spec, state.weights, host=cluster.driver_host(spark),
+            self.algorithm, spec, state.weights, host=cluster.driver_host(spark), port=config.settings().ps_port,
             shared_memory=config.settings().ps_shared_memory, on_request=self.metrics.on_ps_request)
         server.restore(state.weights, state.clock, state.optimizer)
         self.metrics.restore_clock(state.clock)

@@ -13,13 +13,13 @@ from pipeline.train.model import ModelSpec
 
 
 def parameter_server(algorithm: algorithms.Algorithm, spec: ModelSpec, weights: np.ndarray, *, host: str,
-                     sync_timeout_s: float = 30.0, shared_memory: bool = True,
+                     port: int = 0, sync_timeout_s: float = 30.0, shared_memory: bool = True,
                      on_request: Callable[[str, float], None] | None = None) -> ps.ParameterServer:
     """A parameter server (not yet started) that applies ``algorithm``'s rule to ``spec``'s
     weights, with a fresh secret."""
     algorithm.bind(spec)
     return ps.ParameterServer(
-        weights, secret=os.urandom(32), host=host, rule=algorithm.apply, keep_pulled=algorithm.keep_pulled,
+        weights, secret=os.urandom(32), host=host, port=port, rule=algorithm.apply, keep_pulled=algorithm.keep_pulled,
         sync_workers=algorithm.num_workers if algorithm.synchronous else 0, sync_timeout_s=sync_timeout_s,
         on_request=on_request, state=algorithm, shared_memory=shared_memory,
     )
