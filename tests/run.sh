@@ -11,6 +11,8 @@ dpkg -s dataset-fashion-mnist >/dev/null 2>&1 || need+=(dataset-fashion-mnist)
 command -v prometheus >/dev/null && command -v promtool >/dev/null || need+=(prometheus)
 # kcat (librdkafka 2.0) for the broker/client compatibility tests.
 command -v kcat >/dev/null || need+=(kcat)
+# ip (iproute2) for the multi-host tests' network namespaces.
+command -v ip >/dev/null || need+=(iproute2)
 if [ ${#need[@]} -gt 0 ] && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
   echo "installing Debian packages: ${need[*]}"
   (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}") >/dev/null \

@@ -23,6 +23,11 @@ def missing() -> str | None:
         return "network namespaces need root (CI runs as root)"
     if shutil.which("ip") is None:
         return "no `ip` command (iproute2)"
+    probe = f"st{secrets.token_hex(2)}-probe"
+    made = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True, timeout=30)
+    if made.returncode != 0:  # a container without CAP_SYS_ADMIN
+        return f"cannot create a network namespace here: {made.stderr.strip()}"
+    subprocess.run(["ip", "netns", "del", probe], capture_output=True, timeout=30)
     return None
 
 

@@ -24,7 +24,8 @@ from tests.cluster.test_task_retry import assert_applied_once
 ROOT = Path(__file__).resolve().parents[2]
 KAFKA_PORT = 9092
 PRODUCED = 6000
-pytestmark = pytest.mark.skipif(netns.missing() is not None, reason=netns.missing() or "")
+_CANNOT = netns.missing()
+pytestmark = pytest.mark.skipif(_CANNOT is not None, reason=_CANNOT or "")
 
 
 class Cluster:
