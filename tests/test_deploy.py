@@ -25,16 +25,26 @@ def compose_bin() -> str:
     return str(binary)
 
 
-@pytest.fixture(scope="module")
-def stack(compose_bin: str) -> dict[str, Any]:
+def _model(compose_bin: str, *profile: str) -> dict[str, Any]:
     # The wrapper script always exits 0, so call the binary itself.
-    check = subprocess.run([compose_bin, "-f", "docker-compose.yml", "config", "-q"], cwd=ROOT, capture_output=True,
-                           text=True)
+    check = subprocess.run([compose_bin, "-f", "docker-compose.yml", *profile, "config", "-q"], cwd=ROOT,
+                           capture_output=True, text=True)
     assert check.returncode == 0, check.stderr
-    done = subprocess.run([compose_bin, "-f", "docker-compose.yml", "config", "--format", "json"], cwd=ROOT,
+    done = subprocess.run([compose_bin, "-f", "docker-compose.yml", *profile, "config", "--format", "json"], cwd=ROOT,
                           capture_output=True, text=True, check=True)
     model: dict[str, Any] = json.loads(done.stdout)
     return model
+
+
+@pytest.fixture(scope="module")
+def stack(compose_bin: str) -> dict[str, Any]:
+    return _model(compose_bin)
+
+
+@pytest.fixture(scope="module")
+def cluster_stack(compose_bin: str) -> dict[str, Any]:
+    """The stack with the `cluster` profile: Spark's master and two workers."""
+    return _model(compose_bin, "--profile", "cluster")
 
 
 def test_compose_refuses_a_broken_file(compose_bin: str, tmp_path: Path) -> None:
@@ -45,7 +55,7 @@ def test_compose_refuses_a_broken_file(compose_bin: str, tmp_path: Path) -> None
 
 
 def test_the_stack_has_every_part(stack: dict[str, Any]) -> None:
-    assert set(stack["services"]) == {"kafka", "producer", "trainer", "prometheus", "grafana"}
+    assert set(stack["services"]) == {"kafka", "spark-secret", "producer", "trainer", "prometheus", "grafana"}
     for name in ("producer", "trainer"):
         build = stack["services"][name]["build"]
         assert (Path(build["context"]) / build["dockerfile"]).is_file()
@@ -78,9 +88,21 @@ def test_mounted_configuration_exists(stack: dict[str, Any]) -> None:
     assert (ROOT / "dashboards" / Path(home).name).is_file()
 
 
-@pytest.mark.parametrize("service", ["producer", "trainer"])
-def test_service_commands_are_valid_streamtrain_commands(stack: dict[str, Any], service: str) -> None:
-    args = stack["services"][service]["command"]
+def test_the_cluster_profile_adds_a_spark_master_and_two_workers(cluster_stack: dict[str, Any]) -> None:
+    services = cluster_stack["services"]
+    assert set(services) - {"kafka", "spark-secret", "producer", "trainer", "prometheus", "grafana"} == {
+        "spark-master", "spark-worker-a", "spark-worker-b"}
+    # Every Spark process reads the secret the stack generated, from the volume, not argv.
+    for name in ("spark-master", "spark-worker-a", "spark-worker-b"):
+        command = services[name]["command"]
+        assert command[command.index("--properties-file") + 1] == "/secrets/spark-auth.conf"
+    assert services["trainer"]["environment"]["STREAMTRAIN_SPARK_CONF"] == "/secrets/spark-auth.conf"
+
+
+@pytest.mark.parametrize("service", ["spark-secret", "producer", "trainer", "spark-master", "spark-worker-a",
+                                     "spark-worker-b"])
+def test_service_commands_are_valid_streamtrain_commands(cluster_stack: dict[str, Any], service: str) -> None:
+    args = cluster_stack["services"][service]["command"]
     # Click parses the whole command line (unknown options or bad values raise) without running it.
     group_ctx = cli.cli.make_context("streamtrain", list(args), resilient_parsing=False)
     command = cli.cli.get_command(group_ctx, args[0])

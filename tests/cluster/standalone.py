@@ -1,19 +1,18 @@
 """A real Spark standalone cluster for tests: Spark's own master and workers, started with
-``spark-class`` from the pyspark wheel (it has no ``start-*.sh``), as users start them."""
+``streamtrain spark-master`` and ``spark-worker`` (``spark-class`` from the pyspark wheel,
+in the foreground), as the README starts them."""
 
 from __future__ import annotations
 
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
-import pyspark
-
 from pipeline.ingest.kafka.broker import free_port
 
-SPARK_HOME = Path(pyspark.__file__).parent
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -38,8 +37,7 @@ class Standalone:
         self.prefixes = prefixes or [[] for _ in range(len(self.worker_hosts) + 1)]
         # Executors run the driver's Python (PYSPARK_PYTHON travels with the tasks) and import
         # this checkout of the project, wherever the venv's editable install points.
-        self.env = {**os.environ, "SPARK_HOME": str(SPARK_HOME), "SPARK_NO_DAEMONIZE": "1",
-                    "PYTHONPATH": str(ROOT)}
+        self.env = {**os.environ, "PYTHONPATH": str(ROOT)}
         self.procs: list[subprocess.Popen[bytes]] = []
 
     @property
@@ -49,23 +47,22 @@ class Standalone:
     def _start(self, name: str, prefix: list[str], args: list[str], env: dict[str, str]) -> Path:
         log = self.folder / f"{name}.log"
         with open(log, "wb") as f:
-            self.procs.append(subprocess.Popen([*prefix, str(SPARK_HOME / "bin" / "spark-class"), *args],
+            self.procs.append(subprocess.Popen([*prefix, sys.executable, "-m", "pipeline", *args], cwd=ROOT,
                                                stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True))
         return log
 
     def start(self, timeout_s: float = 120) -> Standalone:
         self.folder.mkdir(parents=True, exist_ok=True)
         master_log = self._start("master", self.prefixes[0], [
-            "org.apache.spark.deploy.master.Master", "--host", self.host, "--port", str(self.port),
-            "--webui-port", "0", "--properties-file", str(self.conf)], {**self.env, **_local(self.host)})
+            "spark-master", "--host", self.host, "--port", str(self.port), "--webui-port", "0",
+            "--properties-file", str(self.conf)], self.env)
         self._wait(master_log, "I have been elected leader", timeout_s)
         logs = []
         for i, host in enumerate(self.worker_hosts):
             work = self.folder / f"worker-{i}"
             logs.append(self._start(f"worker-{i}", self.prefixes[i + 1], [
-                "org.apache.spark.deploy.worker.Worker", "--host", host, "--cores", str(self.cores), "--memory", "3g",
-                "--webui-port", "0", "--work-dir", str(work), "--properties-file", str(self.conf), self.master],
-                {**self.env, **_local(host)}))
+                "spark-worker", self.master, "--host", host, "--cores", str(self.cores), "--memory", "3g",
+                "--webui-port", "0", "--work-dir", str(work), "--properties-file", str(self.conf)], self.env))
         for log in logs:
             self._wait(log, "Successfully registered with master", timeout_s)
         return self
@@ -93,7 +90,3 @@ class Standalone:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
 
-
-def _local(host: str) -> dict[str, str]:
-    """The environment that makes a Spark process bind and advertise ``host``."""
-    return {"SPARK_LOCAL_IP": host, "SPARK_LOCAL_HOSTNAME": host}

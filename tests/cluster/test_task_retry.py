@@ -74,7 +74,9 @@ def test_a_python_worker_killed_mid_partition_trains_each_minibatch_once(  # typ
     assert marker.is_file()  # the fault fired: a worker died mid-partition
     retried = assert_applied_once(report, out, produced, batch_size=batch_size,
                                   window=None if algorithm == "sync" else window)
-    assert retried and retried[0]["skipped"] == 2 * window, retried
+    # The kill comes as the second exchange starts: sync's push is then still in flight
+    # (it overlaps the next window), so the server may have applied one exchange or two.
+    assert retried and window <= retried[0]["skipped"] <= 2 * window, retried
 
 
 @pytest.fixture(scope="module")
