@@ -29,6 +29,7 @@ class Cluster:
 
     def __init__(self, hosts: netns.Hosts, folder: Path, cores: int = 1) -> None:
         self.hosts, self.folder = hosts, folder
+        folder.mkdir(parents=True, exist_ok=True)
         self.spark = Standalone(folder / "spark", security.write_conf(folder / "auth.conf"),
                                 host=hosts.address["driver"],
                                 worker_hosts=[hosts.address["worker-a"], hosts.address["worker-b"]], cores=cores,
