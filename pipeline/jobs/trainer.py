@@ -27,11 +27,12 @@ from typing import Any
 import numpy as np
 
 from pipeline import cluster
-from pipeline.errors import ConfigError
+from pipeline.errors import ConfigError, StreamtrainError
 from pipeline.train import algorithms, ps
 from pipeline.train.center import parameter_server
 from pipeline.train.model import ModelSpec, get_flat, input_shape, set_flat
 from pipeline.train.partition import PartitionResult, ServerInfo, train_partition
+from pipeline.train.ps.protocol import task_key
 
 log = logging.getLogger(__name__)
 
@@ -121,6 +122,10 @@ class Trainer:
 
     def _finish(self, server: ps.ParameterServer, results: list[PartitionResult]) -> Any:
         self.results = sorted(results, key=lambda r: r.worker)
+        for r in self.results:  # Spark may have run a task twice: the server's own count decides
+            if r.task and server.applied(r.task)[1] != r.steps_total:
+                raise StreamtrainError(f"The parameter server applied {server.applied(r.task)[1]} of the "
+                                       f"{r.steps_total} mini-batches of worker {r.worker}; train again.")
         self.server_stats = server.stats()
         set_flat(self.model, server.weights(), self.spec.shapes)
         if getattr(self.model, "optimizer", None) is None:
@@ -191,7 +196,12 @@ class Trainer:
                 x = np.concatenate(xs) if xs else np.empty((0, *shape), np.float32)
                 y = np.concatenate(ys) if ys else np.empty(0, np.int64)
                 ctx = TaskContext.get()
-                result = train_partition(x, y, **{**task, "worker": ctx.partitionId() if ctx else 0})
+                part = ctx.partitionId() if ctx else 0
+                # Named by the job and partition, each attempt Spark makes at it draws the same
+                # mini-batches, and the server applies each exchange once (a retry skips ahead).
+                result = train_partition(x, y, **{**task, "worker": part, "task": task_key(job, part, 0),
+                                                  "attempt": ctx.attemptNumber() if ctx else 0,
+                                                  "seed": (task["seed"] or int(job[:8], 16), part)})
                 yield pa.RecordBatch.from_pylist([{"result": json.dumps(dataclasses.asdict(result))}])
 
             rows = frame.mapInArrow(train_arrow, "result string").collect()
