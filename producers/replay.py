@@ -268,7 +268,9 @@ class Replay:
         labels = (self.topic, self.dataset.name)
         while self._pending:
             futures, size, records, tries = self._pending[0]
-            if not block and not futures[-1].is_done:
+            # A slice's records go to several partitions, whose batches finish in any order:
+            # the last one done says nothing of the others.
+            if not block and not (futures[-1].is_done and all(f.is_done for f in futures)):
                 return
             self._pending.popleft()
             again = [rec for f, rec in zip(futures, records, strict=True)
