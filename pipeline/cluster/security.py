@@ -18,7 +18,8 @@ from pathlib import Path
 
 from pipeline.errors import ConfigError
 
-_LOOPBACK = ("127.0.0.1", "localhost", "::1", "[::1]")
+#: Host names and addresses of this machine's loopback.
+LOOPBACK = ("127.0.0.1", "localhost", "::1", "[::1]")
 #: What a cluster beyond loopback must set, and the value.
 REQUIRED = {"spark.authenticate": "true", "spark.network.crypto.enabled": "true"}
 
@@ -76,7 +77,7 @@ def on_loopback(master: str) -> bool:
     >>> on_loopback("local[*]"), on_loopback("spark://127.0.0.1:7077"), on_loopback("spark://10.0.0.1:7077")
     (True, True, False)
     """
-    return master.startswith("local") or master_host(master) in _LOOPBACK
+    return master.startswith("local") or master_host(master) in LOOPBACK
 
 
 def spark_conf(master: str, path: str | None) -> dict[str, str]:
@@ -84,7 +85,7 @@ def spark_conf(master: str, path: str | None) -> dict[str, str]:
     needs authentication, a secret and encryption, from a file only its owner can read."""
     props = read_properties(path) if path else {}
     host = master_host(master)
-    if host is None or (host in _LOOPBACK and not props):
+    if host is None or (host in LOOPBACK and not props):
         return props
     missing = [f"{k} {v}" for k, v in REQUIRED.items() if props.get(k, "").lower() != v]
     if not props.get("spark.authenticate.secret"):
@@ -95,9 +96,10 @@ def spark_conf(master: str, path: str | None) -> dict[str, str]:
             f"parameter server's secret). Received: {path or 'no file'}. Write one with: streamtrain cluster-conf "
             "FILE, and start the master and workers with --properties-file FILE.")
     assert path is not None
-    if os.stat(path).st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+    mode = stat.S_IMODE(os.stat(path).st_mode)
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):
         raise ConfigError(f"Expected {path} readable by its owner only: it holds the cluster's secret. "
-                          f"Received: mode {stat.S_IMODE(os.stat(path).st_mode):o}. Run: chmod 600 {path}")
+                          f"Received: mode {mode:o}. Run: chmod 600 {path}")
     return props
 
 

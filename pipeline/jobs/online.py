@@ -131,13 +131,15 @@ class Run:
         """Each task's mini-batches against the parameter server's own count of those it
         applied; a difference (an update applied twice, or lost) stops the run before the
         batch is committed, so that a resume trains it again from the last checkpoint."""
+        from pipeline.train.center import applied_steps
+
         tasks: list[dict[str, Any]] = []
         for r in info.results:
-            applied = self._server.applied(r.task)[1] if r.task else r.steps
+            applied = applied_steps(self._server, r)
             tasks.append({"worker": r.worker, "records": r.records, "steps": r.steps_total, "applied": applied,
                           "skipped": r.steps_skipped, "repeats": r.repeats, "attempt": r.attempt,
                           "transport": "shared memory" if r.shared_memory else "tcp"})
-            if r.task and applied != r.steps_total:
+            if applied != r.steps_total:
                 raise StreamtrainError(
                     f"Batch {info.batch_id}: the parameter server applied {applied} of the {r.steps_total} "
                     f"mini-batches of worker {r.worker}'s range; the batch is not committed. Continue with: "

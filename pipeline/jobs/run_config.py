@@ -74,7 +74,6 @@ class RunConfig:
         from pipeline.cluster import security
 
         security.spark_conf(self.master, self.spark_conf)
-        host = security.master_host(self.master)
-        if not self.bootstrap and host not in ("127.0.0.1", "localhost"):
+        if not self.bootstrap and not security.on_loopback(self.master):
             raise ConfigError(f"Expected --bootstrap HOST:PORT for the cluster at {self.master}: its executors read "
                               "Kafka, and the embedded broker listens on this machine's loopback only.")

@@ -29,7 +29,7 @@ import numpy as np
 from pipeline import cluster
 from pipeline.errors import ConfigError, StreamtrainError
 from pipeline.train import algorithms, ps
-from pipeline.train.center import parameter_server
+from pipeline.train.center import applied_steps, parameter_server
 from pipeline.train.model import ModelSpec, get_flat, input_shape, set_flat
 from pipeline.train.partition import PartitionResult, ServerInfo, train_partition
 from pipeline.train.ps.protocol import task_key
@@ -123,9 +123,10 @@ class Trainer:
     def _finish(self, server: ps.ParameterServer, results: list[PartitionResult]) -> Any:
         self.results = sorted(results, key=lambda r: r.worker)
         for r in self.results:  # Spark may have run a task twice: the server's own count decides
-            if r.task and server.applied(r.task)[1] != r.steps_total:
-                raise StreamtrainError(f"The parameter server applied {server.applied(r.task)[1]} of the "
-                                       f"{r.steps_total} mini-batches of worker {r.worker}; train again.")
+            applied = applied_steps(server, r)
+            if applied != r.steps_total:
+                raise StreamtrainError(f"The parameter server applied {applied} of the {r.steps_total} "
+                                       f"mini-batches of worker {r.worker}; train again.")
         self.server_stats = server.stats()
         set_flat(self.model, server.weights(), self.spec.shapes)
         if getattr(self.model, "optimizer", None) is None:

@@ -18,11 +18,11 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from pipeline.cluster.security import LOOPBACK
 from pipeline.errors import ConfigError, StreamtrainError
 
 log = logging.getLogger(__name__)
 
-_LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 def host_and_token() -> tuple[str, str | None]:
@@ -32,7 +32,7 @@ def host_and_token() -> tuple[str, str | None]:
 
     settings = config.settings()
     token = settings.serve_token.get_secret_value() if settings.serve_token else None
-    if settings.serve_host not in _LOOPBACK and not token:
+    if settings.serve_host not in LOOPBACK and not token:
         raise ConfigError(f"STREAMTRAIN_SERVE_HOST={settings.serve_host} exposes the model beyond this machine: "
                           "set STREAMTRAIN_SERVE_TOKEN too, or serve on 127.0.0.1.")
     return settings.serve_host, token

@@ -10,6 +10,13 @@ import numpy as np
 
 from pipeline.train import algorithms, ps
 from pipeline.train.model import ModelSpec
+from pipeline.train.partition import PartitionResult
+
+
+def applied_steps(server: ps.ParameterServer, result: PartitionResult) -> int:
+    """The mini-batches of ``result``'s task that ``server`` applied, by its own count (a
+    task Spark ran twice is counted once); for a result that named no task, the worker's."""
+    return server.applied(result.task)[1] if result.task else result.steps
 
 
 def parameter_server(algorithm: algorithms.Algorithm, spec: ModelSpec, weights: np.ndarray, *, host: str,
