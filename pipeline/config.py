@@ -38,6 +38,9 @@ class Settings(BaseSettings):
     #: Keep an archive of the classes Spark's driver JVM loads, in the cache, so that later
     #: runs start ~2 s sooner (the first run records it; ``false`` turns it off).
     jvm_class_cache: bool = True
+    #: Import TensorFlow once, in a process started beside Spark's JVM, and fork the model's
+    #: describer and (in local mode) Spark's Python workers from it (``false``: each imports its own).
+    preload: bool = True
     #: Let workers on the driver's machine exchange weights with the parameter server through
     #: shared memory (``/dev/shm``) rather than loopback TCP; ``false``: TCP for all.
     ps_shared_memory: bool = True

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pipeline.cluster.zygote import Zygote
 
 
-def session(master: str = "local[*]", *, app: str = "streamtrain", conf: dict[str, str] | None = None) -> Any:
+def session(master: str = "local[*]", *, app: str = "streamtrain", conf: dict[str, str] | None = None,
+            zygote: Zygote | None = None) -> Any:
     """Get or create a SparkSession for streamtrain; stop it with :func:`stop`.
 
     * Python workers run this interpreter, or they start a Python without our packages.
@@ -19,6 +23,10 @@ def session(master: str = "local[*]", *, app: str = "streamtrain", conf: dict[st
     * It maps its classes from an archive built after an earlier run (:mod:`pipeline.cluster.jvmcache`).
     * Local mode, and a cluster whose master is on loopback, bind the driver to loopback;
       the UI is off unless asked for.
+
+    * With a ``zygote``, the Python processes Spark starts (its workers' daemon, the
+      query's data-source helpers) are forked from it, their imports done
+      (:mod:`pipeline.cluster.zygote`).
 
     ``conf`` adds to or overrides these settings; its ``spark.driver.extraJavaOptions``
     come after streamtrain's, so they win.
@@ -53,7 +61,15 @@ def session(master: str = "local[*]", *, app: str = "streamtrain", conf: dict[st
         builder = builder.config("spark.driver.bindAddress", "127.0.0.1").config("spark.driver.host", "127.0.0.1")
     for key, value in conf.items():
         builder = builder.config(key, value)
-    spark = builder.getOrCreate()
+    # The context takes its Pythons from the environment when it is created, and keeps them
+    # (the driver's runs the query's data-source helpers).
+    pythons = {k: os.environ[k] for k in ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON")}
+    if zygote is not None:
+        os.environ.update(dict.fromkeys(pythons, zygote.python()))
+    try:
+        spark = builder.getOrCreate()
+    finally:
+        os.environ.update(pythons)
     spark.sparkContext.setLogLevel("WARN")
     # Two warnings every clean run printed, about nothing the user can act on: stopping a
     # query cancels its job group, and the DAGScheduler warns when no job was running; and

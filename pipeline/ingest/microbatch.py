@@ -205,6 +205,11 @@ class StreamJob:
         self._lag: LagMonitor | None = None
         self._handled: dict[tuple[str, int], OffsetRange] = {}  # the last handled range per partition
 
+    def use(self, handler: Handler) -> None:
+        """Feed the batches to ``handler`` from now on: a job can start its query before its
+        handler exists (set it in ``run``'s ``prepare``, which every batch waits for)."""
+        self.handler = self._tasks.handler = handler
+
     # --- per batch ---
 
     def _on_batch(self, df: Any, batch_id: int) -> None:

@@ -30,6 +30,7 @@ from typing import Any
 
 from pipeline import cluster, config
 from pipeline.cluster import security
+from pipeline.cluster.zygote import Zygote
 from pipeline.errors import ConfigError, StreamtrainError
 from pipeline.ingest import microbatch
 from pipeline.ingest.offsets import OffsetRange
@@ -46,6 +47,13 @@ log = logging.getLogger("streamtrain.run")
 
 #: Every batch's row, one JSON line each, appended as the run goes (the report keeps the last 1,000).
 BATCHES_FILE = "batches.jsonl"
+#: What the zygote imports for the processes it forks: the model's describer, Spark's
+#: Python workers (TensorFlow and Keras, the training path, PySpark's worker and daemon)
+#: and the helpers the query's Python source starts (PySpark SQL, pandas, Arrow).
+_PRELOAD = ("tensorflow", "keras", "pipeline.train.handler", "pipeline.train.probe", "pipeline.train.evaluation",
+            "pipeline.ingest.reader", "pipeline.ingest.spark_source", "pyspark.daemon", "pyspark.worker",
+            "pyspark.sql.worker.lookup_data_sources", "pyspark.sql.worker.create_data_source",
+            "pyspark.sql.worker.plan_data_source_read", "pyspark.sql.streaming.python_streaming_source_runner")
 
 __all__ = ["Run", "RunConfig", "check_ledger", "run"]
 
@@ -192,10 +200,13 @@ class Run:
     def _execute(self, prior: checkpoint.State | None, data: Any) -> RunReport:
         cfg = self.cfg
         with contextlib.ExitStack() as stack:
-            # Describing the model (a child process imports TensorFlow), starting the broker
-            # and the replay, and starting Spark's JVM each take seconds: they overlap.
+            # Importing TensorFlow (in the zygote, which then forks the model's describer and,
+            # in local mode, Spark's Python workers), starting the broker and the replay, and
+            # starting Spark's JVM each take seconds: they overlap.
+            zygote = self._start_zygote(stack)
             probe = Probe(cfg.model, cfg.dataset, optimizer=self.algorithm.worker_optimizer, loss=self.algorithm.loss,
-                          folder=Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="streamtrain-model-"))))
+                          folder=Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="streamtrain-model-"))),
+                          zygote=zygote)
             stack.callback(probe.cancel)
             served = metrics.serve(self.metrics.meters.registry, host=config.settings().metrics_host, port=cfg.metrics_port)
             log.info("metrics at %s", served.url)
@@ -205,15 +216,26 @@ class Run:
             if short:
                 log.warning("%s", short)
             spark = cluster.session(master, app=f"streamtrain-{cfg.dataset}",
-                                    conf=security.spark_conf(cfg.master, cfg.spark_conf))
+                                    conf=security.spark_conf(cfg.master, cfg.spark_conf),
+                                    zygote=zygote if master.startswith("local") else None)
             stack.callback(cluster.stop, spark)  # after a first run, builds the JVM's class archive
-            self._step(f"Spark ready ({master}, {spark.sparkContext.defaultParallelism} task slots)")
-            spec, initial = probe.result()
-            self._step(f"model described ({spec.size:,} weights); warming up {cfg.workers} workers "
-                       "(TensorFlow import and trace) while the query starts")
-            self.state = prior or checkpoint.State(initial)
-            job, warm_up = self._stream_job(stack, spark, spec, data, bootstrap)
-            job.run(max_batches=cfg.max_batches, timeout_s=cfg.timeout_s, until=self._until, prepare=warm_up)
+            self._step(f"Spark ready ({master}, {spark.sparkContext.defaultParallelism} task slots); starting the query")
+            job = microbatch.StreamJob(
+                spark, bootstrap=bootstrap, topics=[self.topic], schema=data.schema,
+                checkpoint=self.out / "spark-checkpoint", max_offsets_per_trigger=cfg.max_offsets_per_trigger,
+                min_partitions=cfg.workers, on_lag=self.metrics.on_lag)
+
+            def prepare() -> None:
+                # While the query starts (seconds of its source's set-up and planning): the
+                # model, the parameter server, the workers' replicas. No batch runs before.
+                spec, initial = probe.result()
+                self._step(f"model described ({spec.size:,} weights); warming up {cfg.workers} workers")
+                self.state = prior or checkpoint.State(initial)
+                handler, warm_up = self._trainer(stack, spark, spec, data)
+                job.use(handler)
+                warm_up()
+
+            job.run(max_batches=cfg.max_batches, timeout_s=cfg.timeout_s, until=self._until, prepare=prepare)
             # Start-up: everything before the first micro-batch starts training (Spark's
             # session, the broker, the workers' warm-up, the query's start).
             startup_s = (self.history.first_batch_at or self._ready_at) - self._started
@@ -229,6 +251,15 @@ class Run:
         _plot(report, self.cfg, self.out, eval_records=len(self._evaluation.y))
         (self.out / "report.json").write_text(json.dumps(report.to_dict(), indent=2, default=float))
         return report
+
+    def _start_zygote(self, stack: contextlib.ExitStack) -> Zygote | None:
+        """The process that imports TensorFlow once for the workers and the describer
+        (``STREAMTRAIN_PRELOAD=false``: each imports its own)."""
+        if not config.settings().preload:
+            return None
+        zygote = Zygote(_PRELOAD, log_path=self.out / "zygote.log").start()
+        stack.callback(zygote.stop)  # registered before Spark's stop, so it runs after it
+        return zygote
 
     def _data_dir(self) -> Path:
         return Path(self.cfg.data_dir) if self.cfg.data_dir else config.data_dir()
@@ -254,10 +285,10 @@ class Run:
             stack.callback(self.replay.stop)
         return bootstrap
 
-    def _stream_job(self, stack: contextlib.ExitStack, spark: Any, spec: Any, data: Any,
-                    bootstrap: str) -> tuple[microbatch.StreamJob, Callable[[], None]]:
-        """The parameter server, the held-out evaluation and the query, wired to this run;
-        and the warm-up of the workers, to run while the query starts."""
+    def _trainer(self, stack: contextlib.ExitStack, spark: Any, spec: Any,
+                 data: Any) -> tuple[Any, Callable[[], None]]:
+        """The parameter server and the held-out evaluation, wired to this run; the handler
+        the query's batches go to; and the warm-up of the workers."""
         from pipeline.train.center import parameter_server
         from pipeline.train.evaluation import Evaluation
         from pipeline.train.handler import TrainHandler
@@ -285,12 +316,8 @@ class Run:
         self._evaluation = Evaluation(spark, spec, schema=data.schema, x=test.x[:n_eval], y=test.y[:n_eval],
                                       job=handler.job, threads=threads, shards=cfg.workers)
         stack.callback(self._evaluation.close)
-        job = microbatch.StreamJob(
-            spark, bootstrap=bootstrap, topics=[self.topic], schema=data.schema, handler=handler,
-            checkpoint=self.out / "spark-checkpoint", max_offsets_per_trigger=cfg.max_offsets_per_trigger,
-            min_partitions=cfg.workers, on_lag=self.metrics.on_lag)
 
-        def prepare() -> None:
+        def warm() -> None:
             warm_up(spark, spec, handler.job, workers=cfg.workers, threads=threads,
                     batch=self.algorithm.worker_batch_size, gradients=self.algorithm.pushes_gradients)
             self._ready_at = time.monotonic()
@@ -298,7 +325,7 @@ class Run:
             if serving is not None:
                 self._step(f"serving predictions at {serving.wait()}:predict")
 
-        return job, prepare
+        return handler, warm
 
     def _serving(self, stack: contextlib.ExitStack, spec: Any, schema: Any, server: Any) -> Any:
         """Record what ``streamtrain serve`` needs in the output folder; with --serve-port,

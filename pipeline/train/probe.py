@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.cluster.zygote import Child, Zygote, ZygoteError
 from pipeline.errors import ConfigError, StreamtrainError
 from pipeline.train.model import ModelSpec, get_flat
 
@@ -96,19 +97,28 @@ def load_model(source: str | None, dataset: str) -> Any:
 class Probe:
     """Describes a model in a child process started at construction; :meth:`result` waits for it.
 
-    Started early, the child's TensorFlow import overlaps the JVM's start.
+    Started early, the child's TensorFlow import overlaps the JVM's start. With a
+    ``zygote`` (TensorFlow already imported there) the child is forked from it instead,
+    and skips the import.
     """
 
     def __init__(self, source: str | None, dataset: str, *, optimizer: str | dict[str, Any], loss: str,
-                 folder: Path) -> None:
+                 folder: Path, zygote: Zygote | None = None) -> None:
         self.folder = folder
         folder.mkdir(parents=True, exist_ok=True)
-        cmd = [sys.executable, "-m", "pipeline.train.probe", source or "", dataset, json.dumps(optimizer), loss,
-               str(folder)]
-        env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+        args = [source or "", dataset, json.dumps(optimizer), loss, str(folder)]
+        env = {"TF_CPP_MIN_LOG_LEVEL": "2"}
         # Its output goes to a file: a pipe nobody reads until the end could fill and stall it.
         self._log = open(folder / "probe.log", "w+")  # noqa: SIM115
-        self._proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, text=True, env=env)
+        self._proc: subprocess.Popen[str] | Child
+        try:
+            if zygote is None:
+                raise ZygoteError("none")
+            self._proc = zygote.run("pipeline.train.probe", args, stdout=self._log.fileno(),
+                                    stderr=self._log.fileno(), env=env)
+        except ZygoteError:
+            self._proc = subprocess.Popen([sys.executable, "-m", "pipeline.train.probe", *args], stdout=self._log,
+                                          stderr=subprocess.STDOUT, text=True, env={**os.environ, **env})
 
     def result(self) -> tuple[ModelSpec, np.ndarray]:
         """The spec and the initial weights; a ConfigError with the child's message if it failed."""
@@ -125,7 +135,7 @@ class Probe:
         return spec, np.load(self.folder / "weights.npy", allow_pickle=False)
 
     def cancel(self) -> None:
-        if self._proc.poll() is None:
+        if self._proc.returncode is None:
             self._proc.kill()
             self._proc.wait()
         self._log.close()

@@ -1,0 +1,366 @@
+"""A preloaded parent process: modules imported once, then a child forked per request.
+
+TensorFlow takes seconds to import, and PySpark with pandas and Arrow one more, in every
+process that uses them: each Spark Python worker, each of the helper processes a query
+with a Python data source starts (one after another, before its first batch), the
+model's describer. A run starts the zygote first, beside the broker and Spark's JVM, so
+the import overlaps them; a child forked from it afterwards starts with those modules
+loaded, in milliseconds, and shares their pages with its siblings (copy-on-write)
+instead of holding its own copy.
+
+Spark runs its Python through :meth:`Zygote.python`, a two-line script that starts this
+file as a launcher (``python -I -S``: no site, nothing but the standard library, ~15
+ms). For ``-m MODULE ARGS`` the launcher hands the zygote its standard streams,
+arguments, environment and folder; the child forked there runs the module as
+``__main__`` on them, while the launcher stays as the process Spark knows: it passes on
+SIGTERM, SIGINT and SIGHUP, and exits with the child's status. Anything else, or no
+zygote answering, and it becomes the plain interpreter (``exec``), as Spark would have run.
+
+Fork safety: only imports happen in the zygote, never a TensorFlow operation, so no
+TensorFlow thread pool exists to be lost in a child (a child's first operation creates
+them, with the thread count it sets). The threads the imports start are an OpenBLAS pool
+and jemalloc's background thread, both of which prepare for fork. PySpark's own daemon
+imports nothing before it forks for that reason; ``STREAMTRAIN_PRELOAD=false`` goes back
+to it.
+
+Security: the socket is in a folder only this user can open, and the zygote serves only
+a peer of its own user id (``SO_PEERCRED``). Requests are JSON; nothing is unpickled.
+
+    python -m pipeline.cluster.zygote serve FD MODULE...   (FD: the bound socket)
+    python -I -S zygote.py launch SOCKET PYTHON_ARGS...
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import importlib
+import json
+import os
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+_MAX_HEADER = 1 << 20
+_STATUS = struct.Struct("!i")
+
+
+class ZygoteError(RuntimeError):
+    """The zygote refused or dropped a request (it is gone, or runs another interpreter)."""
+
+
+class Zygote:
+    """The driver's handle on a zygote process; :meth:`stop` ends it.
+
+    The listening socket is bound here, before the process starts, so a request made
+    while it still imports waits in the socket's queue instead of failing.
+    """
+
+    def __init__(self, preload: Sequence[str], *, log_path: Path | None = None) -> None:
+        self.preload = list(preload)
+        self.log_path = log_path
+        self.folder = Path(tempfile.mkdtemp(prefix="streamtrain-zygote-"))  # mode 0700
+        self.path = str(self.folder / "socket")
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> Zygote:
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(self.path)
+        listener.listen(64)
+        log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
+        try:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-m", "pipeline.cluster.zygote", "serve", str(listener.fileno()), *self.preload],
+                stdin=subprocess.PIPE, stdout=log, stderr=log, pass_fds=(listener.fileno(),),
+                # Its own process group: a Ctrl-C reaches the run, which stops it by pid.
+                # PySpark refuses workers whose string hashing is random: its children hash alike.
+                process_group=0, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2",
+                                      "PYTHONHASHSEED": os.environ.get("PYTHONHASHSEED", "0")})
+        finally:
+            listener.close()
+            if log is not subprocess.DEVNULL:
+                log.close()  # type: ignore[union-attr]
+        return self
+
+    @property
+    def pid(self) -> int | None:
+        return None if self._proc is None else self._proc.pid
+
+    def python(self) -> str:
+        """An executable that Spark can run as its Python (``PYSPARK_PYTHON``): modules it
+        is asked to run are forked from this zygote."""
+        script = self.folder / "python"
+        if not script.exists():
+            script.write_text(f"#!/bin/sh\nexec {_quote(sys.executable)} -I -S {_quote(__file__)} launch "
+                              f"{_quote(self.path)} \"$@\"\n")
+            script.chmod(0o700)
+        return str(script)
+
+    def run(self, module: str, argv: Sequence[str], *, stdout: int, stderr: int,
+            env: dict[str, str] | None = None) -> Child:
+        """Run ``module`` as ``python -m module *argv`` would, in a child forked from the
+        zygote, its output to the given descriptors; the :class:`Child` waits for its status."""
+        stdin = os.open(os.devnull, os.O_RDONLY)
+        try:
+            return Child(self.path, {"module": module, "argv": list(argv), "env": {**os.environ, **(env or {})},
+                                     "cwd": os.getcwd()}, (stdin, stdout, stderr))
+        finally:
+            os.close(stdin)  # the zygote received its own copy
+
+    def stop(self) -> None:
+        """End the zygote. Its children end on their own: Spark's when the JVM closes
+        their input or stops them, run children when their module returns."""
+        proc = self._proc
+        if proc is not None and proc.poll() is None:
+            assert proc.stdin is not None
+            proc.stdin.close()  # it exits when its input closes
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+    def __enter__(self) -> Zygote:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class Child:
+    """A child the zygote forks for one request: its pid and, once it ends, its exit status.
+
+    The request is sent at construction; the zygote answers once its imports are done, so
+    the pid is read when first asked for. Raises :class:`ZygoteError` if nothing listens.
+    """
+
+    def __init__(self, path: str, header: dict[str, Any], fds: tuple[int, int, int]) -> None:
+        self.path = path
+        self.returncode: int | None = None
+        self._pid: int | None = None
+        self._conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            self._conn.connect(path)
+            body = json.dumps({**header, "executable": sys.executable}).encode()
+            # The descriptors travel as SCM_RIGHTS: the zygote gets its own copies.
+            socket.send_fds(self._conn, [struct.pack("!I", len(body)) + body], list(fds))
+        except OSError as e:
+            self._conn.close()
+            raise ZygoteError(f"no zygote at {path}: {e}") from None
+
+    @property
+    def pid(self) -> int:
+        """The child's pid (waits for the fork). Raises :class:`ZygoteError` if the zygote
+        refused the request (another interpreter, another user) or is gone."""
+        if self._pid is None:
+            try:
+                reply = _recv_exactly(self._conn, _STATUS.size)
+            except OSError:
+                reply = b""
+            if not reply or _STATUS.unpack(reply)[0] <= 0:
+                self._conn.close()
+                raise ZygoteError(f"the zygote at {self.path} refused the request or is gone")
+            self._pid = _STATUS.unpack(reply)[0]
+        return self._pid
+
+    def wait(self) -> int:
+        """Its exit status; -9 if it ended without reporting one (killed, or never forked)."""
+        if self.returncode is None:
+            try:
+                self.pid  # noqa: B018  (the pid comes first on the connection)
+                data = _recv_exactly(self._conn, _STATUS.size)
+            except (ZygoteError, OSError):
+                data = b""
+            self._conn.close()
+            self.returncode = _STATUS.unpack(data)[0] if data else -signal.SIGKILL
+        return self.returncode
+
+    def signal(self, signum: int) -> None:
+        with contextlib.suppress(ProcessLookupError, ZygoteError):
+            os.kill(self.pid, signum)
+
+    def kill(self) -> None:
+        if self.returncode is None:
+            self.signal(signal.SIGKILL)
+            self.wait()
+
+
+def _recv_exactly(conn: socket.socket, n: int) -> bytes:
+    """``n`` bytes, or b"" if the peer closed first."""
+    data = b""
+    while len(data) < n:
+        chunk = conn.recv(n - len(data))
+        if not chunk:
+            return b""
+        data += chunk
+    return data
+
+
+def _quote(text: str) -> str:
+    """``text`` quoted for sh.
+
+    >>> _quote("/a b/it's")
+    "'/a b/it'\\\\''s'"
+    """
+    return "'" + text.replace("'", "'\\''") + "'"
+
+
+# --- the launcher Spark runs as its Python ---
+
+
+def launch(path: str, args: list[str]) -> None:
+    """``python ARGS`` with ``-m MODULE`` forked from the zygote at ``path``; else the plain
+    interpreter. Never returns."""
+    if len(args) >= 2 and args[0] == "-m":
+        try:
+            child = Child(path, {"module": args[1], "argv": args[2:], "env": dict(os.environ),
+                                 "cwd": os.getcwd()}, (0, 1, 2))
+            child.pid  # noqa: B018  (forked: the zygote took the request)
+        except ZygoteError:
+            pass  # the zygote is gone or refused: run as Spark would have
+        else:
+            for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+                signal.signal(signum, lambda s, _frame: child.signal(s))
+            # Its standard streams are the child's now: hold none open here, so Spark sees
+            # their end when the child ends, whatever becomes of this process.
+            devnull = os.open(os.devnull, os.O_RDWR)
+            for fd in (0, 1, 2):
+                os.dup2(devnull, fd)
+            code = child.wait()
+            os._exit(code if 0 <= code < 256 else 1)
+    os.execv(sys.executable, [sys.executable, *args])
+
+
+# --- the zygote process ---
+
+
+def _preload(modules: Sequence[str]) -> None:
+    stdout, sys.stdout = sys.stdout, sys.stderr  # nothing a library prints reaches a child's stdout
+    try:
+        for name in modules:
+            try:
+                importlib.import_module(name)
+            except Exception as e:  # children import it themselves, and fail there if they must
+                print(f"streamtrain zygote: {name} not preloaded: {type(e).__name__}: {e}", file=sys.stderr)
+    finally:
+        sys.stdout = stdout
+
+
+def _serve(listener: socket.socket) -> None:
+    import selectors
+
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped by the kernel
+    selector = selectors.DefaultSelector()
+    selector.register(listener, selectors.EVENT_READ)
+    selector.register(0, selectors.EVENT_READ)
+    while True:
+        for key, _ in selector.select():
+            if key.fileobj == 0:
+                if not os.read(0, 4096):
+                    return  # the run closed its end: it is over
+                continue
+            conn, _ = listener.accept()
+            with contextlib.suppress(OSError, ValueError):
+                _accept(conn, listener)
+            conn.close()
+
+
+def _accept(conn: socket.socket, listener: socket.socket) -> None:
+    conn.settimeout(10)
+    _, uid, _ = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+    head, fds, _, _ = socket.recv_fds(conn, 4 + _MAX_HEADER, 3)
+    try:
+        size = struct.unpack("!I", head[:4])[0] if len(head) >= 4 else -1
+        if uid != os.getuid() or len(fds) != 3 or not 0 <= size <= _MAX_HEADER:
+            conn.sendall(_STATUS.pack(0))
+            return
+        body = head[4:]
+        while len(body) < size:
+            chunk = conn.recv(size - len(body))
+            if not chunk:
+                return
+            body += chunk
+        header = json.loads(body)
+        if header.get("executable") != sys.executable or not isinstance(header.get("module"), str):
+            conn.sendall(_STATUS.pack(0))  # a child must be the interpreter its caller meant
+            return
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                listener.close()
+                code = _child(conn, header, fds)
+            finally:
+                os._exit(code)
+        conn.sendall(_STATUS.pack(pid))
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def _child(conn: socket.socket, header: dict[str, Any], fds: list[int]) -> int:
+    """In the forked child: take the caller's streams, environment, folder and arguments,
+    run the module as ``__main__``, and report its status on the connection."""
+    import runpy
+
+    conn.settimeout(None)
+    for signum in (signal.SIGCHLD, signal.SIGINT):
+        signal.signal(signum, signal.SIG_DFL if signum == signal.SIGCHLD else signal.default_int_handler)
+    for target, fd in enumerate(fds):
+        os.dup2(fd, target)
+    for fd in fds:
+        os.close(fd)
+    sys.stdin = open(0, closefd=False)  # noqa: SIM115
+    sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115
+    sys.stderr = open(2, "w", closefd=False)  # noqa: SIM115
+    env = header["env"]
+    os.environ.clear()
+    os.environ.update(env)
+    for entry in reversed(env.get("PYTHONPATH", "").split(os.pathsep)):
+        if entry and entry not in sys.path:
+            sys.path.insert(0, entry)
+    os.chdir(header["cwd"])
+    sys.argv = [header["module"], *header["argv"]]
+    code: Any = 0
+    try:
+        runpy.run_module(header["module"], run_name="__main__", alter_sys=True)
+    except SystemExit as e:
+        code = e.code
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+        code = 1
+    code = code if isinstance(code, int) else 0 if code is None else 1
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    with contextlib.suppress(OSError):
+        conn.sendall(_STATUS.pack(code))
+    return code
+
+
+def serve(fd: int, modules: Sequence[str]) -> None:
+    listener = socket.socket(fileno=fd)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the run stops it; a Ctrl-C is the run's to handle
+    _preload(modules)
+    # What the imports made is kept for good: a child's collections then never walk (and so
+    # never copy) the pages it shares with its siblings.
+    gc.collect()
+    gc.freeze()
+    _serve(listener)
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "launch":
+        launch(sys.argv[2], sys.argv[3:])
+    else:
+        serve(int(sys.argv[2]), sys.argv[3:])
