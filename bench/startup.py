@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -52,7 +53,10 @@ import time; t = time.perf_counter()
 from pipeline import cluster
 s = cluster.session("local[2]", app="startup-floor")
 s.sparkContext.parallelize([1]).count()
-print(time.perf_counter() - t)
+took = time.perf_counter() - t
+import os  # the JVM is not a child this process waits for: its CPU is read here
+stat = open(f"/proc/{s.sparkContext._gateway.proc.pid}/stat").read().rsplit(")", 1)[1].split()
+print(took, (int(stat[11]) + int(stat[12])) / os.sysconf("SC_CLK_TCK"))
 cluster.stop(s)
 """,
     "broker": """
@@ -65,11 +69,17 @@ b.stop()
 }
 
 
-def part_s(code: str) -> float:
+def part_s(code: str) -> tuple[float, float]:
+    """Seconds the part took in a fresh process, and the CPU seconds that process and the
+    children it waited for used (user and system)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if done.returncode != 0:
         raise SystemExit(done.stderr[-2000:])
-    return float(done.stdout.strip().splitlines()[-1])
+    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+    said = [float(x) for x in done.stdout.strip().splitlines()[-1].split()]
+    return said[0], cpu + sum(said[1:])  # a part may add the CPU of a process it did not wait for
 
 
 def memory_bytes(root: int) -> tuple[int, int]:
@@ -99,8 +109,10 @@ def await_class_archive(cache: Path, timeout_s: float = 600) -> bool:
     return False
 
 
-def run_once(env: dict[str, str]) -> tuple[float, int, int]:
-    """Seconds from launch to the first trained micro-batch; peak PSS and RSS of the run."""
+def run_once(env: dict[str, str], *, sample: bool = False) -> tuple[float, int, int]:
+    """Seconds from launch to the first trained micro-batch; with ``sample``, the peak PSS
+    and RSS of the run (reading every process's page tables twice a second costs CPU the
+    start-up would have had: timed runs do not sample)."""
     with tempfile.TemporaryDirectory() as tmp:
         # A small first batch: the line comes when the batch is trained, and start-up is what is timed.
         cmd = [sys.executable, "-m", "pipeline", "run", "--max-batches", "1", "--max-offsets-per-trigger", "1000",
@@ -109,13 +121,13 @@ def run_once(env: dict[str, str]) -> tuple[float, int, int]:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         peak = [0, 0]
 
-        def sample() -> None:
-            while proc.poll() is None:
+        def sampler_loop() -> None:
+            while sample and proc.poll() is None:
                 pss, rss = memory_bytes(proc.pid)
                 peak[0], peak[1] = max(peak[0], pss), max(peak[1], rss)
                 time.sleep(0.5)
 
-        sampler = threading.Thread(target=sample, daemon=True)
+        sampler = threading.Thread(target=sampler_loop, daemon=True)
         sampler.start()
         seen = None
         for line in proc.stdout:  # type: ignore[union-attr]
@@ -134,8 +146,11 @@ def main() -> None:
     args = ap.parse_args()
     from pipeline import config
 
-    parts = {name: statistics.median(part_s(code) for _ in range(2)) for name, code in PARTS.items()}
-    print("parts: " + " ".join(f"{k}={v:.1f}s" for k, v in parts.items()), flush=True)
+    timed = {name: [part_s(code) for _ in range(2)] for name, code in PARTS.items()}
+    parts = {name: statistics.median(s for s, _ in runs) for name, runs in timed.items()}
+    cpu = {name: statistics.median(c for _, c in runs) for name, runs in timed.items()}
+    print("parts: " + " ".join(f"{k}={v:.1f}s" for k, v in parts.items())
+          + " (CPU, whole processes: " + " ".join(f"{k}={v:.1f}s" for k, v in cpu.items()) + ")", flush=True)
     floor = max(parts.values())
 
     real_cache = config.cache_dir()
@@ -150,18 +165,17 @@ def main() -> None:
         print(f"cold: {cold:.1f} s (page cache {'dropped' if dropped else 'kept: not allowed here'})", flush=True)
         if not await_class_archive(Path(cache)):
             print("the class archive was not built within 10 minutes: warm runs start without it", flush=True)
-        warm_runs = [run_once(env) for _ in range(args.repeat)]
+        warm_runs = [run_once(env)[0] for _ in range(args.repeat)]
+        print("warm: " + ", ".join(f"{s:.1f} s" for s in warm_runs), flush=True)
+        _, pss, rss = run_once(env, sample=True)
+        print(f"memory (one more warm run): peak PSS {pss / 1e9:.2f} GB, peak RSS {rss / 1e9:.2f} GB", flush=True)
         # What the zygote saves: the same warm run with every process importing its own.
         unshared = run_once({**env, "STREAMTRAIN_PRELOAD": "false"})
-        print(f"warm without the zygote: {unshared[0]:.1f} s, peak PSS {unshared[1] / 1e9:.2f} GB, "
-              f"peak RSS {unshared[2] / 1e9:.2f} GB", flush=True)
-    for i, (s, pss, rss) in enumerate(warm_runs):
-        print(f"warm {i}: {s:.1f} s, peak PSS {pss / 1e9:.2f} GB, peak RSS {rss / 1e9:.2f} GB", flush=True)
-    warm = statistics.median(s for s, _, _ in warm_runs)
-    pss = max(p for _, p, _ in warm_runs)
-    rss = max(r for _, _, r in warm_runs)
-    print(json.dumps({"parts": parts, "cold": cold, "warm": [w[0] for w in warm_runs],
-                      "warm_without_zygote": unshared[0], "pss_without_zygote_gb": round(unshared[1] / 1e9, 2)}))
+        _, unshared_pss, _ = run_once({**env, "STREAMTRAIN_PRELOAD": "false"}, sample=True)
+        print(f"warm without the zygote: {unshared[0]:.1f} s, peak PSS {unshared_pss / 1e9:.2f} GB", flush=True)
+    warm = statistics.median(warm_runs)
+    print(json.dumps({"parts": parts, "parts_cpu_s": cpu, "cores": os.cpu_count(), "cold": cold, "warm": warm_runs,
+                      "warm_without_zygote": unshared[0], "pss_without_zygote_gb": round(unshared_pss / 1e9, 2)}))
     print(f"startup cold_s={cold:.1f} warm_s={warm:.1f} floor_s={floor:.1f} warm_ratio_vs_floor={warm / floor:.2f} "
           f"peak_pss_gb={pss / 1e9:.2f} peak_rss_gb={rss / 1e9:.2f}")
 
