@@ -33,6 +33,7 @@ from pipeline.cluster import security
 from pipeline.cluster.zygote import Zygote
 from pipeline.errors import ConfigError, StreamtrainError
 from pipeline.ingest import microbatch
+from pipeline.ingest.kafka.release import Releaser
 from pipeline.ingest.offsets import OffsetRange
 from pipeline.jobs.replay_process import ReplayProcess
 from pipeline.jobs.report import BatchRow, History, RunReport
@@ -83,6 +84,7 @@ class Run:
         self._cores = 1
         self._server: Any = None
         self._evaluation: Any = None
+        self._release: Releaser | None = None
 
     # --- per batch, on the driver (the TrainHandler's driver half) ---
 
@@ -126,6 +128,8 @@ class Run:
         began = time.perf_counter()
         self._save(info, weights, clock, optimizer, trained=row.trained)  # before Spark commits the batch
         row.checkpoint_ms = round((time.perf_counter() - began) * 1000, 2)
+        if self._release is not None:
+            self._release.trained(info.ranges)
         history.add(row, ended_at=time.monotonic())
         _fault("saved", info.batch_id)  # saved, and Spark has not committed it
         self.metrics.on_batch(info, row)
@@ -269,13 +273,20 @@ class Run:
         from pipeline.ingest.kafka import EmbeddedBroker, client
 
         cfg = self.cfg
+        embedded = None
         if cfg.bootstrap:
             bootstrap = client.parse_bootstrap(cfg.bootstrap)
         else:
-            bootstrap = stack.enter_context(EmbeddedBroker(engine=cfg.broker_engine, log_path=self.out / "broker.log")).bootstrap
+            embedded = stack.enter_context(EmbeddedBroker(engine=cfg.broker_engine, log_path=self.out / "broker.log"))
+            bootstrap = embedded.bootstrap
             log.info("embedded Kafka at %s", bootstrap)
         self._step(f"Kafka ready at {bootstrap}")
         client.ensure_topic(bootstrap, self.topic, partitions=cfg.workers)
+        if embedded is not None and embedded.engine == "noida":
+            # The run's own broker and topic, on an engine that can delete: trained records
+            # are released, so a replay that never stops does not grow it (Tansu never frees).
+            self._release = Releaser(bootstrap, self.topic)
+            stack.callback(self._release.close)
         if not cfg.resume and not (cfg.topic and cfg.bootstrap):
             self.replay = ReplayProcess(
                 dataset=cfg.dataset, data_dir=self._data_dir(), bootstrap=bootstrap, topic=self.topic,
