@@ -182,19 +182,12 @@ def first_batch_s(env: dict[str, str]) -> float:
 
 def startup_cold_and_warm() -> tuple[float, float, bool]:
     """(cold, warm, whether the page cache was dropped for the cold one)."""
-    from pipeline import config
+    from startup import await_class_archive, fresh_caches  # a sibling benchmark
 
-    real_cache = config.cache_dir()
-    with tempfile.TemporaryDirectory() as cache, tempfile.TemporaryDirectory() as pyc:
-        for name in ("mnist.npz",):  # data is not what start-up measures: link it in
-            if (real_cache / name).exists():
-                os.symlink(real_cache / name, Path(cache) / name)
-        env = {**os.environ, "STREAMTRAIN_CACHE_DIR": cache, "PYTHONPYCACHEPREFIX": pyc}
+    with fresh_caches() as (env, cache):
         dropped = _drop_page_cache()
         cold = first_batch_s(env)
-        from startup import await_class_archive  # a sibling benchmark
-
-        await_class_archive(Path(cache))
+        await_class_archive(cache)
         warm = first_batch_s(env)
     print(f"start-up: cold {cold:.1f} s (page cache {'dropped' if dropped else 'kept: not root'}), "
           f"warm {warm:.1f} s", flush=True)

@@ -20,6 +20,7 @@ peak_pss_gb=<g> peak_rss_gb=<g>``
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import resource
@@ -29,6 +30,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -97,6 +99,21 @@ def memory_bytes(root: int) -> tuple[int, int]:
     return pss, rss
 
 
+@contextlib.contextmanager
+def fresh_caches() -> Iterator[tuple[dict[str, str], Path]]:
+    """The environment of a first run on a fresh install, and its cache folder: an empty
+    cache (the MNIST file linked in: data is not start-up) and compiled bytecode in an
+    empty prefix (the first run compiles and writes it there, later runs read it)."""
+    from pipeline import config
+
+    real_cache = config.cache_dir()
+    with tempfile.TemporaryDirectory() as cache, tempfile.TemporaryDirectory() as pyc:
+        if (real_cache / "mnist.npz").exists():
+            os.symlink(real_cache / "mnist.npz", Path(cache) / "mnist.npz")
+        yield ({**{k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"},
+                "STREAMTRAIN_CACHE_DIR": cache, "PYTHONPYCACHEPREFIX": pyc}, Path(cache))
+
+
 def await_class_archive(cache: Path, timeout_s: float = 600) -> bool:
     """Wait until the class archive a first run leaves to build in the background is built
     (it runs at the lowest priority, but a warm run measured beside it would pay for it)."""
@@ -144,7 +161,6 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=3, help="warm runs (the median is reported)")
     args = ap.parse_args()
-    from pipeline import config
 
     timed = {name: [part_s(code) for _ in range(2)] for name, code in PARTS.items()}
     parts = {name: statistics.median(s for s, _ in runs) for name, runs in timed.items()}
@@ -153,13 +169,7 @@ def main() -> None:
           + " (CPU, whole processes: " + " ".join(f"{k}={v:.1f}s" for k, v in cpu.items()) + ")", flush=True)
     floor = max(parts.values())
 
-    real_cache = config.cache_dir()
-    with tempfile.TemporaryDirectory() as cache, tempfile.TemporaryDirectory() as pyc:
-        if (real_cache / "mnist.npz").exists():  # data is not start-up: link it in
-            os.symlink(real_cache / "mnist.npz", Path(cache) / "mnist.npz")
-        # Bytecode goes to an empty prefix: the cold run compiles and writes it, warm runs read it.
-        env = {**{k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"},
-               "STREAMTRAIN_CACHE_DIR": cache, "PYTHONPYCACHEPREFIX": pyc}
+    with fresh_caches() as (env, cache):
         dropped = _drop_page_cache()
         cold, _, _ = run_once(env)
         print(f"cold: {cold:.1f} s (page cache {'dropped' if dropped else 'kept: not allowed here'})", flush=True)
