@@ -263,8 +263,8 @@ class StreamJob:
         is true, or (with ``available_now``) the data at start is drained; return the
         batches' figures.
 
-        ``prepare`` runs in a thread while the query starts (seconds of source set-up and
-        planning); no batch begins before it returns, and the run stops if it raises.
+        ``prepare`` runs in this thread while the query starts in another (seconds of source
+        set-up and planning); no batch begins before it returns, and the run stops if it raises.
         ``timeout_s`` counts from its end.
         """
         from pyspark.errors import StreamingQueryException
@@ -302,36 +302,44 @@ class StreamJob:
         return list(self.batches)[len(self.batches) - min(len(self.batches), self.handled - first):]
 
     def _start_while(self, prepare: Callable[[], None] | None) -> Any:
-        """Start the query while ``prepare`` runs in a thread; raise what it raised."""
+        """Start the query in a thread while ``prepare`` runs in this one; raise what either raised.
+
+        ``prepare`` keeps the calling thread: a process it starts may be tied to the thread
+        that started it (Linux's parent-death signal fires when that *thread* ends).
+        """
         if prepare is None:
             return self.start()
         from pyspark import InheritableThread  # closes its JVM connection when done
 
         self._prepared.clear()
+        started: list[Any] = []
         failed: list[BaseException] = []
 
         def target() -> None:
             try:
-                prepare()
+                started.append(self.start())
             except BaseException as e:
                 failed.append(e)
-                self._stop_requested.set()  # a batch waiting for it raises the stop marker: uncommitted
-            finally:
-                self._prepared.set()
 
-        preparing = InheritableThread(target=target, name="prepare", daemon=True)
-        preparing.start()
+        starting = InheritableThread(target=target, name="start-query", daemon=True)
+        starting.start()
         try:
-            query = self.start()
+            prepare()
+        except BaseException:
+            self._stop_requested.set()  # a batch waiting for it raises the stop marker: uncommitted
+            raise
         finally:
-            preparing.join()
+            self._prepared.set()
+            starting.join()
+            if self._stop_requested.is_set() or failed:
+                for query in started:
+                    query.stop()
+                self._stop_requested.clear()
+                if self._lag:
+                    self._lag.stop()
         if failed:
-            query.stop()
-            self._stop_requested.clear()
-            if self._lag:
-                self._lag.stop()
             raise failed[0]
-        return query
+        return started[0]
 
     def _stop_after_commit(self, query: Any) -> None:
         """Stop the query without losing a batch's commit."""
