@@ -13,7 +13,8 @@ file as a launcher (``python -I -S``: no site, nothing but the standard library,
 ms). For ``-m MODULE ARGS`` the launcher hands the zygote its standard streams,
 arguments, environment and folder; the child forked there runs the module as
 ``__main__`` on them, while the launcher stays as the process Spark knows: it passes on
-SIGTERM, SIGINT and SIGHUP, and exits with the child's status. Anything else, or no
+SIGTERM and SIGHUP (and SIGINT, unless it was started ignoring it, as Spark starts its
+Python: then so does the child), and exits with the child's status. Anything else, or no
 zygote answering, and it becomes the plain interpreter (``exec``), as Spark would have run.
 
 Fork safety: only imports happen in the zygote, never a TensorFlow operation, so no
@@ -220,14 +221,17 @@ def launch(path: str, args: list[str]) -> None:
     """``python ARGS`` with ``-m MODULE`` forked from the zygote at ``path``; else the plain
     interpreter. Never returns."""
     if len(args) >= 2 and args[0] == "-m":
+        # Spark starts its Python with SIGINT ignored (a Ctrl-C is the driver's to handle):
+        # the child keeps that, and only a SIGINT this process would act on is passed on.
+        ignored = signal.getsignal(signal.SIGINT) == signal.SIG_IGN
         try:
-            child = Child(path, {"module": args[1], "argv": args[2:], "env": dict(os.environ),
-                                 "cwd": os.getcwd()}, (0, 1, 2))
+            child = Child(path, {"module": args[1], "argv": args[2:], "env": dict(os.environ), "cwd": os.getcwd(),
+                                 "sigint": "ignore" if ignored else "default"}, (0, 1, 2))
             child.pid  # noqa: B018  (forked: the zygote took the request)
         except ZygoteError:
             pass  # the zygote is gone or refused: run as Spark would have
         else:
-            for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            for signum in (signal.SIGTERM, signal.SIGHUP, *(() if ignored else (signal.SIGINT,))):
                 signal.signal(signum, lambda s, _frame: child.signal(s))
             # Its standard streams are the child's now: hold none open here, so Spark sees
             # their end when the child ends, whatever becomes of this process.
@@ -312,8 +316,8 @@ def _child(conn: socket.socket, header: dict[str, Any], fds: list[int]) -> int:
     import runpy
 
     conn.settimeout(None)
-    for signum in (signal.SIGCHLD, signal.SIGINT):
-        signal.signal(signum, signal.SIG_DFL if signum == signal.SIGCHLD else signal.default_int_handler)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN if header.get("sigint") == "ignore" else signal.default_int_handler)
     for target, fd in enumerate(fds):
         os.dup2(fd, target)
     for fd in fds:

@@ -19,7 +19,8 @@ import os, signal, sys, time
 if sys.argv[1:2] == ["wait"]:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(7))
 print("argv", sys.argv[1:], "cwd", os.getcwd(), "env", os.environ.get("ZYGOTE_TEST"),
-      "preloaded", "decimal" in sys.modules, "pid", os.getpid(), flush=True)
+      "preloaded", "decimal" in sys.modules, "sigint-ignored", signal.getsignal(signal.SIGINT) == signal.SIG_IGN,
+      "pid", os.getpid(), flush=True)
 print("to stderr", file=sys.stderr, flush=True)
 if sys.argv[1:2] == ["wait"]:
     deadline = time.monotonic() + 60
@@ -81,6 +82,11 @@ def test_the_launcher_forks_modules_passes_signals_on_and_runs_anything_else_pla
     done = subprocess.run([python, "-m", "zygote_probe_mod", "5"], env=env, capture_output=True, text=True,
                           timeout=60)
     assert done.returncode == 5 and "preloaded True" in done.stdout and done.stderr == "to stderr\n"
+    assert "sigint-ignored False" in done.stdout
+    # Spark's JVM starts its Python ignoring SIGINT (a Ctrl-C is the driver's): so does the child.
+    ignoring = subprocess.run([python, "-m", "zygote_probe_mod"], env=env, capture_output=True, text=True,
+                              timeout=60, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    assert ignoring.returncode == 0 and "sigint-ignored True" in ignoring.stdout
     # Spark stops its daemon with SIGTERM: the launcher passes it on to the forked child.
     proc = subprocess.Popen([python, "-m", "zygote_probe_mod", "wait"], env=env, stdout=subprocess.PIPE, text=True)
     line = proc.stdout.readline()  # type: ignore[union-attr]
