@@ -333,6 +333,9 @@ def _child(conn: socket.socket, header: dict[str, Any], fds: list[int]) -> int:
             sys.path.insert(0, entry)
     os.chdir(header["cwd"])
     sys.argv = [header["module"], *header["argv"]]
+    # ``python -m`` runs a fresh copy of the module as __main__; a preloaded one left in
+    # sys.modules only makes runpy warn (what it imported stays loaded either way).
+    sys.modules.pop(header["module"], None)
     code: Any = 0
     try:
         runpy.run_module(header["module"], run_name="__main__", alter_sys=True)
