@@ -129,12 +129,6 @@ class Zygote:
                 proc.wait()
         shutil.rmtree(self.folder, ignore_errors=True)
 
-    def __enter__(self) -> Zygote:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
 
 class Child:
     """A child the zygote forks for one request: its pid and, once it ends, its exit status.
