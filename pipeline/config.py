@@ -16,9 +16,6 @@ from typing import Literal
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-#: The repository's sibling data folder, used by tests and benchmarks when present.
-_SHARED_DATA = Path(__file__).resolve().parent.parent.parent / "shared" / "data"
-
 
 class Settings(BaseSettings):
     """Process-wide settings; every field can be set as ``STREAMTRAIN_<FIELD>``."""
@@ -88,11 +85,9 @@ def cache_dir() -> Path:
 
 
 def data_dir() -> Path:
-    """Where datasets live: ``$STREAMTRAIN_DATA_DIR``, else the shared sample folder
-    beside the repository when it exists, else ``<cache>/data``."""
+    """The user's data folder: ``$STREAMTRAIN_DATA_DIR``, else ``<cache>/data``.
+
+    Readers look here first; HIGGS then falls back to the sample shipped with the
+    package (``producers/datasets/samples``)."""
     configured = settings().data_dir
-    if configured:
-        return configured
-    if _SHARED_DATA.is_dir():
-        return _SHARED_DATA
-    return cache_dir() / "data"
+    return configured if configured else cache_dir() / "data"

@@ -19,7 +19,7 @@ if [ ${#need[@]} -gt 0 ] && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ];
     || echo "warning: could not install ${need[*]}"
 fi
 
-[ -x .venv/bin/python ] || python3 -m venv .venv || exit 1
+[ -x .venv/bin/python ] || "${PYTHON:-python3}" -m venv .venv || exit 1
 .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[dev]' || exit 1
 .venv/bin/ruff check pipeline producers tests bench || exit 1
 .venv/bin/mypy || exit 1

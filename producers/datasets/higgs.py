@@ -2,7 +2,8 @@
 
 The UCI convention keeps the last 500,000 rows as the test set; this reader's
 train split is the first ``train_rows`` rows of the file and the test split the
-rest. The 7,000 + 500 row sample in the shared data folder comes as two files.
+rest. The 7,000 + 500 row sample shipped with the package (``samples/higgs``) comes
+as two files, and is read where the user's data folder holds no HIGGS.
 """
 
 from __future__ import annotations
@@ -29,21 +30,40 @@ _FULL_NAMES = ("HIGGS.csv.gz", "HIGGS.csv")
 _SAMPLE = ("higgs_lgbm_train_7000.csv", "higgs_lgbm_test_500.csv")
 
 
+#: The real 7,000 + 500 row sample that travels with the package (see its PROVENANCE.md).
+SAMPLE_DIR = Path(__file__).resolve().parent / "samples" / "higgs"
+
+
 def resolve(path: str | Path | None, data_dir: Path | None) -> tuple[Path, Path | None]:
-    """(train file, separate test file or None) for a path, or the data folder's HIGGS."""
+    """(train file, separate test file or None) for a path, or the data folder's HIGGS.
+
+    Without a path, the user's data folder is searched first (the full file, then a
+    sample there), then the sample shipped with the package.
+    """
     if path is not None and Path(path).is_file():
         return Path(path), None
-    folder = Path(path) if path else (data_dir or config.data_dir()) / "higgs"
+    folders = [Path(path)] if path else [(data_dir or config.data_dir()) / "higgs", SAMPLE_DIR]
+    for folder in folders:
+        found = _in_folder(folder)
+        if found is not None:
+            if folder == SAMPLE_DIR:
+                log.info("HIGGS: no HIGGS.csv.gz in %s; reading the 7,000-row sample shipped with "
+                         "streamtrain (`streamtrain data fetch higgs` gets the full set)", folders[0])
+            return found
+    raise DataError(
+        f"Expected HIGGS.csv.gz (or the 7,000-row sample) in {folders[0]}; found nothing. "
+        "Run `streamtrain data fetch higgs`, or pass the file's path."
+    )
+
+
+def _in_folder(folder: Path) -> tuple[Path, Path | None] | None:
     for name in _FULL_NAMES:
         if (folder / name).is_file():
             return folder / name, None
     if (folder / _SAMPLE[0]).is_file():
         test = folder / _SAMPLE[1]
         return folder / _SAMPLE[0], test if test.is_file() else None
-    raise DataError(
-        f"Expected HIGGS.csv.gz (or the 7,000-row sample) in {folder}; found nothing. "
-        "Run `streamtrain data fetch higgs`, or pass the file's path."
-    )
+    return None
 
 
 class Higgs(Dataset):

@@ -79,8 +79,10 @@ def test_the_launcher_forks_modules_passes_signals_on_and_runs_anything_else_pla
         zygote: Zygote, tmp_path: Path) -> None:
     python = zygote.python()
     env = {**os.environ, **_env(tmp_path)}
+    # Both dispositions are set here, not inherited: the suite itself may run with SIGINT
+    # ignored (a script's background job, nohup), and the child must follow its caller.
     done = subprocess.run([python, "-m", "zygote_probe_mod", "5"], env=env, capture_output=True, text=True,
-                          timeout=60)
+                          timeout=60, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     assert done.returncode == 5 and "preloaded True" in done.stdout and done.stderr == "to stderr\n"
     assert "sigint-ignored False" in done.stdout
     # Spark's JVM starts its Python ignoring SIGINT (a Ctrl-C is the driver's): so does the child.

@@ -106,7 +106,20 @@ def test_higgs_malformed_rows_are_counted_and_skipped(tmp_path: Path, data_dir: 
 
 def test_missing_higgs_says_what_to_do(tmp_path: Path) -> None:
     with pytest.raises(DataError, match="streamtrain data fetch higgs"):
-        datasets.get("higgs", data_dir=tmp_path)
+        datasets.get("higgs", tmp_path)
+
+
+def test_the_users_higgs_comes_first_then_the_sample_shipped_with_the_package(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level("INFO", logger=higgs.__name__):
+        shipped = datasets.get("higgs", data_dir=tmp_path)  # nothing there: the package's sample
+    assert shipped.train_file.parent == higgs.SAMPLE_DIR and len(shipped.load("test").y) == 500
+    assert "7,000-row sample" in caplog.text
+    lines = (higgs.SAMPLE_DIR / "higgs_lgbm_train_7000.csv").read_text().splitlines()[1:101]
+    (tmp_path / "higgs").mkdir()
+    (tmp_path / "higgs" / "HIGGS.csv.gz").write_bytes(gzip.compress("\n".join(lines).encode()))
+    own = datasets.get("higgs", data_dir=tmp_path)
+    assert own.train_file == tmp_path / "higgs" / "HIGGS.csv.gz"
 
 
 def test_generic_csv_with_named_label_and_bad_rows(tmp_path: Path) -> None:
