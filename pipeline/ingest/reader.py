@@ -17,14 +17,16 @@ from typing import Any
 from pipeline import config
 from pipeline.errors import BrokerError
 from pipeline.ingest import columns
+from pipeline.ingest.kafka.record_batch import Skipped
 from pipeline.ingest.offsets import OffsetRange
 
 #: Records per Arrow batch that the consumer path yields.
 _ARROW_ROWS = 8192
 
-#: bootstrap -> raw Fetch reader / kafka-python consumer, one each per Python worker.
-_READERS: dict[str, Any] = {}
-_CONSUMERS: dict[str, Any] = {}
+#: (bootstrap, isolation level) -> raw Fetch reader / kafka-python consumer, one each per
+#: Python worker.
+_READERS: dict[tuple[str, str], Any] = {}
+_CONSUMERS: dict[tuple[str, str], Any] = {}
 
 _ARROW_SCHEMA: Any = None
 
@@ -48,25 +50,31 @@ def gone(topic: str, partition: int, first: int, last: int | None = None) -> Bro
                        "Set failOnDataLoss=false to skip them.")
 
 
-def read_range(bootstrap: str, r: OffsetRange, *, fail_on_data_loss: bool = True,
-               timeout_s: float = 60.0) -> Iterator[Any]:
+def read_range(bootstrap: str, r: OffsetRange, *, fail_on_data_loss: bool = True, timeout_s: float = 60.0,
+               isolation_level: str = "read_committed", skipped: Skipped | None = None) -> Iterator[Any]:
     """Yield Arrow record batches (:data:`pipeline.ingest.columns.NAMES`) holding exactly
-    the records ``[r.start, r.end)``."""
+    the records ``[r.start, r.end)`` that a consumer of ``isolation_level`` reads (with
+    ``read_committed``, none of an aborted transaction's). The raw reader adds to
+    ``skipped`` what it left out of the range (aborted records, transaction markers)."""
     from pipeline.ingest.kafka.fetch import OffsetOutOfRange, RangeReader
 
     if config.settings().kafka_reader == "consumer":
-        yield from _read_with_consumer(bootstrap, r, fail_on_data_loss=fail_on_data_loss, timeout_s=timeout_s)
+        yield from _read_with_consumer(bootstrap, r, fail_on_data_loss=fail_on_data_loss, timeout_s=timeout_s,
+                                       isolation_level=isolation_level)
         return
-    reader = _READERS.get(bootstrap)
+    reader = _READERS.get((bootstrap, isolation_level))
     if reader is None or reader.timeout_s != timeout_s:
         if reader is not None:
             reader.close()
-        reader = _READERS[bootstrap] = RangeReader(bootstrap, timeout_s=timeout_s)
+        reader = _READERS[(bootstrap, isolation_level)] = RangeReader(bootstrap, timeout_s=timeout_s,
+                                                                      isolation_level=isolation_level)
+    skipped = skipped if skipped is not None else Skipped()
     position = r.start
     try:
-        for records in reader.read(r.topic, r.partition, r.start, r.end):
-            first = int(records.offsets[0])
+        for records in reader.read(r.topic, r.partition, r.start, r.end, skipped=skipped):
             # Only the range's head: gaps inside it are compaction or transaction markers.
+            # The first batch the range reached says where its head is, aborted or not.
+            first = skipped.first if skipped.first is not None else int(records.offsets[0])
             if position == r.start and first > position and fail_on_data_loss:
                 raise gone(r.topic, r.partition, position, first - 1)
             position = int(records.offsets[-1]) + 1
@@ -75,7 +83,8 @@ def read_range(bootstrap: str, r: OffsetRange, *, fail_on_data_loss: bool = True
         if fail_on_data_loss:
             raise gone(r.topic, r.partition, position) from None
         rest = dataclasses.replace(r, start=position)
-        yield from _read_with_consumer(bootstrap, rest, fail_on_data_loss=False, timeout_s=timeout_s)
+        yield from _read_with_consumer(bootstrap, rest, fail_on_data_loss=False, timeout_s=timeout_s,
+                                       isolation_level=isolation_level)
 
 
 def _arrow(records: Any, r: OffsetRange) -> Any:
@@ -101,26 +110,27 @@ def _arrow(records: Any, r: OffsetRange) -> Any:
     ], schema=arrow_schema())
 
 
-def _consumer(bootstrap: str) -> Any:
+def _consumer(bootstrap: str, isolation_level: str) -> Any:
     from pipeline.ingest.kafka import client
 
-    c = _CONSUMERS.get(bootstrap)
+    c = _CONSUMERS.get((bootstrap, isolation_level))
     if c is None:
-        c = _CONSUMERS[bootstrap] = client.consumer(
+        c = _CONSUMERS[(bootstrap, isolation_level)] = client.consumer(
             bootstrap, max_partition_fetch_bytes=16 << 20, fetch_max_bytes=64 << 20, max_poll_records=100_000,
-            receive_buffer_bytes=4 << 20,
+            receive_buffer_bytes=4 << 20, isolation_level=isolation_level,
         )
     return c
 
 
 def _read_with_consumer(bootstrap: str, r: OffsetRange, *, fail_on_data_loss: bool = True,
-                        timeout_s: float = 60.0) -> Iterator[Any]:
+                        timeout_s: float = 60.0, isolation_level: str = "read_committed") -> Iterator[Any]:
     """:func:`read_range` with kafka-python's consumer (per-record Python objects)."""
     import pyarrow as pa
     from kafka import TopicPartition
+    from kafka.errors import KafkaError
 
     tp = TopicPartition(r.topic, r.partition)
-    c = _consumer(bootstrap)
+    c = _consumer(bootstrap, isolation_level)
     c.assign([tp])
     c.seek(tp, r.start)
     keys: list[bytes | None] = []
@@ -143,8 +153,14 @@ def _read_with_consumer(bootstrap: str, r: OffsetRange, *, fail_on_data_loss: bo
         return batch
 
     while position < r.end:
-        got = c.poll(timeout_ms=200, max_records=min(100_000, r.end - position)).get(tp, [])
+        try:
+            got = c.poll(timeout_ms=200, max_records=min(100_000, r.end - position)).get(tp, [])
+        except KafkaError as e:  # a batch kafka-python cannot read: the same bytes fail every time
+            raise BrokerError(f"Cannot read {r.topic}-{r.partition} at offset {c.position(tp)}: "
+                              f"{type(e).__name__}: {e}.") from None
         if not got:
+            if c.position(tp) is not None and c.position(tp) >= r.end:
+                break  # the rest of the range was aborted records or markers (read_committed)
             if time.monotonic() > deadline:
                 raise BrokerError(f"Kafka returned nothing for {r.topic}-{r.partition} at offset {position} "
                                   f"(wanted up to {r.end}) within {timeout_s:g} s.")

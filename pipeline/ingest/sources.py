@@ -62,13 +62,15 @@ def read_stream(
     min_partitions: int | None = None,
     fail_on_data_loss: bool = True,
     checkpoint: str | None = None,
+    isolation_level: str = "read_committed",
 ) -> Any:
-    """A streaming DataFrame of Kafka records, with exactly :data:`COLUMNS`."""
+    """A streaming DataFrame of Kafka records, with exactly :data:`COLUMNS`; a consumer of
+    ``isolation_level`` sees them (both sources read Kafka's ``kafka.isolation.level``)."""
     if bool(topics) == bool(pattern):
         raise ConfigError("Expected topics or a pattern to subscribe to (exactly one).")
     kind = choose(spark, source)
     options = {"kafka.bootstrap.servers": bootstrap, "startingOffsets": starting_offsets,
-               "failOnDataLoss": str(fail_on_data_loss).lower()}
+               "failOnDataLoss": str(fail_on_data_loss).lower(), "kafka.isolation.level": isolation_level}
     options["subscribe" if topics else "subscribePattern"] = ",".join(topics) if topics else str(pattern)
     if max_offsets_per_trigger:
         options["maxOffsetsPerTrigger"] = str(max_offsets_per_trigger)

@@ -11,7 +11,10 @@ offsets in Kafka.
 Options (as in Spark's Kafka source): ``kafka.bootstrap.servers``, ``subscribe``
 (comma-separated topics) or ``subscribePattern``, ``startingOffsets`` (``earliest``,
 ``latest`` or JSON with -2 for earliest and -1 for latest), ``maxOffsetsPerTrigger``,
-``minPartitions``, ``failOnDataLoss``, ``kafka.fetch.timeout.ms``.
+``minPartitions``, ``failOnDataLoss``, ``kafka.fetch.timeout.ms``, and
+``kafka.isolation.level`` (``read_committed``, the default here where Kafka's consumer
+defaults to ``read_uncommitted``: batches end at the last stable offset and aborted
+transactions are not read; or ``read_uncommitted``).
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from pyspark.sql.streaming.datasource import (
 
 from pipeline.errors import ConfigError
 from pipeline.ingest import columns, offsets
+from pipeline.ingest.kafka.fetch import ConnectionLost, isolation_id
 from pipeline.ingest.offsets import OffsetRange, Offsets
 from pipeline.ingest.reader import read_range
 
@@ -63,6 +67,8 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.min_partitions = int(options.get("minPartitions", "0") or 0)
         self.fail_on_data_loss = options.get("failOnDataLoss", "true").lower() != "false"
         self.fetch_timeout_s = int(options.get("kafka.fetch.timeout.ms", "60000")) / 1000
+        self.isolation_level = options.get("kafka.isolation.level", "read_committed")
+        isolation_id(self.isolation_level)  # fails early on a bad value
         # Where the first batch's start is kept: "latest" must mean the same offsets
         # when a query that crashed before committing batch 0 is restarted.
         self.initial_path = options.get("initialOffsetsPath")
@@ -88,7 +94,8 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         try:
             topics = self.topics or sorted(t for t in c.topics() if self.pattern and self.pattern.fullmatch(t))
             tps = [TopicPartition(t, p) for t in topics for p in sorted(c.partitions_for_topic(t) or [])]
-            found = c.beginning_offsets(tps) if which == "earliest" else client.end_offsets(c, tps)
+            found = (c.beginning_offsets(tps) if which == "earliest"
+                     else client.end_offsets(c, tps, isolation_level=self.isolation_level))
         finally:
             c.close()
         out: Offsets = {}
@@ -136,7 +143,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         else:
             try:
                 end = self._edges("latest")
-            except (KafkaError, OSError) as e:
+            except (KafkaError, OSError, ConnectionLost) as e:
                 return self._waiting(start, f"{type(e).__name__}: {e}")
             missing = [f"{t}-{p}" for t, parts in start.items() for p in parts if p not in end.get(t, {})]
             if missing:  # a broker still loading its log after a restart lists no partitions yet
@@ -188,7 +195,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def read(self, partition: InputPartition) -> Iterator[Any]:
         assert isinstance(partition, OffsetRange)
         yield from read_range(self.bootstrap, partition, fail_on_data_loss=self.fail_on_data_loss,
-                              timeout_s=self.fetch_timeout_s)
+                              timeout_s=self.fetch_timeout_s, isolation_level=self.isolation_level)
 
 
 class KafkaDataSource(DataSource):

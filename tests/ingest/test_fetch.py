@@ -111,7 +111,7 @@ def test_an_unknown_topic_is_a_clear_error(broker) -> None:  # type: ignore[no-u
 
 
 def test_a_corrupt_batch_fails_its_crc(broker, topics, reader) -> None:  # type: ignore[no-untyped-def]
-    records, _ = reader._fetch(topics["plain"], 0, 0, 1 << 20)
+    records = reader._fetch(topics["plain"], 0, 0, 1 << 20).records
     assert records is not None
     raw = bytearray(records)
     raw[100] ^= 0xFF  # a byte inside the first batch's records

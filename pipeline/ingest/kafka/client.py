@@ -4,7 +4,8 @@ Two Tansu quirks are handled here, once, for everything built on top:
 
 * ListOffsets(LATEST) is wrong on Tansu: it answers the first offset of the last
   record batch + 1, not the end of the log. :func:`end_offsets` takes the end
-  from a Fetch response's high watermark instead, which is right on both.
+  from a Fetch response's high watermark (or last stable offset) instead, which is
+  right on both.
 * Consumer-group joins take ~23 s on Tansu with the default 10 s session
   timeout, and ~3 s with 6 s. :func:`consumer` sets a short session timeout.
 """
@@ -93,7 +94,10 @@ def ensure_topic(bootstrap: str, topic: str, *, partitions: int = 2, replication
 
 
 def consumer(bootstrap: str, *topics: str, group_id: str | None = None, **kwargs: Any) -> Any:
-    """A ``KafkaConsumer`` with settings that work on Tansu and real Kafka alike."""
+    """A ``KafkaConsumer`` with settings that work on Tansu and real Kafka alike.
+
+    kafka-python reads gzip alone unless the codec libraries are installed; streamtrain
+    declares them (``kafka-python[lz4,snappy,zstd]``), so it reads every codec too."""
     from kafka import KafkaConsumer
 
     settings: dict[str, Any] = {"fetch_max_wait_ms": 100, "enable_auto_commit": False}
@@ -114,48 +118,29 @@ def partitions_for(bootstrap_or_consumer: Any, topic: str) -> list[int]:
             c.close()
 
 
-def _forget_highwater(c: Any, tp: Any) -> None:
-    """Drop the high watermark kafka-python cached for ``tp``.
+def end_offsets(c: Any, partitions: Iterable[Any], *, timeout_s: float = 10.0,
+                isolation_level: str = "read_uncommitted") -> dict[Any, int]:
+    """The true log-end offset of each partition, read from Fetch responses: the high
+    watermark, or with ``read_committed`` the last stable offset (below any open
+    transaction: where a read_committed reader stops).
 
-    kafka-python keeps a partition's state, high watermark included, across
-    re-assignments, and only a fetch at the current position updates it; without
-    this, a reused consumer reports the end offsets of an earlier call.
+    ``c`` is a consumer made by :func:`consumer`, used for ListOffsets only.
+    ListOffsets(LATEST) is a lower bound on Tansu (first offset of the last batch + 1),
+    so one Fetch from one below it (an offset the log holds) answers the real end. That
+    Fetch is raw (:class:`pipeline.ingest.kafka.fetch.RangeReader`) and decodes no record,
+    so a batch no client can read never hides the end of its log.
     """
-    state = getattr(getattr(c, "_subscription", None), "assignment", {}).get(tp)
-    if state is not None:
-        state.highwater = None
+    from pipeline.ingest.kafka.fetch import RangeReader
 
-
-def end_offsets(c: Any, partitions: Iterable[Any], *, timeout_s: float = 10.0) -> dict[Any, int]:
-    """The true log-end offset of each partition, read from Fetch high watermarks.
-
-    ``c`` is a consumer made by :func:`consumer` that this call may reassign; it
-    is left with no assignment. ListOffsets(LATEST) is a lower bound on Tansu
-    (first offset of the last batch + 1), so fetching from one below it returns
-    the last batch, and the response's high watermark is the real end.
-    """
     tps = list(partitions)
     if not tps:
         return {}
     reported: Mapping[Any, int] = c.end_offsets(tps)
     begin: Mapping[Any, int] = c.beginning_offsets(tps)
-    c.assign(tps)
+    servers = c.config["bootstrap_servers"]
+    bootstrap = servers if isinstance(servers, str) else ",".join(servers)
+    reader = RangeReader(bootstrap, timeout_s=timeout_s, isolation_level=isolation_level)
     try:
-        for tp in tps:
-            c.seek(tp, max(begin[tp], reported[tp] - 1))
-            _forget_highwater(c, tp)
-        # A high watermark read before the last batch was written is below that batch's
-        # first offset + 1, which is what ListOffsets answered: so one at or above the
-        # answer is fresh, and a stale one (a fetch still in flight from an earlier call)
-        # is waited out.
-        def pending() -> list[Any]:
-            return [tp for tp in tps if c.highwater(tp) is None or c.highwater(tp) < reported[tp]]
-
-        deadline = time.monotonic() + timeout_s
-        while pending():
-            if time.monotonic() > deadline:
-                raise BrokerError(f"No fetch response for {[str(tp) for tp in pending()]} within {timeout_s:g} s.")
-            c.poll(timeout_ms=100, max_records=1)
-        return {tp: int(c.highwater(tp)) for tp in tps}
+        return {tp: reader.log_end(tp.topic, tp.partition, at=max(begin[tp], reported[tp] - 1)) for tp in tps}
     finally:
-        c.assign([])
+        reader.close()

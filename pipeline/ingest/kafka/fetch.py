@@ -8,23 +8,48 @@ the protocol for that over a plain socket: Metadata v4 to find partition leaders
 Fetch v4 (both still served by Kafka 4); the record batches in a response are parsed
 by :mod:`pipeline.ingest.kafka.record_batch`. PLAINTEXT listeners only, like the rest
 of streamtrain's Kafka clients today.
+
+Isolation is Kafka's: ``read_committed`` (the default, as exactly-once pipelines need)
+fetches up to the last stable offset and drops the records of aborted transactions,
+using the aborted-transaction list of each fetch response; ``read_uncommitted`` reads
+up to the high watermark and keeps them. Transaction markers are skipped either way.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import socket
 import struct
 import time
 from collections.abc import Iterator
 from typing import Any
 
-from pipeline.errors import BrokerError
-from pipeline.ingest.kafka.record_batch import Records, parse_batches
+from pipeline.errors import BrokerError, ConfigError
+from pipeline.ingest.kafka import compression
+from pipeline.ingest.kafka.record_batch import Records, Skipped, UnreadableBatch, parse_batches
 
 _FETCH, _METADATA = 1, 3
 _ERRORS = {1: "OFFSET_OUT_OF_RANGE", 3: "UNKNOWN_TOPIC_OR_PARTITION", 5: "LEADER_NOT_AVAILABLE",
            6: "NOT_LEADER_OR_FOLLOWER", 74: "FENCED_LEADER_EPOCH", 75: "UNKNOWN_LEADER_EPOCH"}
 _STALE_LEADER = {3, 5, 6, 74, 75}
+
+#: Kafka's isolation levels, by the id a Fetch request carries.
+ISOLATION_LEVELS = {"read_uncommitted": 0, "read_committed": 1}
+
+
+def isolation_id(level: str) -> int:
+    """The Fetch request's id for isolation ``level``.
+
+    >>> isolation_id("read_committed")
+    1
+    >>> isolation_id("committed")
+    Traceback (most recent call last):
+    ...
+    pipeline.errors.ConfigError: Expected --isolation-level read_committed or read_uncommitted. Received: 'committed'
+    """
+    if level not in ISOLATION_LEVELS:
+        raise ConfigError(f"Expected --isolation-level read_committed or read_uncommitted. Received: {level!r}")
+    return ISOLATION_LEVELS[level]
 
 
 class OffsetOutOfRange(BrokerError):
@@ -33,6 +58,49 @@ class OffsetOutOfRange(BrokerError):
 
 class ConnectionLost(BrokerError):
     """A broker could not be reached or dropped the connection (worth retrying)."""
+
+
+class UnreadableRange(BrokerError):
+    """A range holds a batch this reader cannot read (never retried: the same bytes fail
+    the same way). One line: topic, partition, offset and cause."""
+
+    def __init__(self, topic: str, partition: int, batch: UnreadableBatch) -> None:
+        super().__init__(f"Cannot read {topic}-{partition} at offset {batch.offset}: {batch.cause}. "
+                         "Nothing past it is trained; the records stay in Kafka (see README, Record format).")
+        self.topic, self.partition, self.offset, self.cause = topic, partition, batch.offset, batch.cause
+
+    @classmethod
+    def from_message(cls, message: str) -> UnreadableRange | None:
+        """Rebuild the error from its message (an executor's error reaches the driver as text).
+
+        >>> e = UnreadableRange("t-1", 3, UnreadableBatch(40, "record format v1"))
+        >>> again = UnreadableRange.from_message(str(e))
+        >>> again.topic, again.partition, again.offset, again.cause
+        ('t-1', 3, 40, 'record format v1')
+        """
+        import re
+
+        m = re.match(r"Cannot read (.+)-(\d+) at offset (-?\d+): (.*?)\. Nothing past it is trained", message)
+        if m is None:
+            return None
+        return cls(m[1], int(m[2]), UnreadableBatch(int(m[3]), m[4]))
+
+
+@dataclasses.dataclass
+class Fetched:
+    """One partition's part of a Fetch response.
+
+    Attributes:
+        records: the record set (None: nothing, or the leader moved).
+        high_watermark: the end of the log that every replica holds.
+        last_stable: the end of what read_committed may read (below any open transaction).
+        aborted: (producer id, first offset) of the aborted transactions in the records.
+    """
+
+    records: memoryview | None
+    high_watermark: int
+    last_stable: int
+    aborted: list[tuple[int, int]]
 
 
 # --- wire helpers -----------------------------------------------------------------------
@@ -128,10 +196,15 @@ class RangeReader:
             print(len(records), records.offsets[:3])
     """
 
-    def __init__(self, bootstrap: str, *, timeout_s: float = 30.0, max_partition_bytes: int = 16 << 20) -> None:
+    def __init__(self, bootstrap: str, *, timeout_s: float = 30.0, max_partition_bytes: int = 16 << 20,
+                 isolation_level: str = "read_committed",
+                 max_batch_bytes: int = compression.DEFAULT_MAX_BYTES) -> None:
         self.bootstrap = [(h, int(p)) for h, _, p in (b.strip().rpartition(":") for b in bootstrap.split(","))]
         self.timeout_s = timeout_s
         self.max_partition_bytes = max_partition_bytes
+        self.isolation_level = isolation_level
+        self._isolation = isolation_id(isolation_level)
+        self.max_batch_bytes = max_batch_bytes
         self._conns: dict[tuple[str, int], _Connection] = {}
         self._leaders: dict[tuple[str, int], tuple[str, int]] = {}
 
@@ -180,15 +253,15 @@ class RangeReader:
         raise ConnectionLost(f"Cannot reach Kafka at {','.join(f'{h}:{p}' for h, p in self.bootstrap)}: "
                           + "; ".join(errors))
 
-    def _fetch(self, topic: str, partition: int, offset: int, max_bytes: int) -> tuple[memoryview | None, int]:
+    def _fetch(self, topic: str, partition: int, offset: int, max_bytes: int) -> Fetched:
         key = (topic, partition)
         if key not in self._leaders:
             self._refresh(topic)
         if key not in self._leaders:
             raise BrokerError(f"Kafka reports no leader for {topic}-{partition}.")
         address = self._leaders[key]
-        body = (struct.pack(">iiiib", -1, 100, 1, max_bytes, 0) + struct.pack(">i", 1) + _string(topic)
-                + struct.pack(">iiqi", 1, partition, offset, max_bytes))
+        body = (struct.pack(">iiiib", -1, 100, 1, max_bytes, self._isolation) + struct.pack(">i", 1)
+                + _string(topic) + struct.pack(">iiqi", 1, partition, offset, max_bytes))
         try:
             r = self._conn(address).request(_FETCH, 4, body)
         except (BrokerError, OSError):
@@ -199,49 +272,82 @@ class RangeReader:
         for _ in range(r.take(">i")):
             r.string()
             for _ in range(r.take(">i")):
-                _, error, high_watermark = r.take(">i"), r.take(">h"), r.take(">q")
-                r.take(">q")  # last stable offset
-                aborted = r.take(">i")
-                r.pos += 16 * max(aborted, 0)
+                _, error, high_watermark, last_stable = r.take(">i"), r.take(">h"), r.take(">q"), r.take(">q")
+                aborted = [(r.take(">q"), r.take(">q")) for _ in range(max(r.take(">i"), 0))]
                 records = r.bytes_()
                 if error in _STALE_LEADER:
                     self._leaders.pop(key, None)
-                    return None, high_watermark
+                    return Fetched(None, high_watermark, last_stable, aborted)
                 if error == 1:
                     raise OffsetOutOfRange(f"Offset {offset} of {topic}-{partition} is out of range "
                                            "(deleted by retention, or beyond the end of the log).")
                 if error:
                     raise BrokerError(f"Kafka refused to fetch {topic}-{partition}: {_ERRORS.get(error, error)}.")
-                return records, high_watermark
-        return None, -1
+                return Fetched(records, high_watermark, last_stable, aborted)
+        return Fetched(None, -1, -1, [])
 
-    def read(self, topic: str, partition: int, start: int, end: int) -> Iterator[Records]:
-        """Yield :class:`Records` covering ``[start, end)`` in order; raises :class:`BrokerError`
-        if the range cannot be read within the timeout (and :class:`OffsetOutOfRange` if
-        its first records are gone)."""
-        position, max_bytes = start, self.max_partition_bytes
+    def log_end(self, topic: str, partition: int, *, at: int) -> int:
+        """Where a reader of this isolation level stops today: the last stable offset
+        (read_committed) or the high watermark, from one Fetch at offset ``at`` (any
+        offset the log holds). No record is decoded, so no codec or corrupt batch can
+        make the end unknown."""
         deadline = time.monotonic() + self.timeout_s
+        while True:
+            try:
+                got = self._fetch(topic, partition, at, 1)
+            except ConnectionLost:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+                continue
+            if got.high_watermark >= 0:
+                # A broker that does not track the stable offset answers -1 for it.
+                stable = got.last_stable if got.last_stable >= 0 else got.high_watermark
+                return stable if self._isolation else got.high_watermark
+            if time.monotonic() > deadline:
+                raise BrokerError(f"Kafka gave no log end for {topic}-{partition} within {self.timeout_s:g} s.")
+            time.sleep(0.1)
+
+    def read(self, topic: str, partition: int, start: int, end: int, *,
+             skipped: Skipped | None = None) -> Iterator[Records]:
+        """Yield :class:`Records` covering ``[start, end)`` in order; raises :class:`BrokerError`
+        if the range cannot be read within the timeout (:class:`OffsetOutOfRange` if its
+        first records are gone, :class:`UnreadableRange` for a batch that cannot be read).
+        Aborted transactions' records (read_committed) and markers are added to ``skipped``."""
+        position, max_bytes = start, self.max_partition_bytes
+        committed = self._isolation == 1
+        deadline = time.monotonic() + self.timeout_s
+        stable = -1
         while position < end:
             try:
-                records, _ = self._fetch(topic, partition, position, max_bytes)
+                got = self._fetch(topic, partition, position, max_bytes)
             except ConnectionLost:
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.2)  # a restarting broker: reconnect and ask again
                 continue
-            got, next_offset = parse_batches(records, start=position, end=end) if records else ([], position)
-            if got:
+            records, stable = got.records, got.last_stable
+            try:
+                found, next_offset = parse_batches(
+                    records, start=position, end=end, aborted=got.aborted if committed else None,
+                    skipped=skipped, max_batch_bytes=self.max_batch_bytes) if records else ([], position)
+            except UnreadableBatch as e:
+                raise UnreadableRange(topic, partition, e) from None
+            if found:
                 deadline = time.monotonic() + self.timeout_s
-                yield from got
+                yield from found
             if records is None:
                 time.sleep(0.1)  # the leader moved or is being elected: ask again shortly
             if next_offset > position:
                 position = next_offset
+                deadline = time.monotonic() + self.timeout_s
             elif records is not None and len(records) >= max_bytes:
                 max_bytes *= 2  # one batch is bigger than the limit: ask for more
             elif time.monotonic() > deadline:
+                open_txn = (f"; a transaction still open at offset {stable} holds the rest back (read_committed)"
+                            if committed and 0 <= stable <= position else "")
                 raise BrokerError(f"Kafka returned nothing for {topic}-{partition} at offset {position} "
-                                  f"(wanted up to {end}) within {self.timeout_s:g} s.")
+                                  f"(wanted up to {end}) within {self.timeout_s:g} s{open_txn}.")
 
     def close(self) -> None:
         for address in list(self._conns):

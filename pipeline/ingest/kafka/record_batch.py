@@ -1,9 +1,10 @@
 """Kafka's record batch format (magic 2), parsed with vectorized numpy.
 
 The only per-record Python step is walking record lengths; keys, values, offsets and
-timestamps come out as flat arrays (Arrow-ready). Compressed batches are inflated with
-kafka-python's codecs; control batches (transaction markers) are skipped; CRCs are
-checked per batch.
+timestamps come out as flat arrays (Arrow-ready). Compressed batches are inflated by
+:mod:`pipeline.ingest.kafka.compression` (every codec of Kafka's, under a size cap);
+control batches (transaction markers) are skipped, and so are aborted transactions'
+records for a read_committed reader; CRCs are checked per batch.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import struct
 import numpy as np
 
 from pipeline.errors import BrokerError
+from pipeline.ingest.kafka import compression
 
 _BATCH_HEADER = 61
 _PAD = 16  # zero bytes after a buffer, so gathering a varint's bytes never runs off the end
@@ -39,7 +41,7 @@ def _varints(buf: np.ndarray, pos: np.ndarray, width: int = 10) -> tuple[np.ndar
     return values, sizes
 
 
-def _record_starts(data: bytes, first: int, count: int, limit: int) -> np.ndarray:
+def _record_starts(data: bytes | memoryview, first: int, count: int, limit: int) -> np.ndarray:
     """Where each of ``count`` records begins (walking the length varints)."""
     starts = np.empty(count, np.int64)
     pos = first
@@ -90,42 +92,135 @@ class Records:
         return len(self.offsets)
 
 
-def _decompress(codec: int, payload: bytes) -> bytes:
-    import gzip
+class UnreadableBatch(BrokerError):
+    """A record batch this reader cannot read: an unknown or corrupt codec payload, a
+    record format before v2, a failed CRC, records cut short. Never retried: the same
+    bytes fail the same way, so the range cannot be read as it is.
 
-    if codec == 1:
-        return gzip.decompress(payload)
-    from kafka import codec as kcodec
+    Attributes:
+        offset: the batch's first offset.
+        cause: what is wrong with it.
+    """
 
-    decoders = {2: getattr(kcodec, "snappy_decode", None), 3: getattr(kcodec, "lz4_decode", None),
-                4: getattr(kcodec, "zstd_decode", None)}
-    decode = decoders.get(codec)
-    if decode is None:
-        raise BrokerError(f"A Kafka record batch uses compression codec {codec}, which this reader cannot inflate.")
-    try:
-        return bytes(decode(payload))
-    except Exception as e:  # a codec library that is not installed, or corrupt data
-        raise BrokerError(f"Cannot inflate a Kafka record batch (codec {codec}): {e}") from None
+    def __init__(self, offset: int, cause: str) -> None:
+        super().__init__(f"the record batch at offset {offset} cannot be read: {cause}")
+        self.offset, self.cause = offset, cause
 
 
-def parse_batches(records: bytes | memoryview, *, start: int, end: int,
-                  check_crc: bool = True) -> tuple[list[Records], int]:
+@dataclasses.dataclass
+class Skipped:
+    """What reading a range left out on purpose, added up over the fetches of one read.
+
+    Attributes:
+        aborted: records of aborted transactions (read_committed).
+        control: transaction markers (control records; never data).
+        first: the first offset of the range that any batch held (None until one did);
+            above the range's start, the head of the range is gone from the log.
+    """
+
+    aborted: int = 0
+    control: int = 0
+    first: int | None = None
+
+
+def _varint(data: bytes | memoryview, pos: int) -> tuple[int, int]:
+    """One zigzag varint at ``pos``: (value, size in bytes).
+
+    >>> _varint(bytes([0x96, 0x01]), 0)
+    (75, 2)
+    """
+    raw, shift, size = 0, 0, 0
+    while True:
+        b = data[pos + size]
+        raw |= (b & 0x7F) << shift
+        size += 1
+        if b < 0x80:
+            return (raw >> 1) ^ -(raw & 1), size
+        shift += 7
+
+
+def _is_abort_marker(data: bytes, first: int) -> bool:
+    """Whether the control record at ``first`` is an ABORT marker (its key: version int16,
+    type int16, where 0 is ABORT and 1 COMMIT).
+
+    >>> record = bytes([20, 0, 0, 0, 8]) + struct.pack(">hh", 0, 0)
+    >>> _is_abort_marker(record, 0)
+    True
+    """
+    pos = first + _varint(data, first)[1] + 1  # the record's length, its attributes
+    pos += _varint(data, pos)[1]  # timestamp delta
+    pos += _varint(data, pos)[1]  # offset delta
+    key_len, size = _varint(data, pos)
+    if key_len < 4:
+        return False
+    return bool(struct.unpack_from(">h", data, pos + size + 2)[0] == 0)
+
+
+def filter_aborted(batches: list[tuple[int, int, int, str]], aborted: list[tuple[int, int]]) -> list[bool]:
+    """Which batches a read_committed consumer keeps, decided as Kafka's Java consumer does.
+
+    A producer's transactional batches are dropped from the first offset of one of its
+    aborted transactions (the fetch response lists them) until that producer's ABORT
+    marker; control batches are never kept.
+
+    Args:
+        batches: per batch in log order, (last offset, producer id, attributes,
+            marker: "abort", "commit" or "" for data).
+        aborted: (producer id, first offset) of the aborted transactions the broker listed.
+
+    Returns:
+        One flag per batch: keep it.
+
+    Example:
+        >>> txn = 0x10  # the transactional bit of the attributes
+        >>> log = [(0, 7, txn, ""), (1, 8, txn, ""), (2, 7, txn | 0x20, "abort"), (3, 7, txn, ""),
+        ...        (4, 7, txn | 0x20, "commit"), (5, -1, 0, "")]
+        >>> filter_aborted(log, [(7, 0)])
+        [False, True, False, True, False, True]
+    """
+    pending = sorted(aborted, key=lambda a: a[1])
+    active: set[int] = set()
+    keep = []
+    for last, producer, attributes, marker in batches:
+        if attributes & 0x10:
+            while pending and pending[0][1] <= last:
+                active.add(pending.pop(0)[0])
+        if attributes & 0x20:
+            if marker == "abort":
+                active.discard(producer)
+            keep.append(False)
+        else:
+            keep.append(not (attributes & 0x10 and producer in active))
+    return keep
+
+
+def parse_batches(records: bytes | memoryview, *, start: int, end: int, check_crc: bool = True,
+                  aborted: list[tuple[int, int]] | None = None, skipped: Skipped | None = None,
+                  max_batch_bytes: int = compression.DEFAULT_MAX_BYTES) -> tuple[list[Records], int]:
     """Records with ``start <= offset < end`` from a Fetch response's record set, one
     :class:`Records` per record batch; also the offset to fetch next (after the last
     complete batch).
 
     A trailing partial batch (the broker cuts at its byte limit) is left for the next
-    fetch. Only message format v2 (Kafka >= 0.11) is read.
+    fetch. Only message format v2 (Kafka >= 0.11) is read. Control batches (transaction
+    markers) are skipped; with ``aborted`` (read_committed: the fetch response's aborted
+    transactions, (producer id, first offset)) so are the records of aborted
+    transactions. What was skipped in the range is added to ``skipped``.
+
+    Raises:
+        UnreadableBatch: a batch that cannot be read (its offset and why).
     """
     import crc32c
 
     size = len(records)
+    skipped = skipped if skipped is not None else Skipped()
     # One padded copy of the response; uncompressed batches are parsed where they lie
     # (a varint read near a batch's end may look into the next batch: harmless, masked).
     data = bytes(records) + bytes(_PAD)
     view, buf = memoryview(data), np.frombuffer(data, np.uint8)
     pos, next_offset = 0, start
-    out: list[Records] = []
+    found: list[tuple[int, int, int]] = []  # pos, stop, base
+    headers: list[tuple[int, int, int, str]] = []  # last offset, producer id, attributes, marker
     while pos + _BATCH_HEADER <= size:
         base, length = struct.unpack_from(">qi", data, pos)
         stop = pos + 12 + length
@@ -133,27 +228,72 @@ def parse_batches(records: bytes | memoryview, *, start: int, end: int,
             break
         magic = data[pos + 16]
         if magic != 2:
-            raise BrokerError(f"Kafka sent message format v{magic}; streamtrain reads v2 (Kafka >= 0.11) only.")
-        crc, attributes, last_delta, base_ts, max_ts = struct.unpack_from(">Ihiqq", data, pos + 17)
+            raise UnreadableBatch(base, f"record format v{magic}; streamtrain reads v2 (Kafka >= 0.11) only")
+        crc, attributes, last_delta = struct.unpack_from(">Ihi", data, pos + 17)
         if check_crc and crc32c.crc32c(view[pos + 21:stop]) != crc:
-            raise BrokerError(f"A Kafka record batch at offset {base} failed its CRC check.")
-        count = struct.unpack_from(">i", data, pos + 57)[0]
+            raise UnreadableBatch(base, "corrupt batch: it failed its CRC check")
+        producer, count = struct.unpack_from(">q", data, pos + 43)[0], struct.unpack_from(">i", data, pos + 57)[0]
+        marker = ""
+        if attributes & 0x20 and count:
+            try:
+                marker = "abort" if _is_abort_marker(data, pos + _BATCH_HEADER) else "commit"
+            except IndexError:
+                raise UnreadableBatch(base, "corrupt batch: a control record is cut short") from None
+        found.append((pos, stop, base))
+        headers.append((base + last_delta, producer, attributes, marker))
         next_offset = max(next_offset, base + last_delta + 1)
-        if count and not attributes & 0x20 and base + last_delta >= start and base < end:  # 0x20: control batch
-            codec = attributes & 0x07
-            if codec:
-                body = _decompress(codec, data[pos + _BATCH_HEADER:stop]) + bytes(_PAD)
-                where = (body, np.frombuffer(body, np.uint8), 0, len(body) - _PAD)
-            else:
-                where = (data, buf, pos + _BATCH_HEADER, stop)
-            got = _parse_batch(*where, count, base, base_ts, max_ts if attributes & 0x08 else -1, start, end)
-            if len(got):
-                out.append(got)
         pos = stop
+    keep = filter_aborted(headers, aborted) if aborted is not None else [not h[2] & 0x20 for h in headers]
+    # A broker that filters aborted records itself (noida) leaves a gap where they were:
+    # counted as aborted where the response lists an aborted transaction before it
+    # (other gaps are compaction's, and not this reader's to count).
+    abort_from = min((first for _, first in aborted), default=None) if aborted else None
+    out: list[Records] = []
+    expected = start
+    for (pos, stop, base), (last, _, attributes, _), kept in zip(found, headers, keep, strict=True):
+        gap_from, gap_to = max(expected, start), min(base, end)
+        if abort_from is not None and gap_to > gap_from and abort_from < base:
+            skipped.aborted += gap_to - gap_from
+            skipped.first = gap_from if skipped.first is None else skipped.first
+        expected = max(expected, last + 1)
+        count = struct.unpack_from(">i", data, pos + 57)[0]
+        if not count or last < start or base >= end:
+            continue
+        if skipped.first is None:
+            skipped.first = max(base, start)
+        if not kept:
+            overlap = min(count, min(last, end - 1) - max(base, start) + 1)
+            if attributes & 0x20:
+                skipped.control += overlap
+            else:
+                skipped.aborted += overlap
+            continue
+        try:
+            got = _read_batch(data, buf, pos, stop, count, attributes, start, end, max_batch_bytes)
+        except (BrokerError, IndexError, ValueError) as e:
+            cause = str(e) if isinstance(e, BrokerError) else "corrupt batch: its records are cut short"
+            raise UnreadableBatch(base, cause) from None
+        if len(got):
+            out.append(got)
     return out, next_offset
 
 
-def _parse_batch(data: bytes, buf: np.ndarray, first: int, stop: int, count: int, base: int, base_ts: int,
+def _read_batch(data: bytes, buf: np.ndarray, pos: int, stop: int, count: int, attributes: int, start: int,
+                end: int, max_batch_bytes: int) -> Records:
+    """The records of the batch at ``data[pos:stop]``, inflated where compressed."""
+    base, = struct.unpack_from(">q", data, pos)
+    base_ts, max_ts = struct.unpack_from(">qq", data, pos + 27)
+    log_append_ts = max_ts if attributes & 0x08 else -1
+    codec = attributes & 0x07
+    if not codec:
+        return _parse_batch(data, buf, pos + _BATCH_HEADER, stop, count, base, base_ts, log_append_ts, start, end)
+    body = compression.inflate(codec, memoryview(data)[pos + _BATCH_HEADER:stop], max_bytes=max_batch_bytes,
+                               pad=_PAD)
+    return _parse_batch(body.data, body, 0, len(body) - _PAD, count, base, base_ts, log_append_ts, start,
+                        end)
+
+
+def _parse_batch(data: bytes | memoryview, buf: np.ndarray, first: int, stop: int, count: int, base: int, base_ts: int,
                  log_append_ts: int, start: int, end: int) -> Records:
     """The records of one batch, ``data[first:stop]`` after its header (``buf``: the same
     bytes as numpy, padded), whose offsets fall in ``[start, end)``."""
@@ -179,6 +319,3 @@ def _parse_batch(data: bytes, buf: np.ndarray, first: int, stop: int, count: int
     value_offsets, value_data = _gather(buf, at, value_len)
     stamps = np.full(len(offsets), log_append_ts, np.int64) if log_append_ts >= 0 else base_ts + ts_delta
     return Records(offsets, stamps, key_offsets, key_data, key_len >= 0, value_offsets, value_data, value_len >= 0)
-
-
-# --- the reader ---------------------------------------------------------------------------
