@@ -204,6 +204,9 @@ def _produce(
               help="Seconds: never predict with weights older than this.")
 @click.option("--max-offsets-per-trigger", type=int, default=20_000, show_default=True,
               help="Records per micro-batch at most.")
+@click.option("--isolation-level", default="read_committed", show_default=True,
+              help="Kafka's: read_committed trains no record of an aborted transaction; read_uncommitted "
+                   "trains every record written.")
 @click.option("--eval-every", type=int, default=5, show_default=True,
               help="Score the held-out split every this many micro-batches (and at the end).")
 @click.option("--metrics-port", type=int, default=0, show_default=True, help="Port of /metrics (0: a free port).")

@@ -57,6 +57,7 @@ class RangeFigures:
         decode_s, handler_s: seconds decoding, and in :meth:`Handler.process`.
         freshness_s: median seconds from the records' event time to the end of the handler.
         result: what :meth:`Handler.process` returned.
+        aborted: records of aborted transactions in the range, not read (read_committed).
     """
 
     range: OffsetRange
@@ -68,6 +69,7 @@ class RangeFigures:
     handler_s: float
     freshness_s: float | None
     result: Any
+    aborted: int = 0
 
     def to_json(self) -> str:
         """The figures as JSON (how they leave an Arrow task)."""

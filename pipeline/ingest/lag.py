@@ -19,11 +19,14 @@ class LagMonitor:
         topics: the topics whose partitions to watch.
         interval_s: seconds between refreshes.
         on_refresh: called after each refresh (from the monitor's thread).
+        isolation_level: the stream's; with ``read_committed`` the log end is the last
+            stable offset (what the stream can read), else the high watermark.
     """
 
     def __init__(self, bootstrap: str, topics: list[str], interval_s: float = 1.0,
-                 on_refresh: Callable[[], None] | None = None) -> None:
+                 on_refresh: Callable[[], None] | None = None, isolation_level: str = "read_committed") -> None:
         self.bootstrap, self.topics, self.interval_s = bootstrap, topics, interval_s
+        self.isolation_level = isolation_level
         self.on_refresh = on_refresh
         self.ends: dict[tuple[str, int], int] = {}
         self._stop = threading.Event()
@@ -44,7 +47,7 @@ class LagMonitor:
             try:
                 c = client.consumer(self.bootstrap)  # fails while the broker restarts: tried again
                 tps = [TopicPartition(t, p) for t in self.topics for p in client.partitions_for(c, t)]
-                found = client.end_offsets(c, tps, timeout_s=5)
+                found = client.end_offsets(c, tps, timeout_s=5, isolation_level=self.isolation_level)
                 self.ends = {(tp.topic, tp.partition): n for tp, n in found.items()}
                 if self.on_refresh is not None:
                     self.on_refresh()

@@ -24,6 +24,7 @@ from pipeline import cluster, codec
 from pipeline.errors import ConfigError, StreamtrainError
 from pipeline.ingest import offsets, sources
 from pipeline.ingest.decode import Block, RangeFigures
+from pipeline.ingest.kafka.fetch import UnreadableRange, isolation_id
 from pipeline.ingest.lag import LagMonitor
 from pipeline.ingest.offsets import OffsetRange
 from pipeline.ingest.tasks import BatchTasks
@@ -70,7 +71,8 @@ class BatchInfo:
 
     ``ranges`` are the ``[start, end)`` of every Kafka partition the batch covered
     (the tasks' ranges merged); ``lag`` is log-end minus ``end`` per
-    ``topic-partition`` when the batch finished; ``results`` are what the handler
+    ``topic-partition`` when the batch finished; ``aborted`` counts the records of
+    aborted transactions its ranges held, not read (read_committed); ``results`` are what the handler
     returned for each task; ``trigger_to_handler_s`` (from Spark's progress report)
     is filled in once the query reports it.
     """
@@ -81,6 +83,7 @@ class BatchInfo:
     bytes: int = 0
     accepted: int = 0
     rejects: dict[str, int] = dataclasses.field(default_factory=dict)
+    aborted: int = 0
     decode_s: float = 0.0
     handler_s: float = 0.0
     batch_s: float = 0.0
@@ -98,6 +101,7 @@ class BatchInfo:
             info.rows += f.rows
             info.bytes += f.bytes
             info.accepted += f.accepted
+            info.aborted += f.aborted
             info.decode_s += f.decode_s
             info.handler_s += f.handler_s
             for reason, n in f.rejects.items():
@@ -155,6 +159,10 @@ class StreamJob:
         on_lag: called about once a second with the lag (log end minus the end of the
             last handled batch) of every ``topic-partition`` handled so far, so that lag
             keeps moving while batches are slow or stalled.
+        isolation_level: ``read_committed`` (the default: no record of an aborted
+            transaction is read, batches end below open ones) or ``read_uncommitted``.
+        on_unreadable: called with the error when a batch holds records that cannot be
+            read (the run then fails with it); the lag then counts what is left unread.
     """
 
     def __init__(
@@ -174,6 +182,8 @@ class StreamJob:
         starting_offsets: str = "earliest",
         dead_letter_topic: str | None = None,
         on_lag: Callable[[dict[str, int]], None] | None = None,
+        isolation_level: str = "read_committed",
+        on_unreadable: Callable[[UnreadableRange], None] | None = None,
     ) -> None:
         if not topics:
             raise ConfigError("Expected at least one topic to read.")
@@ -188,10 +198,13 @@ class StreamJob:
         self.min_partitions = min_partitions or 0
         self.starting_offsets = starting_offsets
         self.dead_letter_topic = f"{topics[0]}.dlq" if dead_letter_topic is None else dead_letter_topic
+        isolation_id(isolation_level)  # a bad value fails here, not in the query
+        self.isolation_level = isolation_level
         self._tasks = BatchTasks(spark, bootstrap=bootstrap, schema=schema, handler=self.handler,
                                  checkpoint=self.checkpoint, python_source=self.source_kind == "python",
-                                 min_partitions=self.min_partitions, dead_letter_topic=self.dead_letter_topic)
-        self.on_lag = on_lag
+                                 min_partitions=self.min_partitions, dead_letter_topic=self.dead_letter_topic,
+                                 isolation_level=isolation_level)
+        self.on_lag, self.on_unreadable = on_lag, on_unreadable
         logging.getLogger("py4j.clientserver").addFilter(_PY4J_FILTER)  # once: a filter is added only once
         #: The figures of the last :data:`KEEP_BATCHES` batches handled (a job that never stops
         #: keeps a window, not every batch); :attr:`handled` counts them all.
@@ -233,12 +246,27 @@ class StreamJob:
             log.debug("batch %d: %d records (%d rejected) in %.2f s", batch_id, info.rows, info.rows - info.accepted,
                       info.batch_s)
         except StreamtrainError as e:
+            if isinstance(e, UnreadableRange):
+                self._unreadable(e, batch_id)
             self._failure = e  # Spark wraps it in layers of its own; run() raises it as it was
             with contextlib.suppress(Exception):  # best effort: the error is raised either way
                 cluster.quiet_query_failure(self.spark)
             raise
         finally:
             self._in_batch.clear()
+
+    def _unreadable(self, error: UnreadableRange, batch_id: int) -> None:
+        """A batch that cannot be read trains nothing: its records count as lag (log end minus
+        the batch's start per partition), so a stopped stream never looks caught up."""
+        if self.on_unreadable is not None:
+            self.on_unreadable(error)
+        ends = self._lag.ends if self._lag else {}
+        lag: dict[str, int] = {}
+        for r in self._tasks.logged_ranges(batch_id) or []:
+            end = max(ends.get((r.topic, r.partition), r.end), r.end)
+            lag[f"{r.topic}-{r.partition}"] = end - r.start
+        if self.on_lag is not None and lag:
+            self.on_lag(lag)
 
     # --- the query ---
 
@@ -247,14 +275,15 @@ class StreamJob:
         df = sources.read_stream(
             self.spark, bootstrap=self.bootstrap, topics=self.topics, source=self.source_kind,
             starting_offsets=self.starting_offsets, max_offsets_per_trigger=self.max_offsets_per_trigger,
-            min_partitions=self.min_partitions, checkpoint=self.checkpoint,
+            min_partitions=self.min_partitions, checkpoint=self.checkpoint, isolation_level=self.isolation_level,
         )
         writer = df.writeStream.foreachBatch(self._on_batch).option("checkpointLocation", self.checkpoint)
         if self.available_now:
             writer = writer.trigger(availableNow=True)
         else:
             writer = writer.trigger(processingTime=f"{int(self.trigger_s * 1000)} milliseconds")
-        self._lag = LagMonitor(self.bootstrap, self.topics, on_refresh=self._report_lag).start()
+        self._lag = LagMonitor(self.bootstrap, self.topics, on_refresh=self._report_lag,
+                               isolation_level=self.isolation_level).start()
         return writer.start()
 
     def run(self, *, max_batches: int | None = None, timeout_s: float | None = None,

@@ -20,6 +20,7 @@ from pipeline import cluster, codec
 from pipeline.errors import StreamtrainError
 from pipeline.ingest import offsets, sources
 from pipeline.ingest.decode import RangeFigures, decode_range
+from pipeline.ingest.kafka.record_batch import Skipped
 from pipeline.ingest.offsets import OffsetRange
 from pipeline.ingest.reader import read_range
 
@@ -41,6 +42,42 @@ def logged_offsets(checkpoint: str, batch_id: int) -> offsets.Offsets | None:
     return json.loads(lines[2]) if len(lines) > 2 and lines[2] != "-" else None
 
 
+def _error_classes() -> dict[str, type[StreamtrainError]]:
+    """Every streamtrain error class by name (the subclasses imported so far)."""
+    found: dict[str, type[StreamtrainError]] = {}
+    todo: list[type[StreamtrainError]] = [StreamtrainError]
+    while todo:
+        cls = todo.pop()
+        found[cls.__name__] = cls
+        todo += cls.__subclasses__()
+    return found
+
+
+def executor_error(e: BaseException) -> StreamtrainError | None:
+    r"""The streamtrain error a task raised on an executor, rebuilt on the driver from the
+    traceback text Spark hands back (None where the task failed otherwise), so that the
+    run prints its one line rather than Spark's layers around it.
+
+    >>> spark_text = "Job aborted.\nTraceback...\npipeline.errors.DataError: no file x\n\tat org..."
+    >>> executor_error(RuntimeError(spark_text))
+    DataError('no file x')
+    """
+    classes = _error_classes()
+    found = None
+    for line in str(e).splitlines():
+        name, sep, message = line.strip().partition(": ")
+        if sep and name.startswith("pipeline.") and name.rpartition(".")[2] in classes:
+            found = (classes[name.rpartition(".")[2]], message)
+    if found is None:
+        return None
+    rebuilt = getattr(found[0], "from_message", None)
+    if rebuilt is not None and (again := rebuilt(found[1])) is not None:
+        return again
+    # Rebuilt as its nearest class in pipeline.errors, whose constructor takes the message alone.
+    cls = next(c for c in found[0].__mro__ if c.__module__ == "pipeline.errors")
+    return cls(found[1])
+
+
 class BatchTasks:
     """Runs a micro-batch's tasks and collects their figures.
 
@@ -53,11 +90,14 @@ class BatchTasks:
         python_source: whether the query reads with streamtrain's Python source.
         min_partitions: split ranges so a batch has at least this many tasks.
         dead_letter_topic: where rejected records go ("" for nowhere).
+        isolation_level: ``read_committed`` or ``read_uncommitted``, as Kafka's consumer.
     """
 
     def __init__(self, spark: Any, *, bootstrap: str, schema: codec.Schema, handler: Handler, checkpoint: str,
-                 python_source: bool, min_partitions: int, dead_letter_topic: str) -> None:
+                 python_source: bool, min_partitions: int, dead_letter_topic: str,
+                 isolation_level: str = "read_committed") -> None:
         self.spark, self.bootstrap, self.schema, self.handler = spark, bootstrap, schema, handler
+        self.isolation_level = isolation_level
         self.checkpoint, self.python_source, self.min_partitions = checkpoint, python_source, min_partitions
         self.dead_letter = (bootstrap, dead_letter_topic) if dead_letter_topic else None
 
@@ -83,13 +123,20 @@ class BatchTasks:
             ranges = self.planned_ranges(batch_id)
             if ranges:
                 handler.on_tasks(len(ranges))
-            bootstrap = self.bootstrap
+            bootstrap, isolation = self.bootstrap, self.isolation_level
 
             def task(r: OffsetRange) -> RangeFigures:
-                return decode_range(read_range(bootstrap, r), schema=schema, handler=handler, planned=r,
-                                    dead_letter=dead)
+                skipped = Skipped()
+                figures = decode_range(read_range(bootstrap, r, isolation_level=isolation, skipped=skipped),
+                                       schema=schema, handler=handler, planned=r, dead_letter=dead)
+                figures.aborted = skipped.aborted
+                return figures
 
-            return cluster.run_on_executors(self.spark, ranges, task, description=f"streamtrain batch {batch_id}")
+            try:
+                return cluster.run_on_executors(self.spark, ranges, task,
+                                                description=f"streamtrain batch {batch_id}")
+            except Exception as e:
+                raise executor_error(e) or e from None
 
         def arrow_task(batches: Iterator[Any]) -> Iterator[Any]:
             import pyarrow as pa

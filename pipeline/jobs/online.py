@@ -227,7 +227,8 @@ class Run:
             job = microbatch.StreamJob(
                 spark, bootstrap=bootstrap, topics=[self.topic], schema=data.schema,
                 checkpoint=self.out / "spark-checkpoint", max_offsets_per_trigger=cfg.max_offsets_per_trigger,
-                min_partitions=cfg.workers, on_lag=self.metrics.on_lag)
+                min_partitions=cfg.workers, on_lag=self.metrics.on_lag, isolation_level=cfg.isolation_level,
+                on_unreadable=self.metrics.on_unreadable)
 
             def prepare() -> None:
                 # While the query starts (seconds of its source's set-up and planning): the
@@ -368,6 +369,7 @@ class Run:
             parameter_server={k: ps_stats.get(k) for k in ("ops", "shared_memory", "refused")},
             parallelism={"workers": self.cfg.workers, "task_slots": self._cores,
                          "concurrent_replicas": min(self.cfg.workers, self._cores)},
+            aborted_records=history.aborted(),
         )
 
 

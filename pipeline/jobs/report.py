@@ -23,6 +23,7 @@ class BatchRow:
         batch_id: Spark's batch id.
         t: seconds since the run started; ``t_stream``: since the first batch started.
         rows, trained, rejected: records read, trained, and rejected by reason.
+        aborted: records of aborted transactions in the batch's ranges, not read (read_committed).
         batch_s: seconds in the batch's tasks; ``lag``: records in Kafka not yet trained.
         staleness_p50, staleness_p99: over the batch's pushes (None: no push).
         clock: the server's clock after the batch.
@@ -57,6 +58,7 @@ class BatchRow:
     eval_s_total: float = 0.0
     checkpoint_ms: float = 0.0
     tasks: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    aborted: int = 0
 
     @classmethod
     def from_batch(cls, info: BatchInfo, *, t: float, clock: int) -> BatchRow:
@@ -71,6 +73,7 @@ class BatchRow:
             staleness_p50=float(np.percentile(staleness, 50)) if staleness else None,
             staleness_p99=float(np.percentile(staleness, 99)) if staleness else None,
             clock=clock, compute_s=sum(r.compute_s for r in results), exchange_s=sum(r.exchange_s for r in results),
+            aborted=info.aborted,
         )
         if preq_n:
             row.prequential_accuracy = sum(r.preq_acc * r.preq_n for r in scored) / preq_n
@@ -123,12 +126,14 @@ class History:
         self.last_batch_at = 0.0  # and when the last one ended
         self._trained = 0
         self._rejected = 0
+        self._aborted = 0
 
     def add(self, row: BatchRow, *, ended_at: float) -> None:
         self.rows.append(row)
         self.count += 1
         self._trained += row.trained
         self._rejected += sum(row.rejected.values())
+        self._aborted += row.aborted
         self.last_batch_at = ended_at
         if self.path is not None:
             with open(self.path, "a") as f:
@@ -140,6 +145,10 @@ class History:
 
     def rejected(self) -> int:
         return self._rejected
+
+    def aborted(self) -> int:
+        """Records of aborted transactions this process's batches left unread."""
+        return self._aborted
 
     def span_s(self) -> float:
         """Streaming time: from the first batch to the end of the last one."""
@@ -177,6 +186,7 @@ class RunReport:
     parallelism: dict[str, int]  # workers asked for, Spark's task slots, replicas that trained at once
     plots: str | None = None
     batches_file: str | None = None
+    aborted_records: int = 0  # records of aborted transactions left unread (read_committed)
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)

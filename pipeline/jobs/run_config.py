@@ -36,6 +36,7 @@ class RunConfig:
     out: str | None = None
     resume: bool = False
     max_offsets_per_trigger: int = 20_000
+    isolation_level: str = "read_committed"  # Kafka's; read_uncommitted also trains aborted transactions
     eval_every: int = 5
     eval_max: int = 10_000
     metrics_port: int = 0
@@ -54,6 +55,9 @@ class RunConfig:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ConfigError(f"Expected --{name.replace('_', '-')} >= 1. Received: {value}")
+        if self.isolation_level not in ("read_committed", "read_uncommitted"):
+            raise ConfigError("Expected --isolation-level read_committed or read_uncommitted. "
+                              f"Received: {self.isolation_level!r}")
         if self.until_accuracy is not None and not 0 < self.until_accuracy <= 1:
             raise ConfigError(f"Expected --until-accuracy in (0, 1]. Received: {self.until_accuracy}")
         if self.serve_port is not None:

@@ -4,6 +4,7 @@ the lag monitor's as they happen."""
 from __future__ import annotations
 
 from pipeline import codec
+from pipeline.ingest.kafka.fetch import UnreadableRange
 from pipeline.ingest.microbatch import BatchInfo
 from pipeline.jobs.report import BatchRow
 from pipeline.observe import metrics
@@ -25,6 +26,7 @@ class RunMetrics:
             gauge.set(float("nan"))
         m.records_ingested.labels(topic)
         m.records_trained.labels(topic)
+        m.records_aborted.labels(topic)
         for reason in codec.REASONS:
             m.records_rejected.labels(reason)
         for activity in ("compute", "exchange"):
@@ -44,6 +46,9 @@ class RunMetrics:
             topic, _, part = tp.rpartition("-")
             self.meters.consumer_lag.labels(topic, part).set(n)
 
+    def on_unreadable(self, error: UnreadableRange) -> None:
+        self.meters.unreadable_batches.labels(error.topic, str(error.partition)).inc()
+
     def on_final(self, scores: dict[str, float]) -> None:
         """The held-out score after the last batch (it may come after the last scored batch)."""
         self.meters.heldout_accuracy.set(scores["accuracy"])
@@ -55,6 +60,7 @@ class RunMetrics:
         m = self.meters
         m.records_ingested.labels(self.topic).inc(info.rows)
         m.records_trained.labels(self.topic).inc(row.trained)
+        m.records_aborted.labels(self.topic).inc(info.aborted)
         for reason, n in info.rejects.items():
             m.records_rejected.labels(reason).inc(n)
         m.batches.inc()

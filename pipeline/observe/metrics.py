@@ -63,6 +63,8 @@ class TrainingMetrics:
     records_ingested: Counter
     records_trained: Counter
     records_rejected: Counter
+    records_aborted: Counter
+    unreadable_batches: Counter
     batches: Counter
     batches_skipped: Counter
     batch_duration: Histogram
@@ -90,6 +92,12 @@ def training_metrics() -> TrainingMetrics:
         records_trained=Counter("streamtrain_train_records_total", "Records trained on.", ["topic"], registry=reg),
         records_rejected=Counter("streamtrain_stream_records_rejected_total",
                                  "Records set aside to the dead-letter topic, by reason.", ["reason"], registry=reg),
+        records_aborted=Counter("streamtrain_stream_records_aborted_total",
+                                "Records of aborted transactions left unread (read_committed).", ["topic"],
+                                registry=reg),
+        unreadable_batches=Counter("streamtrain_stream_unreadable_batches_total",
+                                   "Record batches the reader could not read (codec, record format, corrupt), "
+                                   "which stopped the stream.", ["topic", "partition"], registry=reg),
         batches=Counter("streamtrain_stream_batches_total", "Micro-batches applied.", registry=reg),
         batches_skipped=Counter("streamtrain_stream_batches_skipped_total",
                                 "Replayed micro-batches skipped because the checkpoint already holds them.",
