@@ -13,8 +13,9 @@ from kafka import KafkaProducer, TopicPartition
 
 from pipeline.errors import BrokerError
 from pipeline.ingest.kafka import client
-from pipeline.ingest.kafka.fetch import RangeReader
+from pipeline.ingest.kafka.fetch import RangeReader, UnreadableRange
 from pipeline.ingest.kafka.record_batch import _varints, parse_batches
+from tests.ingest import raw_batches
 
 
 def _produce(bootstrap: str, topic: str, n: int, **config: object) -> None:
@@ -156,3 +157,29 @@ def test_an_unreachable_broker_is_retried_until_the_timeout() -> None:
     with pytest.raises(BrokerError, match="Cannot reach Kafka at 127.0.0.1"):
         list(r.read("t", 0, 0, 10))
     assert 1.5 <= time.monotonic() - started < 10
+
+
+def _unreadable_topic(bootstrap: str, topic: str) -> None:
+    """Three readable records, then a zstd batch of three whose payload is not zstd (its CRC
+    valid: a broker stores it as it is)."""
+    client.ensure_topic(bootstrap, topic, partitions=1)
+    assert raw_batches.produce(bootstrap, topic, 0, raw_batches.batch([(b"k", b"v")] * 3, codec=1)) == 0
+    bad = raw_batches.batch([(b"k", b"v")] * 3, codec=4, payload=b"\x28\xb5\x2f\xfd not zstd")
+    assert raw_batches.produce(bootstrap, topic, 0, bad) == 0
+
+
+def test_an_unreadable_batch_names_topic_partition_offset_and_cause(broker, topic) -> None:  # type: ignore[no-untyped-def]
+    """Never retried and never 'returned nothing': one error at once; the records before it
+    read, and the log's end is still known (the planner and lag do not decode records)."""
+    _unreadable_topic(broker.bootstrap, topic)
+    r = RangeReader(broker.bootstrap, timeout_s=30)
+    assert sum(len(rec) for rec in r.read(topic, 0, 0, 3)) == 3
+    started = time.monotonic()
+    with pytest.raises(UnreadableRange, match=rf"Cannot read {topic}-0 at offset 3: Cannot inflate a zstd batch: "
+                                              "corrupt data") as e:
+        list(r.read(topic, 0, 0, 6))
+    assert time.monotonic() - started < 5 and (e.value.topic, e.value.partition, e.value.offset) == (topic, 0, 3)
+    r.close()
+    c = client.consumer(broker.bootstrap)
+    assert client.end_offsets(c, [TopicPartition(topic, 0)]) == {TopicPartition(topic, 0): 6}
+    c.close()

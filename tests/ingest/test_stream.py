@@ -213,3 +213,22 @@ def test_both_sources_give_the_same_columns_and_auto_says_which(spark, broker, t
         assert "Python source (spark-sql-kafka is not on the classpath)" in caplog.text
         with pytest.raises(Exception, match="source=jvm needs the spark-sql-kafka jar"):
             source.read_stream(spark, bootstrap=broker.bootstrap, topics=[topic], source="jvm")
+
+
+def test_an_unreadable_batch_stops_the_stream_with_its_line_counted_and_as_lag(spark, broker, topic,  # type: ignore[no-untyped-def]
+                                                                               tmp_path) -> None:
+    """A batch the reader cannot read ends the run with its one line (not 'Kafka unavailable',
+    not a clean stop), calls on_unreadable, and its records count as lag."""
+    from pipeline.errors import StreamtrainError
+    from tests.ingest.test_fetch import _unreadable_topic
+
+    _unreadable_topic(broker.bootstrap, topic)
+    seen: list[Any] = []
+    lags: list[dict[str, int]] = []
+    job = _job(spark, broker, topic, tmp_path / "ckpt", available_now=True, on_unreadable=seen.append,
+               on_lag=lags.append)
+    with pytest.raises(StreamtrainError, match=rf"^Cannot read {topic}-0 at offset 3: Cannot inflate a zstd batch"):
+        job.run(timeout_s=120)
+    assert [(e.topic, e.partition, e.offset) for e in seen] == [(topic, 0, 3)]
+    assert lags[-1] == {f"{topic}-0": 6}
+    assert not job.batches  # nothing handled: nothing trained, nothing committed

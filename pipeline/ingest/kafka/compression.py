@@ -71,7 +71,7 @@ def _snappy(payload: bytes | memoryview, out: np.ndarray) -> int:
     # Raw snappy states its inflated length first: the cap is checked before any work.
     sizes = [cramjam.snappy.decompress_raw_len(b) for b in blocks]
     if sum(sizes) > len(out) - 1:
-        raise CodecError(f"it inflates to {sum(sizes)} bytes, over the cap of {len(out) - 1}")
+        raise CodecError(f"it inflates to {sum(sizes)} bytes, more than the cap of {len(out) - 1} bytes")
     pos = 0
     for block, size in zip(blocks, sizes, strict=True):
         pos += cramjam.snappy.decompress_raw_into(block, out[pos:pos + size].data)

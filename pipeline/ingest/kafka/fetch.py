@@ -66,7 +66,7 @@ class UnreadableRange(BrokerError):
 
     def __init__(self, topic: str, partition: int, batch: UnreadableBatch) -> None:
         super().__init__(f"Cannot read {topic}-{partition} at offset {batch.offset}: {batch.cause}. "
-                         "Nothing past it is trained; the records stay in Kafka (see README, Record format).")
+                         "The stream stops before its micro-batch (README: Record format).")
         self.topic, self.partition, self.offset, self.cause = topic, partition, batch.offset, batch.cause
 
     @classmethod
@@ -80,7 +80,7 @@ class UnreadableRange(BrokerError):
         """
         import re
 
-        m = re.match(r"Cannot read (.+)-(\d+) at offset (-?\d+): (.*?)\. Nothing past it is trained", message)
+        m = re.match(r"Cannot read (.+)-(\d+) at offset (-?\d+): (.*)\. The stream stops before", message)
         if m is None:
             return None
         return cls(m[1], int(m[2]), UnreadableBatch(int(m[3]), m[4]))
