@@ -79,7 +79,7 @@ def _snappy(payload: bytes | memoryview, out: np.ndarray) -> int:
 
 
 def inflate(codec: int, payload: bytes | memoryview, *, max_bytes: int = DEFAULT_MAX_BYTES,
-            pad: int = 0) -> np.ndarray:
+            pad: int = 0, out: np.ndarray | None = None) -> np.ndarray:
     """The records of a compressed batch (the bytes after its 61-byte header), as uint8.
 
     Args:
@@ -87,6 +87,8 @@ def inflate(codec: int, payload: bytes | memoryview, *, max_bytes: int = DEFAULT
         payload: the compressed bytes.
         max_bytes: the most bytes the records may inflate to.
         pad: zero bytes to add after the inflated ones (room for vectorized reads past the end).
+        out: a uint8 buffer of at least ``max_bytes + 1 + pad`` bytes to inflate into (a
+            reader reuses one: its pages are mapped already); None: a new one.
 
     Returns:
         The inflated bytes and ``pad`` zeros (a view of one buffer: no copy).
@@ -115,7 +117,8 @@ def inflate(codec: int, payload: bytes | memoryview, *, max_bytes: int = DEFAULT
         raise CodecError(f"Cannot inflate a batch with {name}: Kafka defines codecs 1-4 only")
     # One byte beyond the cap: a payload that fills it is over the cap, whatever the
     # library says when it runs out of room.
-    out = np.empty(max_bytes + 1 + pad, np.uint8)
+    if out is None or len(out) < max_bytes + 1 + pad:
+        out = np.empty(max_bytes + 1 + pad, np.uint8)
     room = out[:max_bytes + 1]
     try:
         n = _snappy(payload, room) if codec == 2 else decoders[codec](bytes(payload), room.data)

