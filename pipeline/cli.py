@@ -124,6 +124,8 @@ def _dataset(name: str, path: str | None, data_dir: str | None, **options: Any) 
 @click.option("--resume", is_flag=True,
               help="Continue a replay that was stopped or killed: skip the records of this replay's order that "
                    "the topic holds already (a topic only this replay writes to), so none is sent twice.")
+@click.option("--compression", type=click.Choice(["none", "gzip", "snappy", "lz4", "zstd"]), default="none",
+              show_default=True, help="Kafka's codec for the record batches sent (every one is read back).")
 @click.option("--progress/--no-progress", default=None, help="Progress bar (default: on a terminal).")
 def produce(dataset: str, path: str | None, **options: Any) -> None:
     """Replay DATASET (from PATH, or the data folder) into a Kafka topic."""
@@ -142,7 +144,7 @@ def _produce(
     replay: Any, stop: threading.Event, dataset: str, path: str | None, *, topic: str | None, rate: float | None,
     loop: bool, limit: int | None, epochs: int | None, split: str, partitions: int, bootstrap: str | None,
     metrics_port: int | None, data_dir: str | None, label_column: str | None, test_path: str | None,
-    num_classes: int | None, max_malformed: float | None, progress: bool | None, resume: bool,
+    num_classes: int | None, max_malformed: float | None, progress: bool | None, resume: bool, compression: str,
 ) -> Any:
     given = {"label_column": label_column, "test_path": test_path, "num_classes": num_classes}
     takes = datasets.options(dataset)
@@ -160,6 +162,7 @@ def _produce(
         bootstrap=target, topic=topic or dataset, rate=rate, loop=loop, limit=limit, epochs=epochs, split=split,
         partitions=partitions, progress=sys.stderr.isatty() if progress is None else progress,
         max_malformed=max_malformed, stop=stop, resume=resume,
+        producer_config={"compression_type": None if compression == "none" else compression},
     )
 
 
