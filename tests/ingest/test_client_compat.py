@@ -325,6 +325,23 @@ def test_read_committed_reads_committed_records_only(request, engine_broker, wri
     assert skipped.control == sum(step in ("commit", "abort") for step, _ in script.steps)
 
 
+@pytest.mark.parametrize("codec", CODECS)
+def test_the_consumer_fallback_reads_every_codec_committed_only(request, engine_broker, written, codec) -> None:  # type: ignore[no-untyped-def]
+    """``STREAMTRAIN_KAFKA_READER=consumer`` (kafka-python, its codec extras declared) reads
+    what confluent-kafka wrote in every codec, read_committed as the Fetch reader does."""
+    import pyarrow as pa
+
+    from pipeline.ingest import reader
+    from pipeline.ingest.offsets import OffsetRange
+
+    _expect(request, engine_broker.engine, "confluent-kafka", "transactions")
+    topic, script = _written(written, engine_broker, "confluent-kafka", codec)
+    assert script.open_at is not None
+    end = kafka_writers.wait_for_stable_end(engine_broker.bootstrap, topic, script.open_at)
+    batches = list(reader._read_with_consumer(engine_broker.bootstrap, OffsetRange(topic, 0, 0, end), timeout_s=10))
+    assert pa.Table.from_batches(batches).column("value").to_pylist() == script.committed
+
+
 def test_read_committed_waits_at_an_open_transaction_and_says_so(engine_broker, written) -> None:  # type: ignore[no-untyped-def]
     """A range that reaches into an open transaction cannot be read (yet): the error says why."""
     topic, script = _written(written, engine_broker, "confluent-kafka", "zstd")
