@@ -240,7 +240,11 @@ class Run:
                 job.use(handler)
                 warm_up()
 
-            job.run(max_batches=cfg.max_batches, timeout_s=cfg.timeout_s, until=self._until, prepare=prepare)
+            try:
+                job.run(max_batches=cfg.max_batches, timeout_s=cfg.timeout_s, until=self._until, prepare=prepare)
+            except StreamtrainError:
+                served.await_scrape()  # what stopped it (an unreadable batch, its lag) reaches Prometheus
+                raise
             # Start-up: everything before the first micro-batch starts training (Spark's
             # session, the broker, the workers' warm-up, the query's start).
             startup_s = (self.history.first_batch_at or self._ready_at) - self._started
