@@ -253,14 +253,14 @@ class RangeReader:
         raise ConnectionLost(f"Cannot reach Kafka at {','.join(f'{h}:{p}' for h, p in self.bootstrap)}: "
                           + "; ".join(errors))
 
-    def _fetch(self, topic: str, partition: int, offset: int, max_bytes: int) -> Fetched:
+    def _fetch(self, topic: str, partition: int, offset: int, max_bytes: int, *, wait_ms: int = 100) -> Fetched:
         key = (topic, partition)
         if key not in self._leaders:
             self._refresh(topic)
         if key not in self._leaders:
             raise BrokerError(f"Kafka reports no leader for {topic}-{partition}.")
         address = self._leaders[key]
-        body = (struct.pack(">iiiib", -1, 100, 1, max_bytes, self._isolation) + struct.pack(">i", 1)
+        body = (struct.pack(">iiiib", -1, wait_ms, 1, max_bytes, self._isolation) + struct.pack(">i", 1)
                 + _string(topic) + struct.pack(">iiqi", 1, partition, offset, max_bytes))
         try:
             r = self._conn(address).request(_FETCH, 4, body)
@@ -294,7 +294,9 @@ class RangeReader:
         deadline = time.monotonic() + self.timeout_s
         while True:
             try:
-                got = self._fetch(topic, partition, at, 1)
+                # An empty log answers within 1 ms rather than the reader's 100 ms wait for
+                # data (Tansu answers a 0 ms wait with no partition at all).
+                got = self._fetch(topic, partition, at, 1, wait_ms=1)
             except ConnectionLost:
                 if time.monotonic() > deadline:
                     raise
