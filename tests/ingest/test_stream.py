@@ -73,6 +73,7 @@ def _assert_contiguous(batches: list[stream.BatchInfo]) -> dict[tuple[str, int],
     return ends
 
 
+@pytest.mark.slow
 def test_every_record_exactly_once_across_runs(spark, broker, topic, tmp_path, higgs) -> None:  # type: ignore[no-untyped-def]
     checkpoint = tmp_path / "ckpt"
     produced = _replay(broker, topic, higgs, limit=2500)  # before the first run
@@ -173,6 +174,7 @@ def test_malformed_records_go_to_the_dead_letter_topic(spark, broker, topic, tmp
     assert [int(dict(r.headers)["streamtrain.offset"]) for r in dead] == [5, 6, 7, 8, 9]
 
 
+@pytest.mark.slow
 def test_restart_after_sigkill_mid_batch_replays_the_same_batch(spark, broker, topic, tmp_path, higgs) -> None:  # type: ignore[no-untyped-def]
     produced = _replay(broker, topic, higgs, limit=3000)
     checkpoint, ledger = tmp_path / "ckpt", tmp_path / "ledger.jsonl"

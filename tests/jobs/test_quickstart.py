@@ -8,7 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 
+
+@pytest.mark.slow  # one epoch of MNIST
 def test_streamtrain_run_on_its_embedded_default(tmp_path: Path) -> None:
     # Exactly the quickstart (`streamtrain run`), with the output folder kept out of the tree.
     done = subprocess.run([sys.executable, "-m", "pipeline", "run"], capture_output=True, text=True, timeout=900,
