@@ -31,40 +31,6 @@ def _ledger_total(ledger: list[list]) -> int:  # type: ignore[type-arg]
     return sum(end - start for _, _, _, start, end in ledger)
 
 
-@pytest.mark.slow  # a full run
-def test_short_mnist_run_end_to_end(tmp_path: Path) -> None:
-    out, cache = tmp_path / "run", tmp_path / "cache"
-    # A cache with MNIST but no class archive: the run is a first run for the JVM.
-    cache.mkdir()
-    (cache / "mnist.npz").symlink_to(datasets.mnist.fetch())
-    done = _cli("run", "--max-offsets-per-trigger", "5000", "--max-batches", "3", "--eval-every", "3",
-                "--out", str(out), env={"STREAMTRAIN_CACHE_DIR": str(cache)})
-    assert done.returncode == 0, done.stderr[-3000:]
-    report = json.loads((out / "report.json").read_text())
-    assert (out / "model.keras").is_file()
-    # A few thousand records of real MNIST put the CNN far above chance (0.1).
-    assert report["final"]["accuracy"] > 0.6
-    assert [b["batch_id"] for b in report["batches"]] == [0, 1, 2]
-    assert all(b["rows"] <= 5000 for b in report["batches"])
-    # The report agrees with the ledger: every trained record is in exactly one range.
-    assert report["trained_records"] == _ledger_total(report["ledger"]) == sum(b["trained"] for b in report["batches"])
-    assert report["batches"][-1]["heldout"]["accuracy"] == pytest.approx(report["final"]["accuracy"], abs=0.05)
-    assert "prequential_accuracy" in report["batches"][0] and report["startup_s"] > 0
-    assert "held-out accuracy" in done.stdout and "batch    2 |" in done.stdout
-    # Start-up shows its progress on the live display, in order, before the first batch's line.
-    steps = [line.split(": ", 1)[1] for line in done.stdout.splitlines() if line.startswith("start-up ")]
-    assert [s.split(" ")[0] for s in steps] == ["mnist", "Kafka", "Spark", "model", "workers", "first"], steps
-    assert done.stdout.index("first micro-batch") < done.stdout.index("batch    0 |")
-    # In local mode every partition's worker exchanged through shared memory, one
-    # connection per partition and batch, and the server refused nothing.
-    assert report["parameter_server"]["shared_memory"] == 2 * 3, report["parameter_server"]
-    assert report["parameter_server"]["refused"] == {}
-    # Spark's warnings that a clean run has nothing to act on are kept quiet.
-    assert "ResolveWriteToStream" not in done.stderr and "Failed to cancel job group" not in done.stderr
-    # The classes the JVM loaded went to the background build of the archive for later runs.
-    assert list((cache / "jvm").glob("*.log")), sorted(p.name for p in (cache / "jvm").iterdir())
-
-
 #: Where the driver is killed (STREAMTRAIN_FAULT), in the order one run and its resumes meet
 #: them, and the last batch its checkpoint holds then: inside batch 2 before its state is
 #: saved, after batch 5's save and before Spark's commit, after batch 8's commit.
