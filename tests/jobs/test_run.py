@@ -85,6 +85,8 @@ def test_a_driver_killed_at_each_boundary_of_a_batch_resumes_every_record_once(b
     report = json.loads((out / "report.json").read_text())
     assert report["trained_records"] == produced
     assert report["trained_this_session"] == produced - killed_at.extra["trained"]
+    # The default HIGGS model, as the workers saved it at the end.
+    assert keras_model_params(out / "model.keras") == 28 * 300 + 300 + 2 * (300 * 300 + 300) + 300 * 2 + 2
 
     import shutil
 
@@ -96,36 +98,25 @@ def test_a_driver_killed_at_each_boundary_of_a_batch_resumes_every_record_once(b
 
 
 @pytest.mark.slow  # a full run
-def test_user_model_file(tmp_path: Path) -> None:
-    # Four workers on a machine with fewer cores: each still gets a task slot of its own.
-    done = _cli("run", "--dataset", "higgs", "--model", "tests/jobs/user_model.py:build", "--max-offsets-per-trigger",
-                "3500", "--max-batches", "2", "--workers", "4", "--out", str(tmp_path / "run"))
-    assert done.returncode == 0, done.stderr[-3000:]
-    import keras
-
-    model = keras.models.load_model(tmp_path / "run" / "model.keras")
-    assert model.count_params() == 28 * 32 + 32 + 32 * 2 + 2
-    report = json.loads((tmp_path / "run" / "report.json").read_text())
-    assert report["trained_records"] == 7000 and np.isfinite(report["final"]["auc"])
-    assert report["parallelism"]["concurrent_replicas"] == 4 <= report["parallelism"]["task_slots"]
-
-
-@pytest.mark.slow  # a full run
-def test_the_driver_never_imports_tensorflow(tmp_path: Path) -> None:
+def test_a_user_model_file_trains_and_the_driver_never_imports_tensorflow(tmp_path: Path) -> None:
     # TensorFlow costs a process half a gigabyte: the model is described in a child
-    # process, and scored and saved on the workers.
+    # process, and scored and saved on the workers. Four workers on a machine with fewer
+    # cores: each still gets a task slot of its own.
     script = ("import sys; from pipeline.jobs.online import Run, RunConfig; "
-              f"r = Run(RunConfig(dataset='higgs', max_batches=1, max_offsets_per_trigger=3500, eval_every=1, "
-              f"out={str(tmp_path / 'run')!r})).execute(); "
-              "print('heldout', r.batches[0].heldout['accuracy'], 'final', r.final['accuracy']); "
+              "r = Run(RunConfig(dataset='higgs', model='tests/jobs/user_model.py:build', workers=4, max_batches=2, "
+              f"max_offsets_per_trigger=3500, eval_every=1, out={str(tmp_path / 'run')!r})).execute(); "
+              "print('heldout', r.batches[-1].heldout['accuracy'], 'final', r.final['accuracy']); "
               "print('tensorflow loaded:', 'tensorflow' in sys.modules, 'keras loaded:', 'keras' in sys.modules)")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "tensorflow loaded: False keras loaded: False" in done.stdout
-    # One batch trained: the held-out score after it (one Spark job) is the final one (another).
+    # The held-out score after the last batch (one Spark job) is the final one (another).
     heldout, final = re.search(r"^heldout (\S+) final (\S+)$", done.stdout, re.M).groups()  # type: ignore[union-attr]
     assert heldout == final and 0 < float(final) <= 1
-    assert keras_model_params(tmp_path / "run" / "model.keras") == 28 * 300 + 300 + 2 * (300 * 300 + 300) + 300 * 2 + 2
+    assert keras_model_params(tmp_path / "run" / "model.keras") == 28 * 32 + 32 + 32 * 2 + 2
+    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    assert report["trained_records"] == 7000 and np.isfinite(report["final"]["auc"])
+    assert report["parallelism"]["concurrent_replicas"] == 4 <= report["parallelism"]["task_slots"]
 
 
 def keras_model_params(path: Path) -> int:
