@@ -61,26 +61,22 @@ class BatchTasks:
         self.checkpoint, self.python_source, self.min_partitions = checkpoint, python_source, min_partitions
         self.dead_letter = (bootstrap, dead_letter_topic) if dead_letter_topic else None
 
-    def planned_ranges(self, batch_id: int) -> list[OffsetRange]:
-        """The ranges of ``batch_id``, as the Python source planned them."""
+    def plan(self, batch_id: int) -> list[OffsetRange] | None:
+        """The tasks' ranges of ``batch_id``, as the Python source planned them from the
+        offsets Spark logged (None with Spark's JVM source, whose DataFrame says them)."""
+        if not self.python_source:
+            return None
         end = logged_offsets(self.checkpoint, batch_id)
         if end is None:
             raise StreamtrainError(f"No offsets logged for batch {batch_id} in {self.checkpoint}/offsets.")
         start = logged_offsets(self.checkpoint, batch_id - 1) or {}
         return offsets.plan(start, end, min_partitions=self.min_partitions)
 
-    def logged_ranges(self, batch_id: int) -> list[OffsetRange] | None:
-        """The batch's ranges merged per partition, from Spark's offset log (Python source
-        only; None where it logged none)."""
-        if not self.python_source or logged_offsets(self.checkpoint, batch_id) is None:
-            return None
-        return offsets.merge_ranges(self.planned_ranges(batch_id))
-
-    def run(self, df: Any, batch_id: int) -> list[RangeFigures]:
-        """Process the batch ``df`` (id ``batch_id``); one figure per task that read records."""
+    def run(self, df: Any, batch_id: int, ranges: list[OffsetRange] | None) -> list[RangeFigures]:
+        """Process the batch ``df`` (id ``batch_id``) over its planned ``ranges`` (see
+        :meth:`plan`); one figure per task that read records."""
         schema, handler, dead = self.schema, self.handler, self.dead_letter
-        if self.python_source:
-            ranges = self.planned_ranges(batch_id)
+        if ranges is not None:
             if ranges:
                 handler.on_tasks(len(ranges))
             bootstrap = self.bootstrap
