@@ -127,9 +127,10 @@ def _dataset(name: str, path: str | None, data_dir: str | None, **options: Any) 
 @click.option("--progress/--no-progress", default=None, help="Progress bar (default: on a terminal).")
 def produce(dataset: str, path: str | None, **options: Any) -> None:
     """Replay DATASET (from PATH, or the data folder) into a Kafka topic."""
+    from pipeline.cluster.processes import stop_on_signals
     from producers import replay
 
-    with replay.stop_on_signals(threading.Event()) as stop:  # Ctrl-C from here on: flush and report
+    with stop_on_signals(threading.Event()) as stop:  # Ctrl-C from here on: flush and report
         report = _produce(replay, stop, dataset, path, **options)
     click.echo(report.summary())
     if report.interrupted:

@@ -12,9 +12,6 @@ import collections
 import contextlib
 import dataclasses
 import logging
-import os
-import signal
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -495,34 +492,6 @@ def skip_mask(parts: np.ndarray, remaining: np.ndarray) -> np.ndarray:
     return keep
 
 
-@contextlib.contextmanager
-def stop_on_signals(stop: threading.Event) -> Iterator[threading.Event]:
-    """While inside, SIGINT and SIGTERM set ``stop`` rather than raise KeyboardInterrupt;
-    a second one exits at once (status 130) without flushing.
-
-    Why: kafka-python runs its event loop in the calling thread during metadata, topic
-    and send calls, and logs and drops any exception raised inside a task there, a
-    KeyboardInterrupt included; a Ctrl-C that landed in one was lost and the producer
-    ran on. A flag that the send loop reads cannot be lost. Main thread only.
-    """
-    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
-
-    def handle(signum: int, _frame: Any) -> None:
-        if stop.is_set():
-            sys.stderr.write("interrupted again: exiting without waiting for Kafka\n")
-            sys.stderr.flush()
-            os._exit(130)
-        stop.set()
-
-    for sig in previous:
-        signal.signal(sig, handle)
-    try:
-        yield stop
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-
-
 def replay_with_metrics(dataset: Dataset, *, metrics_host: str = "127.0.0.1", metrics_port: int = 0,
                         **options: Any) -> ReplayReport:
     """Run a :class:`Replay` of ``dataset`` (``options`` are its arguments) while serving its
@@ -540,37 +509,3 @@ def replay_with_metrics(dataset: Dataset, *, metrics_host: str = "127.0.0.1", me
         return report
     finally:
         server.stop()
-
-
-def replay_in_child(job: dict[str, Any], report: Any, log_path: str) -> None:
-    """The entry point of a replay in a process of its own (``multiprocessing``, spawned).
-
-    Args:
-        job: ``dataset`` (a name), ``data_dir``, ``metrics_host``, ``metrics_port`` and the
-            :class:`Replay` arguments.
-        report: a connection the :class:`ReplayReport` is sent through as a dict, or a
-            one-line ``{"error": ...}`` when the replay could not run.
-        log_path: where the child's log goes (nobody reads a pipe while a run streams).
-    """
-    from pathlib import Path
-
-    from pipeline.ingest.kafka.broker import die_with_parent
-    from producers import datasets
-
-    with open(log_path, "a") as f:  # stdout and stderr, C libraries' included
-        os.dup2(f.fileno(), 1)
-        os.dup2(f.fileno(), 2)
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s %(levelname).1s %(name)s: %(message)s", datefmt="%H:%M:%S")
-    job = dict(job)
-    try:
-        with stop_on_signals(threading.Event()) as stop:  # the parent stops us with SIGINT
-            die_with_parent(job.pop("parent", None))  # a driver killed outright: no replay left behind
-            data = datasets.get(job.pop("dataset"), data_dir=Path(job.pop("data_dir")))
-            result = replay_with_metrics(data, stop=stop, **job)
-    except Exception as e:  # the parent turns it into one line
-        log.error("the replay failed: %s: %s", type(e).__name__, e)
-        report.send({"error": f"{type(e).__name__}: {e}"})
-        return
-    print(result.summary(), flush=True)
-    report.send(dataclasses.asdict(result))
