@@ -26,14 +26,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from pipeline import cluster, config
 from pipeline.cluster import security
 from pipeline.cluster.zygote import Zygote
 from pipeline.errors import ConfigError
 from pipeline.ingest import microbatch
 from pipeline.ingest.kafka.release import Releaser
+from pipeline.jobs.display import Display
 from pipeline.jobs.replay_process import ReplayProcess
 from pipeline.jobs.report import History, RunReport
 from pipeline.jobs.run_config import RunConfig
@@ -43,7 +42,6 @@ from pipeline.train import algorithms, checkpoint
 from pipeline.train.driver import TrainDriver
 from pipeline.train.ledger import check_ledger
 from pipeline.train.probe import Probe
-from pipeline.train.rows import BatchRow
 
 log = logging.getLogger(__name__)
 
@@ -79,50 +77,24 @@ class Run:
         self.settings = config.settings()
         self.replay: ReplayProcess | None = None
         self._started = time.monotonic()
+        self.display = Display(history=self.history, metrics=self.metrics, eval_every=cfg.eval_every,
+                               until_accuracy=cfg.until_accuracy, started=self._started)
+        self.display.trained = self._trained_total
         self._ready_at = 0.0
-        self._stop_reason = ""
         self._cores = 1
         self._server: Any = None
         self._driver: TrainDriver | None = None
         self._evaluation: Any = None
         self._release: Releaser | None = None
 
-    # --- the display, per batch ---
-
-    def _startup_line(self, what: str) -> None:
-        """A start-up milestone on the live display (the first run on a machine waits a minute
-        or more here: TensorFlow's first import, Spark's first start)."""
-        print(f"start-up {time.monotonic() - self._started:5.1f} s: {what}", flush=True)
-
-    def _on_row(self, info: microbatch.BatchInfo, row: BatchRow, weights: np.ndarray) -> None:
-        """A batch is saved: score it when due, keep its row, count it and show it."""
-        history = self.history
-        if history.first_batch_at is None:
-            history.first_batch_at = info.started_at
-            self._startup_line(f"first micro-batch trained ({info.rows:,} records)")
-        if (history.count + 1) % self.cfg.eval_every == 0:
-            began = time.monotonic()
-            row.heldout = self._evaluation.score(weights)
-            history.eval_s += time.monotonic() - began
-        # Streaming time so far, and the part of it spent scoring the held-out split here.
-        row.t_stream = round(time.monotonic() - history.first_batch_at, 3)
-        row.eval_s_total = round(history.eval_s, 3)
-        history.add(row, ended_at=time.monotonic())
-        self.metrics.on_batch(info, row)
-        elapsed = max(1e-9, time.monotonic() - history.first_batch_at)
-        print(row.status(total=self._trained_total(), per_s=history.trained() / elapsed), flush=True)
-        held = (row.heldout or {}).get("accuracy")
-        if self.cfg.until_accuracy is not None and held is not None and held >= self.cfg.until_accuracy:
-            self._stop_reason = f"held-out accuracy {held:.4f} reached --until-accuracy {self.cfg.until_accuracy}"
-
     def _until(self) -> bool:
         """Whether to stop: a reason was found, or the replay is over and all it sent is handled."""
-        if self._stop_reason:
+        if self.display.stop_reason:
             return True
         if self.replay is not None and self.replay.done():
             assert self.replay.sent is not None
             if self._trained_total() + self.history.rejected() >= self.replay.sent:
-                self._stop_reason = "all produced records trained"
+                self.display.stop_reason = "all produced records trained"
                 return True
         return False
 
@@ -136,7 +108,7 @@ class Run:
 
         prior = _check_out(self.cfg, self.out)
         data = datasets.get(self.cfg.dataset, data_dir=self._data_dir())  # its files, before anything starts
-        self._startup_line(f"{self.cfg.dataset} found; starting Kafka, the replay, Spark and the model in parallel")
+        self.display.startup(f"{self.cfg.dataset} found; starting Kafka, the replay, Spark and the model in parallel")
         created = not self.out.exists()
         self.out.mkdir(parents=True, exist_ok=True)
         try:
@@ -170,7 +142,7 @@ class Run:
                                     conf=security.spark_conf(cfg.master, cfg.spark_conf),
                                     zygote=zygote if master.startswith("local") else None)
             stack.callback(cluster.stop, spark)  # after a first run, builds the JVM's class archive
-            self._startup_line(f"Spark ready ({master}, {spark.sparkContext.defaultParallelism} task slots); starting the query")
+            self.display.startup(f"Spark ready ({master}, {spark.sparkContext.defaultParallelism} task slots); starting the query")
             job = microbatch.StreamJob(
                 spark, bootstrap=bootstrap, topics=[self.topic], schema=data.schema,
                 checkpoint=self.out / "spark-checkpoint", max_offsets_per_trigger=cfg.max_offsets_per_trigger,
@@ -180,7 +152,7 @@ class Run:
                 # While the query starts (seconds of its source's set-up and planning): the
                 # model, the parameter server, the workers' replicas. No batch runs before.
                 spec, initial = probe.result()
-                self._startup_line(f"model described ({spec.size:,} weights); warming up {cfg.workers} workers")
+                self.display.startup(f"model described ({spec.size:,} weights); warming up {cfg.workers} workers")
                 handler, warm_up = self._start_training(stack, spark, spec, data, prior or checkpoint.State(initial))
                 job.use(handler)
                 warm_up()
@@ -226,7 +198,7 @@ class Run:
             embedded = stack.enter_context(EmbeddedBroker(engine=cfg.broker_engine, log_path=self.out / "broker.log"))
             bootstrap = embedded.bootstrap
             log.info("embedded Kafka at %s", bootstrap)
-        self._startup_line(f"Kafka ready at {bootstrap}")
+        self.display.startup(f"Kafka ready at {bootstrap}")
         client.ensure_topic(bootstrap, self.topic, partitions=cfg.workers)
         if embedded is not None and embedded.engine == "noida":
             # The run's own broker and topic, on an engine that can delete: trained records
@@ -265,7 +237,7 @@ class Run:
         self._driver = TrainDriver(
             server, state, folder=self.out, releaser=self._release, started=self._started,
             sync_slots=self._cores if self.algorithm.synchronous else 0, fault=self.settings.fault,
-            on_row=self._on_row, on_skip=lambda _: self.metrics.skipped())
+            on_row=self.display.on_row, on_skip=lambda _: self.metrics.skipped())
         serving = self._serving(stack, spec, data.schema, server)
         handler = TrainHandler(
             spec=spec, algorithm=algorithms.serialize(self.algorithm),
@@ -274,17 +246,18 @@ class Run:
         )
         test = data.load("test")
         n_eval = min(len(test.y), cfg.eval_max)
-        self._evaluation = Evaluation(spark, spec, schema=data.schema, x=test.x[:n_eval], y=test.y[:n_eval],
-                                      job=handler.job, threads=threads, shards=cfg.workers)
+        self._evaluation = self.display.evaluation = Evaluation(
+            spark, spec, schema=data.schema, x=test.x[:n_eval], y=test.y[:n_eval], job=handler.job, threads=threads,
+            shards=cfg.workers)
         stack.callback(self._evaluation.close)
 
         def warm() -> None:
             warm_up(spark, spec, handler.job, workers=cfg.workers, threads=threads,
                     batch=self.algorithm.worker_batch_size, gradients=self.algorithm.pushes_gradients)
             self._ready_at = time.monotonic()
-            self._startup_line("workers warm")
+            self.display.startup("workers warm")
             if serving is not None:
-                self._startup_line(f"serving predictions at {serving.wait()}:predict")
+                self.display.startup(f"serving predictions at {serving.wait()}:predict")
 
         return handler, warm
 
@@ -313,7 +286,7 @@ class Run:
             trained_this_session=here, rejected_records=history.rejected(), train_seconds=round(span, 2),
             records_per_s=round(here / span, 1) if span else 0.0,
             records_per_s_excluding_eval=round(here / (span - history.eval_s), 1) if span > history.eval_s else 0.0,
-            stopped_because=self._stop_reason or "limit (--max-batches / --timeout)", final=final,
+            stopped_because=self.display.stop_reason or "limit (--max-batches / --timeout)", final=final,
             batches=list(history.rows), batches_file=str(self.out / BATCHES_FILE), ledger=self._driver.state.ledger,
             parameter_server={k: ps_stats.get(k) for k in ("ops", "shared_memory", "refused")},
             parallelism={"workers": self.cfg.workers, "task_slots": self._cores,
