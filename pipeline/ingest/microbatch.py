@@ -23,7 +23,7 @@ from typing import Any
 from pipeline import cluster, codec
 from pipeline.errors import ConfigError, StreamtrainError
 from pipeline.ingest import offsets, sources
-from pipeline.ingest.decode import Block, RangeFigures
+from pipeline.ingest.decode import Block, TaskFigures
 from pipeline.ingest.lag import LagMonitor
 from pipeline.ingest.offsets import OffsetRange, TopicPartition
 from pipeline.ingest.tasks import BatchTasks
@@ -53,7 +53,7 @@ class Handler:
     def on_tasks(self, n: int) -> None:
         """Driver: ``n`` tasks are about to process this micro-batch (Python source only)."""
 
-    def on_batch(self, info: BatchInfo) -> None:
+    def on_batch(self, info: BatchFigures) -> None:
         """Driver: called after every micro-batch, before Spark commits it."""
 
     def skip(self, batch_id: int, ranges: list[OffsetRange] | None) -> bool:
@@ -65,7 +65,7 @@ class Handler:
 
 
 @dataclasses.dataclass
-class BatchInfo:
+class BatchFigures:
     """Figures of one micro-batch.
 
     ``ranges`` are the ``[start, end)`` of every Kafka partition the batch covered
@@ -91,7 +91,7 @@ class BatchInfo:
     started_at: float = 0.0  # time.monotonic() when the batch reached the driver
 
     @classmethod
-    def gather(cls, batch_id: int, figures: list[RangeFigures], *, started_at: float) -> BatchInfo:
+    def gather(cls, batch_id: int, figures: list[TaskFigures], *, started_at: float) -> BatchFigures:
         """Add up the tasks' figures."""
         info = cls(batch_id, offsets.merge_ranges([f.range for f in figures]), started_at=started_at)
         for f in figures:
@@ -195,7 +195,7 @@ class StreamJob:
         logging.getLogger("py4j.clientserver").addFilter(_PY4J_FILTER)  # once: a filter is added only once
         #: The figures of the last :data:`KEEP_BATCHES` batches handled (a job that never stops
         #: keeps a window, not every batch); :attr:`handled` counts them all.
-        self.batches: collections.deque[BatchInfo] = collections.deque(maxlen=KEEP_BATCHES)
+        self.batches: collections.deque[BatchFigures] = collections.deque(maxlen=KEEP_BATCHES)
         self.handled = 0
         self._failure: StreamtrainError | None = None  # what a batch raised, for run() to raise as it was
         self._stop_requested = threading.Event()
@@ -224,7 +224,7 @@ class StreamJob:
                 log.info("batch %d was applied before a restart: skipped", batch_id)
                 return
             started, started_at = time.perf_counter(), time.monotonic()
-            info = BatchInfo.gather(batch_id, self._tasks.run(df, batch_id, planned), started_at=started_at)
+            info = BatchFigures.gather(batch_id, self._tasks.run(df, batch_id, planned), started_at=started_at)
             info.lag = self._lag.lag(info.ranges) if self._lag else {}
             info.batch_s = time.perf_counter() - started
             self.handler.on_batch(info)
@@ -259,7 +259,7 @@ class StreamJob:
         return writer.start()
 
     def run(self, *, max_batches: int | None = None, timeout_s: float | None = None,
-            until: Callable[[], bool] | None = None, prepare: Callable[[], None] | None = None) -> list[BatchInfo]:
+            until: Callable[[], bool] | None = None, prepare: Callable[[], None] | None = None) -> list[BatchFigures]:
         """Run until ``max_batches`` more batches are done, ``timeout_s`` passes, ``until()``
         is true, or (with ``available_now``) the data at start is drained; return the
         batches' figures.

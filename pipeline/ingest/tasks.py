@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from pipeline import cluster, codec
 from pipeline.errors import StreamtrainError
 from pipeline.ingest import offsets, sources
-from pipeline.ingest.decode import RangeFigures, decode_range
+from pipeline.ingest.decode import TaskFigures, decode_range
 from pipeline.ingest.offsets import OffsetRange
 from pipeline.ingest.reader import read_range
 
@@ -72,7 +72,7 @@ class BatchTasks:
         start = logged_offsets(self.checkpoint, batch_id - 1) or {}
         return offsets.plan(start, end, min_partitions=self.min_partitions)
 
-    def run(self, df: Any, batch_id: int, ranges: list[OffsetRange] | None) -> list[RangeFigures]:
+    def run(self, df: Any, batch_id: int, ranges: list[OffsetRange] | None) -> list[TaskFigures]:
         """Process the batch ``df`` (id ``batch_id``) over its planned ``ranges`` (see
         :meth:`plan`); one figure per task that read records."""
         schema, handler, dead = self.schema, self.handler, self.dead_letter
@@ -81,7 +81,7 @@ class BatchTasks:
                 handler.on_tasks(len(ranges))
             bootstrap = self.bootstrap
 
-            def task(r: OffsetRange) -> RangeFigures:
+            def task(r: OffsetRange) -> TaskFigures:
                 return decode_range(read_range(bootstrap, r), schema=schema, handler=handler, planned=r,
                                     dead_letter=dead)
 
@@ -94,5 +94,5 @@ class BatchTasks:
             yield pa.RecordBatch.from_pylist([{"figures": figures.to_json()}])
 
         rows = df.mapInArrow(arrow_task, "figures string").collect()
-        figures = (RangeFigures.from_json(r["figures"], handler.result_type) for r in rows)
+        figures = (TaskFigures.from_json(r["figures"], handler.result_type) for r in rows)
         return [f for f in figures if f.rows]

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.ingest.microbatch import BatchInfo
+from pipeline.ingest.microbatch import BatchFigures
 from pipeline.jobs.report import History
 from pipeline.jobs.run_metrics import RunMetrics
 from pipeline.train.rows import BatchRow
@@ -43,7 +43,7 @@ class Display:
         TensorFlow's first import, Spark's first start)."""
         print(f"start-up {time.monotonic() - self.started:5.1f} s: {what}", flush=True)
 
-    def on_row(self, info: BatchInfo, row: BatchRow, weights: np.ndarray) -> None:
+    def on_row(self, info: BatchFigures, row: BatchRow, weights: np.ndarray) -> None:
         """A batch is saved: score it when due, keep its row, count it and show it."""
         history = self.history
         if history.first_batch_at is None:

@@ -4,7 +4,7 @@ the lag monitor's as they happen."""
 from __future__ import annotations
 
 from pipeline import codec
-from pipeline.ingest.microbatch import BatchInfo
+from pipeline.ingest.microbatch import BatchFigures
 from pipeline.ingest.offsets import TopicPartition
 from pipeline.observe import metrics
 from pipeline.train.rows import BatchRow
@@ -51,7 +51,7 @@ class RunMetrics:
     def skipped(self) -> None:
         self.meters.batches_skipped.inc()
 
-    def on_batch(self, info: BatchInfo, row: BatchRow) -> None:
+    def on_batch(self, info: BatchFigures, row: BatchRow) -> None:
         m = self.meters
         m.records_ingested.labels(self.topic).inc(info.rows)
         m.records_trained.labels(self.topic).inc(row.trained)

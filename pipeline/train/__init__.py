@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from pipeline.train.evaluation import Evaluation, roc_auc, scores
     from pipeline.train.handler import TrainHandler
     from pipeline.train.model import ModelSpec
-    from pipeline.train.partition import PartitionResult, ServerInfo, train_partition
+    from pipeline.train.partition import ServerInfo, TaskResult, train_partition
     from pipeline.train.rows import BatchRow, TaskRow
     from pipeline.train.server import parameter_server
 
@@ -35,7 +35,7 @@ _EXPORTS = {
     "BatchRow": "pipeline.train.rows", "TaskRow": "pipeline.train.rows", "Evaluation": "pipeline.train.evaluation",
     "roc_auc": "pipeline.train.evaluation", "scores": "pipeline.train.evaluation",
     "TrainHandler": "pipeline.train.handler", "ModelSpec": "pipeline.train.model",
-    "PartitionResult": "pipeline.train.partition", "ServerInfo": "pipeline.train.partition",
+    "TaskResult": "pipeline.train.partition", "ServerInfo": "pipeline.train.partition",
     "train_partition": "pipeline.train.partition",
 }
 
@@ -46,5 +46,5 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'pipeline.train' has no attribute {name!r}")
 
 
-__all__ = ["BatchRow", "Evaluation", "ModelSpec", "PartitionResult", "ServerInfo", "TaskRow", "TrainDriver",
+__all__ = ["BatchRow", "Evaluation", "ModelSpec", "TaskResult", "ServerInfo", "TaskRow", "TrainDriver",
            "TrainHandler", "parameter_server", "roc_auc", "scores", "train_partition"]

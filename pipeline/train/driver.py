@@ -29,17 +29,17 @@ import numpy as np
 
 from pipeline.errors import StreamtrainError
 from pipeline.ingest.kafka.release import Releaser
-from pipeline.ingest.microbatch import BatchInfo
+from pipeline.ingest.microbatch import BatchFigures
 from pipeline.ingest.offsets import OffsetRange
 from pipeline.train import checkpoint, ledger, ps
-from pipeline.train.partition import PartitionResult
+from pipeline.train.partition import TaskResult
 from pipeline.train.rows import BatchRow, TaskRow
 
 #: Called with each saved batch's figures, its row and the center weights it saved.
-OnRow = Callable[[BatchInfo, BatchRow, np.ndarray], None]
+OnRow = Callable[[BatchFigures, BatchRow, np.ndarray], None]
 
 
-def applied_steps(server: ps.ParameterServer, result: PartitionResult) -> int:
+def applied_steps(server: ps.ParameterServer, result: TaskResult) -> int:
     """The mini-batches of ``result``'s task that ``server`` applied, by its own count (a
     task Spark ran twice is counted once); for a result that named no task, the worker's."""
     return server.applied(result.task)[1] if result.task else result.steps
@@ -99,7 +99,7 @@ class TrainDriver:
         if self.sync_slots:
             self.server.expect_workers(min(n, self.sync_slots))
 
-    def on_batch(self, info: BatchInfo) -> None:
+    def on_batch(self, info: BatchFigures) -> None:
         """The batch's tasks are done: check, save (before Spark commits it), release, report."""
         assert self.state is not None and self.folder is not None
         weights, clock, optimizer = self.server.checkpoint()
@@ -118,7 +118,7 @@ class TrainDriver:
             self.on_row(info, row, weights)
         self._fault("saved", info.batch_id)  # saved, and Spark has not committed it
 
-    def check_applied(self, results: list[PartitionResult], *, batch_id: int | None = None) -> list[TaskRow]:
+    def check_applied(self, results: list[TaskResult], *, batch_id: int | None = None) -> list[TaskRow]:
         """Each task's mini-batches against the parameter server's own count of those it
         applied; a difference (an update applied twice, or lost) raises, so that the batch
         is not committed and a resume trains it again from the last checkpoint.

@@ -14,7 +14,7 @@ from pipeline.ingest import microbatch
 from pipeline.ingest.decode import Block
 from pipeline.ingest.offsets import OffsetRange
 from pipeline.train.model import ModelSpec
-from pipeline.train.partition import PartitionResult, ServerInfo, train_partition
+from pipeline.train.partition import ServerInfo, TaskResult, train_partition
 from pipeline.train.ps.protocol import task_key
 
 if TYPE_CHECKING:
@@ -38,7 +38,7 @@ class TrainHandler(microbatch.Handler):
         driver: the exactly-once driver; never shipped to executors.
     """
 
-    result_type = PartitionResult
+    result_type = TaskResult
 
     spec: ModelSpec
     algorithm: dict[str, Any]
@@ -52,7 +52,7 @@ class TrainHandler(microbatch.Handler):
         # The driver holds the parameter server and its locks: never ship it.
         return {**self.__dict__, "driver": None}
 
-    def process(self, block: Block) -> PartitionResult:
+    def process(self, block: Block) -> TaskResult:
         from pyspark import TaskContext
 
         ctx = TaskContext.get()
@@ -70,7 +70,7 @@ class TrainHandler(microbatch.Handler):
         if self.driver is not None:
             self.driver.on_tasks(n)
 
-    def on_batch(self, info: microbatch.BatchInfo) -> None:
+    def on_batch(self, info: microbatch.BatchFigures) -> None:
         if self.driver is not None:
             self.driver.on_batch(info)
 

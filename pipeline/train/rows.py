@@ -8,8 +8,8 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.ingest.microbatch import BatchInfo
-from pipeline.train.partition import PartitionResult
+from pipeline.ingest.microbatch import BatchFigures
+from pipeline.train.partition import TaskResult
 
 
 @dataclasses.dataclass
@@ -37,7 +37,7 @@ class TaskRow:
     transport: str
 
     @classmethod
-    def of(cls, result: PartitionResult, *, applied: int) -> TaskRow:
+    def of(cls, result: TaskResult, *, applied: int) -> TaskRow:
         """The row of a task's ``result``, of which the server applied ``applied`` mini-batches."""
         return cls(worker=result.worker, records=result.records, steps=result.steps_total, applied=applied,
                    skipped=result.steps_skipped, repeats=result.repeats, attempt=result.attempt,
@@ -84,9 +84,9 @@ class BatchRow:
     tasks: list[TaskRow] = dataclasses.field(default_factory=list)
 
     @classmethod
-    def from_batch(cls, info: BatchInfo, *, t: float, clock: int) -> BatchRow:
-        """The row of a batch whose handler results are :class:`PartitionResult`\\ s."""
-        results: list[PartitionResult] = info.results
+    def from_batch(cls, info: BatchFigures, *, t: float, clock: int) -> BatchRow:
+        """The row of a batch whose handler results are :class:`TaskResult`\\ s."""
+        results: list[TaskResult] = info.results
         staleness = [s for r in results for s in r.staleness]
         scored = [r for r in results if r.preq_n]
         preq_n = sum(r.preq_n for r in scored)
