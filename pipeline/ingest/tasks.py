@@ -60,6 +60,7 @@ class BatchTasks:
         self.spark, self.bootstrap, self.schema, self.handler = spark, bootstrap, schema, handler
         self.checkpoint, self.python_source, self.min_partitions = checkpoint, python_source, min_partitions
         self.dead_letter = (bootstrap, dead_letter_topic) if dead_letter_topic else None
+        self._last_end: tuple[int, offsets.Offsets] | None = None  # the last batch planned, and its end
 
     def plan(self, batch_id: int) -> list[OffsetRange] | None:
         """The tasks' ranges of ``batch_id``, as the Python source planned them from the
@@ -69,8 +70,11 @@ class BatchTasks:
         end = logged_offsets(self.checkpoint, batch_id)
         if end is None:
             raise StreamtrainError(f"No offsets logged for batch {batch_id} in {self.checkpoint}/offsets.")
-        start = logged_offsets(self.checkpoint, batch_id - 1) or {}
-        return offsets.plan(start, end, min_partitions=self.min_partitions)
+        # A batch starts where the one before ended: read from the log once, when that one ran here.
+        last = self._last_end
+        start = last[1] if last is not None and last[0] == batch_id - 1 else logged_offsets(self.checkpoint, batch_id - 1)
+        self._last_end = (batch_id, end)
+        return offsets.plan(start or {}, end, min_partitions=self.min_partitions)
 
     def run(self, df: Any, batch_id: int, ranges: list[OffsetRange] | None) -> list[TaskFigures]:
         """Process the batch ``df`` (id ``batch_id``) over its planned ``ranges`` (see
