@@ -84,7 +84,7 @@ def wait(stop: threading.Event) -> None:
         pass
 
 
-def _child(main: Main, name: str, job: dict[str, Any], report: Any, log_path: str) -> None:
+def _child(main: Main, what: str, job: dict[str, Any], report: Any, log_path: str) -> None:
     """A spawned child's entry point: its output to ``log_path`` (nobody reads a pipe while a
     run streams), tied to its parent, ``main`` run with a stop event; an error goes back as
     :class:`ChildFailed`, for the parent to turn into one line."""
@@ -100,7 +100,7 @@ def _child(main: Main, name: str, job: dict[str, Any], report: Any, log_path: st
             die_with_parent(parent)  # a driver killed outright leaves no child behind
             main(job, report.send, stop)
     except Exception as e:
-        log.error("%s failed: %s: %s", name, type(e).__name__, e)
+        log.error("%s failed: %s: %s", what, type(e).__name__, e)
         report.send(ChildFailed(f"{type(e).__name__}: {e}"))
 
 
@@ -111,14 +111,15 @@ class ChildProcess:
         main: a module-level function (the child imports its module afresh).
         job: its settings (picklable); the parent's pid is added, so that the child ends
             with it.
-        name: the process's name, and the child's in its log.
+        name: the process's name.
+        what: the child in its log's words (``the replay``).
         log_path: the child's output.
         stop_signal: what :meth:`stop` sends first (it kills the child 10 s later).
     """
 
-    def __init__(self, main: Main, job: dict[str, Any], *, name: str, log_path: Path,
+    def __init__(self, main: Main, job: dict[str, Any], *, name: str, what: str, log_path: Path,
                  stop_signal: int = signal.SIGTERM) -> None:
-        self.main, self.job, self.name, self.log_path = main, job, name, log_path
+        self.main, self.job, self.name, self.what, self.log_path = main, job, name, what, log_path
         self.stop_signal = stop_signal
         self._process: Any = None
         self._answers: Any = None
@@ -127,7 +128,7 @@ class ChildProcess:
         ctx = multiprocessing.get_context("spawn")
         self._answers, child_end = ctx.Pipe(duplex=False)
         self._process = ctx.Process(
-            target=_child, args=(self.main, self.name, {**self.job, "parent": os.getpid()}, child_end,
+            target=_child, args=(self.main, self.what, {**self.job, "parent": os.getpid()}, child_end,
                                  str(self.log_path)), name=self.name, daemon=True)
         self._process.start()
         child_end.close()

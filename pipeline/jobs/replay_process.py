@@ -59,7 +59,7 @@ class ReplayProcess:
         self.log_path = log_path
         self.report: ReplayReport | None = None  # once the replay is over
         # SIGINT, as Ctrl-C would: the replay flushes what it handed to Kafka.
-        self._child = ChildProcess(_replay, self.job, name="streamtrain-replay", log_path=log_path,
+        self._child = ChildProcess(_replay, self.job, name="streamtrain-replay", what="the replay", log_path=log_path,
                                    stop_signal=signal.SIGINT)
 
     @property

@@ -143,7 +143,8 @@ class ServingProcess:
     def __init__(self, job: dict[str, Any], log_path: Path) -> None:
         self.job, self.log_path = job, log_path
         self.url: str | None = None
-        self._child = processes.ChildProcess(serve_live, job, name="streamtrain-serve", log_path=log_path)
+        self._child = processes.ChildProcess(serve_live, job, name="streamtrain-serve", what="the model server",
+                                             log_path=log_path)
 
     def start(self) -> ServingProcess:
         """Start the child; it imports TensorFlow and builds the model while the caller goes
