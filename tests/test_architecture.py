@@ -39,7 +39,6 @@ READS_SETTINGS = {
     "pipeline.ingest.kafka.broker": "the broker's binaries and engine (`streamtrain broker`, tests, benchmarks)",
     "pipeline.cluster.jvmcache": "Spark's and Java's homes, and the JVM class cache",
     "pipeline.cluster.standalone": "Spark's home for the standalone daemons",
-    "pipeline.serve.process": "the model server's host and token (never on a command line)",
 }
 
 #: Modules that read ``os.environ`` besides the config module, with why (both hand the

@@ -7,6 +7,7 @@ from typing import Any
 
 import click
 
+from pipeline import config
 from pipeline.cli.base import bootstrap_option, cli, resolve_bootstrap
 from pipeline.errors import ConfigError
 
@@ -31,8 +32,8 @@ def serve(run_dir: str, port: int, name: str | None, max_age_s: float | None) ->
     if not (folder / checkpoint.FILENAME).is_file():
         raise ConfigError(f"Expected a run folder with a checkpoint ({checkpoint.FILENAME}). Received: {run_dir}; "
                           "pass the --out folder of a run that trained at least one micro-batch.")
-    process.check_serving(port, max_age_s)
-    host, token = process.host_and_token()
+    host, token = process.host_and_token(config.settings())
+    process.check_serving(port, max_age_s, host=host)
     process.serve_folder(folder, host=host, port=port, name=name, token=token, max_age_s=max_age_s)
 
 

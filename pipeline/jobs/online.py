@@ -265,13 +265,14 @@ class Run:
         """Record what ``streamtrain serve`` needs in the output folder; with --serve-port,
         start the model server's process (it imports TensorFlow while the workers warm up)."""
         from pipeline.serve.predictor import write_description
-        from pipeline.serve.process import ServingProcess
+        from pipeline.serve.process import ServingProcess, host_and_token
 
         write_description(self.out, spec, schema, name=self.cfg.dataset)
         if self.cfg.serve_port is None:
             return None
-        serving = ServingProcess.for_run(name=self.cfg.dataset, spec=spec, schema=schema, server=server,
-                                         port=self.cfg.serve_port, max_age_s=self.cfg.serve_max_age_s,
+        host, token = host_and_token(self.settings)
+        serving = ServingProcess.for_run(name=self.cfg.dataset, spec=spec, schema=schema, server=server, host=host,
+                                         port=self.cfg.serve_port, token=token, max_age_s=self.cfg.serve_max_age_s,
                                          log_path=self.out / "serve.log").start()
         stack.callback(serving.stop)
         return serving

@@ -13,11 +13,14 @@ import logging
 import sys
 import threading
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pipeline.cluster import processes
 from pipeline.cluster.security import LOOPBACK
 from pipeline.errors import ConfigError, StreamtrainError
+
+if TYPE_CHECKING:
+    from pipeline.config import Settings
 
 log = logging.getLogger(__name__)
 
@@ -30,12 +33,9 @@ class Listening:
     url: str
 
 
-def host_and_token() -> tuple[str, str | None]:
+def host_and_token(settings: Settings) -> tuple[str, str | None]:
     """Where model servers listen and the token they ask for (``STREAMTRAIN_SERVE_HOST``,
-    ``STREAMTRAIN_SERVE_TOKEN``); off loopback a token is required."""
-    from pipeline import config
-
-    settings = config.settings()
+    ``STREAMTRAIN_SERVE_TOKEN``, from the caller's ``settings``); off loopback a token is required."""
     token = settings.serve_token.get_secret_value() if settings.serve_token else None
     if settings.serve_host not in LOOPBACK and not token:
         raise ConfigError(f"STREAMTRAIN_SERVE_HOST={settings.serve_host} exposes the model beyond this machine: "
@@ -43,15 +43,14 @@ def host_and_token() -> tuple[str, str | None]:
     return settings.serve_host, token
 
 
-def check_serving(port: int, max_age_s: float | None) -> None:
-    """Refuse a serving port or bound that cannot work, before anything starts."""
+def check_serving(port: int, max_age_s: float | None, *, host: str) -> None:
+    """Refuse a serving port or bound that cannot work on ``host``, before anything starts."""
     import socket
 
     if not 0 <= port <= 65535:
         raise ConfigError(f"Expected --serve-port in [0, 65535] (0: a free port). Received: {port}")
     if max_age_s is not None and max_age_s <= 0:
         raise ConfigError(f"Expected --serve-max-age > 0 seconds. Received: {max_age_s}")
-    host, _ = host_and_token()
     if port:
         with socket.socket() as s:
             try:
@@ -129,12 +128,12 @@ class ServingProcess:
     """
 
     @classmethod
-    def for_run(cls, *, name: str, spec: Any, schema: Any, server: Any, port: int, max_age_s: float,
-                log_path: Path) -> ServingProcess:
-        """The server for a run's parameter ``server`` (its address and secret) and model."""
+    def for_run(cls, *, name: str, spec: Any, schema: Any, server: Any, host: str, port: int, token: str | None,
+                max_age_s: float, log_path: Path) -> ServingProcess:
+        """The server for a run's parameter ``server`` (its address and secret) and model,
+        listening on ``host:port`` (see :func:`host_and_token`)."""
         from pipeline.serve.predictor import schema_dict
 
-        host, token = host_and_token()
         return cls({"name": name, "spec": spec.to_json(), "schema": schema_dict(schema),
                     "address": f"{server.host}:{server.port}", "secret": server.secret, "size": spec.size,
                     "host": host, "port": port, "token": token, "max_age_s": max_age_s,
