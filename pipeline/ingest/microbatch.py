@@ -23,9 +23,9 @@ from typing import Any
 from pipeline import cluster, codec
 from pipeline.errors import ConfigError, StreamtrainError
 from pipeline.ingest import offsets, sources
-from pipeline.ingest.decode import Block, RangeFigures
+from pipeline.ingest.decode import Block, TaskFigures
 from pipeline.ingest.lag import LagMonitor
-from pipeline.ingest.offsets import OffsetRange
+from pipeline.ingest.offsets import OffsetRange, TopicPartition
 from pipeline.ingest.tasks import BatchTasks
 
 log = logging.getLogger(__name__)
@@ -53,7 +53,7 @@ class Handler:
     def on_tasks(self, n: int) -> None:
         """Driver: ``n`` tasks are about to process this micro-batch (Python source only)."""
 
-    def on_batch(self, info: BatchInfo) -> None:
+    def on_batch(self, info: BatchFigures) -> None:
         """Driver: called after every micro-batch, before Spark commits it."""
 
     def skip(self, batch_id: int, ranges: list[OffsetRange] | None) -> bool:
@@ -65,12 +65,12 @@ class Handler:
 
 
 @dataclasses.dataclass
-class BatchInfo:
+class BatchFigures:
     """Figures of one micro-batch.
 
     ``ranges`` are the ``[start, end)`` of every Kafka partition the batch covered
-    (the tasks' ranges merged); ``lag`` is log-end minus ``end`` per
-    ``topic-partition`` when the batch finished; ``results`` are what the handler
+    (the tasks' ranges merged); ``lag`` is log-end minus ``end`` per topic partition
+    when the batch finished; ``results`` are what the handler
     returned for each task; ``trigger_to_handler_s`` (from Spark's progress report)
     is filled in once the query reports it.
     """
@@ -84,14 +84,14 @@ class BatchInfo:
     decode_s: float = 0.0
     handler_s: float = 0.0
     batch_s: float = 0.0
-    lag: dict[str, int] = dataclasses.field(default_factory=dict)
+    lag: dict[TopicPartition, int] = dataclasses.field(default_factory=dict)
     trigger_to_handler_s: float | None = None
     results: list[Any] = dataclasses.field(default_factory=list)
     freshness_s: float | None = None  # the median of the tasks' median freshness
     started_at: float = 0.0  # time.monotonic() when the batch reached the driver
 
     @classmethod
-    def gather(cls, batch_id: int, figures: list[RangeFigures], *, started_at: float) -> BatchInfo:
+    def gather(cls, batch_id: int, figures: list[TaskFigures], *, started_at: float) -> BatchFigures:
         """Add up the tasks' figures."""
         info = cls(batch_id, offsets.merge_ranges([f.range for f in figures]), started_at=started_at)
         for f in figures:
@@ -153,7 +153,7 @@ class StreamJob:
         starting_offsets: ``earliest``, ``latest`` or Spark's Kafka JSON.
         dead_letter_topic: where rejected records go (default ``<first topic>.dlq``; "" for none).
         on_lag: called about once a second with the lag (log end minus the end of the
-            last handled batch) of every ``topic-partition`` handled so far, so that lag
+            last handled batch) of every topic partition handled so far, so that lag
             keeps moving while batches are slow or stalled.
     """
 
@@ -173,7 +173,7 @@ class StreamJob:
         min_partitions: int | None = None,
         starting_offsets: str = "earliest",
         dead_letter_topic: str | None = None,
-        on_lag: Callable[[dict[str, int]], None] | None = None,
+        on_lag: Callable[[dict[TopicPartition, int]], None] | None = None,
     ) -> None:
         if not topics:
             raise ConfigError("Expected at least one topic to read.")
@@ -195,7 +195,7 @@ class StreamJob:
         logging.getLogger("py4j.clientserver").addFilter(_PY4J_FILTER)  # once: a filter is added only once
         #: The figures of the last :data:`KEEP_BATCHES` batches handled (a job that never stops
         #: keeps a window, not every batch); :attr:`handled` counts them all.
-        self.batches: collections.deque[BatchInfo] = collections.deque(maxlen=KEEP_BATCHES)
+        self.batches: collections.deque[BatchFigures] = collections.deque(maxlen=KEEP_BATCHES)
         self.handled = 0
         self._failure: StreamtrainError | None = None  # what a batch raised, for run() to raise as it was
         self._stop_requested = threading.Event()
@@ -203,7 +203,7 @@ class StreamJob:
         self._prepared = threading.Event()
         self._prepared.set()
         self._lag: LagMonitor | None = None
-        self._handled: dict[tuple[str, int], OffsetRange] = {}  # the last handled range per partition
+        self._handled: dict[TopicPartition, OffsetRange] = {}  # the last handled range per partition
 
     def use(self, handler: Handler) -> None:
         """Feed the batches to ``handler`` from now on: a job can start its query before its
@@ -219,17 +219,18 @@ class StreamJob:
             raise StreamtrainError(_STOP_MARKER)
         self._in_batch.set()
         try:
-            if self.handler.skip(batch_id, self._tasks.logged_ranges(batch_id)):
+            planned = self._tasks.plan(batch_id)  # Spark's offset log, read once for the batch
+            if self.handler.skip(batch_id, None if planned is None else offsets.merge_ranges(planned)):
                 log.info("batch %d was applied before a restart: skipped", batch_id)
                 return
             started, started_at = time.perf_counter(), time.monotonic()
-            info = BatchInfo.gather(batch_id, self._tasks.run(df, batch_id), started_at=started_at)
+            info = BatchFigures.gather(batch_id, self._tasks.run(df, batch_id, planned), started_at=started_at)
             info.lag = self._lag.lag(info.ranges) if self._lag else {}
             info.batch_s = time.perf_counter() - started
             self.handler.on_batch(info)
             self.batches.append(info)
             self.handled += 1
-            self._handled.update(((r.topic, r.partition), r) for r in info.ranges)
+            self._handled.update((r.topic_partition, r) for r in info.ranges)
             log.debug("batch %d: %d records (%d rejected) in %.2f s", batch_id, info.rows, info.rows - info.accepted,
                       info.batch_s)
         except StreamtrainError as e:
@@ -258,7 +259,7 @@ class StreamJob:
         return writer.start()
 
     def run(self, *, max_batches: int | None = None, timeout_s: float | None = None,
-            until: Callable[[], bool] | None = None, prepare: Callable[[], None] | None = None) -> list[BatchInfo]:
+            until: Callable[[], bool] | None = None, prepare: Callable[[], None] | None = None) -> list[BatchFigures]:
         """Run until ``max_batches`` more batches are done, ``timeout_s`` passes, ``until()``
         is true, or (with ``available_now``) the data at start is drained; return the
         batches' figures.

@@ -57,11 +57,11 @@ def _wait_until(predicate: Any, timeout_s: float, what: str) -> None:
         time.sleep(0.05)
 
 
-def _ids(batches: list[stream.BatchInfo]) -> list[int]:
+def _ids(batches: list[stream.BatchFigures]) -> list[int]:
     return [i for b in batches for r in b.results for i in r["ids"]]
 
 
-def _assert_contiguous(batches: list[stream.BatchInfo]) -> dict[tuple[str, int], int]:
+def _assert_contiguous(batches: list[stream.BatchFigures]) -> dict[tuple[str, int], int]:
     """Each partition's ranges follow one another with no gap and no overlap; returns the ends."""
     ends: dict[tuple[str, int], int] = {}
     for b in batches:
@@ -197,7 +197,7 @@ def test_restart_after_sigkill_mid_batch_replays_the_same_batch(spark, broker, t
     assert after[0].batch_id == 1
     assert [list(dataclasses.astuple(r)) for r in after[0].ranges] == before[1]["ranges"]
     ranges = [OffsetRange(*r) for r in before[0]["ranges"]]
-    all_batches = [stream.BatchInfo(0, ranges, rows=before[0]["rows"]), *after]
+    all_batches = [stream.BatchFigures(0, ranges, rows=before[0]["rows"]), *after]
     assert sum(_assert_contiguous(all_batches).values()) == produced
 
 
