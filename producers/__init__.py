@@ -2,6 +2,7 @@
 format only, nothing of Spark or training."""
 
 from producers import datasets
-from producers.replay import Replay, ReplayReport
+from producers.replay import Replay
+from producers.report import ReplayReport
 
 __all__ = ["Replay", "ReplayReport", "datasets"]

@@ -3,21 +3,16 @@
 Records go out in the wire format of :mod:`pipeline.codec`, keyed by record id
 (partition = id mod partitions, so a replay is spread evenly and the same record
 always lands in the same partition), from an idempotent producer. Only records
-Kafka acknowledged count as sent.
+Kafka acknowledged count as sent (:mod:`producers.sender`); the pace is
+:mod:`producers.pacing`'s and the report :mod:`producers.report`'s.
 """
 
 from __future__ import annotations
 
-import collections
-import contextlib
-import dataclasses
 import logging
-import os
-import signal
-import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -28,149 +23,14 @@ from pipeline.ingest.kafka import client
 from pipeline.observe import metrics
 from producers.datasets import Chunk, Dataset
 from producers.datasets.base import MALFORMED_REASONS
+from producers.pacing import RateLimiter
+from producers.report import ReplayReport, malformed_detail
+from producers.sender import PRODUCER_DEFAULTS, Sender
 
 log = logging.getLogger(__name__)
 
-#: Producer settings measured best for ~800-byte records on the embedded broker.
-PRODUCER_DEFAULTS: dict[str, Any] = {
-    "enable_idempotence": True,
-    "acks": "all",
-    "linger_ms": 5,
-    "batch_size": 1 << 20,
-    "max_request_size": 4 << 20,
-}
-
-
-#: Times a record whose send failed for a reason worth retrying is sent again before it
-#: counts as a send error (with waits of 0.4, 0.8, ... up to 5 s between: about half a minute).
-RESENDS = 8
 #: Seconds a finishing replay waits for Kafka to acknowledge what it sent (resends included).
 FINAL_FLUSH_S = 30.0
-
-
-def _worth_resending(error: BaseException | None) -> bool:
-    """Whether a failed send may succeed if sent again: Kafka's retriable errors, and the
-    idempotent producer's sequence errors after a broker restarted and lost its producer
-    state (kafka-python then takes a new epoch and fails what was in flight, unappended).
-
-    >>> from kafka import errors
-    >>> _worth_resending(errors.OutOfOrderSequenceNumberError()), _worth_resending(errors.MessageSizeTooLargeError())
-    (True, False)
-    """
-    return bool(getattr(error, "retriable", False)) or _lost_sequence(error)
-
-
-def _close(producer: Any, *, timeout_s: float) -> None:
-    """Close a producer; with Kafka away, kafka-python's close raises once its flush times
-    out: what it held is counted unacknowledged by then."""
-    from kafka.errors import KafkaTimeoutError
-
-    with contextlib.suppress(KafkaTimeoutError):
-        producer.close(timeout=timeout_s)
-
-
-def _lost_sequence(error: BaseException | None) -> bool:
-    """Whether the broker no longer knows the idempotent producer's sequence (it restarted)."""
-    from kafka import errors
-
-    return isinstance(error, (errors.OutOfOrderSequenceNumberError, errors.UnknownProducerIdError,
-                              errors.InvalidProducerEpochError))
-
-
-class RateLimiter:
-    """Paces a sender to ``rate`` records/s on average since start (no burst debt beyond it).
-
-    Example:
-        >>> now = [0.0]
-        >>> limiter = RateLimiter(100, clock=lambda: now[0], sleep=lambda s: now.__setitem__(0, now[0] + s))
-        >>> limiter.wait(50); now[0]
-        0.5
-        >>> limiter.wait(50); now[0]     # already on schedule: no extra sleep
-        0.5
-    """
-
-    def __init__(
-        self,
-        rate: float | None,
-        *,
-        clock: Callable[[], float] = time.monotonic,
-        sleep: Callable[[float], object] = time.sleep,
-    ) -> None:
-        if rate is not None and rate <= 0:
-            raise ConfigError(f"Expected --rate > 0 records/s (or none for full speed). Received: {rate}")
-        self.rate = rate
-        self._clock, self._sleep = clock, sleep
-        self._start = clock()
-
-    def wait(self, sent: int) -> None:
-        """Sleep until ``sent`` records are due."""
-        if self.rate is None:
-            return
-        ahead = self._start + sent / self.rate - self._clock()
-        if ahead > 0:
-            self._sleep(ahead)
-
-    def slice_size(self) -> int:
-        """Records to send between waits: ~100 waits a second, at least 1."""
-        return 4096 if self.rate is None else max(1, int(self.rate / 100))
-
-
-@dataclasses.dataclass
-class ReplayReport:
-    """What a replay did. ``records_sent`` counts acknowledged records only."""
-
-    topic: str
-    records_sent: int = 0
-    bytes_sent: int = 0
-    send_errors: int = 0
-    malformed: int = 0
-    malformed_by_reason: dict[str, int] = dataclasses.field(default_factory=dict)
-    malformed_examples: list[tuple[int, str]] = dataclasses.field(default_factory=list)  # (line, reason)
-    epochs: int = 0
-    seconds: float = 0.0
-    interrupted: bool = False
-    resumed_after: int = 0  # records of this replay already in the topic, not sent again
-
-    @property
-    def records_per_s(self) -> float:
-        return self.records_sent / self.seconds if self.seconds else 0.0
-
-    @property
-    def mb_per_s(self) -> float:
-        return self.bytes_sent / self.seconds / 1e6 if self.seconds else 0.0
-
-    def summary(self) -> str:
-        """One line for people.
-
-        >>> ReplayReport("t", records_sent=10, bytes_sent=8000, seconds=2.0).summary()
-        'sent 10 records (0.0 MB) to t in 2.0 s: 5 records/s, 0.00 MB/s; 0 send errors, 0 malformed rows skipped'
-        >>> ReplayReport("t", malformed=2, malformed_examples=[(3, "not_a_number"), (9, "bad_label")]).summary().split("; ")[1]
-        '0 send errors, 2 malformed rows skipped (line 3: not_a_number, line 9: bad_label)'
-        """
-        stopped = " (interrupted)" if self.interrupted else ""
-        if self.resumed_after:
-            stopped += f" (resumed after the {self.resumed_after} records already there)"
-        return (
-            f"sent {self.records_sent} records ({self.bytes_sent / 1e6:.1f} MB) to {self.topic} in "
-            f"{self.seconds:.1f} s{stopped}: {self.records_per_s:.0f} records/s, {self.mb_per_s:.2f} MB/s; "
-            f"{self.send_errors} send errors, {self.malformed} malformed rows skipped{self.malformed_detail()}"
-        )
-
-    def malformed_detail(self) -> str:
-        """`` (line 3: not_a_number, ...)`` for the first malformed rows, or nothing."""
-        return _malformed_detail(self.malformed, self.malformed_examples)
-
-
-def _malformed_detail(malformed: int, examples: list[tuple[int, str]]) -> str:
-    """The first malformed rows by line and reason, for a summary or an error.
-
-    >>> _malformed_detail(3, [(3, "not_a_number")])
-    ' (line 3: not_a_number, ...)'
-    """
-    if not examples:
-        return ""
-    more = ", ..." if malformed > len(examples) else ""
-    return " (" + ", ".join(f"line {n}: {why}" for n, why in examples) + more + ")"
 
 
 class Replay:
@@ -238,12 +98,8 @@ class Replay:
         self.max_malformed = max_malformed
         self.producer_config = {**PRODUCER_DEFAULTS, **(producer_config or {})}
         self.progress = progress
-        #: Sends not yet counted: (futures, record size, (value, key, partition) of each, resends so far).
-        self._pending: collections.deque[tuple[list[Any], int, list[tuple[bytes, bytes, int]], int]] = \
-            collections.deque()
-        self._producer: Any = None
-        self._renew = False  # a sequence error was seen: replace the producer before sending again
-        self._resend: collections.deque[tuple[list[tuple[bytes, bytes, int]], int, int]] = collections.deque()
+        self._sender = Sender(bootstrap=self.bootstrap, topic=topic, labels=(topic, dataset.name), meters=self.metrics,
+                              producer_config=self.producer_config, stopping=self.stopping)
         #: Resuming: records of each partition already in the topic (this replay's order is
         #: deterministic, so they are the first that many bound for it); None: send all.
         self.resume = resume
@@ -259,58 +115,6 @@ class Replay:
             self.metrics.epochs.labels(self.topic, self.dataset.name).inc()
             if not self.loop or empty or (self.epochs is not None and report.epochs >= self.epochs):
                 return
-
-    def _settle(self, report: ReplayReport, *, block: bool) -> None:
-        """Count acknowledged and failed sends, oldest first; stop at the first unfinished
-        one unless ``block`` (after a flush, when all are finished). A send that failed for
-        a reason worth retrying (a broker restarting, see :func:`_worth_resending`) goes to
-        :attr:`_resend`, up to :data:`RESENDS` times."""
-        labels = (self.topic, self.dataset.name)
-        while self._pending:
-            futures, size, records, tries = self._pending[0]
-            # A slice's records go to several partitions, whose batches finish in any order:
-            # the last one done says nothing of the others.
-            if not block and not (futures[-1].is_done and all(f.is_done for f in futures)):
-                return
-            self._pending.popleft()
-            again = [rec for f, rec in zip(futures, records, strict=True)
-                     if f.failed() and tries < RESENDS and _worth_resending(f.exception)]
-            self._renew = self._renew or any(f.failed() and _lost_sequence(f.exception) for f in futures)
-            if again:
-                self._resend.append((again, size, tries + 1))
-            # After a flush that timed out, a send still unfinished is not acknowledged.
-            failed = sum(1 for f in futures if f.failed() or not f.is_done) - len(again)
-            ok = len(futures) - failed - len(again)
-            report.records_sent += ok
-            report.bytes_sent += ok * size
-            report.send_errors += failed
-            self.metrics.records_sent.labels(*labels).inc(ok)
-            self.metrics.bytes_sent.labels(*labels).inc(ok * size)
-            if failed or again:
-                first = next((f for f in futures if f.failed()), None)
-                self.metrics.send_errors.labels(*labels).inc(failed)
-                log.warning("%d records not acknowledged by Kafka (%d to send again): %s", failed + len(again),
-                            len(again), first.exception if first is not None else "no answer in time")
-
-    def _send_again(self) -> None:
-        """Send the records whose sends failed for a reason worth retrying, after a short wait
-        for the broker; their futures join the pending ones.
-
-        After a sequence error the producer is replaced by a new one (a new producer id, no
-        sequence history): kafka-python's own recovery (a new epoch, sequences renumbered
-        while batches are in flight) lost acknowledged records on a restarted noida broker.
-        """
-        if self._renew:
-            old, self._producer = self._producer, self._new_producer()
-            _close(old, timeout_s=10)  # what it still had in flight settles (and may come back here)
-            self._renew = False
-        producer = self._producer
-        if self._resend:  # one wait for all: a broker restart fails what was in flight at once
-            self.stopping.wait(min(5.0, 0.2 * 2 ** max(tries for _, _, tries in self._resend)))
-        while self._resend:
-            records, size, tries = self._resend.popleft()
-            futures = [producer.send(self.topic, value, key, None, part) for value, key, part in records]
-            self._pending.append((futures, size, records, tries))
 
     def stop(self) -> None:
         """Ask a running replay to stop; safe from a signal handler or another thread."""
@@ -331,7 +135,7 @@ class Replay:
             report.resumed_after = int(self._skip.sum())
         if self.stopping.is_set():
             return self._interrupted_before_start(report, started)
-        self._producer = self._new_producer()
+        self._sender.open()
         self.metrics.target_rate.labels(self.topic).set(self.limiter.rate or 0)
         total = self._total()
         if total is not None and self._skip is not None:
@@ -342,8 +146,8 @@ class Replay:
         except KeyboardInterrupt:  # no signal handler installed (a library caller): the default Ctrl-C
             report.interrupted = True
         finally:
-            self._drain(report)
-            _close(self._producer, timeout_s=5)
+            self._sender.drain(report, within_s=FINAL_FLUSH_S)
+            self._sender.close(timeout_s=5)
             if bar is not None:
                 bar.close()
             report.seconds = time.monotonic() - started
@@ -364,33 +168,6 @@ class Replay:
         finally:
             c.close()
         return np.array([ends[tp] for tp in tps], np.int64)
-
-    def _drain(self, report: ReplayReport) -> None:
-        """Wait for every send, sending again what failed for a reason worth retrying, within
-        :data:`FINAL_FLUSH_S` in all (so a Ctrl-C while Kafka is away still reports soon);
-        what is unacknowledged by then counts as send errors. A stop ends the replay; it
-        does not drop records already taken from the data."""
-        from kafka.errors import KafkaTimeoutError
-
-        deadline = time.monotonic() + FINAL_FLUSH_S
-        while True:
-            with contextlib.suppress(KafkaTimeoutError):
-                self._producer.flush(timeout=max(0.1, deadline - time.monotonic()))
-            self._settle(report, block=True)
-            if not self._resend or time.monotonic() >= deadline:
-                break
-            self._send_again()
-        unsent = sum(len(records) for records, _, _ in self._resend)
-        if unsent:
-            self._resend.clear()
-            report.send_errors += unsent
-            self.metrics.send_errors.labels(self.topic, self.dataset.name).inc(unsent)
-            log.warning("%d records still unacknowledged by Kafka after %g s", unsent, FINAL_FLUSH_S)
-
-    def _new_producer(self) -> Any:
-        from kafka import KafkaProducer
-
-        return KafkaProducer(bootstrap_servers=self.bootstrap, **self.producer_config)
 
     def _interrupted_before_start(self, report: ReplayReport, started: float) -> ReplayReport:
         report.interrupted = True
@@ -433,16 +210,14 @@ class Replay:
                     report.interrupted = True
                     return
                 batch = order[lo : lo + step].tolist()
-                send = self._producer.send
-                futures = [send(self.topic, values[i], keys[i], None, parts[i]) for i in batch]
-                self._pending.append((futures, size, [(values[i], keys[i], parts[i]) for i in batch], 0))
+                self._sender.send([(values[i], keys[i], parts[i]) for i in batch], size)
                 sent += len(batch)
                 if bar is not None:
                     bar.update(len(batch))
                 # Count acknowledgements as they come, so the sent-records rate is smooth
                 # even when a rate-limited chunk takes many seconds.
-                self._settle(report, block=False)
-                self._send_again()
+                self._sender.settle(report, block=False)
+                self._sender.send_again()
             handed += n
             self._count_malformed()
             self._check_malformed(final=False)
@@ -467,7 +242,7 @@ class Replay:
             failed = (final or data.rows_read >= 1000) and data.malformed > limit * max(1, data.rows_read)
             allowed = f"{limit:.0%} of the rows"
         if failed:
-            detail = _malformed_detail(data.malformed, data.malformed_examples)
+            detail = malformed_detail(data.malformed, data.malformed_examples)
             raise DataError(f"Expected at most {allowed} of {data.name} to be malformed (--max-malformed). "
                             f"Received: {data.malformed} of {data.rows_read} rows read{detail}. Fix the file, "
                             "or raise --max-malformed.")
@@ -495,34 +270,6 @@ def skip_mask(parts: np.ndarray, remaining: np.ndarray) -> np.ndarray:
     return keep
 
 
-@contextlib.contextmanager
-def stop_on_signals(stop: threading.Event) -> Iterator[threading.Event]:
-    """While inside, SIGINT and SIGTERM set ``stop`` rather than raise KeyboardInterrupt;
-    a second one exits at once (status 130) without flushing.
-
-    Why: kafka-python runs its event loop in the calling thread during metadata, topic
-    and send calls, and logs and drops any exception raised inside a task there, a
-    KeyboardInterrupt included; a Ctrl-C that landed in one was lost and the producer
-    ran on. A flag that the send loop reads cannot be lost. Main thread only.
-    """
-    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
-
-    def handle(signum: int, _frame: Any) -> None:
-        if stop.is_set():
-            sys.stderr.write("interrupted again: exiting without waiting for Kafka\n")
-            sys.stderr.flush()
-            os._exit(130)
-        stop.set()
-
-    for sig in previous:
-        signal.signal(sig, handle)
-    try:
-        yield stop
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-
-
 def replay_with_metrics(dataset: Dataset, *, metrics_host: str = "127.0.0.1", metrics_port: int = 0,
                         **options: Any) -> ReplayReport:
     """Run a :class:`Replay` of ``dataset`` (``options`` are its arguments) while serving its
@@ -540,37 +287,3 @@ def replay_with_metrics(dataset: Dataset, *, metrics_host: str = "127.0.0.1", me
         return report
     finally:
         server.stop()
-
-
-def replay_in_child(job: dict[str, Any], report: Any, log_path: str) -> None:
-    """The entry point of a replay in a process of its own (``multiprocessing``, spawned).
-
-    Args:
-        job: ``dataset`` (a name), ``data_dir``, ``metrics_host``, ``metrics_port`` and the
-            :class:`Replay` arguments.
-        report: a connection the :class:`ReplayReport` is sent through as a dict, or a
-            one-line ``{"error": ...}`` when the replay could not run.
-        log_path: where the child's log goes (nobody reads a pipe while a run streams).
-    """
-    from pathlib import Path
-
-    from pipeline.ingest.kafka.broker import die_with_parent
-    from producers import datasets
-
-    with open(log_path, "a") as f:  # stdout and stderr, C libraries' included
-        os.dup2(f.fileno(), 1)
-        os.dup2(f.fileno(), 2)
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s %(levelname).1s %(name)s: %(message)s", datefmt="%H:%M:%S")
-    job = dict(job)
-    try:
-        with stop_on_signals(threading.Event()) as stop:  # the parent stops us with SIGINT
-            die_with_parent(job.pop("parent", None))  # a driver killed outright: no replay left behind
-            data = datasets.get(job.pop("dataset"), data_dir=Path(job.pop("data_dir")))
-            result = replay_with_metrics(data, stop=stop, **job)
-    except Exception as e:  # the parent turns it into one line
-        log.error("the replay failed: %s: %s", type(e).__name__, e)
-        report.send({"error": f"{type(e).__name__}: {e}"})
-        return
-    print(result.summary(), flush=True)
-    report.send(dataclasses.asdict(result))

@@ -20,14 +20,14 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from pipeline.ingest.decode import Block, RangeFigures
-    from pipeline.ingest.microbatch import BatchInfo, Handler, StreamJob
+    from pipeline.ingest.decode import Block, TaskFigures
+    from pipeline.ingest.microbatch import BatchFigures, Handler, StreamJob
     from pipeline.ingest.offsets import OffsetRange
 
 _EXPORTS = {
-    "BatchInfo": "pipeline.ingest.microbatch", "Handler": "pipeline.ingest.microbatch",
+    "BatchFigures": "pipeline.ingest.microbatch", "Handler": "pipeline.ingest.microbatch",
     "StreamJob": "pipeline.ingest.microbatch", "Block": "pipeline.ingest.decode",
-    "RangeFigures": "pipeline.ingest.decode", "OffsetRange": "pipeline.ingest.offsets",
+    "TaskFigures": "pipeline.ingest.decode", "OffsetRange": "pipeline.ingest.offsets",
 }
 
 
@@ -37,4 +37,4 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'pipeline.ingest' has no attribute {name!r}")
 
 
-__all__ = ["BatchInfo", "Block", "Handler", "OffsetRange", "RangeFigures", "StreamJob"]
+__all__ = ["BatchFigures", "Block", "Handler", "OffsetRange", "TaskFigures", "StreamJob"]

@@ -46,7 +46,7 @@ class Block:
 
 
 @dataclasses.dataclass
-class RangeFigures:
+class TaskFigures:
     """What one task did with one offset range.
 
     Attributes:
@@ -79,7 +79,7 @@ class RangeFigures:
         return json.dumps({**dataclasses.asdict(self), "range": dataclasses.astuple(self.range), "result": result})
 
     @classmethod
-    def from_json(cls, text: str, result_type: type | None = None) -> RangeFigures:
+    def from_json(cls, text: str, result_type: type | None = None) -> TaskFigures:
         """Read :meth:`to_json` back; the result as ``result_type(**result)`` when given."""
         d = json.loads(text)
         result = d.pop("result")
@@ -90,7 +90,7 @@ class RangeFigures:
 def decode_range(
     batches: Iterator[Any], *, schema: codec.Schema, handler: Handler, planned: OffsetRange | None,
     dead_letter: tuple[str, str] | None,
-) -> RangeFigures:
+) -> TaskFigures:
     """Decode one task's Arrow batches (one Kafka partition's range), dead-letter the rejects,
     and run the handler on the rest.
 
@@ -128,7 +128,7 @@ def decode_range(
     handler_s = time.perf_counter() - started
     freshness = float(np.median(time.time() - block.timestamps_ms / 1000)) if len(block.timestamps_ms) else None
     nbytes = int(pa.compute.sum(pa.compute.binary_length(values)).as_py() or 0)
-    return RangeFigures(covered, len(table), nbytes, len(ok), decoded.reject_counts(), decode_s, handler_s,
+    return TaskFigures(covered, len(table), nbytes, len(ok), decoded.reject_counts(), decode_s, handler_s,
                         freshness, result)
 
 

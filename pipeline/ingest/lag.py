@@ -6,7 +6,7 @@ import logging
 import threading
 from collections.abc import Callable
 
-from pipeline.ingest.offsets import OffsetRange
+from pipeline.ingest.offsets import OffsetRange, TopicPartition
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +28,7 @@ class LagMonitor:
         self.bootstrap, self.topics, self.interval_s = bootstrap, topics, interval_s
         self.isolation_level = isolation_level
         self.on_refresh = on_refresh
-        self.ends: dict[tuple[str, int], int] = {}
+        self.ends: dict[TopicPartition, int] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="lag-monitor", daemon=True)
 
@@ -58,11 +58,16 @@ class LagMonitor:
                     c.close()
             self._stop.wait(self.interval_s)
 
-    def lag(self, ranges: list[OffsetRange]) -> dict[str, int]:
-        """Log end minus each range's end, per ``topic-partition`` whose end is known."""
+    def lag(self, ranges: list[OffsetRange]) -> dict[TopicPartition, int]:
+        """Log end minus each range's end, per topic partition whose end is known."""
         ends = self.ends
-        return {f"{r.topic}-{r.partition}": max(0, ends[(r.topic, r.partition)] - r.end)
-                for r in ranges if (r.topic, r.partition) in ends}
+        return {r.topic_partition: max(0, ends[r.topic_partition] - r.end) for r in ranges if r.topic_partition in ends}
+
+    def unread(self, ranges: list[OffsetRange]) -> dict[TopicPartition, int]:
+        """Log end minus each range's start: the lag a batch that could not be read leaves
+        (the range's end where the log end is not known yet)."""
+        ends = self.ends
+        return {r.topic_partition: max(ends.get(r.topic_partition, r.end), r.end) - r.start for r in ranges}
 
     def stop(self) -> None:
         self._stop.set()

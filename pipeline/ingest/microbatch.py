@@ -23,10 +23,10 @@ from typing import Any
 from pipeline import cluster, codec
 from pipeline.errors import ConfigError, StreamtrainError
 from pipeline.ingest import offsets, sources
-from pipeline.ingest.decode import Block, RangeFigures
-from pipeline.ingest.kafka.fetch import UnreadableRange, isolation_id
+from pipeline.ingest.decode import Block, TaskFigures
+from pipeline.ingest.kafka.fetch import UnreadableRange
 from pipeline.ingest.lag import LagMonitor
-from pipeline.ingest.offsets import OffsetRange
+from pipeline.ingest.offsets import OffsetRange, TopicPartition
 from pipeline.ingest.tasks import BatchTasks
 
 log = logging.getLogger(__name__)
@@ -54,7 +54,7 @@ class Handler:
     def on_tasks(self, n: int) -> None:
         """Driver: ``n`` tasks are about to process this micro-batch (Python source only)."""
 
-    def on_batch(self, info: BatchInfo) -> None:
+    def on_batch(self, info: BatchFigures) -> None:
         """Driver: called after every micro-batch, before Spark commits it."""
 
     def skip(self, batch_id: int, ranges: list[OffsetRange] | None) -> bool:
@@ -66,13 +66,13 @@ class Handler:
 
 
 @dataclasses.dataclass
-class BatchInfo:
+class BatchFigures:
     """Figures of one micro-batch.
 
     ``ranges`` are the ``[start, end)`` of every Kafka partition the batch covered
-    (the tasks' ranges merged); ``lag`` is log-end minus ``end`` per
-    ``topic-partition`` when the batch finished; ``aborted`` counts the records of
-    aborted transactions its ranges held, not read (read_committed); ``results`` are what the handler
+    (the tasks' ranges merged); ``lag`` is log-end minus ``end`` per topic partition
+    when the batch finished; ``aborted`` counts the records of aborted transactions its
+    ranges held, not read (read_committed); ``results`` are what the handler
     returned for each task; ``trigger_to_handler_s`` (from Spark's progress report)
     is filled in once the query reports it.
     """
@@ -87,14 +87,14 @@ class BatchInfo:
     decode_s: float = 0.0
     handler_s: float = 0.0
     batch_s: float = 0.0
-    lag: dict[str, int] = dataclasses.field(default_factory=dict)
+    lag: dict[TopicPartition, int] = dataclasses.field(default_factory=dict)
     trigger_to_handler_s: float | None = None
     results: list[Any] = dataclasses.field(default_factory=list)
     freshness_s: float | None = None  # the median of the tasks' median freshness
     started_at: float = 0.0  # time.monotonic() when the batch reached the driver
 
     @classmethod
-    def gather(cls, batch_id: int, figures: list[RangeFigures], *, started_at: float) -> BatchInfo:
+    def gather(cls, batch_id: int, figures: list[TaskFigures], *, started_at: float) -> BatchFigures:
         """Add up the tasks' figures."""
         info = cls(batch_id, offsets.merge_ranges([f.range for f in figures]), started_at=started_at)
         for f in figures:
@@ -156,13 +156,10 @@ class StreamJob:
         min_partitions: split ranges so a batch has at least this many tasks.
         starting_offsets: ``earliest``, ``latest`` or Spark's Kafka JSON.
         dead_letter_topic: where rejected records go (default ``<first topic>.dlq``; "" for none).
-        on_lag: called about once a second with the lag (log end minus the end of the
-            last handled batch) of every ``topic-partition`` handled so far, so that lag
-            keeps moving while batches are slow or stalled.
-        isolation_level: ``read_committed`` (the default: no record of an aborted
-            transaction is read, batches end below open ones) or ``read_uncommitted``.
-        on_unreadable: called with the error when a batch holds records that cannot be
-            read (the run then fails with it); the lag then counts what is left unread.
+        on_lag: called about once a second with the lag (log end minus the end of the last
+            handled batch) per topic partition, so that it moves while batches are slow or stalled.
+        isolation_level: Kafka's, ``read_committed`` (the default) or ``read_uncommitted``.
+        on_unreadable: called with a batch's :class:`UnreadableRange` and the lag it leaves.
     """
 
     def __init__(
@@ -181,9 +178,9 @@ class StreamJob:
         min_partitions: int | None = None,
         starting_offsets: str = "earliest",
         dead_letter_topic: str | None = None,
-        on_lag: Callable[[dict[str, int]], None] | None = None,
+        on_lag: Callable[[dict[TopicPartition, int]], None] | None = None,
         isolation_level: str = "read_committed",
-        on_unreadable: Callable[[UnreadableRange], None] | None = None,
+        on_unreadable: Callable[[UnreadableRange, dict[TopicPartition, int]], None] | None = None,
     ) -> None:
         if not topics:
             raise ConfigError("Expected at least one topic to read.")
@@ -198,8 +195,6 @@ class StreamJob:
         self.min_partitions = min_partitions or 0
         self.starting_offsets = starting_offsets
         self.dead_letter_topic = f"{topics[0]}.dlq" if dead_letter_topic is None else dead_letter_topic
-        isolation_id(isolation_level)  # a bad value fails here, not in the query
-        self.isolation_level = isolation_level
         self._tasks = BatchTasks(spark, bootstrap=bootstrap, schema=schema, handler=self.handler,
                                  checkpoint=self.checkpoint, python_source=self.source_kind == "python",
                                  min_partitions=self.min_partitions, dead_letter_topic=self.dead_letter_topic,
@@ -208,7 +203,7 @@ class StreamJob:
         logging.getLogger("py4j.clientserver").addFilter(_PY4J_FILTER)  # once: a filter is added only once
         #: The figures of the last :data:`KEEP_BATCHES` batches handled (a job that never stops
         #: keeps a window, not every batch); :attr:`handled` counts them all.
-        self.batches: collections.deque[BatchInfo] = collections.deque(maxlen=KEEP_BATCHES)
+        self.batches: collections.deque[BatchFigures] = collections.deque(maxlen=KEEP_BATCHES)
         self.handled = 0
         self._failure: StreamtrainError | None = None  # what a batch raised, for run() to raise as it was
         self._stop_requested = threading.Event()
@@ -216,7 +211,7 @@ class StreamJob:
         self._prepared = threading.Event()
         self._prepared.set()
         self._lag: LagMonitor | None = None
-        self._handled: dict[tuple[str, int], OffsetRange] = {}  # the last handled range per partition
+        self._handled: dict[TopicPartition, OffsetRange] = {}  # the last handled range per partition
 
     def use(self, handler: Handler) -> None:
         """Feed the batches to ``handler`` from now on: a job can start its query before its
@@ -232,22 +227,23 @@ class StreamJob:
             raise StreamtrainError(_STOP_MARKER)
         self._in_batch.set()
         try:
-            if self.handler.skip(batch_id, self._tasks.logged_ranges(batch_id)):
+            planned = self._tasks.plan(batch_id)  # Spark's offset log, read once for the batch
+            if self.handler.skip(batch_id, None if planned is None else offsets.merge_ranges(planned)):
                 log.info("batch %d was applied before a restart: skipped", batch_id)
                 return
             started, started_at = time.perf_counter(), time.monotonic()
-            info = BatchInfo.gather(batch_id, self._tasks.run(df, batch_id), started_at=started_at)
+            info = BatchFigures.gather(batch_id, self._tasks.run(df, batch_id, planned), started_at=started_at)
             info.lag = self._lag.lag(info.ranges) if self._lag else {}
             info.batch_s = time.perf_counter() - started
             self.handler.on_batch(info)
             self.batches.append(info)
             self.handled += 1
-            self._handled.update(((r.topic, r.partition), r) for r in info.ranges)
+            self._handled.update((r.topic_partition, r) for r in info.ranges)
             log.debug("batch %d: %d records (%d rejected) in %.2f s", batch_id, info.rows, info.rows - info.accepted,
                       info.batch_s)
         except StreamtrainError as e:
-            if isinstance(e, UnreadableRange):
-                self._unreadable(e, batch_id)
+            if isinstance(e, UnreadableRange) and self.on_unreadable is not None:  # its records count as lag
+                self.on_unreadable(e, self._lag.unread(planned or []) if self._lag else {})
             self._failure = e  # Spark wraps it in layers of its own; run() raises it as it was
             with contextlib.suppress(Exception):  # best effort: the error is raised either way
                 cluster.quiet_query_failure(self.spark)
@@ -255,39 +251,26 @@ class StreamJob:
         finally:
             self._in_batch.clear()
 
-    def _unreadable(self, error: UnreadableRange, batch_id: int) -> None:
-        """A batch that cannot be read trains nothing: its records count as lag (log end minus
-        the batch's start per partition), so a stopped stream never looks caught up."""
-        if self.on_unreadable is not None:
-            self.on_unreadable(error)
-        ends = self._lag.ends if self._lag else {}
-        lag: dict[str, int] = {}
-        for r in self._tasks.logged_ranges(batch_id) or []:
-            end = max(ends.get((r.topic, r.partition), r.end), r.end)
-            lag[f"{r.topic}-{r.partition}"] = end - r.start
-        if self.on_lag is not None and lag:
-            self.on_lag(lag)
-
     # --- the query ---
 
     def start(self) -> Any:
         """Start the streaming query (non-blocking); :meth:`run` wraps it."""
+        isolation = self._tasks.isolation_level
         df = sources.read_stream(
             self.spark, bootstrap=self.bootstrap, topics=self.topics, source=self.source_kind,
             starting_offsets=self.starting_offsets, max_offsets_per_trigger=self.max_offsets_per_trigger,
-            min_partitions=self.min_partitions, checkpoint=self.checkpoint, isolation_level=self.isolation_level,
+            min_partitions=self.min_partitions, checkpoint=self.checkpoint, isolation_level=isolation,
         )
         writer = df.writeStream.foreachBatch(self._on_batch).option("checkpointLocation", self.checkpoint)
         if self.available_now:
             writer = writer.trigger(availableNow=True)
         else:
             writer = writer.trigger(processingTime=f"{int(self.trigger_s * 1000)} milliseconds")
-        self._lag = LagMonitor(self.bootstrap, self.topics, on_refresh=self._report_lag,
-                               isolation_level=self.isolation_level).start()
+        self._lag = LagMonitor(self.bootstrap, self.topics, on_refresh=self._report_lag, isolation_level=isolation).start()
         return writer.start()
 
     def run(self, *, max_batches: int | None = None, timeout_s: float | None = None,
-            until: Callable[[], bool] | None = None, prepare: Callable[[], None] | None = None) -> list[BatchInfo]:
+            until: Callable[[], bool] | None = None, prepare: Callable[[], None] | None = None) -> list[BatchFigures]:
         """Run until ``max_batches`` more batches are done, ``timeout_s`` passes, ``until()``
         is true, or (with ``available_now``) the data at start is drained; return the
         batches' figures.

@@ -18,6 +18,8 @@ from pyspark.sql.datasource import InputPartition
 
 #: ``{"topic": {"partition": next offset}}``, as Spark's Kafka sources log them.
 Offsets = dict[str, dict[str, int]]
+#: A topic partition, ``(topic, partition)``: what per-partition figures (lag) are keyed by.
+TopicPartition = tuple[str, int]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,6 +37,10 @@ class OffsetRange(InputPartition):
     @property
     def count(self) -> int:
         return self.end - self.start
+
+    @property
+    def topic_partition(self) -> TopicPartition:
+        return self.topic, self.partition
 
 
 def plan(start: Offsets, end: Offsets, *, min_partitions: int = 0) -> list[OffsetRange]:

@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Any
 from pipeline import cluster, codec
 from pipeline.errors import StreamtrainError
 from pipeline.ingest import offsets, sources
-from pipeline.ingest.decode import RangeFigures, decode_range
+from pipeline.ingest.decode import TaskFigures, decode_range
+from pipeline.ingest.kafka.fetch import isolation_id
 from pipeline.ingest.kafka.record_batch import Skipped
 from pipeline.ingest.offsets import OffsetRange
 from pipeline.ingest.reader import read_range
@@ -98,34 +99,35 @@ class BatchTasks:
                  isolation_level: str = "read_committed") -> None:
         self.spark, self.bootstrap, self.schema, self.handler = spark, bootstrap, schema, handler
         self.isolation_level = isolation_level
+        isolation_id(isolation_level)  # a bad value fails here, not in a task
         self.checkpoint, self.python_source, self.min_partitions = checkpoint, python_source, min_partitions
         self.dead_letter = (bootstrap, dead_letter_topic) if dead_letter_topic else None
+        self._last_end: tuple[int, offsets.Offsets] | None = None  # the last batch planned, and its end
 
-    def planned_ranges(self, batch_id: int) -> list[OffsetRange]:
-        """The ranges of ``batch_id``, as the Python source planned them."""
+    def plan(self, batch_id: int) -> list[OffsetRange] | None:
+        """The tasks' ranges of ``batch_id``, as the Python source planned them from the
+        offsets Spark logged (None with Spark's JVM source, whose DataFrame says them)."""
+        if not self.python_source:
+            return None
         end = logged_offsets(self.checkpoint, batch_id)
         if end is None:
             raise StreamtrainError(f"No offsets logged for batch {batch_id} in {self.checkpoint}/offsets.")
-        start = logged_offsets(self.checkpoint, batch_id - 1) or {}
-        return offsets.plan(start, end, min_partitions=self.min_partitions)
+        # A batch starts where the one before ended: read from the log once, when that one ran here.
+        last = self._last_end
+        start = last[1] if last is not None and last[0] == batch_id - 1 else logged_offsets(self.checkpoint, batch_id - 1)
+        self._last_end = (batch_id, end)
+        return offsets.plan(start or {}, end, min_partitions=self.min_partitions)
 
-    def logged_ranges(self, batch_id: int) -> list[OffsetRange] | None:
-        """The batch's ranges merged per partition, from Spark's offset log (Python source
-        only; None where it logged none)."""
-        if not self.python_source or logged_offsets(self.checkpoint, batch_id) is None:
-            return None
-        return offsets.merge_ranges(self.planned_ranges(batch_id))
-
-    def run(self, df: Any, batch_id: int) -> list[RangeFigures]:
-        """Process the batch ``df`` (id ``batch_id``); one figure per task that read records."""
+    def run(self, df: Any, batch_id: int, ranges: list[OffsetRange] | None) -> list[TaskFigures]:
+        """Process the batch ``df`` (id ``batch_id``) over its planned ``ranges`` (see
+        :meth:`plan`); one figure per task that read records."""
         schema, handler, dead = self.schema, self.handler, self.dead_letter
-        if self.python_source:
-            ranges = self.planned_ranges(batch_id)
+        if ranges is not None:
             if ranges:
                 handler.on_tasks(len(ranges))
             bootstrap, isolation = self.bootstrap, self.isolation_level
 
-            def task(r: OffsetRange) -> RangeFigures:
+            def task(r: OffsetRange) -> TaskFigures:
                 skipped = Skipped()
                 figures = decode_range(read_range(bootstrap, r, isolation_level=isolation, skipped=skipped),
                                        schema=schema, handler=handler, planned=r, dead_letter=dead)
@@ -145,5 +147,5 @@ class BatchTasks:
             yield pa.RecordBatch.from_pylist([{"figures": figures.to_json()}])
 
         rows = df.mapInArrow(arrow_task, "figures string").collect()
-        figures = (RangeFigures.from_json(r["figures"], handler.result_type) for r in rows)
+        figures = (TaskFigures.from_json(r["figures"], handler.result_type) for r in rows)
         return [f for f in figures if f.rows]

@@ -1,3 +1,35 @@
 """Jobs: the stages wired together. :mod:`~pipeline.jobs.online` is ``streamtrain run``
 (replay, stream, train, checkpoint, report); :mod:`~pipeline.jobs.trainer` is the batch
-API, ``Trainer(model).train(data)``."""
+API, ``Trainer(model).train(data)``; :mod:`~pipeline.jobs.predict` is ``streamtrain predict``.
+
+Importing the package is cheap: the names below load their module on first use."""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pipeline.jobs.online import Run, run
+    from pipeline.jobs.predict import PredictConfig
+    from pipeline.jobs.report import RunReport
+    from pipeline.jobs.run_config import RunConfig
+    from pipeline.jobs.trainer import Trainer
+
+_EXPORTS = {
+    "Run": "pipeline.jobs.online",
+    "run": "pipeline.jobs.online",
+    "RunConfig": "pipeline.jobs.run_config",
+    "RunReport": "pipeline.jobs.report",
+    "Trainer": "pipeline.jobs.trainer",
+    "PredictConfig": "pipeline.jobs.predict",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'pipeline.jobs' has no attribute {name!r}")
+
+
+__all__ = ["PredictConfig", "Run", "RunConfig", "RunReport", "Trainer", "run"]

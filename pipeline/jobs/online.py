@@ -2,14 +2,13 @@
 
 Embedded by default: a Tansu broker, a replay producer (a process of its own), Spark
 in local mode, the parameter server in this process. Every micro-batch is trained
-exactly once across crashes: after a batch, the center weights, the clock, the batch
-id and the trained offset ranges go to ``<out>/state.npz`` in one atomic write, before
-Spark commits the batch; a batch Spark replays after a crash is skipped if the
-checkpoint already holds it.
+exactly once across crashes, by :class:`~pipeline.train.driver.TrainDriver`.
 
-:class:`Run` wires the stages; its collaborators are the replay
-(:mod:`~pipeline.jobs.replay_process`), the metrics (:mod:`~pipeline.jobs.run_metrics`)
-and the report (:mod:`~pipeline.jobs.report`).
+:class:`Run` wires the stages and holds no protocol of its own: the replay
+(:mod:`~pipeline.jobs.replay_process`), the query (:mod:`~pipeline.ingest.microbatch`),
+the parameter server and the exactly-once driver (:mod:`~pipeline.train.driver`), the
+metrics (:mod:`~pipeline.jobs.run_metrics`), the display and the report
+(:mod:`~pipeline.jobs.report`).
 """
 
 from __future__ import annotations
@@ -20,7 +19,6 @@ import json
 import logging
 import os
 import shutil
-import signal
 import tempfile
 import time
 import uuid
@@ -34,17 +32,18 @@ from pipeline.cluster.zygote import Zygote
 from pipeline.errors import ConfigError, StreamtrainError
 from pipeline.ingest import microbatch
 from pipeline.ingest.kafka.release import Releaser
-from pipeline.ingest.offsets import OffsetRange
+from pipeline.jobs.display import Display
 from pipeline.jobs.replay_process import ReplayProcess
-from pipeline.jobs.report import BatchRow, History, RunReport
+from pipeline.jobs.report import History, RunReport
 from pipeline.jobs.run_config import RunConfig
 from pipeline.jobs.run_metrics import RunMetrics
 from pipeline.observe import metrics
 from pipeline.train import algorithms, checkpoint
-from pipeline.train.ledger import check_ledger, check_replay, compact
+from pipeline.train.driver import TrainDriver
+from pipeline.train.ledger import check_ledger
 from pipeline.train.probe import Probe
 
-log = logging.getLogger("streamtrain.run")
+log = logging.getLogger(__name__)
 
 #: Every batch's row, one JSON line each, appended as the run goes (the report keeps the last 1,000).
 BATCHES_FILE = "batches.jsonl"
@@ -75,112 +74,32 @@ class Run:
         self.metrics = RunMetrics(dataset=cfg.dataset, algorithm=cfg.algorithm, topic=self.topic,
                                   workers=cfg.workers)
         self.history = History(path=self.out / BATCHES_FILE)
-        self.state: checkpoint.State | None = None
+        self.settings = config.settings()
         self.replay: ReplayProcess | None = None
         self._started = time.monotonic()
+        self.display = Display(history=self.history, metrics=self.metrics, eval_every=cfg.eval_every,
+                               until_accuracy=cfg.until_accuracy, started=self._started)
+        self.display.trained = self._trained_total
         self._ready_at = 0.0
-        self._stop_reason = ""
-        self._batch = -1
         self._cores = 1
         self._server: Any = None
+        self._driver: TrainDriver | None = None
         self._evaluation: Any = None
         self._release: Releaser | None = None
 
-    # --- per batch, on the driver (the TrainHandler's driver half) ---
-
-    def _step(self, what: str) -> None:
-        """A start-up milestone on the live display (the first run on a machine waits a minute
-        or more here: TensorFlow's first import, Spark's first start)."""
-        print(f"start-up {time.monotonic() - self._started:5.1f} s: {what}", flush=True)
-
-    def skip(self, batch_id: int, ranges: list[OffsetRange] | None) -> bool:
-        self._batch = batch_id
-        _fault("committed", batch_id - 1)  # Spark committed the previous batch and asks for this one
-        state = self.state
-        if state is None or batch_id > state.last_batch_id:
-            return False
-        check_replay(state.ledger, batch_id=batch_id, last_batch_id=state.last_batch_id, ranges=ranges,
-                     where=str(self.out))
-        self.metrics.skipped()
-        return True
-
-    def on_tasks(self, n: int) -> None:
-        _fault("batch", self._batch)  # inside the batch, before its state is saved
-        # Synchronous rounds wait for the tasks that run at once: at most one per core.
-        if self.algorithm.synchronous:
-            self._server.expect_workers(min(n, self._cores))
-
-    def on_batch(self, info: microbatch.BatchInfo) -> None:
-        history = self.history
-        if history.first_batch_at is None:
-            history.first_batch_at = info.started_at
-            self._step(f"first micro-batch trained ({info.rows:,} records)")
-        weights, clock, optimizer = self._server.checkpoint()
-        row = BatchRow.from_batch(info, t=time.monotonic() - self._started, clock=clock)
-        row.tasks = self._applied_once(info)
-        if (history.count + 1) % self.cfg.eval_every == 0:
-            began = time.monotonic()
-            row.heldout = self._evaluation.score(weights)
-            history.eval_s += time.monotonic() - began
-        # Streaming time so far, and the part of it spent scoring the held-out split here.
-        row.t_stream = round(time.monotonic() - history.first_batch_at, 3)
-        row.eval_s_total = round(history.eval_s, 3)
-        began = time.perf_counter()
-        self._save(info, weights, clock, optimizer, trained=row.trained)  # before Spark commits the batch
-        row.checkpoint_ms = round((time.perf_counter() - began) * 1000, 2)
-        if self._release is not None:
-            self._release.trained(info.ranges)
-        history.add(row, ended_at=time.monotonic())
-        _fault("saved", info.batch_id)  # saved, and Spark has not committed it
-        self.metrics.on_batch(info, row)
-        elapsed = max(1e-9, time.monotonic() - history.first_batch_at)
-        print(row.status(total=self._trained_total(), per_s=history.trained() / elapsed), flush=True)
-        held = (row.heldout or {}).get("accuracy")
-        if self.cfg.until_accuracy is not None and held is not None and held >= self.cfg.until_accuracy:
-            self._stop_reason = f"held-out accuracy {held:.4f} reached --until-accuracy {self.cfg.until_accuracy}"
-
-    def _applied_once(self, info: microbatch.BatchInfo) -> list[dict[str, Any]]:
-        """Each task's mini-batches against the parameter server's own count of those it
-        applied; a difference (an update applied twice, or lost) stops the run before the
-        batch is committed, so that a resume trains it again from the last checkpoint."""
-        from pipeline.train.center import applied_steps
-
-        tasks: list[dict[str, Any]] = []
-        for r in info.results:
-            applied = applied_steps(self._server, r)
-            tasks.append({"worker": r.worker, "records": r.records, "steps": r.steps_total, "applied": applied,
-                          "skipped": r.steps_skipped, "repeats": r.repeats, "attempt": r.attempt,
-                          "transport": "shared memory" if r.shared_memory else "tcp"})
-            if applied != r.steps_total:
-                raise StreamtrainError(
-                    f"Batch {info.batch_id}: the parameter server applied {applied} of the {r.steps_total} "
-                    f"mini-batches of worker {r.worker}'s range; the batch is not committed. Continue with: "
-                    f"streamtrain run --resume {self.out}")
-        return tasks
-
-    def _save(self, info: microbatch.BatchInfo, weights: Any, clock: int, optimizer: dict[str, Any], *,
-              trained: int) -> None:
-        assert self.state is not None
-        state = self.state
-        state.weights, state.clock, state.last_batch_id, state.optimizer = weights, clock, info.batch_id, optimizer
-        state.ledger = compact(state.ledger + [_ledger_entry(info.batch_id, r) for r in info.ranges],
-                               keep_batch=info.batch_id)
-        state.extra = {"trained": state.extra.get("trained", 0) + trained}
-        checkpoint.save(self.out, state)
-
     def _until(self) -> bool:
         """Whether to stop: a reason was found, or the replay is over and all it sent is handled."""
-        if self._stop_reason:
+        if self.display.stop_reason:
             return True
         if self.replay is not None and self.replay.done():
             assert self.replay.sent is not None
             if self._trained_total() + self.history.rejected() >= self.replay.sent:
-                self._stop_reason = "all produced records trained"
+                self.display.stop_reason = "all produced records trained"
                 return True
         return False
 
     def _trained_total(self) -> int:
-        return int(self.state.extra.get("trained", 0)) if self.state is not None else 0
+        return self._driver.trained if self._driver is not None else 0
 
     # --- the whole run ---
 
@@ -189,7 +108,7 @@ class Run:
 
         prior = _check_out(self.cfg, self.out)
         data = datasets.get(self.cfg.dataset, data_dir=self._data_dir())  # its files, before anything starts
-        self._step(f"{self.cfg.dataset} found; starting Kafka, the replay, Spark and the model in parallel")
+        self.display.startup(f"{self.cfg.dataset} found; starting Kafka, the replay, Spark and the model in parallel")
         created = not self.out.exists()
         self.out.mkdir(parents=True, exist_ok=True)
         try:
@@ -212,7 +131,7 @@ class Run:
                           folder=Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="streamtrain-model-"))),
                           zygote=zygote)
             stack.callback(probe.cancel)
-            served = metrics.serve(self.metrics.meters.registry, host=config.settings().metrics_host, port=cfg.metrics_port)
+            served = metrics.serve(self.metrics.meters.registry, host=self.settings.metrics_host, port=cfg.metrics_port)
             log.info("metrics at %s", served.url)
             stack.callback(served.stop)
             bootstrap = self._start_broker_and_replay(stack)
@@ -223,7 +142,7 @@ class Run:
                                     conf=security.spark_conf(cfg.master, cfg.spark_conf),
                                     zygote=zygote if master.startswith("local") else None)
             stack.callback(cluster.stop, spark)  # after a first run, builds the JVM's class archive
-            self._step(f"Spark ready ({master}, {spark.sparkContext.defaultParallelism} task slots); starting the query")
+            self.display.startup(f"Spark ready ({master}, {spark.sparkContext.defaultParallelism} task slots); starting the query")
             job = microbatch.StreamJob(
                 spark, bootstrap=bootstrap, topics=[self.topic], schema=data.schema,
                 checkpoint=self.out / "spark-checkpoint", max_offsets_per_trigger=cfg.max_offsets_per_trigger,
@@ -234,9 +153,8 @@ class Run:
                 # While the query starts (seconds of its source's set-up and planning): the
                 # model, the parameter server, the workers' replicas. No batch runs before.
                 spec, initial = probe.result()
-                self._step(f"model described ({spec.size:,} weights); warming up {cfg.workers} workers")
-                self.state = prior or checkpoint.State(initial)
-                handler, warm_up = self._trainer(stack, spark, spec, data)
+                self.display.startup(f"model described ({spec.size:,} weights); warming up {cfg.workers} workers")
+                handler, warm_up = self._start_training(stack, spark, spec, data, prior or checkpoint.State(initial))
                 job.use(handler)
                 warm_up()
 
@@ -264,7 +182,7 @@ class Run:
     def _start_zygote(self, stack: contextlib.ExitStack) -> Zygote | None:
         """The process that imports TensorFlow once for the workers and the describer
         (``STREAMTRAIN_PRELOAD=false``: each imports its own)."""
-        if not config.settings().preload:
+        if not self.settings.preload:
             return None
         zygote = Zygote(_PRELOAD, log_path=self.out / "zygote.log").start()
         stack.callback(zygote.stop)  # registered before Spark's stop, so it runs after it
@@ -285,7 +203,7 @@ class Run:
             embedded = stack.enter_context(EmbeddedBroker(engine=cfg.broker_engine, log_path=self.out / "broker.log"))
             bootstrap = embedded.bootstrap
             log.info("embedded Kafka at %s", bootstrap)
-        self._step(f"Kafka ready at {bootstrap}")
+        self.display.startup(f"Kafka ready at {bootstrap}")
         client.ensure_topic(bootstrap, self.topic, partitions=cfg.workers)
         if embedded is not None and embedded.engine == "noida":
             # The run's own broker and topic, on an engine that can delete: trained records
@@ -295,51 +213,56 @@ class Run:
         if not cfg.resume and not (cfg.topic and cfg.bootstrap):
             self.replay = ReplayProcess(
                 dataset=cfg.dataset, data_dir=self._data_dir(), bootstrap=bootstrap, topic=self.topic,
-                epochs=cfg.epochs, rate=cfg.rate, partitions=cfg.workers, metrics_host=config.settings().metrics_host,
+                epochs=cfg.epochs, rate=cfg.rate, partitions=cfg.workers, metrics_host=self.settings.metrics_host,
                 metrics_port=cfg.producer_metrics_port, log_path=self.out / "producer.log",
             ).start()
             stack.callback(self.replay.stop)
         return bootstrap
 
-    def _trainer(self, stack: contextlib.ExitStack, spark: Any, spec: Any,
-                 data: Any) -> tuple[Any, Callable[[], None]]:
-        """The parameter server and the held-out evaluation, wired to this run; the handler
-        the query's batches go to; and the warm-up of the workers."""
-        from pipeline.train.center import parameter_server
+    def _start_training(self, stack: contextlib.ExitStack, spark: Any, spec: Any, data: Any,
+                        state: checkpoint.State) -> tuple[Any, Callable[[], None]]:
+        """The parameter server (from ``state``), the exactly-once driver and the held-out
+        evaluation, wired to this run; the handler the query's batches go to; and the
+        warm-up of the workers."""
         from pipeline.train.evaluation import Evaluation
         from pipeline.train.handler import TrainHandler
         from pipeline.train.partition import ServerInfo
+        from pipeline.train.server import parameter_server
         from pipeline.train.warmup import warm_up
 
-        assert self.state is not None
-        cfg, state = self.cfg, self.state
+        cfg = self.cfg
         self._cores = int(spark.sparkContext.defaultParallelism)
         threads = cluster.task_threads(spark, cfg.workers)
         server = self._server = parameter_server(
-            self.algorithm, spec, state.weights, host=cluster.driver_host(spark), port=config.settings().ps_port,
-            shared_memory=config.settings().ps_shared_memory, on_request=self.metrics.on_ps_request)
-        server.restore(state.weights, state.clock, state.optimizer)
+            self.algorithm, spec, state.weights, host=cluster.driver_host(spark), port=self.settings.ps_port,
+            shared_memory=self.settings.ps_shared_memory, on_request=self.metrics.on_ps_request,
+            clock=state.clock, optimizer=state.optimizer)
         self.metrics.restore_clock(state.clock)
         stack.enter_context(server)
+        self._driver = TrainDriver(
+            server, state, folder=self.out, releaser=self._release, started=self._started,
+            sync_slots=self._cores if self.algorithm.synchronous else 0, fault=self.settings.fault,
+            on_row=self.display.on_row, on_skip=lambda _: self.metrics.skipped())
         serving = self._serving(stack, spec, data.schema, server)
         handler = TrainHandler(
             spec=spec, algorithm=algorithms.serialize(self.algorithm),
             server=ServerInfo(server.host, server.port, server.secret), job=uuid.uuid4().hex,
-            threads=threads, seed=cfg.seed or 0, driver=self,  # a replayed batch trains in the same order
+            threads=threads, seed=cfg.seed or 0, driver=self._driver,  # a replayed batch trains in the same order
         )
         test = data.load("test")
         n_eval = min(len(test.y), cfg.eval_max)
-        self._evaluation = Evaluation(spark, spec, schema=data.schema, x=test.x[:n_eval], y=test.y[:n_eval],
-                                      job=handler.job, threads=threads, shards=cfg.workers)
+        self._evaluation = self.display.evaluation = Evaluation(
+            spark, spec, schema=data.schema, x=test.x[:n_eval], y=test.y[:n_eval], job=handler.job, threads=threads,
+            shards=cfg.workers)
         stack.callback(self._evaluation.close)
 
         def warm() -> None:
             warm_up(spark, spec, handler.job, workers=cfg.workers, threads=threads,
                     batch=self.algorithm.worker_batch_size, gradients=self.algorithm.pushes_gradients)
             self._ready_at = time.monotonic()
-            self._step("workers warm")
+            self.display.startup("workers warm")
             if serving is not None:
-                self._step(f"serving predictions at {serving.wait()}:predict")
+                self.display.startup(f"serving predictions at {serving.wait()}:predict")
 
         return handler, warm
 
@@ -347,19 +270,20 @@ class Run:
         """Record what ``streamtrain serve`` needs in the output folder; with --serve-port,
         start the model server's process (it imports TensorFlow while the workers warm up)."""
         from pipeline.serve.predictor import write_description
-        from pipeline.serve.process import ServingProcess
+        from pipeline.serve.process import ServingProcess, host_and_token
 
         write_description(self.out, spec, schema, name=self.cfg.dataset)
         if self.cfg.serve_port is None:
             return None
-        serving = ServingProcess.for_run(name=self.cfg.dataset, spec=spec, schema=schema, server=server,
-                                         port=self.cfg.serve_port, max_age_s=self.cfg.serve_max_age_s,
+        host, token = host_and_token(self.settings)
+        serving = ServingProcess.for_run(name=self.cfg.dataset, spec=spec, schema=schema, server=server, host=host,
+                                         port=self.cfg.serve_port, token=token, max_age_s=self.cfg.serve_max_age_s,
                                          log_path=self.out / "serve.log").start()
         stack.callback(serving.stop)
         return serving
 
     def _report(self, final: dict[str, float], startup_s: float, ps_stats: dict[str, Any]) -> RunReport:
-        assert self.state is not None
+        assert self._driver is not None and self._driver.state is not None
         history = self.history
         here, span = history.trained(), history.span_s()
         return RunReport(
@@ -368,8 +292,8 @@ class Run:
             trained_this_session=here, rejected_records=history.rejected(), train_seconds=round(span, 2),
             records_per_s=round(here / span, 1) if span else 0.0,
             records_per_s_excluding_eval=round(here / (span - history.eval_s), 1) if span > history.eval_s else 0.0,
-            stopped_because=self._stop_reason or "limit (--max-batches / --timeout)", final=final,
-            batches=list(history.rows), batches_file=str(self.out / BATCHES_FILE), ledger=self.state.ledger,
+            stopped_because=self.display.stop_reason or "limit (--max-batches / --timeout)", final=final,
+            batches=list(history.rows), batches_file=str(self.out / BATCHES_FILE), ledger=self._driver.state.ledger,
             parameter_server={k: ps_stats.get(k) for k in ("ops", "shared_memory", "refused")},
             parallelism={"workers": self.cfg.workers, "task_slots": self._cores,
                          "concurrent_replicas": min(self.cfg.workers, self._cores)},
@@ -406,20 +330,6 @@ def _check_out(cfg: RunConfig, out: Path) -> checkpoint.State | None:
     if cfg.bootstrap:
         client.check_reachable(client.parse_bootstrap(cfg.bootstrap))
     return prior
-
-
-def _fault(point: str, batch_id: int) -> None:
-    """Fault injection for the crash tests: ``STREAMTRAIN_FAULT=<point>:<batch>`` SIGKILLs the
-    driver there (``batch``: inside the batch, before its state is saved; ``saved``: after
-    the save, before Spark's commit; ``committed``: after Spark's commit)."""
-    wanted = config.settings().fault
-    if wanted and wanted == f"{point}:{batch_id}":
-        print(f"fault injection: killed at {wanted}", flush=True)
-        os.kill(os.getpid(), signal.SIGKILL)
-
-
-def _ledger_entry(batch_id: int, r: OffsetRange) -> list[Any]:
-    return [batch_id, r.topic, r.partition, r.start, r.end]
 
 
 def run(cfg: RunConfig) -> RunReport:

@@ -1,19 +1,40 @@
 """The run's replay producer, in a process of its own so that sending never competes with
-the driver's threads; it reports what it sent as data, not as a line to parse."""
+the driver's threads; it hands back its :class:`~producers.replay.ReplayReport` as data,
+not as a line to parse."""
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import multiprocessing
-import os
 import signal
+import threading
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from pipeline.cluster.processes import ChildFailed, ChildProcess
 from pipeline.errors import StreamtrainError
 
-log = logging.getLogger("pipeline.jobs.online")
+if TYPE_CHECKING:
+    from producers.replay import ReplayReport
+
+log = logging.getLogger(__name__)
+
+
+def _replay(job: dict[str, Any], answer: Any, stop: threading.Event) -> None:
+    """The child's work: replay ``job["dataset"]`` and answer its report.
+
+    Args:
+        job: ``dataset`` (a name), ``data_dir``, ``metrics_host``, ``metrics_port`` and the
+            :class:`~producers.replay.Replay` arguments.
+        answer: sends the :class:`~producers.replay.ReplayReport` to the run.
+        stop: set when the run stops the replay (it flushes what it handed to Kafka).
+    """
+    from producers import datasets
+    from producers.replay import replay_with_metrics
+
+    data = datasets.get(job.pop("dataset"), data_dir=Path(job.pop("data_dir")))
+    result = replay_with_metrics(data, stop=stop, **job)
+    print(result.summary(), flush=True)
+    answer(result)
 
 
 class ReplayProcess:
@@ -33,61 +54,48 @@ class ReplayProcess:
         self.job: dict[str, Any] = {
             "dataset": dataset, "data_dir": str(data_dir), "bootstrap": bootstrap, "topic": topic,
             "epochs": epochs, "rate": rate, "partitions": partitions, "metrics_host": metrics_host,
-            "metrics_port": metrics_port, "parent": os.getpid(),
+            "metrics_port": metrics_port,
         }
         self.log_path = log_path
-        self.sent: int | None = None  # records Kafka acknowledged, once the replay is over
-        self._process: Any = None
-        self._report: Any = None
+        self.report: ReplayReport | None = None  # once the replay is over
+        # SIGINT, as Ctrl-C would: the replay flushes what it handed to Kafka.
+        self._child = ChildProcess(_replay, self.job, name="streamtrain-replay", what="the replay", log_path=log_path,
+                                   stop_signal=signal.SIGINT)
+
+    @property
+    def sent(self) -> int | None:
+        """Records Kafka acknowledged, once the replay is over."""
+        return self.report.records_sent if self.report is not None else None
 
     def start(self) -> ReplayProcess:
-        from producers.replay import replay_in_child
-
-        # spawn, not fork: this process holds Spark's JVM gateway, threads and sockets.
-        ctx = multiprocessing.get_context("spawn")
-        self._report, child_end = ctx.Pipe(duplex=False)
-        self._process = ctx.Process(target=replay_in_child, args=(self.job, child_end, str(self.log_path)),
-                                    name="streamtrain-replay", daemon=True)
-        self._process.start()
-        child_end.close()
+        self._child.start()
         rate = self.job["rate"]
         log.info("replaying %s x%d into %s (%s)", self.job["dataset"], self.job["epochs"], self.job["topic"],
                  f"{rate:g}/s" if rate else "full speed")
         return self
 
     def done(self) -> bool:
-        """Whether the replay is over (then :attr:`sent` says how many records it sent);
-        raises if it failed."""
-        if self.sent is not None:
+        """Whether the replay is over (then :attr:`report` says what it sent); raises if it failed."""
+        if self.report is not None:
             return True
-        if self._process is None or not self._report.poll():
-            if self._process is not None and self._process.exitcode not in (None, 0):
-                raise StreamtrainError(f"The replay producer died (exit {self._process.exitcode}); "
+        if not self._child.ready():
+            if self._child.exitcode not in (None, 0):
+                raise StreamtrainError(f"The replay producer died (exit {self._child.exitcode}); "
                                        f"see {self.log_path}.")
             return False
         try:
-            report = self._report.recv()
+            answer = self._child.receive()
         except EOFError:  # it exited without a report
-            self._process.join(5)
-            raise StreamtrainError(f"The replay producer died (exit {self._process.exitcode}); "
+            raise StreamtrainError(f"The replay producer died (exit {self._child.exitcode}); "
                                    f"see {self.log_path}.") from None
-        if "error" in report:
-            raise StreamtrainError(f"The replay producer failed: {report['error']}")
-        if report["send_errors"]:
-            raise StreamtrainError(f"The replay producer failed: {report['send_errors']} records were not "
+        if isinstance(answer, ChildFailed):
+            raise StreamtrainError(f"The replay producer failed: {answer.error}")
+        if answer.send_errors:
+            raise StreamtrainError(f"The replay producer failed: {answer.send_errors} records were not "
                                    f"acknowledged by Kafka (see {self.log_path}).")
-        self.sent = int(report["records_sent"])
+        self.report = answer
         return True
 
     def stop(self) -> None:
         """Interrupt the replay (it flushes what it handed to Kafka) and wait for it."""
-        proc = self._process
-        if proc is not None and proc.is_alive():
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(proc.pid, signal.SIGINT)
-            proc.join(10)
-            if proc.is_alive():
-                proc.kill()
-                proc.join()
-        if self._report is not None:
-            self._report.close()
+        self._child.stop()

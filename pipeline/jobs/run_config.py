@@ -61,9 +61,11 @@ class RunConfig:
         if self.until_accuracy is not None and not 0 < self.until_accuracy <= 1:
             raise ConfigError(f"Expected --until-accuracy in (0, 1]. Received: {self.until_accuracy}")
         if self.serve_port is not None:
-            from pipeline.serve.process import check_serving
+            from pipeline import config
+            from pipeline.serve.process import check_serving, host_and_token
 
-            check_serving(self.serve_port, self.serve_max_age_s)
+            host, _ = host_and_token(config.settings())
+            check_serving(self.serve_port, self.serve_max_age_s, host=host)
         if self.master.startswith("spark://"):
             self._check_cluster()
         if self.resume and not self.out:

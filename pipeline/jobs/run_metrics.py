@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from pipeline import codec
 from pipeline.ingest.kafka.fetch import UnreadableRange
-from pipeline.ingest.microbatch import BatchInfo
-from pipeline.jobs.report import BatchRow
+from pipeline.ingest.microbatch import BatchFigures
+from pipeline.ingest.offsets import TopicPartition
 from pipeline.observe import metrics
+from pipeline.train.rows import BatchRow
 
 
 class RunMetrics:
@@ -41,13 +42,14 @@ class RunMetrics:
     def on_ps_request(self, op: str, seconds: float) -> None:
         self.meters.ps_request_duration.labels(op).observe(seconds)
 
-    def on_lag(self, lag: dict[str, int]) -> None:
-        for tp, n in lag.items():
-            topic, _, part = tp.rpartition("-")
-            self.meters.consumer_lag.labels(topic, part).set(n)
+    def on_lag(self, lag: dict[TopicPartition, int]) -> None:
+        for (topic, part), n in lag.items():
+            self.meters.consumer_lag.labels(topic, str(part)).set(n)
 
-    def on_unreadable(self, error: UnreadableRange) -> None:
+    def on_unreadable(self, error: UnreadableRange, lag: dict[TopicPartition, int]) -> None:
+        """A batch that cannot be read stops the run: counted, and its records as lag."""
         self.meters.unreadable_batches.labels(error.topic, str(error.partition)).inc()
+        self.on_lag(lag)
 
     def on_final(self, scores: dict[str, float]) -> None:
         """The held-out score after the last batch (it may come after the last scored batch)."""
@@ -56,7 +58,7 @@ class RunMetrics:
     def skipped(self) -> None:
         self.meters.batches_skipped.inc()
 
-    def on_batch(self, info: BatchInfo, row: BatchRow) -> None:
+    def on_batch(self, info: BatchFigures, row: BatchRow) -> None:
         m = self.meters
         m.records_ingested.labels(self.topic).inc(info.rows)
         m.records_trained.labels(self.topic).inc(row.trained)

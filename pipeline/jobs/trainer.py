@@ -27,12 +27,13 @@ from typing import Any
 import numpy as np
 
 from pipeline import cluster
-from pipeline.errors import ConfigError, StreamtrainError
+from pipeline.errors import ConfigError
 from pipeline.train import algorithms, ps
-from pipeline.train.center import applied_steps, parameter_server
+from pipeline.train.driver import TrainDriver
 from pipeline.train.model import ModelSpec, get_flat, input_shape, set_flat
-from pipeline.train.partition import PartitionResult, ServerInfo, train_partition
+from pipeline.train.partition import ServerInfo, TaskResult, train_partition
 from pipeline.train.ps.protocol import task_key
+from pipeline.train.server import parameter_server
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +63,7 @@ def shutdown_workers() -> None:
 atexit.register(shutdown_workers)
 
 
-def _train_in_process(kwargs: dict[str, Any]) -> PartitionResult:
+def _train_in_process(kwargs: dict[str, Any]) -> TaskResult:
     return train_partition(**kwargs)
 
 
@@ -113,26 +114,21 @@ class Trainer:
         self.features_col, self.label_col = features_col, label_col
         self.host = host
         self.spec = ModelSpec.from_model(model, optimizer=self.algorithm.worker_optimizer, loss=self.algorithm.loss)
-        self.results: list[PartitionResult] = []
+        self.results: list[TaskResult] = []
         self.server_stats: dict[str, Any] = {}
 
     def _server(self, host: str) -> ps.ParameterServer:
         # A round waits 10 s at most for a worker whose partition ran out of steps.
         return parameter_server(self.algorithm, self.spec, get_flat(self.model), host=host, sync_timeout_s=10.0)
 
-    def _finish(self, server: ps.ParameterServer, results: list[PartitionResult]) -> Any:
+    def _finish(self, server: ps.ParameterServer, results: list[TaskResult]) -> Any:
         self.results = sorted(results, key=lambda r: r.worker)
-        for r in self.results:  # Spark may have run a task twice: the server's own count decides
-            applied = applied_steps(server, r)
-            if applied != r.steps_total:
-                raise StreamtrainError(f"The parameter server applied {applied} of the {r.steps_total} "
-                                       f"mini-batches of worker {r.worker}; train again.")
+        TrainDriver(server).check_applied(self.results)  # Spark may have run a task twice: the server's count decides
         self.server_stats = server.stats()
         set_flat(self.model, server.weights(), self.spec.shapes)
         if getattr(self.model, "optimizer", None) is None:
-            import keras
-
-            self.model.compile(optimizer=keras.optimizers.get(self.algorithm.worker_optimizer), loss=self.algorithm.loss)
+            # Keras resolves the name or config itself (its compile calls optimizers.get).
+            self.model.compile(optimizer=self.algorithm.worker_optimizer, loss=self.algorithm.loss)
         return self.model
 
     def _task(self, server: ps.ParameterServer, worker: int, job: str, threads: int) -> dict[str, Any]:
@@ -206,5 +202,5 @@ class Trainer:
                 yield pa.RecordBatch.from_pylist([{"result": json.dumps(dataclasses.asdict(result))}])
 
             rows = frame.mapInArrow(train_arrow, "result string").collect()
-            results = [PartitionResult(**json.loads(r["result"])) for r in rows]
+            results = [TaskResult(**json.loads(r["result"])) for r in rows]
             return self._finish(server, results)

@@ -23,7 +23,7 @@ from typing import Any
 
 from pipeline.errors import ConfigError, StreamtrainError
 
-log = logging.getLogger("streamtrain.dashboard")
+log = logging.getLogger(__name__)
 
 DATASOURCE_UID = "streamtrain-prometheus"
 DASHBOARD_UID = "streamtrain-overview"

@@ -1,36 +1,41 @@
 """Where a model server runs: in the foreground (``streamtrain serve RUN_DIR``), or in a
 child of a training run (``streamtrain run --serve-port P``) that reads the live center.
 
-The child is spawned, not forked (the driver holds Spark's JVM gateway and threads),
-and gets the parameter server's address and secret through the spawn pipe, never in
-its command line or environment.
+The child (:class:`~pipeline.cluster.processes.ChildProcess`) is spawned, not forked (the
+driver holds Spark's JVM gateway and threads), and gets the parameter server's address
+and secret through the spawn pipe, never in its command line or environment.
 """
 
 from __future__ import annotations
 
-import contextlib
+import dataclasses
 import logging
-import multiprocessing
-import os
-import signal
 import sys
 import threading
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from pipeline.cluster import processes
 from pipeline.cluster.security import LOOPBACK
 from pipeline.errors import ConfigError, StreamtrainError
+
+if TYPE_CHECKING:
+    from pipeline.config import Settings
 
 log = logging.getLogger(__name__)
 
 
+@dataclasses.dataclass(frozen=True)
+class Listening:
+    """A model server child's answer once it listens."""
 
-def host_and_token() -> tuple[str, str | None]:
+    port: int
+    url: str
+
+
+def host_and_token(settings: Settings) -> tuple[str, str | None]:
     """Where model servers listen and the token they ask for (``STREAMTRAIN_SERVE_HOST``,
-    ``STREAMTRAIN_SERVE_TOKEN``); off loopback a token is required."""
-    from pipeline import config
-
-    settings = config.settings()
+    ``STREAMTRAIN_SERVE_TOKEN``, from the caller's ``settings``); off loopback a token is required."""
     token = settings.serve_token.get_secret_value() if settings.serve_token else None
     if settings.serve_host not in LOOPBACK and not token:
         raise ConfigError(f"STREAMTRAIN_SERVE_HOST={settings.serve_host} exposes the model beyond this machine: "
@@ -38,15 +43,14 @@ def host_and_token() -> tuple[str, str | None]:
     return settings.serve_host, token
 
 
-def check_serving(port: int, max_age_s: float | None) -> None:
-    """Refuse a serving port or bound that cannot work, before anything starts."""
+def check_serving(port: int, max_age_s: float | None, *, host: str) -> None:
+    """Refuse a serving port or bound that cannot work on ``host``, before anything starts."""
     import socket
 
     if not 0 <= port <= 65535:
         raise ConfigError(f"Expected --serve-port in [0, 65535] (0: a free port). Received: {port}")
     if max_age_s is not None and max_age_s <= 0:
         raise ConfigError(f"Expected --serve-max-age > 0 seconds. Received: {max_age_s}")
-    host, _ = host_and_token()
     if port:
         with socket.socket() as s:
             try:
@@ -54,20 +58,6 @@ def check_serving(port: int, max_age_s: float | None) -> None:
             except OSError as e:
                 raise ConfigError(f"Cannot serve predictions on {host}:{port} ({e.strerror}). "
                                   "Pass another --serve-port, or 0 for a free one.") from None
-
-
-def _stop_on_signals() -> threading.Event:
-    """An event that SIGINT or SIGTERM sets (the main thread waits on it in short steps, so
-    that the handler runs promptly)."""
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
-    return stop
-
-
-def _wait(stop: threading.Event) -> None:
-    while not stop.wait(0.5):
-        pass
 
 
 def serve_folder(run_dir: Path, *, host: str, port: int, name: str | None, token: str | None,
@@ -86,31 +76,23 @@ def serve_folder(run_dir: Path, *, host: str, port: int, name: str | None, token
         server = ModelServer(predictor, name=name or recorded, host=host, port=port, token=token).start()
         print(f"serving {name or recorded} from {run_dir} at {server.url}:predict; Ctrl-C stops it",
               file=sys.stderr, flush=True)
-        _wait(_stop_on_signals())
+        with processes.stop_on_signals(threading.Event(), again_exits=False) as stop:
+            processes.wait(stop)
         server.stop()
     finally:
         source.close()
 
 
-def serve_live(job: dict[str, Any], report: Any, log_path: str) -> None:
-    """The child's entry point: serve the live center of a run's parameter server.
+def serve_live(job: dict[str, Any], answer: Any, stop: threading.Event) -> None:
+    """The child's work: serve the live center of a run's parameter server until ``stop``.
 
     Args:
         job: ``spec`` (JSON), ``schema`` and ``name`` (see :func:`predictor.write_description`),
-            ``address``, ``secret``, ``size``, ``host``, ``port``, ``token``, ``max_age_s``,
-            ``refresh_s``, and ``parent`` (the driver's pid).
-        report: a connection the bound port (or ``{"error": ...}``) is sent through.
-        log_path: where the child's output goes.
+            ``address``, ``secret``, ``size``, ``host``, ``port``, ``token``, ``max_age_s``
+            and ``refresh_s``.
+        answer: sends :class:`Listening` once the server listens.
+        stop: set by the run's SIGTERM.
     """
-    from pipeline.ingest.kafka.broker import die_with_parent
-
-    with open(log_path, "a") as f:
-        os.dup2(f.fileno(), 1)
-        os.dup2(f.fileno(), 2)
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s %(levelname).1s %(name)s: %(message)s", datefmt="%H:%M:%S")
-    stop = _stop_on_signals()
-    die_with_parent(job["parent"])  # a driver killed outright leaves no server behind
     from pipeline.serve.http import ModelServer
     from pipeline.serve.predictor import Predictor, schema_from_dict
     from pipeline.serve.weights import LiveWeights
@@ -125,15 +107,13 @@ def serve_live(job: dict[str, Any], report: Any, log_path: str) -> None:
                               threads=1)
         server = ModelServer(predictor, name=job["name"], host=job["host"], port=job["port"],
                              token=job["token"]).start()
-    except Exception as e:  # the parent turns it into one line
-        log.exception("the model server could not start")
-        report.send({"error": f"{type(e).__name__}: {e}"})
+    except Exception:  # the child's entry point answers the error
         source.close()
-        return
+        raise
     log.info("serving %s at %s:predict", job["name"], server.url)
-    report.send({"port": server.port, "url": server.url})
+    answer(Listening(server.port, server.url))
     try:
-        _wait(stop)
+        processes.wait(stop)
     finally:
         server.stop()
         source.close()
@@ -148,55 +128,43 @@ class ServingProcess:
     """
 
     @classmethod
-    def for_run(cls, *, name: str, spec: Any, schema: Any, server: Any, port: int, max_age_s: float,
-                log_path: Path) -> ServingProcess:
-        """The server for a run's parameter ``server`` (its address and secret) and model."""
+    def for_run(cls, *, name: str, spec: Any, schema: Any, server: Any, host: str, port: int, token: str | None,
+                max_age_s: float, log_path: Path) -> ServingProcess:
+        """The server for a run's parameter ``server`` (its address and secret) and model,
+        listening on ``host:port`` (see :func:`host_and_token`)."""
         from pipeline.serve.predictor import schema_dict
 
-        host, token = host_and_token()
         return cls({"name": name, "spec": spec.to_json(), "schema": schema_dict(schema),
                     "address": f"{server.host}:{server.port}", "secret": server.secret, "size": spec.size,
                     "host": host, "port": port, "token": token, "max_age_s": max_age_s,
-                    "refresh_s": min(0.2, max_age_s / 4), "parent": os.getpid()}, log_path)
+                    "refresh_s": min(0.2, max_age_s / 4)}, log_path)
 
     def __init__(self, job: dict[str, Any], log_path: Path) -> None:
         self.job, self.log_path = job, log_path
         self.url: str | None = None
-        self._process: Any = None
-        self._report: Any = None
+        self._child = processes.ChildProcess(serve_live, job, name="streamtrain-serve", what="the model server",
+                                             log_path=log_path)
 
     def start(self) -> ServingProcess:
         """Start the child; it imports TensorFlow and builds the model while the caller goes
         on (see :meth:`wait`)."""
-        ctx = multiprocessing.get_context("spawn")
-        self._report, child_end = ctx.Pipe(duplex=False)
-        self._process = ctx.Process(target=serve_live, args=(self.job, child_end, str(self.log_path)),
-                                    name="streamtrain-serve", daemon=True)
-        self._process.start()
-        child_end.close()
+        self._child.start()
         return self
 
     def wait(self, timeout_s: float = 180.0) -> str:
         """Block until the child listens; return its URL. Raises if it failed."""
         if self.url is not None:
             return self.url
-        if not self._report.poll(timeout_s):
+        if not self._child.ready(timeout_s):
             raise StreamtrainError(f"The model server did not start within {timeout_s:.0f} s; see {self.log_path}.")
         try:
-            answer = self._report.recv()
+            answer = self._child.receive()
         except EOFError:
             raise StreamtrainError(f"The model server died while starting; see {self.log_path}.") from None
-        if "error" in answer:
-            raise StreamtrainError(f"The model server failed to start: {answer['error']}")
-        self.url = str(answer["url"])
+        if isinstance(answer, processes.ChildFailed):
+            raise StreamtrainError(f"The model server failed to start: {answer.error}")
+        self.url = answer.url
         return self.url
 
     def stop(self) -> None:
-        proc = self._process
-        if proc is not None and proc.is_alive():
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(proc.pid, signal.SIGTERM)
-            proc.join(10)
-            if proc.is_alive():
-                proc.kill()
-                proc.join()
+        self._child.stop()

@@ -30,7 +30,7 @@ import numpy as np
 
 from pipeline import codec
 from pipeline.ingest.decode import Block
-from pipeline.ingest.microbatch import BatchInfo, Handler
+from pipeline.ingest.microbatch import BatchFigures, Handler
 from pipeline.train.model import ModelSpec
 
 #: per Python worker: the run folder -> (checkpoint stamp, weights, version); bootstrap -> producer
@@ -138,7 +138,7 @@ class PredictHandler(Handler):
         state["on_written"] = None  # a driver callback does not travel to the executors
         return state
 
-    def on_batch(self, info: BatchInfo) -> None:
+    def on_batch(self, info: BatchFigures) -> None:
         results: list[Predicted] = [r for r in info.results if isinstance(r, Predicted)]
         if self.on_written is not None:
             self.on_written(sum(r.written for r in results), max((r.version for r in results), default=-1))

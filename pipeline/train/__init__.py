@@ -7,10 +7,11 @@
   :mod:`~pipeline.train.partition` (training one partition), :mod:`~pipeline.train.handler`
   (the stream handler that does it per block), :mod:`~pipeline.train.warmup`.
 * :mod:`~pipeline.train.algorithms` (each with its worker and server halves) and
-  :mod:`~pipeline.train.ps` (the parameter server); :mod:`~pipeline.train.center` starts
+  :mod:`~pipeline.train.ps` (the parameter server); :mod:`~pipeline.train.server` starts
   one for an algorithm.
-* :mod:`~pipeline.train.checkpoint` and :mod:`~pipeline.train.ledger` (exactly once),
-  :mod:`~pipeline.train.evaluation` (held-out scores).
+* :mod:`~pipeline.train.driver` (exactly once: skip, check, save, release, per batch) with
+  :mod:`~pipeline.train.checkpoint` and :mod:`~pipeline.train.ledger`; :mod:`~pipeline.train.rows`
+  (a trained batch's figures); :mod:`~pipeline.train.evaluation` (held-out scores).
 
 Importing the package is cheap: TensorFlow loads in the executors, when a replica is built.
 """
@@ -21,17 +22,20 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from pipeline.train.center import parameter_server
+    from pipeline.train.driver import TrainDriver
     from pipeline.train.evaluation import Evaluation, roc_auc, scores
     from pipeline.train.handler import TrainHandler
     from pipeline.train.model import ModelSpec
-    from pipeline.train.partition import PartitionResult, ServerInfo, train_partition
+    from pipeline.train.partition import ServerInfo, TaskResult, train_partition
+    from pipeline.train.rows import BatchRow, TaskRow
+    from pipeline.train.server import parameter_server
 
 _EXPORTS = {
-    "parameter_server": "pipeline.train.center", "Evaluation": "pipeline.train.evaluation",
+    "parameter_server": "pipeline.train.server", "TrainDriver": "pipeline.train.driver",
+    "BatchRow": "pipeline.train.rows", "TaskRow": "pipeline.train.rows", "Evaluation": "pipeline.train.evaluation",
     "roc_auc": "pipeline.train.evaluation", "scores": "pipeline.train.evaluation",
     "TrainHandler": "pipeline.train.handler", "ModelSpec": "pipeline.train.model",
-    "PartitionResult": "pipeline.train.partition", "ServerInfo": "pipeline.train.partition",
+    "TaskResult": "pipeline.train.partition", "ServerInfo": "pipeline.train.partition",
     "train_partition": "pipeline.train.partition",
 }
 
@@ -42,5 +46,5 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'pipeline.train' has no attribute {name!r}")
 
 
-__all__ = ["Evaluation", "ModelSpec", "PartitionResult", "ServerInfo", "TrainHandler", "parameter_server",
-           "roc_auc", "scores", "train_partition"]
+__all__ = ["BatchRow", "Evaluation", "ModelSpec", "TaskResult", "ServerInfo", "TaskRow", "TrainDriver",
+           "TrainHandler", "parameter_server", "roc_auc", "scores", "train_partition"]

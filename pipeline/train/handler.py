@@ -7,30 +7,24 @@ import dataclasses
 import os
 import signal
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from pipeline import config
 from pipeline.ingest import microbatch
 from pipeline.ingest.decode import Block
 from pipeline.ingest.offsets import OffsetRange
 from pipeline.train.model import ModelSpec
-from pipeline.train.partition import PartitionResult, ServerInfo, train_partition
+from pipeline.train.partition import ServerInfo, TaskResult, train_partition
 from pipeline.train.ps.protocol import task_key
 
-
-class DriverHalf(Protocol):
-    """What the online job does on the driver around each micro-batch (checkpoint, metrics)."""
-
-    def on_tasks(self, n: int) -> None: ...
-
-    def on_batch(self, info: microbatch.BatchInfo) -> None: ...
-
-    def skip(self, batch_id: int, ranges: list[OffsetRange] | None) -> bool: ...
+if TYPE_CHECKING:
+    from pipeline.train.driver import TrainDriver
 
 
 @dataclasses.dataclass
 class TrainHandler(microbatch.Handler):
-    """Trains every block on an executor's resident replica; the driver half checkpoints.
+    """Trains every block on an executor's resident replica; on the driver, its
+    :class:`~pipeline.train.driver.TrainDriver` checkpoints each batch exactly once.
 
     Attributes:
         spec: the model.
@@ -41,10 +35,10 @@ class TrainHandler(microbatch.Handler):
         seed: each block's shuffle follows from it (None: from ``job``) and the block's
             first offset, so a batch replayed after a crash, and a task Spark runs again,
             train in the same order.
-        driver: the driver's half; never shipped to executors.
+        driver: the exactly-once driver; never shipped to executors.
     """
 
-    result_type = PartitionResult
+    result_type = TaskResult
 
     spec: ModelSpec
     algorithm: dict[str, Any]
@@ -52,13 +46,13 @@ class TrainHandler(microbatch.Handler):
     job: str
     threads: int = 1
     seed: int | None = None
-    driver: DriverHalf | None = dataclasses.field(default=None, repr=False)
+    driver: TrainDriver | None = dataclasses.field(default=None, repr=False)
 
     def __getstate__(self) -> dict[str, Any]:
-        # The driver half holds the parameter server, locks and Spark: never ship it.
+        # The driver holds the parameter server and its locks: never ship it.
         return {**self.__dict__, "driver": None}
 
-    def process(self, block: Block) -> PartitionResult:
+    def process(self, block: Block) -> TaskResult:
         from pyspark import TaskContext
 
         ctx = TaskContext.get()
@@ -76,7 +70,7 @@ class TrainHandler(microbatch.Handler):
         if self.driver is not None:
             self.driver.on_tasks(n)
 
-    def on_batch(self, info: microbatch.BatchInfo) -> None:
+    def on_batch(self, info: microbatch.BatchFigures) -> None:
         if self.driver is not None:
             self.driver.on_batch(info)
 

@@ -1,5 +1,10 @@
-"""The ledger: every offset range a run trained, ``[batch_id, topic, partition, start, end]``,
-kept in the checkpoint with the weights that learned from it.
+"""The ledger: every offset range a run trained, kept in the checkpoint with the weights that
+learned from it.
+
+Ranges come in and go out as :class:`~pipeline.ingest.offsets.OffsetRange` (:func:`add`,
+:func:`ranges_of`); the entries ``[batch_id, topic, partition, start, end]`` are the
+ledger's stored form (JSON in ``state.npz``, and ``report.json``'s ``ledger``), written
+and read in this module only.
 
 Compacted as it grows (:func:`compact`): each partition's chained ranges become one, so a
 trainer that never stops rewrites a checkpoint of constant size; the newest batch's ranges
@@ -11,9 +16,31 @@ from __future__ import annotations
 from typing import Any
 
 from pipeline.errors import DataError
+from pipeline.ingest.offsets import OffsetRange
+
+#: The stored form: ``[batch_id, topic, partition, start, end]`` per trained range.
+Ledger = list[list[Any]]
 
 
-def check_ledger(ledger: list[list[Any]]) -> dict[tuple[str, int], int]:
+def add(ledger: Ledger, batch_id: int, ranges: list[OffsetRange]) -> Ledger:
+    """The ledger with batch ``batch_id``'s ``ranges`` added, compacted.
+
+    >>> add([[0, "t", 0, 0, 5]], 1, [OffsetRange("t", 0, 5, 9)])
+    [[0, 't', 0, 0, 5], [1, 't', 0, 5, 9]]
+    """
+    return compact(ledger + [[batch_id, r.topic, r.partition, r.start, r.end] for r in ranges], keep_batch=batch_id)
+
+
+def ranges_of(ledger: Ledger, batch_id: int) -> list[OffsetRange]:
+    """The non-empty ranges the ledger holds for ``batch_id``.
+
+    >>> ranges_of([[0, "t", 0, 0, 5], [1, "t", 0, 5, 9]], 1)
+    [OffsetRange(topic='t', partition=0, start=5, end=9)]
+    """
+    return [OffsetRange(t, int(p), int(s), int(e)) for b, t, p, s, e in ledger if b == batch_id and e > s]
+
+
+def check_ledger(ledger: Ledger) -> dict[tuple[str, int], int]:
     """Verify that trained ranges chain with no gap and no overlap per partition; return the ends.
 
     >>> check_ledger([[0, "t", 0, 0, 5], [1, "t", 0, 5, 9]])
@@ -33,7 +60,7 @@ def check_ledger(ledger: list[list[Any]]) -> dict[tuple[str, int], int]:
     return ends
 
 
-def compact(ledger: list[list[Any]], *, keep_batch: int) -> list[list[Any]]:
+def compact(ledger: Ledger, *, keep_batch: int) -> Ledger:
     """Merge each partition's ranges that follow one another into one range, labelled with
     the last batch it covers; the ranges of batch ``keep_batch`` are left as they are.
 
@@ -42,7 +69,7 @@ def compact(ledger: list[list[Any]], *, keep_batch: int) -> list[list[Any]]:
     >>> compact([[0, "t", 0, 0, 5], [3, "t", 0, 7, 9]], keep_batch=9)  # a gap is kept, for check_ledger to see
     [[0, 't', 0, 0, 5], [3, 't', 0, 7, 9]]
     """
-    out: list[list[Any]] = []
+    out: Ledger = []
     last: dict[tuple[str, int], int] = {}
     for batch_id, topic, part, start, end in ledger:
         key = (topic, int(part))
@@ -55,8 +82,8 @@ def compact(ledger: list[list[Any]], *, keep_batch: int) -> list[list[Any]]:
     return out
 
 
-def check_replay(ledger: list[list[Any]], *, batch_id: int, last_batch_id: int,
-                 ranges: list[Any] | None, where: str) -> None:
+def check_replay(ledger: Ledger, *, batch_id: int, last_batch_id: int,
+                 ranges: list[OffsetRange] | None, where: str) -> None:
     """Refuse to skip a replayed batch the checkpoint did not apply as Spark now replays it.
 
     Spark replays at most the last batch whose commit it lost, with the offsets it logged:
@@ -76,13 +103,17 @@ def check_replay(ledger: list[list[Any]], *, batch_id: int, last_batch_id: int,
                         "state.npz. Restore both from the same moment, or train into a new --out.")
     if ranges is None:
         return
-    applied = sorted((t, int(p), int(s), int(e)) for b, t, p, s, e in ledger if b == batch_id and e > s)
-    replayed = sorted((r.topic, r.partition, r.start, r.end) for r in ranges if r.end > r.start)
+    applied = sorted(ranges_of(ledger, batch_id), key=_order)
+    replayed = sorted((r for r in ranges if r.count > 0), key=_order)
     if applied != replayed:
         raise DataError(f"Spark replays batch {batch_id} over {_ranges(replayed)}, but the checkpoint in {where} "
                         f"applied batch {batch_id} over {_ranges(applied)}: Spark's checkpoint does not belong with "
                         "state.npz. Restore both from the same moment, or train into a new --out.")
 
 
-def _ranges(ranges: list[tuple[str, int, int, int]]) -> str:
-    return ", ".join(f"{t}-{p}[{s}, {e})" for t, p, s, e in ranges) or "nothing"
+def _order(r: OffsetRange) -> tuple[str, int, int, int]:
+    return r.topic, r.partition, r.start, r.end
+
+
+def _ranges(ranges: list[OffsetRange]) -> str:
+    return ", ".join(f"{r.topic}-{r.partition}[{r.start}, {r.end})" for r in ranges) or "nothing"

@@ -25,8 +25,8 @@ class ServerInfo:
 
 
 @dataclasses.dataclass
-class PartitionResult:
-    """What one worker did with one partition.
+class TaskResult:
+    """What training one task did: one worker, one partition (an offset range, or a Trainer's shard).
 
     Attributes:
         worker: the worker's id.
@@ -90,7 +90,7 @@ def train_partition(
     task: int = 0,
     attempt: int = 0,
     after_exchange: Callable[[int], None] | None = None,
-) -> PartitionResult:
+) -> TaskResult:
     """Train on one partition's ``x``/``y`` with the algorithm's exchanges; report figures.
 
     The replica starts from the server's center; the algorithm's worker half
@@ -149,7 +149,7 @@ def train_partition(
             half.close()
     head = losses[: min(10, len(losses))] or [float("nan")]
     tail = losses[-min(10, len(losses)) :] or [float("nan")]
-    return PartitionResult(
+    return TaskResult(
         worker=worker, records=n * epochs, steps=len(losses), exchanges=timer.exchanges,
         loss_first=float(np.mean(head)), loss_last=float(np.mean(tail)), staleness=half.staleness,
         compute_s=timer.seconds["compute"], exchange_s=timer.seconds["exchange"], fresh_replica=fresh,

@@ -11,7 +11,7 @@ from typing import Any
 from pipeline import cluster
 from pipeline.train.model import ModelSpec
 
-log = logging.getLogger("pipeline.jobs.online")
+log = logging.getLogger(__name__)
 
 
 def warm_up(spark: Any, spec: ModelSpec, job: str, *, workers: int, threads: int, batch: int,

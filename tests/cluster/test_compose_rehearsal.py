@@ -24,7 +24,7 @@ from tests.cluster import multihost, netns
 from tests.conftest import ROOT, _need
 
 _CANNOT = netns.missing()
-pytestmark = pytest.mark.skipif(_CANNOT is not None, reason=_CANNOT or "")
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(_CANNOT is not None, reason=_CANNOT or "")]
 LEFT_OUT = {"grafana"}
 
 

@@ -16,7 +16,7 @@ from tests.cluster.test_task_retry import assert_applied_once
 
 PRODUCED = 6000
 _CANNOT = netns.missing()
-pytestmark = pytest.mark.skipif(_CANNOT is not None, reason=_CANNOT or "")
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(_CANNOT is not None, reason=_CANNOT or "")]
 
 
 @pytest.fixture(scope="module")

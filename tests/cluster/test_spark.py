@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -38,29 +41,43 @@ def _built_archive(cache: Path) -> Path:
     return archive
 
 
-def test_the_first_session_records_the_class_archive_and_the_next_maps_it(tmp_path: Path) -> None:
-    _start(tmp_path)
-    archive = _built_archive(tmp_path)
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A cache whose first session recorded the class archive and the build finished
+    (built once: it takes a session and a JVM dump at nice 19)."""
+    cache = tmp_path_factory.mktemp("jvm-cache")
+    _start(cache)
+    _built_archive(cache)
+    return cache
+
+
+@pytest.mark.slow  # Spark's JVM twice, and the archive's build at nice 19
+def test_the_first_session_records_the_class_archive_and_the_next_maps_it(recorded: Path, tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    shutil.copytree(recorded, cache)
+    [archive] = (cache / "jvm").glob("*.jsa")
     assert archive.stat().st_size > 10_000_000
-    assert not list((tmp_path / "jvm").glob("*.part"))  # class list and partial archive cleaned up
+    assert not list((cache / "jvm").glob("*.part"))  # class list and partial archive cleaned up
 
     loaded = tmp_path / "classes.log"
-    _start(tmp_path, f"-Xlog:class+load=info:file={loaded}")
+    _start(cache, f"-Xlog:class+load=info:file={loaded}")
     lines = loaded.read_text().splitlines()
     spark_context = [line for line in lines if " org.apache.spark.SparkContext " in line]
     assert spark_context and "source: shared objects file" in spark_context[0], spark_context
-    assert not list((tmp_path / "jvm").glob("*.part"))  # used, not recorded again
+    assert not list((cache / "jvm").glob("*.part"))  # used, not recorded again
 
 
-def test_a_damaged_archive_is_refused_and_spark_starts_without_it(tmp_path: Path) -> None:
-    _start(tmp_path)
-    archive = _built_archive(tmp_path)
+@pytest.mark.slow  # Spark's JVM twice, and the archive's build at nice 19
+def test_a_damaged_archive_is_refused_and_spark_starts_without_it(recorded: Path, tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    shutil.copytree(recorded, cache)
+    [archive] = (cache / "jvm").glob("*.jsa")
     data = bytearray(archive.read_bytes())
     data[len(data) // 2] ^= 0xFF
     archive.write_bytes(bytes(data))
 
     loaded = tmp_path / "classes.log"
-    _start(tmp_path, f"-Xlog:class+load=info:file={loaded}")
+    _start(cache, f"-Xlog:class+load=info:file={loaded}")
     spark_context = [line for line in loaded.read_text().splitlines() if " org.apache.spark.SparkContext " in line]
     assert spark_context and "shared objects file" not in spark_context[0], spark_context
 

@@ -22,6 +22,7 @@ from producers import Replay, datasets
 from tests.cluster.standalone import Standalone
 
 ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.slow  # full runs whose workers are killed, and a standalone cluster
 
 
 def run_with_fault(out: Path, fault: str, *args: str, env: dict[str, str] | None = None,

@@ -35,7 +35,7 @@ class Recording(stream.Handler):
         return {"ids": block.ids.tolist(), "offsets": block.offsets.tolist(), "partition": block.partition,
                 "labels": block.y.tolist()}
 
-    def on_batch(self, info: stream.BatchInfo) -> None:
+    def on_batch(self, info: stream.BatchFigures) -> None:
         if self.ledger:
             with open(self.ledger, "a") as f:
                 f.write(json.dumps({"batch_id": info.batch_id, "ranges": [dataclasses.astuple(r) for r in info.ranges], "rows": info.rows,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -55,3 +57,25 @@ def test_a_cap_takes_at_most_max_rows_and_never_goes_back(parts, max_rows) -> No
 def test_merging_keeps_gaps_and_partitions_apart() -> None:
     ranges = [OffsetRange("t", 0, 0, 5), OffsetRange("t", 0, 6, 9), OffsetRange("t", 1, 5, 9)]
     assert merge_ranges(ranges) == ranges
+
+
+def test_the_driver_plans_each_batch_from_spark_s_offset_log_reading_each_entry_once(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from pipeline import codec
+    from pipeline.ingest import tasks
+    from pipeline.ingest.microbatch import Handler
+
+    log = tmp_path / "offsets"
+    log.mkdir()
+    for batch, end in ((0, {"t": {"0": 10, "1": 4}}), (1, {"t": {"0": 30, "1": 4}})):
+        (log / str(batch)).write_text(f'v1\n{{"batchWatermarkMs":0}}\n{json.dumps(end)}\n')
+    reads: list[int] = []
+    read = tasks.logged_offsets
+    monkeypatch.setattr(tasks, "logged_offsets", lambda folder, batch: reads.append(batch) or read(folder, batch))
+    planner = tasks.BatchTasks(None, bootstrap="", schema=codec.HIGGS, handler=Handler(),
+                               checkpoint=str(tmp_path), python_source=True, min_partitions=3, dead_letter_topic="")
+    assert planner.plan(0) == [OffsetRange("t", 0, 0, 5), OffsetRange("t", 0, 5, 10), OffsetRange("t", 1, 0, 4)]
+    assert planner.plan(1) == [OffsetRange("t", 0, 10, 15), OffsetRange("t", 0, 15, 20), OffsetRange("t", 0, 20, 30)]
+    assert reads == [0, -1, 1]  # batch 1 starts where batch 0 ended, as read for batch 0
+    assert tasks.BatchTasks(None, bootstrap="", schema=codec.HIGGS, handler=Handler(),
+                            checkpoint=str(tmp_path), python_source=False, min_partitions=2,
+                            dead_letter_topic="").plan(1) is None  # Spark's JVM source: its DataFrame says

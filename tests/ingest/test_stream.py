@@ -57,11 +57,11 @@ def _wait_until(predicate: Any, timeout_s: float, what: str) -> None:
         time.sleep(0.05)
 
 
-def _ids(batches: list[stream.BatchInfo]) -> list[int]:
+def _ids(batches: list[stream.BatchFigures]) -> list[int]:
     return [i for b in batches for r in b.results for i in r["ids"]]
 
 
-def _assert_contiguous(batches: list[stream.BatchInfo]) -> dict[tuple[str, int], int]:
+def _assert_contiguous(batches: list[stream.BatchFigures]) -> dict[tuple[str, int], int]:
     """Each partition's ranges follow one another with no gap and no overlap; returns the ends."""
     ends: dict[tuple[str, int], int] = {}
     for b in batches:
@@ -73,6 +73,7 @@ def _assert_contiguous(batches: list[stream.BatchInfo]) -> dict[tuple[str, int],
     return ends
 
 
+@pytest.mark.slow
 def test_every_record_exactly_once_across_runs(spark, broker, topic, tmp_path, higgs) -> None:  # type: ignore[no-untyped-def]
     checkpoint = tmp_path / "ckpt"
     produced = _replay(broker, topic, higgs, limit=2500)  # before the first run
@@ -173,6 +174,7 @@ def test_malformed_records_go_to_the_dead_letter_topic(spark, broker, topic, tmp
     assert [int(dict(r.headers)["streamtrain.offset"]) for r in dead] == [5, 6, 7, 8, 9]
 
 
+@pytest.mark.slow
 def test_restart_after_sigkill_mid_batch_replays_the_same_batch(spark, broker, topic, tmp_path, higgs) -> None:  # type: ignore[no-untyped-def]
     produced = _replay(broker, topic, higgs, limit=3000)
     checkpoint, ledger = tmp_path / "ckpt", tmp_path / "ledger.jsonl"
@@ -195,7 +197,7 @@ def test_restart_after_sigkill_mid_batch_replays_the_same_batch(spark, broker, t
     assert after[0].batch_id == 1
     assert [list(dataclasses.astuple(r)) for r in after[0].ranges] == before[1]["ranges"]
     ranges = [OffsetRange(*r) for r in before[0]["ranges"]]
-    all_batches = [stream.BatchInfo(0, ranges, rows=before[0]["rows"]), *after]
+    all_batches = [stream.BatchFigures(0, ranges, rows=before[0]["rows"]), *after]
     assert sum(_assert_contiguous(all_batches).values()) == produced
 
 
@@ -224,11 +226,9 @@ def test_an_unreadable_batch_stops_the_stream_with_its_line_counted_and_as_lag(s
 
     _unreadable_topic(broker.bootstrap, topic)
     seen: list[Any] = []
-    lags: list[dict[str, int]] = []
-    job = _job(spark, broker, topic, tmp_path / "ckpt", available_now=True, on_unreadable=seen.append,
-               on_lag=lags.append)
+    job = _job(spark, broker, topic, tmp_path / "ckpt", available_now=True,
+               on_unreadable=lambda error, lag: seen.append((error, lag)))
     with pytest.raises(StreamtrainError, match=rf"^Cannot read {topic}-0 at offset 3: Cannot inflate a zstd batch"):
         job.run(timeout_s=120)
-    assert [(e.topic, e.partition, e.offset) for e in seen] == [(topic, 0, 3)]
-    assert lags[-1] == {f"{topic}-0": 6}
+    assert [(e.topic, e.partition, e.offset, lag) for e, lag in seen] == [(topic, 0, 3, {(topic, 0): 6})]
     assert not job.batches  # nothing handled: nothing trained, nothing committed

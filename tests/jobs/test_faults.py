@@ -82,6 +82,7 @@ def _trained_once(out: Path, topic: str, produced: int) -> checkpoint.State:
     return state
 
 
+@pytest.mark.slow
 def test_a_broker_restart_mid_run_loses_nothing(tmp_path: Path) -> None:
     """Proves: the broker stopped and restarted (same port, same data folder) while the run's
     replay is still sending and the run is training: the producer sends again what failed,
@@ -89,8 +90,9 @@ def test_a_broker_restart_mid_run_loses_nothing(tmp_path: Path) -> None:
     port, storage, out = free_port("127.0.0.1"), tmp_path / "kafka", tmp_path / "run"
     broker = EmbeddedBroker(engine="noida", port=port, storage=str(storage)).start()
     try:
-        # 7,000 records at 100/s take 70 s: the replay is still sending at the first batch.
-        run = Cli("run", "--dataset", "higgs", "--bootstrap", broker.bootstrap, "--rate", "100",
+        # 7,000 records at 150/s take 47 s: the replay is still sending at the first batch
+        # (start-up takes 10-30 s on 2 busy cores).
+        run = Cli("run", "--dataset", "higgs", "--bootstrap", broker.bootstrap, "--rate", "150",
                   "--max-offsets-per-trigger", "500", "--eval-every", "100", "--out", str(out))
         try:
             run.wait_for("batch    0 |", timeout_s=240)
@@ -165,6 +167,7 @@ def test_save_on_a_full_disk_raises_one_line_and_keeps_the_previous_checkpoint(s
     assert not list(small_disk.glob(".*.tmp"))
 
 
+@pytest.mark.slow
 def test_a_full_disk_stops_the_run_with_one_line_and_resume_loses_nothing(small_disk: Path, broker,  # type: ignore[no-untyped-def]
                                                                           topic: str, data_dir: Path) -> None:
     """Proves: the disk under the run's folder fills mid-run; the run stops with one line and

@@ -31,119 +31,92 @@ def _ledger_total(ledger: list[list]) -> int:  # type: ignore[type-arg]
     return sum(end - start for _, _, _, start, end in ledger)
 
 
-def test_short_mnist_run_end_to_end(tmp_path: Path) -> None:
-    out, cache = tmp_path / "run", tmp_path / "cache"
-    # A cache with MNIST but no class archive: the run is a first run for the JVM.
-    cache.mkdir()
-    (cache / "mnist.npz").symlink_to(datasets.mnist.fetch())
-    done = _cli("run", "--max-offsets-per-trigger", "5000", "--max-batches", "3", "--eval-every", "3",
-                "--out", str(out), env={"STREAMTRAIN_CACHE_DIR": str(cache)})
-    assert done.returncode == 0, done.stderr[-3000:]
-    report = json.loads((out / "report.json").read_text())
-    assert (out / "model.keras").is_file()
-    # A few thousand records of real MNIST put the CNN far above chance (0.1).
-    assert report["final"]["accuracy"] > 0.6
-    assert [b["batch_id"] for b in report["batches"]] == [0, 1, 2]
-    assert all(b["rows"] <= 5000 for b in report["batches"])
-    # The report agrees with the ledger: every trained record is in exactly one range.
-    assert report["trained_records"] == _ledger_total(report["ledger"]) == sum(b["trained"] for b in report["batches"])
-    assert report["batches"][-1]["heldout"]["accuracy"] == pytest.approx(report["final"]["accuracy"], abs=0.05)
-    assert "prequential_accuracy" in report["batches"][0] and report["startup_s"] > 0
-    assert "held-out accuracy" in done.stdout and "batch    2 |" in done.stdout
-    # Start-up shows its progress on the live display, in order, before the first batch's line.
-    steps = [line.split(": ", 1)[1] for line in done.stdout.splitlines() if line.startswith("start-up ")]
-    assert [s.split(" ")[0] for s in steps] == ["mnist", "Kafka", "Spark", "model", "workers", "first"], steps
-    assert done.stdout.index("first micro-batch") < done.stdout.index("batch    0 |")
-    # In local mode every partition's worker exchanged through shared memory, one
-    # connection per partition and batch, and the server refused nothing.
-    assert report["parameter_server"]["shared_memory"] == 2 * 3, report["parameter_server"]
-    assert report["parameter_server"]["refused"] == {}
-    # Spark's warnings that a clean run has nothing to act on are kept quiet.
-    assert "ResolveWriteToStream" not in done.stderr and "Failed to cancel job group" not in done.stderr
-    # The classes the JVM loaded went to the background build of the archive for later runs.
-    assert list((cache / "jvm").glob("*.log")), sorted(p.name for p in (cache / "jvm").iterdir())
+#: Where the driver is killed (STREAMTRAIN_FAULT), in the order one run and its resumes meet
+#: them, and the last batch its checkpoint holds then: inside batch 2 before its state is
+#: saved, after batch 5's save and before Spark's commit, after batch 8's commit.
+BOUNDARIES = (("batch", 2, 1), ("saved", 5, 5), ("committed", 8, 8))
 
 
-#: Where the driver is killed (STREAMTRAIN_FAULT), and the last batch its checkpoint holds then.
-BOUNDARIES = {"batch": 1, "saved": 2, "committed": 2}
-
-
-@pytest.mark.parametrize("point", list(BOUNDARIES))
-def test_a_driver_killed_at_each_boundary_of_a_batch_resumes_every_record_once(point, broker, topic, tmp_path,  # type: ignore[no-untyped-def]
+@pytest.mark.slow
+def test_a_driver_killed_at_each_boundary_of_a_batch_resumes_every_record_once(broker, topic, tmp_path,  # type: ignore[no-untyped-def]
                                                                                data_dir) -> None:
-    """Proves: SIGKILL of the driver inside batch 2 before its state is saved ("batch"),
+    """Proves: SIGKILL of the driver inside a batch before its state is saved ("batch"),
     after the save and before Spark's commit ("saved"), and after the commit ("committed"),
-    then --resume: every record is trained exactly once (the ledger chains with no gap and
-    no overlap, and sums to what was produced), and only after "saved" is the replayed
-    batch skipped, once its ranges match the checkpoint's. Then a Spark checkpoint reset
-    beside the state is refused with one line instead of skipping batches it never ran."""
+    each followed by --resume (one run killed three times, so that the replays chain):
+    every record is trained exactly once (the ledger chains with no gap and no overlap, and
+    sums to what was produced), and only after "saved" is the replayed batch skipped, once
+    its ranges match the checkpoint's. Then a Spark checkpoint reset beside the state is
+    refused with one line instead of skipping batches it never ran."""
     produced = Replay(datasets.get("higgs", data_dir=data_dir), bootstrap=broker.bootstrap, topic=topic,
                       partitions=2).run().records_sent
     out = tmp_path / "run"
+    # 500 records a batch: 14 batches, so the last fault (after batch 8) falls mid-stream.
     common = ["--dataset", "higgs", "--bootstrap", broker.bootstrap, "--topic", topic,
-              "--max-offsets-per-trigger", "1000", "--eval-every", "100"]
-    first = _cli("run", *common, "--out", str(out), env={"STREAMTRAIN_FAULT": f"{point}:2"})
-    assert first.returncode == -signal.SIGKILL, first.stderr[-3000:]
-    assert f"fault injection: killed at {point}:2" in first.stdout
-    killed_at = checkpoint.load(out)
-    assert killed_at is not None and killed_at.last_batch_id == BOUNDARIES[point]
+              "--max-offsets-per-trigger", "500", "--eval-every", "100"]
+    folder = ["--out", str(out)]  # the first run's; each resumed run names it with --resume
+    previous_skip = None  # the batch the run before was killed after saving, if any
+    killed_at = None
+    for point, batch, saved in BOUNDARIES:
+        killed = _cli("run", *common, *folder, env={"STREAMTRAIN_FAULT": f"{point}:{batch}"})
+        assert killed.returncode == -signal.SIGKILL, (point, killed.stderr[-3000:])
+        assert f"fault injection: killed at {point}:{batch}" in killed.stdout
+        skipped = re.findall(r"batch (\d+) was applied before a restart: skipped", killed.stderr)
+        assert skipped == ([] if previous_skip is None else [str(previous_skip)]), (point, skipped)
+        previous_skip = batch if point == "saved" else None
+        killed_at = checkpoint.load(out)
+        assert killed_at is not None and killed_at.last_batch_id == saved, point
+        # The default algorithm keeps Adam on the server: its state is saved with each batch's
+        # weights, and each resumed run continued it rather than starting Adam afresh.
+        assert int(killed_at.optimizer["iterations"]) == killed_at.clock, point
+        folder = ["--resume", str(out)]
+    assert killed_at is not None
 
-    done = _cli("run", *common, "--resume", str(out), "--timeout", "25")
+    done = _cli("run", *common, *folder, "--timeout", "25")
     assert done.returncode == 0, done.stderr[-3000:]
-    assert ("batch 2 was applied before a restart: skipped" in done.stderr) == (point == "saved")
+    assert "was applied before a restart: skipped" not in done.stderr  # committed: Spark moved on
     final = checkpoint.load(out)
     assert final is not None
-    ends = check_ledger(final.ledger)  # no gap, no overlap, across the crash
+    ends = check_ledger(final.ledger)  # no gap, no overlap, across the crashes
     assert ends == {(topic, 0): produced // 2, (topic, 1): produced - produced // 2}
     assert _ledger_total(final.ledger) == produced == final.extra["trained"]
     assert len(final.ledger) <= 2 * 2  # compacted: a range per partition, and the newest batch's
     assert final.clock > killed_at.clock
-    # The default algorithm keeps Adam on the server: its state is saved with each batch's
-    # weights, and the resumed run continued it rather than starting Adam afresh.
-    assert int(killed_at.optimizer["iterations"]) == killed_at.clock
     assert int(final.optimizer["iterations"]) == final.clock
     report = json.loads((out / "report.json").read_text())
     assert report["trained_records"] == produced
     assert report["trained_this_session"] == produced - killed_at.extra["trained"]
-    if point == "committed":
-        import shutil
+    # The default HIGGS model, as the workers saved it at the end.
+    assert keras_model_params(out / "model.keras") == 28 * 300 + 300 + 2 * (300 * 300 + 300) + 300 * 2 + 2
 
-        shutil.rmtree(out / "spark-checkpoint")  # Spark would start over at batch 0
-        again = _cli("run", *common, "--resume", str(out), "--timeout", "25")
-        assert again.returncode != 0
-        assert "does not belong with state.npz" in again.stderr, again.stderr[-3000:]
-        assert checkpoint.load(out).extra["trained"] == produced  # type: ignore[union-attr]
+    import shutil
 
-
-def test_user_model_file(tmp_path: Path) -> None:
-    # Four workers on a machine with fewer cores: each still gets a task slot of its own.
-    done = _cli("run", "--dataset", "higgs", "--model", "tests/jobs/user_model.py:build", "--max-offsets-per-trigger",
-                "3500", "--max-batches", "2", "--workers", "4", "--out", str(tmp_path / "run"))
-    assert done.returncode == 0, done.stderr[-3000:]
-    import keras
-
-    model = keras.models.load_model(tmp_path / "run" / "model.keras")
-    assert model.count_params() == 28 * 32 + 32 + 32 * 2 + 2
-    report = json.loads((tmp_path / "run" / "report.json").read_text())
-    assert report["trained_records"] == 7000 and np.isfinite(report["final"]["auc"])
-    assert report["parallelism"]["concurrent_replicas"] == 4 <= report["parallelism"]["task_slots"]
+    shutil.rmtree(out / "spark-checkpoint")  # Spark would start over at batch 0
+    again = _cli("run", *common, *folder, "--timeout", "25")
+    assert again.returncode != 0
+    assert "does not belong with state.npz" in again.stderr, again.stderr[-3000:]
+    assert checkpoint.load(out).extra["trained"] == produced  # type: ignore[union-attr]
 
 
-def test_the_driver_never_imports_tensorflow(tmp_path: Path) -> None:
+@pytest.mark.slow  # a full run
+def test_a_user_model_file_trains_and_the_driver_never_imports_tensorflow(tmp_path: Path) -> None:
     # TensorFlow costs a process half a gigabyte: the model is described in a child
-    # process, and scored and saved on the workers.
+    # process, and scored and saved on the workers. Four workers on a machine with fewer
+    # cores: each still gets a task slot of its own.
     script = ("import sys; from pipeline.jobs.online import Run, RunConfig; "
-              f"r = Run(RunConfig(dataset='higgs', max_batches=1, max_offsets_per_trigger=3500, eval_every=1, "
-              f"out={str(tmp_path / 'run')!r})).execute(); "
-              "print('heldout', r.batches[0].heldout['accuracy'], 'final', r.final['accuracy']); "
+              "r = Run(RunConfig(dataset='higgs', model='tests/jobs/user_model.py:build', workers=4, max_batches=2, "
+              f"max_offsets_per_trigger=3500, eval_every=1, out={str(tmp_path / 'run')!r})).execute(); "
+              "print('heldout', r.batches[-1].heldout['accuracy'], 'final', r.final['accuracy']); "
               "print('tensorflow loaded:', 'tensorflow' in sys.modules, 'keras loaded:', 'keras' in sys.modules)")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "tensorflow loaded: False keras loaded: False" in done.stdout
-    # One batch trained: the held-out score after it (one Spark job) is the final one (another).
+    # The held-out score after the last batch (one Spark job) is the final one (another).
     heldout, final = re.search(r"^heldout (\S+) final (\S+)$", done.stdout, re.M).groups()  # type: ignore[union-attr]
     assert heldout == final and 0 < float(final) <= 1
-    assert keras_model_params(tmp_path / "run" / "model.keras") == 28 * 300 + 300 + 2 * (300 * 300 + 300) + 300 * 2 + 2
+    assert keras_model_params(tmp_path / "run" / "model.keras") == 28 * 32 + 32 + 32 * 2 + 2
+    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    assert report["trained_records"] == 7000 and np.isfinite(report["final"]["auc"])
+    assert report["parallelism"]["concurrent_replicas"] == 4 <= report["parallelism"]["task_slots"]
 
 
 def keras_model_params(path: Path) -> int:
@@ -222,6 +195,7 @@ def _cmdline(pid: int) -> str:
         return ""
 
 
+@pytest.mark.slow  # a full run
 def test_a_driver_killed_outright_leaves_no_replay_or_model_server(tmp_path: Path) -> None:
     """Proves: SIGKILL of `streamtrain run` (no clean-up runs) still ends its replay producer
     and its model server: each asked the kernel to stop it when its parent dies."""

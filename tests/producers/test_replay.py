@@ -237,6 +237,7 @@ def test_cli_errors_are_one_line_without_traceback(args: list[str], message: str
     assert len(lines) == 1 and message in lines[0] and "Traceback" not in done.stderr
 
 
+@pytest.mark.slow  # waits out the final flush
 def test_a_stop_while_kafka_is_away_reports_within_the_final_flush(topic, data_dir, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """Proves: a replay stopped while its broker is gone still stops within FINAL_FLUSH_S
     and reports; what Kafka never acknowledged counts as send errors, none as sent."""

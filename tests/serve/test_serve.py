@@ -21,6 +21,7 @@ import pytest
 from producers import datasets
 
 ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.slow  # every test reads one full run served live
 TOKEN = "test-token-not-secret"
 
 

@@ -128,9 +128,9 @@ def test_a_block_trains_shuffled_and_its_replay_trains_alike(mnist) -> None:  # 
     from pipeline import codec
     from pipeline.ingest import microbatch as stream
     from pipeline.train import algorithms
-    from pipeline.train.center import parameter_server
     from pipeline.train.handler import TrainHandler
     from pipeline.train.partition import ServerInfo
+    from pipeline.train.server import parameter_server
 
     keras.utils.set_random_seed(0)
     model = keras.Sequential([keras.Input((784,)), keras.layers.Dense(32, activation="relu"),

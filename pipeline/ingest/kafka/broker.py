@@ -9,20 +9,18 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import ctypes
 import importlib.util
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 from types import TracebackType
 
+from pipeline.cluster.processes import die_with_parent
 from pipeline.errors import BrokerError
 
 #: The programs an embedded broker can be, with what each is for (README: "Brokers").
@@ -92,20 +90,6 @@ def _port_free(host: str, port: int) -> bool:
         except OSError:
             return False
         return True
-
-
-def die_with_parent(parent: int | None = None) -> None:
-    """Ask the kernel to SIGTERM this process when its parent dies (Linux), so that a
-    SIGKILLed test or driver leaves no orphan broker, producer or model server.
-
-    In a child between fork and exec (``preexec_fn``), or first thing in a spawned one;
-    with ``parent`` (the pid that started it), a parent already gone ends it at once.
-    """
-    if sys.platform.startswith("linux"):
-        with contextlib.suppress(Exception):
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    if parent is not None and os.getppid() != parent:
-        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def wait_for_kafka(bootstrap: str, timeout_s: float = 10.0) -> None:

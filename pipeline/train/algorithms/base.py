@@ -135,8 +135,3 @@ class Algorithm(abc.ABC):
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> Algorithm:
         return cls(**config)
-
-    def describe(self) -> str:
-        """The name and settings on one line."""
-        settings = ", ".join(f"{k}={v}" for k, v in self.get_config().items())
-        return f"{self.name}({settings})"

@@ -51,6 +51,7 @@ class ParameterServer:
         shared_memory: offer workers on this machine a shared-memory file instead
             of the socket for payloads (:mod:`pipeline.train.ps.shm`); they fall back to
             TCP when they cannot map it.
+        clock: the clock to start from (a resumed run's; see :meth:`restore`).
 
     Example:
         >>> import numpy as np
@@ -76,6 +77,7 @@ class ParameterServer:
         on_request: Callable[[str, float], None] | None = None,
         state: Any = None,
         shared_memory: bool = True,
+        clock: int = 0,
     ) -> None:
         if not secret:
             raise ConfigError("The parameter server needs a non-empty secret.")
@@ -84,7 +86,7 @@ class ParameterServer:
         self.secret = secret
         self.rule = rule
         self.keep_pulled = keep_pulled
-        self.clock = 0
+        self.clock = clock
         self.on_request = on_request
         self.state = state
         self._lock = threading.Lock()
@@ -112,11 +114,6 @@ class ParameterServer:
     @property
     def address(self) -> tuple[str, int]:
         return self.host, self.port
-
-    @property
-    def sync_workers(self) -> int:
-        """The workers a synchronous round waits for (0: asynchronous pushes)."""
-        return self._rounds.workers if self._rounds is not None else 0
 
     # --- life cycle ---
 

@@ -26,7 +26,7 @@ from pipeline.train.ps.shm import SharedBuffers, remove_stale
 if TYPE_CHECKING:
     from pipeline.train.ps.server import ParameterServer
 
-log = logging.getLogger("pipeline.train.ps.server")
+log = logging.getLogger(__name__)
 
 #: Connections served at once; more are refused ("busy") before the handshake.
 MAX_CONNECTIONS = 256

@@ -327,7 +327,7 @@ def test_a_flood_of_junk_is_counted_in_full_and_logged_in_a_few_lines(caplog) ->
 
     rng = np.random.default_rng(0)
     attempts = 300  # bounded: a fixed number of connections, each closed at once
-    with caplog.at_level(logging.WARNING, logger="pipeline.train.ps.server"), \
+    with caplog.at_level(logging.WARNING, logger="pipeline.train.ps.transport"), \
             ParameterServer(np.zeros(N, np.float32), secret=SECRET) as s:
         for i in range(attempts):
             with socket.create_connection(s.address, timeout=5) as sock:

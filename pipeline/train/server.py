@@ -10,23 +10,24 @@ import numpy as np
 
 from pipeline.train import algorithms, ps
 from pipeline.train.model import ModelSpec
-from pipeline.train.partition import PartitionResult
-
-
-def applied_steps(server: ps.ParameterServer, result: PartitionResult) -> int:
-    """The mini-batches of ``result``'s task that ``server`` applied, by its own count (a
-    task Spark ran twice is counted once); for a result that named no task, the worker's."""
-    return server.applied(result.task)[1] if result.task else result.steps
 
 
 def parameter_server(algorithm: algorithms.Algorithm, spec: ModelSpec, weights: np.ndarray, *, host: str,
                      port: int = 0, sync_timeout_s: float = 30.0, shared_memory: bool = True,
-                     on_request: Callable[[str, float], None] | None = None) -> ps.ParameterServer:
+                     on_request: Callable[[str, float], None] | None = None, clock: int = 0,
+                     optimizer: dict[str, np.ndarray] | None = None) -> ps.ParameterServer:
     """A parameter server (not yet started) that applies ``algorithm``'s rule to ``spec``'s
-    weights, with a fresh secret."""
+    weights, with a fresh secret.
+
+    Args:
+        weights, clock, optimizer: where it starts: the center, its clock and the rule's
+            state (a resumed run's checkpoint; a new one starts at clock 0 with none).
+    """
     algorithm.bind(spec)
+    if optimizer:
+        algorithm.load_server_state(optimizer)
     return ps.ParameterServer(
         weights, secret=os.urandom(32), host=host, port=port, rule=algorithm.apply, keep_pulled=algorithm.keep_pulled,
         sync_workers=algorithm.num_workers if algorithm.synchronous else 0, sync_timeout_s=sync_timeout_s,
-        on_request=on_request, state=algorithm, shared_memory=shared_memory,
+        on_request=on_request, state=algorithm, shared_memory=shared_memory, clock=clock,
     )

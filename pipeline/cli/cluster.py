@@ -1,0 +1,62 @@
+"""`streamtrain spark-master`, `spark-worker` and `cluster-conf`: a Spark standalone cluster."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from pipeline.cli.base import cli
+
+
+@cli.command("spark-master")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address (or name) to bind and advertise.")
+@click.option("--port", default=7077, show_default=True)
+@click.option("--webui-port", type=int, default=8080, show_default=True, help="Spark's web UI (0: a free port).")
+@click.option("--properties-file", type=click.Path(dir_okay=False),
+              help="The cluster's Spark properties (streamtrain cluster-conf); required beyond loopback.")
+def spark_master(host: str, port: int, webui_port: int, properties_file: str | None) -> None:
+    """Run Spark's standalone master in the foreground (Spark's own, from the pyspark wheel)."""
+    from pipeline.cluster import standalone
+
+    standalone.exec_(standalone.command("master", host=host, port=port, properties=properties_file,
+                                        webui_port=webui_port), host)
+
+
+@cli.command("spark-worker")
+@click.argument("master")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address (or name) to bind and advertise.")
+@click.option("--port", default=0, show_default=True, help="The worker's RPC port (0: a free one).")
+@click.option("--cores", type=int, help="Cores for executors (default: all).")
+@click.option("--memory", help="Memory for executors, e.g. 4g (default: all but 1 GB).")
+@click.option("--work-dir", type=click.Path(file_okay=False), help="Executors' folders and logs.")
+@click.option("--webui-port", type=int, default=8081, show_default=True, help="Spark's web UI (0: a free port).")
+@click.option("--properties-file", type=click.Path(dir_okay=False),
+              help="The cluster's Spark properties (streamtrain cluster-conf); required beyond loopback.")
+def spark_worker(master: str, host: str, port: int, cores: int | None, memory: str | None, work_dir: str | None,
+                 webui_port: int, properties_file: str | None) -> None:
+    """Run a Spark standalone worker for MASTER (spark://HOST:PORT) in the foreground."""
+    from pipeline.cluster import standalone
+
+    standalone.exec_(standalone.command("worker", host=host, port=port, properties=properties_file, master=master,
+                                        cores=cores, memory=memory, work_dir=work_dir, webui_port=webui_port), host)
+
+
+@cli.command("cluster-conf")
+@click.argument("path", type=click.Path(dir_okay=False))
+@click.option("--keep", is_flag=True, help="Leave an existing file as it is (for a deployment's first start).")
+def cluster_conf(path: str, keep: bool) -> None:
+    """Write PATH: a Spark properties file with a fresh secret that turns on Spark's RPC
+    authentication and encryption (mode 0600).
+
+    Copy it to every machine of the cluster, start the master and the workers with
+    `--properties-file PATH`, and train with `streamtrain run --master spark://HOST:7077
+    --spark-conf PATH`.
+    """
+    from pipeline.cluster import security
+
+    if keep and Path(path).is_file():
+        click.echo(f"{path} exists: kept")
+        return
+    click.echo(f"wrote {security.write_conf(path)}: start the master and workers with --properties-file {path}, "
+               f"and pass --spark-conf {path} to streamtrain run")

@@ -1,0 +1,88 @@
+"""`streamtrain run`: the online training job."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+
+from pipeline import config
+from pipeline.cli.base import bootstrap_option, cli
+from pipeline.errors import ConfigError
+from producers import datasets
+
+
+@cli.command()
+@click.option("--dataset", type=click.Choice(list(datasets.BUILTIN)), default="mnist", show_default=True,
+              help="A built-in dataset, read from the data folder.")
+@click.option("--algorithm", default="sync", show_default=True,
+              help="sync, single, averaging, downpour, agn, adag, aeasgd, eamsgd or dynsgd.")
+@click.option("--workers", type=int, default=2, show_default=True, help="Parallel model replicas.")
+@click.option("--batch-size", type=int, default=128, show_default=True,
+              help="Records per mini-batch on each worker; for sync, per round, split among the workers.")
+@click.option("--window", "communication_window", type=int,
+              help="Mini-batches between exchanges with the parameter server (default: the algorithm's own; "
+                   "1 for sync, 5 for most asynchronous ones).")
+@click.option("--epochs", type=int, default=1, show_default=True, help="Times the producer replays the data.")
+@click.option("--rate", type=float, help="Replay rate, records/s (default: full speed).")
+@click.option("--until-accuracy", type=float, help="Stop once held-out accuracy reaches this.")
+@click.option("--max-batches", type=int, help="Stop after this many micro-batches.")
+@click.option("--timeout", "timeout_s", type=float, help="Stop after this many seconds of streaming.")
+@bootstrap_option
+@click.option("--broker-engine", type=click.Choice(["tansu", "noida"]),
+              help="The embedded broker, when there is no --bootstrap (env STREAMTRAIN_BROKER_ENGINE; "
+                   "default tansu). README: Brokers.")
+@click.option("--topic", help="Train from this topic; with --bootstrap, fed by someone else (no replay).")
+@click.option("--master", default="local[*]", show_default=True,
+              help="Spark master URL: local[N] or local[N,MAX_FAILURES], or spark://HOST:PORT (env "
+                   "STREAMTRAIN_MASTER; README: When one machine is not enough).")
+@click.option("--spark-conf", type=click.Path(dir_okay=False),
+              help="A Spark properties file for the session (a cluster beyond loopback needs one with "
+                   "authentication and encryption: see streamtrain cluster-conf).")
+@click.option("--model", help="Your model: FILE.py:BUILD_FN or FILE.keras (default: the dataset's).")
+@click.option("--out", type=click.Path(file_okay=False), help="Output folder (default: runs/DATASET-TIME).")
+@click.option("--resume", "resume_dir", type=click.Path(file_okay=False),
+              help="Continue the run in this folder after a stop or crash.")
+@click.option("--resume-if-exists", is_flag=True,
+              help="With --out: continue the run there if it has a checkpoint, else start it (for services "
+                   "that a supervisor restarts).")
+@click.option("--serve-port", type=int, metavar="PORT",
+              help="Serve predictions from the live weights here while training (TensorFlow Serving's REST "
+                   "API: POST /v1/models/DATASET:predict; 0: a free port). README: Serving.")
+@click.option("--serve-max-age", "serve_max_age_s", type=float, default=1.0, show_default=True,
+              help="Seconds: never predict with weights older than this.")
+@click.option("--max-offsets-per-trigger", type=int, default=20_000, show_default=True,
+              help="Records per micro-batch at most.")
+@click.option("--isolation-level", default="read_committed", show_default=True,
+              help="Kafka's: read_committed trains no record of an aborted transaction; read_uncommitted "
+                   "trains every record written.")
+@click.option("--eval-every", type=int, default=5, show_default=True,
+              help="Score the held-out split every this many micro-batches (and at the end).")
+@click.option("--metrics-port", type=int, default=0, show_default=True, help="Port of /metrics (0: a free port).")
+@click.option("--producer-metrics-port", type=int, default=0, show_default=True,
+              help="Port of the replay producer's /metrics (0: a free port).")
+@click.option("--data-dir", type=click.Path(file_okay=False), help="Folder holding the datasets.")
+@click.option("--seed", type=int, help="Seed for reproducible data order.")
+def run(resume_dir: str | None, out: str | None, bootstrap: str | None, resume_if_exists: bool,
+        **options: Any) -> None:
+    """The main job: replay a dataset into Kafka and train a model online from the stream."""
+    from pipeline.jobs import online
+    from pipeline.train import checkpoint
+
+    if resume_dir and out and Path(out).resolve() != Path(resume_dir).resolve():
+        raise ConfigError("Pass either --out or --resume (the folder to continue), not two folders.")
+    if resume_if_exists:
+        if not out:
+            raise ConfigError("--resume-if-exists needs --out, the folder to continue or start.")
+        if (Path(out) / checkpoint.FILENAME).exists():
+            resume_dir = out
+    settings = config.settings()  # the environment's values, under the command line's
+    if click.get_current_context().get_parameter_source("master") is click.core.ParameterSource.DEFAULT:
+        options["master"] = settings.master
+    options["spark_conf"] = options["spark_conf"] or (str(settings.spark_conf) if settings.spark_conf else None)
+    cfg = online.RunConfig(out=resume_dir or out, resume=bool(resume_dir), bootstrap=bootstrap or settings.bootstrap,
+                           **options)
+    report = online.run(cfg)
+    click.echo(report.summary())
+    click.echo(f"model and report in {report.out}")

@@ -1,0 +1,65 @@
+"""What people see of a run as it goes, and the figures behind it: start-up milestones, a
+status line per trained batch (the held-out split scored when due), the batches' history
+and the run's metrics."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from pipeline.ingest.microbatch import BatchFigures
+from pipeline.jobs.report import History
+from pipeline.jobs.run_metrics import RunMetrics
+from pipeline.train.rows import BatchRow
+
+
+class Display:
+    """The run's live display.
+
+    Args:
+        history: where the batches' rows go.
+        metrics: the run's Prometheus figures.
+        eval_every: score the held-out split every this many batches.
+        until_accuracy: the held-out accuracy that ends the run (None: none).
+        started: ``time.monotonic()`` when the run started.
+    """
+
+    def __init__(self, *, history: History, metrics: RunMetrics, eval_every: int, until_accuracy: float | None,
+                 started: float) -> None:
+        self.history, self.metrics = history, metrics
+        self.eval_every, self.until_accuracy, self.started = eval_every, until_accuracy, started
+        #: Scores weights on the held-out split (set once the model exists).
+        self.evaluation: Any = None
+        #: Records trained across resumes (the checkpoint's count).
+        self.trained: Callable[[], int] = lambda: 0
+        #: Why the run should stop, once a batch says so ("": go on).
+        self.stop_reason = ""
+
+    def startup(self, what: str) -> None:
+        """A start-up milestone (the first run on a machine waits a minute or more here:
+        TensorFlow's first import, Spark's first start)."""
+        print(f"start-up {time.monotonic() - self.started:5.1f} s: {what}", flush=True)
+
+    def on_row(self, info: BatchFigures, row: BatchRow, weights: np.ndarray) -> None:
+        """A batch is saved: score it when due, keep its row, count it and show it."""
+        history = self.history
+        if history.first_batch_at is None:
+            history.first_batch_at = info.started_at
+            self.startup(f"first micro-batch trained ({info.rows:,} records)")
+        if (history.count + 1) % self.eval_every == 0:
+            began = time.monotonic()
+            row.heldout = self.evaluation.score(weights)
+            history.eval_s += time.monotonic() - began
+        # Streaming time so far, and the part of it spent scoring the held-out split here.
+        row.t_stream = round(time.monotonic() - history.first_batch_at, 3)
+        row.eval_s_total = round(history.eval_s, 3)
+        history.add(row, ended_at=time.monotonic())
+        self.metrics.on_batch(info, row)
+        elapsed = max(1e-9, time.monotonic() - history.first_batch_at)
+        print(row.status(total=self.trained(), per_s=history.trained() / elapsed), flush=True)
+        held = (row.heldout or {}).get("accuracy")
+        if self.until_accuracy is not None and held is not None and held >= self.until_accuracy:
+            self.stop_reason = f"held-out accuracy {held:.4f} reached --until-accuracy {self.until_accuracy}"

@@ -1,0 +1,151 @@
+"""The driver's half of exactly-once training, one micro-batch at a time.
+
+Spark replays a failed micro-batch with the same id and offsets, and on a cluster retries
+single tasks. Per batch, on the driver, :class:`TrainDriver`:
+
+1. skips a batch the checkpoint already holds (after checking that Spark replays it over
+   the ranges the checkpoint applied under that id: :func:`~pipeline.train.ledger.check_replay`);
+2. checks each task's mini-batches against the parameter server's own count of those it
+   applied; a difference stops the run before the batch is committed;
+3. saves the center, the clock, the rule's state, the batch id and the trained ranges in
+   one atomic write (:mod:`~pipeline.train.checkpoint`), before Spark commits the batch;
+4. releases the trained records (a broker that can delete them), and hands the batch's
+   row on.
+
+A save that fails raises before the commit, so the batch is replayed. The batch
+:class:`~pipeline.jobs.trainer.Trainer` keeps no checkpoint and uses step 2 alone
+(:meth:`TrainDriver.check_applied`).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from pipeline.errors import StreamtrainError
+from pipeline.ingest.kafka.release import Releaser
+from pipeline.ingest.microbatch import BatchFigures
+from pipeline.ingest.offsets import OffsetRange
+from pipeline.train import checkpoint, ledger, ps
+from pipeline.train.partition import TaskResult
+from pipeline.train.rows import BatchRow, TaskRow
+
+#: Called with each saved batch's figures, its row and the center weights it saved.
+OnRow = Callable[[BatchFigures, BatchRow, np.ndarray], None]
+
+
+def applied_steps(server: ps.ParameterServer, result: TaskResult) -> int:
+    """The mini-batches of ``result``'s task that ``server`` applied, by its own count (a
+    task Spark ran twice is counted once); for a result that named no task, the worker's."""
+    return server.applied(result.task)[1] if result.task else result.steps
+
+
+class TrainDriver:
+    """Drives the exactly-once protocol of a run's micro-batches on the driver.
+
+    Args:
+        server: the run's parameter server.
+        state: what the checkpoint holds (a resumed run's, or a fresh one); updated per batch.
+            None: no checkpoint (the batch Trainer, which only checks its tasks).
+        folder: where the checkpoint is written.
+        releaser: deletes the records of batches Spark committed (the run's own noida broker).
+        sync_slots: with a synchronous algorithm, the tasks that can run at once (Spark's
+            task slots): a round waits for at most this many. 0: asynchronous.
+        started: ``time.monotonic()`` when the run started (each row's ``t`` counts from it).
+        fault: tests only, ``<point>:<batch id>``: SIGKILL this process there (see :func:`_fault`).
+        on_row: called after each batch is saved (see :data:`OnRow`).
+        on_skip: called for each batch skipped as already applied.
+    """
+
+    def __init__(self, server: ps.ParameterServer, state: checkpoint.State | None = None, *,
+                 folder: Path | None = None, releaser: Releaser | None = None, sync_slots: int = 0,
+                 started: float | None = None, fault: str | None = None, on_row: OnRow | None = None,
+                 on_skip: Callable[[int], None] | None = None) -> None:
+        self.server, self.state, self.folder, self.releaser = server, state, folder, releaser
+        self.sync_slots = sync_slots
+        self.started = time.monotonic() if started is None else started
+        self.fault = fault
+        self.on_row, self.on_skip = on_row, on_skip
+        self._batch = -1
+
+    @property
+    def trained(self) -> int:
+        """Records the checkpoint says the run trained, across resumes."""
+        return int(self.state.extra.get("trained", 0)) if self.state is not None else 0
+
+    def skip(self, batch_id: int, ranges: list[OffsetRange] | None) -> bool:
+        """Whether ``batch_id`` is one the checkpoint holds (Spark replays it after a lost
+        commit); ``ranges``: the batch's merged ranges as Spark logged them (None: unknown)."""
+        self._batch = batch_id
+        self._fault("committed", batch_id - 1)  # Spark committed the previous batch and asks for this one
+        state = self.state
+        if state is None or batch_id > state.last_batch_id:
+            return False
+        ledger.check_replay(state.ledger, batch_id=batch_id, last_batch_id=state.last_batch_id, ranges=ranges,
+                            where=str(self.folder))
+        if self.on_skip is not None:
+            self.on_skip(batch_id)
+        return True
+
+    def on_tasks(self, n: int) -> None:
+        """``n`` tasks are about to train the batch."""
+        self._fault("batch", self._batch)  # inside the batch, before its state is saved
+        # Synchronous rounds wait for the tasks that run at once: at most one per slot.
+        if self.sync_slots:
+            self.server.expect_workers(min(n, self.sync_slots))
+
+    def on_batch(self, info: BatchFigures) -> None:
+        """The batch's tasks are done: check, save (before Spark commits it), release, report."""
+        assert self.state is not None and self.folder is not None
+        weights, clock, optimizer = self.server.checkpoint()
+        row = BatchRow.from_batch(info, t=time.monotonic() - self.started, clock=clock)
+        row.tasks = self.check_applied(info.results, batch_id=info.batch_id)
+        began = time.perf_counter()
+        state = self.state
+        state.weights, state.clock, state.last_batch_id, state.optimizer = weights, clock, info.batch_id, optimizer
+        state.ledger = ledger.add(state.ledger, info.batch_id, info.ranges)
+        state.extra = {"trained": self.trained + row.trained}
+        checkpoint.save(self.folder, state)
+        row.checkpoint_ms = round((time.perf_counter() - began) * 1000, 2)
+        if self.releaser is not None:
+            self.releaser.trained(info.ranges)
+        if self.on_row is not None:
+            self.on_row(info, row, weights)
+        self._fault("saved", info.batch_id)  # saved, and Spark has not committed it
+
+    def check_applied(self, results: list[TaskResult], *, batch_id: int | None = None) -> list[TaskRow]:
+        """Each task's mini-batches against the parameter server's own count of those it
+        applied; a difference (an update applied twice, or lost) raises, so that the batch
+        is not committed and a resume trains it again from the last checkpoint.
+
+        Args:
+            results: the tasks' results.
+            batch_id: the micro-batch they trained (None: a batch Trainer's one call).
+        """
+        rows = []
+        for r in results:
+            applied = applied_steps(self.server, r)
+            rows.append(TaskRow.of(r, applied=applied))
+            if applied == r.steps_total:
+                continue
+            if batch_id is None:
+                raise StreamtrainError(f"The parameter server applied {applied} of the {r.steps_total} "
+                                       f"mini-batches of worker {r.worker}; train again.")
+            raise StreamtrainError(
+                f"Batch {batch_id}: the parameter server applied {applied} of the {r.steps_total} "
+                f"mini-batches of worker {r.worker}'s range; the batch is not committed. Continue with: "
+                f"streamtrain run --resume {self.folder}")
+        return rows
+
+    def _fault(self, point: str, batch_id: int) -> None:
+        """Fault injection for the crash tests (``STREAMTRAIN_FAULT=<point>:<batch>``): SIGKILL
+        the driver there (``batch``: inside the batch, before its state is saved; ``saved``:
+        after the save, before Spark's commit; ``committed``: after Spark's commit)."""
+        if self.fault and self.fault == f"{point}:{batch_id}":
+            print(f"fault injection: killed at {self.fault}", flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)

@@ -1,0 +1,129 @@
+"""What a trained micro-batch adds up to: a row per batch, with a row per task in it, as the
+report, ``batches.jsonl``, the metrics and the plots read them."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+from pipeline.ingest.microbatch import BatchFigures
+from pipeline.train.partition import TaskResult
+
+
+@dataclasses.dataclass
+class TaskRow:
+    """One task (one offset range) of a trained batch, checked against the parameter server.
+
+    Attributes:
+        worker: the worker (Spark partition) that trained it.
+        records: records it trained.
+        steps: its mini-batches, over all attempts.
+        applied: those the parameter server counted as applied (its own count).
+        skipped: those left to an earlier attempt's pushes (Spark retried the task).
+        repeats: pushes the server dropped as repeats (a speculative copy ran beside it).
+        attempt: Spark's attempt number.
+        transport: how its exchanges went, ``shared memory`` or ``tcp``.
+    """
+
+    worker: int
+    records: int
+    steps: int
+    applied: int
+    skipped: int
+    repeats: int
+    attempt: int
+    transport: str
+
+    @classmethod
+    def of(cls, result: TaskResult, *, applied: int) -> TaskRow:
+        """The row of a task's ``result``, of which the server applied ``applied`` mini-batches."""
+        return cls(worker=result.worker, records=result.records, steps=result.steps_total, applied=applied,
+                   skipped=result.steps_skipped, repeats=result.repeats, attempt=result.attempt,
+                   transport="shared memory" if result.shared_memory else "tcp")
+
+
+@dataclasses.dataclass
+class BatchRow:
+    """One micro-batch's figures, as the report and the plots show them.
+
+    Attributes:
+        batch_id: Spark's batch id.
+        t: seconds since the run started; ``t_stream``: since the first batch started.
+        rows, trained, rejected: records read, trained, and rejected by reason.
+        aborted: records of aborted transactions in the batch's ranges, not read (read_committed).
+        batch_s: seconds in the batch's tasks; ``lag``: records in Kafka not yet trained.
+        staleness_p50, staleness_p99: over the batch's pushes (None: no push).
+        clock: the server's clock after the batch.
+        compute_s, exchange_s: the workers' seconds computing and exchanging.
+        prequential_accuracy, prequential_loss: test-then-train scores (None: no classifier step).
+        heldout: held-out scores, on the batches that were scored.
+        eval_s_total: seconds spent scoring the held-out split so far.
+        checkpoint_ms: milliseconds writing the checkpoint after the batch.
+        tasks: a row per task (one offset range), checked against the parameter server.
+    """
+
+    batch_id: int
+    t: float
+    rows: int
+    trained: int
+    rejected: dict[str, int]
+    batch_s: float
+    lag: int
+    staleness_p50: float | None
+    staleness_p99: float | None
+    clock: int
+    compute_s: float
+    exchange_s: float
+    prequential_accuracy: float | None = None
+    prequential_loss: float | None = None
+    heldout: dict[str, float] | None = None
+    t_stream: float = 0.0
+    eval_s_total: float = 0.0
+    checkpoint_ms: float = 0.0
+    tasks: list[TaskRow] = dataclasses.field(default_factory=list)
+    aborted: int = 0
+
+    @classmethod
+    def from_batch(cls, info: BatchFigures, *, t: float, clock: int) -> BatchRow:
+        """The row of a batch whose handler results are :class:`TaskResult`\\ s."""
+        results: list[TaskResult] = info.results
+        staleness = [s for r in results for s in r.staleness]
+        scored = [r for r in results if r.preq_n]
+        preq_n = sum(r.preq_n for r in scored)
+        row = cls(
+            batch_id=info.batch_id, t=round(t, 3), rows=info.rows, trained=sum(r.records for r in results),
+            rejected=dict(info.rejects), batch_s=round(info.batch_s, 3), lag=sum(info.lag.values()),
+            staleness_p50=float(np.percentile(staleness, 50)) if staleness else None,
+            staleness_p99=float(np.percentile(staleness, 99)) if staleness else None,
+            clock=clock, compute_s=sum(r.compute_s for r in results), exchange_s=sum(r.exchange_s for r in results),
+            aborted=info.aborted,
+        )
+        if preq_n:
+            row.prequential_accuracy = sum(r.preq_acc * r.preq_n for r in scored) / preq_n
+            row.prequential_loss = sum(r.preq_loss * r.preq_n for r in scored) / preq_n
+        return row
+
+    def to_dict(self) -> dict[str, Any]:
+        """The row as ``report.json`` has it (scores that were not measured are left out)."""
+        d = dataclasses.asdict(self)
+        for key in ("prequential_accuracy", "prequential_loss", "heldout"):
+            if d[key] is None:
+                del d[key]
+        return d
+
+    def status(self, *, total: int, per_s: float) -> str:
+        """The line printed after the batch.
+
+        >>> BatchRow(3, 1.0, 10, 10, {}, 0.5, 7, 1.0, 2.0, 9, 0.4, 0.1, 0.5).status(total=40, per_s=20)
+        'batch    3 | trained       40 |      20/s | lag       7 | staleness p50/p99 1/2 | prequential acc 0.500'
+        """
+        parts = [f"batch {self.batch_id:>4}", f"trained {total:>8,}", f"{per_s:>7,.0f}/s", f"lag {self.lag:>7,}"]
+        if self.staleness_p50 is not None and self.staleness_p99 is not None:
+            parts.append(f"staleness p50/p99 {self.staleness_p50:.0f}/{self.staleness_p99:.0f}")
+        if self.prequential_accuracy is not None:
+            parts.append(f"prequential acc {self.prequential_accuracy:.3f}")
+        if self.heldout is not None:
+            parts.append("held-out " + " ".join(f"{k} {v:.4f}" for k, v in self.heldout.items()))
+        return " | ".join(parts)
