@@ -129,6 +129,9 @@ def _read_with_consumer(bootstrap: str, r: OffsetRange, *, fail_on_data_loss: bo
     from kafka import TopicPartition
     from kafka.errors import KafkaError
 
+    from pipeline.ingest.kafka.fetch import UnreadableRange
+    from pipeline.ingest.kafka.record_batch import UnreadableBatch
+
     tp = TopicPartition(r.topic, r.partition)
     c = _consumer(bootstrap, isolation_level)
     c.assign([tp])
@@ -156,8 +159,9 @@ def _read_with_consumer(bootstrap: str, r: OffsetRange, *, fail_on_data_loss: bo
         try:
             got = c.poll(timeout_ms=200, max_records=min(100_000, r.end - position)).get(tp, [])
         except KafkaError as e:  # a batch kafka-python cannot read: the same bytes fail every time
-            raise BrokerError(f"Cannot read {r.topic}-{r.partition} at offset {c.position(tp)}: "
-                              f"{type(e).__name__}: {e}.") from None
+            at = c.position(tp)
+            raise UnreadableRange(r.topic, r.partition, UnreadableBatch(position if at is None else at,
+                                                                        f"{type(e).__name__}: {e}")) from None
         if not got:
             if c.position(tp) is not None and c.position(tp) >= r.end:
                 break  # the rest of the range was aborted records or markers (read_committed)

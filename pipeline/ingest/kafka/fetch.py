@@ -5,9 +5,9 @@ header sizes: several microseconds each), which made the consumer, not Spark, th
 ceiling of streamtrain's Python source. A micro-batch needs only the bytes of
 ``[start, end)`` of each partition as Arrow columns. This module speaks just enough of
 the protocol for that over a plain socket: Metadata v4 to find partition leaders and
-Fetch v4 (both still served by Kafka 4); the record batches in a response are parsed
-by :mod:`pipeline.ingest.kafka.record_batch`. PLAINTEXT listeners only, like the rest
-of streamtrain's Kafka clients today.
+Fetch v10 (both still served by Kafka 4; v10 is the first Kafka sends zstd batches to);
+the record batches in a response are parsed by :mod:`pipeline.ingest.kafka.record_batch`.
+PLAINTEXT listeners only, like the rest of streamtrain's Kafka clients today.
 
 Isolation is Kafka's: ``read_committed`` (the default, as exactly-once pipelines need)
 fetches up to the last stable offset and drops the records of aborted transactions,
@@ -30,7 +30,8 @@ from pipeline.ingest.kafka.record_batch import Records, Skipped, UnreadableBatch
 
 _FETCH, _METADATA = 1, 3
 _ERRORS = {1: "OFFSET_OUT_OF_RANGE", 3: "UNKNOWN_TOPIC_OR_PARTITION", 5: "LEADER_NOT_AVAILABLE",
-           6: "NOT_LEADER_OR_FOLLOWER", 74: "FENCED_LEADER_EPOCH", 75: "UNKNOWN_LEADER_EPOCH"}
+           6: "NOT_LEADER_OR_FOLLOWER", 35: "UNSUPPORTED_VERSION", 74: "FENCED_LEADER_EPOCH",
+           75: "UNKNOWN_LEADER_EPOCH", 76: "UNSUPPORTED_COMPRESSION_TYPE"}
 _STALE_LEADER = {3, 5, 6, 74, 75}
 
 #: Kafka's isolation levels, by the id a Fetch request carries.
@@ -260,19 +261,26 @@ class RangeReader:
         if key not in self._leaders:
             raise BrokerError(f"Kafka reports no leader for {topic}-{partition}.")
         address = self._leaders[key]
-        body = (struct.pack(">iiiib", -1, wait_ms, 1, max_bytes, self._isolation) + struct.pack(">i", 1)
-                + _string(topic) + struct.pack(">iiqi", 1, partition, offset, max_bytes))
+        # Fetch v10 (no fetch session: id 0, epoch -1): Kafka refuses to send zstd batches
+        # to a Fetch below v10 (UNSUPPORTED_COMPRESSION_TYPE), whatever the client can inflate.
+        body = (struct.pack(">iiiibii", -1, wait_ms, 1, max_bytes, self._isolation, 0, -1) + struct.pack(">i", 1)
+                + _string(topic) + struct.pack(">iiiqqi", 1, partition, -1, offset, -1, max_bytes)
+                + struct.pack(">i", 0))
         try:
-            r = self._conn(address).request(_FETCH, 4, body)
+            r = self._conn(address).request(_FETCH, 10, body)
         except (BrokerError, OSError):
             self._drop(address)
             self._leaders.pop(key, None)
             raise
         r.take(">i")  # throttle
+        if (error := r.take(">h")) != 0:
+            raise BrokerError(f"Kafka refused to fetch {topic}-{partition}: {_ERRORS.get(error, error)}.")
+        r.take(">i")  # session id
         for _ in range(r.take(">i")):
             r.string()
             for _ in range(r.take(">i")):
                 _, error, high_watermark, last_stable = r.take(">i"), r.take(">h"), r.take(">q"), r.take(">q")
+                r.take(">q")  # log start offset
                 aborted = [(r.take(">q"), r.take(">q")) for _ in range(max(r.take(">i"), 0))]
                 records = r.bytes_()
                 if error in _STALE_LEADER:
