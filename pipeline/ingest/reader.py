@@ -127,7 +127,6 @@ def _read_with_consumer(bootstrap: str, r: OffsetRange, *, fail_on_data_loss: bo
     """:func:`read_range` with kafka-python's consumer (per-record Python objects)."""
     import pyarrow as pa
     from kafka import TopicPartition
-    from kafka.errors import KafkaError
 
     from pipeline.ingest.kafka.fetch import UnreadableRange
     from pipeline.ingest.kafka.record_batch import UnreadableBatch
@@ -158,7 +157,7 @@ def _read_with_consumer(bootstrap: str, r: OffsetRange, *, fail_on_data_loss: bo
     while position < r.end:
         try:
             got = c.poll(timeout_ms=200, max_records=min(100_000, r.end - position)).get(tp, [])
-        except KafkaError as e:  # a batch kafka-python cannot read: the same bytes fail every time
+        except Exception as e:  # a batch kafka-python cannot read (its codec's own error, or a KafkaError)
             at = c.position(tp)
             raise UnreadableRange(r.topic, r.partition, UnreadableBatch(position if at is None else at,
                                                                         f"{type(e).__name__}: {e}")) from None

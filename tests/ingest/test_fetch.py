@@ -183,3 +183,12 @@ def test_an_unreadable_batch_names_topic_partition_offset_and_cause(broker, topi
     c = client.consumer(broker.bootstrap)
     assert client.end_offsets(c, [TopicPartition(topic, 0)]) == {TopicPartition(topic, 0): 6}
     c.close()
+
+
+def test_the_consumer_fallback_names_an_unreadable_batch_too(broker, topic) -> None:  # type: ignore[no-untyped-def]
+    from pipeline.ingest import reader
+    from pipeline.ingest.offsets import OffsetRange
+
+    _unreadable_topic(broker.bootstrap, topic)
+    with pytest.raises(UnreadableRange, match=rf"Cannot read {topic}-0 at offset 3: ZstdError"):
+        list(reader._read_with_consumer(broker.bootstrap, OffsetRange(topic, 0, 0, 6), timeout_s=10))
