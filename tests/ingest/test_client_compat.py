@@ -390,9 +390,11 @@ def _lists_aborted(engine: str) -> bool:
     return ("tansu", "confluent-kafka", "transactions") not in UNSUPPORTED or engine != "tansu"
 
 
-def test_spark_source_reads_the_mixed_topic_committed_only(spark, engine_broker, mixed, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_spark_source_reads_the_mixed_topic_as_its_isolation_level_says(spark, engine_broker, mixed,  # type: ignore[no-untyped-def]
+                                                                         tmp_path) -> None:
     """The Spark source with read_committed: every committed record once, no aborted one,
-    nothing of the open transaction; the aborted ones counted."""
+    nothing of the open transaction; the aborted ones counted. With read_uncommitted:
+    every record written, once."""
     stream_helpers.register()
     topic, script, ids = mixed
     job = stream.StreamJob(spark, bootstrap=engine_broker.bootstrap, topics=[topic], schema=codec.HIGGS,
@@ -407,6 +409,13 @@ def test_spark_source_reads_the_mixed_topic_committed_only(spark, engine_broker,
         assert sum(b.aborted for b in batches) == len(ids["aborted"])
     else:  # see UNSUPPORTED: Tansu's aborted records come back as committed ones
         assert seen == sorted(ids["committed"] + ids["aborted"])
+    # read_uncommitted: everything written, the open transaction's records included.
+    job = stream.StreamJob(spark, bootstrap=engine_broker.bootstrap, topics=[topic], schema=codec.HIGGS,
+                           handler=stream_helpers.Recording(), checkpoint=tmp_path / "ckpt-all", source="python",
+                           available_now=True, isolation_level="read_uncommitted")
+    batches = job.run(timeout_s=120)
+    assert sorted(i for b in batches for r in b.results for i in r["ids"]) == sorted(sum(ids.values(), []))
+    assert sum(b.aborted for b in batches) == 0
 
 
 @pytest.mark.slow
