@@ -201,6 +201,26 @@ def test_every_package_re_exports_its_public_names() -> None:
     assert not wrong, "\n".join(wrong)
 
 
+def test_no_lazy_export_is_shadowed_by_a_module_of_the_same_name() -> None:
+    # Importing ``pkg.name`` binds the module as the package's attribute ``name``, and a
+    # lazy ``__getattr__`` is never asked again: ``pkg.name(...)`` then calls a module.
+    wrong = []
+    for module, path in _modules():
+        if path.name == "__init__.py":
+            lazy = _lazy_exports(path)
+            wrong.extend(f"{module}.{name}" for name in lazy
+                         if (path.parent / f"{name}.py").is_file() or (path.parent / name / "__init__.py").is_file())
+    assert not wrong, "lazy exports named like a module beside them: " + ", ".join(wrong)
+
+
+def _lazy_exports(path: Path) -> set[str]:
+    """The names a package's ``__init__`` looks up lazily (its ``_EXPORTS``)."""
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "_EXPORTS" for t in node.targets):
+            return set(ast.literal_eval(node.value))
+    return set()
+
+
 def test_importing_a_package_starts_neither_spark_nor_tensorflow() -> None:
     packages = [m for m, p in _modules() if p.name == "__init__.py"]
     script = (f"import sys\nfor p in {packages!r}: __import__(p)\n"
