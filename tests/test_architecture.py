@@ -13,18 +13,19 @@ ROOT = Path(__file__).resolve().parent.parent
 #: What each part may import from the project (besides itself). Lower parts never see higher ones.
 ALLOWED = {
     "pipeline.errors": set(),
+    "pipeline.exports": set(),  # the lazy re-exports of the packages' __init__
     "pipeline.config": {"pipeline.errors"},
     "pipeline.codec": {"pipeline.errors"},
     "pipeline.cluster": {"pipeline.errors", "pipeline.config"},
-    "pipeline.observe": {"pipeline.errors", "pipeline.config"},
-    "pipeline.ingest": {"pipeline.errors", "pipeline.config", "pipeline.codec", "pipeline.cluster"},
+    "pipeline.observe": {"pipeline.errors", "pipeline.exports", "pipeline.config"},
+    "pipeline.ingest": {"pipeline.errors", "pipeline.exports", "pipeline.config", "pipeline.codec", "pipeline.cluster"},
     "producers": {"pipeline.errors", "pipeline.config", "pipeline.codec", "pipeline.ingest.kafka",
                   "pipeline.observe.metrics"},
-    "pipeline.train": {"pipeline.errors", "pipeline.config", "pipeline.codec", "pipeline.cluster",
+    "pipeline.train": {"pipeline.errors", "pipeline.exports", "pipeline.config", "pipeline.codec", "pipeline.cluster",
                        "pipeline.ingest"},
-    "pipeline.serve": {"pipeline.errors", "pipeline.config", "pipeline.codec", "pipeline.cluster",
+    "pipeline.serve": {"pipeline.errors", "pipeline.exports", "pipeline.config", "pipeline.codec", "pipeline.cluster",
                        "pipeline.ingest", "pipeline.train", "pipeline.observe"},
-    "pipeline.jobs": {"pipeline.errors", "pipeline.config", "pipeline.codec", "pipeline.cluster",
+    "pipeline.jobs": {"pipeline.errors", "pipeline.exports", "pipeline.config", "pipeline.codec", "pipeline.cluster",
                       "pipeline.ingest", "pipeline.train", "pipeline.observe", "pipeline.serve", "producers"},
     "pipeline.cli": {"pipeline", "producers"},  # the edge: anything but itself
 }

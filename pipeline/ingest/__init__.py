@@ -16,8 +16,9 @@ their module, and with it Spark, on first use.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from pipeline import exports
 
 if TYPE_CHECKING:
     from pipeline.ingest.decode import Block, TaskFigures
@@ -31,10 +32,7 @@ _EXPORTS = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module 'pipeline.ingest' has no attribute {name!r}")
+__getattr__ = exports.lazy(__name__, _EXPORTS)
 
 
 __all__ = ["BatchFigures", "Block", "Handler", "OffsetRange", "TaskFigures", "StreamJob"]

@@ -6,8 +6,9 @@ Importing the package is cheap: the names below load their module on first use."
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from pipeline import exports
 
 if TYPE_CHECKING:
     from pipeline.jobs.online import Run, run
@@ -26,10 +27,7 @@ _EXPORTS = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module 'pipeline.jobs' has no attribute {name!r}")
+__getattr__ = exports.lazy(__name__, _EXPORTS)
 
 
 __all__ = ["PredictConfig", "Run", "RunConfig", "RunReport", "Trainer", "run"]

@@ -18,8 +18,9 @@ Importing the package is cheap: TensorFlow loads in the executors, when a replic
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from pipeline import exports
 
 if TYPE_CHECKING:
     from pipeline.train.driver import TrainDriver
@@ -40,10 +41,7 @@ _EXPORTS = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module 'pipeline.train' has no attribute {name!r}")
+__getattr__ = exports.lazy(__name__, _EXPORTS)
 
 
 __all__ = ["BatchRow", "Evaluation", "ModelSpec", "TaskResult", "ServerInfo", "TaskRow", "TrainDriver",
