@@ -59,7 +59,9 @@ class Schema:
         input_shape: the shape a model sees, e.g. ``(28, 28, 1)``.
         encoding: ``"wire"`` (the layout above) or ``"json"``: each value one JSON
             instance of the features, unlabelled (what a prediction stream may carry; see
-            :func:`json_instances`).
+            :func:`json_instances`); for a table, its records' format.
+        table: a user's table (a :class:`pipeline.table.TableSchema`): its records are JSON,
+            CSV or Avro, decoded and transformed by it (see :func:`table`).
     """
 
     name: str
@@ -69,6 +71,12 @@ class Schema:
     num_classes: int
     input_shape: tuple[int, ...]
     encoding: str = "wire"
+    table: Any = None
+
+    @property
+    def regression(self) -> bool:
+        """Whether the label is a numeric target rather than a class."""
+        return bool(self.table is not None and self.table.regression)
 
     @property
     def record_bytes(self) -> int:
@@ -91,6 +99,7 @@ MNIST = Schema("mnist", 1, "uint8", 784, 10, (28, 28, 1))
 FASHION_MNIST = Schema("fashion-mnist", 2, "uint8", 784, 10, (28, 28, 1))
 HIGGS = Schema("higgs", 3, "float32", 28, 2, (28,))
 _GENERIC_ID = 4
+_TABLE_ID = 5
 SCHEMAS = {s.name: s for s in (MNIST, FASHION_MNIST, HIGGS)}
 
 
@@ -107,6 +116,13 @@ def generic(n_features: int, num_classes: int) -> Schema:
     if num_classes < 1:
         raise ConfigError(f"Expected num_classes >= 1. Received: num_classes={num_classes}")
     return Schema("generic", _GENERIC_ID, "float32", n_features, num_classes, (n_features,))
+
+
+def table(name: str, schema: Any) -> Schema:
+    """The layout of a user's table: its encoded width, its classes (0 for a numeric target),
+    its records decoded by ``schema`` (a :class:`pipeline.table.TableSchema`)."""
+    return Schema(name, _TABLE_ID, "float32", schema.width, schema.num_classes, (schema.width,),
+                  encoding=schema.format, table=schema)
 
 
 def encode_block(features: np.ndarray, labels: np.ndarray, schema: Schema) -> np.ndarray:
@@ -178,7 +194,8 @@ class Decoded:
         y: labels of the accepted records (int32).
         accepted: positions of the accepted records in the input.
         rejected: positions of the rejected records in the input.
-        reasons: reason code of each rejected record (an index into ``REASONS``).
+        reasons: reason code of each rejected record (an index into ``names``).
+        names: the reasons' names (a table's name the field: ``missing:island``).
     """
 
     x: np.ndarray
@@ -186,15 +203,16 @@ class Decoded:
     accepted: np.ndarray
     rejected: np.ndarray
     reasons: np.ndarray
+    names: tuple[str, ...] = REASONS
 
     def reject_counts(self) -> dict[str, int]:
         """Rejected records by reason name, only reasons that occurred."""
         codes, counts = np.unique(self.reasons, return_counts=True)
-        return {REASONS[c]: int(n) for c, n in zip(codes, counts, strict=True)}
+        return {self.names[c]: int(n) for c, n in zip(codes, counts, strict=True)}
 
     def reason_names(self) -> list[str]:
         """The reason of each rejected record, in input order."""
-        return [REASONS[c] for c in self.reasons]
+        return [self.names[c] for c in self.reasons]
 
 
 def _as_buffer(values: Any) -> tuple[np.ndarray, np.ndarray]:
@@ -291,6 +309,8 @@ def decode(values: Any, schema: Schema) -> Decoded:
         >>> decode([ok, nan, bad_label, b"\\x02" + ok[1:]], generic(2, 2)).reason_names()
         ['non_finite', 'label_out_of_range', 'unknown_version']
     """
+    if schema.table is not None:
+        return schema.table.decode(values)
     if schema.encoding == "json":
         return _decode_json(values, schema)
     data, offsets = _as_buffer(values)

@@ -195,10 +195,14 @@ class Replay:
         sent = 0  # records handed to the producer by this process: what the rate applies to
         step = self.limiter.slice_size()
         for chunk in self._chunks(report):
-            values = codec.encode(chunk.x, chunk.y, self.dataset.schema)
+            if chunk.values is not None:  # a table's rows, in its own format
+                values = chunk.values
+                size = sum(map(len, values)) // max(1, len(values))
+            else:
+                values = codec.encode(chunk.x, chunk.y, self.dataset.schema)
+                size = self.dataset.schema.record_bytes
             keys = codec.encode_keys(chunk.ids)
             parts_array = (chunk.ids % np.uint64(partitions)).astype(np.int64)
-            size = self.dataset.schema.record_bytes
             n = len(values) if self.limit is None else min(len(values), self.limit - handed)
             order = np.arange(n)
             if self._skip is not None and self._skip.any():

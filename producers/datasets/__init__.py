@@ -3,11 +3,11 @@
 Example:
     >>> from producers import datasets
     >>> sorted(datasets.NAMES)
-    ['csv', 'fashion-mnist', 'higgs', 'mnist', 'npz']
+    ['csv', 'fashion-mnist', 'higgs', 'jsonl', 'mnist', 'npz', 'parquet']
     >>> datasets.BUILTIN          # read from the data folder; what `streamtrain run` trains
     ('mnist', 'fashion-mnist', 'higgs')
-    >>> datasets.options("csv")
-    ('label_column', 'test_path', 'num_classes')
+    >>> datasets.options("csv")      # a user's table: CSV, JSON lines or Parquet, by a schema
+    ('label', 'schema', 'holdout', 'format')
 """
 
 from __future__ import annotations
@@ -20,10 +20,12 @@ from producers.datasets.base import SPLITS, Chunk, Dataset
 from producers.datasets.fashion import FashionMnist
 from producers.datasets.higgs import Higgs
 from producers.datasets.mnist import Mnist
-from producers.datasets.tabular import Csv, Npz
+from producers.datasets.table import Table
+from producers.datasets.tabular import Npz
 
 _REGISTRY: dict[str, type[Dataset]] = {
-    "mnist": Mnist, "fashion-mnist": FashionMnist, "higgs": Higgs, "csv": Csv, "npz": Npz,
+    "mnist": Mnist, "fashion-mnist": FashionMnist, "higgs": Higgs, "csv": Table, "jsonl": Table, "parquet": Table,
+    "npz": Npz,
 }
 #: Every dataset's name, and those built in (no PATH: read from the data folder).
 NAMES = tuple(_REGISTRY)
@@ -49,4 +51,5 @@ def get(name: str | Dataset, path: str | Path | None = None, **options: Any) -> 
     return cls(path, **options)  # type: ignore[call-arg]
 
 
-__all__ = ["BUILTIN", "NAMES", "SPLITS", "Chunk", "Csv", "Dataset", "FashionMnist", "Higgs", "Mnist", "Npz", "get", "options"]
+__all__ = ["BUILTIN", "NAMES", "SPLITS", "Chunk", "Dataset", "FashionMnist", "Higgs", "Mnist", "Npz", "Table", "get",
+           "options"]

@@ -25,12 +25,15 @@ class Chunk:
     Attributes:
         ids: record ids (uint64), unique within the split.
         x: features, ``(n, n_features)`` in the schema's wire dtype.
-        y: class labels (int32).
+        y: class labels (int32), or a table's numeric targets (float32).
+        values: the records as they go to Kafka, where the dataset writes them itself
+            (a user's table, in its own format); None: encoded from ``x`` and ``y``.
     """
 
     ids: np.ndarray
     x: np.ndarray
     y: np.ndarray
+    values: list[bytes] | None = None
 
     def __len__(self) -> int:
         return len(self.y)
@@ -96,7 +99,8 @@ class Dataset(abc.ABC):
         if not chunks:
             empty_x = np.empty((0, self.schema.n_features), self.schema.dtype)
             return Chunk(np.empty(0, np.uint64), empty_x, np.empty(0, np.int32))
-        return Chunk(*(np.concatenate(parts) for parts in zip(*(dataclasses.astuple(c) for c in chunks), strict=True)))
+        ids, x, y = (np.concatenate([getattr(c, f) for c in chunks]) for f in ("ids", "x", "y"))
+        return Chunk(ids, x, y)
 
 
 def check_split(split: str) -> str:

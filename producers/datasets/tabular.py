@@ -1,4 +1,4 @@
-"""Generic data: a CSV with a named label column, or an NPZ of arrays; N float32 features."""
+"""Generic arrays: an NPZ of features and class labels, N float32 features a record."""
 
 from __future__ import annotations
 
@@ -9,67 +9,12 @@ import numpy as np
 
 from pipeline import codec
 from pipeline.errors import ConfigError, DataError
-from producers.datasets import _csv
 from producers.datasets.base import Chunk, Dataset, check_split, chunk_arrays
 
 
 def _label_ok(labels: np.ndarray, num_classes: int | None) -> np.ndarray:
     ok = (labels == np.rint(labels)) & (labels >= 0)
     return ok & (labels < num_classes) if num_classes else ok
-
-
-class Csv(Dataset):
-    """A numeric CSV with a header; the label column is a class index, every other
-    column a feature.
-
-    Args:
-        path: the train file (CSV or CSV.gz).
-        label_column: name of the label column.
-        test_path: the test file, same columns.
-        num_classes: rows whose label is outside ``[0, num_classes)`` count as malformed.
-    """
-
-    name = "csv"
-    options = ("label_column", "test_path", "num_classes")
-
-    def __init__(
-        self,
-        path: str | Path,
-        *,
-        label_column: str = "label",
-        test_path: str | Path | None = None,
-        num_classes: int | None = None,
-    ) -> None:
-        super().__init__()
-        train = Path(path)
-        self.paths: dict[str, Path | None] = {"train": train, "test": Path(test_path) if test_path else None}
-        self.label_column = label_column
-        self.num_classes = num_classes
-        with _csv.open_text(train) as f:
-            header = _csv.read_header(f.readline())
-        self._label_index = _csv.check_columns(header, label_column, train)
-        assert header is not None
-        self.schema = codec.generic(len(header) - 1, num_classes or 2**31 - 1)
-
-    def iter_chunks(self, split: str = "train", *, chunk_rows: int = 4096) -> Iterator[Chunk]:
-        path = self.paths[check_split(split)]
-        if path is None:
-            raise ConfigError("This CSV dataset has no test split; pass --test-path.")
-        next_id = 0
-        for parsed in _csv.iter_numeric_rows(path, block_rows=chunk_rows):
-            block, header = parsed.rows, parsed.header
-            li = _csv.check_columns(header, self.label_column, path)
-            if li != self._label_index or block.shape[1] != self.schema.n_features + 1:
-                raise DataError(f"{path} has other columns than {self.paths['train']}: {header}")
-            labels = block[:, li]
-            finite, label_ok = _csv.finite_rows(block), _label_ok(labels, self.num_classes)
-            ok = finite & label_ok
-            self.check_rows(parsed.lines, ok, [(~finite, "non_finite"), (~label_ok, "bad_label")], parsed.bad)
-            n = int(ok.sum())
-            if n:
-                x = np.delete(block[ok], li, axis=1).astype(np.float32)
-                yield Chunk(np.arange(next_id, next_id + n, dtype=np.uint64), x, labels[ok].astype(np.int32))
-            next_id += n
 
 
 class Npz(Dataset):

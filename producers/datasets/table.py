@@ -1,0 +1,212 @@
+"""A user's own table: a CSV (with a header), JSON lines or Parquet file, read by a schema.
+
+The schema is the one given, or one inferred from the file's first rows. Rows go out
+as they are in the file (strings and gaps included), in the schema's record format,
+so the stream applies the transform, as it does to a topic fed by anyone else; a
+row the schema cannot encode is counted with its line, column and reason, and not
+sent. A fixed share of the rows, picked by a hash of the row's number, is held out:
+the ``test`` split, never replayed, scores the model.
+
+Example:
+    >>> import pathlib, tempfile
+    >>> path = pathlib.Path(tempfile.mkdtemp()) / "t.csv"
+    >>> _ = path.write_text("kind,size,color\\na,1.5,red\\nb,NA,blue\\nb,2,\\nc,oops,red\\n")
+    >>> t = Table(path, label="kind", holdout=0.0)
+    >>> [(f.name, f.kind) for f in t.table.features], t.table.label.classes
+    ([('size', 'categorical'), ('color', 'categorical')], ('a', 'b', 'c'))
+    >>> [c.values for c in t.iter_chunks()]
+    [[b'{"kind":"a","size":"1.5","color":"red"}', b'{"kind":"b","size":null,"color":"blue"}', b'{"kind":"b","size":"2","color":null}', b'{"kind":"c","size":"oops","color":"red"}']]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pipeline import codec
+from pipeline.errors import ConfigError, DataError
+from pipeline.table.inference import infer
+from pipeline.table.records import _encoder
+from pipeline.table.schema import TableSchema
+from pipeline.table.transform import Reasons
+from pipeline.table.writers import encode_values
+from producers.datasets.base import Chunk, Dataset, check_split
+
+#: Rows read to infer a schema.
+INFER_ROWS = 10_000
+_KINDS = {".csv": "csv", ".gz": "csv", ".tsv": "csv", ".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl",
+          ".parquet": "parquet", ".pq": "parquet"}
+
+
+def file_kind(path: Path) -> str:
+    """``csv``, ``jsonl`` or ``parquet``, from the file's name.
+
+    >>> file_kind(Path("a.csv.gz")), file_kind(Path("b.parquet"))
+    ('csv', 'parquet')
+    """
+    kind = _KINDS.get(path.suffix.lower())
+    if kind is None:
+        raise ConfigError(f"Expected a .csv, .csv.gz, .jsonl or .parquet file. Received: {path.name}")
+    return kind
+
+
+def read_rows(path: Path, *, block_rows: int = 4096) -> Iterator[tuple[int, list[dict[str, Any]], list[tuple[int, str]]]]:
+    """The file's rows in blocks: ``(first line, rows, unparsed (line, reason))``; lines
+    count from 1, a CSV's header being line 1."""
+    if not path.is_file():
+        raise DataError(f"Expected a data file at {path}, found nothing there. Check the path.")
+    kind = file_kind(path)
+    if kind == "csv":
+        import pandas as pd
+
+        try:
+            reader = pd.read_csv(path, chunksize=block_rows, sep="\t" if path.suffix == ".tsv" else ",",
+                                 skipinitialspace=True)
+            line = 2
+            for frame in reader:
+                rows = frame.astype(object).where(frame.notna(), None).to_dict("records")
+                yield line, rows, []
+                line += len(rows)
+        except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
+            raise DataError(f"{path} is not a readable CSV ({type(e).__name__}: {str(e).splitlines()[0]}).") from None
+    elif kind == "parquet":
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        try:
+            line = 1
+            for batch in pq.ParquetFile(path).iter_batches(batch_size=block_rows):
+                rows = batch.to_pylist()
+                yield line, rows, []
+                line += len(rows)
+        except (pa.ArrowInvalid, OSError) as e:
+            raise DataError(f"{path} is not a readable Parquet file ({e}).") from None
+    else:
+        yield from _json_lines(path, block_rows)
+
+
+def _json_lines(path: Path, block_rows: int) -> Iterator[tuple[int, list[dict[str, Any]], list[tuple[int, str]]]]:
+    import orjson
+
+    with open(path, "rb") as f:
+        rows: list[dict[str, Any]] = []
+        bad: list[tuple[int, str]] = []
+        first = 1
+        for n, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = orjson.loads(line)
+            except orjson.JSONDecodeError:
+                bad.append((n, "not_json"))
+                continue
+            if isinstance(row, dict):
+                rows.append(row)
+            else:
+                bad.append((n, "not_an_object"))
+            if len(rows) >= block_rows:
+                yield first, rows, bad
+                rows, bad, first = [], [], n + 1
+        if rows or bad:
+            yield first, rows, bad
+
+
+def sample_columns(path: Path, rows: int = INFER_ROWS) -> dict[str, list[Any]]:
+    """The first ``rows`` rows of a file, by column (what a schema is inferred from)."""
+    columns: dict[str, list[Any]] = {}
+    seen = 0
+    for _, block, _ in read_rows(path):
+        for row in block[: rows - seen]:
+            for name in row:
+                columns.setdefault(name, [None] * seen)
+            for name, values in columns.items():
+                values.append(row.get(name))
+            seen += 1
+        if seen >= rows:
+            break
+    if not columns:
+        raise DataError(f"{path} holds no rows to read a schema from.")
+    return columns
+
+
+def held_out(ids: np.ndarray, share: float) -> np.ndarray:
+    """Which records a fixed share holds out, by a hash of their id: spread over the whole
+    file, the same on every run.
+
+    >>> int(held_out(np.arange(10_000, dtype=np.uint64), 0.1).sum())
+    998
+    """
+    if share <= 0:
+        return np.zeros(len(ids), bool)
+    mixed = (np.asarray(ids, np.uint64) * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(40)
+    return (mixed % np.uint64(10_000)) < np.uint64(round(share * 10_000))
+
+
+class Table(Dataset):
+    """A user's table file, by a schema.
+
+    Args:
+        path: the CSV, JSON lines or Parquet file.
+        label: the target column (to infer the schema; checked against a given one).
+        schema: a schema file or :class:`~pipeline.table.TableSchema`; None: inferred.
+        holdout: the share of rows held out as the test split.
+        format: the records' format on the topic (``json``, ``csv``, ``avro``).
+        name: the dataset's name (default: the file's stem).
+    """
+
+    name = "table"
+    options = ("label", "schema", "holdout", "format")
+
+    def __init__(self, path: str | Path, *, label: str | None = None, schema: str | Path | TableSchema | None = None,
+                 holdout: float = 0.1, format: str | None = None, name: str | None = None) -> None:
+        super().__init__()
+        self.path = Path(path)
+        file_kind(self.path)
+        if not 0 <= holdout < 1:
+            raise ConfigError(f"Expected --holdout in [0, 1). Received: {holdout}")
+        self.holdout = holdout
+        if schema is None:
+            if label is None:
+                raise ConfigError(f"Expected --label COLUMN (the target) or --schema FILE for {self.path.name}.")
+            table = infer(sample_columns(self.path), label=label)
+        else:
+            table = schema if isinstance(schema, TableSchema) else TableSchema.load(schema)
+            if label is not None and (table.label is None or table.label.name != label):
+                raise ConfigError(f"Expected --label to match the schema's label "
+                                  f"{table.label.name if table.label else None!r}. Received: {label!r}")
+        if format is not None and format != table.format:
+            table = table.with_format(format)
+        self.table = table
+        self.name = name or self.path.name.split(".")[0]
+        self.schema = codec.table(self.name, table)
+
+    def iter_chunks(self, split: str = "train", *, chunk_rows: int = 4096) -> Iterator[Chunk]:
+        check_split(split)
+        encoder = _encoder(self.table)
+        for first, rows, unparsed in read_rows(self.path, block_rows=chunk_rows):
+            ids = np.arange(first, first + len(rows), dtype=np.uint64)
+            keep = held_out(ids, self.holdout) == (split == "test")
+            rows = [r for r, k in zip(rows, keep, strict=True) if k]
+            ids = ids[keep]
+            columns = {n: [r.get(n) for r in rows] for n in self._names()}
+            reasons = Reasons()
+            x, y, code = encoder.encode(columns, len(rows), reasons)
+            ok = code < 0
+            self.rows_read += len(rows) + (len(unparsed) if split == "train" else 0)
+            self.reject(sorted([*(unparsed if split == "train" else []),
+                                *((int(i), reasons.names[c]) for i, c in zip(ids[~ok], code[~ok], strict=True))]))
+            if ok.any():
+                good = [r for r, k in zip(rows, ok, strict=True) if k]
+                yield Chunk(ids[ok], x[ok], y[ok], values=encode_values(good, self.table))
+
+    def _names(self) -> set[str]:
+        t = self.table
+        return {f.name for f in t.features} | ({t.label.name} if t.label else set())
+
+    def describe(self) -> dict[str, Any]:
+        """What the report says of the data."""
+        return {"path": str(self.path), "holdout": self.holdout, "schema": self.table.to_dict()}
+
