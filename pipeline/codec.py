@@ -62,6 +62,8 @@ class Schema:
             :func:`json_instances`); for a table, its records' format.
         table: a user's table (a :class:`pipeline.table.TableSchema`): its records are JSON,
             CSV or Avro, decoded and transformed by it (see :func:`table`).
+        holdout: the share of records, by key, never trained (they score the model;
+            see :func:`held_out`).
     """
 
     name: str
@@ -72,6 +74,7 @@ class Schema:
     input_shape: tuple[int, ...]
     encoding: str = "wire"
     table: Any = None
+    holdout: float = 0.0
 
     @property
     def regression(self) -> bool:
@@ -123,6 +126,22 @@ def table(name: str, schema: Any) -> Schema:
     its records decoded by ``schema`` (a :class:`pipeline.table.TableSchema`)."""
     return Schema(name, _TABLE_ID, "float32", schema.width, schema.num_classes, (schema.width,),
                   encoding=schema.format, table=schema)
+
+
+def held_out(keys: Sequence[bytes | None], offsets: np.ndarray, share: float) -> np.ndarray:
+    """Which records a share holds out, by a hash of the key (of the offset for a record
+    without one): the same records on every run and every replay.
+
+    >>> held_out([b"a", b"b", None, b"d", b"e", b"f"], np.arange(6), 0.5).tolist()
+    [False, False, False, False, True, True]
+    """
+    import zlib
+
+    if share <= 0:
+        return np.zeros(len(keys), bool)
+    cut = round(share * 10_000)
+    return np.array([zlib.crc32(k if k is not None else int(o).to_bytes(8, "big")) % 10_000 < cut
+                     for k, o in zip(keys, offsets.tolist(), strict=True)], bool)
 
 
 def encode_block(features: np.ndarray, labels: np.ndarray, schema: Schema) -> np.ndarray:

@@ -16,16 +16,22 @@ ALLOWED = {
     "pipeline.exports": set(),  # the lazy re-exports of the packages' __init__
     "pipeline.config": {"pipeline.errors"},
     "pipeline.codec": {"pipeline.errors"},
+    # A user's table: its schema, its records' formats and its transform (codec's level: a
+    # codec.Schema carries one, and calls it without importing it).
+    "pipeline.table": {"pipeline.errors", "pipeline.codec"},
     "pipeline.cluster": {"pipeline.errors", "pipeline.config"},
     "pipeline.observe": {"pipeline.errors", "pipeline.exports", "pipeline.config"},
     "pipeline.ingest": {"pipeline.errors", "pipeline.exports", "pipeline.config", "pipeline.codec", "pipeline.cluster"},
-    "producers": {"pipeline.errors", "pipeline.config", "pipeline.codec", "pipeline.ingest.kafka",
+    "producers": {"pipeline.errors", "pipeline.config", "pipeline.codec", "pipeline.table", "pipeline.ingest.kafka",
                   "pipeline.observe.metrics"},
-    "pipeline.train": {"pipeline.errors", "pipeline.exports", "pipeline.config", "pipeline.codec", "pipeline.cluster",
+    "pipeline.train": {"pipeline.errors", "pipeline.exports", "pipeline.config", "pipeline.codec", "pipeline.table",
+                       "pipeline.cluster",
                        "pipeline.ingest"},
-    "pipeline.serve": {"pipeline.errors", "pipeline.exports", "pipeline.config", "pipeline.codec", "pipeline.cluster",
+    "pipeline.serve": {"pipeline.errors", "pipeline.exports", "pipeline.config", "pipeline.codec", "pipeline.table",
+                       "pipeline.cluster",
                        "pipeline.ingest", "pipeline.train", "pipeline.observe"},
-    "pipeline.jobs": {"pipeline.errors", "pipeline.exports", "pipeline.config", "pipeline.codec", "pipeline.cluster",
+    "pipeline.jobs": {"pipeline.errors", "pipeline.exports", "pipeline.config", "pipeline.codec", "pipeline.table",
+                      "pipeline.cluster",
                       "pipeline.ingest", "pipeline.train", "pipeline.observe", "pipeline.serve", "producers"},
     "pipeline.cli": {"pipeline", "producers"},  # the edge: anything but itself
 }

@@ -1,5 +1,5 @@
 """The `streamtrain` command: broker, produce, run, serve, predict, the Spark cluster,
-dashboards, data.
+dashboards, data, schema.
 
 One module per concept, each adding its commands to the group in
 :mod:`~pipeline.cli.base`. A :class:`StreamtrainError` becomes one line on stderr and exit
@@ -16,12 +16,13 @@ from pipeline.cli import cluster as _cluster
 from pipeline.cli import dashboards as _dashboards
 from pipeline.cli import data as _data
 from pipeline.cli import kafka as _kafka
+from pipeline.cli import schema as _schema
 from pipeline.cli import serve as _serve
 from pipeline.cli import train as _train
 from pipeline.cli.base import cli
 from pipeline.errors import StreamtrainError
 
-_COMMANDS = (_cluster, _dashboards, _data, _kafka, _serve, _train)  # imported for the commands they add to `cli`
+_COMMANDS = (_cluster, _dashboards, _data, _kafka, _schema, _serve, _train)  # imported for the commands they add to `cli`
 
 
 def main(argv: list[str] | None = None) -> None:

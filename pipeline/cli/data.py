@@ -11,7 +11,20 @@ from pipeline.cli.base import cli
 
 @cli.group()
 def data() -> None:
-    """Datasets: fetch them where there is internet."""
+    """Datasets: fetch them where there is internet; copy out the samples that ship with streamtrain."""
+
+
+@data.command("sample")
+@click.argument("name", type=click.Choice(["penguins"]))
+@click.argument("folder", default=".", type=click.Path(file_okay=False))
+def data_sample(name: str, folder: str) -> None:
+    """Copy a sample table into FOLDER (penguins: 344 rows, CC0; its PROVENANCE.md says whence)."""
+    import shutil
+
+    from producers.datasets.table import SAMPLES
+
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    click.echo(shutil.copy(SAMPLES / name / f"{name}.csv", Path(folder) / f"{name}.csv"))
 
 
 @data.command("fetch")

@@ -77,11 +77,17 @@ def _dataset(name: str, path: str | None, data_dir: str | None, **options: Any) 
 @bootstrap_option
 @click.option("--metrics-port", type=int, help="Port of this producer's /metrics (0: a free port).")
 @click.option("--data-dir", type=click.Path(file_okay=False), help="Folder holding the datasets.")
-@click.option("--label-column", help="csv: the label column (default: label).")
-@click.option("--test-path", type=click.Path(), help="csv/higgs: a separate test file.")
-@click.option("--num-classes", type=int, help="csv/npz: labels outside [0, N) count as malformed.")
+@click.option("--label", "--label-column", "label", help="csv/jsonl/parquet: the target column (to infer a schema).")
+@click.option("--schema", type=click.Path(dir_okay=False),
+              help="csv/jsonl/parquet: the table's schema file (streamtrain schema infer writes one).")
+@click.option("--format", "format", type=click.Choice(["json", "csv", "avro"]),
+              help="csv/jsonl/parquet: the records' format on the topic (default: the schema's, json).")
+@click.option("--holdout", type=float, help="csv/jsonl/parquet: hold out this share of rows (--split test sends them).")
+@click.option("--test-path", type=click.Path(), help="higgs: a separate test file.")
+@click.option("--num-classes", type=int, help="npz: labels outside [0, N) count as malformed.")
 @click.option("--max-malformed", type=float, metavar="N|FRACTION",
-              help="Fail once more rows than this are malformed: a count, or a fraction below 1 (0.05: 5%).")
+              help="Fail once more rows than this are malformed: a count, or a fraction below 1 (0.05: 5%; "
+                   "default 0.5 for a table: most rows rejected means the wrong file or schema).")
 @click.option("--resume", is_flag=True,
               help="Continue a replay that was stopped or killed: skip the records of this replay's order that "
                    "the topic holds already (a topic only this replay writes to), so none is sent twice.")
@@ -105,16 +111,24 @@ def produce(dataset: str, path: str | None, **options: Any) -> None:
 def _produce(
     replay: Any, stop: threading.Event, dataset: str, path: str | None, *, topic: str | None, rate: float | None,
     loop: bool, limit: int | None, epochs: int | None, split: str, partitions: int, bootstrap: str | None,
-    metrics_port: int | None, data_dir: str | None, label_column: str | None, test_path: str | None,
-    num_classes: int | None, max_malformed: float | None, progress: bool | None, resume: bool, compression: str,
+    metrics_port: int | None, data_dir: str | None, label: str | None, schema: str | None, format: str | None,
+    holdout: float | None, test_path: str | None, num_classes: int | None, max_malformed: float | None,
+    progress: bool | None, resume: bool, compression: str,
 ) -> Any:
-    given = {"label_column": label_column, "test_path": test_path, "num_classes": num_classes}
+    given = {"label": label, "schema": schema, "format": format, "holdout": holdout, "test_path": test_path,
+             "num_classes": num_classes}
     takes = datasets.options(dataset)
     misplaced = [k for k, v in given.items() if v is not None and k not in takes]
     if misplaced:
         flags = ", ".join("--" + k.replace("_", "-") for k in misplaced)
         raise ConfigError(f"{flags} does not apply to {dataset}; it takes only: "
                           f"{', '.join('--' + k.replace('_', '-') for k in takes) or 'PATH'}.")
+    if "label" in takes:  # a table: every row is sent unless --holdout says otherwise
+        given["holdout"] = holdout or 0.0
+        if max_malformed is None:
+            from pipeline.jobs.replay_process import MOST_ROWS
+
+            max_malformed = MOST_ROWS
     data = _dataset(dataset, path, data_dir, **{k: v for k, v in given.items() if k in takes})
     target = resolve_bootstrap(bootstrap)
     settings = config.settings()

@@ -64,6 +64,22 @@ from producers import datasets
               help="Port of the replay producer's /metrics (0: a free port).")
 @click.option("--data-dir", type=click.Path(file_okay=False), help="Folder holding the datasets.")
 @click.option("--seed", type=int, help="Seed for reproducible data order.")
+@click.option("--data", type=click.Path(dir_okay=False),
+              help="Your own table instead of --dataset: a CSV (with a header), JSON lines or Parquet file, replayed "
+                   "like a built-in dataset. README: Training on your own data.")
+@click.option("--label", help="The target column, to infer a schema (class names, or numbers: a numeric target).")
+@click.option("--schema", type=click.Path(dir_okay=False),
+              help="The table's schema file (streamtrain schema infer writes one; it travels with the model).")
+@click.option("--format", "format", type=click.Choice(["binary", "json", "csv", "avro"]),
+              help="The records' format on the topic: binary (the built-in datasets'), json (a table's default), "
+                   "csv lines or avro.")
+@click.option("--holdout", type=float,
+              help="Share held out to score the model, never trained: a file's rows (default 0.1) or a topic's "
+                   "record keys (default 0.02).")
+@click.option("--eval-data", type=click.Path(dir_okay=False),
+              help="Score on this file's rows instead of a held-out share (same columns as the topic).")
+@click.option("--schema-registry", metavar="URL",
+              help="Avro in the Confluent wire format: the Schema Registry that resolves its schema ids.")
 def run(resume_dir: str | None, out: str | None, bootstrap: str | None, resume_if_exists: bool,
         **options: Any) -> None:
     """The main job: replay a dataset into Kafka and train a model online from the stream."""

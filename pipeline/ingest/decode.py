@@ -112,6 +112,10 @@ def decode_range(
     decoded = codec.decode(values, schema)
     offsets = table.column("offset").to_numpy()
     ok = decoded.accepted
+    x, y = decoded.x, decoded.y
+    if schema.holdout and len(ok):  # the held-out share of a topic's keys scores the model, never trains it
+        keep = ~codec.held_out(table.column("key").take(pa.array(ok)).to_pylist(), offsets[ok], schema.holdout)
+        ok, x, y = ok[keep], x[keep], y[keep]
     ids = codec.decode_key_array(table.column("key").combine_chunks())
     if ids is None:  # records produced by someone else, without 8-byte ids: use offsets
         ids = offsets.astype(np.uint64)
@@ -121,8 +125,7 @@ def decode_range(
         dead_letters.send(*dead_letter, table.take(pa.array(decoded.rejected)).to_pydict(), decoded.reason_names())
     decode_s = time.perf_counter() - started
     keys = table.column("key").take(pa.array(ok)).to_pylist() if handler.wants_keys else None
-    block = Block(covered.topic, covered.partition, decoded.x, decoded.y, ids[ok], offsets[ok], stamps[ok], schema,
-                  keys)
+    block = Block(covered.topic, covered.partition, x, y, ids[ok], offsets[ok], stamps[ok], schema, keys)
     started = time.perf_counter()
     result = handler.process(block)
     handler_s = time.perf_counter() - started

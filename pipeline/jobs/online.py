@@ -69,9 +69,9 @@ class Run:
         self.algorithm = algorithms.get(cfg.algorithm, num_workers=cfg.workers, batch_size=cfg.batch_size,
                                         seed=cfg.seed, **window)
         stamp = time.strftime("%Y%m%d-%H%M%S")
-        self.out = Path(cfg.out or Path("runs") / f"{cfg.dataset}-{stamp}").resolve()
-        self.topic = cfg.topic or f"streamtrain-{cfg.dataset}"
-        self.metrics = RunMetrics(dataset=cfg.dataset, algorithm=cfg.algorithm, topic=self.topic,
+        self.out = Path(cfg.out or Path("runs") / f"{cfg.name}-{stamp}").resolve()
+        self.topic = cfg.topic or f"streamtrain-{cfg.name}"
+        self.metrics = RunMetrics(dataset=cfg.name, algorithm=cfg.algorithm, topic=self.topic,
                                   workers=cfg.workers)
         self.history = History(path=self.out / BATCHES_FILE)
         self.settings = config.settings()
@@ -104,11 +104,13 @@ class Run:
     # --- the whole run ---
 
     def execute(self) -> RunReport:
-        from producers import datasets
+        from pipeline.jobs import user_data
 
         prior = _check_out(self.cfg, self.out)
-        data = datasets.get(self.cfg.dataset, data_dir=self._data_dir())  # its files, before anything starts
-        self.display.startup(f"{self.cfg.dataset} found; starting Kafka, the replay, Spark and the model in parallel")
+        data = user_data.resolve(self.cfg, self._data_dir())  # its files and schema, before anything starts
+        if data.schema.regression:
+            self.algorithm.loss = "mean_squared_error"
+        self.display.startup(f"{self.cfg.name} found; starting Kafka, the replay, Spark and the model in parallel")
         created = not self.out.exists()
         self.out.mkdir(parents=True, exist_ok=True)
         try:
@@ -127,18 +129,20 @@ class Run:
             # in local mode, Spark's Python workers), starting the broker and the replay, and
             # starting Spark's JVM each take seconds: they overlap.
             zygote = self._start_zygote(stack)
-            probe = Probe(cfg.model, cfg.dataset, optimizer=self.algorithm.worker_optimizer, loss=self.algorithm.loss,
+            schema = data.schema
+            default = f"table:{schema.n_features}:{schema.num_classes}" if schema.table is not None else cfg.dataset
+            probe = Probe(cfg.model, default, optimizer=self.algorithm.worker_optimizer, loss=self.algorithm.loss,
                           folder=Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="streamtrain-model-"))),
-                          zygote=zygote)
+                          zygote=zygote, expect=_contract(schema))
             stack.callback(probe.cancel)
             served = metrics.serve(self.metrics.meters.registry, host=self.settings.metrics_host, port=cfg.metrics_port)
             log.info("metrics at %s", served.url)
             stack.callback(served.stop)
-            bootstrap = self._start_broker_and_replay(stack)
+            bootstrap = self._start_broker_and_replay(stack, data)
             master, short = cluster.local_slots(cfg.master, cfg.workers, os.cpu_count() or 1)
             if short:
                 log.warning("%s", short)
-            spark = cluster.session(master, app=f"streamtrain-{cfg.dataset}",
+            spark = cluster.session(master, app=f"streamtrain-{cfg.name}",
                                     conf=security.spark_conf(cfg.master, cfg.spark_conf),
                                     zygote=zygote if master.startswith("local") else None)
             stack.callback(cluster.stop, spark)  # after a first run, builds the JVM's class archive
@@ -153,6 +157,8 @@ class Run:
                 # While the query starts (seconds of its source's set-up and planning): the
                 # model, the parameter server, the workers' replicas. No batch runs before.
                 spec, initial = probe.result()
+                if probe.compiled():
+                    self._use_compiled(spec)
                 self.display.startup(f"model described ({spec.size:,} weights); warming up {cfg.workers} workers")
                 handler, warm_up = self._start_training(stack, spark, spec, data, prior or checkpoint.State(initial))
                 job.use(handler)
@@ -179,6 +185,22 @@ class Run:
         (self.out / "report.json").write_text(json.dumps(report.to_dict(), indent=2, default=float))
         return report
 
+    def _use_compiled(self, spec: Any) -> None:
+        """Train with the optimizer and loss the user compiled the model with, where the
+        algorithm can (synchronous SGD runs its optimizer on the server: Adam or SGD)."""
+        algo = self.algorithm
+        try:
+            if algo.synchronous and algo.pushes_gradients:
+                from pipeline.train.algorithms import optimizers
+
+                optimizers.get(spec.optimizer, 0)
+        except ConfigError as e:
+            log.warning("the model's compiled optimizer is not used: %s; training with %s", e, algo.worker_optimizer)
+            return
+        algo.worker_optimizer, algo.loss = spec.optimizer, spec.loss
+        name = spec.optimizer.get("class_name") if isinstance(spec.optimizer, dict) else spec.optimizer
+        self.display.startup(f"training with the model's own compile: optimizer {name}, loss {spec.loss}")
+
     def _start_zygote(self, stack: contextlib.ExitStack) -> Zygote | None:
         """The process that imports TensorFlow once for the workers and the describer
         (``STREAMTRAIN_PRELOAD=false``: each imports its own)."""
@@ -191,7 +213,7 @@ class Run:
     def _data_dir(self) -> Path:
         return Path(self.cfg.data_dir) if self.cfg.data_dir else config.data_dir()
 
-    def _start_broker_and_replay(self, stack: contextlib.ExitStack) -> str:
+    def _start_broker_and_replay(self, stack: contextlib.ExitStack, data: Any) -> str:
         """Kafka (the given one, or an embedded broker), the topic, and the replay into it."""
         from pipeline.ingest.kafka import EmbeddedBroker, client
 
@@ -212,7 +234,7 @@ class Run:
             stack.callback(self._release.close)
         if not cfg.resume and not (cfg.topic and cfg.bootstrap):
             self.replay = ReplayProcess(
-                dataset=cfg.dataset, data_dir=self._data_dir(), bootstrap=bootstrap, topic=self.topic,
+                dataset=cfg.dataset, data_dir=self._data_dir(), table=_table_job(data), bootstrap=bootstrap, topic=self.topic,
                 epochs=cfg.epochs, rate=cfg.rate, partitions=cfg.workers, metrics_host=self.settings.metrics_host,
                 metrics_port=cfg.producer_metrics_port, log_path=self.out / "producer.log",
             ).start()
@@ -272,11 +294,11 @@ class Run:
         from pipeline.serve.predictor import write_description
         from pipeline.serve.process import ServingProcess, host_and_token
 
-        write_description(self.out, spec, schema, name=self.cfg.dataset)
+        write_description(self.out, spec, schema, name=self.cfg.name)
         if self.cfg.serve_port is None:
             return None
         host, token = host_and_token(self.settings)
-        serving = ServingProcess.for_run(name=self.cfg.dataset, spec=spec, schema=schema, server=server, host=host,
+        serving = ServingProcess.for_run(name=self.cfg.name, spec=spec, schema=schema, server=server, host=host,
                                          port=self.cfg.serve_port, token=token, max_age_s=self.cfg.serve_max_age_s,
                                          log_path=self.out / "serve.log").start()
         stack.callback(serving.stop)
@@ -312,10 +334,28 @@ def _plot(report: RunReport, cfg: RunConfig, out: Path, *, eval_records: int) ->
         report_plot.report_plots(
             [row.to_dict() for row in report.batches], path, final=report.final.get("accuracy"),
             eval_every=cfg.eval_every, eval_records=eval_records,
-            title=f"{cfg.dataset} with {cfg.algorithm}, {cfg.workers} workers ({out.name})")
+            title=f"{cfg.name} with {cfg.algorithm}, {cfg.workers} workers ({out.name})")
         report.plots = str(path)
     except Exception as e:  # the model and the report matter more than a picture
         log.warning("could not draw the report plots: %s: %s", type(e).__name__, e)
+
+
+def _contract(schema: Any) -> dict[str, Any]:
+    """What the model must take and give for this data (checked when it is described)."""
+    if schema.table is not None:
+        what = (f"{schema.name}'s numeric target ({schema.n_features} encoded columns)" if schema.regression else
+                f"{schema.name}'s {schema.num_classes} classes ({schema.n_features} encoded columns)")
+        return {"input": list(schema.input_shape), "outputs": max(1, schema.num_classes), "what": what}
+    return {"input": list(schema.input_shape), "outputs": schema.num_classes,
+            "what": f"{schema.name} ({schema.num_classes} classes)"}
+
+
+def _table_job(data: Any) -> dict[str, Any] | None:
+    """A user's file, for the replay's process to read (None: a built-in dataset)."""
+    table = getattr(data, "table", None)
+    if table is None or not hasattr(data, "path"):
+        return None
+    return {"path": str(data.path), "schema": table.to_dict(), "holdout": data.holdout, "name": data.name}
 
 
 def _check_out(cfg: RunConfig, out: Path) -> checkpoint.State | None:

@@ -18,6 +18,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+#: The share of malformed rows at which a replay fails.
+MOST_ROWS = 0.5
+
 
 def _replay(job: dict[str, Any], answer: Any, stop: threading.Event) -> None:
     """The child's work: replay ``job["dataset"]`` and answer its report.
@@ -31,8 +34,17 @@ def _replay(job: dict[str, Any], answer: Any, stop: threading.Event) -> None:
     from producers import datasets
     from producers.replay import replay_with_metrics
 
-    data = datasets.get(job.pop("dataset"), data_dir=Path(job.pop("data_dir")))
-    result = replay_with_metrics(data, stop=stop, **job)
+    table = job.pop("table", None)
+    if table is not None:  # a user's file, by the run's schema
+        from pipeline.table import TableSchema
+
+        data: datasets.Dataset = datasets.Table(table["path"], schema=TableSchema.from_dict(table["schema"]),
+                                                holdout=table["holdout"], name=table["name"])
+        job.pop("dataset"), job.pop("data_dir")
+    else:
+        data = datasets.get(job.pop("dataset"), data_dir=Path(job.pop("data_dir")))
+    # Most rows malformed means the wrong file or schema: fail with the first few, not train on scraps.
+    result = replay_with_metrics(data, stop=stop, max_malformed=MOST_ROWS, **job)
     print(result.summary(), flush=True)
     answer(result)
 
@@ -42,6 +54,7 @@ class ReplayProcess:
 
     Args:
         dataset: a built-in dataset's name.
+        table: a user's file instead: ``path``, ``schema`` (a dict), ``holdout``, ``name``.
         data_dir: the folder it is read from.
         bootstrap, topic: where it goes.
         epochs, rate, partitions: as ``streamtrain produce``'s options.
@@ -50,9 +63,10 @@ class ReplayProcess:
     """
 
     def __init__(self, *, dataset: str, data_dir: Path, bootstrap: str, topic: str, epochs: int,
-                 rate: float | None, partitions: int, metrics_host: str, metrics_port: int, log_path: Path) -> None:
+                 rate: float | None, partitions: int, metrics_host: str, metrics_port: int, log_path: Path,
+                 table: dict[str, Any] | None = None) -> None:
         self.job: dict[str, Any] = {
-            "dataset": dataset, "data_dir": str(data_dir), "bootstrap": bootstrap, "topic": topic,
+            "dataset": dataset, "data_dir": str(data_dir), "table": table, "bootstrap": bootstrap, "topic": topic,
             "epochs": epochs, "rate": rate, "partitions": partitions, "metrics_host": metrics_host,
             "metrics_port": metrics_port,
         }
@@ -70,7 +84,8 @@ class ReplayProcess:
     def start(self) -> ReplayProcess:
         self._child.start()
         rate = self.job["rate"]
-        log.info("replaying %s x%d into %s (%s)", self.job["dataset"], self.job["epochs"], self.job["topic"],
+        what = self.job["table"]["path"] if self.job["table"] else self.job["dataset"]
+        log.info("replaying %s x%d into %s (%s)", what, self.job["epochs"], self.job["topic"],
                  f"{rate:g}/s" if rate else "full speed")
         return self
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 from pipeline.errors import ConfigError
 
@@ -45,12 +46,39 @@ class RunConfig:
     seed: int | None = None
     serve_port: int | None = None  # serve predictions from the live weights on this port (0: a free one)
     serve_max_age_s: float = 1.0  # refuse to predict with weights older than this
+    # A user's data (issue "your data"): a file, or a topic fed by someone else, by a schema.
+    data: str | None = None  # a CSV, JSON lines or Parquet file to replay instead of a built-in dataset
+    label: str | None = None  # the target column (to infer a schema)
+    schema: str | None = None  # a schema file (streamtrain schema infer writes one)
+    format: str | None = None  # the records' format on the topic: binary (built-in), json, csv, avro
+    holdout: float | None = None  # the share held out for scores (a file's rows; a topic's keys)
+    eval_data: str | None = None  # a file of held-out records instead
+    schema_registry: str | None = None  # Avro in the Confluent wire format: the registry's URL
+
+    @property
+    def table(self) -> bool:
+        """Whether the run trains a user's table (a file, or a topic by a schema)."""
+        return bool(self.data or self.schema or self.label or self.format not in (None, "binary"))
+
+    @property
+    def name(self) -> str:
+        """The data's name: the built-in dataset, the file's stem, or the topic.
+
+        >>> RunConfig(data="data/penguins.csv").name, RunConfig(topic="t", format="json").name
+        ('penguins', 't')
+        """
+        if self.data:
+            return Path(self.data).name.split(".")[0]
+        if self.table and self.topic:
+            return self.topic
+        return self.dataset
 
     def validate(self) -> None:
         """Raise :class:`~pipeline.errors.ConfigError` for the first bad setting."""
         names = _builtin_datasets()
         if self.dataset not in names:
             raise ConfigError(f"Expected --dataset in {names}. Received: {self.dataset!r}")
+        self._check_table()
         for name in ("workers", "batch_size", "communication_window", "epochs", "max_offsets_per_trigger", "eval_every"):
             value = getattr(self, name)
             if value is not None and value < 1:
@@ -74,6 +102,26 @@ class RunConfig:
             from pipeline.train.probe import check_source
 
             check_source(self.model)
+
+    def _check_table(self) -> None:
+        """A user's data: a file, or a topic someone else feeds, and how to read it."""
+        if self.format not in (None, "binary", "json", "csv", "avro"):
+            raise ConfigError(f"Expected --format binary, json, csv or avro. Received: {self.format!r}")
+        if self.holdout is not None and not 0 <= self.holdout < 1:
+            raise ConfigError(f"Expected --holdout in [0, 1). Received: {self.holdout}")
+        if not self.table:
+            return
+        if self.data and self.topic and self.bootstrap:
+            raise ConfigError("Pass --data (a file to replay) or --topic with --bootstrap (a topic fed by someone "
+                              "else), not both.")
+        if not self.data and not (self.topic and self.bootstrap):
+            raise ConfigError("Expected --data FILE, or --topic T with --bootstrap B, for --label/--schema/--format "
+                              "(a built-in dataset takes none of them).")
+        if not self.schema and not self.label:
+            raise ConfigError("Expected --label COLUMN (the target, to infer a schema) or --schema FILE.")
+        for path, option in ((self.data, "--data"), (self.schema, "--schema"), (self.eval_data, "--eval-data")):
+            if path and not Path(path).is_file():
+                raise ConfigError(f"Expected a file for {option}. Received: {path}, which does not exist.")
 
     def _check_cluster(self) -> None:
         """A standalone cluster: its security settings, and a Kafka its executors can reach."""

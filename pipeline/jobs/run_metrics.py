@@ -53,7 +53,8 @@ class RunMetrics:
 
     def on_final(self, scores: dict[str, float]) -> None:
         """The held-out score after the last batch (it may come after the last scored batch)."""
-        self.meters.heldout_accuracy.set(scores["accuracy"])
+        if "accuracy" in scores:  # a numeric target has an error instead (in the report)
+            self.meters.heldout_accuracy.set(scores["accuracy"])
 
     def skipped(self) -> None:
         self.meters.batches_skipped.inc()
@@ -82,5 +83,5 @@ class RunMetrics:
         if row.prequential_accuracy is not None and row.prequential_loss is not None:
             m.prequential_accuracy.set(row.prequential_accuracy)
             m.prequential_loss.set(row.prequential_loss)
-        if row.heldout is not None:
+        if row.heldout is not None and "accuracy" in row.heldout:
             m.heldout_accuracy.set(row.heldout["accuracy"])

@@ -5,8 +5,10 @@ Two shapes are accepted, as in TensorFlow Serving: the row format
 ``{"instances": [instance, ...]}`` and the columnar ``{"inputs": [instance, ...]}``
 (or either with one named input, ``{"inputs": {"x": [...]}}``). An instance is the
 record's features as the producer sends them: for MNIST, 784 pixel values in
-[0, 255] (flat, 28 x 28, or 28 x 28 x 1); for HIGGS, 28 numbers. Every way a body can
-be wrong is a :class:`BadRequest` that says what was expected and what arrived.
+[0, 255] (flat, 28 x 28, or 28 x 28 x 1); for HIGGS, 28 numbers; for a user's table,
+an object of raw fields (strings and gaps included), transformed by the run's
+schema exactly as training was. Every way a body can be wrong is a :class:`BadRequest`
+that says what was expected and what arrived.
 
 Example:
     >>> from pipeline import codec
@@ -101,11 +103,29 @@ def parse(raw: bytes, schema: Schema, *, max_instances: int) -> tuple[np.ndarray
     if len(rows) > max_instances:
         raise BadRequest(f"Expected at most {max_instances} instances per request. Received {len(rows)}; "
                          "split the request.", status=413, reason="too_many_instances")
+    if schema.table is not None:
+        return _table_rows(rows, schema), columnar
     fast = _all_at_once(rows, schema) if b"true" not in raw and b"false" not in raw else None
     if fast is not None:
         return fast, columnar
     # Something is wrong, or unusual (instances as objects): one at a time, to name it.
     return np.stack([_instance(row, i, schema) for i, row in enumerate(rows)]), columnar
+
+
+def _table_rows(rows: list[Any], schema: Schema) -> np.ndarray:
+    """A table's raw instances through its transform (the one training used)."""
+    from pipeline.table import encode_rows
+
+    names = [f.name for f in schema.table.features]
+    for i, row in enumerate(rows):
+        if not isinstance(row, dict):
+            raise BadRequest(f"Expected each instance to be an object of the fields {names[:8]}; instance {i} is a "
+                             f"JSON {type(row).__name__}.", reason="wrong_shape")
+    try:
+        return encode_rows(rows, schema.table).astype(np.float64)
+    except ValueError as e:  # names the instance and the field: "instance 2: not_a_number:bill_length_mm"
+        raise BadRequest(f"Expected instances the run's schema can encode. Received {e}.",
+                         reason="bad_field") from None
 
 
 def _all_at_once(rows: list[Any], schema: Schema) -> np.ndarray | None:

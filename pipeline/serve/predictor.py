@@ -40,17 +40,25 @@ def write_description(folder: Path, spec: ModelSpec, schema: codec.Schema, name:
 
 
 def schema_dict(schema: codec.Schema) -> dict[str, Any]:
-    """A schema as plain data.
+    """A schema as plain data (a table's with its features, so serving transforms raw
+    instances as training did).
 
     >>> schema_from_dict(schema_dict(codec.MNIST)) == codec.MNIST
     True
     """
-    return {"name": schema.name, "schema_id": schema.schema_id, "dtype": schema.dtype,
-            "n_features": schema.n_features, "num_classes": schema.num_classes,
-            "input_shape": list(schema.input_shape)}
+    out = {"name": schema.name, "schema_id": schema.schema_id, "dtype": schema.dtype,
+           "n_features": schema.n_features, "num_classes": schema.num_classes,
+           "input_shape": list(schema.input_shape)}
+    if schema.table is not None:
+        out["table"] = schema.table.to_dict()
+    return out
 
 
 def schema_from_dict(d: dict[str, Any]) -> codec.Schema:
+    if d.get("table") is not None:
+        from pipeline.table import TableSchema
+
+        return codec.table(str(d["name"]), TableSchema.from_dict(d["table"]))
     return codec.Schema(str(d["name"]), int(d["schema_id"]), str(d["dtype"]), int(d["n_features"]),
                         int(d["num_classes"]), tuple(int(v) for v in d["input_shape"]))
 

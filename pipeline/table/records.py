@@ -101,15 +101,29 @@ def _json_rows(raw: list[bytes | None], schema: TableSchema, reasons: Reasons, _
 
 
 def _json_loads() -> Callable[[Any], Any]:
-    """orjson where installed (3-5x the standard library's parse); else ``json``."""
-    try:
-        import orjson
+    import orjson  # 3-5x the standard library's parse
 
-        return orjson.loads
-    except ImportError:  # pragma: no cover - orjson is a dependency; this keeps a bare install working
-        import json
+    return orjson.loads
 
-        return json.loads
+
+def json_columns(values: Sequence[bytes | None]) -> dict[str, list[Any]]:
+    """The JSON objects among ``values``, by field, in order of first appearance (what a
+    schema is inferred from); values that are not objects are left out.
+
+    >>> json_columns([b'{"a": 1}', b"oops", b'{"a": 2, "b": "x"}'])
+    {'a': [1, 2], 'b': [None, 'x']}
+    """
+    loads = _json_loads()
+    rows = []
+    for v in values:
+        try:
+            row = loads(v or b"")
+        except ValueError:
+            continue
+        if isinstance(row, dict):
+            rows.append(row)
+    names = list(dict.fromkeys(k for r in rows for k in r))
+    return {n: [r.get(n) for r in rows] for n in names}
 
 
 def _csv_rows(raw: list[bytes | None], schema: TableSchema, reasons: Reasons, _: Any) -> Rows:

@@ -52,7 +52,7 @@ class Evaluation:
 
     def score(self, weights: np.ndarray) -> dict[str, float]:
         """:func:`scores` of ``weights`` on the held-out split."""
-        return scores(self.y, self.predict(weights))
+        return scores(self.y, self.predict(weights), regression=self.schema.regression)
 
     def save_model(self, weights: np.ndarray, path: Path) -> None:
         """Write the model with ``weights`` as a ``.keras`` file (built on a worker)."""
@@ -72,12 +72,18 @@ class Evaluation:
         self._x.destroy()
 
 
-def scores(y: np.ndarray, probs: np.ndarray) -> dict[str, float]:
-    """Accuracy of class probabilities ``probs`` against labels ``y``, and ROC AUC for two classes.
+def scores(y: np.ndarray, probs: np.ndarray, *, regression: bool = False) -> dict[str, float]:
+    """Accuracy of class probabilities ``probs`` against labels ``y``, and ROC AUC for two
+    classes; for a numeric target, the root mean squared error and the mean absolute error.
 
     >>> scores(np.array([0, 1, 1]), np.array([[0.9, 0.1], [0.2, 0.8], [0.6, 0.4]]))
     {'accuracy': 0.6666666666666666, 'auc': 1.0}
+    >>> scores(np.array([1.0, 3.0]), np.array([[2.0], [3.0]]), regression=True)
+    {'rmse': 0.7071067811865476, 'mae': 0.5}
     """
+    if regression:
+        err = probs.reshape(len(y), -1)[:, 0].astype(np.float64) - y
+        return {"rmse": float(np.sqrt(np.mean(err**2))), "mae": float(np.mean(np.abs(err)))}
     out = {"accuracy": float((probs.argmax(axis=1) == y).mean())}
     if probs.shape[1] == 2:
         out["auc"] = roc_auc(y, probs[:, 1])

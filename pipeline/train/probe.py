@@ -6,7 +6,11 @@ initial weights), and the workers already hold TensorFlow for training and
 scoring. The child loads the model, writes ``spec.json`` and ``weights.npy``
 into a folder and exits; an error comes back as its one-line message.
 
-    python -m pipeline.train.probe SOURCE DATASET OPTIMIZER_JSON LOSS FOLDER
+    python -m pipeline.train.probe SOURCE DATASET OPTIMIZER_JSON LOSS FOLDER [EXPECT_JSON]
+
+EXPECT_JSON is the model's contract with the data, checked before anything trains:
+``{"input": [...], "outputs": N, "what": "..."}``. A model the user compiled keeps its
+optimizer and loss (``compiled.json`` says which); otherwise the algorithm's are used.
 """
 
 from __future__ import annotations
@@ -71,7 +75,10 @@ def load_model(source: str | None, dataset: str) -> Any:
         import keras
 
         try:
-            return keras.models.load_model(source, compile=False)
+            try:  # with the optimizer and loss it was saved with, which the run then keeps
+                return keras.models.load_model(source)
+            except Exception:
+                return keras.models.load_model(source, compile=False)
         except Exception as e:
             raise ConfigError(f"{source} is not a loadable Keras model ({type(e).__name__}: {e}).") from None
     path, _, fn = source.partition(":")
@@ -103,10 +110,10 @@ class Probe:
     """
 
     def __init__(self, source: str | None, dataset: str, *, optimizer: str | dict[str, Any], loss: str,
-                 folder: Path, zygote: Zygote | None = None) -> None:
+                 folder: Path, zygote: Zygote | None = None, expect: dict[str, Any] | None = None) -> None:
         self.folder = folder
         folder.mkdir(parents=True, exist_ok=True)
-        args = [source or "", dataset, json.dumps(optimizer), loss, str(folder)]
+        args = [source or "", dataset, json.dumps(optimizer), loss, str(folder), json.dumps(expect or {})]
         env = {"TF_CPP_MIN_LOG_LEVEL": "2"}
         # Its output goes to a file: a pipe nobody reads until the end could fill and stall it.
         self._log = open(folder / "probe.log", "w+")  # noqa: SIM115
@@ -134,6 +141,10 @@ class Probe:
         spec = ModelSpec.from_json((self.folder / "spec.json").read_text())
         return spec, np.load(self.folder / "weights.npy", allow_pickle=False)
 
+    def compiled(self) -> bool:
+        """Whether the spec's optimizer and loss are the ones the user compiled the model with."""
+        return (self.folder / "compiled.json").exists()
+
     def cancel(self) -> None:
         if self._proc.returncode is None:
             self._proc.kill()
@@ -141,12 +152,46 @@ class Probe:
         self._log.close()
 
 
+def check_contract(model: Any, expect: dict[str, Any]) -> None:
+    """The model's input shape and output units against the data's, in one line naming both."""
+    from pipeline.train.model import input_shape
+
+    if not expect:
+        return
+    shape = input_shape(model)
+    want = tuple(expect["input"])
+    outputs = int(np.shape(model(np.zeros((1, *shape), np.float32)))[-1])
+    if int(np.prod(shape)) != int(np.prod(want)) or outputs != expect["outputs"]:
+        raise ConfigError(f"Expected a model with input {list(want)} and {expect['outputs']} output unit(s) for "
+                          f"{expect['what']}. Received: input {list(shape)} and {outputs} output unit(s). Change the "
+                          "model's Input or its last layer.")
+
+
+def compiled_with(model: Any) -> tuple[dict[str, Any], str] | None:
+    """The optimizer and loss the user compiled the model with, if it was compiled with a
+    loss by name (what the workers can rebuild); None otherwise."""
+    if not getattr(model, "compiled", False) or getattr(model, "optimizer", None) is None:
+        return None
+    loss = getattr(model, "loss", None)
+    if not isinstance(loss, str):
+        return None
+    import keras
+
+    config = keras.optimizers.serialize(model.optimizer)
+    return {"class_name": config["class_name"], "config": config["config"]}, loss
+
+
 def main(argv: list[str]) -> int:
-    source, dataset, optimizer, loss, folder = argv
+    source, dataset, optimizer, loss, folder, *rest = argv
     try:
         model = load_model(source or None, dataset)
-        spec = ModelSpec.from_model(model, optimizer=json.loads(optimizer), loss=loss)
+        check_contract(model, json.loads(rest[0]) if rest else {})
+        own = compiled_with(model)
         out = Path(folder)
+        if own is not None:
+            optimizer, loss = json.dumps(own[0]), own[1]
+            (out / "compiled.json").write_text(json.dumps({"optimizer": own[0], "loss": own[1]}))
+        spec = ModelSpec.from_model(model, optimizer=json.loads(optimizer), loss=loss)
         np.save(out / "weights.npy", get_flat(model))
         (out / "spec.json").write_text(spec.to_json())
     except StreamtrainError as e:

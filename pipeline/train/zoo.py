@@ -45,8 +45,25 @@ def higgs_mlp() -> Any:
 DEFAULTS: dict[str, Callable[[], Any]] = {"mnist": mnist_cnn, "fashion-mnist": mnist_cnn, "higgs": higgs_mlp}
 
 
+def table_mlp(width: int, classes: int) -> Any:
+    """A user's table: an MLP sized from its encoded width, ``classes`` softmax outputs (a
+    linear one for a numeric target, ``classes`` 0)."""
+    import keras
+
+    hidden = min(256, max(32, 4 * width))
+    return keras.Sequential([
+        keras.Input((width,)),
+        keras.layers.Dense(hidden, activation="relu"),
+        keras.layers.Dense(max(16, hidden // 2), activation="relu"),
+        keras.layers.Dense(classes, activation="softmax") if classes else keras.layers.Dense(1),
+    ], name="table_mlp")
+
+
 def for_dataset(name: str) -> Any:
-    """A fresh default model for dataset ``name``."""
+    """A fresh default model for dataset ``name`` (``table:WIDTH:CLASSES`` for a user's table)."""
+    if name.startswith("table:"):
+        _, width, classes = name.split(":")
+        return table_mlp(int(width), int(classes))
     try:
         return DEFAULTS[name]()
     except KeyError:

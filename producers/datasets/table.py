@@ -35,6 +35,8 @@ from pipeline.table.transform import Reasons
 from pipeline.table.writers import encode_values
 from producers.datasets.base import Chunk, Dataset, check_split
 
+#: Sample tables that ship with the package (their PROVENANCE.md says whence and under what licence).
+SAMPLES = Path(__file__).parent / "samples"
 #: Rows read to infer a schema.
 INFER_ROWS = 10_000
 _KINDS = {".csv": "csv", ".gz": "csv", ".tsv": "csv", ".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl",

@@ -1,0 +1,133 @@
+"""What a run trains on: a built-in dataset, a user's file, or a topic someone else feeds.
+
+Each is a reader with a ``schema`` (how the stream decodes its records) and a held-out
+``test`` split that scores the model: a built-in dataset's own; a file's fixed share of
+rows (``--holdout``); a topic's records whose key hashes into the held-out share
+(never trained: the executors drop them), read at the start, or ``--eval-data FILE``.
+No built-in dataset's test split ever scores a model it does not fit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pipeline import codec
+from pipeline.errors import ConfigError
+from pipeline.jobs.run_config import RunConfig
+
+log = logging.getLogger(__name__)
+
+#: A file's share of held-out rows, and a topic's share of held-out keys, by default.
+FILE_HOLDOUT = 0.1
+TOPIC_HOLDOUT = 0.02
+#: Records read from the start of a topic: to infer its schema, and for its held-out share.
+SAMPLE_RECORDS = 50_000
+
+
+def resolve(cfg: RunConfig, data_dir: Path) -> Any:
+    """The run's data reader (a :class:`producers.datasets.Dataset`, or a :class:`TopicTable`)."""
+    from producers import datasets
+
+    if cfg.data:
+        return datasets.Table(cfg.data, label=cfg.label, schema=cfg.schema,
+                              holdout=FILE_HOLDOUT if cfg.holdout is None else cfg.holdout,
+                              format=None if cfg.format in (None, "binary") else cfg.format)
+    if cfg.table:
+        assert cfg.topic and cfg.bootstrap, "RunConfig.validate checks a table's source"
+        return TopicTable(cfg)
+    return datasets.get(cfg.dataset, data_dir=data_dir)
+
+
+class TopicTable:
+    """A topic of a user's records, read by a schema (given, or inferred from its first records).
+
+    Its ``test`` split: ``--eval-data FILE`` (every row), else the records among the
+    topic's first :data:`SAMPLE_RECORDS` whose key falls in the held-out share.
+    """
+
+    def __init__(self, cfg: RunConfig) -> None:
+        from pipeline.table import TableSchema
+
+        self.cfg, self.name = cfg, cfg.name
+        self.share = TOPIC_HOLDOUT if cfg.holdout is None else cfg.holdout
+        fmt = cfg.format if cfg.format not in (None, "binary") else None
+        self._sample: list[tuple[bytes | None, bytes | None, int]] | None = None
+        if cfg.schema:
+            table = TableSchema.load(cfg.schema)
+            if fmt and fmt != table.format or cfg.schema_registry:
+                table = table.with_format(fmt or table.format, registry=cfg.schema_registry)
+        else:
+            table = self._infer(fmt or "json")
+        self.table = table
+        self.schema = dataclasses.replace(codec.table(self.name, table), holdout=0.0 if cfg.eval_data else self.share)
+
+    def _records(self) -> list[tuple[bytes | None, bytes | None, int]]:
+        if self._sample is None:
+            self._sample = sample_topic(self.cfg.bootstrap or "", self.cfg.topic or "", SAMPLE_RECORDS)
+        return self._sample
+
+    def _infer(self, fmt: str) -> Any:
+        from pipeline.table import infer
+        from pipeline.table.records import json_columns
+
+        if fmt != "json":
+            raise ConfigError(f"Expected --schema FILE for {fmt} records: a schema is inferred from JSON records "
+                              "only (`streamtrain schema infer` writes one from a file).")
+        columns = json_columns([value for _, value, _ in self._records()[:10_000]])
+        if not columns:
+            raise ConfigError(f"Expected JSON objects in topic {self.cfg.topic!r} to infer a schema from. Received "
+                              f"{len(self._records())} records, none of them one. Pass --schema FILE.")
+        log.info("schema inferred from the first records of %s", self.cfg.topic)
+        return infer(columns, label=self.cfg.label, format="json")
+
+    def load(self, split: str = "test") -> Any:
+        """The held-out records, transformed (``split`` is ``test``: a topic has no other)."""
+        from producers import datasets
+
+        if self.cfg.eval_data:
+            return datasets.Table(self.cfg.eval_data, schema=self.table.with_format("json"), holdout=0.0,
+                                  name=self.name).load("train")
+        records = self._records()
+        keys = [k for k, _, _ in records]
+        offsets = np.array([o for _, _, o in records], np.int64)
+        held = codec.held_out(keys, offsets, self.share)
+        decoded = self.table.decode([v for (_, v, _), h in zip(records, held, strict=True) if h])
+        log.info("held-out scores on %d records of %s (the %.0f%% of keys never trained)", len(decoded.y),
+                 self.cfg.topic, 100 * self.share)
+        return datasets.Chunk(np.arange(len(decoded.y), dtype=np.uint64), decoded.x, decoded.y)
+
+    def describe(self) -> dict[str, Any]:
+        return {"topic": self.cfg.topic, "holdout": self.share, "eval_data": self.cfg.eval_data,
+                "schema": self.table.to_dict()}
+
+
+def sample_topic(bootstrap: str, topic: str, limit: int, *, timeout_s: float = 10.0) -> list[tuple[bytes | None, bytes | None, int]]:
+    """Up to ``limit`` records ``(key, value, offset)`` from the start of every partition of ``topic``."""
+    from kafka import TopicPartition
+
+    from pipeline.ingest.kafka import client
+
+    c = client.consumer(bootstrap)
+    try:
+        parts = [TopicPartition(topic, p) for p in client.partitions_for(c, topic)]
+        if not parts:
+            raise ConfigError(f"Expected topic {topic!r} at {bootstrap}; it does not exist (yet).")
+        c.assign(parts)
+        c.seek_to_beginning(*parts)
+        ends = client.end_offsets(c, parts)
+        want = min(limit, sum(ends.values()))
+        out: list[tuple[bytes | None, bytes | None, int]] = []
+        deadline = time.monotonic() + timeout_s
+        while len(out) < want and time.monotonic() < deadline:
+            for records in c.poll(timeout_ms=500).values():
+                out.extend((r.key, r.value, r.offset) for r in records)
+        return out[:limit]
+    finally:
+        c.close()
+
