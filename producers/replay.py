@@ -195,12 +195,8 @@ class Replay:
         sent = 0  # records handed to the producer by this process: what the rate applies to
         step = self.limiter.slice_size()
         for chunk in self._chunks(report):
-            if chunk.values is not None:  # a table's rows, in its own format
-                values = chunk.values
-                size = sum(map(len, values)) // max(1, len(values))
-            else:
-                values = codec.encode(chunk.x, chunk.y, self.dataset.schema)
-                size = self.dataset.schema.record_bytes
+            # A table's rows come in its own format; a built-in dataset's are encoded here.
+            values = chunk.values if chunk.values is not None else codec.encode(chunk.x, chunk.y, self.dataset.schema)
             keys = codec.encode_keys(chunk.ids)
             parts_array = (chunk.ids % np.uint64(partitions)).astype(np.int64)
             n = len(values) if self.limit is None else min(len(values), self.limit - handed)
@@ -214,7 +210,7 @@ class Replay:
                     report.interrupted = True
                     return
                 batch = order[lo : lo + step].tolist()
-                self._sender.send([(values[i], keys[i], parts[i]) for i in batch], size)
+                self._sender.send([(values[i], keys[i], parts[i]) for i in batch])
                 sent += len(batch)
                 if bar is not None:
                     bar.update(len(batch))

@@ -58,7 +58,7 @@ def _lost_sequence(error: BaseException | None) -> bool:
                               errors.InvalidProducerEpochError))
 
 
-#: A send in flight: (futures, record size, (value, key, partition) of each, resends so far).
+#: A send in flight: (futures, (value, key, partition) of each, resends so far).
 _Pending = tuple[list[Any], int, list[tuple[bytes, bytes, int]], int]
 
 
@@ -85,11 +85,11 @@ class Sender:
     def open(self) -> None:
         self._producer = self._new_producer()
 
-    def send(self, records: list[tuple[bytes, bytes, int]], size: int) -> None:
-        """Hand ``records`` (value, key, partition; ``size`` bytes each) to the producer."""
+    def send(self, records: list[tuple[bytes, bytes, int]]) -> None:
+        """Hand ``records`` (value, key, partition) to the producer."""
         send, topic = self._producer.send, self.topic
         futures = [send(topic, value, key, None, part) for value, key, part in records]
-        self._pending.append((futures, size, records, 0))
+        self._pending.append((futures, records, 0))
 
     def settle(self, report: ReplayReport, *, block: bool) -> None:
         """Count acknowledged and failed sends, oldest first; stop at the first unfinished
@@ -98,7 +98,7 @@ class Sender:
         :attr:`_resend`, up to :data:`RESENDS` times."""
         labels = self.labels
         while self._pending:
-            futures, size, records, tries = self._pending[0]
+            futures, records, tries = self._pending[0]
             # A slice's records go to several partitions, whose batches finish in any order:
             # the last one done says nothing of the others.
             if not block and not (futures[-1].is_done and all(f.is_done for f in futures)):
@@ -108,15 +108,16 @@ class Sender:
                      if f.failed() and tries < RESENDS and _worth_resending(f.exception)]
             self._renew = self._renew or any(f.failed() and _lost_sequence(f.exception) for f in futures)
             if again:
-                self._resend.append((again, size, tries + 1))
+                self._resend.append((again, tries + 1))
             # After a flush that timed out, a send still unfinished is not acknowledged.
             failed = sum(1 for f in futures if f.failed() or not f.is_done) - len(again)
             ok = len(futures) - failed - len(again)
             report.records_sent += ok
-            report.bytes_sent += ok * size
+            size = sum(len(rec[0]) for f, rec in zip(futures, records, strict=True) if f.is_done and not f.failed())
+            report.bytes_sent += size
             report.send_errors += failed
             self.metrics.records_sent.labels(*labels).inc(ok)
-            self.metrics.bytes_sent.labels(*labels).inc(ok * size)
+            self.metrics.bytes_sent.labels(*labels).inc(size)
             if failed or again:
                 first = next((f for f in futures if f.failed()), None)
                 self.metrics.send_errors.labels(*labels).inc(failed)
@@ -139,9 +140,9 @@ class Sender:
         if self._resend:  # one wait for all: a broker restart fails what was in flight at once
             self.stopping.wait(min(5.0, 0.2 * 2 ** max(tries for _, _, tries in self._resend)))
         while self._resend:
-            records, size, tries = self._resend.popleft()
+            records, tries = self._resend.popleft()
             futures = [producer.send(self.topic, value, key, None, part) for value, key, part in records]
-            self._pending.append((futures, size, records, tries))
+            self._pending.append((futures, records, tries))
 
     def drain(self, report: ReplayReport, *, within_s: float) -> None:
         """Wait for every send, sending again what failed for a reason worth retrying, within

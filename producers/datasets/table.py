@@ -16,6 +16,10 @@ Example:
     ([('size', 'categorical'), ('color', 'categorical')], ('a', 'b', 'c'))
     >>> [c.values for c in t.iter_chunks()]
     [[b'{"kind":"a","size":"1.5","color":"red"}', b'{"kind":"b","size":null,"color":"blue"}', b'{"kind":"b","size":"2","color":null}', b'{"kind":"c","size":"oops","color":"red"}']]
+    >>> t = Table(path, label="kind", holdout=0.0, schema=TableSchema.from_dict({"features": [{"name": "size"},
+    ...     {"name": "color", "kind": "categorical", "vocabulary": ["red"]}], "label": {"name": "kind", "classes": ["a", "b"]}}))
+    >>> [c.values for c in t.iter_chunks()], t.malformed_examples
+    ([[b'{"kind":"a","size":1.5,"color":"red"}', b'{"kind":"b","size":null,"color":"blue"}', b'{"kind":"b","size":2.0,"color":null}']], [(5, 'not_a_number:size')])
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from pipeline.errors import ConfigError, DataError
 from pipeline.table.inference import infer
 from pipeline.table.records import _encoder
 from pipeline.table.schema import TableSchema
-from pipeline.table.transform import Reasons
+from pipeline.table.transform import GAP_TOKENS, Reasons
 from pipeline.table.writers import encode_values
 from producers.datasets.base import Chunk, Dataset, check_split
 
@@ -55,25 +59,14 @@ def file_kind(path: Path) -> str:
     return kind
 
 
-def read_rows(path: Path, *, block_rows: int = 4096) -> Iterator[tuple[int, list[dict[str, Any]], list[tuple[int, str]]]]:
-    """The file's rows in blocks: ``(first line, rows, unparsed (line, reason))``; lines
-    count from 1, a CSV's header being line 1."""
+def read_rows(path: Path, *, block_rows: int = 4096) -> Iterator[tuple[list[int], list[dict[str, Any]], list[tuple[int, str]]]]:
+    """The file's rows in blocks: ``(line of each row, rows, unparsed (line, reason))``;
+    lines count from 1, a CSV's header being line 1 (a Parquet file's rows from 1)."""
     if not path.is_file():
         raise DataError(f"Expected a data file at {path}, found nothing there. Check the path.")
     kind = file_kind(path)
     if kind == "csv":
-        import pandas as pd
-
-        try:
-            reader = pd.read_csv(path, chunksize=block_rows, sep="\t" if path.suffix == ".tsv" else ",",
-                                 skipinitialspace=True)
-            line = 2
-            for frame in reader:
-                rows = frame.astype(object).where(frame.notna(), None).to_dict("records")
-                yield line, rows, []
-                line += len(rows)
-        except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
-            raise DataError(f"{path} is not a readable CSV ({type(e).__name__}: {str(e).splitlines()[0]}).") from None
+        yield from _csv_lines(path, block_rows)
     elif kind == "parquet":
         import pyarrow as pa
         import pyarrow.parquet as pq
@@ -82,7 +75,7 @@ def read_rows(path: Path, *, block_rows: int = 4096) -> Iterator[tuple[int, list
             line = 1
             for batch in pq.ParquetFile(path).iter_batches(batch_size=block_rows):
                 rows = batch.to_pylist()
-                yield line, rows, []
+                yield list(range(line, line + len(rows))), rows, []
                 line += len(rows)
         except (pa.ArrowInvalid, OSError) as e:
             raise DataError(f"{path} is not a readable Parquet file ({e}).") from None
@@ -90,13 +83,44 @@ def read_rows(path: Path, *, block_rows: int = 4096) -> Iterator[tuple[int, list
         yield from _json_lines(path, block_rows)
 
 
-def _json_lines(path: Path, block_rows: int) -> Iterator[tuple[int, list[dict[str, Any]], list[tuple[int, str]]]]:
+def _csv_lines(path: Path, block_rows: int) -> Iterator[tuple[list[int], list[dict[str, Any]], list[tuple[int, str]]]]:
+    """A CSV's rows as strings by header name (gaps as None); a line with another number of
+    fields than the header is set aside, not fatal (pandas would stop the whole file)."""
+    import csv
+    import gzip
+    import io
+
+    raw = gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")  # noqa: SIM115
+    with io.TextIOWrapper(raw, encoding="utf-8", errors="replace", newline="") as f:
+        reader = csv.reader(f, delimiter="\t" if path.suffix == ".tsv" else ",", skipinitialspace=True)
+        header = next(reader, None)
+        if not header:
+            raise DataError(f"{path} is empty: expected a header line naming the columns.")
+        header = [h.strip() for h in header]
+        rows: list[dict[str, Any]] = []
+        lines: list[int] = []
+        bad: list[tuple[int, str]] = []
+        for fields in reader:
+            if len(fields) != len(header):
+                if fields:
+                    bad.append((reader.line_num, f"wrong_field_count:{len(fields)}"))
+            else:
+                rows.append({h: (None if v.strip() in GAP_TOKENS else v) for h, v in zip(header, fields, strict=True)})
+                lines.append(reader.line_num)
+            if len(rows) >= block_rows:
+                yield lines, rows, bad
+                rows, lines, bad = [], [], []
+        if rows or bad:
+            yield lines, rows, bad
+
+
+def _json_lines(path: Path, block_rows: int) -> Iterator[tuple[list[int], list[dict[str, Any]], list[tuple[int, str]]]]:
     import orjson
 
     with open(path, "rb") as f:
         rows: list[dict[str, Any]] = []
+        lines: list[int] = []
         bad: list[tuple[int, str]] = []
-        first = 1
         for n, line in enumerate(f, start=1):
             if not line.strip():
                 continue
@@ -107,13 +131,14 @@ def _json_lines(path: Path, block_rows: int) -> Iterator[tuple[int, list[dict[st
                 continue
             if isinstance(row, dict):
                 rows.append(row)
+                lines.append(n)
             else:
                 bad.append((n, "not_an_object"))
             if len(rows) >= block_rows:
-                yield first, rows, bad
-                rows, bad, first = [], [], n + 1
+                yield lines, rows, bad
+                rows, lines, bad = [], [], []
         if rows or bad:
-            yield first, rows, bad
+            yield lines, rows, bad
 
 
 def sample_columns(path: Path, rows: int = INFER_ROWS) -> dict[str, list[Any]]:
@@ -188,8 +213,8 @@ class Table(Dataset):
     def iter_chunks(self, split: str = "train", *, chunk_rows: int = 4096) -> Iterator[Chunk]:
         check_split(split)
         encoder = _encoder(self.table)
-        for first, rows, unparsed in read_rows(self.path, block_rows=chunk_rows):
-            ids = np.arange(first, first + len(rows), dtype=np.uint64)
+        for lines, rows, unparsed in read_rows(self.path, block_rows=chunk_rows):
+            ids = np.array(lines, np.uint64)  # a row's id is its line: the key says where it came from
             keep = held_out(ids, self.holdout) == (split == "test")
             rows = [r for r, k in zip(rows, keep, strict=True) if k]
             ids = ids[keep]
@@ -201,8 +226,24 @@ class Table(Dataset):
             self.reject(sorted([*(unparsed if split == "train" else []),
                                 *((int(i), reasons.names[c]) for i, c in zip(ids[~ok], code[~ok], strict=True))]))
             if ok.any():
-                good = [r for r, k in zip(rows, ok, strict=True) if k]
+                good = self._typed([r for r, k in zip(rows, ok, strict=True) if k])
                 yield Chunk(ids[ok], x[ok], y[ok], values=encode_values(good, self.table))
+
+    def _typed(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Rows as they go on the wire: a numeric column's values as numbers (a CSV's are
+        text), gaps as null; the rest as in the file."""
+        t = self.table
+        numeric = [f.name for f in t.features if f.kind == "numeric"] + ([t.label.name] if t.regression else [])
+        out = []
+        for row in rows:
+            row = {k: v for k, v in row.items() if k in self._names()}
+            for name in numeric:
+                v = row.get(name)
+                if isinstance(v, str):
+                    number = float(v) if v.strip() not in GAP_TOKENS else None
+                    row[name] = None if number is None or number != number else number
+            out.append(row)
+        return out
 
     def _names(self) -> set[str]:
         t = self.table

@@ -122,16 +122,22 @@ def test_the_users_higgs_comes_first_then_the_sample_shipped_with_the_package(
     assert own.train_file == tmp_path / "higgs" / "HIGGS.csv.gz"
 
 
-def test_generic_csv_with_named_label_and_bad_rows(tmp_path: Path) -> None:
+def test_csv_table_by_a_schema_names_each_bad_row(tmp_path: Path) -> None:
+    """Proves: a CSV read by a schema keeps its good rows (transformed), and sets aside each bad
+    one with its line, its column and why: a word in a number, a class the schema does not
+    know, a line with too many fields."""
     path = tmp_path / "d.csv"
-    path.write_text("a,cls,b\n0.5,1,2\n1.5,0,3\nbad,1,2\n0.1,7,0\n2.5,2.5,1\n")
-    d = datasets.get("csv", path, label_column="cls", num_classes=3)
+    path.write_text("a,cls,b\n0.5,1,2\n1.5,0,3\nbad,1,2\n0.1,7,0\n2.5,2.5,1\n1,1,1,1\n")
+    schema = tmp_path / "s.json"
+    schema.write_text('{"features": [{"name": "a"}, {"name": "b"}], "label": {"name": "cls", "classes": [0, 1, 2]}}')
+    d = datasets.get("csv", path, schema=schema, holdout=0.0)
     chunk = d.load()
     assert chunk.x.tolist() == [[0.5, 2.0], [1.5, 3.0]] and chunk.y.tolist() == [1, 0]
-    assert d.malformed == 3 and d.schema.n_features == 2
-    assert d.malformed_by_reason == {"not_a_number": 1, "bad_label": 2}
-    with pytest.raises(DataError, match="Expected a column 'label'"):
-        datasets.get("csv", path)
+    assert d.malformed == 4 and d.schema.n_features == 2
+    assert d.malformed_examples == [(4, "not_a_number:a"), (5, "unknown_class:cls"), (6, "unknown_class:cls"),
+                                    (7, "wrong_field_count:4")]
+    with pytest.raises(ConfigError, match="Expected the label column 'label' among the columns"):
+        datasets.get("csv", path, label="label")
 
 
 def test_npz_keras_layout_and_named_keys(tmp_path: Path) -> None:

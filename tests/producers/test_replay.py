@@ -27,7 +27,8 @@ def _round_trip(data: datasets.Dataset, broker: EmbeddedBroker, topic: str, cons
     expected = data.load(split)
     n = len(expected.y) if limit is None else limit
     assert report.records_sent == n and report.send_errors == 0
-    assert report.bytes_sent == n * data.schema.record_bytes
+    assert report.bytes_sent == (n * data.schema.record_bytes if data.schema.table is None else
+                                 sum(len(v) for c in data.iter_chunks(split) for v in c.values or []))
     records = consume(topic, n)
     assert len(records) == n
     ids = codec.decode_keys([r.key for r in records])
@@ -36,8 +37,10 @@ def _round_trip(data: datasets.Dataset, broker: EmbeddedBroker, topic: str, cons
     order = np.argsort(ids, kind="stable")
     assert ids[order].tolist() == expected.ids[:n].tolist()
     values = [records[i].value for i in order]
-    # Byte-exact against an independent encoding of the reader's rows ...
-    assert values == codec.encode(expected.x[:n], expected.y[:n], data.schema)
+    # Byte-exact against an independent encoding of the reader's rows (a table's rows go as
+    # the file has them, in its format) ...
+    if data.schema.table is None:
+        assert values == codec.encode(expected.x[:n], expected.y[:n], data.schema)
     # ... and the decoder gives back exactly the reader's arrays.
     out = codec.decode(values, data.schema)
     assert out.rejected.size == 0
@@ -66,7 +69,7 @@ def test_csv_and_npz_round_trip_exactly(broker, topic, consume, tmp_path, data_d
     header = "f0,label," + ",".join(f"f{i}" for i in range(1, 28))
     rows = [",".join([f"{r[0]:.3f}", str(y), *(f"{v:.3f}" for v in r[1:])]) for r, y in zip(sample.x, sample.y, strict=True)]
     csv.write_text(header + "\n" + "\n".join(rows) + "\n")
-    _round_trip(datasets.get("csv", csv, num_classes=2), broker, topic, consume)
+    _round_trip(datasets.get("csv", csv, label="label"), broker, topic, consume)
     np.savez(tmp_path / "d.npz", x_train=sample.x, y_train=sample.y)
     _round_trip(datasets.get("npz", tmp_path / "d.npz"), broker, topic + "-npz", consume)
 
@@ -93,24 +96,28 @@ def test_loop_replays_epochs_with_the_same_ids(broker, topic, consume, data_dir)
 def test_malformed_rows_are_counted_skipped_and_exported(broker, topic, consume, tmp_path) -> None:  # type: ignore[no-untyped-def]
     path = tmp_path / "d.csv"
     path.write_text("x,label\n1,0\noops,1\n2,1\n3\n4,9\n5,0\n")
+    schema = tmp_path / "s.json"
+    schema.write_text('{"features": [{"name": "x"}], "label": {"name": "label", "classes": [0, 1]}}')
     meters = metrics.producer_metrics()
     server = metrics.serve(meters.registry, port=0)
     try:
-        report = Replay(datasets.get("csv", path, num_classes=2), bootstrap=broker.bootstrap, topic=topic,
-                        meters=meters).run()
+        report = Replay(datasets.get("csv", path, schema=schema, holdout=0.0), bootstrap=broker.bootstrap,
+                        topic=topic, meters=meters).run()
         body = urllib.request.urlopen(server.url, timeout=5).read().decode()
     finally:
         server.stop()
     assert report.records_sent == 3 and report.malformed == 3
     # Which rows and why, in the summary and in the metrics by reason.
-    assert report.malformed_examples == [(3, "not_a_number"), (5, "wrong_field_count"), (6, "bad_label")]
-    assert "(line 3: not_a_number, line 5: wrong_field_count, line 6: bad_label)" in report.summary()
-    for reason, n in (("not_a_number", 1), ("wrong_field_count", 1), ("bad_label", 1), ("non_finite", 0)):
-        assert f'streamtrain_producer_malformed_rows_total{{dataset="csv",reason="{reason}"}} {n:.1f}' in body
-    assert f'streamtrain_producer_records_sent_total{{dataset="csv",topic="{topic}"}} 3.0' in body
-    assert f'streamtrain_producer_bytes_sent_total{{dataset="csv",topic="{topic}"}} {3.0 * (8 + 4)}' in body
+    assert report.malformed_examples == [(3, "not_a_number:x"), (5, "wrong_field_count:1"),
+                                         (6, "unknown_class:label")]
+    assert "(line 3: not_a_number:x, line 5: wrong_field_count:1, line 6: unknown_class:label)" in report.summary()
+    for reason, n in (("not_a_number:x", 1), ("wrong_field_count:1", 1), ("unknown_class:label", 1)):
+        assert f'streamtrain_producer_malformed_rows_total{{dataset="d",reason="{reason}"}} {n:.1f}' in body
+    assert f'streamtrain_producer_records_sent_total{{dataset="d",topic="{topic}"}} 3.0' in body
     values = [r.value for r in consume(topic, 3)]
-    assert sorted(codec.decode(values, datasets.get("csv", path).schema).x.ravel().tolist()) == [1, 2, 5]
+    assert sorted(values) == [b'{"x":1.0,"label":"0"}', b'{"x":2.0,"label":"1"}', b'{"x":5.0,"label":"0"}']
+    decoded = codec.decode(values, datasets.get("csv", path, schema=schema).schema)
+    assert sorted(decoded.x.ravel().tolist()) == [1, 2, 5]
 
 
 def test_no_broker_is_a_clear_error() -> None:
@@ -213,22 +220,27 @@ def test_max_malformed_fails_a_mostly_bad_file(broker, topic, tmp_path) -> None:
     path = tmp_path / "d.csv"
     path.write_text("x,label\n" + "".join(f"{i},0\n" if i % 4 == 0 else f"{i},x\n" for i in range(40)))
     env = {**os.environ, "STREAMTRAIN_CACHE_DIR": str(tmp_path)}
-    base = ["produce", "csv", str(path), "--num-classes", "2", "--bootstrap", broker.bootstrap, "--topic", topic]
+    schema = tmp_path / "s.json"
+    schema.write_text('{"features": [{"name": "x"}], "label": {"name": "label", "classes": [0, 1]}}')
+    base = ["produce", "csv", str(path), "--schema", str(schema), "--bootstrap", broker.bootstrap, "--topic", topic]
     for limit in ("5", "0.5"):
         done = _cli(*base, "--max-malformed", limit, env=env)
         assert done.returncode == 2, done.stderr[-2000:]
         [error] = [line for line in done.stderr.splitlines() if line.startswith("streamtrain: error:")]
-        assert "--max-malformed" in error and "line 3: not_a_number" in error, error
+        assert "--max-malformed" in error and "line 3: unknown_class:label" in error, error
+    done = _cli(*base, env=env)  # a table's default: fail once most rows are bad
+    assert done.returncode == 2 and "at most 50% of the rows" in done.stderr, done.stderr[-2000:]
     done = _cli(*base, "--max-malformed", "30", env=env)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert "30 malformed rows skipped (line 3: not_a_number, line 4: not_a_number" in done.stdout
+    assert "30 malformed rows skipped (line 3: unknown_class:label, line 4: unknown_class:label" in done.stdout
 
 
 @pytest.mark.parametrize("args, message", [
-    (["produce", "csv", "/no/such.csv", "--bootstrap", "127.0.0.1:9"], "Expected a CSV file at /no/such.csv"),
+    (["produce", "csv", "/no/such.csv", "--label", "y", "--bootstrap", "127.0.0.1:9"],
+     "Expected a data file at /no/such.csv"),
     (["produce", "higgs", "--bootstrap", "127.0.0.1:1"], "Cannot reach Kafka at 127.0.0.1:1"),
     (["produce", "higgs", "--rate", "-5", "--bootstrap", "127.0.0.1:9"], "Expected --rate > 0"),
-    (["produce", "mnist", "--label-column", "y", "--bootstrap", "127.0.0.1:9"], "--label-column does not apply"),
+    (["produce", "mnist", "--label-column", "y", "--bootstrap", "127.0.0.1:9"], "--label does not apply"),
 ])
 def test_cli_errors_are_one_line_without_traceback(args: list[str], message: str, tmp_path: Path) -> None:
     done = _cli(*args, env={**os.environ, "STREAMTRAIN_CACHE_DIR": str(tmp_path)})
