@@ -32,6 +32,7 @@ from pipeline.cluster.zygote import Zygote
 from pipeline.errors import ConfigError, StreamtrainError
 from pipeline.ingest import microbatch
 from pipeline.ingest.kafka.release import Releaser
+from pipeline.jobs import run_record
 from pipeline.jobs.display import Display
 from pipeline.jobs.replay_process import ReplayProcess
 from pipeline.jobs.report import History, RunReport
@@ -111,6 +112,7 @@ class Run:
         self.display.startup(f"{self.cfg.dataset} found; starting Kafka, the replay, Spark and the model in parallel")
         created = not self.out.exists()
         self.out.mkdir(parents=True, exist_ok=True)
+        run_record.write(self.out, dataclasses.asdict(self.cfg))
         try:
             return self._execute(prior, data)
         except ConfigError:
@@ -210,11 +212,11 @@ class Run:
             # are released, so a replay that never stops does not grow it (Tansu never frees).
             self._release = Releaser(bootstrap, self.topic)
             stack.callback(self._release.close)
-        if not cfg.resume and not (cfg.topic and cfg.bootstrap):
+        if not (cfg.topic and cfg.bootstrap):  # the run's own replay: a resumed one sends what the topic lacks
             self.replay = ReplayProcess(
                 dataset=cfg.dataset, data_dir=self._data_dir(), bootstrap=bootstrap, topic=self.topic,
                 epochs=cfg.epochs, rate=cfg.rate, partitions=cfg.workers, metrics_host=self.settings.metrics_host,
-                metrics_port=cfg.producer_metrics_port, log_path=self.out / "producer.log",
+                metrics_port=cfg.producer_metrics_port, log_path=self.out / "producer.log", resume=cfg.resume,
             ).start()
             stack.callback(self.replay.stop)
         return bootstrap
@@ -231,6 +233,9 @@ class Run:
         from pipeline.train.warmup import warm_up
 
         cfg = self.cfg
+        # The model against the run's: its record's fingerprint, the checkpoint's size.
+        run_record.describe_model(self.out, spec=spec, schema=data.schema, name=cfg.dataset)
+        checkpoint.check_fits(state, spec.size, self.out)
         self._cores = int(spark.sparkContext.defaultParallelism)
         threads = cluster.task_threads(spark, cfg.workers)
         server = self._server = parameter_server(
@@ -267,12 +272,10 @@ class Run:
         return handler, warm
 
     def _serving(self, stack: contextlib.ExitStack, spec: Any, schema: Any, server: Any) -> Any:
-        """Record what ``streamtrain serve`` needs in the output folder; with --serve-port,
-        start the model server's process (it imports TensorFlow while the workers warm up)."""
-        from pipeline.serve.predictor import write_description
+        """With --serve-port, start the model server's process (it imports TensorFlow while
+        the workers warm up)."""
         from pipeline.serve.process import ServingProcess, host_and_token
 
-        write_description(self.out, spec, schema, name=self.cfg.dataset)
         if self.cfg.serve_port is None:
             return None
         host, token = host_and_token(self.settings)
@@ -325,6 +328,10 @@ def _check_out(cfg: RunConfig, out: Path) -> checkpoint.State | None:
     prior = checkpoint.load(out) if cfg.resume else None
     if cfg.resume and prior is None:
         raise ConfigError(f"Nothing to resume in {out}: no {checkpoint.FILENAME} there.")
+    if cfg.resume and not cfg.bootstrap:
+        raise ConfigError(f"The run in {out} read the embedded broker, which kept its records in memory: they went "
+                          "with it, so it cannot be continued. Start a new run with another --out (runs to resume "
+                          "need a Kafka that outlives them: --bootstrap).")
     if not cfg.resume and (out / checkpoint.FILENAME).exists():
         raise ConfigError(f"{out} holds a previous run; pass --resume to continue it, or another --out.")
     if cfg.bootstrap:

@@ -87,7 +87,7 @@ def serve_live(job: dict[str, Any], answer: Any, stop: threading.Event) -> None:
     """The child's work: serve the live center of a run's parameter server until ``stop``.
 
     Args:
-        job: ``spec`` (JSON), ``schema`` and ``name`` (see :func:`predictor.write_description`),
+        job: ``spec`` (JSON), ``schema`` and ``name`` (see :func:`predictor.description`),
             ``address``, ``secret``, ``size``, ``host``, ``port``, ``token``, ``max_age_s``
             and ``refresh_s``.
         answer: sends :class:`Listening` once the server listens.
