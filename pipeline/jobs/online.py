@@ -87,6 +87,7 @@ class Run:
         self._driver: TrainDriver | None = None
         self._evaluation: Any = None
         self._release: Releaser | None = None
+        self._recorded = False  # whether run.json holds this run's options
 
     def _until(self) -> bool:
         """Whether to stop: a reason was found, or the replay is over and all it sent is handled."""
@@ -112,7 +113,10 @@ class Run:
         self.display.startup(f"{self.cfg.dataset} found; starting Kafka, the replay, Spark and the model in parallel")
         created = not self.out.exists()
         self.out.mkdir(parents=True, exist_ok=True)
-        run_record.write(self.out, dataclasses.asdict(self.cfg))
+        # A folder older than records gets one once its checkpoint fits the model given.
+        self._recorded = not self.cfg.resume or run_record.read(self.out) is not None
+        if self._recorded:
+            run_record.write(self.out, dataclasses.asdict(self.cfg))
         try:
             return self._execute(prior, data)
         except ConfigError:
@@ -233,9 +237,11 @@ class Run:
         from pipeline.train.warmup import warm_up
 
         cfg = self.cfg
-        # The model against the run's: its record's fingerprint, the checkpoint's size.
-        run_record.describe_model(self.out, spec=spec, schema=data.schema, name=cfg.dataset)
+        # The model against the run's: the checkpoint's size, the record's fingerprint.
         checkpoint.check_fits(state, spec.size, self.out)
+        if not self._recorded:
+            run_record.write(self.out, dataclasses.asdict(cfg))
+        run_record.describe_model(self.out, spec=spec, schema=data.schema, name=cfg.dataset)
         self._cores = int(spark.sparkContext.defaultParallelism)
         threads = cluster.task_threads(spark, cfg.workers)
         server = self._server = parameter_server(

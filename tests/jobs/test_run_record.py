@@ -214,3 +214,24 @@ def _env() -> dict[str, str]:
     import os
 
     return {k: v for k, v in os.environ.items() if k not in ("STREAMTRAIN_BOOTSTRAP", "STREAMTRAIN_FAULT")}
+
+
+@pytest.mark.slow  # starts Spark and describes the model
+def test_a_folder_without_a_record_resumed_under_another_model_stops_in_one_line(tmp_path: Path, broker,  # type: ignore[no-untyped-def]
+                                                                                 topic: str) -> None:
+    """Proves: the issue's traceback (a HIGGS checkpoint loaded into MNIST's CNN, a reshape
+    error in the optimizer) is one line naming both sizes, where no record can catch it
+    first (a folder older than records)."""
+    folder = tmp_path / "old"
+    checkpoint.save(folder, checkpoint.State(np.zeros(189_902, np.float32), clock=3, last_batch_id=0,
+                                             optimizer={"iterations": np.array(3), "m": np.zeros(189_902, np.float32),
+                                                        "v": np.zeros(189_902, np.float32)}))
+    done = subprocess.run([sys.executable, "-m", "pipeline", "run", "--resume", str(folder), "--dataset", "mnist",
+                           "--bootstrap", broker.bootstrap, "--topic", topic], capture_output=True, text=True,
+                          timeout=400, cwd=ROOT, env=_env())
+    assert done.returncode == 2, done.stderr[-3000:]
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("streamtrain: error: The checkpoint") and "holds 189,902 weights, the model has 1,048,853" \
+        in last, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr
+    assert not (folder / run_record.RECORD_FILE).exists()  # the wrong options were not recorded as the run's
