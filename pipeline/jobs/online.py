@@ -169,9 +169,10 @@ class Run:
             except StreamtrainError:
                 served.await_scrape()  # what stopped it (an unreadable batch, its lag) reaches Prometheus
                 raise
-            # Start-up: everything before the first micro-batch starts training (Spark's
-            # session, the broker, the workers' warm-up, the query's start).
-            startup_s = (self.history.first_batch_at or self._ready_at) - self._started
+            # Start-up: from the launch to the first trained micro-batch (Spark's session, the
+            # broker, the workers' warm-up, the query's start, the batch); the warm-up's end
+            # when no batch trained.
+            startup_s = self.history.startup_s(self._started) or self._ready_at - self._started
             final_weights, _ = self._server.snapshot()
             ps_stats = self._server.stats()
             final = self._evaluation.score(final_weights)
