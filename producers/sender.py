@@ -59,7 +59,7 @@ def _lost_sequence(error: BaseException | None) -> bool:
 
 
 #: A send in flight: (futures, (value, key, partition) of each, resends so far).
-_Pending = tuple[list[Any], int, list[tuple[bytes, bytes, int]], int]
+_Pending = tuple[list[Any], list[tuple[bytes, bytes, int]], int]
 
 
 class Sender:
@@ -80,7 +80,7 @@ class Sender:
         self._pending: collections.deque[_Pending] = collections.deque()
         self._producer: Any = None
         self._renew = False  # a sequence error was seen: replace the producer before sending again
-        self._resend: collections.deque[tuple[list[tuple[bytes, bytes, int]], int, int]] = collections.deque()
+        self._resend: collections.deque[tuple[list[tuple[bytes, bytes, int]], int]] = collections.deque()
 
     def open(self) -> None:
         self._producer = self._new_producer()
@@ -138,7 +138,7 @@ class Sender:
             self._renew = False
         producer = self._producer
         if self._resend:  # one wait for all: a broker restart fails what was in flight at once
-            self.stopping.wait(min(5.0, 0.2 * 2 ** max(tries for _, _, tries in self._resend)))
+            self.stopping.wait(min(5.0, 0.2 * 2 ** max(tries for _, tries in self._resend)))
         while self._resend:
             records, tries = self._resend.popleft()
             futures = [producer.send(self.topic, value, key, None, part) for value, key, part in records]
@@ -159,7 +159,7 @@ class Sender:
             if not self._resend or time.monotonic() >= deadline:
                 break
             self.send_again()
-        unsent = sum(len(records) for records, _, _ in self._resend)
+        unsent = sum(len(records) for records, _ in self._resend)
         if unsent:
             self._resend.clear()
             report.send_errors += unsent

@@ -29,7 +29,8 @@ def spark_master(host: str, port: int, webui_port: int, properties_file: str | N
 @click.option("--port", default=0, show_default=True, help="The worker's RPC port (0: a free one).")
 @click.option("--cores", type=int, help="Cores for executors (default: all).")
 @click.option("--memory", help="Memory for executors, e.g. 4g (default: all but 1 GB).")
-@click.option("--work-dir", type=click.Path(file_okay=False), help="Executors' folders and logs.")
+@click.option("--work-dir", type=click.Path(file_okay=False),
+              help="Executors' folders and logs (default: spark-work in the cache folder, ~/.cache/streamtrain).")
 @click.option("--webui-port", type=int, default=8081, show_default=True, help="Spark's web UI (0: a free port).")
 @click.option("--properties-file", type=click.Path(dir_okay=False),
               help="The cluster's Spark properties (streamtrain cluster-conf); required beyond loopback.")
@@ -38,8 +39,10 @@ def spark_worker(master: str, host: str, port: int, cores: int | None, memory: s
     """Run a Spark standalone worker for MASTER (spark://HOST:PORT) in the foreground."""
     from pipeline.cluster import standalone
 
-    standalone.exec_(standalone.command("worker", host=host, port=port, properties=properties_file, master=master,
-                                        cores=cores, memory=memory, work_dir=work_dir, webui_port=webui_port), host)
+    args = standalone.command("worker", host=host, port=port, properties=properties_file, master=master, cores=cores,
+                              memory=memory, work_dir=work_dir, webui_port=webui_port)
+    click.echo(f"executors' folders and logs in {standalone.worker_folder(work_dir)} (--work-dir)", err=True)
+    standalone.exec_(args, host)
 
 
 @cli.command("cluster-conf")

@@ -10,6 +10,7 @@ import click
 from pipeline import config
 from pipeline.cli.base import bootstrap_option, cli
 from pipeline.errors import ConfigError
+from pipeline.jobs import run_record
 from producers import datasets
 
 
@@ -43,7 +44,9 @@ from producers import datasets
 @click.option("--model", help="Your model: FILE.py:BUILD_FN or FILE.keras (default: the dataset's).")
 @click.option("--out", type=click.Path(file_okay=False), help="Output folder (default: runs/DATASET-TIME).")
 @click.option("--resume", "resume_dir", type=click.Path(file_okay=False),
-              help="Continue the run in this folder after a stop or crash.")
+              help="Continue the run in this folder after a stop or crash, with the options it recorded "
+                   f"({run_record.RECORD_FILE}). Given again, an option that defines the run must agree; these may "
+                   f"change between sessions: {run_record.may_change()}.")
 @click.option("--resume-if-exists", is_flag=True,
               help="With --out: continue the run there if it has a checkpoint, else start it (for services "
                    "that a supervisor restarts).")
@@ -94,11 +97,18 @@ def run(resume_dir: str | None, out: str | None, bootstrap: str | None, resume_i
         if (Path(out) / checkpoint.FILENAME).exists():
             resume_dir = out
     settings = config.settings()  # the environment's values, under the command line's
-    if click.get_current_context().get_parameter_source("master") is click.core.ParameterSource.DEFAULT:
+    context = click.get_current_context()
+    given = {name for name in (*options, "bootstrap")
+             if context.get_parameter_source(name) is not click.core.ParameterSource.DEFAULT}
+    if "master" not in given:
         options["master"] = settings.master
+    # What the environment sets counts as given (a resumed run checks it like an option).
+    given |= {name for name in ("master", "spark_conf", "bootstrap") if name in settings.model_fields_set}
     options["spark_conf"] = options["spark_conf"] or (str(settings.spark_conf) if settings.spark_conf else None)
-    cfg = online.RunConfig(out=resume_dir or out, resume=bool(resume_dir), bootstrap=bootstrap or settings.bootstrap,
-                           **options)
+    options["bootstrap"] = bootstrap or settings.bootstrap
+    if resume_dir:  # the recorded run, checked against what was given again, before anything starts
+        options = run_record.resume_options(Path(resume_dir).resolve(), options, given)
+    cfg = online.RunConfig(out=resume_dir or out, resume=bool(resume_dir), **options)
     report = online.run(cfg)
     click.echo(report.summary())
     click.echo(f"model and report in {report.out}")

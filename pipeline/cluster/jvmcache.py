@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 from pipeline import config
+from pipeline.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -131,11 +132,25 @@ def archive_path(java: str) -> Path:
     return config.cache_dir() / "jvm" / f"spark-{pyspark.__version__}-{key}.jsa"
 
 
+def check_java() -> None:
+    """Refuse, in one line, a Java that Spark's launcher cannot start (a wrong ``JAVA_HOME``,
+    or none on PATH): Spark itself ends in a long ``JAVA_GATEWAY_EXITED`` traceback."""
+    if java_binary() is not None:
+        return
+    home = config.settings().java_home
+    if home is not None:
+        raise ConfigError(f"Expected a Java for Spark at $JAVA_HOME/bin/java. Received: JAVA_HOME={home}, which has "
+                          "none; set JAVA_HOME to a JDK's folder (Java 17 or later), or unset it to use the java on "
+                          "PATH.")
+    raise ConfigError("Expected a Java for Spark (Java 17 or later). Received: no JAVA_HOME and no java on PATH; "
+                      "install one (apt-get install openjdk-17-jre-headless) or set JAVA_HOME.")
+
+
 def java_binary() -> str | None:
     """The java Spark's launcher runs: ``$JAVA_HOME/bin/java``, else the one on PATH."""
     home = config.settings().java_home
     found = str(home / "bin" / "java") if home else shutil.which("java")
-    return os.path.realpath(found) if found and os.path.isfile(found) else None
+    return os.path.realpath(found) if found and os.path.isfile(found) and os.access(found, os.X_OK) else None
 
 
 if __name__ == "__main__":

@@ -80,9 +80,14 @@ def on_loopback(master: str) -> bool:
     return master.startswith("local") or master_host(master) in LOOPBACK
 
 
-def spark_conf(master: str, path: str | None) -> dict[str, str]:
+def spark_conf(master: str, path: str | None, *, option: str = "--spark-conf") -> dict[str, str]:
     """The settings of ``--spark-conf`` for ``master``, checked: a cluster beyond loopback
-    needs authentication, a secret and encryption, from a file only its owner can read."""
+    needs authentication, a secret and encryption, from a file only its owner can read.
+
+    Args:
+        option: the option that names the file, for the message (``--properties-file`` for
+            the master and the workers).
+    """
     props = read_properties(path) if path else {}
     host = master_host(master)
     if host is None or (host in LOOPBACK and not props):
@@ -92,9 +97,9 @@ def spark_conf(master: str, path: str | None) -> dict[str, str]:
         missing.append("spark.authenticate.secret <random>")
     if missing:
         raise ConfigError(
-            f"Expected --spark-conf FILE with {', '.join(missing)} for the cluster at {master} (the tasks carry the "
+            f"Expected {option} FILE with {', '.join(missing)} for the cluster at {master} (the tasks carry the "
             f"parameter server's secret). Received: {path or 'no file'}. Write one with: streamtrain cluster-conf "
-            "FILE, and start the master and workers with --properties-file FILE.")
+            "FILE; start the master and workers with --properties-file FILE, and train with --spark-conf FILE.")
     assert path is not None
     mode = stat.S_IMODE(os.stat(path).st_mode)
     if mode & (stat.S_IRWXG | stat.S_IRWXO):

@@ -48,6 +48,7 @@ def session(master: str = "local[*]", *, app: str = "streamtrain", conf: dict[st
     if SparkContext._gateway is None:  # a JVM is about to start (not one already running)
         from pipeline.cluster import jvmcache
 
+        jvmcache.check_java()
         java += jvmcache.options()
     java += [conf.pop("spark.driver.extraJavaOptions", "")]
     builder = (

@@ -23,6 +23,15 @@ def spark_home() -> Path:
     return Path(config.settings().spark_home or Path(pyspark.__file__).parent)
 
 
+def worker_folder(work_dir: str | None) -> Path:
+    """A worker's folder for its executors' files and logs: ``work_dir``, else
+    ``<cache>/spark-work`` (Spark's own default is inside its home: the installed pyspark
+    package)."""
+    folder = Path(work_dir) if work_dir else config.cache_dir() / "spark-work"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder.resolve()
+
+
 def command(role: str, *, host: str, port: int, properties: str | None, master: str | None = None,
             cores: int | None = None, memory: str | None = None, work_dir: str | None = None,
             webui_port: int | None = None) -> list[str]:
@@ -34,7 +43,8 @@ def command(role: str, *, host: str, port: int, properties: str | None, master: 
     """
     target = master or f"spark://{host}:{port}"
     if not security.on_loopback(f"spark://{host}:0") or not security.on_loopback(target):
-        security.spark_conf(f"spark://{host}:{port}" if role == "master" else target, properties)
+        security.spark_conf(f"spark://{host}:{port}" if role == "master" else target, properties,
+                            option="--properties-file")
     elif properties:
         security.read_properties(properties)
     args = [str(spark_home() / "bin" / "spark-class")]
@@ -47,7 +57,7 @@ def command(role: str, *, host: str, port: int, properties: str | None, master: 
         args += ["--port", str(port)] if port else []
         args += ["--cores", str(cores)] if cores else []
         args += ["--memory", memory] if memory else []
-        args += ["--work-dir", work_dir] if work_dir else []
+        args += ["--work-dir", str(worker_folder(work_dir))]
     if properties:
         args += ["--properties-file", properties]
     return args + ([target] if role == "worker" else [])

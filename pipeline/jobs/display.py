@@ -47,7 +47,7 @@ class Display:
         """A batch is saved: score it when due, keep its row, count it and show it."""
         history = self.history
         if history.first_batch_at is None:
-            history.first_batch_at = info.started_at
+            history.first_batch_at, history.first_trained_at = info.started_at, time.monotonic()
             self.startup(f"first micro-batch trained ({info.rows:,} records)")
         if (history.count + 1) % self.eval_every == 0:
             began = time.monotonic()

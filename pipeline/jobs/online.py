@@ -32,6 +32,7 @@ from pipeline.cluster.zygote import Zygote
 from pipeline.errors import ConfigError, StreamtrainError
 from pipeline.ingest import microbatch
 from pipeline.ingest.kafka.release import Releaser
+from pipeline.jobs import run_record
 from pipeline.jobs.display import Display
 from pipeline.jobs.replay_process import ReplayProcess
 from pipeline.jobs.report import History, RunReport
@@ -86,6 +87,7 @@ class Run:
         self._driver: TrainDriver | None = None
         self._evaluation: Any = None
         self._release: Releaser | None = None
+        self._recorded = False  # whether run.json holds this run's options
 
     def _until(self) -> bool:
         """Whether to stop: a reason was found, or the replay is over and all it sent is handled."""
@@ -113,6 +115,10 @@ class Run:
         self.display.startup(f"{self.cfg.name} found; starting Kafka, the replay, Spark and the model in parallel")
         created = not self.out.exists()
         self.out.mkdir(parents=True, exist_ok=True)
+        # A folder older than records gets one once its checkpoint fits the model given.
+        self._recorded = not self.cfg.resume or run_record.read(self.out) is not None
+        if self._recorded:
+            run_record.write(self.out, dataclasses.asdict(self.cfg))
         try:
             return self._execute(prior, data)
         except ConfigError:
@@ -128,13 +134,8 @@ class Run:
             # Importing TensorFlow (in the zygote, which then forks the model's describer and,
             # in local mode, Spark's Python workers), starting the broker and the replay, and
             # starting Spark's JVM each take seconds: they overlap.
-            zygote = self._start_zygote(stack)
-            schema = data.schema
-            default = f"table:{schema.n_features}:{schema.num_classes}" if schema.table is not None else cfg.dataset
-            probe = Probe(cfg.model, default, optimizer=self.algorithm.worker_optimizer, loss=self.algorithm.loss,
-                          folder=Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="streamtrain-model-"))),
-                          zygote=zygote, expect=_contract(schema))
-            stack.callback(probe.cancel)
+            zygote = _start_zygote(stack, self.out) if self.settings.preload else None
+            probe = _describe(cfg, self.algorithm, data.schema, stack, zygote)
             served = metrics.serve(self.metrics.meters.registry, host=self.settings.metrics_host, port=cfg.metrics_port)
             log.info("metrics at %s", served.url)
             stack.callback(served.stop)
@@ -157,8 +158,9 @@ class Run:
                 # While the query starts (seconds of its source's set-up and planning): the
                 # model, the parameter server, the workers' replicas. No batch runs before.
                 spec, initial = probe.result()
-                if probe.compiled():
-                    self._use_compiled(spec)
+                if probe.compiled() and use_compiled(self.algorithm, spec):
+                    name = spec.optimizer.get("class_name") if isinstance(spec.optimizer, dict) else spec.optimizer
+                    self.display.startup(f"training with the model's own compile: optimizer {name}, loss {spec.loss}")
                 self.display.startup(f"model described ({spec.size:,} weights); warming up {cfg.workers} workers")
                 handler, warm_up = self._start_training(stack, spark, spec, data, prior or checkpoint.State(initial))
                 job.use(handler)
@@ -169,9 +171,10 @@ class Run:
             except StreamtrainError:
                 served.await_scrape()  # what stopped it (an unreadable batch, its lag) reaches Prometheus
                 raise
-            # Start-up: everything before the first micro-batch starts training (Spark's
-            # session, the broker, the workers' warm-up, the query's start).
-            startup_s = (self.history.first_batch_at or self._ready_at) - self._started
+            # Start-up: from the launch to the first trained micro-batch (Spark's session, the
+            # broker, the workers' warm-up, the query's start, the batch); the warm-up's end
+            # when no batch trained.
+            startup_s = self.history.startup_s(self._started) or self._ready_at - self._started
             final_weights, _ = self._server.snapshot()
             ps_stats = self._server.stats()
             final = self._evaluation.score(final_weights)
@@ -184,31 +187,6 @@ class Run:
         _plot(report, self.cfg, self.out, eval_records=len(self._evaluation.y))
         (self.out / "report.json").write_text(json.dumps(report.to_dict(), indent=2, default=float))
         return report
-
-    def _use_compiled(self, spec: Any) -> None:
-        """Train with the optimizer and loss the user compiled the model with, where the
-        algorithm can (synchronous SGD runs its optimizer on the server: Adam or SGD)."""
-        algo = self.algorithm
-        try:
-            if algo.synchronous and algo.pushes_gradients:
-                from pipeline.train.algorithms import optimizers
-
-                optimizers.get(spec.optimizer, 0)
-        except ConfigError as e:
-            log.warning("the model's compiled optimizer is not used: %s; training with %s", e, algo.worker_optimizer)
-            return
-        algo.worker_optimizer, algo.loss = spec.optimizer, spec.loss
-        name = spec.optimizer.get("class_name") if isinstance(spec.optimizer, dict) else spec.optimizer
-        self.display.startup(f"training with the model's own compile: optimizer {name}, loss {spec.loss}")
-
-    def _start_zygote(self, stack: contextlib.ExitStack) -> Zygote | None:
-        """The process that imports TensorFlow once for the workers and the describer
-        (``STREAMTRAIN_PRELOAD=false``: each imports its own)."""
-        if not self.settings.preload:
-            return None
-        zygote = Zygote(_PRELOAD, log_path=self.out / "zygote.log").start()
-        stack.callback(zygote.stop)  # registered before Spark's stop, so it runs after it
-        return zygote
 
     def _data_dir(self) -> Path:
         return Path(self.cfg.data_dir) if self.cfg.data_dir else config.data_dir()
@@ -232,11 +210,12 @@ class Run:
             # are released, so a replay that never stops does not grow it (Tansu never frees).
             self._release = Releaser(bootstrap, self.topic)
             stack.callback(self._release.close)
-        if not cfg.resume and not (cfg.topic and cfg.bootstrap):
+        if not (cfg.topic and cfg.bootstrap):  # the run's own replay: a resumed one sends what the topic lacks
             self.replay = ReplayProcess(
-                dataset=cfg.dataset, data_dir=self._data_dir(), table=_table_job(data), bootstrap=bootstrap, topic=self.topic,
+                dataset=cfg.dataset, data_dir=self._data_dir(), table=_table_job(data), bootstrap=bootstrap,
+                topic=self.topic,
                 epochs=cfg.epochs, rate=cfg.rate, partitions=cfg.workers, metrics_host=self.settings.metrics_host,
-                metrics_port=cfg.producer_metrics_port, log_path=self.out / "producer.log",
+                metrics_port=cfg.producer_metrics_port, log_path=self.out / "producer.log", resume=cfg.resume,
             ).start()
             stack.callback(self.replay.stop)
         return bootstrap
@@ -253,6 +232,11 @@ class Run:
         from pipeline.train.warmup import warm_up
 
         cfg = self.cfg
+        # The model against the run's: the checkpoint's size, the record's fingerprint.
+        checkpoint.check_fits(state, spec.size, self.out)
+        if not self._recorded:
+            run_record.write(self.out, dataclasses.asdict(cfg))
+        run_record.describe_model(self.out, spec=spec, schema=data.schema, name=cfg.name)
         self._cores = int(spark.sparkContext.defaultParallelism)
         threads = cluster.task_threads(spark, cfg.workers)
         server = self._server = parameter_server(
@@ -289,12 +273,10 @@ class Run:
         return handler, warm
 
     def _serving(self, stack: contextlib.ExitStack, spec: Any, schema: Any, server: Any) -> Any:
-        """Record what ``streamtrain serve`` needs in the output folder; with --serve-port,
-        start the model server's process (it imports TensorFlow while the workers warm up)."""
-        from pipeline.serve.predictor import write_description
+        """With --serve-port, start the model server's process (it imports TensorFlow while
+        the workers warm up)."""
         from pipeline.serve.process import ServingProcess, host_and_token
 
-        write_description(self.out, spec, schema, name=self.cfg.name)
         if self.cfg.serve_port is None:
             return None
         host, token = host_and_token(self.settings)
@@ -340,6 +322,40 @@ def _plot(report: RunReport, cfg: RunConfig, out: Path, *, eval_records: int) ->
         log.warning("could not draw the report plots: %s: %s", type(e).__name__, e)
 
 
+def _start_zygote(stack: contextlib.ExitStack, out: Path) -> Zygote:
+    """The process that imports TensorFlow once for the workers and the describer
+    (``STREAMTRAIN_PRELOAD=false``: each imports its own)."""
+    zygote = Zygote(_PRELOAD, log_path=out / "zygote.log").start()
+    stack.callback(zygote.stop)  # registered before Spark's stop, so it runs after it
+    return zygote
+
+
+def _describe(cfg: RunConfig, algorithm: Any, schema: Any, stack: contextlib.ExitStack, zygote: Zygote | None) -> Probe:
+    """Start describing the model (the user's, or the data's default) and checking its contract."""
+    default = f"table:{schema.n_features}:{schema.num_classes}" if schema.table is not None else cfg.dataset
+    probe = Probe(cfg.model, default, optimizer=algorithm.worker_optimizer, loss=algorithm.loss,
+                  folder=Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="streamtrain-model-"))),
+                  zygote=zygote, expect=_contract(schema))
+    stack.callback(probe.cancel)
+    return probe
+
+
+def use_compiled(algo: Any, spec: Any) -> bool:
+    """Train with the optimizer and loss the user compiled the model with, where the
+    algorithm can (synchronous SGD runs its optimizer on the server: Adam or SGD); say
+    in one line when it cannot."""
+    try:
+        if algo.synchronous and algo.pushes_gradients:
+            from pipeline.train.algorithms import optimizers
+
+            optimizers.get(spec.optimizer, 0)
+    except ConfigError as e:
+        log.warning("the model's compiled optimizer is not used: %s; training with %s", e, algo.worker_optimizer)
+        return False
+    algo.worker_optimizer, algo.loss = spec.optimizer, spec.loss
+    return True
+
+
 def _contract(schema: Any) -> dict[str, Any]:
     """What the model must take and give for this data (checked when it is described)."""
     if schema.table is not None:
@@ -365,6 +381,10 @@ def _check_out(cfg: RunConfig, out: Path) -> checkpoint.State | None:
     prior = checkpoint.load(out) if cfg.resume else None
     if cfg.resume and prior is None:
         raise ConfigError(f"Nothing to resume in {out}: no {checkpoint.FILENAME} there.")
+    if cfg.resume and not cfg.bootstrap:
+        raise ConfigError(f"The run in {out} read the embedded broker, which kept its records in memory: they went "
+                          "with it, so it cannot be continued. Start a new run with another --out (runs to resume "
+                          "need a Kafka that outlives them: --bootstrap).")
     if not cfg.resume and (out / checkpoint.FILENAME).exists():
         raise ConfigError(f"{out} holds a previous run; pass --resume to continue it, or another --out.")
     if cfg.bootstrap:

@@ -58,17 +58,19 @@ class ReplayProcess:
         data_dir: the folder it is read from.
         bootstrap, topic: where it goes.
         epochs, rate, partitions: as ``streamtrain produce``'s options.
+        resume: send only what the topic lacks (a resumed run's replay; see
+            :class:`~producers.replay.Replay`).
         metrics_host, metrics_port: the producer's ``/metrics``.
         log_path: the child's output.
     """
 
     def __init__(self, *, dataset: str, data_dir: Path, bootstrap: str, topic: str, epochs: int,
                  rate: float | None, partitions: int, metrics_host: str, metrics_port: int, log_path: Path,
-                 table: dict[str, Any] | None = None) -> None:
+                 table: dict[str, Any] | None = None, resume: bool = False) -> None:
         self.job: dict[str, Any] = {
             "dataset": dataset, "data_dir": str(data_dir), "table": table, "bootstrap": bootstrap, "topic": topic,
             "epochs": epochs, "rate": rate, "partitions": partitions, "metrics_host": metrics_host,
-            "metrics_port": metrics_port,
+            "metrics_port": metrics_port, "resume": resume,
         }
         self.log_path = log_path
         self.report: ReplayReport | None = None  # once the replay is over
@@ -78,8 +80,9 @@ class ReplayProcess:
 
     @property
     def sent(self) -> int | None:
-        """Records Kafka acknowledged, once the replay is over."""
-        return self.report.records_sent if self.report is not None else None
+        """Records of the replay in the topic, once it is over: those Kafka acknowledged, and
+        (resumed) those an earlier session's replay had sent."""
+        return self.report.records_sent + self.report.resumed_after if self.report is not None else None
 
     def start(self) -> ReplayProcess:
         self._child.start()

@@ -31,6 +31,7 @@ class History:
         self.count = 0  # rows added
         self.eval_s = 0.0  # scoring the held-out split, between batches
         self.first_batch_at: float | None = None  # time.monotonic() when the first batch began
+        self.first_trained_at: float | None = None  # and when it was trained (start-up's end)
         self.last_batch_at = 0.0  # and when the last one ended
         self._trained = 0
         self._rejected = 0
@@ -57,6 +58,11 @@ class History:
     def aborted(self) -> int:
         """Records of aborted transactions this process's batches left unread."""
         return self._aborted
+
+    def startup_s(self, started: float) -> float | None:
+        """Start-up as the README defines it: from ``started`` (the launch) to the end of the
+        first trained batch; None before one."""
+        return None if self.first_trained_at is None else self.first_trained_at - started
 
     def span_s(self) -> float:
         """Streaming time: from the first batch to the end of the last one."""

@@ -96,6 +96,9 @@ class RunConfig:
             check_serving(self.serve_port, self.serve_max_age_s, host=host)
         if self.master.startswith("spark://"):
             self._check_cluster()
+        from pipeline.cluster import jvmcache
+
+        jvmcache.check_java()  # before the broker and the replay start, not once Spark fails
         if self.resume and not self.out:
             raise ConfigError("--resume needs the run's output folder.")
         if self.model is not None:

@@ -18,7 +18,10 @@ from pipeline.errors import ConfigError, StreamtrainError
 from pipeline.serve.weights import Snapshot
 from pipeline.train.model import FlatWeights, ModelSpec
 
-#: Written by ``streamtrain run`` into its folder: what ``streamtrain serve`` rebuilds.
+#: Written by ``streamtrain run`` into its folder (:mod:`pipeline.jobs.run_record`): the run's
+#: options and what ``streamtrain serve`` and ``predict`` rebuild.
+RECORD_FILE = "run.json"
+#: Where runs before the record described their model (still read).
 MODEL_FILE = "model.json"
 
 
@@ -30,13 +33,10 @@ class WeightSource(Protocol):
     def latest(self) -> Snapshot | None: ...
 
 
-def write_description(folder: Path, spec: ModelSpec, schema: codec.Schema, name: str) -> None:
-    """Record what serving needs to rebuild the run's model: its spec, its records' schema
-    and its name."""
-    text = json.dumps({"name": name, "spec": json.loads(spec.to_json()), "schema": schema_dict(schema)})
-    tmp = folder / f".{MODEL_FILE}.tmp"
-    tmp.write_text(text)
-    tmp.replace(folder / MODEL_FILE)
+def description(spec: ModelSpec, schema: codec.Schema, name: str) -> dict[str, Any]:
+    """What serving needs to rebuild a run's model: its spec, its records' schema and its
+    name (the run's record holds them)."""
+    return {"name": name, "spec": json.loads(spec.to_json()), "schema": schema_dict(schema)}
 
 
 def schema_dict(schema: codec.Schema) -> dict[str, Any]:
@@ -65,14 +65,19 @@ def schema_from_dict(d: dict[str, Any]) -> codec.Schema:
 
 def read_description(folder: Path) -> tuple[str, ModelSpec, codec.Schema]:
     """The name, spec and schema ``streamtrain run`` recorded in ``folder``."""
-    path = folder / MODEL_FILE
+    path = folder / RECORD_FILE
+    if not path.is_file() and (folder / MODEL_FILE).is_file():
+        path = folder / MODEL_FILE  # a run older than the record
     try:
         d = json.loads(path.read_text())
         return str(d["name"]), ModelSpec.from_json(json.dumps(d["spec"])), schema_from_dict(d["schema"])
     except FileNotFoundError:
-        raise ConfigError(f"Expected a run folder with {MODEL_FILE} (written by streamtrain run since it serves "
-                          f"models). Received: {folder}, which has none; pass the folder a run wrote.") from None
-    except (ValueError, KeyError, TypeError) as e:
+        raise ConfigError(f"Expected a run folder with {RECORD_FILE} (written by streamtrain run once its model is "
+                          f"described). Received: {folder}, which has none; pass the folder a run wrote.") from None
+    except KeyError as e:
+        raise ConfigError(f"{path} does not describe the model yet (no {e}): the run stopped before its model was "
+                          "described; pass the folder of a run that trained.") from None
+    except (ValueError, TypeError) as e:
         raise ConfigError(f"{path} is unreadable ({e}); pass the folder of a run.") from None
 
 

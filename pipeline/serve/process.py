@@ -53,6 +53,9 @@ def check_serving(port: int, max_age_s: float | None, *, host: str) -> None:
         raise ConfigError(f"Expected --serve-max-age > 0 seconds. Received: {max_age_s}")
     if port:
         with socket.socket() as s:
+            # As the server itself binds (http.server's allow_reuse_address): a port whose last
+            # connections sit in TIME_WAIT after a stop is free to it, and must be to the check.
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
                 s.bind((host, port))
             except OSError as e:
@@ -87,7 +90,7 @@ def serve_live(job: dict[str, Any], answer: Any, stop: threading.Event) -> None:
     """The child's work: serve the live center of a run's parameter server until ``stop``.
 
     Args:
-        job: ``spec`` (JSON), ``schema`` and ``name`` (see :func:`predictor.write_description`),
+        job: ``spec`` (JSON), ``schema`` and ``name`` (see :func:`predictor.description`),
             ``address``, ``secret``, ``size``, ``host``, ``port``, ``token``, ``max_age_s``
             and ``refresh_s``.
         answer: sends :class:`Listening` once the server listens.

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.errors import DataError, StreamtrainError
+from pipeline.errors import ConfigError, DataError, StreamtrainError
 
 
 class CheckpointError(StreamtrainError):
@@ -82,6 +82,23 @@ def save(folder: str | os.PathLike[str], state: State) -> Path:
             f"committed, and the previous checkpoint is intact. Free space there (or fix the folder), then "
             f"continue with: streamtrain run --resume {folder}") from None
     return target
+
+
+def check_fits(state: State, size: int, folder: str | os.PathLike[str]) -> None:
+    """Refuse a checkpoint whose weights are not ``size`` (the model's), before anything is
+    loaded from it.
+
+    >>> import numpy as np
+    >>> check_fits(State(np.zeros(3, np.float32)), 5, "run")
+    Traceback (most recent call last):
+    ...
+    pipeline.errors.ConfigError: The checkpoint run/state.npz holds 3 weights, the model has 5: another model wrote it. Resume with that model (the run's --dataset and --model), or start a new run with another --out.
+    """
+    if state.weights.size != size:
+        raise ConfigError(
+            f"The checkpoint {Path(folder) / FILENAME} holds {state.weights.size:,} weights, the model has {size:,}: "
+            "another model wrote it. Resume with that model (the run's --dataset and --model), or start a new run "
+            "with another --out.")
 
 
 def load(folder: str | os.PathLike[str]) -> State | None:

@@ -233,7 +233,7 @@ class Table(Dataset):
         """Rows as they go on the wire: a numeric column's values as numbers (a CSV's are
         text), gaps as null; the rest as in the file."""
         t = self.table
-        numeric = [f.name for f in t.features if f.kind == "numeric"] + ([t.label.name] if t.regression else [])
+        numeric = [f.name for f in t.features if f.kind == "numeric"] + ([t.label.name] if t.label and t.regression else [])
         out = []
         for row in rows:
             row = {k: v for k, v in row.items() if k in self._names()}
