@@ -193,7 +193,8 @@ class Encoder:
         for col in self.columns:
             col.encode(columns.get(col.f.name, gaps), x, code, reasons)
         y = self._labels(columns, n, code, reasons)
-        return x.astype(np.float32), y, code
+        with np.errstate(over="ignore"):  # a rejected record's value may be beyond float32; it never trains
+            return x.astype(np.float32), y, code
 
     def _labels(self, columns: Mapping[str, Sequence[Any]], n: int, code: np.ndarray, reasons: Reasons) -> np.ndarray:
         label = self.schema.label
