@@ -332,7 +332,11 @@ def _start_zygote(stack: contextlib.ExitStack, out: Path) -> Zygote:
 
 def _describe(cfg: RunConfig, algorithm: Any, schema: Any, stack: contextlib.ExitStack, zygote: Zygote | None) -> Probe:
     """Start describing the model (the user's, or the data's default) and checking its contract."""
-    default = f"table:{schema.n_features}:{schema.num_classes}" if schema.table is not None else cfg.dataset
+    default = cfg.dataset
+    if schema.table is not None:
+        label = schema.table.label
+        default = f"table:{schema.n_features}:{schema.num_classes}" + (
+            f":{label.scale[0]}:{label.scale[1]}" if schema.regression else "")
     probe = Probe(cfg.model, default, optimizer=algorithm.worker_optimizer, loss=algorithm.loss,
                   folder=Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="streamtrain-model-"))),
                   zygote=zygote, expect=_contract(schema))

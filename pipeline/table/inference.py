@@ -30,6 +30,9 @@ MAX_VOCABULARY = 50
 HASH_BUCKETS = 64
 #: An integer label with at most this many distinct values is a class; beyond, a target.
 MAX_CLASSES = 20
+#: A column is numeric when at most this share of its values are not numbers (those are
+#: then data errors, rejected by name, rather than making the column categorical).
+MAX_NOT_NUMBERS = 0.02
 
 
 def infer(columns: Mapping[str, Sequence[Any]], *, label: str | None, regression: bool | None = None,
@@ -63,7 +66,7 @@ def _feature(name: str, values: Sequence[Any]) -> Feature:
     if present and all(_is_boolean(v) for v in present):
         return Feature(name, "boolean", fill=0.0)
     v, bad = numbers(values)
-    if not bad.any() and np.isfinite(v).any():
+    if bad.sum() <= MAX_NOT_NUMBERS * max(1, len(present)) and np.isfinite(v).any():
         finite = v[np.isfinite(v)]
         mean, std = float(finite.mean()), float(finite.std())
         return Feature(name, "numeric", fill=round(mean, 6), scale=(round(mean, 6), round(1.0 / std, 6) if std > 0 else 1.0))
@@ -89,7 +92,8 @@ def _label(name: str, values: Sequence[Any], regression: bool | None) -> Label:
         if not numeric:
             raise ConfigError(f"Expected numbers in the label column {name!r} for a numeric target. "
                               f"Received: {[x for x, b in zip(values, bad, strict=True) if b][:3]}.")
-        return Label(name)
+        spread = float(finite.std())
+        return Label(name, scale=(round(float(finite.mean()), 6), round(spread, 6) if spread > 0 else 1.0))
     classes = sorted({t for t in (text(x) for x in values) if t is not None},
                      key=lambda c: (float(c), c) if numeric else (0.0, c))
     if len(classes) < 2:

@@ -108,10 +108,12 @@ class Feature:
 @dataclasses.dataclass(frozen=True)
 class Label:
     """The target column: ``classes`` names the classes in index order; without them the
-    target is numeric (regression)."""
+    target is numeric (regression), ``scale`` its ``(center, spread)`` (the default model's
+    output layer is scaled by it, so it starts near the target's mean)."""
 
     name: str
     classes: tuple[str, ...] = ()
+    scale: tuple[float, float] = (0.0, 1.0)
 
     @property
     def regression(self) -> bool:
@@ -213,7 +215,7 @@ class TableSchema:
         out: dict[str, Any] = {"format": self.format, "features": features}
         if self.label is not None:
             out["label"] = ({"name": self.label.name, "classes": list(self.label.classes)} if self.label.classes
-                            else {"name": self.label.name, "kind": "numeric"})
+                            else {"name": self.label.name, "kind": "numeric", "scale": list(self.label.scale)})
         if self.csv_columns:
             out["csv_columns"] = list(self.csv_columns)
         if self.avro is not None:
@@ -252,7 +254,10 @@ class TableSchema:
             classes = tuple(str(c) for c in raw_label.get("classes") or ())
             if raw_label.get("kind", "numeric" if not classes else "class") == "numeric" and classes:
                 raise _fail("label", "classes, or kind numeric, not both", raw_label)
-            label = Label(raw_label["name"], classes)
+            scale = tuple(float(v) for v in raw_label.get("scale", (0.0, 1.0)))
+            if len(scale) != 2 or scale[1] <= 0:
+                raise _fail("label", "scale [center, spread] with a spread above 0", raw_label.get("scale"))
+            label = Label(raw_label["name"], classes, scale)
         return cls(tuple(features), label, format=d.get("format", "json"),
                    csv_columns=tuple(d.get("csv_columns") or ()), avro=d.get("avro"), registry=d.get("registry"))
 

@@ -45,25 +45,29 @@ def higgs_mlp() -> Any:
 DEFAULTS: dict[str, Callable[[], Any]] = {"mnist": mnist_cnn, "fashion-mnist": mnist_cnn, "higgs": higgs_mlp}
 
 
-def table_mlp(width: int, classes: int) -> Any:
-    """A user's table: an MLP sized from its encoded width, ``classes`` softmax outputs (a
-    linear one for a numeric target, ``classes`` 0)."""
+def table_mlp(width: int, classes: int, center: float = 0.0, spread: float = 1.0) -> Any:
+    """A user's table: an MLP sized from its encoded width, ``classes`` softmax outputs; for
+    a numeric target (``classes`` 0) one linear output in the target's units, scaled by its
+    ``center`` and ``spread`` so that training starts at the mean, not at 0."""
     import keras
 
     hidden = min(256, max(32, 4 * width))
+    head = ([keras.layers.Dense(classes, activation="softmax")] if classes else
+            [keras.layers.Dense(1), keras.layers.Rescaling(scale=spread, offset=center)])
     return keras.Sequential([
         keras.Input((width,)),
         keras.layers.Dense(hidden, activation="relu"),
         keras.layers.Dense(max(16, hidden // 2), activation="relu"),
-        keras.layers.Dense(classes, activation="softmax") if classes else keras.layers.Dense(1),
+        *head,
     ], name="table_mlp")
 
 
 def for_dataset(name: str) -> Any:
-    """A fresh default model for dataset ``name`` (``table:WIDTH:CLASSES`` for a user's table)."""
+    """A fresh default model for dataset ``name`` (``table:WIDTH:CLASSES[:CENTER:SPREAD]`` for
+    a user's table)."""
     if name.startswith("table:"):
-        _, width, classes = name.split(":")
-        return table_mlp(int(width), int(classes))
+        _, width, classes, *scale = name.split(":")
+        return table_mlp(int(width), int(classes), *(float(v) for v in scale))
     try:
         return DEFAULTS[name]()
     except KeyError:

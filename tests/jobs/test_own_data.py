@@ -1,0 +1,172 @@
+"""Training on your own data, end to end: the README's four commands as written (a CSV with
+strings and gaps, to served predictions on raw instances), a numeric target, topics that
+confluent-kafka's producer fills with JSON and Avro records, and the model's contract."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pipeline.table import TableSchema, encode_rows
+from pipeline.table.writers import encode_values
+from producers.datasets.table import SAMPLES, read_rows
+from tests.conftest import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+PENGUINS = SAMPLES / "penguins" / "penguins.csv"
+MODELS = Path(__file__).with_name("penguin_models.py")
+
+
+def _cli(*args: str, cwd: Path = ROOT, timeout: float = 400) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "pipeline", *args], capture_output=True, text=True, timeout=timeout,
+                          cwd=cwd)
+
+
+def _readme_commands() -> list[str]:
+    text = (ROOT / "README.md").read_text()
+    block = text.split("<!-- own-data:", 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
+    return [line for line in block.splitlines() if line.strip()]
+
+
+def _wait_http(url: str, proc: subprocess.Popen[str], timeout_s: float = 120) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, "the model server exited"
+        try:
+            urllib.request.urlopen(url, timeout=2)
+            return
+        except OSError:
+            time.sleep(0.5)
+    raise AssertionError(f"{url} did not answer in {timeout_s} s")
+
+
+@pytest.mark.slow  # a run and a model server
+def test_the_readmes_own_data_commands_run_as_written(tmp_path: Path) -> None:
+    """Proves: infer, run, serve and curl, exactly as the README says (the port a free one);
+    the served answer for a raw instance (strings included) is the saved model's on the
+    schema's transform of it."""
+    shutil.copy(PENGUINS, tmp_path / "penguins.csv")
+    commands = _readme_commands()
+    assert [c.split()[:2] for c in commands[:3]] == [["streamtrain", "schema"], ["streamtrain", "run"],
+                                                     ["streamtrain", "serve"]] and commands[3].startswith("curl")
+    port = str(free_port())
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    for line in commands[:2]:
+        done = subprocess.run(shlex.split(line), capture_output=True, text=True, timeout=400, cwd=tmp_path, env=env)
+        assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads((tmp_path / "runs/penguins/report.json").read_text())
+    assert report["final"]["accuracy"] > 0.9 and report["trained_records"] > 0 and report["rejected_records"] == 0
+    serve = shlex.split(commands[2].rstrip("& ").replace("8501", port))
+    proc = subprocess.Popen(serve, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_http(f"http://127.0.0.1:{port}/v1/models/penguins", proc)
+        curl = shlex.split(commands[3].replace("8501", port))
+        body = json.loads(curl[curl.index("-d") + 1])
+        if shutil.which("curl"):
+            answer = json.loads(subprocess.run(curl, capture_output=True, text=True, timeout=30, check=True).stdout)
+        else:  # the same request without curl
+            request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/models/penguins:predict",
+                                             data=json.dumps(body).encode())
+            answer = json.loads(urllib.request.urlopen(request, timeout=30).read())
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=30)
+    import keras
+
+    schema = TableSchema.load(tmp_path / "penguins.schema.json")
+    model = keras.models.load_model(tmp_path / "runs/penguins/model.keras", compile=False)
+    expected = model.predict(encode_rows(body["instances"], schema), verbose=0)
+    assert np.allclose(answer["predictions"], expected, atol=1e-5)
+    assert int(np.argmax(answer["predictions"][0])) == 2  # a heavy Biscoe male with a long bill: Gentoo
+
+
+@pytest.mark.slow
+def test_a_numeric_target_trains_and_reports_rmse(tmp_path: Path) -> None:
+    done = _cli("run", "--data", str(PENGUINS), "--label", "body_mass_g", "--epochs", "20",
+                "--out", str(tmp_path / "mass"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads((tmp_path / "mass/report.json").read_text())
+    assert report["algorithm"]["config"]["loss"] == "mean_squared_error"
+    assert set(report["final"]) == {"rmse", "mae"}
+    assert report["final"]["rmse"] < 800  # grams; the masses' own deviation is ~800
+    assert "held-out rmse" in done.stdout
+
+
+def _produce(bootstrap: str, topic: str, values: list[bytes]) -> None:
+    """Write records as a Kafka user would: confluent-kafka (librdkafka), keyed, compressed."""
+    from confluent_kafka import Producer
+
+    producer = Producer({"bootstrap.servers": bootstrap, "compression.type": "lz4", "linger.ms": 5})
+    for i, value in enumerate(values):
+        producer.produce(topic, value=value, key=f"penguin-{i}".encode())
+    assert producer.flush(30) == 0
+
+
+@pytest.mark.slow
+def test_topics_of_json_and_avro_records_written_by_confluent_kafka(broker, topic, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Proves: a topic fed by someone else trains by a schema (inferred from its first JSON
+    records, or given with the Avro writer's schema); the held-out share of keys scores
+    the model and is never trained; a bad record goes to dead letters naming its field."""
+    rows = [r for _, block, _ in read_rows(PENGUINS) for r in block]
+    from pipeline.table import infer
+    from producers.datasets.table import sample_columns
+
+    table = infer(sample_columns(PENGUINS), label="species")
+    bad = b'{"island": "Dream", "bill_length_mm": "long", "species": "Adelie"}'  # a word where a number goes
+    _produce(broker.bootstrap, topic, encode_values(rows, table) + [bad])
+    done = _cli("run", "--bootstrap", broker.bootstrap, "--topic", topic, "--format", "json", "--label", "species",
+                "--holdout", "0.2", "--max-batches", "1", "--out", str(tmp_path / "json"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads((tmp_path / "json/report.json").read_text())
+    held = re.search(r"held-out scores on (\d+) records", done.stderr)
+    assert held and 40 <= int(held.group(1)) <= 100, done.stderr[-2000:]
+    assert report["trained_records"] == 344 - int(held.group(1)) and report["rejected_records"] == 1
+    assert report["batches"][0]["rejected"] == {"not_a_number:bill_length_mm": 1}
+    assert report["final"]["accuracy"] > 0.5 and "auc" not in report["final"]
+    avro = table.with_format("avro")
+    (tmp_path / "avro.json").write_text(avro.to_json())
+    _produce(broker.bootstrap, topic + "-avro", encode_values(rows, avro))
+    done = _cli("run", "--bootstrap", broker.bootstrap, "--topic", topic + "-avro", "--schema",
+                str(tmp_path / "avro.json"), "--max-batches", "1", "--out", str(tmp_path / "avro"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads((tmp_path / "avro/report.json").read_text())
+    assert report["trained_records"] + report["rejected_records"] < 344 and report["rejected_records"] == 0
+
+
+@pytest.mark.slow  # starts a run that must stop as soon as the model is described
+def test_a_model_that_does_not_fit_the_table_is_refused_in_one_line(tmp_path: Path) -> None:
+    done = _cli("run", "--data", str(PENGUINS), "--label", "species", "--model", f"{MODELS}:wrong_outputs",
+                "--out", str(tmp_path / "bad"))
+    assert done.returncode == 2, done.stderr[-3000:]
+    last = done.stderr.strip().splitlines()[-1]
+    assert last == ("streamtrain: error: Expected a model with input [12] and 3 output unit(s) for penguins's 3 "
+                    "classes (12 encoded columns). Received: input [12] and 5 output unit(s). Change the model's "
+                    "Input or its last layer."), last
+    assert "Traceback" not in done.stderr and not (tmp_path / "bad").exists()
+
+
+@pytest.mark.slow
+def test_the_users_compile_is_kept(tmp_path: Path) -> None:
+    """A model compiled with SGD at learning rate 0 trains with exactly that: the start-up
+    says so, the report records it, and the weights do not move."""
+    done = _cli("run", "--data", str(PENGUINS), "--label", "species", "--model", f"{MODELS}:compiled_frozen",
+                "--epochs", "3", "--out", str(tmp_path / "frozen"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "training with the model's own compile: optimizer SGD, loss sparse_categorical_crossentropy" in done.stdout
+    report = json.loads((tmp_path / "frozen/report.json").read_text())
+    optimizer = report["algorithm"]["config"]["worker_optimizer"]
+    assert optimizer["class_name"] == "SGD" and optimizer["config"]["learning_rate"] == 0.0
+    accuracies = {b["heldout"]["accuracy"] for b in report["batches"] if b.get("heldout")} | {report["final"]["accuracy"]}
+    assert len(accuracies) == 1, accuracies
