@@ -2,7 +2,7 @@
 
 For dist-keras users moving over::
 
-    trainer = Trainer(model, algorithm="adag", num_workers=2, batch_size=128,
+    trainer = Trainer(model, algorithm="adag", num_workers=2, batch_size=128,   # default: "sync", as run
                       communication_window=5, num_epoch=1)
     model = trainer.train(dataframe)          # a Spark DataFrame: features + label columns
     model = trainer.train(x, y)               # or numpy arrays
@@ -67,6 +67,21 @@ def _train_in_process(kwargs: dict[str, Any]) -> TaskResult:
     return train_partition(**kwargs)
 
 
+def check_finite(values: np.ndarray, what: str) -> None:
+    """Refuse NaN or infinity, which would spread through the weights in one step.
+
+    >>> check_finite(np.array([[1.0, np.nan]]), "features")
+    Traceback (most recent call last):
+    ...
+    pipeline.errors.ConfigError: Expected finite features. Received 1 NaN or infinite value(s), the first in row 0; fill or drop them (a table's schema does: streamtrain schema infer).
+    """
+    bad = ~np.isfinite(np.asarray(values, np.float64))
+    if bad.any():
+        row = int(np.argwhere(bad)[0][0])
+        raise ConfigError(f"Expected finite {what}. Received {int(bad.sum())} NaN or infinite value(s), the first in "
+                          f"row {row}; fill or drop them (a table's schema does: streamtrain schema infer).")
+
+
 class Trainer:
     """Distributed training of a Keras model on static data.
 
@@ -90,7 +105,7 @@ class Trainer:
         self,
         model: Any,
         *,
-        algorithm: str | dict[str, Any] | algorithms.Algorithm = "adag",
+        algorithm: str | dict[str, Any] | algorithms.Algorithm = "sync",
         num_workers: int | None = None,
         batch_size: int | None = None,
         communication_window: int | None = None,
@@ -148,6 +163,9 @@ class Trainer:
     def _train_arrays(self, x: np.ndarray, y: np.ndarray) -> Any:
         if len(x) != len(y):
             raise ConfigError(f"Expected as many labels as examples. Received: {len(x)} examples, {len(y)} labels")
+        check_finite(x, "features")
+        if np.issubdtype(y.dtype, np.floating):
+            check_finite(y, "labels")
         workers = self.algorithm.num_workers
         threads = max(1, (os.cpu_count() or 1) // workers)
         job = uuid.uuid4().hex

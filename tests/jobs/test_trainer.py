@@ -78,3 +78,16 @@ def test_dist_keras_mnist_cnn_reaches_95_percent_with_two_workers(mnist) -> None
     trained = t.train(codec.MNIST.to_model_input(train.x), train.y)
     accuracy = float((trained.predict(codec.MNIST.to_model_input(test.x), verbose=0).argmax(1) == test.y).mean())
     assert accuracy > 0.95, accuracy
+
+
+def test_non_finite_features_are_refused_before_training() -> None:
+    """The batch API once trained silently on NaN (80% of a kernel became NaN); now one line,
+    and the default algorithm is the run's (synchronous SGD)."""
+    import keras
+
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(2, activation="softmax")])
+    trainer = Trainer(model, num_workers=1)
+    assert trainer.algorithm.name == "sync"
+    x = np.array([[1.0, 2.0], [np.nan, 0.0]], np.float32)
+    with pytest.raises(ConfigError, match="Expected finite features. Received 1 NaN or infinite value"):
+        trainer.train(x, np.array([0, 1]))
