@@ -52,9 +52,13 @@ def bare_consume(bootstrap: str, topic: str, n: int) -> float:
     return got / elapsed
 
 
-def stream_arm(spark: Any, bootstrap: str, topic: str, schema: codec.Schema, n: int, per_batch: int) -> tuple[float, list[float]]:
+def stream_arm(spark: Any, bootstrap: str, topic: str, schema: codec.Schema, n: int, per_batch: int,
+               handler: stream.Handler | None = None) -> tuple[float, list[float]]:
+    """Records/s of one topic through the StreamJob, and each batch's trigger-to-handler ms.
+    ``handler``: one the executors can unpickle (a script importing this module passes its
+    own, defined in its ``__main__``); default :class:`Count`."""
     with tempfile.TemporaryDirectory() as ckpt:
-        job = stream.StreamJob(spark, bootstrap=bootstrap, topics=[topic], schema=schema, handler=Count(),
+        job = stream.StreamJob(spark, bootstrap=bootstrap, topics=[topic], schema=schema, handler=handler or Count(),
                                checkpoint=ckpt, source="python", available_now=True,
                                max_offsets_per_trigger=per_batch, dead_letter_topic="")
         marks: list[float] = []

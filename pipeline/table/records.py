@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import csv
 import io
+import operator
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -75,9 +76,21 @@ def decode(values: Any, schema: TableSchema, *, registry: Any = None) -> codec.D
 Rows = tuple[dict[str, list[Any]], list[int], list[int], list[int]]
 
 
-def _columns_of(dicts: list[dict[str, Any]], schema: TableSchema) -> dict[str, list[Any]]:
+def _columns_of(dicts: list[dict[str, Any]], schema: TableSchema) -> dict[str, Any]:
+    """The records' fields by column. One C call per record picks every field at once
+    (``itemgetter``; a field-by-field ``dict.get`` cost 4x the JSON parse); a record
+    missing a field takes the slow path, the field a gap."""
     names = [f.name for f in schema.features] + ([schema.label.name] if schema.label else [])
-    return {n: [d.get(n) for d in dicts] for n in names}
+    if not dicts:
+        return {n: [] for n in names}
+    pick = operator.itemgetter(*names)
+    try:
+        rows = [pick(d) for d in dicts]
+    except KeyError:
+        rows = [tuple(d.get(n) for n in names) for d in dicts]
+    if len(names) == 1:
+        return {names[0]: rows}
+    return dict(zip(names, zip(*rows, strict=True), strict=True))
 
 
 def _json_rows(raw: list[bytes | None], schema: TableSchema, reasons: Reasons, _: Any) -> Rows:

@@ -1,0 +1,132 @@
+"""Benchmark: a user's table through the stream, as JSON and as Avro records, each against a
+bare decode loop of the same records with the same library in one process, in the same run.
+
+The table is the HIGGS sample's 28 features plus 3 categorical columns (5, 12 and 3
+values, drawn with a fixed seed), its label as a class name. Each format's records go
+into a topic of their own (by the replay, from a JSON lines file); the stream arm is
+bench/source.py's: the real StreamJob (Python Kafka source, local[2], availableNow,
+20,000-record micro-batches, a handler that only counts), so records/s include Kafka,
+Spark's triggers and the schema's transform into the model's input. The bare arm parses
+the very same values in a loop in this process (orjson.loads; fastavro's
+schemaless_reader), transforming nothing. ``binary_rps`` is the HIGGS binary records'
+stream in the same run, for scale.
+
+    .venv/bin/python bench/formats.py [--records 60000]
+
+Last line: ``formats json_rps=<n> json_ratio=<r> avro_rps=<n> avro_ratio=<r> binary_rps=<n>``
+(targets: both ratios >= 0.8).
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+from source import stream_arm  # noqa: E402
+
+from pipeline import cluster, codec  # noqa: E402
+from pipeline.ingest import microbatch as stream  # noqa: E402
+from pipeline.ingest.kafka import EmbeddedBroker  # noqa: E402
+from pipeline.table import TableSchema, infer  # noqa: E402
+from pipeline.table.writers import encode_values  # noqa: E402
+from producers import Replay, datasets  # noqa: E402
+
+CATEGORIES = {"channel": [f"c{i}" for i in range(5)], "region": [f"region-{i}" for i in range(12)],
+              "tier": ["gold", "silver", "bronze"]}
+
+
+class Count(stream.Handler):
+    """Counts the decoded records (defined here, in ``__main__``, so executors unpickle it by value)."""
+
+    def process(self, block: stream.Block) -> dict[str, int]:
+        return {"n": len(block.y), "width": int(block.x.shape[1])}
+
+
+def table_rows() -> list[dict[str, object]]:
+    """The HIGGS sample as rows of named fields, with three categorical columns."""
+    higgs = datasets.get("higgs").load("train")
+    rng = np.random.default_rng(7)
+    rows = []
+    for x, y in zip(higgs.x.tolist(), higgs.y.tolist(), strict=True):
+        row: dict[str, object] = {f"f{i}": round(v, 6) for i, v in enumerate(x)}
+        row.update({name: values[rng.integers(len(values))] for name, values in CATEGORIES.items()})
+        row["label"] = "signal" if y else "background"
+        rows.append(row)
+    return rows
+
+
+def bare_rps(values: list[bytes], fmt: str, table: TableSchema, repeats: int = 3) -> float:
+    """The best of ``repeats`` plain decode loops over ``values`` in this process."""
+    if fmt == "json":
+        import orjson
+
+        def one() -> None:
+            for v in values:
+                orjson.loads(v)
+    else:
+        from fastavro import parse_schema, schemaless_reader
+
+        writer = parse_schema(table.avro)
+
+        def one() -> None:
+            for v in values:
+                schemaless_reader(io.BytesIO(v), writer, None)
+    best = float("inf")
+    for _ in range(repeats):
+        started = time.perf_counter()
+        one()
+        best = min(best, time.perf_counter() - started)
+    return len(values) / best
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--records", type=int, default=60_000)
+    ap.add_argument("--per-batch", type=int, default=20_000)
+    args = ap.parse_args()
+    rows = table_rows()
+    table = infer({k: [r[k] for r in rows] for k in rows[0]}, label="label")
+    n = args.records
+    with tempfile.TemporaryDirectory() as tmp, EmbeddedBroker() as broker:
+        file = Path(tmp) / "higgs-table.jsonl"
+        file.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        schemas = {}
+        for fmt in ("json", "avro"):
+            data = datasets.Table(file, schema=table.with_format(fmt), holdout=0.0, name=f"higgs-{fmt}")
+            Replay(data, bootstrap=broker.bootstrap, topic=f"table-{fmt}", partitions=2, loop=True, limit=n).run()
+            schemas[fmt] = data.schema
+        Replay(datasets.get("higgs"), bootstrap=broker.bootstrap, topic="binary", partitions=2, loop=True,
+               limit=n).run()
+        spark = cluster.session("local[2]", app="bench-formats")
+        try:
+            stream_arm(spark, broker.bootstrap, "binary", codec.HIGGS, n, args.per_batch, Count())  # warm-up
+            binary, _ = stream_arm(spark, broker.bootstrap, "binary", codec.HIGGS, n, args.per_batch, Count())
+            print(f"binary: stream {binary:,.0f} records/s", flush=True)
+            results = {}
+            for fmt, schema in schemas.items():
+                rps, _ = stream_arm(spark, broker.bootstrap, f"table-{fmt}", schema, n, args.per_batch, Count())
+                values = encode_values(rows, schema.table)
+                values = (values * (n // len(values) + 1))[:n]
+                bare = bare_rps(values, fmt, schema.table)
+                results[fmt] = (rps, bare)
+                print(f"{fmt}: stream {rps:,.0f} records/s decoded and transformed on executors; bare decode loop "
+                      f"{bare:,.0f} records/s; ratio {rps / bare:.2f}", flush=True)
+        finally:
+            cluster.stop(spark)
+    (json_rps, json_bare), (avro_rps, avro_bare) = results["json"], results["avro"]
+    print(f"formats json_rps={json_rps:.0f} json_ratio={json_rps / json_bare:.2f} avro_rps={avro_rps:.0f} "
+          f"avro_ratio={avro_rps / avro_bare:.2f} binary_rps={binary:.0f}")
+
+
+if __name__ == "__main__":
+    main()
