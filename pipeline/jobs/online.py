@@ -332,6 +332,8 @@ def _start_zygote(stack: contextlib.ExitStack, out: Path) -> Zygote:
 
 def _describe(cfg: RunConfig, algorithm: Any, schema: Any, stack: contextlib.ExitStack, zygote: Zygote | None) -> Probe:
     """Start describing the model (the user's, or the data's default) and checking its contract."""
+    from pipeline.jobs import user_data
+
     default = cfg.dataset
     if schema.table is not None:
         label = schema.table.label
@@ -339,7 +341,7 @@ def _describe(cfg: RunConfig, algorithm: Any, schema: Any, stack: contextlib.Exi
             f":{label.scale[0]}:{label.scale[1]}" if schema.regression else "")
     probe = Probe(cfg.model, default, optimizer=algorithm.worker_optimizer, loss=algorithm.loss,
                   folder=Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="streamtrain-model-"))),
-                  zygote=zygote, expect=_contract(schema))
+                  zygote=zygote, expect=user_data.contract(schema))
     stack.callback(probe.cancel)
     return probe
 
@@ -358,16 +360,6 @@ def use_compiled(algo: Any, spec: Any) -> bool:
         return False
     algo.worker_optimizer, algo.loss = spec.optimizer, spec.loss
     return True
-
-
-def _contract(schema: Any) -> dict[str, Any]:
-    """What the model must take and give for this data (checked when it is described)."""
-    if schema.table is not None:
-        what = (f"{schema.name}'s numeric target ({schema.n_features} encoded columns)" if schema.regression else
-                f"{schema.name}'s {schema.num_classes} classes ({schema.n_features} encoded columns)")
-        return {"input": list(schema.input_shape), "outputs": max(1, schema.num_classes), "what": what}
-    return {"input": list(schema.input_shape), "outputs": schema.num_classes,
-            "what": f"{schema.name} ({schema.num_classes} classes)"}
 
 
 def _table_job(data: Any) -> dict[str, Any] | None:

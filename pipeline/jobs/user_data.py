@@ -44,6 +44,16 @@ def resolve(cfg: RunConfig, data_dir: Path) -> Any:
     return datasets.get(cfg.dataset, data_dir=data_dir)
 
 
+def contract(schema: Any) -> dict[str, Any]:
+    """What the model must take and give for this data (checked when it is described)."""
+    if schema.table is not None:
+        what = (f"{schema.name}'s numeric target ({schema.n_features} encoded columns)" if schema.regression else
+                f"{schema.name}'s {schema.num_classes} classes ({schema.n_features} encoded columns)")
+        return {"input": list(schema.input_shape), "outputs": max(1, schema.num_classes), "what": what}
+    return {"input": list(schema.input_shape), "outputs": schema.num_classes,
+            "what": f"{schema.name} ({schema.num_classes} classes)"}
+
+
 class TopicTable:
     """A topic of a user's records, read by a schema (given, or inferred from its first records).
 
