@@ -44,6 +44,10 @@ from producers import datasets
 @click.option("--out", type=click.Path(file_okay=False), help="Output folder (default: runs/DATASET-TIME).")
 @click.option("--resume", "resume_dir", type=click.Path(file_okay=False),
               help="Continue the run in this folder after a stop or crash.")
+@click.option("--generation", type=int, metavar="BATCH",
+              help="With --resume: go back to this kept checkpoint (a batch id; the error that offers it names it).")
+@click.option("--keep-checkpoints", type=int, default=3, show_default=True,
+              help="Checkpoint generations kept beside state.npz (for --generation).")
 @click.option("--resume-if-exists", is_flag=True,
               help="With --out: continue the run there if it has a checkpoint, else start it (for services "
                    "that a supervisor restarts).")

@@ -106,13 +106,15 @@ class Run:
     def execute(self) -> RunReport:
         from producers import datasets
 
-        prior = _check_out(self.cfg, self.out)
-        data = datasets.get(self.cfg.dataset, data_dir=self._data_dir())  # its files, before anything starts
-        self.display.startup(f"{self.cfg.dataset} found; starting Kafka, the replay, Spark and the model in parallel")
         created = not self.out.exists()
         self.out.mkdir(parents=True, exist_ok=True)
         try:
-            return self._execute(prior, data)
+            with checkpoint.lock(self.out):
+                prior = _check_out(self.cfg, self.out)
+                data = datasets.get(self.cfg.dataset, data_dir=self._data_dir())  # its files, before anything starts
+                self.display.startup(f"{self.cfg.dataset} found; starting Kafka, the replay, Spark and the model in "
+                                     "parallel")
+                return self._execute(prior, data)
         except ConfigError:
             # A model that fails to build (found once it is built, in parallel with the
             # start-up) leaves no folder behind, as a bad option found earlier does.
@@ -236,13 +238,14 @@ class Run:
         server = self._server = parameter_server(
             self.algorithm, spec, state.weights, host=cluster.driver_host(spark), port=self.settings.ps_port,
             shared_memory=self.settings.ps_shared_memory, on_request=self.metrics.on_ps_request,
-            clock=state.clock, optimizer=state.optimizer)
+            on_refusal=self.metrics.on_ps_refusal, clock=state.clock, optimizer=state.optimizer)
         self.metrics.restore_clock(state.clock)
         stack.enter_context(server)
+        log.info("parameter server at %s:%d", server.host, server.port)
         self._driver = TrainDriver(
             server, state, folder=self.out, releaser=self._release, started=self._started,
             sync_slots=self._cores if self.algorithm.synchronous else 0, fault=self.settings.fault,
-            on_row=self.display.on_row, on_skip=lambda _: self.metrics.skipped())
+            on_row=self.display.on_row, on_skip=lambda _: self.metrics.skipped(), keep=cfg.keep_checkpoints)
         serving = self._serving(stack, spec, data.schema, server)
         handler = TrainHandler(
             spec=spec, algorithm=algorithms.serialize(self.algorithm),
@@ -322,7 +325,10 @@ def _check_out(cfg: RunConfig, out: Path) -> checkpoint.State | None:
     """Check the output folder and Kafka fit the options; the checkpoint to resume."""
     from pipeline.ingest.kafka import client
 
-    prior = checkpoint.load(out) if cfg.resume else None
+    if cfg.generation is not None:
+        prior: checkpoint.State | None = checkpoint.rewind(out, cfg.generation, out / "spark-checkpoint")
+    else:
+        prior = checkpoint.load(out) if cfg.resume else None
     if cfg.resume and prior is None:
         raise ConfigError(f"Nothing to resume in {out}: no {checkpoint.FILENAME} there.")
     if not cfg.resume and (out / checkpoint.FILENAME).exists():

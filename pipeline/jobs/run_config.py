@@ -35,6 +35,8 @@ class RunConfig:
     model: str | None = None
     out: str | None = None
     resume: bool = False
+    generation: int | None = None  # with resume: go back to this kept checkpoint (its batch id)
+    keep_checkpoints: int = 3  # checkpoint generations kept beside state.npz
     max_offsets_per_trigger: int = 20_000
     isolation_level: str = "read_committed"  # Kafka's; read_uncommitted also trains aborted transactions
     eval_every: int = 5
@@ -70,6 +72,10 @@ class RunConfig:
             self._check_cluster()
         if self.resume and not self.out:
             raise ConfigError("--resume needs the run's output folder.")
+        if self.generation is not None and not self.resume:
+            raise ConfigError(f"--generation {self.generation} needs --resume DIR, the run to go back in.")
+        if self.keep_checkpoints < 1:
+            raise ConfigError(f"Expected --keep-checkpoints >= 1. Received: {self.keep_checkpoints}")
         if self.model is not None:
             from pipeline.train.probe import check_source
 

@@ -30,6 +30,8 @@ class RunMetrics:
         m.records_aborted.labels(topic)
         for reason in codec.REASONS:
             m.records_rejected.labels(reason)
+        for reason in metrics.PS_REFUSALS:
+            m.ps_refusals.labels(reason)
         for activity in ("compute", "exchange"):
             m.worker_seconds.labels(activity)
         self.restore_clock(clock)
@@ -41,6 +43,9 @@ class RunMetrics:
 
     def on_ps_request(self, op: str, seconds: float) -> None:
         self.meters.ps_request_duration.labels(op).observe(seconds)
+
+    def on_ps_refusal(self, reason: str) -> None:
+        self.meters.ps_refusals.labels(reason).inc()
 
     def on_lag(self, lag: dict[TopicPartition, int]) -> None:
         for (topic, part), n in lag.items():

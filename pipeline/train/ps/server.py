@@ -46,8 +46,9 @@ class ParameterServer:
         state: the update rule's own state (an object with ``server_state()`` and
             ``load_server_state(dict)``, such as an algorithm with a server-side
             optimizer), read by :meth:`checkpoint` under the same lock as the center.
-        on_request: called with the operation's name and its seconds on the server
-            after each answered request (for metrics); it must be cheap and thread-safe.
+        on_request, on_refusal: called with the operation's name and its seconds after each
+            answered request, and with the reason of each refusal (for metrics); cheap, thread-safe.
+        max_norm: refuse a push of a larger L2 norm (None: what float32 squares hold, ~1.8e19).
         shared_memory: offer workers on this machine a shared-memory file instead
             of the socket for payloads (:mod:`pipeline.train.ps.shm`); they fall back to
             TCP when they cannot map it.
@@ -74,7 +75,8 @@ class ParameterServer:
         keep_pulled: bool = False,
         sync_workers: int = 0,
         sync_timeout_s: float = 30.0,
-        on_request: Callable[[str, float], None] | None = None,
+        on_request: Callable[[str, float], None] | None = None, on_refusal: Callable[[str], None] | None = None,
+        max_norm: float | None = None,
         state: Any = None,
         shared_memory: bool = True,
         clock: int = 0,
@@ -87,7 +89,7 @@ class ParameterServer:
         self.rule = rule
         self.keep_pulled = keep_pulled
         self.clock = clock
-        self.on_request = on_request
+        self.on_request, self.on_refusal, self.max_norm = on_request, on_refusal, max_norm
         self.state = state
         self._lock = threading.Lock()
         self._rounds = (Rounds(self.size, workers=sync_workers, lock=self._lock, apply_mean=self._apply_round,
@@ -242,6 +244,8 @@ class ParameterServer:
     def count_refusal(self, reason: str) -> None:
         with self._lock:
             self._stats.refuse(reason)
+        if self.on_refusal is not None:
+            self.on_refusal(reason)
 
     def count_op(self, op: str) -> None:
         with self._lock:
