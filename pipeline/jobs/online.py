@@ -107,13 +107,17 @@ class Run:
         from producers import datasets
 
         created = not self.out.exists()
-        self.out.mkdir(parents=True, exist_ok=True)
         try:
-            with checkpoint.lock(self.out):
+            with contextlib.ExitStack() as held:  # the folder locked before its checkpoint is read
+                if not created:
+                    held.enter_context(checkpoint.lock(self.out))
                 prior = _check_out(self.cfg, self.out)
                 data = datasets.get(self.cfg.dataset, data_dir=self._data_dir())  # its files, before anything starts
                 self.display.startup(f"{self.cfg.dataset} found; starting Kafka, the replay, Spark and the model in "
                                      "parallel")
+                self.out.mkdir(parents=True, exist_ok=True)
+                if created:
+                    held.enter_context(checkpoint.lock(self.out))
                 return self._execute(prior, data)
         except ConfigError:
             # A model that fails to build (found once it is built, in parallel with the

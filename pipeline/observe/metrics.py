@@ -22,7 +22,7 @@ _INTEGER_BUCKETS = (0.0, *(b for k in (1, 2, 3, 4, 6, 8, 12, 16, 32, 64) for b i
 
 
 #: Why the parameter server refuses a connection or a request (each a series from the start).
-PS_REFUSALS = ("auth", "busy", "frame", "idle", "nonfinite", "order", "size", "truncated")
+PS_REFUSALS = ("auth", "busy", "frame", "handshake", "idle", "nonfinite", "order", "size", "truncated")
 
 
 @dataclasses.dataclass(frozen=True)
