@@ -312,6 +312,10 @@ def _parse_batch(data: bytes | memoryview, buf: np.ndarray, first: int, stop: in
                  log_append_ts: int, start: int, end: int) -> Records:
     """The records of one batch, ``data[first:stop]`` after its header (``buf``: the same
     bytes as numpy, padded), whose offsets fall in ``[start, end)``."""
+    # A record takes 7 bytes at least (its length, attributes, two deltas, key and value
+    # lengths, header count): the header's count sizes nothing its bytes cannot hold.
+    if not 0 <= count <= (stop - first) // 7:
+        raise BrokerError(f"corrupt batch: it declares {count:,} records in {stop - first:,} bytes")
     starts = _record_starts(data, first, count, stop)
     _, size = _varints(buf, starts, 5)  # the record length
     at = starts + size + 1  # skip the attributes byte

@@ -1,0 +1,103 @@
+"""Poison from Kafka: a peer that answers with absurd frame sizes or garbage, and batches
+whose headers claim more than their bytes hold. Each is one error naming topic, partition
+and offset, and no allocation follows what the bytes say."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import struct
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from pipeline.errors import BrokerError
+from pipeline.ingest.kafka.fetch import RangeReader, _string
+from pipeline.ingest.kafka.record_batch import UnreadableBatch, parse_batches
+from tests.ingest import raw_batches
+
+TOPIC = "poison"
+
+
+def _metadata(port: int) -> bytes:
+    """A Metadata v4 response: this peer leads partition 0 of TOPIC."""
+    return (struct.pack(">i", 0) + struct.pack(">i", 1) + struct.pack(">i", 1) + _string("127.0.0.1")
+            + struct.pack(">i", port) + _string(None) + _string(None) + struct.pack(">i", 1)
+            + struct.pack(">i", 1) + struct.pack(">h", 0) + _string(TOPIC) + b"\x00"
+            + struct.pack(">i", 1) + struct.pack(">hii", 0, 0, 1) + struct.pack(">ii", 0, 0))
+
+
+@contextlib.contextmanager
+def _peer(fetch_reply: bytes) -> Iterator[int]:
+    """A loopback peer that answers Metadata as a Kafka broker and every Fetch with
+    ``fetch_reply`` (its frame length and all, the correlation id patched in after the length
+    where the reply is long enough to hold one)."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    stop = threading.Event()
+
+    def serve(conn: socket.socket) -> None:
+        with conn:
+            while not stop.is_set():
+                head = conn.recv(4, socket.MSG_WAITALL)
+                if len(head) < 4:
+                    return
+                request = conn.recv(struct.unpack(">i", head)[0], socket.MSG_WAITALL)
+                api, correlation = struct.unpack_from(">h", request)[0], request[4:8]
+                if api == 3:
+                    body = correlation + _metadata(port)
+                    conn.sendall(struct.pack(">i", len(body)) + body)
+                else:
+                    reply = fetch_reply[:4] + correlation + fetch_reply[8:] if len(fetch_reply) >= 8 else fetch_reply
+                    conn.sendall(reply)
+
+    def accept() -> None:
+        listener.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                continue
+            threading.Thread(target=serve, args=(conn,), daemon=True).start()
+
+    t = threading.Thread(target=accept, daemon=True)
+    t.start()
+    try:
+        yield port
+    finally:
+        stop.set()
+        t.join(5)
+        listener.close()
+
+
+@pytest.mark.parametrize("reply, message", [
+    (struct.pack(">i", -1), "declares -1 bytes"),
+    (struct.pack(">i", 0x7FFFFFFF), "declares 2147483647 bytes"),
+    # A topic name longer than the response, then fields past its end.
+    (struct.pack(">i", 22) + bytes(4) + struct.pack(">ihiih", 0, 0, 0, 1, 30000) + b"x" * 2,
+     "Fetch response for poison-0 at offset 5 is malformed"),
+], ids=["negative", "2GiB", "garbage"])
+def test_a_peer_that_is_not_kafka_is_one_error_and_no_allocation(reply: bytes, message: str) -> None:
+    """Proves: a response frame declaring a negative size or 2 GiB, and a Fetch response of
+    garbage, are one BrokerError naming what is wrong (the partition and offset where it
+    applies): no ValueError, no 2 GiB buffer."""
+    with _peer(reply) as port:
+        reader = RangeReader(f"127.0.0.1:{port}", timeout_s=2)
+        try:
+            with pytest.raises(BrokerError, match=message):
+                list(reader.read(TOPIC, 0, 5, 10))
+        finally:
+            reader.close()
+
+
+def test_a_batch_header_that_claims_more_records_than_its_bytes_hold_is_unreadable() -> None:
+    """Proves: a batch (valid CRC) whose header says 100 million records in a few bytes is
+    unreadable at its offset before any array is sized by that count."""
+    raw = bytearray(raw_batches.batch([(b"k", b"v")], base_offset=3))
+    struct.pack_into(">i", raw, 57, 100_000_000)  # the record count, inside the CRC's span
+    import crc32c
+
+    struct.pack_into(">I", raw, 17, crc32c.crc32c(bytes(raw[21:])))
+    with pytest.raises(UnreadableBatch, match="batch at offset 3 .* declares 100,000,000 records in"):
+        parse_batches(bytes(raw), start=0, end=1 << 40)
