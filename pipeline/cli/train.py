@@ -61,6 +61,9 @@ from producers import datasets
 @click.option("--isolation-level", default="read_committed", show_default=True,
               help="Kafka's: read_committed trains no record of an aborted transaction; read_uncommitted "
                    "trains every record written.")
+@click.option("--on-poison", type=click.Choice(["fail", "skip"]), default="fail", show_default=True,
+              help="A record batch that cannot be read (corrupt, unknown codec): stop with one line (fail), or pass "
+                   "over it (skip): its offsets and cause go to the report, a metric and the dead-letter topic.")
 @click.option("--eval-every", type=int, default=5, show_default=True,
               help="Score the held-out split every this many micro-batches (and at the end).")
 @click.option("--metrics-port", type=int, default=0, show_default=True, help="Port of /metrics (0: a free port).")

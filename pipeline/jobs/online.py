@@ -153,7 +153,7 @@ class Run:
                 spark, bootstrap=bootstrap, topics=[self.topic], schema=data.schema,
                 checkpoint=self.out / "spark-checkpoint", max_offsets_per_trigger=cfg.max_offsets_per_trigger,
                 min_partitions=cfg.workers, on_lag=self.metrics.on_lag, isolation_level=cfg.isolation_level,
-                on_unreadable=self.metrics.on_unreadable)
+                on_unreadable=self.metrics.on_unreadable, on_poison=cfg.on_poison)
 
             def prepare() -> None:
                 # While the query starts (seconds of its source's set-up and planning): the
@@ -304,7 +304,7 @@ class Run:
             parameter_server={k: ps_stats.get(k) for k in ("ops", "shared_memory", "refused")},
             parallelism={"workers": self.cfg.workers, "task_slots": self._cores,
                          "concurrent_replicas": min(self.cfg.workers, self._cores)},
-            aborted_records=history.aborted(),
+            aborted_records=history.aborted(), poison=history.poison,
         )
 
 

@@ -38,6 +38,7 @@ class RunConfig:
     generation: int | None = None  # with resume: go back to this kept checkpoint (its batch id)
     keep_checkpoints: int = 3  # checkpoint generations kept beside state.npz
     max_offsets_per_trigger: int = 20_000
+    on_poison: str = "fail"  # a batch the reader cannot read: stop (fail) or pass over it (skip)
     isolation_level: str = "read_committed"  # Kafka's; read_uncommitted also trains aborted transactions
     eval_every: int = 5
     eval_max: int = 10_000
@@ -57,6 +58,8 @@ class RunConfig:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ConfigError(f"Expected --{name.replace('_', '-')} >= 1. Received: {value}")
+        if self.on_poison not in ("fail", "skip"):
+            raise ConfigError(f"Expected --on-poison fail or skip. Received: {self.on_poison!r}")
         if self.isolation_level not in ("read_committed", "read_uncommitted"):
             raise ConfigError("Expected --isolation-level read_committed or read_uncommitted. "
                               f"Received: {self.isolation_level!r}")

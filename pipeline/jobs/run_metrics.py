@@ -28,6 +28,7 @@ class RunMetrics:
         m.records_ingested.labels(topic)
         m.records_trained.labels(topic)
         m.records_aborted.labels(topic)
+        m.records_poisoned.labels(topic)
         for reason in codec.REASONS:
             m.records_rejected.labels(reason)
         for reason in metrics.PS_REFUSALS:
@@ -68,6 +69,7 @@ class RunMetrics:
         m.records_ingested.labels(self.topic).inc(info.rows)
         m.records_trained.labels(self.topic).inc(row.trained)
         m.records_aborted.labels(self.topic).inc(info.aborted)
+        m.records_poisoned.labels(self.topic).inc(info.poisoned)
         for reason, n in info.rejects.items():
             m.records_rejected.labels(reason).inc(n)
         m.batches.inc()

@@ -68,6 +68,7 @@ class TrainingMetrics:
     records_trained: Counter
     records_rejected: Counter
     records_aborted: Counter
+    records_poisoned: Counter
     unreadable_batches: Counter
     batches: Counter
     batches_skipped: Counter
@@ -100,6 +101,9 @@ def training_metrics() -> TrainingMetrics:
         records_aborted=Counter("streamtrain_stream_records_aborted_total",
                                 "Records of aborted transactions left unread (read_committed).", ["topic"],
                                 registry=reg),
+        records_poisoned=Counter("streamtrain_stream_records_poisoned_total",
+                                 "Offsets of unreadable record batches passed over (--on-poison skip).", ["topic"],
+                                 registry=reg),
         unreadable_batches=Counter("streamtrain_stream_unreadable_batches_total",
                                    "Record batches the reader could not read (codec, record format, corrupt), "
                                    "which stopped the stream.", ["topic", "partition"], registry=reg),

@@ -114,7 +114,11 @@ class TrainDriver:
         state = self.state
         state.weights, state.clock, state.last_batch_id, state.optimizer = weights, clock, info.batch_id, optimizer
         state.ledger = ledger.add(state.ledger, info.batch_id, info.ranges)
-        state.extra = {"trained": self.trained + row.trained}
+        # The batches passed over as unreadable (--on-poison skip) stay with the checkpoint:
+        # their offsets are accounted for, as skipped, across resumes.
+        poison = list(state.extra.get("poison", [])) + [
+            [info.batch_id, p.topic, p.partition, p.first, p.last, p.cause] for p in info.poison]
+        state.extra = {"trained": self.trained + row.trained, **({"poison": poison} if poison else {})}
         checkpoint.save(self.folder, state, keep=self.keep)
         row.checkpoint_ms = round((time.perf_counter() - began) * 1000, 2)
         if self.releaser is not None:

@@ -5,6 +5,7 @@ and offset, and no allocation follows what the bytes say."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import socket
 import struct
 import threading
@@ -101,3 +102,75 @@ def test_a_batch_header_that_claims_more_records_than_its_bytes_hold_is_unreadab
     struct.pack_into(">I", raw, 17, crc32c.crc32c(bytes(raw[21:])))
     with pytest.raises(UnreadableBatch, match="batch at offset 3 .* declares 100,000,000 records in"):
         parse_batches(bytes(raw), start=0, end=1 << 40)
+
+
+def _log_with_poison() -> bytes:
+    """Offsets 0-1 readable, 2-4 a zstd batch whose payload is not zstd (CRC valid), 5-6
+    readable."""
+    return (raw_batches.batch([(b"k", b"a")] * 2, base_offset=0)
+            + raw_batches.batch([(b"k", b"b")] * 3, codec=4, payload=b"\x28\xb5\x2f\xfd not zstd", base_offset=2)
+            + raw_batches.batch([(b"k", b"c")] * 2, base_offset=5))
+
+
+def test_skip_passes_over_an_unreadable_batch_and_counts_its_offsets_and_cause() -> None:
+    """Proves: with on_poison="skip" the records around an unreadable batch are read, the
+    batch's offsets and cause are counted, and the offset to fetch next is past it; "fail"
+    (the default) still stops at it."""
+    from pipeline.ingest.kafka.record_batch import Skipped
+
+    skipped = Skipped()
+    found, next_offset = parse_batches(_log_with_poison(), start=1, end=7, skipped=skipped, on_poison="skip")
+    assert [int(o) for rec in found for o in rec.offsets] == [1, 5, 6] and next_offset == 7
+    assert skipped.poisoned == 3 and [p[:2] for p in skipped.poison] == [(2, 4)]
+    assert "zstd batch: corrupt data" in skipped.poison[0][2]
+    with pytest.raises(UnreadableBatch, match="batch at offset 2"):
+        parse_batches(_log_with_poison(), start=0, end=7)
+
+
+def test_a_stream_with_on_poison_skip_goes_on_and_sets_the_batch_aside(spark, broker, topic, tmp_path,  # type: ignore[no-untyped-def]
+                                                                     consume) -> None:
+    """Proves: a real stream (Spark, the embedded broker) over a partition holding an
+    unreadable batch goes on with --on-poison skip: the records around it are handled,
+    the batch's figures carry its offsets and cause, and the dead-letter topic gets one
+    note of it (reason poison, its first and last offset), before the batch commits."""
+    from pipeline.ingest import dead_letters
+    from pipeline.ingest.kafka import client
+    from pipeline.ingest.offsets import PassedOver
+    from tests.ingest.test_stream import _job
+
+    client.ensure_topic(broker.bootstrap, topic, partitions=1)
+    assert raw_batches.produce(broker.bootstrap, topic, 0, _log_with_poison()) == 0
+    job = _job(spark, broker, topic, tmp_path / "ckpt", available_now=True, on_poison="skip")
+    try:
+        job.run(timeout_s=120)
+    finally:
+        dead_letters.close()
+    assert sum(b.rows for b in job.batches) == 4
+    [passed] = [p for b in job.batches for p in b.poison]
+    assert (passed.topic, passed.partition, passed.first, passed.last) == (topic, 0, 2, 4)
+    assert isinstance(passed, PassedOver) and "zstd batch: corrupt data" in passed.cause
+    assert sum(b.poisoned for b in job.batches) == 3
+    letters = consume(f"{topic}.dlq", 5)
+    notes = [dict(r.headers) for r in letters if dict(r.headers).get("streamtrain.reason") == b"poison"]
+    assert [(n["streamtrain.offset"], n["streamtrain.last"]) for n in notes] == [(b"2", b"4")], letters
+
+
+def test_a_passed_over_batch_reaches_the_row_the_report_and_prometheus() -> None:
+    """Proves: a batch's passed-over batches go to its row (and batches.jsonl), the run's
+    history (report.json's "poison"), and streamtrain_stream_records_poisoned_total."""
+    from pipeline.ingest.microbatch import BatchFigures
+    from pipeline.ingest.offsets import OffsetRange, PassedOver
+    from pipeline.jobs.report import History
+    from pipeline.jobs.run_metrics import RunMetrics
+    from pipeline.train.rows import BatchRow
+
+    passed = PassedOver(TOPIC, 0, 2, 4, "Cannot inflate a zstd batch: corrupt data")
+    info = BatchFigures(7, [OffsetRange(TOPIC, 0, 0, 7)], rows=4, poisoned=3, poison=[passed])
+    row = BatchRow.from_batch(info, t=1.0, clock=3)
+    assert row.poison == [passed] and row.to_dict()["poison"] == [dataclasses.asdict(passed)]
+    history = History()
+    history.add(row, ended_at=1.0)
+    assert history.poison == [passed]
+    run = RunMetrics(dataset="mnist", algorithm="sync", topic=TOPIC, workers=1)
+    run.on_batch(info, row)
+    assert run.meters.registry.get_sample_value("streamtrain_stream_records_poisoned_total", {"topic": TOPIC}) == 3

@@ -344,11 +344,12 @@ class RangeReader:
             time.sleep(0.1)
 
     def read(self, topic: str, partition: int, start: int, end: int, *,
-             skipped: Skipped | None = None) -> Iterator[Records]:
+             skipped: Skipped | None = None, on_poison: str = "fail") -> Iterator[Records]:
         """Yield :class:`Records` covering ``[start, end)`` in order; raises :class:`BrokerError`
         if the range cannot be read within the timeout (:class:`OffsetOutOfRange` if its
         first records are gone, :class:`UnreadableRange` for a batch that cannot be read).
-        Aborted transactions' records (read_committed) and markers are added to ``skipped``."""
+        Aborted transactions' records (read_committed) and markers are added to ``skipped``,
+        and with ``on_poison="skip"`` the batches that cannot be read, passed over."""
         position, max_bytes = start, self.max_partition_bytes
         committed = self._isolation == 1
         deadline = time.monotonic() + self.timeout_s
@@ -365,7 +366,8 @@ class RangeReader:
             try:
                 found, next_offset = parse_batches(
                     records, start=position, end=end, aborted=got.aborted if committed else None,
-                    skipped=skipped, max_batch_bytes=self.max_batch_bytes) if records else ([], position)
+                    skipped=skipped, max_batch_bytes=self.max_batch_bytes,
+                    on_poison=on_poison) if records else ([], position)
             except UnreadableBatch as e:
                 raise UnreadableRange(topic, partition, e) from None
             if found:
