@@ -62,6 +62,7 @@ class Live:
     """A broker, a looping producer and a trainer on ``TOPIC``, in ``folder``."""
 
     def __init__(self, folder: Path, *, rate: float, trainer_args: tuple[str, ...] = ()) -> None:
+        folder.mkdir(parents=True, exist_ok=True)
         self.s = soak.Soak(0, rate, folder)
         self.folder, self.out, self.extra = folder, self.s.out, list(trainer_args)
         self.broker = self.s.start_broker()
@@ -71,9 +72,9 @@ class Live:
         self.s.procs.append(self.producer)
         self.trainer = self.start(resume=False)
 
-    def start(self, *, resume: bool, more: tuple[str, ...] = ()) -> Proc:
+    def start(self, *, resume: bool, more: tuple[str, ...] = (), name: str = "trainer") -> Proc:
         where = ["--resume", str(self.out)] if resume else ["--out", str(self.out)]
-        t = Proc("trainer", ["run", "--dataset", "higgs", "--bootstrap", self.s.bootstrap, "--topic", TOPIC,
+        t = Proc(name, ["run", "--dataset", "higgs", "--bootstrap", self.s.bootstrap, "--topic", TOPIC,
                              "--max-offsets-per-trigger", "2000", "--eval-every", "1000000", *where, *self.extra,
                              *more], self.folder)
         self.s.procs.append(t)
@@ -101,8 +102,10 @@ class Live:
         return "\n".join(p.read_text(errors="replace") for p in self.folder.glob("*.out"))
 
     def stop(self) -> None:
-        for p in self.s.procs:
-            p.signal(signal.SIGINT if p is self.trainer else signal.SIGTERM, timeout_s=60)
+        # SIGTERM, as a supervisor stops it (PySpark's own SIGINT handler prints py4j's
+        # tracebacks when Ctrl-C lands inside a Spark call, which is no fault of these).
+        for p in reversed(self.s.procs):  # the trainer and producer before their broker
+            p.signal(signal.SIGTERM, timeout_s=60)
 
 
 def _find(text: str, pattern: str) -> str:
@@ -120,15 +123,15 @@ def checkpoint_fault(folder: Path, args: Any) -> dict[str, Any]:
     try:
         live.wait("first micro-batch trained")
         time.sleep(20)
-        live.trainer.signal(signal.SIGINT)
+        live.trainer.signal(signal.SIGKILL)  # a crash; then the disk damages the newest checkpoint
         state = live.out / "state.npz"
         state.write_bytes(state.read_bytes()[: state.stat().st_size // 2])
-        refused = live.start(resume=True)
+        refused = live.start(resume=True, name="refused")
         refused.p.wait(120)
         text = refused.text()
         generation = _find(text, r"--generation (\d+)")
         one_line = refused.p.returncode != 0 and "Traceback" not in text and "is damaged: truncated" in text
-        live.start(resume=True, more=("--generation", generation))
+        live.start(resume=True, more=("--generation", generation), name="resumed")
         live.wait("first micro-batch trained")
         lost, dup = live.drain_and_check()
     finally:
@@ -263,13 +266,13 @@ def poison_kafka(folder: Path, args: Any) -> dict[str, Any]:
         _poison(live.s.bootstrap, 0)
         time.sleep(15)
         lost, dup = live.drain_and_check()
-        live.trainer.signal(signal.SIGINT)
-        poison = json.loads((live.out / "report.json").read_text())["poison"]
+        live.trainer.signal(signal.SIGTERM)
+        rows = [json.loads(line) for line in (live.out / "batches.jsonl").read_text().splitlines()]
+        poison = [p for row in rows for p in row.get("poison", [])]
         skipped_ok = len(poison) == 1 and poison[0]["last"] - poison[0]["first"] == 2
         tracebacks = live.logs().count("Traceback")
     finally:
         live.stop()
-    (folder / "fail").mkdir()
     live = Live(folder / "fail", rate=args.rate)
     try:
         live.wait("first micro-batch trained")

@@ -60,6 +60,9 @@ class TaskFigures:
         aborted: records of aborted transactions in the range, not read (read_committed).
         poisoned: offsets of unreadable batches passed over (``--on-poison skip``), and
             ``poison``: each of those batches.
+        unreadable: the one line of a batch that stopped the range (``--on-poison fail``),
+            returned rather than raised: an expected stop is no executor failure with a
+            traceback in Spark's log.
     """
 
     range: OffsetRange
@@ -74,6 +77,7 @@ class TaskFigures:
     aborted: int = 0
     poisoned: int = 0
     poison: list[PassedOver] = dataclasses.field(default_factory=list)
+    unreadable: str | None = None
 
     def to_json(self) -> str:
         """The figures as JSON (how they leave an Arrow task)."""

@@ -20,7 +20,7 @@ from pipeline import cluster, codec
 from pipeline.errors import StreamtrainError
 from pipeline.ingest import dead_letters, offsets, sources
 from pipeline.ingest.decode import TaskFigures, decode_range
-from pipeline.ingest.kafka.fetch import isolation_id
+from pipeline.ingest.kafka.fetch import UnreadableRange, isolation_id
 from pipeline.ingest.kafka.record_batch import Skipped
 from pipeline.ingest.offsets import OffsetRange, PassedOver
 from pipeline.ingest.reader import read_range
@@ -132,9 +132,12 @@ class BatchTasks:
 
             def task(r: OffsetRange) -> TaskFigures:
                 skipped = Skipped()
-                figures = decode_range(read_range(bootstrap, r, isolation_level=isolation, skipped=skipped,
-                                                  on_poison=on_poison),
-                                       schema=schema, handler=handler, planned=r, dead_letter=dead)
+                try:
+                    figures = decode_range(read_range(bootstrap, r, isolation_level=isolation, skipped=skipped,
+                                                      on_poison=on_poison),
+                                           schema=schema, handler=handler, planned=r, dead_letter=dead)
+                except UnreadableRange as e:
+                    return TaskFigures(r, 0, 0, 0, {}, 0.0, 0.0, None, None, unreadable=str(e))
                 figures.aborted, figures.poisoned = skipped.aborted, skipped.poisoned
                 figures.poison = [PassedOver(r.topic, r.partition, *p) for p in skipped.poison]
                 if figures.poison and dead is not None:  # before the batch commits, as rejects are
@@ -142,10 +145,13 @@ class BatchTasks:
                 return figures
 
             try:
-                return cluster.run_on_executors(self.spark, ranges, task,
-                                                description=f"streamtrain batch {batch_id}")
+                done = cluster.run_on_executors(self.spark, ranges, task, description=f"streamtrain batch {batch_id}")
             except Exception as e:
                 raise executor_error(e) or e from None
+            for f in done:
+                if f.unreadable is not None:
+                    raise UnreadableRange.from_message(f.unreadable) or StreamtrainError(f.unreadable)
+            return done
 
         def arrow_task(batches: Iterator[Any]) -> Iterator[Any]:
             import pyarrow as pa
