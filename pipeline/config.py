@@ -67,6 +67,9 @@ class Settings(BaseSettings):
     serve_host: str = "127.0.0.1"
     #: The bearer token the model server asks for (never on the command line).
     serve_token: SecretStr | None = None
+    #: A file holding that token (what compose's generated secrets volume gives); read when
+    #: ``serve_token`` is not set.
+    serve_token_file: Path | None = None
     #: A Grafana API token (``GRAFANA_TOKEN``), used instead of the URL's user and password.
     grafana_token: SecretStr | None = Field(default=None, validation_alias="GRAFANA_TOKEN")
     #: Spark's and Java's homes, as Spark's own launcher reads them.

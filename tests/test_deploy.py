@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -108,3 +109,66 @@ def test_service_commands_are_valid_streamtrain_commands(cluster_stack: dict[str
     command = cli.cli.get_command(group_ctx, args[0])
     assert command is not None
     command.make_context(args[0], list(args[1:]))
+
+
+def test_the_stack_ships_no_secret_and_no_open_door(stack: dict[str, Any]) -> None:
+    """Proves: no secret has a default in the stack (the model server's token and Grafana's
+    admin password are files the first start generates, in volumes); Grafana lets no
+    anonymous viewer in; Prometheus's lifecycle API (remote shutdown) is off."""
+    services = stack["services"]
+    init = services["spark-secret"]["command"]
+    trainer = services["trainer"]["environment"]
+    assert "STREAMTRAIN_SERVE_TOKEN" not in trainer
+    assert trainer["STREAMTRAIN_SERVE_TOKEN_FILE"] in init
+    grafana = services["grafana"]["environment"]
+    assert "GF_SECURITY_ADMIN_PASSWORD" not in grafana
+    assert grafana["GF_SECURITY_ADMIN_PASSWORD__FILE"].replace("/run/grafana-secret", "/grafana-secret") in init
+    assert grafana["GF_AUTH_ANONYMOUS_ENABLED"] == "false"
+    assert services["grafana"]["depends_on"]["spark-secret"]["condition"] == "service_completed_successfully"
+    mounts = {(v["source"], v["target"]) for v in services["grafana"]["volumes"] if v["type"] == "volume"}
+    assert ("grafana-secret", "/run/grafana-secret") in mounts
+    assert not any("lifecycle" in arg for arg in services["prometheus"]["command"])
+    values = [str(v) for s in services.values() for v in (s.get("environment") or {}).values()]
+    assert not {"admin", "streamtrain"} & set(values), values
+
+
+def test_the_secrets_command_generates_each_secret_once(tmp_path: Path) -> None:
+    """Proves: `streamtrain secrets` writes a random Spark secret, serve token and Grafana
+    password (owner-only but Grafana's), keeps them on a second start, and two deployments
+    get different ones."""
+    import stat
+
+    def generate(folder: Path) -> dict[str, tuple[str, int]]:
+        folder.mkdir(exist_ok=True)
+        files = {"spark-conf": folder / "spark.conf", "serve-token": folder / "token",
+                 "grafana-password": folder / "grafana"}
+        args = [a for flag, path in files.items() for a in (f"--{flag}", str(path))]
+        done = subprocess.run([sys.executable, "-m", "pipeline", "secrets", *args], cwd=ROOT, capture_output=True,
+                              text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        return {k: (p.read_text(), stat.S_IMODE(p.stat().st_mode)) for k, p in files.items()}
+
+    first = generate(tmp_path / "a")
+    assert {k: mode for k, (_, mode) in first.items()} == {"spark-conf": 0o600, "serve-token": 0o600,
+                                                          "grafana-password": 0o644}
+    assert all(len(text.strip()) >= 64 for k, (text, _) in first.items() if k != "spark-conf")
+    assert generate(tmp_path / "a") == first
+    other = generate(tmp_path / "b")
+    assert all(other[k][0] != first[k][0] for k in first)
+
+
+def test_the_model_server_reads_its_token_from_a_file(tmp_path: Path) -> None:
+    """Proves: STREAMTRAIN_SERVE_TOKEN_FILE gives the model server its token; an empty or
+    missing file is one clear error."""
+    from pipeline.config import Settings
+    from pipeline.errors import ConfigError
+    from pipeline.serve.process import host_and_token
+
+    token = tmp_path / "token"
+    token.write_text("abc123\n")
+    assert host_and_token(Settings(serve_host="0.0.0.0", serve_token_file=token)) == ("0.0.0.0", "abc123")
+    token.write_text("")
+    with pytest.raises(ConfigError, match="Received: an empty file"):
+        host_and_token(Settings(serve_host="0.0.0.0", serve_token_file=token))
+    with pytest.raises(ConfigError, match="readable file"):
+        host_and_token(Settings(serve_host="0.0.0.0", serve_token_file=tmp_path / "missing"))

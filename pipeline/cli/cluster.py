@@ -1,4 +1,5 @@
-"""`streamtrain spark-master`, `spark-worker` and `cluster-conf`: a Spark standalone cluster."""
+"""`streamtrain spark-master`, `spark-worker`, `cluster-conf` and `secrets`: a Spark standalone
+cluster, and a deployment's generated secrets."""
 
 from __future__ import annotations
 
@@ -63,3 +64,23 @@ def cluster_conf(path: str, keep: bool) -> None:
         return
     click.echo(f"wrote {security.write_conf(path)}: start the master and workers with --properties-file {path}, "
                f"and pass --spark-conf {path} to streamtrain run")
+
+
+@cli.command("secrets")
+@click.option("--spark-conf", type=click.Path(dir_okay=False), help="The cluster's Spark properties (mode 0600).")
+@click.option("--serve-token", type=click.Path(dir_okay=False), help="The model server's bearer token (mode 0600).")
+@click.option("--grafana-password", type=click.Path(dir_okay=False),
+              help="Grafana's admin password (mode 0644: Grafana runs as another user; keep it in a volume only "
+                   "Grafana mounts).")
+def secrets_(spark_conf: str | None, serve_token: str | None, grafana_password: str | None) -> None:
+    """Generate a deployment's secrets on its first start; files already there are kept."""
+    from pipeline.cluster import security
+
+    if spark_conf:
+        kept = Path(spark_conf).is_file()
+        if not kept:
+            security.write_conf(spark_conf)
+        click.echo(f"{spark_conf}: {'kept' if kept else 'written'}")
+    for path, mode in ((serve_token, 0o600), (grafana_password, 0o644)):
+        if path:
+            click.echo(f"{path}: {'written' if security.write_secret(path, mode=mode) else 'kept'}")

@@ -47,6 +47,10 @@ from producers import datasets
               help="Continue the run in this folder after a stop or crash, with the options it recorded "
                    f"({run_record.RECORD_FILE}). Given again, an option that defines the run must agree; these may "
                    f"change between sessions: {run_record.may_change()}.")
+@click.option("--generation", type=int, metavar="BATCH",
+              help="With --resume: go back to this kept checkpoint (a batch id; the error that offers it names it).")
+@click.option("--keep-checkpoints", type=int, default=3, show_default=True,
+              help="Checkpoint generations kept beside state.npz (for --generation).")
 @click.option("--resume-if-exists", is_flag=True,
               help="With --out: continue the run there if it has a checkpoint, else start it (for services "
                    "that a supervisor restarts).")
@@ -60,6 +64,9 @@ from producers import datasets
 @click.option("--isolation-level", default="read_committed", show_default=True,
               help="Kafka's: read_committed trains no record of an aborted transaction; read_uncommitted "
                    "trains every record written.")
+@click.option("--on-poison", type=click.Choice(["fail", "skip"]), default="fail", show_default=True,
+              help="A record batch that cannot be read (corrupt, unknown codec): stop with one line (fail), or pass "
+                   "over it (skip): its offsets and cause go to the report, a metric and the dead-letter topic.")
 @click.option("--eval-every", type=int, default=5, show_default=True,
               help="Score the held-out split every this many micro-batches (and at the end).")
 @click.option("--metrics-port", type=int, default=0, show_default=True, help="Port of /metrics (0: a free port).")

@@ -122,3 +122,22 @@ def write_conf(path: str | Path) -> Path:
         f.write("# streamtrain: Spark RPC authentication and encryption. Keep this file secret.\n")
         f.write("\n".join(lines) + "\n")
     return path
+
+
+def write_secret(path: str | Path, *, mode: int = 0o600) -> bool:
+    """Write a fresh random token (32 bytes, hex) to ``path`` with ``mode``, unless a non-empty
+    file is there already (a deployment's later starts keep theirs); whether one was written."""
+    path = Path(path)
+    if path.is_file() and path.stat().st_size:
+        return False
+    tmp = path.with_name(f".{path.name}.new")
+    tmp.unlink(missing_ok=True)
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+    except OSError as e:
+        raise ConfigError(f"Cannot write {path} ({e.strerror}).") from None
+    with os.fdopen(fd, "w") as f:
+        f.write(secrets.token_hex(32) + "\n")
+    os.chmod(tmp, mode)  # whatever the umask
+    tmp.replace(path)
+    return True

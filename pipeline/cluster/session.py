@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shlex
 import sys
+import tempfile
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -30,6 +34,11 @@ def session(master: str = "local[*]", *, app: str = "streamtrain", conf: dict[st
       query's data-source helpers) are forked from it, their imports done
       (:mod:`pipeline.cluster.zygote`).
 
+    * Secret settings (``spark.authenticate.secret``, any ``*.password``, ``*.secret`` or
+      ``*.token``) reach the JVM through a properties file only this user reads, removed
+      once the JVM has read it: PySpark passes every other setting to spark-submit as
+      ``--conf k=v``, readable in ``/proc/PID/cmdline`` by every local user.
+
     ``conf`` adds to or overrides these settings; its ``spark.driver.extraJavaOptions``
     come after streamtrain's, so they win.
     """
@@ -44,6 +53,7 @@ def session(master: str = "local[*]", *, app: str = "streamtrain", conf: dict[st
     from pyspark.sql import SparkSession
 
     conf = dict(conf or {})
+    hidden = {k: conf.pop(k) for k in list(conf) if is_secret(k)}
     java = ["-Xss16m", "-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC", "-Xms64m"]
     if SparkContext._gateway is None:  # a JVM is about to start (not one already running)
         from pipeline.cluster import jvmcache
@@ -70,7 +80,8 @@ def session(master: str = "local[*]", *, app: str = "streamtrain", conf: dict[st
     if zygote is not None:
         os.environ.update(dict.fromkeys(pythons, zygote.python()))
     try:
-        spark = builder.getOrCreate()
+        with _properties_file(hidden):
+            spark = builder.getOrCreate()
     finally:
         os.environ.update(pythons)
     spark.sparkContext.setLogLevel("WARN")
@@ -84,6 +95,39 @@ def session(master: str = "local[*]", *, app: str = "streamtrain", conf: dict[st
                    "org.apache.spark.sql.execution.streaming.ResolveWriteToStream"):
         log4j.core.config.Configurator.setLevel(logger, log4j.Level.ERROR)
     return spark
+
+
+def is_secret(key: str) -> bool:
+    """Whether a Spark setting holds a secret (kept off command lines).
+
+    >>> is_secret("spark.authenticate.secret"), is_secret("spark.ssl.keyPassword"), is_secret("spark.app.name")
+    (True, True, False)
+    """
+    last = key.rsplit(".", 1)[-1].lower()
+    return last.endswith(("secret", "password", "token"))
+
+
+@contextlib.contextmanager
+def _properties_file(props: dict[str, str]) -> Iterator[None]:
+    """While the JVM starts, ``PYSPARK_SUBMIT_ARGS`` names a mode-0600 properties file of
+    ``props`` in a mode-0700 folder; both are gone afterwards (spark-submit read the file)."""
+    if not props:
+        yield
+        return
+    before = os.environ.get("PYSPARK_SUBMIT_ARGS")
+    with tempfile.TemporaryDirectory(prefix="streamtrain-spark-") as folder:  # mkdtemp: mode 0700
+        path = os.path.join(folder, "secret.conf")
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write("".join(f"{k} {v}\n" for k, v in props.items()))
+        os.environ["PYSPARK_SUBMIT_ARGS"] = f"--properties-file {shlex.quote(path)} {before or 'pyspark-shell'}"
+        try:
+            yield
+        finally:
+            if before is None:
+                os.environ.pop("PYSPARK_SUBMIT_ARGS", None)
+            else:
+                os.environ["PYSPARK_SUBMIT_ARGS"] = before
 
 
 def quiet_query_failure(spark: Any) -> None:

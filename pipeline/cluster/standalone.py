@@ -63,12 +63,21 @@ def command(role: str, *, host: str, port: int, properties: str | None, master: 
     return args + ([target] if role == "worker" else [])
 
 
+#: Java options of every master: Spark's REST submission server (port 6066) ignores
+#: ``spark.authenticate`` and would run any job sent to it. A system property wins over
+#: the properties file, so no file turns it back on.
+MASTER_OPTS = "-Dspark.master.rest.enabled=false"
+
+
 def exec_(args: list[str], host: str) -> None:
     """Replace this process with ``args`` (the pid stays: a supervisor stops the JVM by it),
-    Spark binding ``host``'s address (its RPC and its web UI alike) and advertising ``host``."""
+    Spark binding ``host``'s address (its RPC and its web UI alike) and advertising ``host``;
+    a master without its REST submission server."""
     import socket
 
     env = {**os.environ, "SPARK_HOME": str(spark_home())}
+    if "org.apache.spark.deploy.master.Master" in args:
+        env["SPARK_MASTER_OPTS"] = f"{env.get('SPARK_MASTER_OPTS', '')} {MASTER_OPTS}".strip()
     env.setdefault("SPARK_LOCAL_HOSTNAME", host)
     try:
         env.setdefault("SPARK_LOCAL_IP", socket.gethostbyname(host))

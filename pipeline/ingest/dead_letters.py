@@ -11,12 +11,14 @@ from __future__ import annotations
 from typing import Any
 
 from pipeline.errors import BrokerError
+from pipeline.ingest.offsets import PassedOver
 
 #: bootstrap -> producer, one per Python worker process.
 _PRODUCERS: dict[str, Any] = {}
 
 
-def send(bootstrap: str, topic: str, records: dict[str, list[Any]], reasons: list[str]) -> None:
+def send(bootstrap: str, topic: str, records: dict[str, list[Any]], reasons: list[str], *,
+         extra: list[list[tuple[str, bytes]]] | None = None) -> None:
     """Send rejected records, original bytes and key, with the reason and origin as headers.
 
     Args:
@@ -25,6 +27,7 @@ def send(bootstrap: str, topic: str, records: dict[str, list[Any]], reasons: lis
         records: the rejected records' columns (``key``, ``value``, ``topic``,
             ``partition``, ``offset``), as Arrow's ``to_pydict`` gives them.
         reasons: why each was rejected (:data:`pipeline.codec.REASONS`).
+        extra: more headers for each record.
     """
     from kafka import KafkaProducer
 
@@ -39,6 +42,7 @@ def send(bootstrap: str, topic: str, records: dict[str, list[Any]], reasons: lis
     for i, reason in enumerate(reasons):
         origin = {k: str(records[k][i]).encode() for k in ("topic", "partition", "offset")}
         headers = [("streamtrain.reason", reason.encode())] + [(f"streamtrain.{k}", v) for k, v in origin.items()]
+        headers += extra[i] if extra else []
         try:
             futures.append(producer.send(topic, value=records["value"][i], key=records["key"][i], headers=headers))
         except KafkaError as e:  # refused before sending (too large, no metadata in time)
@@ -49,6 +53,18 @@ def send(bootstrap: str, topic: str, records: dict[str, list[Any]], reasons: lis
     if errors:
         raise BrokerError(f"{len(errors)} of {len(reasons)} rejected records could not be set aside to {topic} "
                           f"({errors[0]}); the micro-batch fails and is replayed, so none is lost.")
+
+
+def send_poison(bootstrap: str, topic: str, batches: list[PassedOver]) -> None:
+    """Set aside a note of each unreadable batch passed over (``--on-poison skip``): no value
+    (its bytes could not be read), the reason ``poison``, its origin (the first offset), and
+    ``streamtrain.last`` and ``streamtrain.cause`` headers."""
+    records: dict[str, list[Any]] = {"key": [None] * len(batches), "value": [b""] * len(batches),
+                                     "topic": [b.topic for b in batches], "partition": [b.partition for b in batches],
+                                     "offset": [b.first for b in batches]}
+    send(bootstrap, topic, records, ["poison"] * len(batches),
+         extra=[[("streamtrain.last", str(b.last).encode()), ("streamtrain.cause", b.cause.encode())]
+                for b in batches])
 
 
 def close() -> None:

@@ -13,7 +13,7 @@ import numpy as np
 
 from pipeline import codec
 from pipeline.ingest import dead_letters
-from pipeline.ingest.offsets import OffsetRange
+from pipeline.ingest.offsets import OffsetRange, PassedOver
 
 if TYPE_CHECKING:
     from pipeline.ingest.microbatch import Handler
@@ -58,6 +58,11 @@ class TaskFigures:
         freshness_s: median seconds from the records' event time to the end of the handler.
         result: what :meth:`Handler.process` returned.
         aborted: records of aborted transactions in the range, not read (read_committed).
+        poisoned: offsets of unreadable batches passed over (``--on-poison skip``), and
+            ``poison``: each of those batches.
+        unreadable: the one line of a batch that stopped the range (``--on-poison fail``),
+            returned rather than raised: an expected stop is no executor failure with a
+            traceback in Spark's log.
     """
 
     range: OffsetRange
@@ -70,6 +75,9 @@ class TaskFigures:
     freshness_s: float | None
     result: Any
     aborted: int = 0
+    poisoned: int = 0
+    poison: list[PassedOver] = dataclasses.field(default_factory=list)
+    unreadable: str | None = None
 
     def to_json(self) -> str:
         """The figures as JSON (how they leave an Arrow task)."""
@@ -83,7 +91,7 @@ class TaskFigures:
         """Read :meth:`to_json` back; the result as ``result_type(**result)`` when given."""
         d = json.loads(text)
         result = d.pop("result")
-        return cls(**{**d, "range": OffsetRange(*d["range"]),
+        return cls(**{**d, "range": OffsetRange(*d["range"]), "poison": [PassedOver(**p) for p in d["poison"]],
                       "result": result_type(**result) if result_type and result is not None else result})
 
 

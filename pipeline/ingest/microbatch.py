@@ -26,7 +26,7 @@ from pipeline.ingest import offsets, sources
 from pipeline.ingest.decode import Block, TaskFigures
 from pipeline.ingest.kafka.fetch import UnreadableRange
 from pipeline.ingest.lag import LagMonitor
-from pipeline.ingest.offsets import OffsetRange, TopicPartition
+from pipeline.ingest.offsets import OffsetRange, PassedOver, TopicPartition
 from pipeline.ingest.tasks import BatchTasks
 
 log = logging.getLogger(__name__)
@@ -84,6 +84,8 @@ class BatchFigures:
     accepted: int = 0
     rejects: dict[str, int] = dataclasses.field(default_factory=dict)
     aborted: int = 0
+    poisoned: int = 0
+    poison: list[PassedOver] = dataclasses.field(default_factory=list)  # unreadable batches passed over
     decode_s: float = 0.0
     handler_s: float = 0.0
     batch_s: float = 0.0
@@ -102,6 +104,8 @@ class BatchFigures:
             info.bytes += f.bytes
             info.accepted += f.accepted
             info.aborted += f.aborted
+            info.poisoned += f.poisoned
+            info.poison += f.poison
             info.decode_s += f.decode_s
             info.handler_s += f.handler_s
             for reason, n in f.rejects.items():
@@ -160,6 +164,7 @@ class StreamJob:
             handled batch) per topic partition, so that it moves while batches are slow or stalled.
         isolation_level: Kafka's, ``read_committed`` (the default) or ``read_uncommitted``.
         on_unreadable: called with a batch's :class:`UnreadableRange` and the lag it leaves.
+        on_poison: a batch that cannot be read stops the stream (``fail``) or is passed over (``skip``).
     """
 
     def __init__(
@@ -180,7 +185,7 @@ class StreamJob:
         dead_letter_topic: str | None = None,
         on_lag: Callable[[dict[TopicPartition, int]], None] | None = None,
         isolation_level: str = "read_committed",
-        on_unreadable: Callable[[UnreadableRange, dict[TopicPartition, int]], None] | None = None,
+        on_unreadable: Callable[[UnreadableRange, dict[TopicPartition, int]], None] | None = None, on_poison: str = "fail",
     ) -> None:
         if not topics:
             raise ConfigError("Expected at least one topic to read.")
@@ -191,14 +196,13 @@ class StreamJob:
         self.checkpoint = str(Path(checkpoint).resolve())
         self.source_kind = sources.choose(spark, source)
         self.trigger_s, self.available_now = trigger_s, available_now
-        self.max_offsets_per_trigger = max_offsets_per_trigger
-        self.min_partitions = min_partitions or 0
+        self.max_offsets_per_trigger, self.min_partitions = max_offsets_per_trigger, min_partitions or 0
         self.starting_offsets = starting_offsets
         self.dead_letter_topic = f"{topics[0]}.dlq" if dead_letter_topic is None else dead_letter_topic
         self._tasks = BatchTasks(spark, bootstrap=bootstrap, schema=schema, handler=self.handler,
                                  checkpoint=self.checkpoint, python_source=self.source_kind == "python",
                                  min_partitions=self.min_partitions, dead_letter_topic=self.dead_letter_topic,
-                                 isolation_level=isolation_level)
+                                 isolation_level=isolation_level, on_poison=on_poison)
         self.on_lag, self.on_unreadable = on_lag, on_unreadable
         logging.getLogger("py4j.clientserver").addFilter(_PY4J_FILTER)  # once: a filter is added only once
         #: The figures of the last :data:`KEEP_BATCHES` batches handled (a job that never stops

@@ -23,6 +23,18 @@ TopicPartition = tuple[str, int]
 
 
 @dataclasses.dataclass(frozen=True)
+class PassedOver:
+    """An unreadable record batch passed over (``--on-poison skip``): its offsets
+    ``[first, last]`` inside a task's range, and why it could not be read."""
+
+    topic: str
+    partition: int
+    first: int
+    last: int
+    cause: str
+
+
+@dataclasses.dataclass(frozen=True)
 class OffsetRange(InputPartition):
     """Records ``[start, end)`` of one topic partition: one Spark task.
 

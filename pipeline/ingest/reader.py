@@ -51,11 +51,13 @@ def gone(topic: str, partition: int, first: int, last: int | None = None) -> Bro
 
 
 def read_range(bootstrap: str, r: OffsetRange, *, fail_on_data_loss: bool = True, timeout_s: float = 60.0,
-               isolation_level: str = "read_committed", skipped: Skipped | None = None) -> Iterator[Any]:
+               isolation_level: str = "read_committed", skipped: Skipped | None = None,
+               on_poison: str = "fail") -> Iterator[Any]:
     """Yield Arrow record batches (:data:`pipeline.ingest.columns.NAMES`) holding exactly
     the records ``[r.start, r.end)`` that a consumer of ``isolation_level`` reads (with
     ``read_committed``, none of an aborted transaction's). The raw reader adds to
-    ``skipped`` what it left out of the range (aborted records, transaction markers)."""
+    ``skipped`` what it left out of the range (aborted records, transaction markers, and with
+    ``on_poison="skip"`` batches it cannot read; the consumer fallback always stops at those)."""
     from pipeline.ingest.kafka.fetch import OffsetOutOfRange, RangeReader
 
     if config.settings().kafka_reader == "consumer":
@@ -71,7 +73,7 @@ def read_range(bootstrap: str, r: OffsetRange, *, fail_on_data_loss: bool = True
     skipped = skipped if skipped is not None else Skipped()
     position = r.start
     try:
-        for records in reader.read(r.topic, r.partition, r.start, r.end, skipped=skipped):
+        for records in reader.read(r.topic, r.partition, r.start, r.end, skipped=skipped, on_poison=on_poison):
             # Only the range's head: gaps inside it are compaction or transaction markers.
             # The first batch the range reached says where its head is, aborted or not.
             first = skipped.first if skipped.first is not None else int(records.offsets[0])

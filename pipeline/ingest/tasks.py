@@ -18,11 +18,11 @@ from typing import TYPE_CHECKING, Any
 
 from pipeline import cluster, codec
 from pipeline.errors import StreamtrainError
-from pipeline.ingest import offsets, sources
+from pipeline.ingest import dead_letters, offsets, sources
 from pipeline.ingest.decode import TaskFigures, decode_range
-from pipeline.ingest.kafka.fetch import isolation_id
+from pipeline.ingest.kafka.fetch import UnreadableRange, isolation_id
 from pipeline.ingest.kafka.record_batch import Skipped
-from pipeline.ingest.offsets import OffsetRange
+from pipeline.ingest.offsets import OffsetRange, PassedOver
 from pipeline.ingest.reader import read_range
 
 if TYPE_CHECKING:
@@ -92,12 +92,15 @@ class BatchTasks:
         min_partitions: split ranges so a batch has at least this many tasks.
         dead_letter_topic: where rejected records go ("" for nowhere).
         isolation_level: ``read_committed`` or ``read_uncommitted``, as Kafka's consumer.
+        on_poison: ``fail`` (a batch that cannot be read stops the stream) or ``skip`` (it
+            is passed over: its offsets and cause counted, and sent to the dead-letter topic).
     """
 
     def __init__(self, spark: Any, *, bootstrap: str, schema: codec.Schema, handler: Handler, checkpoint: str,
                  python_source: bool, min_partitions: int, dead_letter_topic: str,
-                 isolation_level: str = "read_committed") -> None:
+                 isolation_level: str = "read_committed", on_poison: str = "fail") -> None:
         self.spark, self.bootstrap, self.schema, self.handler = spark, bootstrap, schema, handler
+        self.on_poison = on_poison
         self.isolation_level = isolation_level
         isolation_id(isolation_level)  # a bad value fails here, not in a task
         self.checkpoint, self.python_source, self.min_partitions = checkpoint, python_source, min_partitions
@@ -125,20 +128,30 @@ class BatchTasks:
         if ranges is not None:
             if ranges:
                 handler.on_tasks(len(ranges))
-            bootstrap, isolation = self.bootstrap, self.isolation_level
+            bootstrap, isolation, on_poison = self.bootstrap, self.isolation_level, self.on_poison
 
             def task(r: OffsetRange) -> TaskFigures:
                 skipped = Skipped()
-                figures = decode_range(read_range(bootstrap, r, isolation_level=isolation, skipped=skipped),
-                                       schema=schema, handler=handler, planned=r, dead_letter=dead)
-                figures.aborted = skipped.aborted
+                try:
+                    figures = decode_range(read_range(bootstrap, r, isolation_level=isolation, skipped=skipped,
+                                                      on_poison=on_poison),
+                                           schema=schema, handler=handler, planned=r, dead_letter=dead)
+                except UnreadableRange as e:
+                    return TaskFigures(r, 0, 0, 0, {}, 0.0, 0.0, None, None, unreadable=str(e))
+                figures.aborted, figures.poisoned = skipped.aborted, skipped.poisoned
+                figures.poison = [PassedOver(r.topic, r.partition, *p) for p in skipped.poison]
+                if figures.poison and dead is not None:  # before the batch commits, as rejects are
+                    dead_letters.send_poison(*dead, figures.poison)
                 return figures
 
             try:
-                return cluster.run_on_executors(self.spark, ranges, task,
-                                                description=f"streamtrain batch {batch_id}")
+                done = cluster.run_on_executors(self.spark, ranges, task, description=f"streamtrain batch {batch_id}")
             except Exception as e:
                 raise executor_error(e) or e from None
+            for f in done:
+                if f.unreadable is not None:
+                    raise UnreadableRange.from_message(f.unreadable) or StreamtrainError(f.unreadable)
+            return done
 
         def arrow_task(batches: Iterator[Any]) -> Iterator[Any]:
             import pyarrow as pa

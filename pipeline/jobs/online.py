@@ -33,6 +33,7 @@ from pipeline.errors import ConfigError, StreamtrainError
 from pipeline.ingest import microbatch
 from pipeline.ingest.kafka.release import Releaser
 from pipeline.jobs import run_record
+from pipeline.jobs import user_data
 from pipeline.jobs.display import Display
 from pipeline.jobs.replay_process import ReplayProcess
 from pipeline.jobs.report import History, RunReport
@@ -106,21 +107,24 @@ class Run:
     # --- the whole run ---
 
     def execute(self) -> RunReport:
-        from pipeline.jobs import user_data
-
-        prior = _check_out(self.cfg, self.out)
-        data = user_data.resolve(self.cfg, self._data_dir())  # its files and schema, before anything starts
-        if data.schema.regression:
-            self.algorithm.loss = "mean_squared_error"
-        self.display.startup(f"{self.cfg.name} found; starting Kafka, the replay, Spark and the model in parallel")
         created = not self.out.exists()
-        self.out.mkdir(parents=True, exist_ok=True)
-        # A folder older than records gets one once its checkpoint fits the model given.
-        self._recorded = not self.cfg.resume or run_record.read(self.out) is not None
-        if self._recorded:
-            run_record.write(self.out, dataclasses.asdict(self.cfg))
         try:
-            return self._execute(prior, data)
+            with contextlib.ExitStack() as held:  # the folder locked before its checkpoint is read
+                if not created:
+                    held.enter_context(checkpoint.lock(self.out))
+                prior = _check_out(self.cfg, self.out)
+                data = user_data.resolve(self.cfg, self._data_dir())  # its files and schema, before anything starts
+                if data.schema.regression:
+                    self.algorithm.loss = "mean_squared_error"
+                self.display.startup(f"{self.cfg.name} found; starting Kafka, the replay, Spark and the model in parallel")
+                self.out.mkdir(parents=True, exist_ok=True)
+                if created:
+                    held.enter_context(checkpoint.lock(self.out))
+                # A folder older than records gets one once its checkpoint fits the model given.
+                self._recorded = not self.cfg.resume or run_record.read(self.out) is not None
+                if self._recorded:
+                    run_record.write(self.out, dataclasses.asdict(self.cfg))
+                return self._execute(prior, data)
         except ConfigError:
             # A model that fails to build (found once it is built, in parallel with the
             # start-up) leaves no folder behind, as a bad option found earlier does.
@@ -152,7 +156,7 @@ class Run:
                 spark, bootstrap=bootstrap, topics=[self.topic], schema=data.schema,
                 checkpoint=self.out / "spark-checkpoint", max_offsets_per_trigger=cfg.max_offsets_per_trigger,
                 min_partitions=cfg.workers, on_lag=self.metrics.on_lag, isolation_level=cfg.isolation_level,
-                on_unreadable=self.metrics.on_unreadable)
+                on_unreadable=self.metrics.on_unreadable, on_poison=cfg.on_poison)
 
             def prepare() -> None:
                 # While the query starts (seconds of its source's set-up and planning): the
@@ -212,8 +216,8 @@ class Run:
             stack.callback(self._release.close)
         if not (cfg.topic and cfg.bootstrap):  # the run's own replay: a resumed one sends what the topic lacks
             self.replay = ReplayProcess(
-                dataset=cfg.dataset, data_dir=self._data_dir(), table=_table_job(data), bootstrap=bootstrap,
-                topic=self.topic,
+                dataset=cfg.dataset, data_dir=self._data_dir(), table=user_data.replay_job(data),
+                bootstrap=bootstrap, topic=self.topic,
                 epochs=cfg.epochs, rate=cfg.rate, partitions=cfg.workers, metrics_host=self.settings.metrics_host,
                 metrics_port=cfg.producer_metrics_port, log_path=self.out / "producer.log", resume=cfg.resume,
             ).start()
@@ -242,13 +246,14 @@ class Run:
         server = self._server = parameter_server(
             self.algorithm, spec, state.weights, host=cluster.driver_host(spark), port=self.settings.ps_port,
             shared_memory=self.settings.ps_shared_memory, on_request=self.metrics.on_ps_request,
-            clock=state.clock, optimizer=state.optimizer)
+            on_refusal=self.metrics.on_ps_refusal, clock=state.clock, optimizer=state.optimizer)
         self.metrics.restore_clock(state.clock)
         stack.enter_context(server)
+        log.info("parameter server at %s:%d", server.host, server.port)
         self._driver = TrainDriver(
             server, state, folder=self.out, releaser=self._release, started=self._started,
             sync_slots=self._cores if self.algorithm.synchronous else 0, fault=self.settings.fault,
-            on_row=self.display.on_row, on_skip=lambda _: self.metrics.skipped())
+            on_row=self.display.on_row, on_skip=lambda _: self.metrics.skipped(), keep=cfg.keep_checkpoints)
         serving = self._serving(stack, spec, data.schema, server)
         handler = TrainHandler(
             spec=spec, algorithm=algorithms.serialize(self.algorithm),
@@ -301,7 +306,7 @@ class Run:
             parameter_server={k: ps_stats.get(k) for k in ("ops", "shared_memory", "refused")},
             parallelism={"workers": self.cfg.workers, "task_slots": self._cores,
                          "concurrent_replicas": min(self.cfg.workers, self._cores)},
-            aborted_records=history.aborted(),
+            aborted_records=history.aborted(), poison=history.poison,
         )
 
 
@@ -332,8 +337,6 @@ def _start_zygote(stack: contextlib.ExitStack, out: Path) -> Zygote:
 
 def _describe(cfg: RunConfig, algorithm: Any, schema: Any, stack: contextlib.ExitStack, zygote: Zygote | None) -> Probe:
     """Start describing the model (the user's, or the data's default) and checking its contract."""
-    from pipeline.jobs import user_data
-
     default = cfg.dataset
     if schema.table is not None:
         label = schema.table.label
@@ -362,19 +365,14 @@ def use_compiled(algo: Any, spec: Any) -> bool:
     return True
 
 
-def _table_job(data: Any) -> dict[str, Any] | None:
-    """A user's file, for the replay's process to read (None: a built-in dataset)."""
-    table = getattr(data, "table", None)
-    if table is None or not hasattr(data, "path"):
-        return None
-    return {"path": str(data.path), "schema": table.to_dict(), "holdout": data.holdout, "name": data.name}
-
-
 def _check_out(cfg: RunConfig, out: Path) -> checkpoint.State | None:
     """Check the output folder and Kafka fit the options; the checkpoint to resume."""
     from pipeline.ingest.kafka import client
 
-    prior = checkpoint.load(out) if cfg.resume else None
+    if cfg.generation is not None:
+        prior: checkpoint.State | None = checkpoint.rewind(out, cfg.generation, out / "spark-checkpoint")
+    else:
+        prior = checkpoint.load(out) if cfg.resume else None
     if cfg.resume and prior is None:
         raise ConfigError(f"Nothing to resume in {out}: no {checkpoint.FILENAME} there.")
     if cfg.resume and not cfg.bootstrap:

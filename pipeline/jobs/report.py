@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from pipeline.ingest.offsets import PassedOver
 from pipeline.train.rows import BatchRow
 
 
@@ -36,6 +37,7 @@ class History:
         self._trained = 0
         self._rejected = 0
         self._aborted = 0
+        self.poison: list[PassedOver] = []  # every unreadable batch passed over
 
     def add(self, row: BatchRow, *, ended_at: float) -> None:
         self.rows.append(row)
@@ -43,6 +45,7 @@ class History:
         self._trained += row.trained
         self._rejected += sum(row.rejected.values())
         self._aborted += row.aborted
+        self.poison += row.poison
         self.last_batch_at = ended_at
         if self.path is not None:
             with open(self.path, "a") as f:
@@ -101,6 +104,7 @@ class RunReport:
     plots: str | None = None
     batches_file: str | None = None
     aborted_records: int = 0  # records of aborted transactions left unread (read_committed)
+    poison: list[PassedOver] = dataclasses.field(default_factory=list)  # unreadable batches passed over
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)

@@ -36,7 +36,10 @@ class RunConfig:
     model: str | None = None
     out: str | None = None
     resume: bool = False
+    generation: int | None = None  # with resume: go back to this kept checkpoint (its batch id)
+    keep_checkpoints: int = 3  # checkpoint generations kept beside state.npz
     max_offsets_per_trigger: int = 20_000
+    on_poison: str = "fail"  # a batch the reader cannot read: stop (fail) or pass over it (skip)
     isolation_level: str = "read_committed"  # Kafka's; read_uncommitted also trains aborted transactions
     eval_every: int = 5
     eval_max: int = 10_000
@@ -83,6 +86,8 @@ class RunConfig:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ConfigError(f"Expected --{name.replace('_', '-')} >= 1. Received: {value}")
+        if self.on_poison not in ("fail", "skip"):
+            raise ConfigError(f"Expected --on-poison fail or skip. Received: {self.on_poison!r}")
         if self.isolation_level not in ("read_committed", "read_uncommitted"):
             raise ConfigError("Expected --isolation-level read_committed or read_uncommitted. "
                               f"Received: {self.isolation_level!r}")
@@ -101,6 +106,10 @@ class RunConfig:
         jvmcache.check_java()  # before the broker and the replay start, not once Spark fails
         if self.resume and not self.out:
             raise ConfigError("--resume needs the run's output folder.")
+        if self.generation is not None and not self.resume:
+            raise ConfigError(f"--generation {self.generation} needs --resume DIR, the run to go back in.")
+        if self.keep_checkpoints < 1:
+            raise ConfigError(f"Expected --keep-checkpoints >= 1. Received: {self.keep_checkpoints}")
         if self.model is not None:
             from pipeline.train.probe import check_source
 

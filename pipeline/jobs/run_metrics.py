@@ -28,8 +28,11 @@ class RunMetrics:
         m.records_ingested.labels(topic)
         m.records_trained.labels(topic)
         m.records_aborted.labels(topic)
+        m.records_poisoned.labels(topic)
         for reason in codec.REASONS:
             m.records_rejected.labels(reason)
+        for reason in metrics.PS_REFUSALS:
+            m.ps_refusals.labels(reason)
         for activity in ("compute", "exchange"):
             m.worker_seconds.labels(activity)
         self.restore_clock(clock)
@@ -41,6 +44,9 @@ class RunMetrics:
 
     def on_ps_request(self, op: str, seconds: float) -> None:
         self.meters.ps_request_duration.labels(op).observe(seconds)
+
+    def on_ps_refusal(self, reason: str) -> None:
+        self.meters.ps_refusals.labels(reason).inc()
 
     def on_lag(self, lag: dict[TopicPartition, int]) -> None:
         for (topic, part), n in lag.items():
@@ -64,6 +70,7 @@ class RunMetrics:
         m.records_ingested.labels(self.topic).inc(info.rows)
         m.records_trained.labels(self.topic).inc(row.trained)
         m.records_aborted.labels(self.topic).inc(info.aborted)
+        m.records_poisoned.labels(self.topic).inc(info.poisoned)
         for reason, n in info.rejects.items():
             m.records_rejected.labels(reason).inc(n)
         m.batches.inc()

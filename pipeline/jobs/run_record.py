@@ -8,7 +8,7 @@ same file (:func:`pipeline.serve.predictor.read_description`).
 
 Example:
     >>> sorted(name for name, role in ROLES.items() if role == SESSION)
-    ['max_batches', 'out', 'resume', 'timeout_s']
+    ['generation', 'max_batches', 'out', 'resume', 'timeout_s']
 """
 
 from __future__ import annotations
@@ -53,6 +53,9 @@ ROLES: dict[str, str] = {
     "holdout": DEFINES,  # which records score and never train
     "schema_registry": DEFINES,
     "eval_data": KEPT,
+    "keep_checkpoints": KEPT,
+    "on_poison": KEPT,  # what to do with a batch that cannot be read, decided anew each session
+    "generation": SESSION,  # which kept checkpoint this session starts from
     "epochs": KEPT,  # a larger one extends the run
     "rate": KEPT,
     "until_accuracy": KEPT,

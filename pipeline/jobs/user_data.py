@@ -54,6 +54,14 @@ def contract(schema: Any) -> dict[str, Any]:
             "what": f"{schema.name} ({schema.num_classes} classes)"}
 
 
+def replay_job(data: Any) -> dict[str, Any] | None:
+    """A user's file, for the replay's process to read (None: a built-in dataset)."""
+    table = getattr(data, "table", None)
+    if table is None or not hasattr(data, "path"):
+        return None
+    return {"path": str(data.path), "schema": table.to_dict(), "holdout": data.holdout, "name": data.name}
+
+
 class TopicTable:
     """A topic of a user's records, read by a schema (given, or inferred from its first records).
 

@@ -21,6 +21,10 @@ from pipeline.errors import ConfigError
 _INTEGER_BUCKETS = (0.0, *(b for k in (1, 2, 3, 4, 6, 8, 12, 16, 32, 64) for b in (k - 0.01, k)))
 
 
+#: Why the parameter server refuses a connection or a request (each a series from the start).
+PS_REFUSALS = ("auth", "busy", "frame", "handshake", "idle", "nonfinite", "order", "size", "truncated")
+
+
 @dataclasses.dataclass(frozen=True)
 class ProducerMetrics:
     """Metrics of the replay producer."""
@@ -64,6 +68,7 @@ class TrainingMetrics:
     records_trained: Counter
     records_rejected: Counter
     records_aborted: Counter
+    records_poisoned: Counter
     unreadable_batches: Counter
     batches: Counter
     batches_skipped: Counter
@@ -71,6 +76,7 @@ class TrainingMetrics:
     consumer_lag: Gauge
     staleness: Histogram
     ps_request_duration: Histogram
+    ps_refusals: Counter
     updates_applied: Counter
     clock: Gauge
     freshness: Gauge
@@ -95,6 +101,9 @@ def training_metrics() -> TrainingMetrics:
         records_aborted=Counter("streamtrain_stream_records_aborted_total",
                                 "Records of aborted transactions left unread (read_committed).", ["topic"],
                                 registry=reg),
+        records_poisoned=Counter("streamtrain_stream_records_poisoned_total",
+                                 "Offsets of unreadable record batches passed over (--on-poison skip).", ["topic"],
+                                 registry=reg),
         unreadable_batches=Counter("streamtrain_stream_unreadable_batches_total",
                                    "Record batches the reader could not read (codec, record format, corrupt), "
                                    "which stopped the stream.", ["topic", "partition"], registry=reg),
@@ -111,6 +120,9 @@ def training_metrics() -> TrainingMetrics:
         ps_request_duration=Histogram(
             "streamtrain_ps_request_duration_seconds", "Parameter-server request time on the server, by operation.",
             ["op"], buckets=(0.0005, 0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.064, 0.128, 0.5, 2), registry=reg),
+        ps_refusals=Counter("streamtrain_ps_refusals_total",
+                            "Connections and requests the parameter server refused, by reason.", ["reason"],
+                            registry=reg),
         updates_applied=Counter("streamtrain_ps_updates_total", "Updates the parameter server applied in this process.",
                                 registry=reg),
         clock=Gauge("streamtrain_ps_clock_updates",

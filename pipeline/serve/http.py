@@ -6,25 +6,41 @@
     GET  /metrics                     Prometheus
     GET  /healthz                     200 while the process runs
 
-Every prediction answers with ``X-Model-Version`` and ``X-Weights-Age-Seconds``. A body
-over ``max_body_bytes`` is refused before it is read; a client gets ``timeout_s`` per
-request and at most ``max_connections`` are served at once (the rest get a 503 at
-once), so a slow or greedy peer holds neither memory nor threads. With a token, the
+It runs on aiohttp (its HTTP parser frames every request itself: no body is ever read as
+the next request, and a malformed head is a 400), on one event loop in a thread, so a slow
+client holds a socket, never a thread. The limits:
+
+* ``max_connections`` open connections; one more is answered 503 and closed at once;
+  the listening backlog is ``backlog``.
+* ``timeout_s`` for a request's head, counted from the connection's start or the last
+  answer (however the bytes trickle in), and again for its body, from the head's arrival;
+  a late body gets a 408.
+* A body over ``max_body_bytes`` is refused (413) before it is read, and all bodies being
+  read at once hold at most ``max_body_bytes * 4``: more wait for no one, they get a 503.
+* JSON nested deeper than the decoder allows, an integer of more than 40 digits, strings
+  where numbers belong: a 400 that says so. Every answer is counted by status, every
+  refusal by reason, those aiohttp's parser makes included.
+
+Every prediction answers with ``X-Model-Version`` and ``X-Weights-Age-Seconds``, the age
+when the answer leaves, never above ``max_age_s`` (over it: a 503). With a token, the
 model routes want ``Authorization: Bearer <token>``.
 """
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import hmac
 import json
 import logging
 import socket
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import numpy as np
+from aiohttp import web
+from aiohttp.abc import AbstractAccessLogger
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from pipeline.errors import ConfigError
@@ -34,51 +50,71 @@ from pipeline.serve.predictor import Predictor, Unavailable
 
 log = logging.getLogger(__name__)
 
+#: Statuses counted from the start (a first refusal is a change, not a new series).
+STATUSES = ("200", "400", "401", "404", "405", "408", "411", "413", "500", "503")
+_BUSY = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nConnection: close\r\n"
+         b"Retry-After: 1\r\nContent-Length: 64\r\n\r\n"
+         + json.dumps({"error": "The server is at its connection limit; retry."}).encode().ljust(64))
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    app: ModelServer
+
+_ROUTED = web.RequestKey("routed", bool)
 
 
-class _Handler(BaseHTTPRequestHandler):
-    server: _Server
-    protocol_version = "HTTP/1.1"
-    server_version = "streamtrain-serve"
-    # Buffered: the headers and the body leave in one write when the request is done. Two
-    # small writes would wait out the client's delayed ACK (40 ms a request, measured).
-    wbufsize = 1 << 16
+class _OneLine(logging.Filter):
+    """aiohttp logs a malformed request with a traceback at ERROR; it is the client's fault,
+    counted already: one debug line."""
 
-    def setup(self) -> None:
-        super().setup()
-        self.connection.settimeout(self.server.app.timeout_s)
-        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and record.exc_info[1] is not None:
+            record.msg = f"{record.getMessage()}: {str(record.exc_info[1]).splitlines()[0]}"
+            record.args, record.exc_info, record.exc_text = (), None, None
+        record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+        return log.isEnabledFor(logging.DEBUG)
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
-        log.debug("%s " + format, self.client_address[0], *args)
 
-    def do_GET(self) -> None:  # noqa: N802 - http.server's naming
-        self.server.app.handle(self, "GET")
-
-    def do_POST(self) -> None:  # noqa: N802
-        self.server.app.handle(self, "POST")
-
-    def reply(self, status: int, body: bytes, content_type: str = "application/json",
-              headers: dict[str, str] | None = None) -> None:
-        self.send_response(status)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(body)))
-        for k, v in (headers or {}).items():
-            self.send_header(k, v)
-        self.end_headers()
-        self.wfile.write(body)
+_quiet = log.getChild("aiohttp")
+_quiet.addFilter(_OneLine())
 
 
 def _error(message: str) -> bytes:
     return json.dumps({"error": message}).encode()
 
 
+class _Counted(AbstractAccessLogger):
+    """Counts every answer, those aiohttp gives itself (a malformed request head) included."""
+
+    app: ModelServer
+
+    def log(self, request: web.BaseRequest, response: web.StreamResponse, time: float) -> None:
+        self.app.counted(request, response.status)
+
+    @property
+    def enabled(self) -> bool:
+        return True
+
+
+class _Busy(asyncio.Protocol):
+    """A connection past the limit: a 503 and our end closed at once; what the client sends
+    is discarded (closing with it unread would reset the connection, the 503 lost), for a
+    second at most."""
+
+    def __init__(self, app: ModelServer) -> None:
+        self.app = app
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.app.meters.requests.labels(self.app.name, "503").inc()
+        self.app.meters.bad_requests.labels(self.app.name, "busy").inc()
+        assert isinstance(transport, asyncio.Transport)
+        transport.write(_BUSY)
+        transport.write_eof()
+        asyncio.get_running_loop().call_later(1.0, transport.abort)
+
+    def data_received(self, data: bytes) -> None:
+        pass
+
+
 class ModelServer:
-    """Serves ``predictor`` over HTTP from daemon threads.
+    """Serves ``predictor`` over HTTP from an event loop in a daemon thread.
 
     Args:
         predictor: the model and its weights.
@@ -86,29 +122,37 @@ class ModelServer:
         host, port: where to listen (loopback unless deployed; port 0 picks one).
         token: a bearer token the model routes require (None: none).
         max_body_bytes, max_instances: the largest request taken.
-        max_connections: requests served at once; more get a 503.
-        timeout_s: seconds a client has to send its request.
+        max_connections: connections open at once; one more gets a 503 and is closed.
+        timeout_s: seconds a client has to send a request's head, and then its body.
+        backlog: connections the kernel queues before they are accepted.
     """
 
     def __init__(self, predictor: Predictor, *, name: str, host: str = "127.0.0.1", port: int = 0,
                  token: str | None = None, max_body_bytes: int = 16 << 20, max_instances: int = 1024,
-                 max_connections: int = 64, timeout_s: float = 10.0, meters: ServingMetrics | None = None) -> None:
+                 max_connections: int = 256, timeout_s: float = 10.0, backlog: int = 1024,
+                 meters: ServingMetrics | None = None) -> None:
         self.predictor, self.name, self.token = predictor, name, token
         self.max_body_bytes, self.max_instances, self.timeout_s = max_body_bytes, max_instances, timeout_s
+        self.max_connections, self.backlog = max_connections, backlog
         self.meters = meters or serving_metrics(name)
-        self._slots = threading.BoundedSemaphore(max_connections)
         self._prefix = f"/v1/models/{name}"
-        for code in ("200", "400", "401", "404", "405", "411", "413", "503"):
+        self._reading = 0  # body bytes being read now, at most 4 bodies' worth
+        for code in STATUSES:
             self.meters.requests.labels(name, code)
         self.meters.weights_age.labels(name).set_function(self._age)
         try:
-            self._httpd = _Server((host, port), _Handler)
+            self._sock = socket.create_server((host, port), backlog=backlog)
         except OSError as e:
             raise ConfigError(f"Cannot serve predictions on {host}:{port} ({e.strerror}). "
                               "Pass another --serve-port, or 0 for a free one.") from None
-        self._httpd.app = self
-        self.host, self.port = host, int(self._httpd.server_address[1])
-        self._thread = threading.Thread(target=self._httpd.serve_forever, name="serve-http", daemon=True)
+        self.host, self.port = host, int(self._sock.getsockname()[1])
+        # Parsing and predicting leave the event loop: one thread per core is plenty (the
+        # predictor calls the model one request at a time).
+        self._pool = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="serve")
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="serve-http", daemon=True)
+        self._runner: web.AppRunner | None = None
+        self._server: asyncio.AbstractServer | None = None
 
     @property
     def url(self) -> str:
@@ -116,69 +160,94 @@ class ModelServer:
 
     def start(self) -> ModelServer:
         self._thread.start()
+        asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(60)
         return self
 
+    async def _start(self) -> None:
+        app = web.Application(client_max_size=self.max_body_bytes)
+        app.router.add_route("*", "/{tail:.*}", self._handle)
+        counted = type("Counted", (_Counted,), {"app": self})  # aiohttp makes the logger itself
+        # keepalive_timeout closes a connection whose next request head has not arrived
+        # within it, from its start or the last answer: the head's deadline.
+        self._runner = web.AppRunner(app, access_log_class=counted, access_log=log, handle_signals=False,
+                                     keepalive_timeout=self.timeout_s, max_line_size=8190, max_field_size=8190,
+                                     max_headers=64, logger=_quiet)
+        await self._runner.setup()
+        self._server = await self._loop.create_server(self._connection, sock=self._sock, backlog=self.backlog)
+
+    def _connection(self) -> asyncio.BaseProtocol:
+        assert self._runner is not None and self._runner.server is not None
+        if len(self._runner.server.connections) >= self.max_connections:
+            return _Busy(self)
+        return self._runner.server()
+
     def stop(self) -> None:
-        self._httpd.shutdown()
-        self._httpd.server_close()
+        async def _stop() -> None:
+            if self._server is not None:
+                self._server.close()
+            if self._runner is not None:
+                await self._runner.cleanup()
+
+        if self._thread.is_alive():
+            asyncio.run_coroutine_threadsafe(_stop(), self._loop).result(30)
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(10)
+        self._sock.close()
+        self._pool.shutdown(wait=False, cancel_futures=True)
 
     def _age(self) -> float:
         snap = self.predictor.source.latest()
         return snap.age_s() if snap is not None else float("nan")
 
+    # --- counting ---
+
+    def counted(self, request: web.BaseRequest, status: int) -> None:
+        """Count an answer: on the model's routes, and any malformed request aiohttp refused
+        before a route saw it."""
+        ours = request.get(_ROUTED, False)
+        if not ours and status >= 400:
+            self.meters.bad_requests.labels(self.name, "malformed").inc()
+        if not ours or request.path.startswith(self._prefix):
+            self.meters.requests.labels(self.name, str(status)).inc()
+
+    def _refuse(self, e: BadRequest, headers: dict[str, str] | None = None) -> web.Response:
+        self.meters.bad_requests.labels(self.name, e.reason).inc()
+        return _answer(e.status, _error(str(e)), headers)
+
     # --- one request ---
 
-    def handle(self, req: _Handler, method: str) -> None:
-        if not self._slots.acquire(blocking=False):
-            req.close_connection = True
-            return self._answer(req, 503, _error("The server is at its connection limit; retry shortly."))
-        try:
-            self._route(req, method)
-        finally:
-            self._slots.release()
-
-    def _answer(self, req: _Handler, status: int, body: bytes, headers: dict[str, str] | None = None,
-                content_type: str = "application/json") -> None:
-        if req.path.startswith(self._prefix):
-            self.meters.requests.labels(self.name, str(status)).inc()
-        req.reply(status, body, content_type, headers)
-
-    def _refuse(self, req: _Handler, e: BadRequest) -> None:
-        self.meters.bad_requests.labels(self.name, e.reason).inc()
-        if e.status == 413:
-            req.close_connection = True  # the body was left unread
-        self._answer(req, e.status, _error(str(e)))
-
-    def _route(self, req: _Handler, method: str) -> None:
-        path = req.path.split("?", 1)[0]
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        request[_ROUTED] = True
+        path, method = request.path, request.method
         if path == "/healthz" and method == "GET":
-            return req.reply(200, b'{"status": "ok"}')
+            return _answer(200, b'{"status": "ok"}')
         if path == "/metrics" and method == "GET":
-            return req.reply(200, generate_latest(self.meters.registry), CONTENT_TYPE_LATEST)
+            return _answer(200, generate_latest(self.meters.registry), content_type=CONTENT_TYPE_LATEST)
         if not path.startswith(self._prefix):
-            return req.reply(404, _error(f"No such route: {path}. The model is at {self._prefix}."))
-        if self.token is not None and not self._authorized(req):
-            self.meters.bad_requests.labels(self.name, "unauthorized").inc()
-            return self._answer(req, 401, _error("Expected an Authorization: Bearer <token> header with the "
-                                                 "server's token."), {"WWW-Authenticate": "Bearer"})
+            return _answer(404, _error(f"No such route: {path}. The model is at {self._prefix}."))
+        if self.token is not None and not self._authorized(request):
+            return self._refuse(BadRequest("Expected an Authorization: Bearer <token> header with the server's token.",
+                                           status=401, reason="unauthorized"), {"WWW-Authenticate": "Bearer"})
         rest = path[len(self._prefix):]
         if rest in ("", "/") and method == "GET":
-            return self._status(req)
+            return self._status()
         if rest == "/metadata" and method == "GET":
-            return self._metadata(req)
+            return self._metadata()
         if rest == ":predict":
             if method != "POST":
-                return self._answer(req, 405, _error("Expected POST for :predict."), {"Allow": "POST"})
-            return self._predict(req)
-        return self._answer(req, 404, _error(f"No such route: {path}. Try {self._prefix}:predict."))
+                return _answer(405, _error("Expected POST for :predict."), {"Allow": "POST"})
+            try:
+                return await self._predict(request)
+            except BadRequest as e:
+                return self._refuse(e, {"Connection": "close"} if e.status in (408, 411, 413, 503) else None)
+        return _answer(404, _error(f"No such route: {path}. Try {self._prefix}:predict."))
 
-    def _authorized(self, req: _Handler) -> bool:
-        given = req.headers.get("Authorization", "")
-        scheme, _, value = given.partition(" ")
+    def _authorized(self, request: web.Request) -> bool:
+        scheme, _, value = request.headers.get("Authorization", "").partition(" ")
         assert self.token is not None
         return scheme.lower() == "bearer" and hmac.compare_digest(value.strip().encode(), self.token.encode())
 
-    def _status(self, req: _Handler) -> None:
+    def _status(self) -> web.Response:
         try:
             snap = self.predictor.snapshot()
             state = {"version": str(snap.version), "state": "AVAILABLE", "status": {"error_code": "OK",
@@ -189,41 +258,76 @@ class ModelServer:
             state = {"version": str(latest.version) if latest else "0", "state": "UNAVAILABLE",
                      "status": {"error_code": "UNAVAILABLE", "error_message": str(e)}}
             status = 503
-        self._answer(req, status, json.dumps({"model_version_status": [state]}).encode())
+        return _answer(status, json.dumps({"model_version_status": [state]}).encode())
 
-    def _metadata(self, req: _Handler) -> None:
+    def _metadata(self) -> web.Response:
         schema = self.predictor.schema
         body = {"model_spec": {"name": self.name},
                 "metadata": {"inputs": {"shape": [-1, *self.predictor.input_shape], "features": schema.n_features,
                                         "units": "pixel values 0-255" if schema.dtype == "uint8" else "numbers"},
                              "outputs": {"shape": [-1, schema.num_classes], "meaning": "class probabilities"}}}
-        self._answer(req, 200, json.dumps(body).encode())
+        return _answer(200, json.dumps(body).encode())
 
-    def _predict(self, req: _Handler) -> None:
+    async def _predict(self, request: web.Request) -> web.Response:
         started = time.perf_counter()
+        raw = await self._body(request)
         try:
-            raw = self._body(req)
-            x, columnar = parse(raw, self.predictor.schema, max_instances=self.max_instances)
-        except BadRequest as e:
-            return self._refuse(req, e)
-        try:
-            out, snap = self.predictor.predict(x)
+            out, snap, columnar, n = await self._loop.run_in_executor(self._pool, self._predict_sync, raw)
         except Unavailable as e:
-            return self._answer(req, 503, _error(str(e)), {"Retry-After": "1"})
-        self.meters.instances.labels(self.name).observe(len(x))
+            return _answer(503, _error(str(e)), {"Retry-After": "1"})
+        except BadRequest:
+            raise
+        except Exception as e:  # one line in the log, a 500 to the client, never a dropped connection
+            log.error("a prediction failed: %s: %s", type(e).__name__, e)
+            return _answer(500, _error(f"The prediction failed ({type(e).__name__}); see the server's log."))
+        # The age when the answer leaves, checked against the bound as it is reported.
+        age, bound = snap.age_s(), self.predictor.max_age_s
+        if bound is not None and age > bound:
+            return _answer(503, _error(f"The weights are {age:.3f} s old, over the bound of {bound:g} s."),
+                           {"Retry-After": "1"})
+        self.meters.instances.labels(self.name).observe(n)
         self.meters.model_version.labels(self.name).set(snap.version)
-        body = json.dumps({"outputs" if columnar else "predictions": np.round(out.astype(np.float64), 6).tolist()}).encode()
-        self._answer(req, 200, body, {"X-Model-Version": str(snap.version),
-                                      "X-Weights-Age-Seconds": f"{snap.age_s():.3f}"})
+        body = json.dumps({"outputs" if columnar else "predictions": np.round(out.astype(np.float64), 6).tolist()})
         self.meters.latency.labels(self.name).observe(time.perf_counter() - started)
+        return _answer(200, body.encode(), {"X-Model-Version": str(snap.version), "X-Weights-Age-Seconds": f"{age:.3f}"})
 
-    def _body(self, req: _Handler) -> bytes:
-        length = req.headers.get("Content-Length")
-        if length is None or not length.strip().isdigit():
+    def _predict_sync(self, raw: bytes) -> tuple[np.ndarray, Any, bool, int]:
+        x, columnar = parse(raw, self.predictor.schema, max_instances=self.max_instances)
+        out, snap = self.predictor.predict(x)
+        return out, snap, columnar, len(x)
+
+    async def _body(self, request: web.Request) -> bytes:
+        """The body, read before the deadline and within the budget of bodies in flight."""
+        n = request.content_length
+        if n is None and not request.body_exists:
             raise BadRequest("Expected a Content-Length header with the body's size in bytes.", status=411,
                              reason="no_length")
-        n = int(length)
+        if n is None:  # chunked: read up to the limit (aiohttp answers 413 past it)
+            n = self.max_body_bytes
         if n > self.max_body_bytes:
             raise BadRequest(f"Expected a body of at most {self.max_body_bytes:,} bytes. Received a Content-Length "
                              f"of {n:,}; split the request.", status=413, reason="too_large")
-        return req.rfile.read(n)
+        if self._reading + n > 4 * self.max_body_bytes:
+            raise BadRequest("The server is reading as many bodies as it holds at once; retry shortly.", status=503,
+                             reason="busy")
+        self._reading += n  # the event loop's thread alone counts
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                return await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            raise BadRequest(f"Expected a body of at most {self.max_body_bytes:,} bytes. Received more; split the "
+                             "request.", status=413, reason="too_large") from None
+        except TimeoutError:
+            raise BadRequest(f"Expected the body within {self.timeout_s:g} s of the request's head. Received part "
+                             "of it; send it at once.", status=408, reason="slow_body") from None
+        finally:
+            self._reading -= n
+
+
+def _answer(status: int, body: bytes, headers: dict[str, str] | None = None,
+            content_type: str = "application/json") -> web.Response:
+    response = web.Response(status=status, body=body, headers=headers)
+    response.content_type = content_type.split(";")[0]
+    if ";" in content_type:
+        response.headers["Content-Type"] = content_type
+    return response

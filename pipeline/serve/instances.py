@@ -71,8 +71,12 @@ def _instance(row: Any, index: int, schema: Schema) -> np.ndarray:
     if isinstance(row, dict) and len(row) == 1:
         row = next(iter(row.values()))
     try:
-        x = np.asarray(row, dtype=np.float64)
-    except (TypeError, ValueError):
+        # No dtype given: numpy would turn the string "12" into 12.0.
+        x = np.asarray(row)
+        if x.dtype.kind not in "iufb":
+            raise TypeError(x.dtype)
+        x = x.astype(np.float64)
+    except (TypeError, ValueError, OverflowError, RecursionError):
         raise BadRequest(f"Expected instance {index} to hold only numbers (shape {_shape_text(schema)}); "
                          "it holds something else (a string, null, or lists of unequal length).",
                          reason="not_numeric") from None
@@ -90,13 +94,38 @@ def _instance(row: Any, index: int, schema: Schema) -> np.ndarray:
     return x.reshape(-1)
 
 
+#: Digits an integer may have: no feature needs more, and a 310-digit one overflows a float.
+MAX_DIGITS = 40
+
+
+def _number(text: str) -> float:
+    """A JSON integer, as the float it becomes anyway; one too long is refused.
+
+    >>> _number("255"), _number("-3")
+    (255.0, -3.0)
+    """
+    if len(text.lstrip("-")) > MAX_DIGITS:
+        raise BadRequest(f"Expected numbers of at most {MAX_DIGITS} digits. Received an integer of "
+                         f"{len(text.lstrip('-'))} digits.", reason="number_too_large")
+    return float(text)
+
+
 def parse(raw: bytes, schema: Schema, *, max_instances: int) -> tuple[np.ndarray, bool]:
     """The body's instances as an ``(n, n_features)`` float64 array in the producer's units,
     and whether the request was columnar (answer ``"outputs"``, not ``"predictions"``)."""
+    # What parsing costs is ~30 bytes of Python objects per number: count the numbers
+    # (separators, one pass in C) before making them, against what the request may hold.
+    most = max_instances * (schema.n_features + 1) + 16
+    if raw.count(b",") > most:
+        raise BadRequest(f"Expected at most {max_instances} instances of {schema.n_features} numbers. Received a body "
+                         f"of more than {most:,} values; split the request.", status=413, reason="too_many_values")
     try:
-        body = json.loads(raw, parse_constant=lambda c: math.nan)
+        body = json.loads(raw, parse_constant=lambda c: math.nan, parse_int=_number)
     except (ValueError, UnicodeDecodeError) as e:
         raise BadRequest(f"Expected a JSON body. Received bytes that are not JSON ({e}).", reason="bad_json") from None
+    except RecursionError:
+        raise BadRequest("Expected JSON nested a few levels deep (instances of numbers). Received JSON nested "
+                         "deeper than the decoder goes.", reason="too_deep") from None
     rows, columnar = _rows(body)
     if not rows:
         raise BadRequest("Expected at least one instance. Received none.", reason="no_instances")
@@ -132,9 +161,12 @@ def _all_at_once(rows: list[Any], schema: Schema) -> np.ndarray | None:
     """The common case in one conversion (a third of the time of one per instance), or
     None if any check fails."""
     try:
-        x = np.asarray(rows, dtype=np.float64)
-    except (TypeError, ValueError):
+        x = np.asarray(rows)
+    except (TypeError, ValueError, OverflowError, RecursionError):
         return None
+    if x.dtype.kind not in "iuf":  # strings ("12"), objects, booleans: one at a time, to name them
+        return None
+    x = x.astype(np.float64, copy=False)
     if x.ndim < 2 or x[0].size != schema.n_features or not np.isfinite(x).all():
         return None
     if schema.dtype == "uint8" and (x.min() < 0 or x.max() > 255):

@@ -35,8 +35,18 @@ class Listening:
 
 def host_and_token(settings: Settings) -> tuple[str, str | None]:
     """Where model servers listen and the token they ask for (``STREAMTRAIN_SERVE_HOST``,
-    ``STREAMTRAIN_SERVE_TOKEN``, from the caller's ``settings``); off loopback a token is required."""
+    ``STREAMTRAIN_SERVE_TOKEN`` or ``_FILE``, from the caller's ``settings``); off loopback a token is
+    required."""
     token = settings.serve_token.get_secret_value() if settings.serve_token else None
+    if token is None and settings.serve_token_file is not None:
+        try:
+            token = settings.serve_token_file.read_text().strip() or None
+        except OSError as e:
+            raise ConfigError(f"Expected STREAMTRAIN_SERVE_TOKEN_FILE to be a readable file holding the token. "
+                              f"Received: {settings.serve_token_file} ({e.strerror}).") from None
+        if token is None:
+            raise ConfigError(f"Expected a token in STREAMTRAIN_SERVE_TOKEN_FILE={settings.serve_token_file}. "
+                              "Received: an empty file. Write one with: streamtrain secrets --serve-token FILE")
     if settings.serve_host not in LOOPBACK and not token:
         raise ConfigError(f"STREAMTRAIN_SERVE_HOST={settings.serve_host} exposes the model beyond this machine: "
                           "set STREAMTRAIN_SERVE_TOKEN too, or serve on 127.0.0.1.")

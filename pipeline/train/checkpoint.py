@@ -5,15 +5,24 @@ It is written atomically (a temporary file, fsync, rename, fsync of the folder) 
 before Spark commits the batch, so after a crash it always describes a whole
 number of batches: a batch Spark replays is either absent from it (and trained
 again) or present (and skipped).
+
+The last ``keep`` generations stay beside it as ``state.<batch id>.npz`` (hard links: the
+newest costs no space), so that a run can go back to one saved before a damaged file or
+a model that diverged (:func:`rewind`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import fcntl
 import io
 import json
 import os
+import re
+import shutil
+import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +35,9 @@ class CheckpointError(StreamtrainError):
     """The checkpoint could not be written (the batch stays uncommitted)."""
 
 FILENAME = "state.npz"
+#: Generations kept by default (``--keep-checkpoints``).
+KEEP = 3
+_GENERATION = re.compile(r"^state\.(\d+)\.npz$")
 _OPT = "optimizer."  # the prefix of the optimizer's arrays in the file
 
 
@@ -51,8 +63,21 @@ class State:
     optimizer: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
 
 
-def save(folder: str | os.PathLike[str], state: State) -> Path:
-    """Write ``state`` to ``folder/state.npz`` atomically."""
+def generation_path(folder: str | os.PathLike[str], batch_id: int) -> Path:
+    return Path(folder) / f"state.{batch_id}.npz"
+
+
+def generations(folder: str | os.PathLike[str]) -> list[int]:
+    """The batch ids of the generations kept in ``folder``, oldest first."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    return sorted(int(m.group(1)) for p in folder.iterdir() if (m := _GENERATION.match(p.name)))
+
+
+def save(folder: str | os.PathLike[str], state: State, *, keep: int = KEEP) -> Path:
+    """Write ``state`` to ``folder/state.npz`` atomically, and keep it as a generation
+    (the ``keep`` newest stay)."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     meta = {"clock": state.clock, "last_batch_id": state.last_batch_id, "ledger": state.ledger, "extra": state.extra}
@@ -66,6 +91,10 @@ def save(folder: str | os.PathLike[str], state: State) -> Path:
             f.write(buf.getbuffer())
             f.flush()
             os.fsync(f.fileno())
+        if keep > 0 and state.last_batch_id >= 0:
+            kept = generation_path(folder, state.last_batch_id)
+            kept.unlink(missing_ok=True)  # a batch saved again (replayed after a crash)
+            os.link(tmp, kept)
         os.replace(tmp, target)
         # The rename is durable only once the folder's entry is: without this, a power cut
         # could bring back the previous checkpoint after Spark committed the new batch.
@@ -81,6 +110,9 @@ def save(folder: str | os.PathLike[str], state: State) -> Path:
             f"Could not write the checkpoint {target} ({e.strerror or e}): batch {state.last_batch_id} is not "
             f"committed, and the previous checkpoint is intact. Free space there (or fix the folder), then "
             f"continue with: streamtrain run --resume {folder}") from None
+    for old in generations(folder)[:-keep] if keep > 0 else []:
+        with contextlib.suppress(OSError):
+            generation_path(folder, old).unlink()
     return target
 
 
@@ -101,15 +133,97 @@ def check_fits(state: State, size: int, folder: str | os.PathLike[str]) -> None:
             "with another --out.")
 
 
-def load(folder: str | os.PathLike[str]) -> State | None:
-    """The state saved in ``folder``, or None if there is none."""
-    path = Path(folder) / FILENAME
+def load(folder: str | os.PathLike[str], *, generation: int | None = None) -> State | None:
+    """The state saved in ``folder`` (or its kept ``generation``), or None if there is none.
+
+    Raises:
+        DataError: the file is damaged (one line naming it, what is wrong, and the newest
+            intact generation to resume from instead).
+    """
+    folder = Path(folder)
+    path = folder / FILENAME if generation is None else generation_path(folder, generation)
+    if generation is not None and not path.is_file():
+        raise DataError(f"Expected generation {generation} of the checkpoint in {folder}. Received: "
+                        f"{_listing(folder)}. Pass one of those to --generation.")
     if not path.is_file():
         return None
+    try:
+        return _read(path)
+    except DataError as e:
+        intact = [g for g in reversed(generations(folder)) if g != generation and _intact(generation_path(folder, g))]
+        way = (f"resume from the newest intact one with: streamtrain run --resume {folder} --generation {intact[0]}"
+               if intact else "no intact generation is kept; start a new run (another --out)")
+        raise DataError(f"{e}; {way}") from None
+
+
+def _read(path: Path) -> State:
     try:
         with np.load(path, allow_pickle=False) as f:
             weights, meta = f["weights"], json.loads(f["meta"].tobytes())
             optimizer = {k[len(_OPT):]: f[k] for k in f.files if k.startswith(_OPT)}
-    except (OSError, ValueError, KeyError) as e:
-        raise DataError(f"The checkpoint {path} is unreadable ({e}); it cannot be resumed from.") from None
-    return State(weights, meta["clock"], meta["last_batch_id"], meta["ledger"], meta.get("extra", {}), optimizer)
+        return State(weights, meta["clock"], meta["last_batch_id"], meta["ledger"], meta.get("extra", {}), optimizer)
+    except (zipfile.BadZipFile, EOFError) as e:
+        what = "empty" if path.stat().st_size == 0 else f"truncated or corrupt ({e})"
+        raise DataError(f"The checkpoint {path} is damaged: {what}") from None
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise DataError(f"The checkpoint {path} is damaged: {type(e).__name__}: {e}") from None
+
+
+def _intact(path: Path) -> bool:
+    try:
+        _read(path)
+    except DataError:
+        return False
+    return True
+
+
+def _listing(folder: Path) -> str:
+    kept = generations(folder)
+    return f"generations {', '.join(map(str, kept))}" if kept else "no generation kept"
+
+
+def rewind(folder: str | os.PathLike[str], generation: int, spark_checkpoint: str | os.PathLike[str]) -> State:
+    """Go back to a kept generation: it becomes ``state.npz``, the later generations are
+    removed, and Spark's offset and commit logs forget the batches after it, so that Spark
+    plans them again from that generation's offsets (every record trained once, counted
+    from the state rewound to)."""
+    folder = Path(folder)
+    state = load(folder, generation=generation)
+    assert state is not None
+    for later in generations(folder):
+        if later > generation:
+            generation_path(folder, later).unlink()
+    for log in ("offsets", "commits"):
+        entries = Path(spark_checkpoint) / log
+        for entry in entries.iterdir() if entries.is_dir() else []:
+            name = entry.name.lstrip(".").split(".")[0]
+            if name.isdigit() and int(name) > generation:
+                entry.unlink()
+    tmp = folder / f".{FILENAME}.rewind"
+    shutil.copyfile(generation_path(folder, generation), tmp)
+    os.replace(tmp, folder / FILENAME)
+    return state
+
+
+@contextlib.contextmanager
+def lock(folder: str | os.PathLike[str]) -> Iterator[None]:
+    """Hold ``folder/.lock`` (an exclusive ``flock``, released if the process dies) while
+    a run writes there: two runs must never write one checkpoint.
+
+    Raises:
+        ConfigError: another process holds it.
+    """
+    path = Path(folder) / ".lock"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            raise ConfigError(f"Expected {folder} to be free. Received: a folder another run is writing (pid "
+                              f"{holder}). Stop that run, or pass another --out.") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield
+    finally:
+        os.close(fd)  # releases the lock

@@ -6,7 +6,8 @@ single tasks. Per batch, on the driver, :class:`TrainDriver`:
 1. skips a batch the checkpoint already holds (after checking that Spark replays it over
    the ranges the checkpoint applied under that id: :func:`~pipeline.train.ledger.check_replay`);
 2. checks each task's mini-batches against the parameter server's own count of those it
-   applied; a difference stops the run before the batch is committed;
+   applied; a difference stops the run before the batch is committed, and so does a model
+   that diverged (a NaN loss, weights not finite);
 3. saves the center, the clock, the rule's state, the batch id and the trained ranges in
    one atomic write (:mod:`~pipeline.train.checkpoint`), before Spark commits the batch;
 4. releases the trained records (a broker that can delete them), and hands the batch's
@@ -19,6 +20,7 @@ A save that fails raises before the commit, so the batch is replayed. The batch
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import time
@@ -60,17 +62,19 @@ class TrainDriver:
         fault: tests only, ``<point>:<batch id>``: SIGKILL this process there (see :func:`_fault`).
         on_row: called after each batch is saved (see :data:`OnRow`).
         on_skip: called for each batch skipped as already applied.
+        keep: checkpoint generations kept (``--keep-checkpoints``).
     """
 
     def __init__(self, server: ps.ParameterServer, state: checkpoint.State | None = None, *,
                  folder: Path | None = None, releaser: Releaser | None = None, sync_slots: int = 0,
                  started: float | None = None, fault: str | None = None, on_row: OnRow | None = None,
-                 on_skip: Callable[[int], None] | None = None) -> None:
+                 on_skip: Callable[[int], None] | None = None, keep: int = checkpoint.KEEP) -> None:
         self.server, self.state, self.folder, self.releaser = server, state, folder, releaser
         self.sync_slots = sync_slots
         self.started = time.monotonic() if started is None else started
         self.fault = fault
         self.on_row, self.on_skip = on_row, on_skip
+        self.keep = keep
         self._batch = -1
 
     @property
@@ -105,18 +109,36 @@ class TrainDriver:
         weights, clock, optimizer = self.server.checkpoint()
         row = BatchRow.from_batch(info, t=time.monotonic() - self.started, clock=clock)
         row.tasks = self.check_applied(info.results, batch_id=info.batch_id)
+        self.check_finite(info.batch_id, weights, row)
         began = time.perf_counter()
         state = self.state
         state.weights, state.clock, state.last_batch_id, state.optimizer = weights, clock, info.batch_id, optimizer
         state.ledger = ledger.add(state.ledger, info.batch_id, info.ranges)
-        state.extra = {"trained": self.trained + row.trained}
-        checkpoint.save(self.folder, state)
+        # The batches passed over as unreadable (--on-poison skip) stay with the checkpoint:
+        # their offsets are accounted for, as skipped, across resumes.
+        poison = list(state.extra.get("poison", [])) + [
+            [info.batch_id, p.topic, p.partition, p.first, p.last, p.cause] for p in info.poison]
+        state.extra = {"trained": self.trained + row.trained, **({"poison": poison} if poison else {})}
+        checkpoint.save(self.folder, state, keep=self.keep)
         row.checkpoint_ms = round((time.perf_counter() - began) * 1000, 2)
         if self.releaser is not None:
             self.releaser.trained(info.ranges)
         if self.on_row is not None:
             self.on_row(info, row, weights)
         self._fault("saved", info.batch_id)  # saved, and Spark has not committed it
+
+    def check_finite(self, batch_id: int, weights: np.ndarray, row: BatchRow) -> None:
+        """Stop a model that diverged before its weights are saved or served: a prequential
+        loss that is NaN or Inf, or a center that is not finite (a rule's own state blew up)."""
+        loss = row.prequential_loss
+        if loss is not None and math.isfinite(loss) and np.isfinite(weights).all():
+            return
+        what = f"prequential loss {loss}" if loss is not None and not math.isfinite(loss) else "weights not finite"
+        kept = checkpoint.generations(self.folder) if self.folder is not None else []
+        way = (f"continue from a checkpoint before it with: streamtrain run --resume {self.folder} --generation "
+               f"{kept[-1]} (kept: {', '.join(map(str, kept))})" if kept else "start again (another --out)")
+        raise StreamtrainError(f"Batch {batch_id}: the model diverged ({what}); the batch is not saved or committed. "
+                               f"Lower the learning rate (or check the data), then {way}.")
 
     def check_applied(self, results: list[TaskResult], *, batch_id: int | None = None) -> list[TaskRow]:
         """Each task's mini-batches against the parameter server's own count of those it

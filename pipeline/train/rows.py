@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.ingest.microbatch import BatchFigures
+from pipeline.ingest.offsets import PassedOver
 from pipeline.train.partition import TaskResult
 
 
@@ -53,6 +54,7 @@ class BatchRow:
         t: seconds since the run started; ``t_stream``: since the first batch started.
         rows, trained, rejected: records read, trained, and rejected by reason.
         aborted: records of aborted transactions in the batch's ranges, not read (read_committed).
+        poison: the unreadable batches passed over (``--on-poison skip``).
         batch_s: seconds in the batch's tasks; ``lag``: records in Kafka not yet trained.
         staleness_p50, staleness_p99: over the batch's pushes (None: no push).
         clock: the server's clock after the batch.
@@ -84,6 +86,7 @@ class BatchRow:
     checkpoint_ms: float = 0.0
     tasks: list[TaskRow] = dataclasses.field(default_factory=list)
     aborted: int = 0
+    poison: list[PassedOver] = dataclasses.field(default_factory=list)
 
     @classmethod
     def from_batch(cls, info: BatchFigures, *, t: float, clock: int) -> BatchRow:
@@ -98,7 +101,7 @@ class BatchRow:
             staleness_p50=float(np.percentile(staleness, 50)) if staleness else None,
             staleness_p99=float(np.percentile(staleness, 99)) if staleness else None,
             clock=clock, compute_s=sum(r.compute_s for r in results), exchange_s=sum(r.exchange_s for r in results),
-            aborted=info.aborted,
+            aborted=info.aborted, poison=list(info.poison),
         )
         if preq_n:
             row.prequential_accuracy = sum(r.preq_acc * r.preq_n for r in scored) / preq_n
@@ -111,6 +114,8 @@ class BatchRow:
         for key in ("prequential_accuracy", "prequential_loss", "heldout"):
             if d[key] is None:
                 del d[key]
+        if not d["poison"]:
+            del d["poison"]
         return d
 
     def status(self, *, total: int, per_s: float) -> str:

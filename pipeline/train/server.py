@@ -14,7 +14,8 @@ from pipeline.train.model import ModelSpec
 
 def parameter_server(algorithm: algorithms.Algorithm, spec: ModelSpec, weights: np.ndarray, *, host: str,
                      port: int = 0, sync_timeout_s: float = 30.0, shared_memory: bool = True,
-                     on_request: Callable[[str, float], None] | None = None, clock: int = 0,
+                     on_request: Callable[[str, float], None] | None = None,
+                     on_refusal: Callable[[str], None] | None = None, clock: int = 0,
                      optimizer: dict[str, np.ndarray] | None = None) -> ps.ParameterServer:
     """A parameter server (not yet started) that applies ``algorithm``'s rule to ``spec``'s
     weights, with a fresh secret.
@@ -29,5 +30,5 @@ def parameter_server(algorithm: algorithms.Algorithm, spec: ModelSpec, weights: 
     return ps.ParameterServer(
         weights, secret=os.urandom(32), host=host, port=port, rule=algorithm.apply, keep_pulled=algorithm.keep_pulled,
         sync_workers=algorithm.num_workers if algorithm.synchronous else 0, sync_timeout_s=sync_timeout_s,
-        on_request=on_request, state=algorithm, shared_memory=shared_memory, clock=clock,
+        on_request=on_request, on_refusal=on_refusal, state=algorithm, shared_memory=shared_memory, clock=clock,
     )

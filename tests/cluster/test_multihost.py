@@ -5,13 +5,16 @@ host, Spark's RPC authenticated and encrypted. The test process only reads files
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.cluster import multihost, netns
+from pipeline.cluster import security
+from tests.cluster import multihost, netns, proc_scan
 from tests.cluster.test_task_retry import assert_applied_once
 
 PRODUCED = 6000
@@ -60,8 +63,38 @@ def test_mnist_trains_once_across_hosts_over_tcp_through_an_executor_kill(cluste
     conf.write_text(cluster.spark.conf.read_text() + "spark.task.maxFailures 4\n"
                     f"spark.executorEnv.STREAMTRAIN_FAULT exchange:2:executor:{marker}\n")
     conf.chmod(0o600)
-    report = _train(cluster, tmp_path, "mnist-multihost", conf=conf)
+    secret = security.read_properties(conf)["spark.authenticate.secret"]
+    with proc_scan.Watch(secret) as watch:
+        report = _train(cluster, tmp_path, "mnist-multihost", conf=conf)
     assert marker.is_file()
+    assert watch.scans > 10
+    # Spark's worker hands each executor the secret in its environment (_SPARK_AUTH_SECRET,
+    # readable by its owner only); nothing else carries it, and no command line does.
+    assert {pid: w for pid, w in watch.found.items() if not _executor_environment(w)} == {}
     retried = assert_applied_once(report, tmp_path / "run", PRODUCED, batch_size=64)  # sync: 128 over 2 workers
     assert retried, report["batches"]
     assert report["final"]["accuracy"] > 0.5  # chance is 0.1
+
+
+def _executor_environment(where: str) -> bool:
+    """Whether a carrier is an executor (or a process it started) by its environment only."""
+    return where.startswith("environ [executor]:")
+
+
+_PROBE = """
+import socket, sys
+for port in map(int, sys.argv[2:]):
+    try:
+        socket.create_connection((sys.argv[1], port), timeout=5).close()
+        print(port, "open")
+    except OSError as e:
+        print(port, type(e).__name__)
+"""
+
+
+def test_the_master_takes_no_rest_submission_from_another_host(cluster: multihost.Cluster) -> None:
+    """Proves: from worker-a's host, the master's RPC port (7077) accepts a connection and
+    its REST submission port (6066, unauthenticated) is closed."""
+    done = subprocess.run([*cluster.hosts.run("worker-a"), sys.executable, "-c", _PROBE,
+                           cluster.hosts.address["driver"], "7077", "6066"], capture_output=True, text=True, timeout=60)
+    assert done.stdout.split("\n")[:2] == ["7077 open", "6066 ConnectionRefusedError"], done.stderr[-2000:]

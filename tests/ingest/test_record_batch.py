@@ -54,10 +54,12 @@ def test_a_compression_bomb_stops_at_the_cap(codec: int) -> None:
     (raw_batches.batch(RECORDS, codec=4, payload=b"\x28\xb5\x2f\xfd not zstd at all"), "zstd batch: corrupt data"),
     (raw_batches.batch(RECORDS, codec=3, payload=b"garbage"), "lz4 batch: corrupt data"),
     (raw_batches.batch(RECORDS, codec=2, payload=b"\x0a\xff\xff\xff"), "snappy batch: corrupt data"),
+    (raw_batches.batch(RECORDS, codec=1, payload=b"\x1f\x8b\x08\x00 not gzip"), "gzip batch: corrupt data"),
+    (raw_batches.batch(RECORDS, codec=1, payload=compression.deflate(1, bytes(1000))[:20]), "gzip batch: corrupt data"),
     (raw_batches.batch(RECORDS, codec=5, payload=b"x"), "unknown codec 5"),
     (raw_batches.batch(RECORDS, magic=1), "record format v1"),
     (raw_batches.batch(RECORDS)[:-40], None),  # cut short by the fetch's byte limit: left for the next fetch
-], ids=["zstd", "lz4", "snappy", "codec-5", "v1", "partial"])
+], ids=["zstd", "lz4", "snappy", "gzip", "gzip-cut-short", "codec-5", "v1", "partial"])
 def test_a_batch_that_cannot_be_read_names_its_offset_and_cause(raw: bytes, cause: str | None) -> None:
     if cause is None:
         assert _read(raw) == []

@@ -169,3 +169,27 @@ def test_csv_reader_streams_a_large_gz_in_blocks(tmp_path: Path, data_dir: Path)
         shutil.copyfileobj(f, out)
     sizes = [len(c) for c in higgs.Higgs(gz).iter_chunks(chunk_rows=1000)]
     assert sizes == [1000] * 7
+
+
+def test_a_damaged_higgs_download_is_one_line_and_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Proves: the HIGGS archive's CRC-32 is checked as the file is extracted: a download
+    with one byte changed is a DataError saying so and leaves no HIGGS.csv.gz; an intact one
+    is saved (served from a file:// URL standing in for UCI's)."""
+    import gzip
+    import zipfile
+
+    from producers.datasets import higgs
+
+    rows = "".join(f"1.0,{','.join(['0.5'] * 28)}\n" for _ in range(2000)).encode()
+    archive = tmp_path / "higgs.zip"
+    with zipfile.ZipFile(archive, "w", compression=zipfile.ZIP_STORED) as z:
+        z.writestr("HIGGS.csv.gz", gzip.compress(rows))
+    monkeypatch.setattr(higgs, "UCI_URL", archive.as_uri())
+    good = higgs.fetch(tmp_path / "good")
+    assert gzip.decompress(good.read_bytes()) == rows
+    data = bytearray(archive.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # inside the stored file
+    archive.write_bytes(bytes(data))
+    with pytest.raises(DataError, match="HIGGS download .* is damaged"):
+        higgs.fetch(tmp_path / "bad")
+    assert not (tmp_path / "bad" / "higgs" / "HIGGS.csv.gz").exists()

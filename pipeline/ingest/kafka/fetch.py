@@ -114,6 +114,12 @@ def _string(s: str | None) -> bytes:
     return struct.pack(">h", len(raw)) + raw
 
 
+#: The largest response to a request other than a Fetch (metadata of a large cluster);
+#: a Fetch's is its byte limit and its responses' overhead.
+MAX_RESPONSE_BYTES = 16 << 20
+_FETCH_OVERHEAD = 1 << 20
+
+
 class _Reader:
     """Big-endian fields from a response, in order."""
 
@@ -137,6 +143,8 @@ class _Reader:
         n = self.take(">i")
         if n < 0:
             return None
+        if self.pos + n > len(self.data):
+            raise ValueError(f"a field of {n} bytes where {len(self.data) - self.pos} remain")
         value = memoryview(self.data)[self.pos:self.pos + n]
         self.pos += n
         return value
@@ -154,13 +162,18 @@ class _Connection:
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
         self.correlation = 0
 
-    def request(self, api_key: int, version: int, body: bytes) -> _Reader:
+    def request(self, api_key: int, version: int, body: bytes, *, most: int = MAX_RESPONSE_BYTES) -> _Reader:
+        """Send a request; its response, which may be at most ``most`` bytes: a frame size
+        decides no allocation beyond what the request asked for."""
         self.correlation += 1
         header = struct.pack(">hhi", api_key, version, self.correlation) + _string("streamtrain")
         frame = header + body
         try:
             self.sock.sendall(struct.pack(">i", len(frame)) + frame)
             size = struct.unpack(">i", self._read(4))[0]
+            if not 4 <= size <= most:
+                raise BrokerError(f"Kafka's response declares {size} bytes, outside 4 to {most:,} for what was asked: "
+                                  "the broker (or something between) does not speak Kafka's protocol here.")
             data = self._read(size)
         except OSError as e:  # timeouts included
             raise ConnectionLost(f"Kafka request failed ({type(e).__name__}: {e}).") from None
@@ -267,11 +280,23 @@ class RangeReader:
                 + _string(topic) + struct.pack(">iiiqqi", 1, partition, -1, offset, -1, max_bytes)
                 + struct.pack(">i", 0))
         try:
-            r = self._conn(address).request(_FETCH, 10, body)
+            # Kafka sends a first batch whole however large (KIP-74): up to the batch cap.
+            r = self._conn(address).request(_FETCH, 10, body,
+                                            most=max(max_bytes, self.max_batch_bytes) + _FETCH_OVERHEAD)
         except (BrokerError, OSError):
             self._drop(address)
             self._leaders.pop(key, None)
             raise
+        try:
+            return self._fetched(r, topic, partition, offset)
+        except (struct.error, ValueError, UnicodeDecodeError) as e:
+            self._drop(address)  # out of step with the broker: a new connection
+            raise BrokerError(f"Kafka's Fetch response for {topic}-{partition} at offset {offset} is malformed "
+                              f"({e}).") from None
+
+    def _fetched(self, r: _Reader, topic: str, partition: int, offset: int) -> Fetched:
+        """The partition's part of a Fetch response."""
+        key = (topic, partition)
         r.take(">i")  # throttle
         if (error := r.take(">h")) != 0:
             raise BrokerError(f"Kafka refused to fetch {topic}-{partition}: {_ERRORS.get(error, error)}.")
@@ -319,11 +344,12 @@ class RangeReader:
             time.sleep(0.1)
 
     def read(self, topic: str, partition: int, start: int, end: int, *,
-             skipped: Skipped | None = None) -> Iterator[Records]:
+             skipped: Skipped | None = None, on_poison: str = "fail") -> Iterator[Records]:
         """Yield :class:`Records` covering ``[start, end)`` in order; raises :class:`BrokerError`
         if the range cannot be read within the timeout (:class:`OffsetOutOfRange` if its
         first records are gone, :class:`UnreadableRange` for a batch that cannot be read).
-        Aborted transactions' records (read_committed) and markers are added to ``skipped``."""
+        Aborted transactions' records (read_committed) and markers are added to ``skipped``,
+        and with ``on_poison="skip"`` the batches that cannot be read, passed over."""
         position, max_bytes = start, self.max_partition_bytes
         committed = self._isolation == 1
         deadline = time.monotonic() + self.timeout_s
@@ -340,7 +366,8 @@ class RangeReader:
             try:
                 found, next_offset = parse_batches(
                     records, start=position, end=end, aborted=got.aborted if committed else None,
-                    skipped=skipped, max_batch_bytes=self.max_batch_bytes) if records else ([], position)
+                    skipped=skipped, max_batch_bytes=self.max_batch_bytes,
+                    on_poison=on_poison) if records else ([], position)
             except UnreadableBatch as e:
                 raise UnreadableRange(topic, partition, e) from None
             if found:
@@ -352,7 +379,11 @@ class RangeReader:
                 position = next_offset
                 deadline = time.monotonic() + self.timeout_s
             elif records is not None and len(records) >= max_bytes:
-                max_bytes *= 2  # one batch is bigger than the limit: ask for more
+                # One batch is bigger than the limit: ask for more, up to the largest batch read.
+                if max_bytes >= self.max_batch_bytes + _FETCH_OVERHEAD:
+                    raise UnreadableRange(topic, partition, UnreadableBatch(
+                        position, f"a batch larger than {max_bytes:,} bytes (the cap is {self.max_batch_bytes:,})"))
+                max_bytes = min(2 * max_bytes, self.max_batch_bytes + _FETCH_OVERHEAD)
             elif time.monotonic() > deadline:
                 open_txn = (f"; a transaction still open at offset {stable} holds the rest back (read_committed)"
                             if committed and 0 <= stable <= position else "")

@@ -117,11 +117,23 @@ class Skipped:
         control: transaction markers (control records; never data).
         first: the first offset of the range that any batch held (None until one did);
             above the range's start, the head of the range is gone from the log.
+        poisoned: offsets of unreadable batches passed over (``on_poison="skip"``).
+        poison: per such batch, ``(first, last, cause)`` (its offsets inside the range).
     """
 
     aborted: int = 0
     control: int = 0
     first: int | None = None
+    poisoned: int = 0
+    poison: list[tuple[int, int, str]] = dataclasses.field(default_factory=list)
+
+    def pass_over(self, base: int, last: int, start: int, end: int, cause: str) -> None:
+        """Count an unreadable batch ``[base, last]`` as passed over, the part in ``[start, end)``."""
+        lo, hi = max(base, start), min(last, end - 1)
+        if hi >= lo:
+            self.poisoned += hi - lo + 1
+            self.poison.append((lo, hi, cause))
+            self.first = lo if self.first is None else self.first
 
 
 def _varint(data: bytes | memoryview, pos: int) -> tuple[int, int]:
@@ -195,9 +207,14 @@ def filter_aborted(batches: list[tuple[int, int, int, str]], aborted: list[tuple
     return keep
 
 
+#: What a reader does with a batch it cannot read: stop (``fail``), or pass over it and count it (``skip``).
+ON_POISON = ("fail", "skip")
+
+
 def parse_batches(records: bytes | memoryview, *, start: int, end: int, check_crc: bool = True,
                   aborted: list[tuple[int, int]] | None = None, skipped: Skipped | None = None,
-                  max_batch_bytes: int = compression.DEFAULT_MAX_BYTES) -> tuple[list[Records], int]:
+                  max_batch_bytes: int = compression.DEFAULT_MAX_BYTES,
+                  on_poison: str = "fail") -> tuple[list[Records], int]:
     """Records with ``start <= offset < end`` from a Fetch response's record set, one
     :class:`Records` per record batch; also the offset to fetch next (after the last
     complete batch).
@@ -208,8 +225,11 @@ def parse_batches(records: bytes | memoryview, *, start: int, end: int, check_cr
     transactions, (producer id, first offset)) so are the records of aborted
     transactions. What was skipped in the range is added to ``skipped``.
 
+    With ``on_poison="skip"``, a batch that cannot be read is passed over instead, its
+    offsets and cause added to ``skipped`` (:meth:`Skipped.pass_over`).
+
     Raises:
-        UnreadableBatch: a batch that cannot be read (its offset and why).
+        UnreadableBatch: a batch that cannot be read (its offset and why), with ``on_poison="fail"``.
     """
     import crc32c
 
@@ -222,24 +242,34 @@ def parse_batches(records: bytes | memoryview, *, start: int, end: int, check_cr
     pos, next_offset = 0, start
     found: list[tuple[int, int, int]] = []  # pos, stop, base
     headers: list[tuple[int, int, int, str]] = []  # last offset, producer id, attributes, marker
+    poisoned: dict[int, str] = {}  # index in found -> why it cannot be read (on_poison="skip")
     while pos + _BATCH_HEADER <= size:
         base, length = struct.unpack_from(">qi", data, pos)
         stop = pos + 12 + length
-        if stop > size:
+        if stop > size or length < _BATCH_HEADER - 12:
+            if length < _BATCH_HEADER - 12:  # a length that cannot be a batch: no boundary to go on from
+                raise UnreadableBatch(base, f"corrupt batch: a length of {length} bytes")
             break
         magic = data[pos + 16]
-        if magic != 2:
-            raise UnreadableBatch(base, f"record format v{magic}; streamtrain reads v2 (Kafka >= 0.11) only")
         crc, attributes, last_delta = struct.unpack_from(">Ihi", data, pos + 17)
-        if check_crc and crc32c.crc32c(view[pos + 21:stop]) != crc:
-            raise UnreadableBatch(base, "corrupt batch: it failed its CRC check")
         producer, count = struct.unpack_from(">q", data, pos + 43)[0], struct.unpack_from(">i", data, pos + 57)[0]
-        marker = ""
-        if attributes & 0x20 and count:
+        marker, bad = "", None
+        if magic != 2:
+            bad = f"record format v{magic}; streamtrain reads v2 (Kafka >= 0.11) only"
+        elif check_crc and crc32c.crc32c(view[pos + 21:stop]) != crc:
+            bad = "corrupt batch: it failed its CRC check"
+        elif attributes & 0x20 and count:
             try:
                 marker = "abort" if _is_abort_marker(data, pos + _BATCH_HEADER) else "commit"
             except IndexError:
-                raise UnreadableBatch(base, "corrupt batch: a control record is cut short") from None
+                bad = "corrupt batch: a control record is cut short"
+        if bad is not None:
+            if on_poison != "skip":
+                raise UnreadableBatch(base, bad)
+            # Past the CRC the header cannot be trusted: one offset, unless it says a sane span.
+            last_delta = last_delta if magic == 2 and 0 <= last_delta < max(length, 1) else 0
+            poisoned[len(found)] = bad
+            attributes, producer = 0, -1
         found.append((pos, stop, base))
         headers.append((base + last_delta, producer, attributes, marker))
         next_offset = max(next_offset, base + last_delta + 1)
@@ -251,7 +281,11 @@ def parse_batches(records: bytes | memoryview, *, start: int, end: int, check_cr
     abort_from = min((first for _, first in aborted), default=None) if aborted else None
     out: list[Records] = []
     expected = start
-    for (pos, stop, base), (last, _, attributes, _), kept in zip(found, headers, keep, strict=True):
+    for i, ((pos, stop, base), (last, _, attributes, _), kept) in enumerate(zip(found, headers, keep, strict=True)):
+        if i in poisoned:
+            skipped.pass_over(base, last, start, end, poisoned[i])
+            expected = max(expected, last + 1)
+            continue
         gap_from, gap_to = max(expected, start), min(base, end)
         if abort_from is not None and gap_to > gap_from and abort_from < base:
             skipped.aborted += gap_to - gap_from
@@ -273,7 +307,10 @@ def parse_batches(records: bytes | memoryview, *, start: int, end: int, check_cr
             got = _read_batch(data, buf, pos, stop, count, attributes, start, end, max_batch_bytes)
         except (BrokerError, IndexError, ValueError) as e:
             cause = str(e) if isinstance(e, BrokerError) else "corrupt batch: its records are cut short"
-            raise UnreadableBatch(base, cause) from None
+            if on_poison != "skip":
+                raise UnreadableBatch(base, cause) from None
+            skipped.pass_over(base, last, start, end, cause)
+            continue
         if len(got):
             out.append(got)
     return out, next_offset
@@ -312,6 +349,10 @@ def _parse_batch(data: bytes | memoryview, buf: np.ndarray, first: int, stop: in
                  log_append_ts: int, start: int, end: int) -> Records:
     """The records of one batch, ``data[first:stop]`` after its header (``buf``: the same
     bytes as numpy, padded), whose offsets fall in ``[start, end)``."""
+    # A record takes 7 bytes at least (its length, attributes, two deltas, key and value
+    # lengths, header count): the header's count sizes nothing its bytes cannot hold.
+    if not 0 <= count <= (stop - first) // 7:
+        raise BrokerError(f"corrupt batch: it declares {count:,} records in {stop - first:,} bytes")
     starts = _record_starts(data, first, count, stop)
     _, size = _varints(buf, starts, 5)  # the record length
     at = starts + size + 1  # skip the attributes byte

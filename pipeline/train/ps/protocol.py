@@ -70,8 +70,8 @@ OPS = {PULL: "pull", PUSH: "push", PUSH_PULL: "push_pull", STATS: "stats", ATTAC
 SHARED = 1  # the payloads travel in the connection's shared-memory file
 COOKIE_BYTES = 16  # the second ATTACH's payload (see pipeline.train.ps.shm)
 # Statuses (responses).
-OK, ERR_AUTH, ERR_FRAME, ERR_SIZE = 0, 0xE1, 0xE2, 0xE3
-STATUS = {OK: "ok", ERR_AUTH: "auth", ERR_FRAME: "frame", ERR_SIZE: "size"}
+OK, ERR_AUTH, ERR_FRAME, ERR_SIZE, ERR_VALUE = 0, 0xE1, 0xE2, 0xE3, 0xE4
+STATUS = {OK: "ok", ERR_AUTH: "auth", ERR_FRAME: "frame", ERR_SIZE: "size", ERR_VALUE: "nonfinite"}
 PROOF_BYTES = 32
 #: The most a reply other than the weights may carry (an ATTACH token, STATS' JSON).
 MAX_TOKEN, MAX_STATS = 256, 1 << 20

@@ -11,6 +11,7 @@ always agree. Synchronous algorithms push through rounds (:mod:`pipeline.train.p
 from __future__ import annotations
 
 import atexit
+import collections
 import json
 import threading
 from collections.abc import Callable
@@ -26,6 +27,9 @@ from pipeline.train.ps.rules import Rule, add_delta
 from pipeline.train.ps.stats import Stats
 from pipeline.train.ps.tasks import TaskProgress
 from pipeline.train.ps.transport import Transport
+
+#: Worker ids whose last pull is remembered (for staleness).
+MAX_WORKER_IDS = 4096
 
 
 class ParameterServer:
@@ -46,8 +50,9 @@ class ParameterServer:
         state: the update rule's own state (an object with ``server_state()`` and
             ``load_server_state(dict)``, such as an algorithm with a server-side
             optimizer), read by :meth:`checkpoint` under the same lock as the center.
-        on_request: called with the operation's name and its seconds on the server
-            after each answered request (for metrics); it must be cheap and thread-safe.
+        on_request, on_refusal: called with the operation's name and its seconds after each
+            answered request, and with the reason of each refusal (for metrics); cheap, thread-safe.
+        max_norm: refuse a push of a larger L2 norm (None: what float32 squares hold, ~1.8e19).
         shared_memory: offer workers on this machine a shared-memory file instead
             of the socket for payloads (:mod:`pipeline.train.ps.shm`); they fall back to
             TCP when they cannot map it.
@@ -74,7 +79,8 @@ class ParameterServer:
         keep_pulled: bool = False,
         sync_workers: int = 0,
         sync_timeout_s: float = 30.0,
-        on_request: Callable[[str, float], None] | None = None,
+        on_request: Callable[[str, float], None] | None = None, on_refusal: Callable[[str], None] | None = None,
+        max_norm: float | None = None,
         state: Any = None,
         shared_memory: bool = True,
         clock: int = 0,
@@ -87,12 +93,12 @@ class ParameterServer:
         self.rule = rule
         self.keep_pulled = keep_pulled
         self.clock = clock
-        self.on_request = on_request
+        self.on_request, self.on_refusal, self.max_norm = on_request, on_refusal, max_norm
         self.state = state
         self._lock = threading.Lock()
         self._rounds = (Rounds(self.size, workers=sync_workers, lock=self._lock, apply_mean=self._apply_round,
                                timeout_s=sync_timeout_s) if sync_workers else None)
-        self._last_pulled: dict[int, int] = {}
+        self._last_pulled: collections.OrderedDict[int, int] = collections.OrderedDict()
         self._pulled: dict[int, np.ndarray] = {}
         self._stats = Stats()
         self._tasks = TaskProgress()
@@ -173,8 +179,8 @@ class ParameterServer:
     def stats(self) -> dict[str, Any]:
         """Clock, op counts and seconds, refusals by reason, staleness histogram."""
         with self._lock:
-            return {"clock": self.clock, "size": self.size, "workers": len(self._last_pulled),
-                    "repeats_dropped": self._tasks.repeats, **self._stats.as_dict()}
+            return {"clock": self.clock, "size": self.size, "workers": len(self._last_pulled), "pulled_copies":
+                    len(self._pulled), "repeats_dropped": self._tasks.repeats, **self._stats.as_dict()}
 
     def applied(self, task: int) -> tuple[int, int]:
         """The exchanges of ``task`` (a :func:`~pipeline.train.ps.protocol.task_key`) this
@@ -206,10 +212,10 @@ class ParameterServer:
             if applies and self._rounds is not None:
                 self._rounds.push(inbox)
             elif applies:
-                staleness = self._apply_push(h, inbox)
+                staleness = self._apply_push(h, inbox, member)
             exchange, steps = self._tasks.applied(h.task) if h.task else (0, 0)
             if h.op in (p.PULL, p.PUSH_PULL):
-                self._pull_into(outbox, h.worker)
+                self._pull_into(outbox, h.worker, member)
             elif h.op == p.PEEK:
                 np.copyto(outbox, self.center)
             if h.op in (p.PULL, p.PUSH_PULL, p.PEEK):
@@ -235,13 +241,16 @@ class ParameterServer:
 
     def disconnected(self, member: int) -> None:
         """A connection closed: it leaves the synchronous rounds."""
-        if self._rounds is not None:
-            with self._lock:
+        with self._lock:
+            self._pulled.pop(member, None)
+            if self._rounds is not None:
                 self._rounds.leave(member)
 
     def count_refusal(self, reason: str) -> None:
         with self._lock:
             self._stats.refuse(reason)
+        if self.on_refusal is not None:
+            self.on_refusal(reason)
 
     def count_op(self, op: str) -> None:
         with self._lock:
@@ -253,11 +262,11 @@ class ParameterServer:
 
     # --- under the lock ---
 
-    def _apply_push(self, h: p.Header, delta: np.ndarray) -> int:
+    def _apply_push(self, h: p.Header, delta: np.ndarray, member: int) -> int:
         # Staleness from the server's own record of this worker's last pull; the
         # worker's claimed clock is used only before its first pull.
         staleness = max(0, self.clock - self._last_pulled.get(h.worker, h.clock))
-        self.rule(self.center, delta, staleness=staleness, pulled=self._pulled.get(h.worker))
+        self.rule(self.center, delta, staleness=staleness, pulled=self._pulled.get(member))
         self.clock += 1
         self._stats.count_staleness(staleness)
         return staleness
@@ -267,9 +276,18 @@ class ParameterServer:
         self._stats.count_staleness(0, pushes)
         self.clock += 1
 
-    def _pull_into(self, outbox: np.ndarray, worker: int) -> None:
+    def _pull_into(self, outbox: np.ndarray, worker: int, member: int) -> None:
         np.copyto(outbox, self.center)
-        self._last_pulled[worker] = self.clock
+        _remember(self._last_pulled, worker, self.clock)
         if self.keep_pulled:
-            kept = self._pulled.setdefault(worker, np.empty_like(self.center))
+            kept = self._pulled.setdefault(member, np.empty_like(self.center))
             np.copyto(kept, self.center)
+
+
+def _remember(pulls: collections.OrderedDict[int, int], worker: int, clock: int) -> None:
+    """Record a worker's pull; the least recent is forgotten past MAX_WORKER_IDS (ids are
+    a client's word). Pulled centers are kept by connection instead, freed as it closes."""
+    pulls[worker] = clock
+    pulls.move_to_end(worker)
+    if len(pulls) > MAX_WORKER_IDS:
+        pulls.popitem(last=False)

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import collections
 
+import numpy as np
+
 from pipeline.train.ps.protocol import ProtocolError
 
 #: Tasks remembered (least recently pushed forgotten first): many micro-batches' worth,
@@ -33,12 +35,29 @@ class TaskProgress:
         (True, False, True)
         >>> t.applied(7), t.repeats
         ((2, 8), 1)
+
+    A task forgotten to bound the table is retired, 8 bytes a key, never admitted again
+    (a straggler's repeat of it is dropped, not applied a second time):
+
+        >>> t = TaskProgress(most=1); t.admit(1, exchange=1, steps=1), t.admit(2, exchange=1, steps=1)
+        (True, True)
+        >>> t.admit(1, exchange=1, steps=1), t.repeats
+        (False, 1)
     """
 
-    def __init__(self, most: int = MAX_TASKS) -> None:
+    def __init__(self, most: int | None = None) -> None:
         self._done: collections.OrderedDict[int, tuple[int, int]] = collections.OrderedDict()
-        self._most = most
+        self._most = MAX_TASKS if most is None else most
         self.repeats = 0  # pushes dropped as repeats of an applied exchange
+        self._retired = np.empty(0, np.uint64)  # sorted keys of forgotten tasks
+        self._retiring: list[int] = []  # newly forgotten, merged into _retired in blocks
+
+    def retired(self, task: int) -> bool:
+        """Whether ``task`` was forgotten to bound the table (its exchanges were applied)."""
+        if task in self._retiring:
+            return True
+        i = int(np.searchsorted(self._retired, np.uint64(task)))
+        return i < self._retired.size and int(self._retired[i]) == task
 
     def applied(self, task: int) -> tuple[int, int]:
         """The exchanges of ``task`` applied so far and the mini-batches they covered."""
@@ -48,7 +67,7 @@ class TaskProgress:
         """Whether to apply this push (and count it as applied); False for a repeat.
         Raises :class:`ProtocolError` for an exchange that skips ahead."""
         done, covered = self._done.get(task, (0, 0))
-        if exchange <= done:
+        if exchange <= done or (not done and self.retired(task)):
             self.repeats += 1
             return False
         if exchange != done + 1:
@@ -56,5 +75,9 @@ class TaskProgress:
         self._done[task] = (exchange, covered + steps)
         self._done.move_to_end(task)
         if len(self._done) > self._most:
-            self._done.popitem(last=False)
+            forgotten, _ = self._done.popitem(last=False)
+            self._retiring.append(forgotten)
+            if len(self._retiring) >= 1024:
+                self._retired = np.union1d(self._retired, np.array(self._retiring, np.uint64))
+                self._retiring = []
         return True

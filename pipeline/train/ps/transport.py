@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import hmac
 import logging
+import math
 import os
 import socket
 import threading
@@ -28,11 +29,15 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-#: Connections served at once; more are refused ("busy") before the handshake.
-MAX_CONNECTIONS = 256
-#: Seconds a peer has to complete the handshake, and an authenticated connection may stay
-#: silent between requests (a worker computes between exchanges; a sync round waits on the
-#: server, not on the socket).
+#: Authenticated connections served at once (each holds two weight-sized buffers, and may
+#: map a shared file and keep a pulled center): more are refused ("busy") after the handshake.
+MAX_CONNECTIONS = 64
+#: Connections in the handshake at once, a budget of their own: peers without the secret
+#: never take an authenticated worker's slot, and more are refused ("busy") at once.
+MAX_UNAUTHENTICATED = 32
+#: Seconds a peer has for the whole handshake (a deadline, not per read: a byte every 9 s
+#: must not hold a slot for minutes), and an authenticated connection may stay silent
+#: between requests (a worker computes between exchanges; a sync round waits on the server).
 HANDSHAKE_TIMEOUT_S, IDLE_TIMEOUT_S = 10.0, 600.0
 
 
@@ -49,6 +54,8 @@ class Transport:
         self.server, self.host, self.port, self.shared_memory = server, host, port, shared_memory
         self._listener: socket.socket | None = None
         self._conns: set[socket.socket] = set()
+        self._count_lock = threading.Lock()
+        self._unauthenticated = self._authenticated = 0
         self._threads: list[threading.Thread] = []
         self._stopping = threading.Event()
         # A flood of bad connections (a scanner, a misconfigured client) must not flood the log.
@@ -105,7 +112,10 @@ class Transport:
                 conn, _ = listener.accept()
             except OSError:
                 return
-            if len(self._conns) >= MAX_CONNECTIONS:
+            with self._count_lock:
+                busy = self._unauthenticated >= MAX_UNAUTHENTICATED
+                self._unauthenticated += not busy
+            if busy:
                 self.refuse(conn, "busy")
                 conn.close()
                 continue
@@ -117,10 +127,23 @@ class Transport:
 
     def _serve(self, conn: socket.socket) -> None:
         try:
-            keys = self._handshake(conn)
+            try:
+                keys = self._handshake(conn)
+            finally:
+                with self._count_lock:
+                    self._unauthenticated -= 1
             if keys is not None:
-                conn.settimeout(IDLE_TIMEOUT_S)
-                _Connection(self, conn, keys).serve()
+                with self._count_lock:
+                    busy = self._authenticated >= MAX_CONNECTIONS
+                    self._authenticated += not busy
+                if busy:
+                    return self.refuse(conn, "busy")
+                try:
+                    conn.settimeout(IDLE_TIMEOUT_S)
+                    _Connection(self, conn, keys).serve()
+                finally:
+                    with self._count_lock:
+                        self._authenticated -= 1
         except TimeoutError:
             self.refuse(conn, "idle")
         except (ConnectionError, OSError):
@@ -144,12 +167,16 @@ class Transport:
         """Both sides prove the secret; the session's keys, or None if the peer did not."""
         secret = self.server.secret
         nonce = os.urandom(p.NONCE_BYTES)
+        deadline = time.monotonic() + HANDSHAKE_TIMEOUT_S
         conn.settimeout(HANDSHAKE_TIMEOUT_S)
         conn.sendall(nonce)
         answer = bytearray(p.NONCE_BYTES + p.PROOF_BYTES)
         try:
-            p.recv_exact(conn, memoryview(answer))
-        except (ConnectionError, TimeoutError):
+            _recv_by(conn, memoryview(answer), deadline)
+        except TimeoutError:
+            self.refuse(conn, "handshake")
+            return None
+        except ConnectionError:
             self.refuse(conn, "truncated")
             return None
         theirs, proof = bytes(answer[:p.NONCE_BYTES]), bytes(answer[p.NONCE_BYTES:])
@@ -160,6 +187,35 @@ class Transport:
             return None
         conn.sendall(bytes([p.OK]) + p.server_proof(secret, nonce, theirs))
         return p.Keys.derive(secret, nonce, theirs)
+
+
+def _recv_by(conn: socket.socket, buf: memoryview, deadline: float) -> None:
+    """Fill ``buf`` before ``deadline`` (``time.monotonic()``), however the bytes trickle in."""
+    got = 0
+    while got < len(buf):
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError("handshake deadline")
+        conn.settimeout(remaining)
+        n = conn.recv_into(buf[got:])
+        if n == 0:
+            raise ConnectionError("peer closed the connection in the handshake")
+        got += n
+
+
+def acceptable(delta: np.ndarray, max_norm: float | None) -> bool:
+    """Whether a pushed buffer is finite with a norm in bounds. Its sum of squares in float32
+    is NaN for a NaN, Inf for an Inf or for a norm past ~1.8e19 (finite values up to 3e38
+    decode fine): one pass, no copy.
+
+    >>> acceptable(np.ones(4, np.float32), None), acceptable(np.array([1, np.nan], np.float32), None)
+    (True, False)
+    >>> acceptable(np.array([3e38], np.float32), None), acceptable(np.full(4, 10, np.float32), 5.0)
+    (False, False)
+    """
+    with np.errstate(over="ignore", invalid="ignore"):
+        squares = float(np.dot(delta, delta))
+    return math.isfinite(squares) and (max_norm is None or squares <= max_norm * max_norm)
 
 
 class _Connection:
@@ -222,6 +278,11 @@ class _Connection:
                 return refuse(conn, "truncated")
             if not p.verify(self.keys.request, h, body):
                 return refuse(conn, "auth", p.ERR_AUTH)
+            if pushes and not acceptable(self.shared.request if h.flags and self.shared else self.inbox,
+                                         self.server.max_norm):
+                # One NaN, Inf or absurd delta would ruin the center for good: the task fails
+                # (its exchange not applied) and Spark retries it.
+                return refuse(conn, "nonfinite", p.ERR_VALUE)
             try:
                 if h.op == p.ATTACH:
                     self._attach(h, bytes(body))

@@ -180,9 +180,9 @@ def test_a_reply_longer_than_the_request_allows_is_refused_before_any_allocation
 
 
 def test_connections_beyond_the_cap_and_silent_peers_are_refused_and_counted(monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    """Proves: connections past the cap are closed before the handshake ("busy"); a peer
-    silent in the handshake ("truncated") or after it ("idle") is closed after its timeout."""
-    monkeypatch.setattr(transport, "MAX_CONNECTIONS", 2)
+    """Proves: connections past the handshake budget are closed before it ("busy"); a peer
+    silent in the handshake ("handshake") or after it ("idle") is closed after its timeout."""
+    monkeypatch.setattr(transport, "MAX_UNAUTHENTICATED", 2)
     monkeypatch.setattr(transport, "HANDSHAKE_TIMEOUT_S", 0.5)
     monkeypatch.setattr(transport, "IDLE_TIMEOUT_S", 0.5)
     with ParameterServer(np.zeros(N, np.float32), secret=SECRET, shared_memory=False) as s:
@@ -195,7 +195,7 @@ def test_connections_beyond_the_cap_and_silent_peers_are_refused_and_counted(mon
             _until_closed(sock)  # the silent ones, after the handshake timeout
         idle, _ = _handshake(s)
         _until_closed(idle)
-        assert s.stats()["refused"] == {"busy": 1, "truncated": 2, "idle": 1}
+        assert s.stats()["refused"] == {"busy": 1, "handshake": 2, "idle": 1}
         with Client(s.address, secret=SECRET, worker=0, size=N, shared_memory=False) as c:
             assert c.pull().shape == (N,)
 

@@ -1,0 +1,360 @@
+"""Chaos benchmark: each fault of issue 28 against a live run, then a soak that mixes them.
+
+A live run is the soak's: ``streamtrain broker --engine noida`` (it keeps its data), the
+producer looping HIGGS into a topic, and ``streamtrain run --dataset higgs --bootstrap B
+--topic T`` training it (each a process started here and stopped by pid). Scenarios:
+
+  poison_update    a parameter server under a training loop: NaN, Inf and 3e38 pushes are
+                   refused and counted, the loop's every push applied, the center finite
+  slow_ps_clients  the same server: peers trickling their handshake and a flood of
+                   authenticated connections; the loop keeps its pace, the peers are dropped
+  checkpoint       a live run stopped, its state.npz truncated: the resume says one line
+                   naming a generation; resuming that generation trains on
+  secret           a live run with a Spark secret: no process carries it in its command line
+  rest_port        ``streamtrain spark-master``: Spark's REST submission port stays closed
+  hostile_http     a live run serving predictions: slow heads, deep JSON, a 310-digit
+                   integer, a bad Content-Length, a smuggled request; each answered, counted,
+                   and a client is still served
+  ps_refusals      junk at the live run's parameter server reaches its /metrics
+  poison_kafka     a corrupt batch in the live topic: --on-poison skip trains on and reports
+                   it; the default stops with one line naming topic, partition and offset
+  soak             one live run for --minutes with every fault above that a live run takes,
+                   at intervals, and a driver kill and resume
+
+A scenario survives when the run goes on (or stops with its one line) as specified. Lost
+and duplicated records come from the ledger against the topic (poisoned offsets are in the
+ledger, accounted for as skipped); tracebacks count "Traceback" in every process's log.
+
+    .venv/bin/python bench/chaos.py [--minutes 5] [--only poison_update,poison_kafka]
+
+Last line: ``chaos scenarios=<n> survived=<n> lost=<n> duplicated=<n> tracebacks=<n>``
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import soak  # noqa: E402
+from chaos_ps import poison_update, slow_ps_clients  # noqa: E402
+from soak import Proc, ledger_check, ledger_of, topic_ends  # noqa: E402
+
+TOPIC = soak.TOPIC
+
+
+class Live:
+    """A broker, a looping producer and a trainer on ``TOPIC``, in ``folder``."""
+
+    def __init__(self, folder: Path, *, rate: float, trainer_args: tuple[str, ...] = ()) -> None:
+        folder.mkdir(parents=True, exist_ok=True)
+        self.s = soak.Soak(0, rate, folder)
+        self.folder, self.out, self.extra = folder, self.s.out, list(trainer_args)
+        self.broker = self.s.start_broker()
+        self.producer = Proc("producer", ["produce", "higgs", "--topic", TOPIC, "--loop", "--rate", str(rate),
+                                          "--bootstrap", self.s.bootstrap, "--partitions", "2", "--no-progress",
+                                          "--metrics-port", "0"], folder)
+        self.s.procs.append(self.producer)
+        self.trainer = self.start(resume=False)
+
+    def start(self, *, resume: bool, more: tuple[str, ...] = (), name: str = "trainer") -> Proc:
+        where = ["--resume", str(self.out)] if resume else ["--out", str(self.out)]
+        t = Proc(name, ["run", "--dataset", "higgs", "--bootstrap", self.s.bootstrap, "--topic", TOPIC,
+                             "--max-offsets-per-trigger", "2000", "--eval-every", "1000000", *where, *self.extra,
+                             *more], self.folder)
+        self.s.procs.append(t)
+        self.trainer = t
+        return t
+
+    def wait(self, text: str, timeout_s: float = 600) -> str:
+        deadline = time.monotonic() + timeout_s
+        while text not in (got := self.trainer.text()):
+            if self.trainer.p.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"no {text!r} from the trainer: {got[-600:]}")
+            time.sleep(0.2)
+        return got
+
+    def drain_and_check(self, timeout_s: float = 300) -> tuple[int, int]:
+        """Stop the producer, let the trainer train what the topic holds; (lost, duplicated)."""
+        self.producer.signal(signal.SIGINT)
+        ends = topic_ends(self.s.bootstrap)
+        deadline = time.monotonic() + timeout_s
+        while ledger_check(ledger_of(self.out), ends)[0] and time.monotonic() < deadline:
+            time.sleep(1)
+        return ledger_check(ledger_of(self.out), ends)
+
+    def logs(self) -> str:
+        return "\n".join(p.read_text(errors="replace") for p in self.folder.glob("*.out"))
+
+    def stop(self) -> None:
+        # SIGTERM, as a supervisor stops it (PySpark's own SIGINT handler prints py4j's
+        # tracebacks when Ctrl-C lands inside a Spark call, which is no fault of these).
+        for p in reversed(self.s.procs):  # the trainer and producer before their broker
+            p.signal(signal.SIGTERM, timeout_s=60)
+
+
+def _find(text: str, pattern: str) -> str:
+    m = re.search(pattern, text)
+    if m is None:
+        raise RuntimeError(f"no {pattern!r} in the log")
+    return m.group(1)
+
+
+# --- faults against a live run ---------------------------------------------------------------
+
+
+def checkpoint_fault(folder: Path, args: Any) -> dict[str, Any]:
+    live = Live(folder, rate=args.rate)
+    try:
+        live.wait("first micro-batch trained")
+        time.sleep(20)
+        live.trainer.signal(signal.SIGKILL)  # a crash; then the disk damages the newest checkpoint
+        state = live.out / "state.npz"
+        state.write_bytes(state.read_bytes()[: state.stat().st_size // 2])
+        refused = live.start(resume=True, name="refused")
+        refused.p.wait(120)
+        text = refused.text()
+        generation = _find(text, r"--generation (\d+)")
+        one_line = refused.p.returncode != 0 and "Traceback" not in text and "is damaged: truncated" in text
+        live.start(resume=True, more=("--generation", generation), name="resumed")
+        live.wait("first micro-batch trained")
+        lost, dup = live.drain_and_check()
+    finally:
+        live.stop()
+    return {"survived": one_line and not lost and not dup, "lost": lost, "duplicated": dup,
+            "tracebacks": live.logs().count("Traceback")}
+
+
+def secret_fault(folder: Path, args: Any) -> dict[str, Any]:
+    from tests.cluster import proc_scan
+
+    secret = secrets.token_hex(16)
+    conf = folder / "spark.conf"
+    conf.write_text(f"spark.authenticate true\nspark.authenticate.secret {secret}\n")
+    conf.chmod(0o600)
+    live = Live(folder, rate=args.rate, trainer_args=("--spark-conf", str(conf)))
+    try:
+        with proc_scan.Watch(secret) as watch:
+            live.wait("first micro-batch trained")
+            time.sleep(10)
+        lost, dup = live.drain_and_check()
+    finally:
+        live.stop()
+    carriers = {p: w for p, w in watch.found.items() if w.startswith("cmdline")}
+    return {"survived": not carriers and watch.scans > 5, "carriers": carriers, "lost": lost, "duplicated": dup,
+            "tracebacks": live.logs().count("Traceback")}
+
+
+def rest_port(folder: Path, args: Any) -> dict[str, Any]:
+    from pipeline.ingest.kafka.broker import free_port
+
+    port, rest = free_port(), free_port()
+    env = {**os.environ, "SPARK_MASTER_OPTS": f"-Dspark.master.rest.port={rest}"}
+    log = folder / "master.out"
+    with open(log, "wb") as f:
+        master = subprocess.Popen([*soak.CLI, "spark-master", "--port", str(port), "--webui-port", "0"],
+                                  cwd=soak.ROOT, env=env, stdout=f, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 120
+        while "elected leader" not in log.read_text(errors="replace") and time.monotonic() < deadline:
+            time.sleep(0.5)
+        closed = socket.socket().connect_ex(("127.0.0.1", rest)) != 0
+        opened = socket.socket().connect_ex(("127.0.0.1", port)) == 0
+    finally:
+        master.terminate()
+        master.wait(30)
+    return {"survived": closed and opened, "tracebacks": log.read_text(errors="replace").count("Traceback")}
+
+
+def _http(port: int, raw: bytes, timeout_s: float = 15) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout_s) as s:
+        s.sendall(raw)
+        got = b""
+        with contextlib.suppress(TimeoutError, ConnectionError):
+            while chunk := s.recv(65536):
+                got += chunk
+        return got
+
+
+def hostile_http(folder: Path, args: Any, live: Live | None = None) -> dict[str, Any]:
+    own = live is None
+    live = live or Live(folder, rate=args.rate, trainer_args=("--serve-port", "0"))
+    try:
+        text = live.wait("serving predictions at")
+        port = int(_find(text, r"serving predictions at http://127\.0\.0\.1:(\d+)/"))
+        path = b"/v1/models/higgs:predict"
+
+        def post(body: bytes, head: bytes = b"") -> bytes:
+            return _http(port, b"POST " + path + b" HTTP/1.1\r\nHost: x\r\nConnection: close\r\n" + head
+                         + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+
+        slow = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(20)]
+        for s in slow:
+            s.send(b"POST ")
+        answers = [post(b'{"instances": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"),
+                   post(b'{"instances": [[' + b"9" * 310 + b"]]}"),
+                   post(json.dumps({"instances": [["1"] * 28]}).encode()),
+                   _http(port, b"POST " + path + b" HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n{}")]
+        good = post(json.dumps({"instances": [[0.5] * 28]}).encode())
+        for s in slow:
+            s.close()
+        statuses = [a.split(b" ")[1].decode() if a.startswith(b"HTTP/") else "none" for a in answers]
+        ok = statuses == ["400", "400", "400", "400"] and good.split(b" ")[1] in (b"200", b"503")
+        result: dict[str, Any] = {"survived": ok, "statuses": statuses, "good": good[:12].decode(errors="replace")}
+        if own:
+            result["lost"], result["duplicated"] = live.drain_and_check()
+    finally:
+        if own:
+            live.stop()
+    result["tracebacks"] = live.logs().count("Traceback") if own else 0
+    return result
+
+
+def ps_refusals(folder: Path, args: Any, live: Live | None = None) -> dict[str, Any]:
+    own = live is None
+    live = live or Live(folder, rate=args.rate)
+    try:
+        text = live.wait("first micro-batch trained")
+        host, port = _find(text, r"parameter server at ([\d.]+:\d+)").split(":")
+        metrics = _find(text, r"metrics at (http://\S+)")
+        for _ in range(5):
+            with socket.create_connection((host, int(port)), timeout=5) as s:
+                s.recv(16)
+                s.sendall(b"GET / HTTP/1.1\r\n" + bytes(48))  # not the proof of the secret
+        deadline, seen = time.monotonic() + 30, 0.0
+        while seen < 5 and time.monotonic() < deadline:
+            body = urllib.request.urlopen(metrics, timeout=5).read().decode()  # noqa: S310 (loopback)
+            seen = float(_find(body, r'streamtrain_ps_refusals_total\{reason="auth"\} (\S+)'))
+            time.sleep(0.5)
+        result: dict[str, Any] = {"survived": seen >= 5, "auth_refusals_on_metrics": seen}
+        if own:
+            result["lost"], result["duplicated"] = live.drain_and_check()
+    finally:
+        if own:
+            live.stop()
+    result["tracebacks"] = live.logs().count("Traceback") if own else 0
+    return result
+
+
+def _poison(bootstrap: str, partition: int) -> None:
+    from tests.ingest import raw_batches
+
+    bad = raw_batches.batch([(b"k", b"v")] * 3, codec=4, payload=b"\x28\xb5\x2f\xfd not zstd")
+    if raw_batches.produce(bootstrap, TOPIC, partition, bad) != 0:
+        raise RuntimeError("the broker refused the poison batch")
+
+
+def poison_kafka(folder: Path, args: Any) -> dict[str, Any]:
+    live = Live(folder / "skip", rate=args.rate, trainer_args=("--on-poison", "skip"))
+    try:
+        live.wait("first micro-batch trained")
+        _poison(live.s.bootstrap, 0)
+        time.sleep(15)
+        lost, dup = live.drain_and_check()
+        live.trainer.signal(signal.SIGTERM)
+        rows = [json.loads(line) for line in (live.out / "batches.jsonl").read_text().splitlines()]
+        poison = [p for row in rows for p in row.get("poison", [])]
+        skipped_ok = len(poison) == 1 and poison[0]["last"] - poison[0]["first"] == 2
+        tracebacks = live.logs().count("Traceback")
+    finally:
+        live.stop()
+    live = Live(folder / "fail", rate=args.rate)
+    try:
+        live.wait("first micro-batch trained")
+        _poison(live.s.bootstrap, 1)
+        live.trainer.p.wait(300)
+        text = live.trainer.text()
+        stopped_ok = live.trainer.p.returncode != 0 and f"Cannot read {TOPIC}-1 at offset" in text
+        tracebacks += live.logs().count("Traceback")
+    finally:
+        live.stop()
+    return {"survived": skipped_ok and stopped_ok and not lost and not dup, "poison": poison, "lost": lost,
+            "duplicated": dup, "tracebacks": tracebacks}
+
+
+def soak_mix(folder: Path, args: Any) -> dict[str, Any]:
+    live = Live(folder, rate=args.rate, trainer_args=("--on-poison", "skip", "--serve-port", "0"))
+    rounds, failures = 0, []
+    try:
+        live.wait("first micro-batch trained")
+        t0, killed = time.monotonic(), False
+        while time.monotonic() - t0 < args.minutes * 60 and rounds < 1000:  # bounded
+            rounds += 1
+            for name, fault in (("http", hostile_http), ("ps", ps_refusals)):
+                if not fault(folder, args, live=live)["survived"]:
+                    failures.append(f"{name} round {rounds}")
+            _poison(live.s.bootstrap, rounds % 2)
+            if not killed and time.monotonic() - t0 > args.minutes * 20:  # a third of the way: kill, resume
+                killed = True
+                live.trainer.signal(signal.SIGKILL)
+                live.start(resume=True)
+                live.wait("first micro-batch trained")
+            time.sleep(10)
+        lost, dup = live.drain_and_check()
+    finally:
+        live.stop()
+    return {"survived": not failures, "rounds": rounds, "failures": failures, "lost": lost, "duplicated": dup,
+            "tracebacks": live.logs().count("Traceback")}
+
+
+SCENARIOS: dict[str, Callable[..., dict[str, Any]]] = {
+    "poison_update": poison_update, "slow_ps_clients": slow_ps_clients, "checkpoint": checkpoint_fault,
+    "secret": secret_fault, "rest_port": rest_port, "hostile_http": hostile_http, "ps_refusals": ps_refusals,
+    "poison_kafka": poison_kafka, "soak": soak_mix,
+}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--minutes", type=float, default=5, help="the soak's length")
+    ap.add_argument("--rate", type=float, default=1000, help="the producer's records/s")
+    ap.add_argument("--only", help="comma-separated scenarios (default: all)")
+    ap.add_argument("--keep", action="store_true", help="keep the folder with the logs")
+    args = ap.parse_args()
+    names = args.only.split(",") if args.only else list(SCENARIOS)
+    unknown = sorted(set(names) - set(SCENARIOS))
+    if unknown:
+        raise SystemExit(f"chaos: expected scenarios among {', '.join(SCENARIOS)}. Received: {', '.join(unknown)}")
+    root = Path(tempfile.mkdtemp(prefix="streamtrain-chaos-"))
+    totals = {"survived": 0, "lost": 0, "duplicated": 0, "tracebacks": 0}
+    for name in names:
+        folder = root / name
+        folder.mkdir()
+        started = time.monotonic()
+        try:
+            result = SCENARIOS[name](folder, args)
+        except Exception as e:  # a scenario that could not run did not survive
+            result = {"survived": False, "error": f"{type(e).__name__}: {e}"}
+        result["seconds"] = round(time.monotonic() - started, 1)
+        print(f"chaos: {name}: {json.dumps(result, default=str)}", flush=True)
+        totals["survived"] += bool(result["survived"])
+        for key in ("lost", "duplicated", "tracebacks"):
+            totals[key] += int(result.get(key, 0))
+    if not args.keep:
+        import shutil
+
+        shutil.rmtree(root, ignore_errors=True)
+    else:
+        print(f"chaos: logs in {root}", flush=True)
+    print(f"chaos scenarios={len(names)} survived={totals['survived']} lost={totals['lost']} "
+          f"duplicated={totals['duplicated']} tracebacks={totals['tracebacks']}", flush=True)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    main()

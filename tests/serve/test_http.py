@@ -1,0 +1,200 @@
+"""The model server against hostile clients: slow heads and bodies, connection floods,
+request smuggling, bodies that cost more than their size, JSON that breaks decoders, and
+the max-age promise. A real model (Keras, TensorFlow) serving a real parameter server's
+live center over real sockets; no full run needed."""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from pipeline import codec
+from pipeline.serve.http import ModelServer
+from pipeline.serve.predictor import Predictor
+from pipeline.serve.weights import LiveWeights
+from pipeline.train.ps import ParameterServer
+
+SECRET = b"serve-test-secret"
+PATH = "/v1/models/m:predict"
+
+
+@pytest.fixture(scope="module")
+def live() -> Iterator[tuple[ParameterServer, Any]]:
+    """A parameter server holding a small MNIST classifier's weights, and its spec."""
+    import keras
+
+    from pipeline.train.model import ModelSpec, get_flat
+
+    model = keras.Sequential([keras.Input((784,)), keras.layers.Dense(10, activation="softmax")])
+    spec = ModelSpec.from_model(model, optimizer="sgd", loss="sparse_categorical_crossentropy")
+    with ParameterServer(get_flat(model), secret=SECRET) as server:
+        yield server, spec
+
+
+@contextlib.contextmanager
+def serving(live: tuple[ParameterServer, Any], **options: Any) -> Iterator[ModelServer]:
+    server, spec = live
+    source = LiveWeights(f"{server.host}:{server.port}", secret=SECRET, size=server.size, interval_s=0.05)
+    source.start()
+    try:
+        predictor = Predictor(spec, codec.MNIST, source, max_age_s=options.pop("max_age_s", 5.0), threads=1)
+        deadline = time.monotonic() + 30
+        while source.latest() is None:
+            assert time.monotonic() < deadline, "no weights read"
+            time.sleep(0.02)
+        app = ModelServer(predictor, name="m", **options).start()
+        try:
+            yield app
+        finally:
+            app.stop()
+    finally:
+        source.close()
+
+
+def _post(port: int, body: bytes, headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], Any]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        conn.request("POST", PATH, body=body, headers={"Content-Type": "application/json", **(headers or {})})
+        resp = conn.getresponse()
+        text = resp.read()
+        return resp.status, dict(resp.getheaders()), json.loads(text) if text[:1] == b"{" else text
+    finally:
+        conn.close()
+
+
+def _raw(port: int, data: bytes, timeout_s: float = 5) -> bytes:
+    """Send ``data`` on a fresh connection; everything the server sends until it closes
+    (or ``timeout_s`` of silence)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout_s) as sock:
+        sock.sendall(data)
+        got = b""
+        with contextlib.suppress(TimeoutError):
+            while chunk := sock.recv(65536):
+                got += chunk
+        return got
+
+
+def _metric(app: ModelServer, name: str, **labels: str) -> float:
+    want = ",".join(f'{k}="{v}"' for k, v in sorted({"model": "m", **labels}.items()))
+    for metric in app.meters.registry.collect():
+        for s in metric.samples:
+            if s.name == name and ",".join(f'{k}="{v}"' for k, v in sorted(s.labels.items())) == want:
+                return float(s.value)
+    return 0.0
+
+
+ONE = json.dumps({"instances": [[0] * 784]}).encode()
+BAD = [
+    ("deep JSON", b'{"instances": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", 400, "too_deep"),
+    ("a 310-digit integer", b'{"instances": [[' + b"9" * 310 + b"]]}", 400, "number_too_large"),
+    ("numbers as strings", json.dumps({"instances": [["1"] * 784]}).encode(), 400, "not_numeric"),
+    ("a cheap body of 8M values", b'{"instances": [[' + b"0," * (4 << 20) + b"0]]}", 413, "too_many_values"),
+]
+
+
+@pytest.mark.parametrize("what, body, status, reason", BAD, ids=[b[0] for b in BAD])
+def test_bodies_that_break_decoders_get_a_status_and_a_count(live, what: str, body: bytes, status: int,  # type: ignore[no-untyped-def]
+                                                             reason: str) -> None:
+    """Proves: JSON deeper than the decoder goes (RecursionError), an integer a float cannot
+    hold (OverflowError), numeric strings as pixels and a body of millions of values (~30
+    bytes of Python objects each) each get their status and are counted by reason; the
+    server answers the next request."""
+    with serving(live) as app:
+        got, _, answer = _post(app.port, body)
+        assert got == status, answer
+        assert _metric(app, "streamtrain_serve_bad_requests_total", reason=reason) == 1
+        assert _post(app.port, ONE)[0] == 200
+
+
+def test_malformed_heads_and_smuggled_requests_get_one_answer_each(live) -> None:  # type: ignore[no-untyped-def]
+    """Proves: a non-numeric Content-Length gets a 400 (counted "malformed"), not a dropped
+    connection; a chunked body that carries a second request inside is the body, never a
+    request of its own (one answer); a request with no length gets a 411."""
+    with serving(live) as app:
+        answer = _raw(app.port, b"POST " + PATH.encode() + b" HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n{}")
+        assert answer.split(b" ")[1] == b"400", answer[:200]
+        assert _metric(app, "streamtrain_serve_bad_requests_total", reason="malformed") == 1
+        smuggled = b"GET /v1/models/m HTTP/1.1\r\nHost: x\r\n\r\n"
+        chunk = b'{"x": "' + smuggled + b'"}'
+        answer = _raw(app.port, b"POST " + PATH.encode() + b" HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
+                      b"Connection: close\r\n\r\n" + f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n0\r\n\r\n")
+        assert answer.count(b"HTTP/1.1 ") == 1 and answer.startswith(b"HTTP/1.1 400"), answer[:300]
+        answer = _raw(app.port, b"POST " + PATH.encode() + b" HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert answer.startswith(b"HTTP/1.1 411"), answer[:200]
+        assert _metric(app, "streamtrain_serve_requests_total", code="411") == 1
+
+
+def test_slow_clients_meet_deadlines_and_a_flood_meets_the_connection_limit(live) -> None:  # type: ignore[no-untyped-def]
+    """Proves: clients sending a head one byte every 0.2 s are closed when the head's
+    deadline (1 s) passes, not kept alive by each byte; past the connection limit a client
+    gets a 503 at once (counted "busy"); a body that trickles gets a 408; afterwards a
+    client is served."""
+    with serving(live, timeout_s=1.0, max_connections=4) as app:
+        slow = [socket.create_connection(("127.0.0.1", app.port), timeout=5) for _ in range(4)]
+        time.sleep(0.1)  # accepted
+        assert _raw(app.port, b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n").startswith(b"HTTP/1.1 503")
+        assert _metric(app, "streamtrain_serve_bad_requests_total", reason="busy") == 1
+        head = b"POST " + PATH.encode() + b" HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n"
+        started, closed = time.monotonic(), set()
+        for i in range(30):  # bounded: 6 s of trickle at most
+            for k, sock in enumerate(slow):
+                if k not in closed:
+                    try:
+                        sock.send(head[i:i + 1])
+                    except OSError:
+                        closed.add(k)
+            if len(closed) == len(slow):
+                break
+            time.sleep(0.2)
+        assert len(closed) == len(slow), "a trickling head outlived its deadline"
+        assert time.monotonic() - started < 3.0
+        for sock in slow:
+            sock.close()
+        with socket.create_connection(("127.0.0.1", app.port), timeout=10) as sock:
+            sock.sendall(head + b"\r\n{")  # 1 of 10 body bytes
+            answer = sock.recv(65536)
+        assert answer.startswith(b"HTTP/1.1 408"), answer[:200]
+        assert _post(app.port, ONE)[0] == 200
+
+
+def test_no_answer_is_older_than_the_max_age(live) -> None:  # type: ignore[no-untyped-def]
+    """Proves: with --serve-max-age 0.3, while the weights stop refreshing and age past the
+    bound (three times), every 200 says an age within the bound and the rest are 503s."""
+    server, spec = live
+    ages: list[float] = []
+    statuses: list[int] = []
+    body = json.dumps({"instances": [[0] * 784] * 256}).encode()
+    with serving(live, max_age_s=0.3) as app:
+        predictor = app.predictor
+        for _ in range(3):
+            source = LiveWeights(f"{server.host}:{server.port}", secret=SECRET, size=server.size, interval_s=0.05)
+            source.start()
+            old, predictor.source = predictor.source, source
+            old.close()
+            time.sleep(0.2)
+            source.close()  # from now on the weights age
+            stop = time.monotonic() + 0.6
+
+            def client(stop: float = stop) -> None:
+                while time.monotonic() < stop:
+                    status, headers, _ = _post(app.port, body)
+                    statuses.append(status)
+                    if status == 200:
+                        ages.append(float(headers["X-Weights-Age-Seconds"]))
+
+            threads = [threading.Thread(target=client) for _ in range(4)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(30)
+    assert ages and 503 in statuses, statuses
+    assert max(ages) <= 0.3, sorted(ages)[-5:]
+    assert set(statuses) <= {200, 503}

@@ -1,0 +1,103 @@
+"""Checkpoint generations: the last K kept, a damaged file named with the way on, a rewind
+to an earlier one (Spark's logs with it), a model that diverged stopped before its save,
+and one run per output folder."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pipeline.errors import ConfigError, DataError, StreamtrainError
+from pipeline.train import checkpoint
+from pipeline.train.driver import TrainDriver
+from pipeline.train.ps import ParameterServer
+from pipeline.train.rows import BatchRow
+from tests.conftest import ROOT
+
+
+def _save_batches(folder: Path, n: int, keep: int = 3) -> None:
+    for b in range(n):
+        checkpoint.save(folder, checkpoint.State(np.full(4, b, np.float32), clock=b, last_batch_id=b,
+                                                 ledger=[[b, "t", 0, b * 10, b * 10 + 10]]), keep=keep)
+
+
+def test_the_last_k_generations_are_kept_and_a_rewind_takes_sparks_logs_back(tmp_path: Path) -> None:
+    """Proves: with keep=3 the generations of batches 3, 4, 5 stay; a rewind to 4 makes it
+    state.npz, drops generation 5, and Spark's offset and commit logs forget batch 5 (so
+    Spark plans it again from batch 4's offsets)."""
+    _save_batches(tmp_path, 6)
+    assert checkpoint.generations(tmp_path) == [3, 4, 5]
+    spark = tmp_path / "spark-checkpoint"
+    for log in ("offsets", "commits"):
+        (spark / log).mkdir(parents=True)
+        for b in range(6):
+            (spark / log / str(b)).write_text("v1\n")
+            (spark / log / f".{b}.crc").write_bytes(b"x")
+    state = checkpoint.rewind(tmp_path, 4, spark)
+    assert state.last_batch_id == 4
+    back = checkpoint.load(tmp_path)
+    assert back is not None and back.last_batch_id == 4 and back.weights.tolist() == [4.0] * 4
+    assert checkpoint.generations(tmp_path) == [3, 4]
+    for log in ("offsets", "commits"):
+        assert sorted(p.name for p in (spark / log).iterdir()) == sorted(
+            [str(b) for b in range(5)] + [f".{b}.crc" for b in range(5)])
+    with pytest.raises(DataError, match="Expected generation 9 .* Received: generations 3, 4"):
+        checkpoint.load(tmp_path, generation=9)
+
+
+@pytest.mark.parametrize("damage, what", [(lambda b: b[: len(b) // 2], "truncated"), (lambda b: b"", "empty")])
+def test_a_damaged_state_is_one_line_naming_it_and_the_newest_intact_generation(tmp_path: Path, damage, what) -> None:  # type: ignore[no-untyped-def]
+    """Proves: a truncated or empty state.npz (and its hard-linked generation, the same
+    file) is a DataError naming the file and what is wrong, offering the newest intact
+    generation; the CLI says it in one line, no traceback, and resuming that generation works."""
+    _save_batches(tmp_path, 3)
+    state = tmp_path / checkpoint.FILENAME
+    state.write_bytes(damage(state.read_bytes()))  # in place: generation 2 is the same inode
+    with pytest.raises(DataError) as e:
+        checkpoint.load(tmp_path)
+    message = str(e.value)
+    assert str(state) in message and what in message and "--generation 1" in message, message
+    done = subprocess.run([sys.executable, "-m", "pipeline", "run", "--dataset", "mnist", "--resume", str(tmp_path)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    errors = [line for line in done.stderr.splitlines() if line.startswith("streamtrain: error:")]
+    assert len(errors) == 1 and "--generation 1" in errors[0], done.stderr[-3000:]
+    rewound = checkpoint.rewind(tmp_path, 1, tmp_path / "spark-checkpoint")
+    assert rewound.last_batch_id == 1 and checkpoint.load(tmp_path) is not None
+
+
+def test_a_second_run_on_one_folder_is_refused(tmp_path: Path) -> None:
+    """Proves: while one process holds the folder, a run there stops with one line naming
+    the holder (no second writer of one checkpoint); the lock goes with its holder."""
+    _save_batches(tmp_path, 1)
+    with checkpoint.lock(tmp_path):
+        with pytest.raises(ConfigError, match="another run is writing"), checkpoint.lock(tmp_path):
+            pass
+        done = subprocess.run([sys.executable, "-m", "pipeline", "run", "--dataset", "mnist", "--resume",
+                               str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr[-3000:]
+        assert "another run is writing" in done.stderr, done.stderr[-3000:]
+    with checkpoint.lock(tmp_path):  # released
+        pass
+
+
+def _row(loss: float | None) -> BatchRow:
+    return BatchRow(batch_id=7, t=0, rows=1, trained=1, rejected={}, batch_s=0, lag=0, staleness_p50=None,
+                    staleness_p99=None, clock=1, compute_s=0, exchange_s=0, prequential_loss=loss)
+
+
+@pytest.mark.parametrize("loss, weights", [(math.nan, 0.0), (math.inf, 0.0), (0.5, math.nan)])
+def test_a_model_that_diverged_stops_before_its_save(tmp_path: Path, loss: float, weights: float) -> None:
+    """Proves: a NaN or Inf prequential loss, or a center that is not finite, stops the batch
+    with one line that offers the newest kept generation; a sound batch passes."""
+    _save_batches(tmp_path, 3)
+    with ParameterServer(np.zeros(4, np.float32), secret=b"s") as server:
+        driver = TrainDriver(server, folder=tmp_path)
+        driver.check_finite(7, np.zeros(4, np.float32), _row(0.5))
+        with pytest.raises(StreamtrainError, match=r"Batch 7: the model diverged .* --generation 2 \(kept: 0, 1, 2\)"):
+            driver.check_finite(7, np.full(4, weights, np.float32), _row(loss))
