@@ -32,8 +32,7 @@ from pipeline.cluster.zygote import Zygote
 from pipeline.errors import ConfigError, StreamtrainError
 from pipeline.ingest import microbatch
 from pipeline.ingest.kafka.release import Releaser
-from pipeline.jobs import run_record
-from pipeline.jobs import user_data
+from pipeline.jobs import run_record, user_data
 from pipeline.jobs.display import Display
 from pipeline.jobs.replay_process import ReplayProcess
 from pipeline.jobs.report import History, RunReport
