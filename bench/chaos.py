@@ -109,10 +109,11 @@ class Live:
 
 
 def _find(text: str, pattern: str) -> str:
-    m = re.search(pattern, text)
-    if m is None:
+    """The last match's group (a log may hold a run before its resume)."""
+    found = re.findall(pattern, text)
+    if not found:
         raise RuntimeError(f"no {pattern!r} in the log")
-    return m.group(1)
+    return str(found[-1])
 
 
 # --- faults against a live run ---------------------------------------------------------------
@@ -302,7 +303,7 @@ def soak_mix(folder: Path, args: Any) -> dict[str, Any]:
             if not killed and time.monotonic() - t0 > args.minutes * 20:  # a third of the way: kill, resume
                 killed = True
                 live.trainer.signal(signal.SIGKILL)
-                live.start(resume=True)
+                live.start(resume=True, name="resumed")  # a log of its own: its port, its first batch
                 live.wait("first micro-batch trained")
             time.sleep(10)
         lost, dup = live.drain_and_check()
