@@ -14,6 +14,7 @@ import pytest
 from pipeline.jobs.run_metrics import RunMetrics
 from pipeline.observe import metrics
 from pipeline.train.ps import Client, ParameterServer, ProtocolError
+from tests.train.ps.test_server import _raw_session
 
 SECRET = b"per-run-secret"
 N = 1000
@@ -75,16 +76,7 @@ def test_a_poison_push_is_refused_counted_and_the_center_stays_whole(shared: boo
 
 def _handshaken(server: ParameterServer) -> socket.socket:
     """A raw connection past the handshake (it holds an authenticated slot)."""
-    from pipeline.train.ps import protocol as p
-
-    sock = socket.create_connection(server.address, timeout=5)
-    theirs = bytearray(p.NONCE_BYTES)
-    p.recv_exact(sock, memoryview(theirs))
-    ours = b"n" * p.NONCE_BYTES
-    sock.sendall(ours + p.client_proof(SECRET, bytes(theirs), ours))
-    answer = bytearray(1 + p.PROOF_BYTES)
-    p.recv_exact(sock, memoryview(answer))
-    assert answer[0] == p.OK
+    sock, _ = _raw_session(server)
     return sock
 
 
