@@ -125,7 +125,7 @@ class TopicTable:
                 "schema": self.table.to_dict()}
 
 
-def sample_topic(bootstrap: str, topic: str, limit: int, *, timeout_s: float = 10.0) -> list[tuple[bytes | None, bytes | None, int]]:
+def sample_topic(bootstrap: str, topic: str, limit: int, *, timeout_s: float = 60.0) -> list[tuple[bytes | None, bytes | None, int]]:
     """Up to ``limit`` records ``(key, value, offset)`` from the start of every partition of ``topic``."""
     from kafka import TopicPartition
 

@@ -130,8 +130,8 @@ class TrainDriver:
     def check_finite(self, batch_id: int, weights: np.ndarray, row: BatchRow) -> None:
         """Stop a model that diverged before its weights are saved or served: a prequential
         loss that is NaN or Inf, or a center that is not finite (a rule's own state blew up)."""
-        loss = row.prequential_loss
-        if loss is not None and math.isfinite(loss) and np.isfinite(weights).all():
+        loss = row.prequential_loss  # None: nothing trained in this batch (all rejected, or none)
+        if (loss is None or math.isfinite(loss)) and np.isfinite(weights).all():
             return
         what = f"prequential loss {loss}" if loss is not None and not math.isfinite(loss) else "weights not finite"
         kept = checkpoint.generations(self.folder) if self.folder is not None else []

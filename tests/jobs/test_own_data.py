@@ -110,7 +110,7 @@ def _produce(bootstrap: str, topic: str, values: list[bytes]) -> None:
 
     producer = Producer({"bootstrap.servers": bootstrap, "compression.type": "lz4", "linger.ms": 5})
     for i, value in enumerate(values):
-        producer.produce(topic, value=value, key=f"penguin-{i}".encode())
+        producer.produce(topic, value=value, key=f"penguin-{i % 344}".encode())  # a penguin's key, every time
     assert producer.flush(30) == 0
 
 
@@ -125,16 +125,17 @@ def test_topics_of_json_and_avro_records_written_by_confluent_kafka(broker, topi
 
     table = infer(sample_columns(PENGUINS), label="species")
     bad = b'{"island": "Dream", "bill_length_mm": "long", "species": "Adelie"}'  # a word where a number goes
-    _produce(broker.bootstrap, topic, encode_values(rows, table) + [bad])
+    copies = 8  # the same 344 penguins 8 times over, same keys: one pass of a topic is enough to learn
+    _produce(broker.bootstrap, topic, encode_values(rows, table) * copies + [bad])
     done = _cli("run", "--bootstrap", broker.bootstrap, "--topic", topic, "--format", "json", "--label", "species",
                 "--holdout", "0.2", "--max-batches", "1", "--out", str(tmp_path / "json"))
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads((tmp_path / "json/report.json").read_text())
     held = re.search(r"held-out scores on (\d+) records", done.stderr)
-    assert held and 40 <= int(held.group(1)) <= 100, done.stderr[-2000:]
-    assert report["trained_records"] == 344 - int(held.group(1)) and report["rejected_records"] == 1
+    assert held and int(held.group(1)) % copies == 0 and 40 <= int(held.group(1)) // copies <= 100, done.stderr[-2000:]
+    assert report["trained_records"] == copies * 344 - int(held.group(1)) and report["rejected_records"] == 1
     assert report["batches"][0]["rejected"] == {"not_a_number:bill_length_mm": 1}
-    assert report["final"]["accuracy"] > 0.5 and "auc" not in report["final"]
+    assert report["final"]["accuracy"] > 0.6 and "auc" not in report["final"]
     avro = table.with_format("avro")
     (tmp_path / "avro.json").write_text(avro.to_json())
     _produce(broker.bootstrap, topic + "-avro", encode_values(rows, avro))

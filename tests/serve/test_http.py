@@ -166,22 +166,28 @@ def test_slow_clients_meet_deadlines_and_a_flood_meets_the_connection_limit(live
 
 
 def test_no_answer_is_older_than_the_max_age(live) -> None:  # type: ignore[no-untyped-def]
-    """Proves: with --serve-max-age 0.3, while the weights stop refreshing and age past the
-    bound (three times), every 200 says an age within the bound and the rest are 503s."""
+    """Proves: with --serve-max-age 0.5, while the weights stop refreshing and age past the
+    bound (three times), every 200 says an age within the bound and the rest are 503s. Each
+    round waits for a first fresh answer (a loaded machine may take seconds), then ages."""
     server, spec = live
     ages: list[float] = []
     statuses: list[int] = []
-    body = json.dumps({"instances": [[0] * 784] * 256}).encode()
-    with serving(live, max_age_s=0.3) as app:
+    body = json.dumps({"instances": [[0] * 784] * 4}).encode()
+    with serving(live, max_age_s=0.5) as app:
         predictor = app.predictor
         for _ in range(3):
             source = LiveWeights(f"{server.host}:{server.port}", secret=SECRET, size=server.size, interval_s=0.05)
             source.start()
             old, predictor.source = predictor.source, source
             old.close()
-            time.sleep(0.2)
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:  # fresh weights are in: the server answers
+                status, headers, _ = _post(app.port, body)
+                if status == 200:
+                    ages.append(float(headers["X-Weights-Age-Seconds"]))
+                    break
             source.close()  # from now on the weights age
-            stop = time.monotonic() + 0.6
+            stop = time.monotonic() + 1.5
 
             def client(stop: float = stop) -> None:
                 while time.monotonic() < stop:
@@ -195,6 +201,6 @@ def test_no_answer_is_older_than_the_max_age(live) -> None:  # type: ignore[no-u
                 t.start()
             for t in threads:
                 t.join(30)
-    assert ages and 503 in statuses, statuses
-    assert max(ages) <= 0.3, sorted(ages)[-5:]
+    assert len(ages) >= 3 and 503 in statuses, statuses
+    assert max(ages) <= 0.5, sorted(ages)[-5:]
     assert set(statuses) <= {200, 503}
