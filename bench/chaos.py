@@ -192,10 +192,26 @@ def _http(port: int, raw: bytes, timeout_s: float = 15) -> bytes:
         return got
 
 
-def hostile_http(folder: Path, args: Any, live: Live | None = None) -> dict[str, Any]:
+@contextlib.contextmanager
+def _scenario(live: Live | None, start: Callable[[], Live]) -> Any:
+    """A scenario on ``live`` (the soak's, shared) or on a run of its own from ``start``,
+    which it then drains, checks for lost and duplicated records, stops and reads for
+    tracebacks. Yields the live run and the result dict to fill."""
     own = live is None
-    live = live or Live(folder, rate=args.rate, trainer_args=("--serve-port", "0"))
+    run = live or start()
+    result: dict[str, Any] = {}
     try:
+        yield run, result
+        if own:
+            result["lost"], result["duplicated"] = run.drain_and_check()
+    finally:
+        if own:
+            run.stop()
+    result["tracebacks"] = run.logs().count("Traceback") if own else 0
+
+
+def hostile_http(folder: Path, args: Any, live: Live | None = None) -> dict[str, Any]:
+    with _scenario(live, lambda: Live(folder, rate=args.rate, trainer_args=("--serve-port", "0"))) as (live, result):
         text = live.wait("serving predictions at")
         port = int(_find(text, r"serving predictions at http://127\.0\.0\.1:(\d+)/"))
         path = b"/v1/models/higgs:predict"
@@ -216,20 +232,12 @@ def hostile_http(folder: Path, args: Any, live: Live | None = None) -> dict[str,
             s.close()
         statuses = [a.split(b" ")[1].decode() if a.startswith(b"HTTP/") else "none" for a in answers]
         ok = statuses == ["400", "400", "400", "400"] and good.split(b" ")[1] in (b"200", b"503")
-        result: dict[str, Any] = {"survived": ok, "statuses": statuses, "good": good[:12].decode(errors="replace")}
-        if own:
-            result["lost"], result["duplicated"] = live.drain_and_check()
-    finally:
-        if own:
-            live.stop()
-    result["tracebacks"] = live.logs().count("Traceback") if own else 0
+        result.update(survived=ok, statuses=statuses, good=good[:12].decode(errors="replace"))
     return result
 
 
 def ps_refusals(folder: Path, args: Any, live: Live | None = None) -> dict[str, Any]:
-    own = live is None
-    live = live or Live(folder, rate=args.rate)
-    try:
+    with _scenario(live, lambda: Live(folder, rate=args.rate)) as (live, result):
         text = live.wait("first micro-batch trained")
         host, port = _find(text, r"parameter server at ([\d.]+:\d+)").split(":")
         metrics = _find(text, r"metrics at (http://\S+)")
@@ -242,13 +250,7 @@ def ps_refusals(folder: Path, args: Any, live: Live | None = None) -> dict[str, 
             body = urllib.request.urlopen(metrics, timeout=5).read().decode()  # noqa: S310 (loopback)
             seen = float(_find(body, r'streamtrain_ps_refusals_total\{reason="auth"\} (\S+)'))
             time.sleep(0.5)
-        result: dict[str, Any] = {"survived": seen >= 5, "auth_refusals_on_metrics": seen}
-        if own:
-            result["lost"], result["duplicated"] = live.drain_and_check()
-    finally:
-        if own:
-            live.stop()
-    result["tracebacks"] = live.logs().count("Traceback") if own else 0
+        result.update(survived=seen >= 5, auth_refusals_on_metrics=seen)
     return result
 
 

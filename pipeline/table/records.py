@@ -20,6 +20,7 @@ Example:
 from __future__ import annotations
 
 import csv
+import functools
 import io
 import operator
 from collections.abc import Callable, Sequence
@@ -36,14 +37,11 @@ PARSE_REASONS = ("not_json", "not_an_object", "not_csv", "not_avro")
 #: Confluent's wire format: a zero byte, the schema id (4 bytes, big-endian), the Avro body.
 CONFLUENT_MAGIC = 0
 
-_ENCODERS: dict[int, Encoder] = {}  # by id(schema): a block decodes with lookups built once per process
-
-
+@functools.lru_cache(maxsize=8)
 def _encoder(schema: TableSchema) -> Encoder:
-    enc = _ENCODERS.get(id(schema))
-    if enc is None or enc.schema is not schema:
-        enc = _ENCODERS[id(schema)] = Encoder(schema)
-    return enc
+    """The schema's encoder, its lookups built once per process: keyed by the schema's value,
+    since each task on an executor unpickles its own copy (a cache by ``id`` grew a task at a time)."""
+    return Encoder(schema)
 
 
 def _as_list(values: Any) -> list[bytes | None]:

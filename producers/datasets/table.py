@@ -234,9 +234,10 @@ class Table(Dataset):
         text), gaps as null; the rest as in the file."""
         t = self.table
         numeric = [f.name for f in t.features if f.kind == "numeric"] + ([t.label.name] if t.label and t.regression else [])
+        names = self._names()
         out = []
         for row in rows:
-            row = {k: v for k, v in row.items() if k in self._names()}
+            row = {k: v for k, v in row.items() if k in names}
             for name in numeric:
                 v = row.get(name)
                 if isinstance(v, str):
