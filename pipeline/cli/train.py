@@ -67,6 +67,9 @@ from producers import datasets
 @click.option("--on-poison", type=click.Choice(["fail", "skip"]), default="fail", show_default=True,
               help="A record batch that cannot be read (corrupt, unknown codec): stop with one line (fail), or pass "
                    "over it (skip): its offsets and cause go to the report, a metric and the dead-letter topic.")
+@click.option("--divergence-check/--no-divergence-check", default=True, show_default=True,
+              help="Stop (one line naming the checkpoint to go back to) when the held-out score collapses to what "
+                   "predicting the majority class scores, after the model had learned. README: Faults.")
 @click.option("--eval-every", type=int, default=5, show_default=True,
               help="Score the held-out split every this many micro-batches (and at the end).")
 @click.option("--metrics-port", type=int, default=0, show_default=True, help="Port of /metrics (0: a free port).")

@@ -265,6 +265,8 @@ class Run:
             spark, spec, schema=data.schema, x=test.x[:n_eval], y=test.y[:n_eval], job=handler.job, threads=threads,
             shards=cfg.workers)
         stack.callback(self._evaluation.close)
+        if cfg.divergence_check:
+            self._driver.watch_heldout(test.y[:n_eval], regression=data.schema.regression)
 
         def warm() -> None:
             warm_up(spark, spec, handler.job, workers=cfg.workers, threads=threads,

@@ -40,6 +40,7 @@ class RunConfig:
     keep_checkpoints: int = 3  # checkpoint generations kept beside state.npz
     max_offsets_per_trigger: int = 20_000
     on_poison: str = "fail"  # a batch the reader cannot read: stop (fail) or pass over it (skip)
+    divergence_check: bool = True  # stop a run whose held-out score collapses
     isolation_level: str = "read_committed"  # Kafka's; read_uncommitted also trains aborted transactions
     eval_every: int = 5
     eval_max: int = 10_000

@@ -56,6 +56,7 @@ ROLES: dict[str, str] = {
     "keep_checkpoints": KEPT,
     "on_poison": KEPT,  # what to do with a batch that cannot be read, decided anew each session
     "generation": SESSION,  # which kept checkpoint this session starts from
+    "divergence_check": SESSION,  # turned off for one session at a time, after a look at the data
     "epochs": KEPT,  # a larger one extends the run
     "rate": KEPT,
     "until_accuracy": KEPT,

@@ -2,7 +2,7 @@
 
 Each is a reader with a ``schema`` (how the stream decodes its records) and a held-out
 ``test`` split that scores the model: a built-in dataset's own; a file's fixed share of
-rows (``--holdout``); a topic's records whose key hashes into the held-out share
+rows (``--holdout``) or ``--eval-data FILE``'s rows; a topic's records whose key hashes into the held-out share
 (never trained: the executors drop them), read at the start, or ``--eval-data FILE``.
 No built-in dataset's test split ever scores a model it does not fit.
 """
@@ -35,9 +35,13 @@ def resolve(cfg: RunConfig, data_dir: Path) -> Any:
     from producers import datasets
 
     if cfg.data:
-        return datasets.Table(cfg.data, label=cfg.label, schema=cfg.schema,
-                              holdout=FILE_HOLDOUT if cfg.holdout is None else cfg.holdout,
-                              format=None if cfg.format in (None, "binary") else cfg.format)
+        # With --eval-data every row of the file trains, and the other file's rows score.
+        table = datasets.Table(cfg.data, label=cfg.label, schema=cfg.schema,
+                               holdout=0.0 if cfg.eval_data else FILE_HOLDOUT if cfg.holdout is None else cfg.holdout,
+                               format=None if cfg.format in (None, "binary") else cfg.format)
+        if cfg.eval_data:
+            table.eval_rows = datasets.Table(cfg.eval_data, schema=table.table, holdout=0.0, name=table.name)
+        return table
     if cfg.table:
         assert cfg.topic and cfg.bootstrap, "RunConfig.validate checks a table's source"
         return TopicTable(cfg)

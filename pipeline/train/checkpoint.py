@@ -8,7 +8,8 @@ again) or present (and skipped).
 
 The last ``keep`` generations stay beside it as ``state.<batch id>.npz`` (hard links: the
 newest costs no space), so that a run can go back to one saved before a damaged file or
-a model that diverged (:func:`rewind`).
+a model that diverged (:func:`rewind`); so does the one with the best held-out score
+(``pinned``), however long ago, for a model whose score collapsed.
 """
 
 from __future__ import annotations
@@ -75,9 +76,9 @@ def generations(folder: str | os.PathLike[str]) -> list[int]:
     return sorted(int(m.group(1)) for p in folder.iterdir() if (m := _GENERATION.match(p.name)))
 
 
-def save(folder: str | os.PathLike[str], state: State, *, keep: int = KEEP) -> Path:
+def save(folder: str | os.PathLike[str], state: State, *, keep: int = KEEP, pinned: int | None = None) -> Path:
     """Write ``state`` to ``folder/state.npz`` atomically, and keep it as a generation
-    (the ``keep`` newest stay)."""
+    (the ``keep`` newest stay, and ``pinned``: the one with the best held-out score)."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     meta = {"clock": state.clock, "last_batch_id": state.last_batch_id, "ledger": state.ledger, "extra": state.extra}
@@ -111,6 +112,8 @@ def save(folder: str | os.PathLike[str], state: State, *, keep: int = KEEP) -> P
             f"committed, and the previous checkpoint is intact. Free space there (or fix the folder), then "
             f"continue with: streamtrain run --resume {folder}") from None
     for old in generations(folder)[:-keep] if keep > 0 else []:
+        if old == pinned:
+            continue
         with contextlib.suppress(OSError):
             generation_path(folder, old).unlink()
     return target

@@ -7,7 +7,8 @@ single tasks. Per batch, on the driver, :class:`TrainDriver`:
    the ranges the checkpoint applied under that id: :func:`~pipeline.train.ledger.check_replay`);
 2. checks each task's mini-batches against the parameter server's own count of those it
    applied; a difference stops the run before the batch is committed, and so does a model
-   that diverged (a NaN loss, weights not finite);
+   that diverged (a NaN loss, weights not finite) or whose held-out score collapsed
+   (:mod:`~pipeline.train.divergence`: checked as the batch is scored, after its save);
 3. saves the center, the clock, the rule's state, the batch id and the trained ranges in
    one atomic write (:mod:`~pipeline.train.checkpoint`), before Spark commits the batch;
 4. releases the trained records (a broker that can delete them), and hands the batch's
@@ -34,6 +35,7 @@ from pipeline.ingest.kafka.release import Releaser
 from pipeline.ingest.microbatch import BatchFigures
 from pipeline.ingest.offsets import OffsetRange
 from pipeline.train import checkpoint, ledger, ps
+from pipeline.train.divergence import HeldoutWatch
 from pipeline.train.partition import TaskResult
 from pipeline.train.rows import BatchRow, TaskRow
 
@@ -76,6 +78,14 @@ class TrainDriver:
         self.on_row, self.on_skip = on_row, on_skip
         self.keep = keep
         self._batch = -1
+        #: Watches the held-out scores for a collapse (see :meth:`watch_heldout`).
+        self.watch: HeldoutWatch | None = None
+
+    def watch_heldout(self, y: np.ndarray, *, regression: bool) -> None:
+        """Stop the run when its held-out score (on labels ``y``) collapses
+        (:meth:`check_heldout`), going on from what the checkpoint recorded of the scores."""
+        self.watch = HeldoutWatch.for_labels(y, regression=regression)
+        self.watch.restore(self.state.extra.get("heldout") if self.state is not None else None)
 
     @property
     def trained(self) -> int:
@@ -118,13 +128,18 @@ class TrainDriver:
         # their offsets are accounted for, as skipped, across resumes.
         poison = list(state.extra.get("poison", [])) + [
             [info.batch_id, p.topic, p.partition, p.first, p.last, p.cause] for p in info.poison]
-        state.extra = {"trained": self.trained + row.trained, **({"poison": poison} if poison else {})}
-        checkpoint.save(self.folder, state, keep=self.keep)
+        state.extra = {"trained": self.trained + row.trained, **({"poison": poison} if poison else {}),
+                       **({"heldout": self.watch.state()} if self.watch is not None else {})}
+        # The generation of the best score stays, however old, for a collapse to go back to.
+        checkpoint.save(self.folder, state, keep=self.keep,
+                        pinned=self.watch.best_batch if self.watch is not None else None)
         row.checkpoint_ms = round((time.perf_counter() - began) * 1000, 2)
         if self.releaser is not None:
             self.releaser.trained(info.ranges)
         if self.on_row is not None:
-            self.on_row(info, row, weights)
+            self.on_row(info, row, weights)  # scores the held-out split when due
+        if row.heldout:
+            self.check_heldout(info.batch_id, row.heldout)
         self._fault("saved", info.batch_id)  # saved, and Spark has not committed it
 
     def check_finite(self, batch_id: int, weights: np.ndarray, row: BatchRow) -> None:
@@ -134,11 +149,29 @@ class TrainDriver:
         if (loss is None or math.isfinite(loss)) and np.isfinite(weights).all():
             return
         what = f"prequential loss {loss}" if loss is not None and not math.isfinite(loss) else "weights not finite"
-        kept = checkpoint.generations(self.folder) if self.folder is not None else []
-        way = (f"continue from a checkpoint before it with: streamtrain run --resume {self.folder} --generation "
-               f"{kept[-1]} (kept: {', '.join(map(str, kept))})" if kept else "start again (another --out)")
         raise StreamtrainError(f"Batch {batch_id}: the model diverged ({what}); the batch is not saved or committed. "
-                               f"Lower the learning rate (or check the data), then {way}.")
+                               f"Lower the learning rate (or check the data), then {self._way_back()}.")
+
+    def check_heldout(self, batch_id: int, scores: dict[str, float]) -> None:
+        """Stop a model whose held-out score collapsed (:class:`HeldoutWatch`), before Spark
+        commits the batch: the checkpoint holds it, so the way on is the generation of the
+        best score."""
+        collapsed = self.watch.observe(batch_id, scores) if self.watch is not None else None
+        if collapsed is None:
+            return
+        raise StreamtrainError(
+            f"Batch {batch_id}: the model collapsed ({collapsed}); the batch is not committed. Check the data "
+            f"(its labels) and the learning rate, then {self._way_back(self.watch.best_batch if self.watch else -1)} "
+            f"(or add --no-divergence-check to train on regardless).")
+
+    def _way_back(self, sound: int = -1) -> str:
+        """How to continue from a kept generation: ``sound`` if it is kept, else the newest."""
+        kept = checkpoint.generations(self.folder) if self.folder is not None else []
+        if not kept:
+            return "start again (another --out)"
+        pick = sound if sound in kept else kept[-1]
+        return (f"continue from batch {pick}'s checkpoint with: streamtrain run --resume {self.folder} --generation "
+                f"{pick} (kept: {', '.join(map(str, kept))})")
 
     def check_applied(self, results: list[TaskResult], *, batch_id: int | None = None) -> list[TaskRow]:
         """Each task's mini-batches against the parameter server's own count of those it

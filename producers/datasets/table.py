@@ -209,9 +209,15 @@ class Table(Dataset):
         self.table = table
         self.name = name or self.path.name.split(".")[0]
         self.schema = codec.table(self.name, table)
+        #: Another file whose every row is the test split instead of a held-out share
+        #: (``--eval-data``), read by this table's schema.
+        self.eval_rows: Table | None = None
 
     def iter_chunks(self, split: str = "train", *, chunk_rows: int = 4096) -> Iterator[Chunk]:
         check_split(split)
+        if split == "test" and self.eval_rows is not None:
+            yield from self.eval_rows.iter_chunks("train", chunk_rows=chunk_rows)
+            return
         encoder = _encoder(self.table)
         for lines, rows, unparsed in read_rows(self.path, block_rows=chunk_rows):
             ids = np.array(lines, np.uint64)  # a row's id is its line: the key says where it came from

@@ -101,3 +101,49 @@ def test_a_model_that_diverged_stops_before_its_save(tmp_path: Path, loss: float
         driver.check_finite(7, np.zeros(4, np.float32), _row(0.5))
         with pytest.raises(StreamtrainError, match=r"Batch 7: the model diverged .* --generation 2 \(kept: 0, 1, 2\)"):
             driver.check_finite(7, np.full(4, weights, np.float32), _row(loss))
+
+
+def test_a_collapsed_heldout_score_stops_and_keeps_the_last_sound_generation(tmp_path: Path) -> None:
+    """Proves: a held-out accuracy that falls back to the majority class's (after the model
+    had learned) on two scores in a row stops the batch with one line offering the
+    generation of the best score, which stays kept although older than the last 3;
+    the watch's record goes on across a resume (a fresh driver on the saved state)."""
+    from pipeline.ingest.microbatch import BatchFigures
+    from pipeline.ingest.offsets import OffsetRange
+    y = np.array([0] * 60 + [1] * 40)  # the majority class scores 0.6
+    accuracy = {0: 0.7, 1: 0.9, 2: 0.92, 3: 0.91, 4: 0.62, 5: 0.61}
+
+    def score(info: BatchFigures, row: BatchRow, weights: np.ndarray) -> None:
+        row.heldout = {"accuracy": accuracy[info.batch_id]}
+
+    with ParameterServer(np.zeros(4, np.float32), secret=b"s") as server:
+        driver = TrainDriver(server, checkpoint.State(np.zeros(4, np.float32)), folder=tmp_path, on_row=score)
+        driver.watch_heldout(y, regression=False)
+        for b in range(5):  # batch 4 scores low once: not yet a collapse
+            driver.on_batch(BatchFigures(batch_id=b, ranges=[OffsetRange("t", 0, b * 10, b * 10 + 10)]))
+        with pytest.raises(StreamtrainError) as e:
+            driver.on_batch(BatchFigures(batch_id=5, ranges=[OffsetRange("t", 0, 50, 60)]))
+        # A resumed driver goes on from what the checkpoint recorded of the scores.
+        state = checkpoint.load(tmp_path)
+        assert state is not None and state.last_batch_id == 5
+        resumed = TrainDriver(server, state, folder=tmp_path)
+        resumed.watch_heldout(y, regression=False)
+        assert resumed.watch is not None and (resumed.watch.best, resumed.watch.best_batch) == (0.92, 2)
+    message = str(e.value)
+    assert "Batch 5: the model collapsed (held-out accuracy 0.6100 after 0.9200 at batch 2" in message, message
+    assert "majority class scores 0.6000" in message and "--generation 2 (kept: 2, 3, 4, 5)" in message, message
+    for b in range(6, 9):  # the best generation outlives the last 3
+        checkpoint.save(tmp_path, checkpoint.State(np.zeros(4, np.float32), last_batch_id=b), pinned=2)
+    assert checkpoint.generations(tmp_path) == [2, 6, 7, 8]
+
+
+def test_a_model_that_never_learned_is_not_a_collapse() -> None:
+    """Proves: scores that never rose above the trivial predictor's by the watch's margin
+    (a hard stream, or the first batches) stop nothing; nor does one low score."""
+    from pipeline.train.divergence import HeldoutWatch
+
+    watch = HeldoutWatch.for_labels(np.array([0, 1] * 50), regression=False)
+    assert all(watch.observe(b, {"accuracy": a}) is None for b, a in enumerate([0.5, 0.52, 0.49, 0.53, 0.5, 0.48]))
+    rmse = HeldoutWatch.for_labels(np.array([0.0, 10.0] * 50), regression=True)  # predicting the mean: 5.0
+    assert rmse.observe(0, {"rmse": 2.0}) is None and rmse.observe(1, {"rmse": 4.9}) is None
+    assert "held-out rmse 5.1000 after 2.0000" in str(rmse.observe(2, {"rmse": 5.1}))

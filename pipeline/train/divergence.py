@@ -1,0 +1,104 @@
+"""A model whose held-out score collapsed: the rule that stops it before it is served on.
+
+A NaN loss or weights that are not finite stop a run at once
+(:meth:`~pipeline.train.driver.TrainDriver.check_finite`). A model can also go wrong with
+finite numbers: a learning rate too high for the stream, or labels an upstream bug flipped,
+drive it back to what predicting the majority class scores, or below. :class:`HeldoutWatch`
+measures each held-out score as *skill*, its gain over that trivial predictor's score, and
+calls the model collapsed when, after it had learned (its best gain at least ``min_gain``),
+the gain falls to a ``share`` of the best one on ``patience`` scores in a row (one low score
+on a small held-out split is noise more often than collapse).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+#: Of the best gain over the trivial predictor, the share a collapsed model keeps at most.
+SHARE = 0.25
+#: Scores in a row at or below that share before the run stops.
+PATIENCE = 2
+
+
+@dataclasses.dataclass
+class HeldoutWatch:
+    """Watches one held-out score of a run for a collapse.
+
+    Args:
+        metric: the score's name in the scores dict (``accuracy``, or ``rmse`` for a target).
+        baseline: what the trivial predictor scores on the held-out split (the majority
+            class's share; for a numeric target, the RMSE of predicting the mean).
+        lower_is_better: True for an error (RMSE).
+        min_gain: the gain over the baseline that counts as having learned.
+        share: see :data:`SHARE`.
+        patience: see :data:`PATIENCE`.
+
+    Example:
+        >>> w = HeldoutWatch("accuracy", baseline=0.5, min_gain=0.05)
+        >>> [w.observe(b, {"accuracy": a}) for b, a in [(0, 0.8), (1, 0.9), (2, 0.52)]]
+        [None, None, None]
+        >>> w.observe(3, {"accuracy": 0.51})
+        'held-out accuracy 0.5100 after 0.9000 at batch 1 (the majority class scores 0.5000)'
+        >>> w.best_batch
+        1
+    """
+
+    metric: str
+    baseline: float
+    lower_is_better: bool = False
+    min_gain: float = 0.05
+    share: float = SHARE
+    patience: int = PATIENCE
+    best: float | None = None
+    #: The batch of the best score: the checkpoint generation to go back to after a collapse.
+    best_batch: int = -1
+    low: int = 0
+
+    @classmethod
+    def for_labels(cls, y: np.ndarray, *, regression: bool) -> HeldoutWatch:
+        """The watch for held-out labels ``y``: accuracy against the majority class, or
+        RMSE against predicting the mean (learned: 10% under it).
+
+        >>> HeldoutWatch.for_labels(np.array([0, 1, 1, 1]), regression=False).baseline
+        0.75
+        >>> round(HeldoutWatch.for_labels(np.array([1.0, 3.0]), regression=True).baseline, 3)
+        1.0
+        """
+        if regression:
+            spread = float(np.std(np.asarray(y, np.float64)))
+            return cls("rmse", baseline=spread, lower_is_better=True, min_gain=0.1 * spread)
+        counts = np.bincount(np.asarray(y, np.int64))
+        return cls("accuracy", baseline=float(counts.max() / max(1, counts.sum())))
+
+    def gain(self, score: float) -> float:
+        return self.baseline - score if self.lower_is_better else score - self.baseline
+
+    def observe(self, batch_id: int, scores: dict[str, float]) -> str | None:
+        """Take the held-out scores of ``batch_id``: None while the model is sound, else what
+        collapsed, in words."""
+        if self.metric not in scores:
+            return None
+        score = float(scores[self.metric])
+        if self.best is None or self.gain(score) > self.gain(self.best):
+            self.best, self.best_batch = score, batch_id
+        best_gain = self.gain(self.best)
+        if best_gain < self.min_gain or self.gain(score) > self.share * best_gain:
+            self.low = 0
+            return None
+        self.low += 1
+        if self.low < self.patience:
+            return None
+        trivial = "predicting the mean scores" if self.lower_is_better else "the majority class scores"
+        return (f"held-out {self.metric} {score:.4f} after {self.best:.4f} at batch {self.best_batch} "
+                f"({trivial} {self.baseline:.4f})")
+
+    def state(self) -> dict[str, Any]:
+        """What a resumed run needs to go on watching (kept in the checkpoint)."""
+        return {"best": self.best, "best_batch": self.best_batch}
+
+    def restore(self, saved: dict[str, Any] | None) -> None:
+        if saved:
+            self.best, self.best_batch = saved.get("best"), int(saved.get("best_batch", -1))
