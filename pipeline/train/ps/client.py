@@ -143,7 +143,8 @@ class Client:
         p.recv_exact(self._sock, memoryview(raw))
         reply = p.unpack(raw)
         if reply.op != p.OK:
-            raise p.ProtocolError(f"the parameter server refused the request ({p.STATUS.get(reply.op, reply.op)})")
+            reason = p.STATUS.get(reply.op, str(reply.op))
+            raise p.ProtocolError(f"the parameter server refused the request ({reason})", reason=reason)
         weights = op in (p.PULL, p.PEEK, p.PUSH_PULL) and not shared
         allowed = self.size * 4 if weights else most
         if reply.seq != self._seq or (reply.length != allowed if weights else reply.length > allowed):
