@@ -246,7 +246,7 @@ class Run:
             self.algorithm, spec, state.weights, host=cluster.driver_host(spark), port=self.settings.ps_port,
             shared_memory=self.settings.ps_shared_memory, on_request=self.metrics.on_ps_request,
             on_refusal=self.metrics.on_ps_refusal, clock=state.clock, optimizer=state.optimizer)
-        self.metrics.restore_clock(state.clock)
+        self.metrics.restore(state, self.out)
         stack.enter_context(server)
         log.info("parameter server at %s:%d", server.host, server.port)
         self._driver = TrainDriver(
