@@ -78,6 +78,9 @@ class Settings(BaseSettings):
     #: The address this host's Spark processes bind and advertise (a cluster's driver: the
     #: address its executors reach it at).
     spark_local_ip: str | None = Field(default=None, validation_alias="SPARK_LOCAL_IP")
+    #: Seconds ``run`` tries to reach a ``spark://`` master before it stops (one started
+    #: beside it may still be coming up).
+    master_wait_s: float = 60.0
     #: Seconds a driver on a ``spark://`` master waits for its first executor before it
     #: stops, naming what is unreachable.
     executor_wait_s: float = 120.0

@@ -31,18 +31,24 @@ def master_address(master: str) -> tuple[str, int]:
     return host, int(port or 7077)
 
 
-def check_master(master: str, *, timeout_s: float = 5.0) -> None:
-    """Connect to the master's port from here; ConfigError (one line) if it cannot be
-    reached, instead of Spark retrying for a minute and failing in a traceback."""
+def check_master(master: str, *, wait_s: float = 60.0) -> None:
+    """Connect to the master's port from here, trying for ``wait_s`` (a master started at
+    the same time is still coming up); ConfigError (one line) if it cannot be reached,
+    instead of Spark retrying and failing in a traceback."""
     host, port = master_address(master)
-    try:
-        socket.create_connection((host, port), timeout=timeout_s).close()
-    except OSError as e:
-        reason = e.strerror or type(e).__name__
-        raise ConfigError(
-            f"Cannot reach Spark's master at {master} from this host ({reason}). Start it there "
-            f"(streamtrain spark-master --host {host}), check the address, and open port {port} from this "
-            "host.") from None
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            socket.create_connection((host, port), timeout=min(5.0, max(0.5, wait_s))).close()
+            return
+        except OSError as e:
+            reason = e.strerror or type(e).__name__
+        if time.monotonic() >= deadline:
+            break
+        time.sleep(1.0)
+    raise ConfigError(
+        f"Cannot reach Spark's master at {master} from this host within {wait_s:g} s ({reason}). Start it there "
+        f"(streamtrain spark-master --host {host}), check the address, and open port {port} from this host.")
 
 
 def driver_address(master: str, local_ip: str | None) -> str:

@@ -29,8 +29,8 @@ def session(master: str = "local[*]", *, app: str = "streamtrain", conf: dict[st
     * It maps its classes from an archive built after an earlier run (:mod:`pipeline.cluster.jvmcache`).
     * Local mode, and a cluster whose master is on loopback, bind the driver to loopback;
       the UI is off unless asked for. On another host's master, the driver binds and
-      advertises ``SPARK_LOCAL_IP`` (else its address on the route to the master), not
-      its host name, and reaches the master first; on any ``spark://`` master it waits
+      advertises ``local_ip`` (else its address on the route to the master), not its
+      host name; on any ``spark://`` master it waits
       ``executor_wait_s`` at most for an executor to register (:mod:`pipeline.cluster.reach`).
 
     * With a ``zygote``, the Python processes Spark starts (its workers' daemon, the
@@ -78,7 +78,6 @@ def session(master: str = "local[*]", *, app: str = "streamtrain", conf: dict[st
     elif master.startswith("spark://"):
         from pipeline.cluster import reach
 
-        reach.check_master(master)
         address = reach.driver_address(master, local_ip)
         builder = builder.config("spark.driver.bindAddress", address).config("spark.driver.host", address)
     for key, value in conf.items():

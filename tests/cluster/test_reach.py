@@ -43,9 +43,10 @@ def test_an_unreachable_master_is_one_line_before_anything_starts(tmp_path: Path
     """Proves: a master nobody listens on stops the run in one line naming it, before the
     broker starts (Spark alone retries for a minute, then fails in a traceback)."""
     master = f"spark://127.0.0.1:{free_port('127.0.0.1')}"
-    done, took = _run("--master", master, "--out", str(tmp_path / "run"), timeout_s=60)
+    done, took = _run("--master", master, "--out", str(tmp_path / "run"), env={"STREAMTRAIN_MASTER_WAIT_S": "3"},
+                      timeout_s=60)
     assert done.returncode == 2, done.stderr[-3000:]
-    assert f"Cannot reach Spark's master at {master}" in _one_error(done)
+    assert f"Cannot reach Spark's master at {master} from this host within 3 s" in _one_error(done)
     assert took < 30 and "embedded Kafka at" not in done.stderr
 
 
