@@ -148,7 +148,8 @@ class Run:
                 log.warning("%s", short)
             spark = cluster.session(master, app=f"streamtrain-{cfg.name}",
                                     conf=security.spark_conf(cfg.master, cfg.spark_conf),
-                                    zygote=zygote if master.startswith("local") else None)
+                                    zygote=zygote if master.startswith("local") else None,
+                                    local_ip=self.settings.spark_local_ip, executor_wait_s=self.settings.executor_wait_s)
             stack.callback(cluster.stop, spark)  # after a first run, builds the JVM's class archive
             self.display.startup(f"Spark ready ({master}, {spark.sparkContext.defaultParallelism} task slots); starting the query")
             job = microbatch.StreamJob(
@@ -246,7 +247,7 @@ class Run:
             self.algorithm, spec, state.weights, host=cluster.driver_host(spark), port=self.settings.ps_port,
             shared_memory=self.settings.ps_shared_memory, on_request=self.metrics.on_ps_request,
             on_refusal=self.metrics.on_ps_refusal, clock=state.clock, optimizer=state.optimizer)
-        self.metrics.restore_clock(state.clock)
+        self.metrics.restore(state, self.out)
         stack.enter_context(server)
         log.info("parameter server at %s:%d", server.host, server.port)
         self._driver = TrainDriver(
