@@ -254,7 +254,7 @@ class Run:
             server, state, folder=self.out, releaser=self._release, started=self._started,
             sync_slots=self._cores if self.algorithm.synchronous else 0, fault=self.settings.fault,
             on_row=self.display.on_row, on_skip=lambda _: self.metrics.skipped(), keep=cfg.keep_checkpoints)
-        serving = self._serving(stack, spec, data.schema, server)
+        serving = _serving(stack, self.cfg, self.settings, self.out, spec, data.schema, server)
         handler = TrainHandler(
             spec=spec, algorithm=algorithms.serialize(self.algorithm),
             server=ServerInfo(server.host, server.port, server.secret), job=uuid.uuid4().hex,
@@ -279,20 +279,6 @@ class Run:
 
         return handler, warm
 
-    def _serving(self, stack: contextlib.ExitStack, spec: Any, schema: Any, server: Any) -> Any:
-        """With --serve-port, start the model server's process (it imports TensorFlow while
-        the workers warm up)."""
-        from pipeline.serve.process import ServingProcess, host_and_token
-
-        if self.cfg.serve_port is None:
-            return None
-        host, token = host_and_token(self.settings)
-        serving = ServingProcess.for_run(name=self.cfg.name, spec=spec, schema=schema, server=server, host=host,
-                                         port=self.cfg.serve_port, token=token, max_age_s=self.cfg.serve_max_age_s,
-                                         log_path=self.out / "serve.log").start()
-        stack.callback(serving.stop)
-        return serving
-
     def _report(self, final: dict[str, float], startup_s: float, ps_stats: dict[str, Any]) -> RunReport:
         assert self._driver is not None and self._driver.state is not None
         history = self.history
@@ -310,6 +296,22 @@ class Run:
                          "concurrent_replicas": min(self.cfg.workers, self._cores)},
             aborted_records=history.aborted(), poison=history.poison,
         )
+
+
+def _serving(stack: contextlib.ExitStack, cfg: RunConfig, settings: Any, out: Path, spec: Any, schema: Any,
+             server: Any) -> Any:
+    """With --serve-port, start the model server's process (it imports TensorFlow while
+    the workers warm up)."""
+    from pipeline.serve.process import ServingProcess, host_and_token
+
+    if cfg.serve_port is None:
+        return None
+    host, token = host_and_token(settings)
+    serving = ServingProcess.for_run(name=cfg.name, spec=spec, schema=schema, server=server, host=host,
+                                     port=cfg.serve_port, token=token, max_age_s=cfg.serve_max_age_s,
+                                     log_path=out / "serve.log").start()
+    stack.callback(serving.stop)
+    return serving
 
 
 def _plot(report: RunReport, cfg: RunConfig, out: Path, *, eval_records: int) -> None:
