@@ -228,6 +228,9 @@ class StreamJob:
         self._prepared.wait()
         if self._stop_requested.is_set():
             # Raising keeps this batch uncommitted: a restart replays it with the same offsets.
+            # It is the stop asked for, not a failure: Spark is not to log it as one.
+            with contextlib.suppress(Exception):
+                cluster.quiet_query_failure(self.spark)
             raise StreamtrainError(_STOP_MARKER)
         self._in_batch.set()
         try:

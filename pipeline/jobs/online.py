@@ -18,6 +18,7 @@ import dataclasses
 import json
 import logging
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -71,7 +72,11 @@ class Run:
                                         seed=cfg.seed, **window)
         stamp = time.strftime("%Y%m%d-%H%M%S")
         self.out = Path(cfg.out or Path("runs") / f"{cfg.name}-{stamp}").resolve()
-        self.topic = cfg.topic or f"streamtrain-{cfg.name}"
+        if cfg.bootstrap and not cfg.topic and not cfg.own_topic and not cfg.resume:
+            # Its replay into a Kafka others use: a topic of its own, so that it trains its own
+            # records alone and its stop rule counts them (run.json keeps it for a resume).
+            self.cfg = cfg = dataclasses.replace(cfg, own_topic=_topic_name(f"streamtrain-{cfg.name}-{stamp}"))
+        self.topic = cfg.topic or cfg.own_topic or f"streamtrain-{cfg.name}"
         self.metrics = RunMetrics(dataset=cfg.name, algorithm=cfg.algorithm, topic=self.topic,
                                   workers=cfg.workers)
         self.history = History(path=self.out / BATCHES_FILE)
@@ -298,6 +303,15 @@ class Run:
                          "concurrent_replicas": min(self.cfg.workers, self._cores)},
             aborted_records=history.aborted(), poison=history.poison,
         )
+
+
+def _topic_name(base: str) -> str:
+    """A Kafka topic name, unique to this run, from ``base``.
+
+    >>> _topic_name("streamtrain-my data-20261124")[:29]
+    'streamtrain-my-data-20261124-'
+    """
+    return re.sub(r"[^A-Za-z0-9._-]", "-", f"{base}-{uuid.uuid4().hex[:6]}")[:200]
 
 
 def _serving(stack: contextlib.ExitStack, cfg: RunConfig, settings: Any, out: Path, spec: Any, schema: Any,

@@ -31,6 +31,7 @@ class RunConfig:
     bootstrap: str | None = None
     broker_engine: str | None = None  # None: $STREAMTRAIN_BROKER_ENGINE, else tansu
     topic: str | None = None
+    own_topic: str | None = None  # the topic of the run's own replay into a --bootstrap Kafka (named at its start)
     master: str = "local[*]"
     spark_conf: str | None = None  # a Spark properties file (the cluster's security settings, and any other)
     model: str | None = None

@@ -8,7 +8,7 @@ same file (:func:`pipeline.serve.predictor.read_description`).
 
 Example:
     >>> sorted(name for name, role in ROLES.items() if role == SESSION)
-    ['generation', 'max_batches', 'out', 'resume', 'timeout_s']
+    ['divergence_check', 'generation', 'max_batches', 'out', 'resume', 'timeout_s']
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ ROLES: dict[str, str] = {
     "batch_size": DEFINES,
     "workers": DEFINES,
     "topic": DEFINES,
+    "own_topic": DEFINES,  # not an option: the run's own, from its start on
     "bootstrap": DEFINES,
     "broker_engine": DEFINES,
     "isolation_level": DEFINES,  # which records train

@@ -1,8 +1,10 @@
-"""`streamtrain run` on topics as Kafka users have them: one it cannot read, and bad options
-about how to read one. (Codecs and transactions: tests/ingest/test_client_compat.py.)"""
+"""`streamtrain run` on topics as Kafka users have them: one it cannot read, bad options
+about how to read one, and runs sharing one Kafka. (Codecs and transactions:
+tests/ingest/test_client_compat.py.)"""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -39,3 +41,26 @@ def test_a_bad_isolation_level_is_one_line(tmp_path) -> None:  # type: ignore[no
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [
         "streamtrain: error: Expected --isolation-level read_committed or read_uncommitted. Received: 'read_some'"]
+
+
+@pytest.mark.slow  # two short runs
+def test_two_runs_on_one_kafka_each_train_their_own_records(broker, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Proves: runs one after the other on one Kafka, each replaying HIGGS itself, each
+    train their own 7,000 records once, in a topic of their own named in the report, and
+    stop by themselves ("all produced records trained"); a resume keeps its run's topic."""
+    from pipeline.train import checkpoint
+
+    reports = []
+    for name in ("first", "second"):
+        done = _cli("run", "--dataset", "higgs", "--bootstrap", broker.bootstrap, "--max-offsets-per-trigger", "2000",
+                    "--eval-every", "100", "--out", str(tmp_path / name), "--timeout", "200")
+        assert done.returncode == 0, done.stderr[-3000:]
+        reports.append(json.loads((tmp_path / name / "report.json").read_text()))
+    first, second = reports
+    assert first["topic"] != second["topic"] and all(r["topic"].startswith("streamtrain-higgs-") for r in reports)
+    for r in reports:
+        assert r["trained_records"] == 7_000 and r["stopped_because"] == "all produced records trained", r
+    again = _cli("run", "--resume", str(tmp_path / "second"), "--timeout", "15")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert json.loads((tmp_path / "second" / "report.json").read_text())["topic"] == second["topic"]
+    assert checkpoint.load(tmp_path / "second").extra["trained"] == 7_000  # type: ignore[union-attr]
