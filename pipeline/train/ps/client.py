@@ -15,6 +15,9 @@ from pipeline.errors import ConfigError
 from pipeline.train.ps import protocol as p
 from pipeline.train.ps.shm import SharedBuffers
 
+#: What seals a connection's frames (bench/ps.py swaps in the HMAC protocol it compares with).
+SESSION = p.Session
+
 
 def parse_address(address: str | tuple[str, int]) -> tuple[str, int]:
     """``"host:port"`` or ``(host, port)``.
@@ -68,7 +71,7 @@ class Client:
         self._sock = socket.create_connection(self.address, timeout=timeout_s)
         try:
             self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            self._keys = self._handshake(secret)
+            self._session = self._handshake(secret)
             self._shared: SharedBuffers | None = None
             # Shared memory only between the two ends of one host: a worker whose address
             # differs from the server's is on another machine (or another network
@@ -79,7 +82,7 @@ class Client:
             self._sock.close()
             raise
 
-    def _handshake(self, secret: bytes) -> p.Keys:
+    def _handshake(self, secret: bytes) -> p.Session:
         """Prove the secret, and make the server prove it too."""
         theirs = bytearray(p.NONCE_BYTES)
         p.recv_exact(self._sock, memoryview(theirs))
@@ -92,7 +95,7 @@ class Client:
         if not hmac.compare_digest(bytes(answer[1:]), p.server_proof(secret, bytes(theirs), ours)):
             raise p.ProtocolError(f"the parameter server at {self.address[0]}:{self.address[1]} did not prove the "
                                   "run's secret: not this run's server")
-        return p.Keys.derive(secret, bytes(theirs), ours)
+        return SESSION.client(p.Keys.derive(secret, bytes(theirs), ours), self.size * 4)
 
     @property
     def shared(self) -> bool:
@@ -132,13 +135,14 @@ class Client:
                 out = b""
             else:
                 out = np.ascontiguousarray(payload).data.cast("B")
-        header = p.pack(p.Header(op, self.worker, self._seq, self.clock, len(out), flags=p.SHARED if shared else 0,
-                                 task=task, exchange=exchange, steps=steps), self._keys.request, out)
-        if len(out) > 4096:
+        header, sealed = self._session.seal(p.Header(op, self.worker, self._seq, self.clock, len(out),
+                                                     flags=p.SHARED if shared else 0, task=task, exchange=exchange,
+                                                     steps=steps), out)
+        if len(sealed) > 4096:
             self._sock.sendall(header)
-            self._sock.sendall(out)
+            self._sock.sendall(sealed)
         else:
-            self._sock.sendall(header + bytes(out))
+            self._sock.sendall(header + bytes(sealed))
         raw = bytearray(p.HEADER.size)
         p.recv_exact(self._sock, memoryview(raw))
         reply = p.unpack(raw)
@@ -150,8 +154,9 @@ class Client:
             raise p.ProtocolError(f"the parameter server's reply does not fit the request (sequence {reply.seq}, "
                                   f"{reply.length} bytes)")
         into = self._buf.data.cast("B") if weights else memoryview(bytearray(reply.length))
-        p.recv_exact(self._sock, into)
-        if not p.verify(self._keys.reply, reply, into):
+        if len(into):
+            p.recv_exact(self._sock, self._session.inlet(reply.length, into))
+        if not self._session.open(reply, into):
             raise p.ProtocolError("a reply from the parameter server failed authentication (altered in transit?)")
         return reply, into
 

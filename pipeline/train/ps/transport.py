@@ -39,6 +39,8 @@ MAX_UNAUTHENTICATED = 32
 #: must not hold a slot for minutes), and an authenticated connection may stay silent
 #: between requests (a worker computes between exchanges; a sync round waits on the server).
 HANDSHAKE_TIMEOUT_S, IDLE_TIMEOUT_S = 10.0, 600.0
+#: What seals a connection's frames (bench/ps.py swaps in the HMAC protocol it compares with).
+SESSION = p.Session
 
 
 class Transport:
@@ -128,11 +130,11 @@ class Transport:
     def _serve(self, conn: socket.socket) -> None:
         try:
             try:
-                keys = self._handshake(conn)
+                session = self._handshake(conn)
             finally:
                 with self._count_lock:
                     self._unauthenticated -= 1
-            if keys is not None:
+            if session is not None:
                 with self._count_lock:
                     busy = self._authenticated >= MAX_CONNECTIONS
                     self._authenticated += not busy
@@ -140,7 +142,7 @@ class Transport:
                     return self.refuse(conn, "busy")
                 try:
                     conn.settimeout(IDLE_TIMEOUT_S)
-                    _Connection(self, conn, keys).serve()
+                    _Connection(self, conn, session).serve()
                 finally:
                     with self._count_lock:
                         self._authenticated -= 1
@@ -163,8 +165,8 @@ class Transport:
             with contextlib.suppress(OSError):
                 conn.sendall(p.pack(p.Header(status, 0, 0, self.server.clock, 0)))
 
-    def _handshake(self, conn: socket.socket) -> p.Keys | None:
-        """Both sides prove the secret; the session's keys, or None if the peer did not."""
+    def _handshake(self, conn: socket.socket) -> p.Session | None:
+        """Both sides prove the secret; the connection's session, or None if the peer did not."""
         secret = self.server.secret
         nonce = os.urandom(p.NONCE_BYTES)
         deadline = time.monotonic() + HANDSHAKE_TIMEOUT_S
@@ -186,7 +188,7 @@ class Transport:
                 conn.sendall(bytes([p.ERR_AUTH]) + bytes(p.PROOF_BYTES))
             return None
         conn.sendall(bytes([p.OK]) + p.server_proof(secret, nonce, theirs))
-        return p.Keys.derive(secret, nonce, theirs)
+        return SESSION.server(p.Keys.derive(secret, nonce, theirs), self.server.size * 4)
 
 
 def _recv_by(conn: socket.socket, buf: memoryview, deadline: float) -> None:
@@ -221,8 +223,8 @@ def acceptable(delta: np.ndarray, max_norm: float | None) -> bool:
 class _Connection:
     """One authenticated connection's request loop."""
 
-    def __init__(self, transport: Transport, conn: socket.socket, keys: p.Keys) -> None:
-        self.transport, self.conn, self.keys = transport, conn, keys
+    def __init__(self, transport: Transport, conn: socket.socket, session: p.Session) -> None:
+        self.transport, self.conn, self.session = transport, conn, session
         self.server = transport.server
         size = self.server.size
         # One receive and one send buffer per connection, allocated once: a request's
@@ -273,10 +275,10 @@ class _Connection:
             body = memoryview(cookie)[:h.length] if h.op == p.ATTACH else self.inbox.data.cast("B")[:h.length]
             try:
                 if len(body):
-                    p.recv_exact(conn, body)
+                    p.recv_exact(conn, self.session.inlet(h.length, body))
             except ConnectionError:
                 return refuse(conn, "truncated")
-            if not p.verify(self.keys.request, h, body):
+            if not self.session.open(h, body):  # altered, replayed, reordered, or another key's
                 return refuse(conn, "auth", p.ERR_AUTH)
             if pushes and not acceptable(self.shared.request if h.flags and self.shared else self.inbox,
                                          self.server.max_norm):
@@ -295,13 +297,13 @@ class _Connection:
                 return refuse(conn, "order", p.ERR_FRAME)
 
     def _send(self, h: p.Header, payload: bytes | memoryview = b"") -> None:
-        """A reply: its header MACed with the reply key over itself and ``payload``."""
-        header = p.pack(h, self.keys.reply, payload)
-        if len(payload) > 4096:
+        """A reply, sealed: its header authenticated, ``payload`` encrypted."""
+        header, body = self.session.seal(h, payload)
+        if len(body) > 4096:
             self.conn.sendall(header)
-            self.conn.sendall(payload)
+            self.conn.sendall(body)
         else:
-            self.conn.sendall(header + bytes(payload))
+            self.conn.sendall(header + bytes(body))
 
     def _reply(self, h: p.Header, inbox: np.ndarray, outbox: np.ndarray, started: float, *,
                shared: bool = False) -> None:
