@@ -8,7 +8,7 @@ same file (:func:`pipeline.serve.predictor.read_description`).
 
 Example:
     >>> sorted(name for name, role in ROLES.items() if role == SESSION)
-    ['generation', 'max_batches', 'out', 'resume', 'timeout_s']
+    ['divergence_check', 'generation', 'max_batches', 'out', 'resume', 'timeout_s']
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ ROLES: dict[str, str] = {
     "model": DEFINES,  # with the model's fingerprint, and its file's digest
     "algorithm": DEFINES,
     "communication_window": DEFINES,
+    "wire_dtype": DEFINES,  # the precision of every exchange, as much the run's as its window
     "batch_size": DEFINES,
     "workers": DEFINES,
     "topic": DEFINES,

@@ -22,6 +22,7 @@ class ServerInfo:
     host: str
     port: int
     secret: bytes = dataclasses.field(repr=False)
+    wire_dtype: str = "float32"  # the payloads' type on TCP (pipeline.train.ps.wire)
 
 
 @dataclasses.dataclass
@@ -124,7 +125,8 @@ def train_partition(
     losses: list[float] = []
     preq = np.zeros(3)  # records, summed loss, summed accuracy over the first pass
     timer = _Timer()
-    with ps.Client((server.host, server.port), secret=server.secret, worker=worker, size=spec.size) as client:
+    with ps.Client((server.host, server.port), secret=server.secret, worker=worker, size=spec.size,
+                   wire_dtype=server.wire_dtype) as client:
         with timer("exchange"):
             done = client.begin(task, steps=total, window=window) if task else 0
             pulled = client.pull().copy()

@@ -13,6 +13,7 @@ import numpy as np
 
 from pipeline.errors import ConfigError
 from pipeline.train.ps import protocol as p
+from pipeline.train.ps import wire
 from pipeline.train.ps.shm import SharedBuffers
 
 #: What seals a connection's frames (bench/ps.py swaps in the HMAC protocol it compares with).
@@ -46,6 +47,8 @@ class Client:
             it, this process can map it, and the connection's two ends have one address
             (a worker on the server's machine); else, or with False, over the socket.
             :attr:`shared` says which.
+        wire_dtype: the payloads' type on the socket: float32, or bfloat16 or float16 for
+            half the bytes (:mod:`pipeline.train.ps.wire`; shared memory stays float32).
 
     The arrays that :meth:`pull` and :meth:`push_pull` return are this client's
     receive buffer: valid until its next call (copy them to keep them).
@@ -56,9 +59,14 @@ class Client:
 
     def __init__(
         self, address: str | tuple[str, int], *, secret: bytes, worker: int, size: int, timeout_s: float = 60.0,
-        shared_memory: bool = True,
+        shared_memory: bool = True, wire_dtype: str = "float32",
     ) -> None:
+        if wire_dtype not in wire.FLAGS:
+            raise ConfigError(f"Expected a wire dtype in {', '.join(wire.NAMES)}. Received: {wire_dtype!r}")
         self.address = parse_address(address)
+        self.wire_dtype = wire_dtype
+        self._narrow = wire.FLAGS[wire_dtype]
+        self._wire = np.empty(size if self._narrow else 0, np.uint16)
         self.worker = worker
         self.size = size
         self.clock = 0
@@ -125,6 +133,8 @@ class Client:
         weights' size where the weights come back on the socket), both authenticated."""
         self._seq += 1
         shared = self._shared is not None and op not in (p.STATS, p.ATTACH, p.PROGRESS)
+        weights = op in (p.PULL, p.PEEK, p.PUSH_PULL) and not shared
+        narrow = self._narrow if not shared and op in (p.PULL, p.PEEK, p.PUSH, p.PUSH_PULL) else 0
         out: memoryview | bytes = body
         if payload is not None:
             if payload.dtype != np.float32 or payload.size != self.size:
@@ -133,10 +143,12 @@ class Client:
                 assert self._shared is not None
                 np.copyto(self._shared.request, payload)
                 out = b""
+            elif narrow:
+                out = wire.encode(np.ascontiguousarray(payload), narrow, self._wire)
             else:
                 out = np.ascontiguousarray(payload).data.cast("B")
         header, sealed = self._session.seal(p.Header(op, self.worker, self._seq, self.clock, len(out),
-                                                     flags=p.SHARED if shared else 0, task=task, exchange=exchange,
+                                                     flags=p.SHARED if shared else narrow, task=task, exchange=exchange,
                                                      steps=steps), out)
         if len(sealed) > 4096:
             self._sock.sendall(header)
@@ -148,16 +160,18 @@ class Client:
         reply = p.unpack(raw)
         if reply.op != p.OK:
             raise p.ProtocolError(f"the parameter server refused the request ({p.STATUS.get(reply.op, reply.op)})")
-        weights = op in (p.PULL, p.PEEK, p.PUSH_PULL) and not shared
-        allowed = self.size * 4 if weights else most
+        allowed = self.size * wire.itemsize(narrow) if weights else most
         if reply.seq != self._seq or (reply.length != allowed if weights else reply.length > allowed):
             raise p.ProtocolError(f"the parameter server's reply does not fit the request (sequence {reply.seq}, "
                                   f"{reply.length} bytes)")
-        into = self._buf.data.cast("B") if weights else memoryview(bytearray(reply.length))
+        into = ((self._wire if narrow else self._buf).data.cast("B") if weights else
+                memoryview(bytearray(reply.length)))
         if len(into):
             p.recv_exact(self._sock, self._session.inlet(reply.length, into))
         if not self._session.open(reply, into):
             raise p.ProtocolError("a reply from the parameter server failed authentication (altered in transit?)")
+        if weights and narrow:
+            wire.decode(into, narrow, self._buf)
         return reply, into
 
     def pull(self) -> np.ndarray:

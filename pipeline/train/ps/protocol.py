@@ -38,7 +38,9 @@ offset  type   field
 0       4s     magic ``b"STPS"``
 4       u8     protocol version (4)
 5       u8     op (PULL, PUSH, PUSH_PULL, STATS, ATTACH, PEEK, PROGRESS) or, in a response, a status
-6       u16    flags (request: SHARED; response: the push's staleness, or 1 for an accepted ATTACH)
+6       u16    flags (request: SHARED, and the payloads' type on the socket, see
+               :mod:`pipeline.train.ps.wire`; response: the push's staleness, or 1 for an
+               accepted ATTACH)
 8       u32    worker id
 12      u32    sequence number (per connection, from 1; a response repeats its request's)
 16      u64    clock (request: the clock the worker last pulled; response: now)

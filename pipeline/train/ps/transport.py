@@ -8,6 +8,7 @@ handed to the server's :meth:`~pipeline.train.ps.server.ParameterServer.answer`.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hmac
 import logging
 import math
@@ -21,6 +22,7 @@ import numpy as np
 
 from pipeline.errors import ConfigError
 from pipeline.train.ps import protocol as p
+from pipeline.train.ps import wire
 from pipeline.train.ps.refusals import RefusalLog, logger_line
 from pipeline.train.ps.shm import SharedBuffers, remove_stale
 
@@ -231,6 +233,7 @@ class _Connection:
         # declared length never decides an allocation.
         self.inbox = np.empty(size, np.float32)
         self.outbox = np.empty(size, np.float32)
+        self.wire: np.ndarray | None = None  # narrowed payloads (bfloat16, float16), once a request asks
         self.shared: SharedBuffers | None = None  # offered to this connection
         self.attached = False  # and mapped by its worker
 
@@ -262,7 +265,9 @@ class _Connection:
             seq += 1
             if h.seq != seq:
                 return refuse(conn, "auth", p.ERR_AUTH)
-            if h.op not in p.OPS or h.flags & ~p.SHARED or (h.flags and not self.attached):
+            shared, narrow = h.flags & p.SHARED, h.flags & wire.MASK
+            if (h.op not in p.OPS or h.flags & ~(p.SHARED | wire.MASK) or (shared and not self.attached)
+                    or (shared and narrow) or wire.name_of(narrow) is None):
                 return refuse(conn, "frame", p.ERR_FRAME)
             # What the op allows, checked before a byte of payload is read.
             pushes = h.op in (p.PUSH, p.PUSH_PULL)
@@ -270,9 +275,12 @@ class _Connection:
                 if (h.length not in (0, p.COOKIE_BYTES) or self.attached or h.flags
                         or (h.length == 0) == (self.shared is not None)):
                     return refuse(conn, "frame", p.ERR_FRAME)
-            elif h.length != (nbytes if pushes and not h.flags else 0):
+            elif h.length != (nbytes // 4 * wire.itemsize(narrow) if pushes and not shared else 0):
                 return refuse(conn, "size", p.ERR_SIZE)
-            body = memoryview(cookie)[:h.length] if h.op == p.ATTACH else self.inbox.data.cast("B")[:h.length]
+            if narrow and self.wire is None:
+                self.wire = np.empty(self.server.size, np.uint16)  # the weights' count, whatever a header says
+            into = self.wire if narrow and self.wire is not None else self.inbox
+            body = memoryview(cookie)[:h.length] if h.op == p.ATTACH else into.data.cast("B")[:h.length]
             try:
                 if len(body):
                     p.recv_exact(conn, self.session.inlet(h.length, body))
@@ -280,7 +288,9 @@ class _Connection:
                 return refuse(conn, "truncated")
             if not self.session.open(h, body):  # altered, replayed, reordered, or another key's
                 return refuse(conn, "auth", p.ERR_AUTH)
-            if pushes and not acceptable(self.shared.request if h.flags and self.shared else self.inbox,
+            if pushes and narrow:
+                wire.decode(body, narrow, self.inbox)
+            if pushes and not acceptable(self.shared.request if shared and self.shared else self.inbox,
                                          self.server.max_norm):
                 # One NaN, Inf or absurd delta would ruin the center for good: the task fails
                 # (its exchange not applied) and Spark retries it.
@@ -288,7 +298,7 @@ class _Connection:
             try:
                 if h.op == p.ATTACH:
                     self._attach(h, bytes(body))
-                elif h.flags:  # the payloads are in the shared file
+                elif shared:  # the payloads are in the shared file
                     assert self.shared is not None
                     self._reply(h, self.shared.request, self.shared.response, started, shared=True)
                 else:
@@ -308,6 +318,11 @@ class _Connection:
     def _reply(self, h: p.Header, inbox: np.ndarray, outbox: np.ndarray, started: float, *,
                shared: bool = False) -> None:
         reply, payload = self.server.answer(h, inbox, outbox, member=id(self.conn), shared=shared)
+        narrow = h.flags & wire.MASK
+        if narrow and h.op in (p.PULL, p.PEEK, p.PUSH_PULL):  # the center, narrowed for the socket
+            assert self.wire is not None
+            payload = wire.encode(outbox, narrow, self.wire)
+            reply = dataclasses.replace(reply, length=len(payload))
         self._send(reply, payload)
         self.server.finished(p.OPS[h.op], time.perf_counter() - started)
 
