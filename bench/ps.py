@@ -10,12 +10,16 @@ payload each way) and with no cryptography at all (the floor); and a memcpy of t
     .venv/bin/python bench/ps.py [--roundtrips 300] [--seconds 4]
 
 Last line (the first four for shared memory): ``ps roundtrip_ms_p50=<n> roundtrip_ms_p99=<n>
-pushes_per_s=<n> ratio_vs_memcpy=<r> tcp_roundtrip_ms_p50=<n> tcp_pushes_per_s=<n>
-tcp_crypto_share=<r> tcp_plain_roundtrip_ms_p50=<n> tcp_hmac_pushes_per_s=<n> tcp_speedup_vs_hmac=<r>``.
+pushes_per_s=<n> ratio_vs_memcpy=<r> tcp_roundtrip_ms_p50=<n> tcp_pushes_per_s=<n> tcp_server_cpu_ms=<n>
+tcp_crypto_share=<r> tcp_plain_roundtrip_ms_p50=<n> tcp_hmac_pushes_per_s=<n> tcp_speedup_vs_hmac=<r>
+tcp_bf16_roundtrip_ms_p50=<n> tcp_bf16_speedup_vs_hmac=<r>``.
 tcp_crypto_share: the four AES-GCM passes of a TCP round trip (the worker seals its push,
 the server opens it, seals the center and the worker opens that), each timed alone on the
-buffer, as a share of the sealed round trip's p50; tcp_speedup_vs_hmac: sealed TCP pushes/s
-over the HMAC protocol's (the fewer of 2 and 4 clients, each).
+buffer, as a share of the sealed round trip's p50; tcp_server_cpu_ms: the server's CPU per
+sealed TCP round trip (one client); tcp_speedup_vs_hmac: sealed TCP pushes/s over the HMAC
+protocol's (the fewer of 2 and 4 clients, each); tcp_bf16_*: the sealed TCP round trip with
+bfloat16 on the wire (``--wire-dtype bfloat16``: half the bytes), and its pushes/s over the
+HMAC protocol's float32.
 """
 
 from __future__ import annotations
@@ -90,12 +94,12 @@ def _use(protocol: str) -> None:
     ps_transport.SESSION = ps_client.SESSION = SESSIONS[protocol]  # type: ignore[assignment]
 
 
-def _roundtrips(address: tuple[str, int], n: int, shared: bool, protocol: str,
+def _roundtrips(address: tuple[str, int], n: int, shared: bool, protocol: str, dtype: str,
                 out: mp.Queue) -> None:  # type: ignore[type-arg]
     _use(protocol)
     delta = np.full(WEIGHTS, 1e-6, np.float32)
     times = []
-    with Client(address, secret=SECRET, worker=0, size=WEIGHTS, shared_memory=shared) as c:
+    with Client(address, secret=SECRET, worker=0, size=WEIGHTS, shared_memory=shared, wire_dtype=dtype) as c:
         assert c.shared == shared, "shared memory was not set up"
         c.pull()
         for _ in range(n + 10):
@@ -105,11 +109,11 @@ def _roundtrips(address: tuple[str, int], n: int, shared: bool, protocol: str,
     out.put(times[10:])  # the first few warm the socket buffers
 
 
-def _hammer(address: tuple[str, int], worker: int, shared: bool, protocol: str, seconds: float, go: mp.Event,
-            out: mp.Queue) -> None:  # type: ignore[type-arg]
+def _hammer(address: tuple[str, int], worker: int, shared: bool, protocol: str, dtype: str, seconds: float,
+            go: mp.Event, out: mp.Queue) -> None:  # type: ignore[type-arg]
     _use(protocol)
     delta = np.full(WEIGHTS, 1e-6, np.float32)
-    with Client(address, secret=SECRET, worker=worker, size=WEIGHTS, shared_memory=shared) as c:
+    with Client(address, secret=SECRET, worker=worker, size=WEIGHTS, shared_memory=shared, wire_dtype=dtype) as c:
         c.pull()
         go.wait()
         started, n = time.perf_counter(), 0
@@ -119,10 +123,11 @@ def _hammer(address: tuple[str, int], worker: int, shared: bool, protocol: str, 
     out.put((n, time.perf_counter() - started))
 
 
-def pushes_per_s(address: tuple[str, int], clients: int, shared: bool, protocol: str, seconds: float) -> float:
+def pushes_per_s(address: tuple[str, int], clients: int, shared: bool, protocol: str, dtype: str,
+                 seconds: float) -> float:
     ctx = mp.get_context("spawn")
     out, go = ctx.Queue(), ctx.Event()
-    procs = [ctx.Process(target=_hammer, args=(address, w, shared, protocol, seconds, go, out))
+    procs = [ctx.Process(target=_hammer, args=(address, w, shared, protocol, dtype, seconds, go, out))
              for w in range(clients)]
     for proc in procs:
         proc.start()
@@ -165,41 +170,49 @@ def main() -> None:
     # of the buffer's size and its page faults, every frame).
     alloc_ms = _median_ms(lambda: aead.encrypt(nonce, payload, aad), 50)
 
-    runs = {("shared", "aes-gcm"): True, ("tcp", "aes-gcm"): False, ("tcp", "hmac"): False, ("tcp", "plain"): False}
-    figures = {key: measure(src, shared, key[1], args.roundtrips, args.seconds) for key, shared in runs.items()}
+    runs = {("shared", "aes-gcm", "float32"): True, ("tcp", "aes-gcm", "float32"): False,
+            ("tcp", "hmac", "float32"): False, ("tcp", "plain", "float32"): False, ("tcp", "aes-gcm", "bfloat16"): False}
+    figures = {key: measure(src, shared, key[1], key[2], args.roundtrips, args.seconds) for key, shared in runs.items()}
     mb = WEIGHTS * 4 / 1e6
     print(f"buffer {mb:.1f} MB; memcpy {memcpy_ms:.2f} ms; HMAC-SHA256 {mac_ms:.2f} ms; AES-256-GCM seal "
           f"{seal_ms:.2f} ms, open {open_ms:.2f} ms (sealing into new bytes: {alloc_ms:.2f} ms)")
-    for (transport, protocol), (p50, p99, rates) in figures.items():
-        print(f"{transport + ' ' + protocol:>16}: push+pull p50 {p50:.2f} ms p99 {p99:.2f} ms; "
+    for (transport, protocol, dtype), (p50, p99, server_ms, rates) in figures.items():
+        print(f"{transport + ' ' + protocol + ' ' + dtype:>25}: push+pull p50 {p50:.2f} ms p99 {p99:.2f} ms "
+              f"(server CPU {server_ms:.2f} ms); "
               f"pushes applied/s: 2 clients {rates[2]:.0f}, 4 clients {rates[4]:.0f}")
-    (p50, p99, rates), (tcp_p50, _, tcp_rates) = figures["shared", "aes-gcm"], figures["tcp", "aes-gcm"]
-    (_, _, hmac_rates), (plain_p50, _, _) = figures["tcp", "hmac"], figures["tcp", "plain"]
+    (p50, p99, _, rates) = figures["shared", "aes-gcm", "float32"]
+    (tcp_p50, _, tcp_server_ms, tcp_rates) = figures["tcp", "aes-gcm", "float32"]
+    (_, _, _, hmac_rates), (plain_p50, _, _, _) = figures["tcp", "hmac", "float32"], figures["tcp", "plain", "float32"]
     tcp_rate, hmac_rate = min(tcp_rates.values()), min(hmac_rates.values())
+    bf16_p50, _, _, bf16_rates = figures["tcp", "aes-gcm", "bfloat16"]
     # A round trip moves the buffer twice (push, pull): the floor is two memcpys.
     print(f"ps roundtrip_ms_p50={p50:.2f} roundtrip_ms_p99={p99:.2f} pushes_per_s={min(rates.values()):.0f} "
           f"ratio_vs_memcpy={p50 / (2 * memcpy_ms):.1f} tcp_roundtrip_ms_p50={tcp_p50:.2f} "
-          f"tcp_pushes_per_s={tcp_rate:.0f} tcp_crypto_share={2 * (seal_ms + open_ms) / tcp_p50:.2f} "
+          f"tcp_pushes_per_s={tcp_rate:.0f} tcp_server_cpu_ms={tcp_server_ms:.2f} tcp_crypto_share={2 * (seal_ms + open_ms) / tcp_p50:.2f} "
           f"tcp_plain_roundtrip_ms_p50={plain_p50:.2f} tcp_hmac_pushes_per_s={hmac_rate:.0f} "
-          f"tcp_speedup_vs_hmac={tcp_rate / hmac_rate:.2f}")
+          f"tcp_speedup_vs_hmac={tcp_rate / hmac_rate:.2f} tcp_bf16_roundtrip_ms_p50={bf16_p50:.2f} "
+          f"tcp_bf16_speedup_vs_hmac={min(bf16_rates.values()) / hmac_rate:.2f}")
 
 
-def measure(src: np.ndarray, shared: bool, protocol: str, roundtrips: int,
-            seconds: float) -> tuple[float, float, dict[int, float]]:
-    """Round-trip p50 and p99 (ms) and pushes/s for 2 and 4 clients, over one transport."""
+def measure(src: np.ndarray, shared: bool, protocol: str, dtype: str, roundtrips: int,
+            seconds: float) -> tuple[float, float, float, dict[int, float]]:
+    """Round-trip p50 and p99 (ms), the server's CPU ms per round trip, and pushes/s for 2
+    and 4 clients, over one transport."""
     _use(protocol)
     try:
         with ParameterServer(src, secret=SECRET) as server:
             ctx = mp.get_context("spawn")
             out = ctx.Queue()
-            proc = ctx.Process(target=_roundtrips, args=(server.address, roundtrips, shared, protocol, out))
+            proc = ctx.Process(target=_roundtrips, args=(server.address, roundtrips, shared, protocol, dtype, out))
+            cpu = time.process_time()  # this process is the server's: its CPU per exchange
             proc.start()
             times = np.array(out.get(timeout=300)) * 1000
+            server_ms = (time.process_time() - cpu) * 1000 / (roundtrips + 11)
             proc.join()
-            rates = {k: pushes_per_s(server.address, k, shared, protocol, seconds) for k in (2, 4)}
+            rates = {k: pushes_per_s(server.address, k, shared, protocol, dtype, seconds) for k in (2, 4)}
     finally:
         _use("aes-gcm")
-    return float(np.percentile(times, 50)), float(np.percentile(times, 99)), rates
+    return float(np.percentile(times, 50)), float(np.percentile(times, 99)), server_ms, rates
 
 
 if __name__ == "__main__":
