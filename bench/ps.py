@@ -65,24 +65,24 @@ class HmacSession:
             m.update(payload)
         return m.digest()[:p.TAG_BYTES]
 
-    def seal(self, h: p.Header, payload: p.Buffer = b"") -> tuple[bytes, p.Buffer]:
+    def seal(self, h: p.Header, payload: p.Buffer = b"", room: memoryview | None = None) -> tuple[bytes, p.Buffer]:
         header = p._aad(h)
         return header[:-p.TAG_BYTES] + self._mac(self._seal_key, h, payload), payload
 
-    def inlet(self, n: int, into: memoryview) -> memoryview:
+    def inlet(self, n: int, into: memoryview, room: memoryview | None = None) -> memoryview:
         return into[:n]
 
-    def open(self, h: p.Header, into: memoryview) -> bool:
+    def open(self, h: p.Header, into: memoryview, room: memoryview | None = None) -> bool:
         return hmac.compare_digest(self._mac(self._open_key, h, into[:h.length]), h.tag)
 
 
 class PlainSession(HmacSession):
     """No cryptography on the frames at all: the floor a TCP round trip could reach."""
 
-    def seal(self, h: p.Header, payload: p.Buffer = b"") -> tuple[bytes, p.Buffer]:
+    def seal(self, h: p.Header, payload: p.Buffer = b"", room: memoryview | None = None) -> tuple[bytes, p.Buffer]:
         return p.pack(h), payload
 
-    def open(self, h: p.Header, into: memoryview) -> bool:
+    def open(self, h: p.Header, into: memoryview, room: memoryview | None = None) -> bool:
         return True
 
 

@@ -170,9 +170,10 @@ class Session:
     """One end of a connection: seals the frames it sends and opens those it receives, with
     AES-256-GCM under the direction's key and the direction's frame count as the nonce.
 
-    One scratch buffer, grown only to what this end sends or has accepted from a header,
-    holds a frame's ciphertext on the way out and on the way in (a connection has one
-    frame in flight), so a payload costs one pass of the cipher each way and no copy.
+    A frame's ciphertext (and its tag) is written to, and received into, a ``room`` the
+    caller lends where it has one free (the server lends its connection's buffers), else
+    this session's scratch, grown only to what this end sends or has accepted from a
+    header: a payload costs one pass of the cipher each way and no copy.
 
     Example:
         >>> keys = Keys.derive(b"secret", b"s" * 16, b"c" * 16)
@@ -201,19 +202,23 @@ class Session:
     def server(cls, keys: Keys, capacity: int = 0) -> Session:
         return cls(keys.reply, keys.request, capacity)
 
-    def _room(self, n: int) -> memoryview:
+    def _room(self, n: int, room: memoryview | None = None) -> memoryview:
+        """``n`` bytes and a tag's: in ``room`` where they fit, else in the scratch."""
+        if room is not None and len(room) >= n + TAG_BYTES:
+            return room[:n + TAG_BYTES]
         if len(self._scratch) < n + TAG_BYTES:
             self._scratch = bytearray(n + TAG_BYTES)
         return memoryview(self._scratch)[:n + TAG_BYTES]
 
-    def seal(self, h: Header, payload: Buffer = b"") -> tuple[bytes, memoryview]:
-        """The header to send (its tag set) and the ciphertext to send after it (valid until
-        this session's next call). ``h.length`` must be ``len(payload)``."""
+    def seal(self, h: Header, payload: Buffer = b"", room: memoryview | None = None) -> tuple[bytes, memoryview]:
+        """The header to send (its tag set) and the ciphertext to send after it, in ``room``
+        (not ``payload``'s memory) or the scratch, valid until either is next written.
+        ``h.length`` must be ``len(payload)``."""
         if self._sealed >= MAX_FRAMES:
             raise ProtocolError("this connection sealed all the frames one key may: reconnect")
         self._sealed += 1
         n = len(payload)
-        out = self._room(n)
+        out = self._room(n, room)
         aad = _aad(h)
         self._sealer.encrypt_into(_nonce(self._sealed), payload, aad, out)
         return aad[:-TAG_BYTES] + bytes(out[n:]), out[:n]
@@ -223,16 +228,18 @@ class Session:
         header, body = self.seal(h, payload)
         return header + bytes(body)
 
-    def inlet(self, n: int, into: memoryview) -> memoryview:
-        """Where to receive a frame's ``n`` payload bytes (whose plaintext :meth:`open` writes to ``into``)."""
-        return self._room(n)[:n]
+    def inlet(self, n: int, into: memoryview, room: memoryview | None = None) -> memoryview:
+        """Where to receive a frame's ``n`` payload bytes (in ``room`` where they fit, not
+        ``into``'s memory), whose plaintext :meth:`open` then writes to ``into``."""
+        return self._room(n, room)[:n]
 
-    def open(self, h: Header, into: memoryview) -> bool:
-        """Whether the frame whose payload was received into :meth:`inlet` is authentic,
-        next in order and this connection's; if so its plaintext is now in ``into``."""
+    def open(self, h: Header, into: memoryview, room: memoryview | None = None) -> bool:
+        """Whether the frame whose payload was received into :meth:`inlet` (given the same
+        ``room``) is authentic, next in order and this connection's; if so its plaintext
+        is now in ``into``."""
         self._opened += 1
         n = h.length
-        data = self._room(n)  # what inlet gave, and room for the tag after it
+        data = self._room(n, room)  # what inlet gave, and room for the tag after it
         data[n:] = h.tag
         try:
             self._opener.decrypt_into(_nonce(self._opened), data, _aad(h), into[:n])

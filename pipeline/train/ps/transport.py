@@ -190,7 +190,7 @@ class Transport:
                 conn.sendall(bytes([p.ERR_AUTH]) + bytes(p.PROOF_BYTES))
             return None
         conn.sendall(bytes([p.OK]) + p.server_proof(secret, nonce, theirs))
-        return SESSION.server(p.Keys.derive(secret, nonce, theirs), self.server.size * 4)
+        return SESSION.server(p.Keys.derive(secret, nonce, theirs))
 
 
 def _recv_by(conn: socket.socket, buf: memoryview, deadline: float) -> None:
@@ -230,9 +230,12 @@ class _Connection:
         self.server = transport.server
         size = self.server.size
         # One receive and one send buffer per connection, allocated once: a request's
-        # declared length never decides an allocation.
-        self.inbox = np.empty(size, np.float32)
-        self.outbox = np.empty(size, np.float32)
+        # declared length never decides an allocation. Each has room for a tag after the
+        # weights, so that they also hold the frames' ciphertext: a request's is received
+        # into the outbox (the center is written there only once the request is opened and
+        # applied), and the reply is sealed into the inbox (consumed by then).
+        self.in_room, self.out_room = (np.empty(size + p.TAG_BYTES // 4, np.float32) for _ in range(2))
+        self.inbox, self.outbox = self.in_room[:size], self.out_room[:size]
         self.wire: np.ndarray | None = None  # narrowed payloads (bfloat16, float16), once a request asks
         self.shared: SharedBuffers | None = None  # offered to this connection
         self.attached = False  # and mapped by its worker
@@ -283,10 +286,11 @@ class _Connection:
             body = memoryview(cookie)[:h.length] if h.op == p.ATTACH else into.data.cast("B")[:h.length]
             try:
                 if len(body):
-                    p.recv_exact(conn, self.session.inlet(h.length, body))
+                    p.recv_exact(conn, self.session.inlet(h.length, body, self.out_room.data.cast("B")))
             except ConnectionError:
                 return refuse(conn, "truncated")
-            if not self.session.open(h, body):  # altered, replayed, reordered, or another key's
+            # Altered, replayed, reordered, or sealed for another connection: it does not open.
+            if not self.session.open(h, body, self.out_room.data.cast("B")):
                 return refuse(conn, "auth", p.ERR_AUTH)
             if pushes and narrow:
                 wire.decode(body, narrow, self.inbox)
@@ -308,7 +312,7 @@ class _Connection:
 
     def _send(self, h: p.Header, payload: bytes | memoryview = b"") -> None:
         """A reply, sealed: its header authenticated, ``payload`` encrypted."""
-        header, body = self.session.seal(h, payload)
+        header, body = self.session.seal(h, payload, self.in_room.data.cast("B"))
         if len(body) > 4096:
             self.conn.sendall(header)
             self.conn.sendall(body)
