@@ -45,6 +45,7 @@ class TaskResult:
         repeats: pushes the server dropped as repeats (a speculative copy ran beside it).
         attempt: Spark's attempt number for the task.
         shared_memory: whether its exchanges went through shared memory (else TCP).
+        wire_dtype: the payloads' type on TCP (``--wire-dtype``; shared memory moves float32).
     """
 
     worker: int
@@ -66,6 +67,7 @@ class TaskResult:
     repeats: int = 0
     attempt: int = 0
     shared_memory: bool = False
+    wire_dtype: str = "float32"
 
 
 def _labels(loss: str, y: np.ndarray, classes: int) -> np.ndarray:
@@ -158,7 +160,7 @@ def train_partition(
         preq_n=int(preq[0]), preq_loss=float(preq[1] / preq[0]) if preq[0] else float("nan"),
         preq_acc=float(preq[2] / preq[0]) if preq[0] else float("nan"),
         task=task, steps_total=total, steps_skipped=skipped, repeats=client.repeats, attempt=attempt,
-        shared_memory=client.shared,
+        shared_memory=client.shared, wire_dtype=client.wire_dtype,
     )
 
 

@@ -88,7 +88,7 @@ def test_loss_falls_with_bfloat16_on_the_wire(name: str, mnist_small) -> None:  
     after = keras.losses.sparse_categorical_crossentropy(y, trained.predict(x, verbose=0)).numpy().mean()
     assert after < 0.7 * before, f"{name}: loss {before:.3f} -> {after:.3f}"
     assert t.server_stats["clock"] > 0 and t.server_stats["shared_memory"] == 0
-    assert not any(r.shared_memory for r in t.results)
+    assert all(not r.shared_memory and r.wire_dtype == "bfloat16" for r in t.results)
 
 
 #: The center after a worker pulls [1, 2, 3] and pushes [0.5, -1, 2] twice without pulling
