@@ -148,3 +148,16 @@ def test_weights_on_the_wire_are_not_in_clear(server: ParameterServer) -> None:
         for window in range(0, len(clear) - 64, 512):  # no 64-byte run of either, anywhere
             assert clear[window:window + 64] not in sent
             assert clear[window:window + 64] not in received
+
+
+def test_no_nonce_is_used_twice_under_a_key() -> None:
+    """Proves: each frame a side seals gets the next nonce (the same header and payload seal
+    differently every time), and a side refuses to seal past the counter's range rather
+    than reuse one."""
+    session = p.Session.client(p.Keys.derive(SECRET, b"s" * 16, b"c" * 16))
+    frames = {session.frame(*_push(1)) for _ in range(3)}
+    assert len(frames) == 3
+    session._sealed = p.MAX_FRAMES - 1
+    session.frame(*_push(1))
+    with pytest.raises(p.ProtocolError, match="reconnect"):
+        session.frame(*_push(1))
