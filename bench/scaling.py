@@ -22,9 +22,9 @@ import itertools
 from collections import deque
 
 #: Measured on the development machine (bench/ps.py, docs/scaling.md): the server's CPU
-#: per exchange is 2.3 ns a weight (the float32 center's work) plus 0.95 ns a byte on the
-#: wire (socket, AES-GCM, conversion); the update under the lock ~0.33 ns a weight (estimated).
-CENTER_NS_PER_WEIGHT, WIRE_NS_PER_BYTE, LOCK_NS_PER_WEIGHT = 2.3, 0.95, 0.33
+#: per exchange, sealed, by bytes a weight on the wire (float32: 4, bfloat16: 2); the
+#: update under the lock ~0.33 ns a weight (estimated from a memcpy's time).
+CPU_NS_PER_WEIGHT, LOCK_NS_PER_WEIGHT = {4: 4.2, 2: 3.4}, 0.33
 
 
 class Station:
@@ -39,7 +39,7 @@ def simulate(workers: int, shards: int, *, weights: int, wire_bytes: int, gbit: 
     """Run the model for ``seconds`` of simulated time; its throughput, staleness and busiest resource."""
     share = weights / shards
     nic_s = share * wire_bytes * 8 / (gbit * 1e9)
-    cpu_s = share * (CENTER_NS_PER_WEIGHT + wire_bytes * WIRE_NS_PER_BYTE) * 1e-9 / 2  # open, then seal
+    cpu_s = share * CPU_NS_PER_WEIGHT[wire_bytes] * 1e-9 / 2  # open, then seal
     lock_s = share * LOCK_NS_PER_WEIGHT * 1e-9
     stations = {(s, kind): Station(cores if kind.startswith("cpu") else 1)
                 for s in range(shards) for kind in ("nic_in", "cpu_open", "lock", "cpu_seal", "nic_out")}
