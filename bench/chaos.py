@@ -6,18 +6,25 @@ producer looping HIGGS into a topic, and ``streamtrain run --dataset higgs --boo
 
   poison_update    a parameter server under a training loop: NaN, Inf and 3e38 pushes are
                    refused and counted, the loop's every push applied, the center finite
-  slow_ps_clients  the same server: peers trickling their handshake and a flood of
-                   authenticated connections; the loop keeps its pace, the peers are dropped
-  checkpoint       a live run stopped, its state.npz truncated: the resume says one line
-                   naming a generation; resuming that generation trains on
+  slow_ps_clients  the same server: 300 peers trickling their handshake; the loop keeps its
+                   pace, the peers are dropped at the deadline or refused as busy
+  worker_flood     the same server: authenticated peers past the connection cap, claiming
+                   more worker ids than it tracks; refused as busy, its tables bounded
+  diverging        a run of a model compiled with a learning rate that blows up, and a run
+                   whose labels flip half-way: each stops with one line naming a generation
+  checkpoint       a live run stopped, its state.npz truncated, then corrupted: each resume
+                   says one line naming a generation; resuming that generation trains on
   secret           a live run with a Spark secret: no process carries it in its command line
   rest_port        ``streamtrain spark-master``: Spark's REST submission port stays closed
   hostile_http     a live run serving predictions: slow heads, deep JSON, a 310-digit
                    integer, a bad Content-Length, a smuggled request; each answered, counted,
                    and a client is still served
+  serve_load       the same: 64 slow clients beside a normal one, then a 20-connection
+                   burst; every answer's weights within --serve-max-age
   ps_refusals      junk at the live run's parameter server reaches its /metrics
-  poison_kafka     a corrupt batch in the live topic: --on-poison skip trains on and reports
-                   it; the default stops with one line naming topic, partition and offset
+  poison_kafka     a poison batch of each of four shapes in the live topic: --on-poison skip
+                   trains on and reports each; the default stops with one line naming
+                   topic, partition and offset
   soak             one live run for --minutes with every fault above that a live run takes,
                    at intervals, and a driver kill and resume
 
@@ -51,8 +58,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import chaos_serve  # noqa: E402
 import soak  # noqa: E402
-from chaos_ps import poison_update, slow_ps_clients  # noqa: E402
+from chaos_ps import poison_update, slow_ps_clients, worker_flood  # noqa: E402
 from soak import Proc, ledger_check, ledger_of, topic_ends  # noqa: E402
 
 TOPIC = soak.TOPIC
@@ -121,24 +129,32 @@ def _find(text: str, pattern: str) -> str:
 
 def checkpoint_fault(folder: Path, args: Any) -> dict[str, Any]:
     live = Live(folder, rate=args.rate)
+    answers = []
     try:
         live.wait("first micro-batch trained")
-        time.sleep(20)
-        live.trainer.signal(signal.SIGKILL)  # a crash; then the disk damages the newest checkpoint
-        state = live.out / "state.npz"
-        state.write_bytes(state.read_bytes()[: state.stat().st_size // 2])
-        refused = live.start(resume=True, name="refused")
-        refused.p.wait(120)
-        text = refused.text()
-        generation = _find(text, r"--generation (\d+)")
-        one_line = refused.p.returncode != 0 and "Traceback" not in text and "is damaged: truncated" in text
-        live.start(resume=True, more=("--generation", generation), name="resumed")
-        live.wait("first micro-batch trained")
+        for damage, what in ((lambda b: b[: len(b) // 2], "truncated"), (_corrupt, "corrupt")):
+            time.sleep(20)
+            live.trainer.signal(signal.SIGKILL)  # a crash; then the disk damages the newest checkpoint
+            state = live.out / "state.npz"
+            state.write_bytes(damage(state.read_bytes()))
+            refused = live.start(resume=True, name=f"refused-{what}")
+            refused.p.wait(120)
+            text = refused.text()
+            generation = _find(text, r"--generation (\d+)")
+            answers.append(refused.p.returncode != 0 and "Traceback" not in text and "is damaged:" in text)
+            live.start(resume=True, more=("--generation", generation), name=f"resumed-{what}")
+            live.wait("first micro-batch trained")
         lost, dup = live.drain_and_check()
     finally:
         live.stop()
-    return {"survived": one_line and not lost and not dup, "lost": lost, "duplicated": dup,
-            "tracebacks": live.logs().count("Traceback")}
+    return {"survived": answers == [True, True] and not lost and not dup, "one_line": answers, "lost": lost,
+            "duplicated": dup, "tracebacks": live.logs().count("Traceback")}
+
+
+def _corrupt(data: bytes) -> bytes:
+    """The file's middle overwritten (a bad sector): its size whole, its zip entries not."""
+    middle = len(data) // 2
+    return data[:middle] + bytes(4096) + data[middle + 4096:]
 
 
 def secret_fault(folder: Path, args: Any) -> dict[str, Any]:
@@ -236,6 +252,50 @@ def hostile_http(folder: Path, args: Any, live: Live | None = None) -> dict[str,
     return result
 
 
+def serve_load(folder: Path, args: Any, live: Live | None = None) -> dict[str, Any]:
+    with _scenario(live, lambda: Live(folder, rate=args.rate, trainer_args=("--serve-port", "0"))) as (live, result):
+        text = live.wait("serving predictions at")
+        port = int(_find(text, r"serving predictions at http://127\.0\.0\.1:(\d+)/"))
+        result.update(chaos_serve.load(port, model="higgs", max_age_s=1.0))
+    return result
+
+
+def diverging(folder: Path, args: Any) -> dict[str, Any]:
+    """A model compiled with a learning rate that blows up (the weights leave float32), and
+    labels that flip half-way (the held-out score collapses with finite numbers): each run
+    stops with one line naming a kept generation, before committing the batch."""
+    from tests.jobs.test_divergence import _table
+
+    (folder / "blowup.py").write_text(
+        "import keras\n\n\ndef build():\n"
+        "    m = keras.Sequential([keras.Input((28,)), keras.layers.Dense(64, activation='relu'),\n"
+        "                          keras.layers.Dense(2, activation='softmax')])\n"
+        "    m.compile(keras.optimizers.SGD(learning_rate=1e6), 'sparse_categorical_crossentropy')\n"
+        "    return m\n")
+    _table(folder / "train.csv", 14_000, flip_after=6_000, seed=1)
+    _table(folder / "eval.csv", 1_000, flip_after=None, seed=2)
+    runs = {"blowup": ["--dataset", "higgs", "--model", f"{folder / 'blowup.py'}:build"],
+            "flipped": ["--data", str(folder / "train.csv"), "--label", "y", "--eval-data", str(folder / "eval.csv"),
+                        "--workers", "1", "--seed", "3"]}
+    result: dict[str, Any] = {"tracebacks": 0}
+    for name, options in runs.items():
+        out = folder / name
+        done = subprocess.run([*soak.CLI, "run", *options, "--max-offsets-per-trigger", "1000", "--eval-every", "1",
+                               "--out", str(out), "--timeout", "300"], cwd=soak.ROOT, capture_output=True, text=True,
+                              timeout=600)
+        errors = [line for line in done.stderr.splitlines() if line.startswith("streamtrain: error:")]
+        kept = re.findall(r"--generation (\d+)", errors[0]) if len(errors) == 1 else []
+        from pipeline.train import checkpoint
+
+        # The way on: a kept generation, or (stopped in its first batch) a new run.
+        way = int(kept[0]) in checkpoint.generations(out) if kept else bool(errors) and "start again" in errors[0]
+        result[name] = done.returncode != 0 and way and ("diverged" in errors[0] or "collapsed" in errors[0])
+        result[f"{name}_line"] = errors[0][:200] if errors else done.stderr[-300:]
+        result["tracebacks"] += done.stderr.count("Traceback")
+    result["survived"] = result["blowup"] and result["flipped"]
+    return result
+
+
 def ps_refusals(folder: Path, args: Any, live: Live | None = None) -> dict[str, Any]:
     with _scenario(live, lambda: Live(folder, rate=args.rate)) as (live, result):
         text = live.wait("first micro-batch trained")
@@ -254,25 +314,46 @@ def ps_refusals(folder: Path, args: Any, live: Live | None = None) -> dict[str, 
     return result
 
 
-def _poison(bootstrap: str, partition: int) -> None:
+def _shapes() -> dict[str, bytes]:
+    """Record batches no client writes, each with a valid CRC (a broker stores them as sent)."""
+    import gzip
+    import struct
+
+    import crc32c
+
     from tests.ingest import raw_batches
 
-    bad = raw_batches.batch([(b"k", b"v")] * 3, codec=4, payload=b"\x28\xb5\x2f\xfd not zstd")
-    if raw_batches.produce(bootstrap, TOPIC, partition, bad) != 0:
-        raise RuntimeError("the broker refused the poison batch")
+    records = [(b"k", b"v")] * 3
+    lie = bytearray(raw_batches.batch(records))
+    struct.pack_into(">i", lie, 57, 100_000_000)  # the record count, inside the CRC's span
+    struct.pack_into(">I", lie, 17, crc32c.crc32c(bytes(lie[21:])))
+    return {"corrupt_zstd": raw_batches.batch(records, codec=4, payload=b"\x28\xb5\x2f\xfd not zstd"),
+            "cut_gzip": raw_batches.batch(records, codec=1,
+                                          payload=gzip.compress(raw_batches.records_body(records))[:-9]),
+            "unknown_codec": raw_batches.batch(records, codec=6, payload=b"no codec has this number"),
+            "count_lie": bytes(lie)}
+
+
+def _poison(bootstrap: str, partition: int, shape: str = "corrupt_zstd") -> None:
+    from tests.ingest import raw_batches
+
+    if raw_batches.produce(bootstrap, TOPIC, partition, _shapes()[shape]) != 0:
+        raise RuntimeError(f"the broker refused the poison batch ({shape})")
 
 
 def poison_kafka(folder: Path, args: Any) -> dict[str, Any]:
     live = Live(folder / "skip", rate=args.rate, trainer_args=("--on-poison", "skip"))
     try:
         live.wait("first micro-batch trained")
-        _poison(live.s.bootstrap, 0)
-        time.sleep(15)
+        for i, shape in enumerate(_shapes()):
+            _poison(live.s.bootstrap, i % 2, shape)
+            time.sleep(5)
+        time.sleep(10)
         lost, dup = live.drain_and_check()
         live.trainer.signal(signal.SIGTERM)
         rows = [json.loads(line) for line in (live.out / "batches.jsonl").read_text().splitlines()]
         poison = [p for row in rows for p in row.get("poison", [])]
-        skipped_ok = len(poison) == 1 and poison[0]["last"] - poison[0]["first"] == 2
+        skipped_ok = len(poison) == len(_shapes()) and all(p["last"] - p["first"] == 2 for p in poison)
         tracebacks = live.logs().count("Traceback")
     finally:
         live.stop()
@@ -298,10 +379,10 @@ def soak_mix(folder: Path, args: Any) -> dict[str, Any]:
         t0, killed = time.monotonic(), False
         while time.monotonic() - t0 < args.minutes * 60 and rounds < 1000:  # bounded
             rounds += 1
-            for name, fault in (("http", hostile_http), ("ps", ps_refusals)):
+            for name, fault in (("http", hostile_http), ("serve", serve_load), ("ps", ps_refusals)):
                 if not fault(folder, args, live=live)["survived"]:
                     failures.append(f"{name} round {rounds}")
-            _poison(live.s.bootstrap, rounds % 2)
+            _poison(live.s.bootstrap, rounds % 2, list(_shapes())[rounds % 4])
             if not killed and time.monotonic() - t0 > args.minutes * 20:  # a third of the way: kill, resume
                 killed = True
                 live.trainer.signal(signal.SIGKILL)
@@ -316,9 +397,10 @@ def soak_mix(folder: Path, args: Any) -> dict[str, Any]:
 
 
 SCENARIOS: dict[str, Callable[..., dict[str, Any]]] = {
-    "poison_update": poison_update, "slow_ps_clients": slow_ps_clients, "checkpoint": checkpoint_fault,
-    "secret": secret_fault, "rest_port": rest_port, "hostile_http": hostile_http, "ps_refusals": ps_refusals,
-    "poison_kafka": poison_kafka, "soak": soak_mix,
+    "poison_update": poison_update, "slow_ps_clients": slow_ps_clients, "worker_flood": worker_flood,
+    "diverging": diverging, "checkpoint": checkpoint_fault, "secret": secret_fault, "rest_port": rest_port,
+    "hostile_http": hostile_http, "serve_load": serve_load, "ps_refusals": ps_refusals, "poison_kafka": poison_kafka,
+    "soak": soak_mix,
 }
 
 

@@ -56,12 +56,19 @@ def poison_update(folder: Path, args: Any) -> dict[str, Any]:
 
 
 def slow_ps_clients(folder: Path, args: Any) -> dict[str, Any]:
+    """300 peers trickle their handshake a byte a second: the handshake budget's share is
+    dropped at its deadline, the rest refused at once as busy, and the loop keeps its pace."""
     from pipeline.train.ps import ParameterServer, transport
 
     stop, pushes = threading.Event(), []
     with ParameterServer(np.zeros(100_000, np.float32), secret=b"chaos") as server:
         loop = _training_loop(server, stop, pushes)
-        slow = [socket.create_connection(server.address, timeout=5) for _ in range(transport.MAX_UNAUTHENTICATED)]
+        time.sleep(1)
+        alone = len(pushes)
+        slow = []
+        for _ in range(300):
+            with contextlib.suppress(OSError):  # a refused peer may be reset as it connects
+                slow.append(socket.create_connection(server.address, timeout=5))
         before, started = len(pushes), time.monotonic()
         for _ in range(int(transport.HANDSHAKE_TIMEOUT_S) + 3):  # bounded: the deadline and a margin
             for s in slow:
@@ -74,5 +81,47 @@ def slow_ps_clients(folder: Path, args: Any) -> dict[str, Any]:
         refused = server.stats()["refused"]
         for s in slow:
             s.close()
-    ok = refused.get("handshake", 0) == transport.MAX_UNAUTHENTICATED and rate_during > 1
-    return {"survived": ok, "refused": refused, "loop_pushes_per_s": round(rate_during, 1)}
+    dropped = refused.get("handshake", 0)
+    ok = dropped == transport.MAX_UNAUTHENTICATED and dropped + refused.get("busy", 0) >= 300 and rate_during > 0.5 * alone
+    return {"survived": ok, "refused": refused, "loop_pushes_per_s_alone": alone,
+            "loop_pushes_per_s": round(rate_during, 1)}
+
+
+def worker_flood(folder: Path, args: Any) -> dict[str, Any]:
+    """Authenticated peers (a worker holding the secret) open every connection they may and
+    claim more worker ids than the server tracks: connections past the cap are refused as busy, the server's
+    per-worker tables stay bounded, its memory with them, and the loop goes on."""
+    import resource
+
+    from pipeline.train.ps import Client, ParameterServer, ProtocolError, transport
+    from pipeline.train.ps.server import MAX_WORKER_IDS
+
+    stop, pushes = threading.Event(), []
+    with ParameterServer(np.zeros(100_000, np.float32), secret=b"chaos") as server:
+        loop = _training_loop(server, stop, pushes)
+        rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        held, busy = [], 0
+        for worker in range(1, transport.MAX_CONNECTIONS + 20):  # the cap and 20 more at once
+            c = Client(server.address, secret=b"chaos", worker=worker, size=server.size, shared_memory=False)
+            try:
+                c.pull()
+                held.append(c)
+            except (ProtocolError, OSError):
+                busy += 1
+                c.close()
+        for c in held:
+            c.close()
+        claimed, deadline = 0, time.monotonic() + 90
+        for w in range(1_000, 1_000 + MAX_WORKER_IDS + 2_000):  # bounded: past the id table's size
+            if time.monotonic() > deadline:
+                break
+            with Client(server.address, secret=b"chaos", worker=w, size=server.size, shared_memory=False) as c:
+                c.pull()
+            claimed += 1
+        stop.set()
+        loop.join(30)
+        stats = server.stats()
+        rss_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss_before) / 1024
+    ok = busy >= 19 and stats["workers"] <= MAX_WORKER_IDS and stats.get("pulled_copies", 0) <= 1 and rss_mb < 500
+    return {"survived": ok, "busy": busy, "ids_claimed": claimed, "workers_tracked": stats["workers"],
+            "pulled_copies": stats.get("pulled_copies"), "rss_growth_mb": round(rss_mb), "loop_pushes": len(pushes)}

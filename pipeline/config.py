@@ -75,6 +75,15 @@ class Settings(BaseSettings):
     #: Spark's and Java's homes, as Spark's own launcher reads them.
     spark_home: Path | None = Field(default=None, validation_alias="SPARK_HOME")
     java_home: Path | None = Field(default=None, validation_alias="JAVA_HOME")
+    #: The address this host's Spark processes bind and advertise (a cluster's driver: the
+    #: address its executors reach it at).
+    spark_local_ip: str | None = Field(default=None, validation_alias="SPARK_LOCAL_IP")
+    #: Seconds ``run`` tries to reach a ``spark://`` master before it stops (one started
+    #: beside it may still be coming up).
+    master_wait_s: float = 60.0
+    #: Seconds a driver on a ``spark://`` master waits for its first executor before it
+    #: stops, naming what is unreachable.
+    executor_wait_s: float = 120.0
 
 
 @functools.cache

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 
 
 def session(master: str = "local[*]", *, app: str = "streamtrain", conf: dict[str, str] | None = None,
-            zygote: Zygote | None = None) -> Any:
+            zygote: Zygote | None = None, local_ip: str | None = None, executor_wait_s: float = 120.0) -> Any:
     """Get or create a SparkSession for streamtrain; stop it with :func:`stop`.
 
     * Python workers run this interpreter, or they start a Python without our packages.
@@ -28,7 +28,10 @@ def session(master: str = "local[*]", *, app: str = "streamtrain", conf: dict[st
       heap grows only as far as it is used (driver memory 430 -> 330 MB).
     * It maps its classes from an archive built after an earlier run (:mod:`pipeline.cluster.jvmcache`).
     * Local mode, and a cluster whose master is on loopback, bind the driver to loopback;
-      the UI is off unless asked for.
+      the UI is off unless asked for. On another host's master, the driver binds and
+      advertises ``local_ip`` (else its address on the route to the master), not its
+      host name; on any ``spark://`` master it waits
+      ``executor_wait_s`` at most for an executor to register (:mod:`pipeline.cluster.reach`).
 
     * With a ``zygote``, the Python processes Spark starts (its workers' daemon, the
       query's data-source helpers) are forked from it, their imports done
@@ -72,6 +75,11 @@ def session(master: str = "local[*]", *, app: str = "streamtrain", conf: dict[st
     )
     if loopback:
         builder = builder.config("spark.driver.bindAddress", "127.0.0.1").config("spark.driver.host", "127.0.0.1")
+    elif master.startswith("spark://"):
+        from pipeline.cluster import reach
+
+        address = reach.driver_address(master, local_ip)
+        builder = builder.config("spark.driver.bindAddress", address).config("spark.driver.host", address)
     for key, value in conf.items():
         builder = builder.config(key, value)
     # The context takes its Pythons from the environment when it is created, and keeps them
@@ -85,6 +93,14 @@ def session(master: str = "local[*]", *, app: str = "streamtrain", conf: dict[st
     finally:
         os.environ.update(pythons)
     spark.sparkContext.setLogLevel("WARN")
+    if master.startswith("spark://"):
+        from pipeline.cluster import reach
+
+        try:
+            reach.await_executors(spark, master, timeout_s=executor_wait_s)
+        except Exception:
+            spark.stop()
+            raise
     # Two warnings every clean run printed, about nothing the user can act on: stopping a
     # query cancels its job group, and the DAGScheduler warns when no job was running; and
     # each stream start says adaptive execution is off for streams (it stays on for batch).

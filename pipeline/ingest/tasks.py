@@ -11,6 +11,7 @@ JVM source the batch's DataFrame is decoded with ``mapInArrow``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -137,6 +138,11 @@ class BatchTasks:
                                                       on_poison=on_poison),
                                            schema=schema, handler=handler, planned=r, dead_letter=dead)
                 except UnreadableRange as e:
+                    # The batch stops at this range; the handler still sees the task, empty,
+                    # so that a synchronous round stops waiting for it (else every round of
+                    # the other tasks waits out its timeout before the stop).
+                    with contextlib.suppress(StreamtrainError, OSError):
+                        decode_range(iter(()), schema=schema, handler=handler, planned=r, dead_letter=None)
                     return TaskFigures(r, 0, 0, 0, {}, 0.0, 0.0, None, None, unreadable=str(e))
                 figures.aborted, figures.poisoned = skipped.aborted, skipped.poisoned
                 figures.poison = [PassedOver(r.topic, r.partition, *p) for p in skipped.poison]

@@ -148,7 +148,8 @@ class Run:
                 log.warning("%s", short)
             spark = cluster.session(master, app=f"streamtrain-{cfg.name}",
                                     conf=security.spark_conf(cfg.master, cfg.spark_conf),
-                                    zygote=zygote if master.startswith("local") else None)
+                                    zygote=zygote if master.startswith("local") else None,
+                                    local_ip=self.settings.spark_local_ip, executor_wait_s=self.settings.executor_wait_s)
             stack.callback(cluster.stop, spark)  # after a first run, builds the JVM's class archive
             self.display.startup(f"Spark ready ({master}, {spark.sparkContext.defaultParallelism} task slots); starting the query")
             job = microbatch.StreamJob(
@@ -246,14 +247,14 @@ class Run:
             self.algorithm, spec, state.weights, host=cluster.driver_host(spark), port=self.settings.ps_port,
             shared_memory=self.settings.ps_shared_memory, on_request=self.metrics.on_ps_request,
             on_refusal=self.metrics.on_ps_refusal, clock=state.clock, optimizer=state.optimizer)
-        self.metrics.restore_clock(state.clock)
+        self.metrics.restore(state, self.out)
         stack.enter_context(server)
         log.info("parameter server at %s:%d", server.host, server.port)
         self._driver = TrainDriver(
             server, state, folder=self.out, releaser=self._release, started=self._started,
             sync_slots=self._cores if self.algorithm.synchronous else 0, fault=self.settings.fault,
             on_row=self.display.on_row, on_skip=lambda _: self.metrics.skipped(), keep=cfg.keep_checkpoints)
-        serving = self._serving(stack, spec, data.schema, server)
+        serving = _serving(stack, self.cfg, self.settings, self.out, spec, data.schema, server)
         handler = TrainHandler(
             spec=spec, algorithm=algorithms.serialize(self.algorithm),
             server=ServerInfo(server.host, server.port, server.secret, cfg.wire_dtype), job=uuid.uuid4().hex,
@@ -278,20 +279,6 @@ class Run:
 
         return handler, warm
 
-    def _serving(self, stack: contextlib.ExitStack, spec: Any, schema: Any, server: Any) -> Any:
-        """With --serve-port, start the model server's process (it imports TensorFlow while
-        the workers warm up)."""
-        from pipeline.serve.process import ServingProcess, host_and_token
-
-        if self.cfg.serve_port is None:
-            return None
-        host, token = host_and_token(self.settings)
-        serving = ServingProcess.for_run(name=self.cfg.name, spec=spec, schema=schema, server=server, host=host,
-                                         port=self.cfg.serve_port, token=token, max_age_s=self.cfg.serve_max_age_s,
-                                         log_path=self.out / "serve.log").start()
-        stack.callback(serving.stop)
-        return serving
-
     def _report(self, final: dict[str, float], startup_s: float, ps_stats: dict[str, Any]) -> RunReport:
         assert self._driver is not None and self._driver.state is not None
         history = self.history
@@ -309,6 +296,22 @@ class Run:
                          "concurrent_replicas": min(self.cfg.workers, self._cores)},
             aborted_records=history.aborted(), poison=history.poison,
         )
+
+
+def _serving(stack: contextlib.ExitStack, cfg: RunConfig, settings: Any, out: Path, spec: Any, schema: Any,
+             server: Any) -> Any:
+    """With --serve-port, start the model server's process (it imports TensorFlow while
+    the workers warm up)."""
+    from pipeline.serve.process import ServingProcess, host_and_token
+
+    if cfg.serve_port is None:
+        return None
+    host, token = host_and_token(settings)
+    serving = ServingProcess.for_run(name=cfg.name, spec=spec, schema=schema, server=server, host=host,
+                                     port=cfg.serve_port, token=token, max_age_s=cfg.serve_max_age_s,
+                                     log_path=out / "serve.log").start()
+    stack.callback(serving.stop)
+    return serving
 
 
 def _plot(report: RunReport, cfg: RunConfig, out: Path, *, eval_records: int) -> None:

@@ -141,9 +141,11 @@ class RunConfig:
 
     def _check_cluster(self) -> None:
         """A standalone cluster: its security settings, and a Kafka its executors can reach."""
-        from pipeline.cluster import security
+        from pipeline import config
+        from pipeline.cluster import reach, security
 
         security.spark_conf(self.master, self.spark_conf)
+        reach.check_master(self.master, wait_s=config.settings().master_wait_s)  # before the broker and the replay
         if not self.bootstrap and not security.on_loopback(self.master):
             raise ConfigError(f"Expected --bootstrap HOST:PORT for the cluster at {self.master}: its executors read "
                               "Kafka, and the embedded broker listens on this machine's loopback only.")

@@ -3,11 +3,15 @@ the lag monitor's as they happen."""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 from pipeline import codec
 from pipeline.ingest.kafka.fetch import UnreadableRange
 from pipeline.ingest.microbatch import BatchFigures
 from pipeline.ingest.offsets import TopicPartition
 from pipeline.observe import metrics
+from pipeline.train import checkpoint
 from pipeline.train.rows import BatchRow
 
 
@@ -16,14 +20,16 @@ class RunMetrics:
 
     Every labelled series exists from the start at 0, so rates and alerts see a first
     reject or a first exchange as a change rather than a new series; what is not yet
-    measured is NaN (a gap in a graph), not 0 (a loss of 0, a batch in 1970).
+    measured is NaN (a gap in a graph), not 0 (a loss of 0, a batch in 1970). A resumed
+    run's totals go on from its checkpoint's (:meth:`restore`), not from 0.
     """
 
     def __init__(self, *, dataset: str, algorithm: str, topic: str, workers: int, clock: int = 0) -> None:
         self.meters = m = metrics.training_metrics()
         self.topic = topic
         m.info.labels(dataset, algorithm, topic, str(workers)).set(1)
-        for gauge in (m.freshness, m.prequential_loss, m.prequential_accuracy, m.heldout_accuracy, m.last_batch_time):
+        for gauge in (m.freshness, m.prequential_loss, m.prequential_accuracy, m.heldout_accuracy, m.last_batch_time,
+                      m.last_batch_duration):
             gauge.set(float("nan"))
         m.records_ingested.labels(topic)
         m.records_trained.labels(topic)
@@ -41,6 +47,20 @@ class RunMetrics:
         """The server's clock at start (a resumed run's is not 0)."""
         self._clock_seen = clock
         self.meters.clock.set(clock)
+
+    def restore(self, state: checkpoint.State, folder: str | os.PathLike[str]) -> None:
+        """A resumed run's figures from its checkpoint: the clock, the records trained and
+        the batches applied go on from the checkpoint's totals (Prometheus sees the counters
+        continue, not a reset to 0), and the last batch's time is when it was saved."""
+        self.restore_clock(state.clock)
+        if state.last_batch_id < 0:
+            return
+        self.meters.records_trained.labels(self.topic).inc(int(state.extra.get("trained", 0)))
+        self.meters.batches.inc(state.last_batch_id + 1)
+        for path in (checkpoint.generation_path(folder, state.last_batch_id), Path(folder) / checkpoint.FILENAME):
+            if path.is_file():
+                self.meters.last_batch_time.set(path.stat().st_mtime)
+                break
 
     def on_ps_request(self, op: str, seconds: float) -> None:
         self.meters.ps_request_duration.labels(op).observe(seconds)
@@ -75,6 +95,7 @@ class RunMetrics:
             m.records_rejected.labels(reason).inc(n)
         m.batches.inc()
         m.batch_duration.observe(info.batch_s)
+        m.last_batch_duration.set(info.batch_s)
         self.on_lag(info.lag)
         for r in info.results:
             for s in r.staleness:

@@ -6,7 +6,10 @@ file provisioning; a test keeps it equal to what this module builds. Rebuild it 
 ``streamtrain dashboards build``.
 
 Every query is written for Prometheus with Grafana's ``$__rate_interval``; anything
-that evaluates a query outside Grafana first calls :func:`expand`.
+that evaluates a query outside Grafana first calls :func:`expand` with the window of
+:func:`rate_window`. Every panel that takes a rate has a minimum interval of a minute
+(:data:`STEADY_WINDOW`), so its window spans several micro-batches: a counter that steps
+by 20,000 every 9 s reads as a steady 2,128/s, not 1,333 and 2,667 in turn.
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ TITLE = "streamtrain: online training"
 DEFAULT_FILE = Path(__file__).resolve().parents[2] / "dashboards" / "streamtrain.json"
 
 _RATE = "[$__rate_interval]"
+#: The least window of a panel's rates (Grafana's "Min interval"): several micro-batches.
+STEADY_WINDOW = "1m"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,6 +55,10 @@ class Panel:
     kind: str = "timeseries"
     width: int = 8
     description: str = ""
+    #: ``(value, color)`` steps above the base color (green, or ``base``), as Grafana's thresholds.
+    thresholds: tuple[tuple[float, str], ...] = ()
+    base: str = "green"
+    no_value: str = ""
 
 
 def _rate(metric: str, by: str = "") -> str:
@@ -59,23 +68,36 @@ def _rate(metric: str, by: str = "") -> str:
 
 def _quantile(q: float, metric: str, by: str = "") -> str:
     keys = f"le, {by}" if by else "le"
-    return f"histogram_quantile({q}, sum by ({keys}) (rate({metric}_bucket{_RATE})))"
+    # ">= 0" drops the NaN of a window without observations (an idle run): a gap, not "NaN".
+    return f"histogram_quantile({q}, sum by ({keys}) (rate({metric}_bucket{_RATE}))) >= 0"
+
+
+_IDLE = "idle: nothing observed in the last minute"
 
 
 ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
     ("At a glance", (
         Panel("Trained records/s", (Query(_rate("streamtrain_train_records_total"), "trained/s"),),
-              kind="stat", width=4),
+              kind="stat", width=4, base="red", thresholds=((1, "green"),),
+              description="Over the last minute at least (several micro-batches); red: nothing trained."),
         Panel("Consumer lag", (Query("sum(streamtrain_stream_consumer_lag_records)", "records"),),
-              kind="stat", width=4, description="Records in Kafka not yet trained, all partitions."),
+              kind="stat", width=4, thresholds=((10_000, "orange"), (100_000, "red")),
+              description="Records in Kafka not yet trained, all partitions (StreamtrainLagGrowing from "
+                          "10,000 and rising)."),
         Panel("Held-out accuracy", (Query("max(streamtrain_eval_heldout_accuracy)", "accuracy"),),
-              unit="percentunit", kind="stat", width=4),
+              unit="percentunit", kind="stat", width=4, base="red", thresholds=((0.5, "orange"), (0.8, "green")),
+              no_value="not scored yet"),
         Panel("Staleness p99", (Query(_quantile(0.99, "streamtrain_ps_staleness_updates"), "updates"),),
-              kind="stat", width=4),
-        Panel("Since last batch", (Query("time() - max(streamtrain_train_last_batch_timestamp_seconds)", "age"),),
-              unit="s", kind="stat", width=4, description="Seconds since a micro-batch was last trained."),
+              kind="stat", width=4, thresholds=((16, "orange"), (32, "red")), no_value=_IDLE,
+              description="Red from 32, where StreamtrainStalenessHigh fires."),
+        Panel("Since last batch", (Query("time() - max(streamtrain_train_last_batch_timestamp_seconds) >= 0",
+                                         "age"),),
+              unit="s", kind="stat", width=4, thresholds=((60, "orange"), (120, "red")), no_value="no batch yet",
+              description="Seconds since a micro-batch was last trained (a resumed run: since its checkpoint "
+                          "was written)."),
         Panel("Rejected records", (Query("sum(streamtrain_stream_records_rejected_total)", "rejected"),),
-              kind="stat", width=4, description="Set aside to the dead-letter topic since the run started."),
+              kind="stat", width=4, thresholds=((1, "orange"),),
+              description="Set aside to the dead-letter topic since this trainer started."),
     )),
     ("Is data flowing?", (
         Panel("Records per second: produced, ingested, trained", (
@@ -87,12 +109,15 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
             Query("streamtrain_stream_consumer_lag_records", "{{topic}}-{{partition}}"),
         ), unit="short", width=12, description="Log end offset minus the end of the last trained batch."),
         Panel("Micro-batch duration", (
+            Query("streamtrain_stream_last_batch_duration_seconds", "last batch"),
             Query(_quantile(0.5, "streamtrain_stream_batch_duration_seconds"), "p50"),
             Query(_quantile(0.99, "streamtrain_stream_batch_duration_seconds"), "p99"),
-        ), unit="s"),
+        ), unit="s", thresholds=((60, "orange"), (300, "red")),
+              description="The last batch's own duration, and quantiles over the batches of the last minute at "
+                          "least (buckets up to an hour)."),
         Panel("Freshness: now minus event time when trained", (
             Query("streamtrain_train_freshness_seconds", "median of the last batch"),
-        ), unit="s"),
+        ), unit="s", thresholds=((60, "orange"), (300, "red"))),
         Panel("Parameter-server updates per second", (
             Query(_rate("streamtrain_ps_updates_total"), "updates/s"),
         ), unit="short"),
@@ -108,14 +133,16 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
         Panel("Staleness of pushes (updates between pull and push)", (
             Query(_quantile(0.5, "streamtrain_ps_staleness_updates"), "p50"),
             Query(_quantile(0.99, "streamtrain_ps_staleness_updates"), "p99"),
-        ), unit="short"),
+        ), unit="short", thresholds=((16, "orange"), (32, "red"))),
         Panel("Parameter-server request latency", (
             Query(_quantile(0.5, "streamtrain_ps_request_duration_seconds", "op"), "p50 {{op}}"),
             Query(_quantile(0.99, "streamtrain_ps_request_duration_seconds", "op"), "p99 {{op}}"),
-        ), unit="s", width=12),
-        Panel("Worker time: compute vs exchange", (
+        ), unit="s", width=12, thresholds=((0.5, "orange"), (2, "red"))),
+        Panel("Busy workers: compute vs exchange", (
             Query(_rate("streamtrain_worker_seconds_total", "activity"), "{{activity}}"),
-        ), unit="s", width=12, description="Worker-seconds per second spent in each activity, all workers."),
+        ), unit="short", width=12,
+              description="Worker-seconds per second in each activity, all workers: 2 is two workers busy all "
+                          "the time."),
     )),
     ("Serving", (
         Panel("Prediction requests per second, by status", (
@@ -124,10 +151,10 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
         Panel("Prediction latency", (
             Query(_quantile(0.5, "streamtrain_serve_request_seconds"), "p50"),
             Query(_quantile(0.99, "streamtrain_serve_request_seconds"), "p99"),
-        ), unit="s", width=8),
+        ), unit="s", width=8, thresholds=((0.1, "orange"), (1, "red"))),
         Panel("Served weights: age", (
             Query("max(streamtrain_serve_weights_age_seconds)", "age"),
-        ), unit="s", width=8, description="Seconds since the served weights were the parameter server's center "
+        ), unit="s", width=8, thresholds=((5, "orange"), (60, "red")), description="Seconds since the served weights were the parameter server's center "
                                           "(or since the checkpoint served was written)."),
         Panel("Instances per request", (
             Query(_quantile(0.5, "streamtrain_serve_instances"), "p50"),
@@ -135,7 +162,7 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
         ), unit="short", width=8),
         Panel("Refused requests per second, by reason", (
             Query(_rate("streamtrain_serve_bad_requests_total", "reason"), "{{reason}}"),
-        ), unit="reqps", width=8),
+        ), unit="reqps", width=8, thresholds=((1, "orange"),)),
         Panel("Predictions written per second (predict stream)", (
             Query(_rate("streamtrain_predictions_written_total", "topic"), "{{topic}}"),
         ), unit="short", width=8),
@@ -143,7 +170,7 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
     ("What was rejected, and why?", (
         Panel("Rejected records per second, by reason", (
             Query(_rate("streamtrain_stream_records_rejected_total", "reason"), "{{reason}}"),
-        ), unit="short", width=12),
+        ), unit="short", width=12, thresholds=((1, "orange"),)),
         Panel("Producer problems per second", (
             Query(_rate("streamtrain_producer_send_errors_total", "topic"), "send errors {{topic}}"),
             Query(_rate("streamtrain_producer_malformed_rows_total", "dataset, reason"),
@@ -161,8 +188,17 @@ def build() -> dict[str, Any]:
     from grafana_foundation_sdk.builders import stat as gs
     from grafana_foundation_sdk.builders import timeseries as gt
     from grafana_foundation_sdk.cog.encoder import JSONEncoder
-    from grafana_foundation_sdk.models.common import LegendDisplayMode, LegendPlacement
-    from grafana_foundation_sdk.models.dashboard import DashboardCursorSync, DataSourceRef
+    from grafana_foundation_sdk.models.common import (
+        GraphTresholdsStyleMode,
+        LegendDisplayMode,
+        LegendPlacement,
+    )
+    from grafana_foundation_sdk.models.dashboard import (
+        DashboardCursorSync,
+        DataSourceRef,
+        Threshold,
+        ThresholdsMode,
+    )
 
     source = DataSourceRef(type_val="prometheus", uid=DATASOURCE_UID)
     board = (gd.Dashboard(TITLE).uid(DASHBOARD_UID).tags(["streamtrain"]).refresh("5s").time("now-30m", "now")
@@ -181,6 +217,15 @@ def build() -> dict[str, Any]:
             panel = panel.id(next(ids)).title(spec.title).unit(spec.unit).span(spec.width).datasource(source)
             if spec.description:
                 panel = panel.description(spec.description)
+            if any("rate(" in q.expr for q in spec.queries):
+                panel = panel.interval(STEADY_WINDOW)
+            if spec.no_value:
+                panel = panel.no_value(spec.no_value)
+            if spec.thresholds:
+                steps = [Threshold(None, spec.base), *(Threshold(v, c) for v, c in spec.thresholds)]
+                panel = panel.thresholds(gd.ThresholdsConfig().mode(ThresholdsMode.ABSOLUTE).steps(steps))
+                if spec.kind != "stat":
+                    panel = panel.thresholds_style(gc.GraphThresholdsStyleConfig().mode(GraphTresholdsStyleMode.DASHED))
             for i, q in enumerate(spec.queries):
                 panel = panel.with_target(gp.Dataquery().expr(q.expr).legend_format(q.legend).ref_id(chr(65 + i)))
             board = board.with_panel(panel)
@@ -235,6 +280,18 @@ def queries(dashboard: dict[str, Any]) -> list[tuple[str, str, str]]:
     """
     return [(p.get("title", ""), t.get("expr", ""), t.get("legendFormat", ""))
             for p in panels(dashboard) for t in p.get("targets", [])]
+
+
+def rate_window(panel: dict[str, Any], scrape_s: float, step_s: float = 0.0) -> float:
+    """``$__rate_interval`` as Grafana computes it for ``panel``: its interval (the step, at
+    least the panel's minimum interval, in s, m or h) plus a scrape, at least four scrapes.
+
+    >>> rate_window({"interval": "1m"}, 5), rate_window({}, 5), rate_window({}, 1, 30)
+    (65.0, 20.0, 31.0)
+    """
+    least = re.fullmatch(r"([0-9.]+)([smh])", panel.get("interval") or "0s")
+    floor = float(least.group(1)) * {"s": 1, "m": 60, "h": 3600}[least.group(2)] if least else 0.0
+    return float(max(max(step_s, floor) + scrape_s, 4 * scrape_s))
 
 
 def expand(expr: str, rate_interval_s: float) -> str:

@@ -21,6 +21,20 @@ from pipeline.errors import ConfigError
 _INTEGER_BUCKETS = (0.0, *(b for k in (1, 2, 3, 4, 6, 8, 12, 16, 32, 64) for b in (k - 0.01, k)))
 
 
+#: Micro-batch seconds: a second to an hour, tight where batches usually fall (4-30 s),
+#: so p50 of 8-17 s batches reads within their bucket and a 431 s batch reads as one.
+_BATCH_BUCKETS = (0.5, 1, 2, 4, 6, 8, 10, 12, 15, 20, 25, 30, 45, 60, 90, 120, 180, 300, 450, 600, 900, 1800, 3600)
+
+#: Parameter-server request seconds: half a millisecond to a minute (a pull behind a
+#: synchronous round waits for the slowest worker).
+_PS_BUCKETS = (0.0005, 0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.064, 0.128, 0.25, 0.5, 1, 2, 5, 10, 30, 60)
+
+#: Why a model server refuses a request (``serve_bad_requests_total``'s reasons, each a
+#: series from the start so that rate() sees the first refusal).
+SERVE_REFUSALS = ("bad_field", "bad_json", "busy", "malformed", "no_instances", "no_length", "not_numeric",
+                  "number_too_large", "out_of_range", "slow_body", "too_deep", "too_large", "too_many_instances",
+                  "too_many_values", "unauthorized", "wrong_shape")
+
 #: Why the parameter server refuses a connection or a request (each a series from the start).
 PS_REFUSALS = ("auth", "busy", "frame", "handshake", "idle", "nonfinite", "order", "size", "truncated")
 
@@ -73,6 +87,7 @@ class TrainingMetrics:
     batches: Counter
     batches_skipped: Counter
     batch_duration: Histogram
+    last_batch_duration: Gauge
     consumer_lag: Gauge
     staleness: Histogram
     ps_request_duration: Histogram
@@ -112,14 +127,16 @@ def training_metrics() -> TrainingMetrics:
                                 "Replayed micro-batches skipped because the checkpoint already holds them.",
                                 registry=reg),
         batch_duration=Histogram("streamtrain_stream_batch_duration_seconds", "Wall time of a micro-batch.",
-                                 buckets=(0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64), registry=reg),
+                                 buckets=_BATCH_BUCKETS, registry=reg),
+        last_batch_duration=Gauge("streamtrain_stream_last_batch_duration_seconds",
+                                  "Wall time of the last micro-batch.", registry=reg),
         consumer_lag=Gauge("streamtrain_stream_consumer_lag_records",
                            "Records in Kafka not yet trained, per partition.", ["topic", "partition"], registry=reg),
         staleness=Histogram("streamtrain_ps_staleness_updates", "Updates applied between a worker's pull and push.",
                             buckets=_INTEGER_BUCKETS, registry=reg),
         ps_request_duration=Histogram(
             "streamtrain_ps_request_duration_seconds", "Parameter-server request time on the server, by operation.",
-            ["op"], buckets=(0.0005, 0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.064, 0.128, 0.5, 2), registry=reg),
+            ["op"], buckets=_PS_BUCKETS, registry=reg),
         ps_refusals=Counter("streamtrain_ps_refusals_total",
                             "Connections and requests the parameter server refused, by reason.", ["reason"],
                             registry=reg),

@@ -62,8 +62,6 @@ def render(dashboard: dict[str, Any], prometheus: str, out: str | Path, *, since
     end = time.time() if end is None else end
     start = end - since_s
     step = max(1.0, since_s / points)
-    # Grafana's $__rate_interval: four scrapes, or one step plus a scrape if longer.
-    rate_s = max(4 * scrape_s, step + scrape_s)
     items = dashboard.get("panels", [])
     if not items:
         raise ConfigError("The dashboard has no panels to render.")
@@ -93,7 +91,8 @@ def render(dashboard: dict[str, Any], prometheus: str, out: str | Path, *, since
         unit = p.get("fieldConfig", {}).get("defaults", {}).get("unit", "short")
         series = []
         for t in p.get("targets", []):
-            for s in dash.query_range(prometheus, dash.expand(t["expr"], rate_s), start, end, step):
+            window = dash.rate_window(p, scrape_s, step)
+            for s in dash.query_range(prometheus, dash.expand(t["expr"], window), start, end, step):
                 values = np.array(s["values"], dtype=float).reshape(-1, 2)
                 series.append((dash.legend(t.get("legendFormat", ""), s["metric"]), values))
         found[title] = len(series)

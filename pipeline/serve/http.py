@@ -44,7 +44,7 @@ from aiohttp.abc import AbstractAccessLogger
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from pipeline.errors import ConfigError
-from pipeline.observe.metrics import ServingMetrics, serving_metrics
+from pipeline.observe.metrics import SERVE_REFUSALS, ServingMetrics, serving_metrics
 from pipeline.serve.instances import BadRequest, parse
 from pipeline.serve.predictor import Predictor, Unavailable
 
@@ -139,6 +139,8 @@ class ModelServer:
         self._reading = 0  # body bytes being read now, at most 4 bodies' worth
         for code in STATUSES:
             self.meters.requests.labels(name, code)
+        for reason in SERVE_REFUSALS:
+            self.meters.bad_requests.labels(name, reason)
         self.meters.weights_age.labels(name).set_function(self._age)
         try:
             self._sock = socket.create_server((host, port), backlog=backlog)

@@ -13,6 +13,7 @@ on a small held-out split is noise more often than collapse).
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 import numpy as np
@@ -21,6 +22,10 @@ import numpy as np
 SHARE = 0.25
 #: Scores in a row at or below that share before the run stops.
 PATIENCE = 2
+#: A prequential loss this many times the loss of predicting without the features is a
+#: model that blew up (Keras' cross-entropy clips probabilities: a sane one stays under
+#: about 16, 23 times ln 2).
+LOSS_FACTOR = 10_000
 
 
 @dataclasses.dataclass
@@ -35,6 +40,8 @@ class HeldoutWatch:
         min_gain: the gain over the baseline that counts as having learned.
         share: see :data:`SHARE`.
         patience: see :data:`PATIENCE`.
+        loss_reference: the loss of predicting without the features (ln of the classes, the
+            targets' variance): :attr:`loss_bound` is :data:`LOSS_FACTOR` times it.
 
     Example:
         >>> w = HeldoutWatch("accuracy", baseline=0.5, min_gain=0.05)
@@ -52,6 +59,7 @@ class HeldoutWatch:
     min_gain: float = 0.05
     share: float = SHARE
     patience: int = PATIENCE
+    loss_reference: float = math.inf
     best: float | None = None
     #: The batch of the best score: the checkpoint generation to go back to after a collapse.
     best_batch: int = -1
@@ -69,9 +77,20 @@ class HeldoutWatch:
         """
         if regression:
             spread = float(np.std(np.asarray(y, np.float64)))
-            return cls("rmse", baseline=spread, lower_is_better=True, min_gain=0.1 * spread)
+            return cls("rmse", baseline=spread, lower_is_better=True, min_gain=0.1 * spread,
+                       loss_reference=max(spread**2, 1e-12))
         counts = np.bincount(np.asarray(y, np.int64))
-        return cls("accuracy", baseline=float(counts.max() / max(1, counts.sum())))
+        return cls("accuracy", baseline=float(counts.max() / max(1, counts.sum())),
+                   loss_reference=math.log(max(2, len(counts))))
+
+    @property
+    def loss_bound(self) -> float:
+        """The prequential loss past which the model blew up.
+
+        >>> round(HeldoutWatch.for_labels(np.array([0, 1]), regression=False).loss_bound)
+        6931
+        """
+        return LOSS_FACTOR * self.loss_reference
 
     def gain(self, score: float) -> float:
         return self.baseline - score if self.lower_is_better else score - self.baseline

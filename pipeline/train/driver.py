@@ -118,6 +118,9 @@ class TrainDriver:
         assert self.state is not None and self.folder is not None
         weights, clock, optimizer = self.server.checkpoint()
         row = BatchRow.from_batch(info, t=time.monotonic() - self.started, clock=clock)
+        diverged = [r.diverged for r in info.results if getattr(r, "diverged", None)]
+        if diverged:  # the server refused an update that was not finite
+            self._diverged(info.batch_id, diverged[0])
         row.tasks = self.check_applied(info.results, batch_id=info.batch_id)
         self.check_finite(info.batch_id, weights, row)
         began = time.perf_counter()
@@ -144,11 +147,22 @@ class TrainDriver:
 
     def check_finite(self, batch_id: int, weights: np.ndarray, row: BatchRow) -> None:
         """Stop a model that diverged before its weights are saved or served: a prequential
-        loss that is NaN or Inf, or a center that is not finite (a rule's own state blew up)."""
+        loss that is NaN or Inf, or absurd (past the watch's
+        :attr:`~pipeline.train.divergence.HeldoutWatch.loss_bound`), or a center that is not
+        finite (a rule's own state blew up)."""
         loss = row.prequential_loss  # None: nothing trained in this batch (all rejected, or none)
-        if (loss is None or math.isfinite(loss)) and np.isfinite(weights).all():
+        bound = self.watch.loss_bound if self.watch is not None else math.inf
+        if (loss is None or math.isfinite(loss) and loss <= bound) and np.isfinite(weights).all():
             return
-        what = f"prequential loss {loss}" if loss is not None and not math.isfinite(loss) else "weights not finite"
+        if loss is not None and math.isfinite(loss) and loss > bound:
+            assert self.watch is not None
+            what = (f"prequential loss {loss:.4g}, over {self.watch.loss_bound / self.watch.loss_reference:,.0f} times "
+                    f"what predicting without the features costs, {self.watch.loss_reference:.4g}")
+        else:
+            what = f"prequential loss {loss}" if loss is not None and not math.isfinite(loss) else "weights not finite"
+        self._diverged(batch_id, what)
+
+    def _diverged(self, batch_id: int, what: str) -> None:
         raise StreamtrainError(f"Batch {batch_id}: the model diverged ({what}); the batch is not saved or committed. "
                                f"Lower the learning rate (or check the data), then {self._way_back()}.")
 

@@ -46,6 +46,8 @@ class TaskResult:
         attempt: Spark's attempt number for the task.
         shared_memory: whether its exchanges went through shared memory (else TCP).
         wire_dtype: the payloads' type on TCP (``--wire-dtype``; shared memory moves float32).
+        diverged: why the task stopped, when the server refused its update as not finite
+            (its model diverged: a retry would compute the same); None: it trained.
     """
 
     worker: int
@@ -68,6 +70,7 @@ class TaskResult:
     attempt: int = 0
     shared_memory: bool = False
     wire_dtype: str = "float32"
+    diverged: str | None = None
 
 
 def _labels(loss: str, y: np.ndarray, classes: int) -> np.ndarray:
@@ -127,30 +130,42 @@ def train_partition(
     losses: list[float] = []
     preq = np.zeros(3)  # records, summed loss, summed accuracy over the first pass
     timer = _Timer()
-    with ps.Client((server.host, server.port), secret=server.secret, worker=worker, size=spec.size,
-                   wire_dtype=server.wire_dtype) as client:
-        with timer("exchange"):
-            done = client.begin(task, steps=total, window=window) if task else 0
-            pulled = client.pull().copy()
-            entry.weights.set(pulled)
-        skipped = min(total, done * window)
-        half = algo.worker(client, entry, pulled)
-        for step, idx in enumerate(_minibatches(rng, n, batch, epochs), start=1):
-            if step <= skipped:  # applied by an earlier attempt: drawn, not trained
-                continue
-            with timer("compute"):
-                loss, acc = half.compute(x[idx], y[idx])
-            losses.append(loss)
-            if step <= steps_per_epoch:  # the first pass
-                preq += (len(idx), loss * len(idx), acc * len(idx))
-            if step % window == 0 or step == total:
-                with timer("exchange"):
-                    half.exchange()
-                timer.exchanges += 1
-                if after_exchange is not None:
-                    after_exchange(done + timer.exchanges)
-        with timer("exchange"):
-            half.close()
+    try:
+        with ps.Client((server.host, server.port), secret=server.secret, worker=worker, size=spec.size,
+                       wire_dtype=server.wire_dtype) as client:
+            with timer("exchange"):
+                done = client.begin(task, steps=total, window=window) if task else 0
+                pulled = client.pull().copy()
+                entry.weights.set(pulled)
+            skipped = min(total, done * window)
+            half = algo.worker(client, entry, pulled)
+            for step, idx in enumerate(_minibatches(rng, n, batch, epochs), start=1):
+                if step <= skipped:  # applied by an earlier attempt: drawn, not trained
+                    continue
+                with timer("compute"):
+                    loss, acc = half.compute(x[idx], y[idx])
+                losses.append(loss)
+                if step <= steps_per_epoch:  # the first pass
+                    preq += (len(idx), loss * len(idx), acc * len(idx))
+                if step % window == 0 or step == total:
+                    with timer("exchange"):
+                        half.exchange()
+                    timer.exchanges += 1
+                    if after_exchange is not None:
+                        after_exchange(done + timer.exchanges)
+            with timer("exchange"):
+                half.close()
+    except ps.ProtocolError as e:
+        if e.reason != "nonfinite":
+            raise
+        # The model diverged: the task returns (a retry would compute the same update), and
+        # the driver stops the batch before its save with one line.
+        last = losses[-1] if losses else float("nan")
+        return TaskResult(
+            worker=worker, records=0, steps=0, exchanges=timer.exchanges, loss_first=float("nan"), loss_last=last,
+            staleness=[], compute_s=timer.seconds["compute"], exchange_s=timer.seconds["exchange"],
+            fresh_replica=fresh, task=task, attempt=attempt,
+            diverged=f"worker {worker}'s update after {len(losses)} mini-batches was not finite, last loss {last:.4g}")
     head = losses[: min(10, len(losses))] or [float("nan")]
     tail = losses[-min(10, len(losses)) :] or [float("nan")]
     return TaskResult(

@@ -57,3 +57,26 @@ def test_a_run_whose_labels_flip_stops_at_the_collapse_and_names_the_sound_check
     scored = {r["batch_id"]: r["heldout"]["accuracy"] for r in rows if r.get("heldout")}
     assert scored[sound] == max(scored.values()) > 0.8 and list(scored.values())[-1] < 0.6, scored
     assert int(state.extra["trained"]) < 8_000
+
+
+@pytest.mark.slow  # a run of one micro-batch
+def test_a_model_whose_updates_leave_float32_stops_with_one_line(tmp_path: Path) -> None:
+    """Proves: a user's model compiled with a learning rate that makes its first updates NaN
+    (the parameter server refuses them) stops the run in one line naming the worker, with
+    no Spark executor traceback in the log and nothing saved."""
+    (tmp_path / "blowup.py").write_text(
+        "import keras\n\n\ndef build():\n"
+        "    m = keras.Sequential([keras.Input((28,)), keras.layers.Dense(64, activation='relu'),\n"
+        "                          keras.layers.Dense(2, activation='softmax')])\n"
+        "    m.compile(keras.optimizers.SGD(learning_rate=1e30), 'sparse_categorical_crossentropy')\n"
+        "    return m\n")
+    out = tmp_path / "run"
+    done = subprocess.run(
+        [sys.executable, "-m", "pipeline", "run", "--dataset", "higgs", "--model", f"{tmp_path / 'blowup.py'}:build",
+         "--max-offsets-per-trigger", "1000", "--out", str(out), "--timeout", "300"],
+        cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    errors = [line for line in done.stderr.splitlines() if line.startswith("streamtrain: error:")]
+    assert len(errors) == 1 and re.search(r"Batch \d+: the model diverged \(worker \d+'s update after \d+ "
+                                          r"mini-batches was not finite", errors[0]), done.stderr[-3000:]
+    assert checkpoint.load(out) is None or checkpoint.load(out).last_batch_id < int(errors[0].split()[3][:-1])

@@ -208,3 +208,35 @@ def test_build_writes_the_dashboard(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert json.loads((tmp_path / "d.json").read_text()) == dashboard.build()
     assert f"{len(dashboard.panels(dashboard.build()))} panels written" in done.stdout
+
+
+def test_the_readme_names_every_alert_and_only_those() -> None:
+    """Proves: the README's alert list is alerts.yml's (it named five of six)."""
+    rules = yaml.safe_load((DEPLOY / "prometheus" / "alerts.yml").read_text())
+    alerts = {r["alert"] for g in rules["groups"] for r in g["rules"]}
+    readme = (ROOT / "README.md").read_text()
+    assert set(re.findall(r"`(Streamtrain[A-Za-z]+)`", readme)) == alerts
+    assert f"has {('no', 'one', 'two', 'three', 'four', 'five', 'six', 'seven')[len(alerts)]} alerts" in readme
+
+
+def test_every_panel_that_can_alarm_has_thresholds_and_every_rate_a_minute() -> None:
+    """Proves: stat panels are coloured by thresholds (the alerts' own bounds where there is
+    one), and every rate spans a minute at least (several micro-batches)."""
+    panels = {p["title"]: p for p in dashboard.panels(dashboard.build())}
+    steps = {t: [s["value"] for s in p["fieldConfig"]["defaults"].get("thresholds", {}).get("steps", [])]
+             for t, p in panels.items()}
+    assert all(len(steps[t]) >= 2 for t, p in panels.items() if p["type"] == "stat"), steps
+    assert steps["Staleness p99"][-1] == 32 and steps["Consumer lag"][1] == 10_000
+    for title, p in panels.items():
+        if any("rate(" in t["expr"] for t in p["targets"]):
+            assert dashboard.rate_window(p, 5) >= 65, title
+    assert panels["Busy workers: compute vs exchange"]["fieldConfig"]["defaults"]["unit"] != "s"
+
+
+def test_every_refusal_reason_the_model_server_gives_is_declared() -> None:
+    """Proves: SERVE_REFUSALS, which a model server creates at 0, holds every reason its
+    code gives (tests/serve/test_http.py checks they exist before the first refusal)."""
+    source = "".join(p.read_text() for p in (ROOT / "pipeline" / "serve").glob("*.py"))
+    given = set(re.findall(r'reason="([a-z_]+)"', source)) | set(re.findall(r'bad_requests\.labels\([^,]+, "([a-z_]+)"\)',
+                                                                             source))
+    assert given and given <= set(metrics.SERVE_REFUSALS), given - set(metrics.SERVE_REFUSALS)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pipeline.observe.report_plot import report_plots
+from pipeline.observe.report_plot import accuracy_limits, count_label, report_plots
 
 
 def _rows(n: int, heldout_at: tuple[int, ...] = ()) -> list[dict]:  # type: ignore[type-arg]
@@ -30,3 +30,19 @@ def test_the_final_score_is_not_drawn_twice(tmp_path: Path) -> None:
     drawn = report_plots(rows, tmp_path / "r.png", final=rows[-1]["heldout"]["accuracy"], eval_every=5)
     assert drawn["held-out"] == 1
     assert report_plots(_rows(6, heldout_at=(4,)), tmp_path / "s.png", final=0.99, eval_every=5)["held-out"] == 2
+
+
+def test_the_accuracy_axis_spreads_a_trained_models_scores() -> None:
+    """Proves: 0.97-0.99 held-out scores fill the accuracy axis instead of its top 3 %
+    (a 0-1 axis put them under the legend), the first near-chance batches left out."""
+    prequential = [0.1, 0.4, 0.8, 0.95, *[0.97 + 0.02 * (i % 3) / 2 for i in range(40)]]
+    low, high = accuracy_limits(prequential, [0.972, 0.981, 0.989])
+    assert 0.94 <= low < 0.97 and 0.99 < high <= 1.0
+    assert (0.99 - 0.97) / (high - low) > 0.5  # the scores span most of the axis
+    assert accuracy_limits([0.5], []) == (0.495, 0.505) and accuracy_limits([], []) == (0.0, 1.0)
+    assert accuracy_limits([float("nan")], [0.2])[0] < 0.2
+
+
+def test_counts_carry_their_scale_on_the_tick() -> None:
+    """Proves: the lag axis reads 1.07M on the tick, not 1.07 under a '1e6' offset."""
+    assert [count_label(v) for v in (0, 999, 1_000, 250_000, 1_070_000)] == ["0", "999", "1k", "250k", "1.07M"]

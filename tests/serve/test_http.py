@@ -15,8 +15,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from prometheus_client import generate_latest
 
 from pipeline import codec
+from pipeline.observe import metrics
 from pipeline.serve.http import ModelServer
 from pipeline.serve.predictor import Predictor
 from pipeline.serve.weights import LiveWeights
@@ -98,6 +100,15 @@ BAD = [
     ("numbers as strings", json.dumps({"instances": [["1"] * 784]}).encode(), 400, "not_numeric"),
     ("a cheap body of 8M values", b'{"instances": [[' + b"0," * (4 << 20) + b"0]]}", 413, "too_many_values"),
 ]
+
+
+def test_every_refusal_reason_is_a_series_from_the_start(live) -> None:  # type: ignore[no-untyped-def]
+    """Proves: each refusal reason is at 0 before the first refusal, so rate() sees the first
+    one (a series that first appears at 1 stayed at 0 on the dashboard)."""
+    with serving(live) as app:
+        text = generate_latest(app.meters.registry).decode()
+    for reason in metrics.SERVE_REFUSALS:
+        assert f'streamtrain_serve_bad_requests_total{{model="m",reason="{reason}"}} 0.0' in text, reason
 
 
 @pytest.mark.parametrize("what, body, status, reason", BAD, ids=[b[0] for b in BAD])

@@ -147,3 +147,17 @@ def test_a_model_that_never_learned_is_not_a_collapse() -> None:
     rmse = HeldoutWatch.for_labels(np.array([0.0, 10.0] * 50), regression=True)  # predicting the mean: 5.0
     assert rmse.observe(0, {"rmse": 2.0}) is None and rmse.observe(1, {"rmse": 4.9}) is None
     assert "held-out rmse 5.1000 after 2.0000" in str(rmse.observe(2, {"rmse": 5.1}))
+
+
+def test_an_absurd_finite_loss_is_a_model_that_diverged(tmp_path: Path) -> None:
+    """Proves: a prequential loss 10,000 times what predicting without the features costs
+    (a learning rate that blew the weights up to 1e30, still finite) stops the batch before
+    its save; a loss under the bound passes, and without a watch nothing is bounded."""
+    with ParameterServer(np.zeros(4, np.float32), secret=b"s") as server:
+        driver = TrainDriver(server, folder=tmp_path)
+        driver.check_finite(7, np.zeros(4, np.float32), _row(1e9))  # no watch: --no-divergence-check
+        driver.watch_heldout(np.array([0, 1, 1]), regression=False)
+        driver.check_finite(7, np.zeros(4, np.float32), _row(16.0))
+        with pytest.raises(StreamtrainError, match=r"Batch 7: the model diverged \(prequential loss 1e\+09, over "
+                                                   r"10,000 times .* 0\.6931\).* start again"):
+            driver.check_finite(7, np.zeros(4, np.float32), _row(1e9))

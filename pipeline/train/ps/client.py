@@ -159,7 +159,8 @@ class Client:
         p.recv_exact(self._sock, memoryview(raw))
         reply = p.unpack(raw)
         if reply.op != p.OK:
-            raise p.ProtocolError(f"the parameter server refused the request ({p.STATUS.get(reply.op, reply.op)})")
+            reason = p.STATUS.get(reply.op, str(reply.op))
+            raise p.ProtocolError(f"the parameter server refused the request ({reason})", reason=reason)
         allowed = self.size * wire.itemsize(narrow) if weights else most
         if reply.seq != self._seq or (reply.length != allowed if weights else reply.length > allowed):
             raise p.ProtocolError(f"the parameter server's reply does not fit the request (sequence {reply.seq}, "

@@ -98,7 +98,12 @@ MAX_TOKEN, MAX_STATS = 256, 1 << 20
 
 
 class ProtocolError(StreamtrainError):
-    """A frame that breaks the protocol, or a refusal from the server."""
+    """A frame that breaks the protocol, or a refusal from the server (``reason``: the
+    refusal's, as :data:`STATUS` names it; None for a broken frame)."""
+
+    def __init__(self, message: str, *, reason: str | None = None) -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 @dataclasses.dataclass(frozen=True)

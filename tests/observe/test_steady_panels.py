@@ -1,0 +1,114 @@
+"""The dashboard's rate panels on a steady run, and its counters across a resume, read by a
+real Prometheus from the trainer's own figures (:class:`RunMetrics`) fed a steady stream of
+micro-batches: the issue's 20,000 records every 9.4 s, scaled to a 1 s scrape."""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from pipeline.ingest.microbatch import BatchFigures
+from pipeline.jobs.run_metrics import RunMetrics
+from pipeline.observe import dashboard, metrics
+from pipeline.train import checkpoint
+from pipeline.train.rows import BatchRow
+from tests.conftest import free_port
+
+pytestmark = pytest.mark.slow
+
+BATCH, PERIOD = 4_000, 2.0  # 2,000 records/s in batches two scrapes apart: a short window sees 1 or 2
+SCRAPE_S = 1.0  # the test Prometheus's
+TOPIC = "t-steady"
+#: Panels whose rates come from counters that step once per micro-batch.
+STEPPED = ("Trained records/s", "Records per second: produced, ingested, trained",
+           "Parameter-server updates per second", "Busy workers: compute vs exchange")
+
+
+def _feed(run: RunMetrics, first: int, n: int, *, clock: int, batch_s: Any) -> int:
+    """``n`` batches from ``first``, one every PERIOD seconds; return the clock after them."""
+    next_at = time.monotonic()
+    for i in range(first, first + n):
+        next_at += PERIOD
+        time.sleep(max(0.0, next_at - time.monotonic()))
+        clock += 10
+        info = BatchFigures(batch_id=i, ranges=[], rows=BATCH, accepted=BATCH, batch_s=batch_s(i),
+                            lag={(TOPIC, 0): 500}, freshness_s=3.0)
+        row = BatchRow(batch_id=i, t=0.0, rows=BATCH, trained=BATCH, rejected={}, batch_s=batch_s(i), lag=500,
+                       staleness_p50=None, staleness_p99=None, clock=clock, compute_s=1.6, exchange_s=0.4)
+        run.on_batch(info, row)
+    return clock
+
+
+def _series(prom: str, expr: str, start: float, end: float) -> list[list[float]]:
+    return [[float(v) for _, v in s["values"]] for s in dashboard.query_range(prom, expr, start, end, SCRAPE_S)]
+
+
+def test_rate_panels_read_steady_and_counters_go_on_across_a_resume(prometheus: Any, tmp_path: Path) -> None:
+    port = free_port()
+    prom = prometheus({"streamtrain": [f"127.0.0.1:{port}"]}).url
+    board = dashboard.build()
+    panels = {p["title"]: p for p in dashboard.panels(board)}
+    window = max(dashboard.rate_window(panels[t], SCRAPE_S) for t in STEPPED)
+    first = RunMetrics(dataset="mnist", algorithm="sync", topic=TOPIC, workers=2)
+    server = metrics.serve(first.meters.registry, port=port)
+    began = time.time()
+    n = int((window + 25) / PERIOD)  # a full window, then 25 s of steady readings
+    clock = _feed(first, 0, n, clock=0, batch_s=lambda i: (8.0, 17.0)[i % 2])
+    steady = (began + window + 3, time.time() - 1)
+    server.await_scrape()
+    server.stop()
+
+    # Every rate panel fed by per-batch counters reads steady (the issue saw 1,333 and 2,667 in turn).
+    wobbly = {}
+    for title in STEPPED:
+        for target in panels[title]["targets"]:
+            expr = dashboard.expand(target["expr"], dashboard.rate_window(panels[title], SCRAPE_S))
+            for values in _series(prom, expr, *steady):
+                finite = [v for v in values if math.isfinite(v)]
+                assert len(finite) >= 20, (title, expr, values)
+                if max(finite) > 1.3 * min(finite):
+                    wobbly[f"{title}: {expr}"] = (min(finite), max(finite))
+    assert not wobbly, wobbly
+    # Batches of 8 and 17 s: the quantiles read within those batches' buckets, p99 15-20 s
+    # (the old buckets 8-16-32 read 31.8); the last batch's own duration is shown too.
+    duration = [q["expr"] for q in panels["Micro-batch duration"]["targets"]]
+    assert {v for s in _series(prom, duration[0], *steady) for v in s} <= {8.0, 17.0}
+    p50, p99 = (dashboard.expand(e, window) for e in duration[1:])
+    medians, tops = ([v for s in _series(prom, e, *steady) for v in s] for e in (p50, p99))
+    assert medians and tops and all(6 <= v <= 20 for v in medians) and all(15 <= v <= 20 for v in tops), (medians,
+                                                                                                            tops)
+
+    # The trainer stops and resumes from its checkpoint: its counters go on from the
+    # checkpoint's totals, and "Since last batch" reads the checkpoint's age at once.
+    checkpoint.save(tmp_path, checkpoint.State(weights=np.zeros(3, np.float32), clock=clock, last_batch_id=n - 1,
+                                               extra={"trained": n * BATCH}))
+    stopped = time.time()
+    second = RunMetrics(dataset="mnist", algorithm="sync", topic=TOPIC, workers=2)
+    second.restore(checkpoint.load(tmp_path), tmp_path)  # type: ignore[arg-type]
+    server = metrics.serve(second.meters.registry, port=port)
+    try:
+        time.sleep(3 * SCRAPE_S)  # scraped while warming up, before its first batch
+        _feed(second, n, 3, clock=clock, batch_s=lambda i: 431.0)
+        server.await_scrape()
+    finally:
+        server.stop()
+    deadline = time.monotonic() + 15  # until Prometheus holds the last scrape
+    while _series(prom, "sum(streamtrain_train_records_total)", time.time() - 1, time.time())[0][-1] < (n + 3) * BATCH:
+        assert time.monotonic() < deadline, "the last batch never reached Prometheus"
+        time.sleep(0.2)
+    end = time.time()
+    for counter, total in (("sum(streamtrain_train_records_total)", (n + 3) * BATCH),
+                           ("sum(streamtrain_stream_batches_total)", n + 3)):
+        (values,) = _series(prom, counter, began, end)
+        assert all(b >= a for a, b in zip(values, values[1:], strict=False)), (counter, values)
+        assert values[-1] == total, (counter, values[-1])
+    since = "time() - max(streamtrain_train_last_batch_timestamp_seconds) >= 0"
+    (ages,) = _series(prom, since, stopped + 2, end)
+    assert len(ages) >= end - stopped - 4 and all(0 <= a < 30 for a in ages), ages
+    # A 431 s batch reads as one, not as the old top bucket's 64 s.
+    assert _series(prom, p99, end - 2, end)[0][-1] > 300
