@@ -156,16 +156,18 @@ def train_partition(
             with timer("exchange"):
                 half.close()
     except ps.ProtocolError as e:
-        if e.reason != "nonfinite":
+        if e.reason not in ("nonfinite", "range"):
             raise
-        # The model diverged: the task returns (a retry would compute the same update), and
-        # the driver stops the batch before its save with one line.
+        # The model diverged, or left float16's range on the wire: the task returns (a retry
+        # would compute the same update), and the driver stops the batch before its save
+        # with one line.
         last = losses[-1] if losses else float("nan")
+        why = (f"worker {worker}'s update after {len(losses)} mini-batches was not finite, last loss {last:.4g}"
+               if e.reason == "nonfinite" else f"worker {worker}: {e}")
         return TaskResult(
             worker=worker, records=0, steps=0, exchanges=timer.exchanges, loss_first=float("nan"), loss_last=last,
             staleness=[], compute_s=timer.seconds["compute"], exchange_s=timer.seconds["exchange"],
-            fresh_replica=fresh, task=task, attempt=attempt,
-            diverged=f"worker {worker}'s update after {len(losses)} mini-batches was not finite, last loss {last:.4g}")
+            fresh_replica=fresh, task=task, attempt=attempt, diverged=why)
     head = losses[: min(10, len(losses))] or [float("nan")]
     tail = losses[-min(10, len(losses)) :] or [float("nan")]
     return TaskResult(

@@ -145,6 +145,9 @@ class Client:
                 out = b""
             elif narrow:
                 out = wire.encode(np.ascontiguousarray(payload), narrow, self._wire)
+                if wire.overflowed(payload, self._wire, narrow):
+                    raise p.ProtocolError("a delta went past float16's range (+-65504) on the wire: use --wire-dtype "
+                                          "bfloat16, which keeps float32's", reason="range")
             else:
                 out = np.ascontiguousarray(payload).data.cast("B")
         header, sealed = self._session.seal(p.Header(op, self.worker, self._seq, self.clock, len(out),
@@ -173,6 +176,9 @@ class Client:
             raise p.ProtocolError("a reply from the parameter server failed authentication (altered in transit?)")
         if weights and narrow:
             wire.decode(into, narrow, self._buf)
+            if narrow == wire.FLAGS["float16"] and not np.isfinite(self._buf).all():  # the center is finite
+                raise p.ProtocolError("the center has weights past float16's range (+-65504) on the wire: use "
+                                      "--wire-dtype bfloat16, which keeps float32's", reason="range")
         return reply, into
 
     def pull(self) -> np.ndarray:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 
-__all__ = ["FLAGS", "MASK", "NAMES", "decode", "encode", "itemsize", "name_of"]
+__all__ = ["FLAGS", "MASK", "NAMES", "decode", "encode", "itemsize", "name_of", "overflowed"]
 
 #: The wire types by name, and their request flags (bits 1-2 of a request's flags).
 FLAGS = {"float32": 0, "bfloat16": 2, "float16": 4}
@@ -56,8 +56,26 @@ def encode(values: np.ndarray, flag: int, out: np.ndarray) -> memoryview:
     >>> decode(encode(x, FLAGS["bfloat16"], out), FLAGS["bfloat16"], np.empty(3, np.float32)).tolist()
     [1.0, -2.5, 1.0078125]
     """
-    np.copyto(out.view(np.float16 if flag == FLAGS["float16"] else ml_dtypes.bfloat16), values, casting="same_kind")
+    with np.errstate(over="ignore"):  # past float16's range: an Inf, which overflowed() reports
+        np.copyto(out.view(np.float16 if flag == FLAGS["float16"] else ml_dtypes.bfloat16), values, casting="same_kind")
     return out.data.cast("B")
+
+
+def overflowed(values: np.ndarray, narrowed: np.ndarray, flag: int) -> bool:
+    """Whether finite ``values`` went past the wire type's range in ``narrowed`` (float16
+    only: bfloat16 has float32's range). Values already not finite are the server's to
+    refuse (a diverged model), not a range's.
+
+    >>> out = np.empty(2, np.uint16)
+    >>> big = np.array([1.0, 1e5], np.float32)
+    >>> _ = encode(big, FLAGS["float16"], out); overflowed(big, out, FLAGS["float16"])
+    True
+    >>> _ = encode(big, FLAGS["bfloat16"], out); overflowed(big, out, FLAGS["bfloat16"])
+    False
+    """
+    if flag != FLAGS["float16"] or np.isfinite(narrowed.view(np.float16)).all():
+        return False
+    return bool(np.isfinite(values).all())
 
 
 def decode(payload: memoryview | bytes | bytearray, flag: int, out: np.ndarray) -> np.ndarray:

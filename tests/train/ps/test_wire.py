@@ -76,3 +76,19 @@ def test_a_frame_that_misdeclares_its_type_is_refused(server: ParameterServer, f
 def test_an_unknown_wire_dtype_is_one_line() -> None:
     with pytest.raises(ConfigError, match="Expected a wire dtype in float32, bfloat16, float16. Received: 'int8'"):
         Client(("127.0.0.1", 1), secret=SECRET, worker=0, size=N, wire_dtype="int8")
+
+
+def test_float16_past_its_range_is_one_line_naming_bfloat16(server: ParameterServer) -> None:
+    """Proves: a delta past float16's +-65504 is not sent (it would arrive as an Inf and
+    read as a diverged model), and a center past it is not trained from; both say to use
+    bfloat16, and nothing is applied."""
+    with Client(server.address, secret=SECRET, worker=0, size=N, wire_dtype="float16") as c:
+        c.pull()
+        with pytest.raises(p.ProtocolError, match="float16's range.*bfloat16") as refused:
+            c.push(np.full(N, 1e5, np.float32))
+        assert refused.value.reason == "range"
+    assert server.clock == 0
+    server.restore(np.full(N, 7e4, np.float32), 0)
+    with Client(server.address, secret=SECRET, worker=0, size=N, wire_dtype="float16") as c, \
+            pytest.raises(p.ProtocolError, match="center has weights past float16's range"):
+        c.pull()
