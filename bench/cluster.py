@@ -14,7 +14,8 @@ and 16 TCP clients (processes) on loopback.
 The seeds (dist-keras on Spark, TF 1) took 1,497.9 s for this epoch on a 3-worker Docker
 cluster and 723.9 s on 2 hosts x 2 workers; ``seed_speedup`` is that 723.9 s over the
 cluster's epoch here. Last line: ``cluster epoch_s=<s> local_epoch_s=<s> ratio_vs_local=<r>
-acc=<a> seed_speedup=<x> ps_mbps_16=<n>`` (ps_mbps: weights moved each way, MB/s).
+acc=<a> seed_speedup=<x> ps_mbps_16=<n>`` (ratio_vs_local: local mode's epoch time over the
+cluster's, so above 1 the cluster is the faster; ps_mbps: weights moved each way, MB/s).
 """
 
 from __future__ import annotations
@@ -116,7 +117,7 @@ def main() -> None:
     print(json.dumps({"local": local, "cluster": cluster, "ps_pushes_per_s": pushes, "ps_mbps": mbps,
                       "cpus": os.cpu_count()}))
     print(f"cluster epoch_s={cluster['epoch_s']:.1f} local_epoch_s={local['epoch_s']:.1f} "
-          f"ratio_vs_local={cluster['epoch_s'] / local['epoch_s']:.2f} acc={cluster['acc']:.4f} "
+          f"ratio_vs_local={local['epoch_s'] / cluster['epoch_s']:.2f} acc={cluster['acc']:.4f} "
           f"seed_speedup={SEED_2_HOSTS_S / cluster['epoch_s']:.1f} ps_mbps_16={mbps[16]:.0f}")
 
 

@@ -25,6 +25,10 @@ from producers import datasets
 @click.option("--window", "communication_window", type=int,
               help="Mini-batches between exchanges with the parameter server (default: the algorithm's own; "
                    "1 for sync, 5 for most asynchronous ones).")
+@click.option("--wire-dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default="float32",
+              show_default=True,
+              help="Deltas and weights on TCP (workers on other machines): bfloat16 or float16 send half the bytes; "
+                   "the server's center stays float32. README: When one machine is not enough.")
 @click.option("--epochs", type=int, default=1, show_default=True, help="Times the producer replays the data.")
 @click.option("--rate", type=float, help="Replay rate, records/s (default: full speed).")
 @click.option("--until-accuracy", type=float, help="Stop once held-out accuracy reaches this.")

@@ -264,7 +264,7 @@ class Run:
         serving = _serving(stack, self.cfg, self.settings, self.out, spec, data.schema, server)
         handler = TrainHandler(
             spec=spec, algorithm=algorithms.serialize(self.algorithm),
-            server=ServerInfo(server.host, server.port, server.secret), job=uuid.uuid4().hex,
+            server=ServerInfo(server.host, server.port, server.secret, cfg.wire_dtype), job=uuid.uuid4().hex,
             threads=threads, seed=cfg.seed or 0, driver=self._driver,  # a replayed batch trains in the same order
         )
         test = data.load("test")

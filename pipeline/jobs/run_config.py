@@ -42,6 +42,7 @@ class RunConfig:
     max_offsets_per_trigger: int = 20_000
     on_poison: str = "fail"  # a batch the reader cannot read: stop (fail) or pass over it (skip)
     divergence_check: bool = True  # stop a run whose held-out score collapses
+    wire_dtype: str = "float32"  # deltas and weights on TCP: float32, bfloat16 or float16 (half the bytes)
     isolation_level: str = "read_committed"  # Kafka's; read_uncommitted also trains aborted transactions
     eval_every: int = 5
     eval_max: int = 10_000
@@ -88,6 +89,8 @@ class RunConfig:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ConfigError(f"Expected --{name.replace('_', '-')} >= 1. Received: {value}")
+        if self.wire_dtype not in ("float32", "bfloat16", "float16"):
+            raise ConfigError(f"Expected --wire-dtype float32, bfloat16 or float16. Received: {self.wire_dtype!r}")
         if self.on_poison not in ("fail", "skip"):
             raise ConfigError(f"Expected --on-poison fail or skip. Received: {self.on_poison!r}")
         if self.isolation_level not in ("read_committed", "read_uncommitted"):

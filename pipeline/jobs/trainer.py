@@ -94,6 +94,10 @@ class Trainer:
         features_col, label_col: DataFrame columns (features: array or ML vector).
         host: the address the parameter server binds (default: loopback for local
             runs, the Spark driver's host on a cluster).
+        wire_dtype: the payloads' type on TCP: float32, or bfloat16 or float16 for half the
+            bytes (the center stays float32; :mod:`pipeline.train.ps.wire`).
+        shared_memory: workers on the server's machine exchange through shared memory
+            (False: over TCP, as on a cluster).
         seed: makes a run reproducible (data order; one worker is then deterministic).
         **algorithm_settings: further algorithm settings (``rho``, ``learning_rate``, ...).
 
@@ -116,6 +120,8 @@ class Trainer:
         label_col: str = "label",
         host: str | None = None,
         seed: int | None = None,
+        wire_dtype: str = "float32",
+        shared_memory: bool = True,
         **algorithm_settings: Any,
     ) -> None:
         given = {"num_workers": num_workers, "batch_size": batch_size, "communication_window": communication_window,
@@ -128,13 +134,17 @@ class Trainer:
         self.num_epoch = num_epoch
         self.features_col, self.label_col = features_col, label_col
         self.host = host
+        if wire_dtype not in ("float32", "bfloat16", "float16"):
+            raise ConfigError(f"Expected wire_dtype float32, bfloat16 or float16. Received: {wire_dtype!r}")
+        self.wire_dtype, self.shared_memory = wire_dtype, shared_memory
         self.spec = ModelSpec.from_model(model, optimizer=self.algorithm.worker_optimizer, loss=self.algorithm.loss)
         self.results: list[TaskResult] = []
         self.server_stats: dict[str, Any] = {}
 
     def _server(self, host: str) -> ps.ParameterServer:
         # A round waits 10 s at most for a worker whose partition ran out of steps.
-        return parameter_server(self.algorithm, self.spec, get_flat(self.model), host=host, sync_timeout_s=10.0)
+        return parameter_server(self.algorithm, self.spec, get_flat(self.model), host=host, sync_timeout_s=10.0,
+                                shared_memory=self.shared_memory)
 
     def _finish(self, server: ps.ParameterServer, results: list[TaskResult]) -> Any:
         self.results = sorted(results, key=lambda r: r.worker)
@@ -148,7 +158,8 @@ class Trainer:
 
     def _task(self, server: ps.ParameterServer, worker: int, job: str, threads: int) -> dict[str, Any]:
         return {"spec": self.spec, "algorithm": algorithms.serialize(self.algorithm),
-                "server": ServerInfo(server.host, server.port, server.secret), "worker": worker, "job": job,
+                "server": ServerInfo(server.host, server.port, server.secret, self.wire_dtype), "worker": worker,
+                "job": job,
                 "epochs": self.num_epoch, "threads": threads, "seed": self.algorithm.seed}
 
     def train(self, data: Any, labels: np.ndarray | None = None) -> Any:

@@ -22,6 +22,7 @@ class ServerInfo:
     host: str
     port: int
     secret: bytes = dataclasses.field(repr=False)
+    wire_dtype: str = "float32"  # the payloads' type on TCP (pipeline.train.ps.wire)
 
 
 @dataclasses.dataclass
@@ -44,6 +45,7 @@ class TaskResult:
         repeats: pushes the server dropped as repeats (a speculative copy ran beside it).
         attempt: Spark's attempt number for the task.
         shared_memory: whether its exchanges went through shared memory (else TCP).
+        wire_dtype: the payloads' type on TCP (``--wire-dtype``; shared memory moves float32).
         diverged: why the task stopped, when the server refused its update as not finite
             (its model diverged: a retry would compute the same); None: it trained.
     """
@@ -67,6 +69,7 @@ class TaskResult:
     repeats: int = 0
     attempt: int = 0
     shared_memory: bool = False
+    wire_dtype: str = "float32"
     diverged: str | None = None
 
 
@@ -128,7 +131,8 @@ def train_partition(
     preq = np.zeros(3)  # records, summed loss, summed accuracy over the first pass
     timer = _Timer()
     try:
-        with ps.Client((server.host, server.port), secret=server.secret, worker=worker, size=spec.size) as client:
+        with ps.Client((server.host, server.port), secret=server.secret, worker=worker, size=spec.size,
+                       wire_dtype=server.wire_dtype) as client:
             with timer("exchange"):
                 done = client.begin(task, steps=total, window=window) if task else 0
                 pulled = client.pull().copy()
@@ -152,16 +156,18 @@ def train_partition(
             with timer("exchange"):
                 half.close()
     except ps.ProtocolError as e:
-        if e.reason != "nonfinite":
+        if e.reason not in ("nonfinite", "range"):
             raise
-        # The model diverged: the task returns (a retry would compute the same update), and
-        # the driver stops the batch before its save with one line.
+        # The model diverged, or left float16's range on the wire: the task returns (a retry
+        # would compute the same update), and the driver stops the batch before its save
+        # with one line.
         last = losses[-1] if losses else float("nan")
+        why = (f"worker {worker}'s update after {len(losses)} mini-batches was not finite, last loss {last:.4g}"
+               if e.reason == "nonfinite" else f"worker {worker}: {e}")
         return TaskResult(
             worker=worker, records=0, steps=0, exchanges=timer.exchanges, loss_first=float("nan"), loss_last=last,
             staleness=[], compute_s=timer.seconds["compute"], exchange_s=timer.seconds["exchange"],
-            fresh_replica=fresh, task=task, attempt=attempt,
-            diverged=f"worker {worker}'s update after {len(losses)} mini-batches was not finite, last loss {last:.4g}")
+            fresh_replica=fresh, task=task, attempt=attempt, diverged=why)
     head = losses[: min(10, len(losses))] or [float("nan")]
     tail = losses[-min(10, len(losses)) :] or [float("nan")]
     return TaskResult(
@@ -171,7 +177,7 @@ def train_partition(
         preq_n=int(preq[0]), preq_loss=float(preq[1] / preq[0]) if preq[0] else float("nan"),
         preq_acc=float(preq[2] / preq[0]) if preq[0] else float("nan"),
         task=task, steps_total=total, steps_skipped=skipped, repeats=client.repeats, attempt=attempt,
-        shared_memory=client.shared,
+        shared_memory=client.shared, wire_dtype=client.wire_dtype,
     )
 
 

@@ -25,7 +25,8 @@ class TaskRow:
         skipped: those left to an earlier attempt's pushes (Spark retried the task).
         repeats: pushes the server dropped as repeats (a speculative copy ran beside it).
         attempt: Spark's attempt number.
-        transport: how its exchanges went, ``shared memory`` or ``tcp``.
+        transport: how its exchanges went: ``shared memory``, ``tcp``, or ``tcp bfloat16`` or
+            ``tcp float16`` (``--wire-dtype``).
     """
 
     worker: int
@@ -42,7 +43,8 @@ class TaskRow:
         """The row of a task's ``result``, of which the server applied ``applied`` mini-batches."""
         return cls(worker=result.worker, records=result.records, steps=result.steps_total, applied=applied,
                    skipped=result.steps_skipped, repeats=result.repeats, attempt=result.attempt,
-                   transport="shared memory" if result.shared_memory else "tcp")
+                   transport="shared memory" if result.shared_memory else
+                   "tcp" if result.wire_dtype == "float32" else f"tcp {result.wire_dtype}")
 
 
 @dataclasses.dataclass

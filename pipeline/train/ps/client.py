@@ -13,7 +13,11 @@ import numpy as np
 
 from pipeline.errors import ConfigError
 from pipeline.train.ps import protocol as p
+from pipeline.train.ps import wire
 from pipeline.train.ps.shm import SharedBuffers
+
+#: What seals a connection's frames (bench/ps.py swaps in the HMAC protocol it compares with).
+SESSION = p.Session
 
 
 def parse_address(address: str | tuple[str, int]) -> tuple[str, int]:
@@ -43,6 +47,8 @@ class Client:
             it, this process can map it, and the connection's two ends have one address
             (a worker on the server's machine); else, or with False, over the socket.
             :attr:`shared` says which.
+        wire_dtype: the payloads' type on the socket: float32, or bfloat16 or float16 for
+            half the bytes (:mod:`pipeline.train.ps.wire`; shared memory stays float32).
 
     The arrays that :meth:`pull` and :meth:`push_pull` return are this client's
     receive buffer: valid until its next call (copy them to keep them).
@@ -53,9 +59,14 @@ class Client:
 
     def __init__(
         self, address: str | tuple[str, int], *, secret: bytes, worker: int, size: int, timeout_s: float = 60.0,
-        shared_memory: bool = True,
+        shared_memory: bool = True, wire_dtype: str = "float32",
     ) -> None:
+        if wire_dtype not in wire.FLAGS:
+            raise ConfigError(f"Expected a wire dtype in {', '.join(wire.NAMES)}. Received: {wire_dtype!r}")
         self.address = parse_address(address)
+        self.wire_dtype = wire_dtype
+        self._narrow = wire.FLAGS[wire_dtype]
+        self._wire = np.empty(size if self._narrow else 0, np.uint16)
         self.worker = worker
         self.size = size
         self.clock = 0
@@ -68,7 +79,7 @@ class Client:
         self._sock = socket.create_connection(self.address, timeout=timeout_s)
         try:
             self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            self._keys = self._handshake(secret)
+            self._session = self._handshake(secret)
             self._shared: SharedBuffers | None = None
             # Shared memory only between the two ends of one host: a worker whose address
             # differs from the server's is on another machine (or another network
@@ -79,7 +90,7 @@ class Client:
             self._sock.close()
             raise
 
-    def _handshake(self, secret: bytes) -> p.Keys:
+    def _handshake(self, secret: bytes) -> p.Session:
         """Prove the secret, and make the server prove it too."""
         theirs = bytearray(p.NONCE_BYTES)
         p.recv_exact(self._sock, memoryview(theirs))
@@ -92,7 +103,7 @@ class Client:
         if not hmac.compare_digest(bytes(answer[1:]), p.server_proof(secret, bytes(theirs), ours)):
             raise p.ProtocolError(f"the parameter server at {self.address[0]}:{self.address[1]} did not prove the "
                                   "run's secret: not this run's server")
-        return p.Keys.derive(secret, bytes(theirs), ours)
+        return SESSION.client(p.Keys.derive(secret, bytes(theirs), ours), self.size * 4)
 
     @property
     def shared(self) -> bool:
@@ -122,6 +133,8 @@ class Client:
         weights' size where the weights come back on the socket), both authenticated."""
         self._seq += 1
         shared = self._shared is not None and op not in (p.STATS, p.ATTACH, p.PROGRESS)
+        weights = op in (p.PULL, p.PEEK, p.PUSH_PULL) and not shared
+        narrow = self._narrow if not shared and op in (p.PULL, p.PEEK, p.PUSH, p.PUSH_PULL) else 0
         out: memoryview | bytes = body
         if payload is not None:
             if payload.dtype != np.float32 or payload.size != self.size:
@@ -130,30 +143,42 @@ class Client:
                 assert self._shared is not None
                 np.copyto(self._shared.request, payload)
                 out = b""
+            elif narrow:
+                out = wire.encode(np.ascontiguousarray(payload), narrow, self._wire)
+                if wire.overflowed(payload, self._wire, narrow):
+                    raise p.ProtocolError("a delta went past float16's range (+-65504) on the wire: use --wire-dtype "
+                                          "bfloat16, which keeps float32's", reason="range")
             else:
                 out = np.ascontiguousarray(payload).data.cast("B")
-        header = p.pack(p.Header(op, self.worker, self._seq, self.clock, len(out), flags=p.SHARED if shared else 0,
-                                 task=task, exchange=exchange, steps=steps), self._keys.request, out)
-        if len(out) > 4096:
+        header, sealed = self._session.seal(p.Header(op, self.worker, self._seq, self.clock, len(out),
+                                                     flags=p.SHARED if shared else narrow, task=task, exchange=exchange,
+                                                     steps=steps), out)
+        if len(sealed) > 4096:
             self._sock.sendall(header)
-            self._sock.sendall(out)
+            self._sock.sendall(sealed)
         else:
-            self._sock.sendall(header + bytes(out))
+            self._sock.sendall(header + bytes(sealed))
         raw = bytearray(p.HEADER.size)
         p.recv_exact(self._sock, memoryview(raw))
         reply = p.unpack(raw)
         if reply.op != p.OK:
             reason = p.STATUS.get(reply.op, str(reply.op))
             raise p.ProtocolError(f"the parameter server refused the request ({reason})", reason=reason)
-        weights = op in (p.PULL, p.PEEK, p.PUSH_PULL) and not shared
-        allowed = self.size * 4 if weights else most
+        allowed = self.size * wire.itemsize(narrow) if weights else most
         if reply.seq != self._seq or (reply.length != allowed if weights else reply.length > allowed):
             raise p.ProtocolError(f"the parameter server's reply does not fit the request (sequence {reply.seq}, "
                                   f"{reply.length} bytes)")
-        into = self._buf.data.cast("B") if weights else memoryview(bytearray(reply.length))
-        p.recv_exact(self._sock, into)
-        if not p.verify(self._keys.reply, reply, into):
+        into = ((self._wire if narrow else self._buf).data.cast("B") if weights else
+                memoryview(bytearray(reply.length)))
+        if len(into):
+            p.recv_exact(self._sock, self._session.inlet(reply.length, into))
+        if not self._session.open(reply, into):
             raise p.ProtocolError("a reply from the parameter server failed authentication (altered in transit?)")
+        if weights and narrow:
+            wire.decode(into, narrow, self._buf)
+            if narrow == wire.FLAGS["float16"] and not np.isfinite(self._buf).all():  # the center is finite
+                raise p.ProtocolError("the center has weights past float16's range (+-65504) on the wire: use "
+                                      "--wire-dtype bfloat16, which keeps float32's", reason="range")
         return reply, into
 
     def pull(self) -> np.ndarray:

@@ -8,6 +8,7 @@ handed to the server's :meth:`~pipeline.train.ps.server.ParameterServer.answer`.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hmac
 import logging
 import math
@@ -21,6 +22,7 @@ import numpy as np
 
 from pipeline.errors import ConfigError
 from pipeline.train.ps import protocol as p
+from pipeline.train.ps import wire
 from pipeline.train.ps.refusals import RefusalLog, logger_line
 from pipeline.train.ps.shm import SharedBuffers, remove_stale
 
@@ -39,6 +41,8 @@ MAX_UNAUTHENTICATED = 32
 #: must not hold a slot for minutes), and an authenticated connection may stay silent
 #: between requests (a worker computes between exchanges; a sync round waits on the server).
 HANDSHAKE_TIMEOUT_S, IDLE_TIMEOUT_S = 10.0, 600.0
+#: What seals a connection's frames (bench/ps.py swaps in the HMAC protocol it compares with).
+SESSION = p.Session
 
 
 class Transport:
@@ -128,11 +132,11 @@ class Transport:
     def _serve(self, conn: socket.socket) -> None:
         try:
             try:
-                keys = self._handshake(conn)
+                session = self._handshake(conn)
             finally:
                 with self._count_lock:
                     self._unauthenticated -= 1
-            if keys is not None:
+            if session is not None:
                 with self._count_lock:
                     busy = self._authenticated >= MAX_CONNECTIONS
                     self._authenticated += not busy
@@ -140,7 +144,7 @@ class Transport:
                     return self.refuse(conn, "busy")
                 try:
                     conn.settimeout(IDLE_TIMEOUT_S)
-                    _Connection(self, conn, keys).serve()
+                    _Connection(self, conn, session).serve()
                 finally:
                     with self._count_lock:
                         self._authenticated -= 1
@@ -163,8 +167,8 @@ class Transport:
             with contextlib.suppress(OSError):
                 conn.sendall(p.pack(p.Header(status, 0, 0, self.server.clock, 0)))
 
-    def _handshake(self, conn: socket.socket) -> p.Keys | None:
-        """Both sides prove the secret; the session's keys, or None if the peer did not."""
+    def _handshake(self, conn: socket.socket) -> p.Session | None:
+        """Both sides prove the secret; the connection's session, or None if the peer did not."""
         secret = self.server.secret
         nonce = os.urandom(p.NONCE_BYTES)
         deadline = time.monotonic() + HANDSHAKE_TIMEOUT_S
@@ -186,7 +190,7 @@ class Transport:
                 conn.sendall(bytes([p.ERR_AUTH]) + bytes(p.PROOF_BYTES))
             return None
         conn.sendall(bytes([p.OK]) + p.server_proof(secret, nonce, theirs))
-        return p.Keys.derive(secret, nonce, theirs)
+        return SESSION.server(p.Keys.derive(secret, nonce, theirs))
 
 
 def _recv_by(conn: socket.socket, buf: memoryview, deadline: float) -> None:
@@ -221,14 +225,18 @@ def acceptable(delta: np.ndarray, max_norm: float | None) -> bool:
 class _Connection:
     """One authenticated connection's request loop."""
 
-    def __init__(self, transport: Transport, conn: socket.socket, keys: p.Keys) -> None:
-        self.transport, self.conn, self.keys = transport, conn, keys
+    def __init__(self, transport: Transport, conn: socket.socket, session: p.Session) -> None:
+        self.transport, self.conn, self.session = transport, conn, session
         self.server = transport.server
         size = self.server.size
         # One receive and one send buffer per connection, allocated once: a request's
-        # declared length never decides an allocation.
-        self.inbox = np.empty(size, np.float32)
-        self.outbox = np.empty(size, np.float32)
+        # declared length never decides an allocation. Each has room for a tag after the
+        # weights, so that they also hold the frames' ciphertext: a request's is received
+        # into the outbox (the center is written there only once the request is opened and
+        # applied), and the reply is sealed into the inbox (consumed by then).
+        self.in_room, self.out_room = (np.empty(size + p.TAG_BYTES // 4, np.float32) for _ in range(2))
+        self.inbox, self.outbox = self.in_room[:size], self.out_room[:size]
+        self.wire: np.ndarray | None = None  # narrowed payloads (bfloat16, float16), once a request asks
         self.shared: SharedBuffers | None = None  # offered to this connection
         self.attached = False  # and mapped by its worker
 
@@ -260,7 +268,9 @@ class _Connection:
             seq += 1
             if h.seq != seq:
                 return refuse(conn, "auth", p.ERR_AUTH)
-            if h.op not in p.OPS or h.flags & ~p.SHARED or (h.flags and not self.attached):
+            shared, narrow = h.flags & p.SHARED, h.flags & wire.MASK
+            if (h.op not in p.OPS or h.flags & ~(p.SHARED | wire.MASK) or (shared and not self.attached)
+                    or (shared and narrow) or wire.name_of(narrow) is None):
                 return refuse(conn, "frame", p.ERR_FRAME)
             # What the op allows, checked before a byte of payload is read.
             pushes = h.op in (p.PUSH, p.PUSH_PULL)
@@ -268,17 +278,23 @@ class _Connection:
                 if (h.length not in (0, p.COOKIE_BYTES) or self.attached or h.flags
                         or (h.length == 0) == (self.shared is not None)):
                     return refuse(conn, "frame", p.ERR_FRAME)
-            elif h.length != (nbytes if pushes and not h.flags else 0):
+            elif h.length != (nbytes // 4 * wire.itemsize(narrow) if pushes and not shared else 0):
                 return refuse(conn, "size", p.ERR_SIZE)
-            body = memoryview(cookie)[:h.length] if h.op == p.ATTACH else self.inbox.data.cast("B")[:h.length]
+            if narrow and self.wire is None:
+                self.wire = np.empty(self.server.size, np.uint16)  # the weights' count, whatever a header says
+            into = self.wire if narrow and self.wire is not None else self.inbox
+            body = memoryview(cookie)[:h.length] if h.op == p.ATTACH else into.data.cast("B")[:h.length]
             try:
                 if len(body):
-                    p.recv_exact(conn, body)
+                    p.recv_exact(conn, self.session.inlet(h.length, body, self.out_room.data.cast("B")))
             except ConnectionError:
                 return refuse(conn, "truncated")
-            if not p.verify(self.keys.request, h, body):
+            # Altered, replayed, reordered, or sealed for another connection: it does not open.
+            if not self.session.open(h, body, self.out_room.data.cast("B")):
                 return refuse(conn, "auth", p.ERR_AUTH)
-            if pushes and not acceptable(self.shared.request if h.flags and self.shared else self.inbox,
+            if pushes and narrow:
+                wire.decode(body, narrow, self.inbox)
+            if pushes and not acceptable(self.shared.request if shared and self.shared else self.inbox,
                                          self.server.max_norm):
                 # One NaN, Inf or absurd delta would ruin the center for good: the task fails
                 # (its exchange not applied) and Spark retries it.
@@ -286,7 +302,7 @@ class _Connection:
             try:
                 if h.op == p.ATTACH:
                     self._attach(h, bytes(body))
-                elif h.flags:  # the payloads are in the shared file
+                elif shared:  # the payloads are in the shared file
                     assert self.shared is not None
                     self._reply(h, self.shared.request, self.shared.response, started, shared=True)
                 else:
@@ -295,17 +311,22 @@ class _Connection:
                 return refuse(conn, "order", p.ERR_FRAME)
 
     def _send(self, h: p.Header, payload: bytes | memoryview = b"") -> None:
-        """A reply: its header MACed with the reply key over itself and ``payload``."""
-        header = p.pack(h, self.keys.reply, payload)
-        if len(payload) > 4096:
+        """A reply, sealed: its header authenticated, ``payload`` encrypted."""
+        header, body = self.session.seal(h, payload, self.in_room.data.cast("B"))
+        if len(body) > 4096:
             self.conn.sendall(header)
-            self.conn.sendall(payload)
+            self.conn.sendall(body)
         else:
-            self.conn.sendall(header + bytes(payload))
+            self.conn.sendall(header + bytes(body))
 
     def _reply(self, h: p.Header, inbox: np.ndarray, outbox: np.ndarray, started: float, *,
                shared: bool = False) -> None:
         reply, payload = self.server.answer(h, inbox, outbox, member=id(self.conn), shared=shared)
+        narrow = h.flags & wire.MASK
+        if narrow and h.op in (p.PULL, p.PEEK, p.PUSH_PULL):  # the center, narrowed for the socket
+            assert self.wire is not None
+            payload = wire.encode(outbox, narrow, self.wire)
+            reply = dataclasses.replace(reply, length=len(payload))
         self._send(reply, payload)
         self.server.finished(p.OPS[h.op], time.perf_counter() - started)
 

@@ -42,7 +42,7 @@ def _still_serves(server: ParameterServer) -> None:
         assert not c.pull().any() and server.clock == 0
 
 
-def _handshake(server: ParameterServer) -> tuple[socket.socket, p.Keys]:
+def _handshake(server: ParameterServer) -> tuple[socket.socket, p.Session]:
     sock = socket.create_connection(server.address, timeout=5)
     theirs = bytearray(p.NONCE_BYTES)
     p.recv_exact(sock, memoryview(theirs))
@@ -50,7 +50,7 @@ def _handshake(server: ParameterServer) -> tuple[socket.socket, p.Keys]:
     sock.sendall(ours + p.client_proof(SECRET, bytes(theirs), ours))
     answer = bytearray(1 + p.PROOF_BYTES)
     p.recv_exact(sock, memoryview(answer))
-    return sock, p.Keys.derive(SECRET, bytes(theirs), ours)
+    return sock, p.Session.client(p.Keys.derive(SECRET, bytes(theirs), ours))
 
 
 def _until_closed(sock: socket.socket) -> None:
@@ -84,12 +84,12 @@ def test_random_bytes_from_a_peer_without_the_secret_are_refused_and_counted(ser
     assert _refused(server) == before + 1
 
 
-def _valid_frame(keys: p.Keys, op: int, seq: int) -> bytes:
+def _valid_frame(session: p.Session, op: int, seq: int) -> bytes:
     payload = np.ones(N, np.float32).tobytes() if op in (p.PUSH, p.PUSH_PULL) else b""
     # Task identity on pushes and PROGRESS (an intact push after the first is a repeat,
     # dropped and answered: not a refusal).
     task = {"task": 12345, "exchange": 1, "steps": 3} if op in (p.PUSH, p.PUSH_PULL, p.PROGRESS) else {}
-    return p.pack(p.Header(op, 0, seq, 0, len(payload), **task), keys.request, payload) + payload
+    return session.frame(p.Header(op, 0, seq, 0, len(payload), **task), payload)
 
 
 @FUZZ
@@ -101,13 +101,14 @@ def test_mutated_frames_from_a_peer_with_the_secret_are_refused_and_counted(serv
     """Proves: a frame altered anywhere (header, MAC or payload), or cut short, is refused
     and counted once; nothing it carries is applied; the server keeps serving."""
     before = _refused(server)
-    sock, keys = _handshake(server)
-    frame = bytearray(_valid_frame(keys, op, seq=1))
+    sock, session = _handshake(server)
+    valid = _valid_frame(session, op, seq=1)
+    frame = bytearray(valid)
     for at, x in flips:
         frame[at % len(frame)] ^= x
     if cut is not None:
         frame = frame[: cut % len(frame)]
-    if bytes(frame) == _valid_frame(keys, op, seq=1):  # the flips cancelled out
+    if bytes(frame) == valid:  # the flips cancelled out
         sock.close()
         return
     _send_and_close(sock, bytes(frame))
@@ -119,12 +120,13 @@ def test_mutated_frames_from_a_peer_with_the_secret_are_refused_and_counted(serv
 @FUZZ
 @given(length=st.integers(min_value=0, max_value=(1 << 64) - 1), op=st.integers(min_value=0, max_value=255))
 def test_declared_lengths_never_size_an_allocation(server, length, op) -> None:  # type: ignore[no-untyped-def]
-    """Proves: any op with any declared length, correctly MACed, is answered or refused from
+    """Proves: any op with any declared length, correctly sealed, is answered or refused from
     its header alone; the server's allocations stay bounded (measured with tracemalloc)."""
     tracemalloc.start()
     try:
-        sock, keys = _handshake(server)
-        _send_and_close(sock, p.pack(p.Header(op, 0, 1, 0, length), keys.request))
+        sock, session = _handshake(server)
+        header, _ = session.seal(p.Header(op, 0, 1, 0, length))  # the header alone: its payload never comes
+        _send_and_close(sock, header)
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
@@ -166,8 +168,9 @@ def test_a_reply_longer_than_the_request_allows_is_refused_before_any_allocation
         theirs = bytes(answer[: p.NONCE_BYTES])
         conn.sendall(bytes([p.OK]) + p.server_proof(SECRET, ours, theirs))
         p.recv_exact(conn, memoryview(bytearray(p.HEADER.size)))  # the STATS request
-        keys = p.Keys.derive(SECRET, ours, theirs)
-        conn.sendall(p.pack(p.Header(p.OK, 0, 1, 0, 1 << 40), keys.reply))
+        server_end = p.Session.server(p.Keys.derive(SECRET, ours, theirs))
+        header, _ = server_end.seal(p.Header(p.OK, 0, 1, 0, 1 << 40))
+        conn.sendall(header)
         conn.close()
 
     t = threading.Thread(target=liar, daemon=True)

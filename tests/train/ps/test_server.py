@@ -6,7 +6,6 @@ from __future__ import annotations
 import glob
 import os
 import socket
-import struct
 import threading
 import time
 
@@ -103,8 +102,8 @@ def test_wrong_secret_is_refused_and_counted(server: ParameterServer) -> None:
     assert server.stats()["refused"] == {"auth": 1}
 
 
-def _raw_session(server: ParameterServer) -> tuple[socket.socket, bytes]:
-    """A connection past the handshake, and its request key."""
+def _raw_session(server: ParameterServer) -> tuple[socket.socket, p.Session]:
+    """A connection past the handshake, and its client end's session (which seals requests)."""
     sock = socket.create_connection(server.address, timeout=5)
     theirs = bytearray(p.NONCE_BYTES)
     p.recv_exact(sock, memoryview(theirs))
@@ -113,7 +112,7 @@ def _raw_session(server: ParameterServer) -> tuple[socket.socket, bytes]:
     answer = bytearray(1 + p.PROOF_BYTES)
     p.recv_exact(sock, memoryview(answer))
     assert answer[0] == p.OK and bytes(answer[1:]) == p.server_proof(SECRET, bytes(theirs), ours)
-    return sock, p.Keys.derive(SECRET, bytes(theirs), ours).request
+    return sock, p.Session.client(p.Keys.derive(SECRET, bytes(theirs), ours))
 
 
 def _reply_status(sock: socket.socket) -> int:
@@ -124,19 +123,19 @@ def _reply_status(sock: socket.socket) -> int:
 
 @pytest.mark.parametrize("make, reason", [
     # A push declaring 1 TB: refused from the header, nothing allocated.
-    (lambda key: p.pack(p.Header(p.PUSH, 0, 1, 0, 1 << 40), key), "size"),
+    (lambda s: p.pack(p.Header(p.PUSH, 0, 1, 0, 1 << 40)), "size"),
     # A pull that claims a payload.
-    (lambda key: p.pack(p.Header(p.PULL, 0, 1, 0, 8), key), "size"),
-    # A header signed with the wrong key, and one replayed with an old sequence number.
-    (lambda key: p.pack(p.Header(p.PULL, 0, 1, 0, 0), b"x" * 32), "auth"),
-    (lambda key: p.pack(p.Header(p.PULL, 0, 7, 0, 0), key), "auth"),
+    (lambda s: p.pack(p.Header(p.PULL, 0, 1, 0, 8)), "size"),
+    # A header sealed with the wrong key, and one replayed with an old sequence number.
+    (lambda s: p.Session.client(p.Keys(b"x" * 32, b"x" * 32)).frame(p.Header(p.PULL, 0, 1, 0, 0)), "auth"),
+    (lambda s: s.frame(p.Header(p.PULL, 0, 7, 0, 0)), "auth"),
     # Garbage instead of a header, and an unknown op.
-    (lambda key: b"GET / HTTP/1.1\r\n" + b"\0" * (p.HEADER.size - 16), "frame"),
-    (lambda key: p.pack(p.Header(99, 0, 1, 0, 0), key), "frame"),
+    (lambda s: b"GET / HTTP/1.1\r\n" + b"\0" * (p.HEADER.size - 16), "frame"),
+    (lambda s: s.frame(p.Header(99, 0, 1, 0, 0)), "frame"),
 ])
 def test_bad_frames_are_refused_counted_and_the_server_keeps_serving(server, make, reason) -> None:  # type: ignore[no-untyped-def]
-    sock, key = _raw_session(server)
-    sock.sendall(make(key))
+    sock, session = _raw_session(server)
+    sock.sendall(make(session))
     status = _reply_status(sock)
     sock.close()
     assert p.STATUS[status] == reason
@@ -146,8 +145,9 @@ def test_bad_frames_are_refused_counted_and_the_server_keeps_serving(server, mak
 
 
 def test_truncated_push_is_counted_and_nothing_is_applied(server: ParameterServer) -> None:
-    sock, key = _raw_session(server)
-    sock.sendall(p.pack(p.Header(p.PUSH, 0, 1, 0, N * 4), key) + struct.pack("<10f", *range(10)))
+    sock, session = _raw_session(server)
+    header, body = session.seal(p.Header(p.PUSH, 0, 1, 0, N * 4), np.zeros(N, np.float32).data.cast("B"))
+    sock.sendall(header + bytes(body[:40]))
     sock.close()
     with _client(server) as c:
         assert not c.pull().any()
@@ -257,23 +257,25 @@ def test_a_worker_on_this_machine_maps_the_servers_file_and_no_name_is_left() ->
 
 
 def test_a_wrong_cookie_withdraws_the_offer_and_shared_requests_are_then_refused(server: ParameterServer) -> None:
-    sock, key = _raw_session(server)
-    sock.sendall(p.pack(p.Header(p.ATTACH, 0, 1, 0, 0), key))
+    sock, session = _raw_session(server)
+    sock.sendall(session.frame(p.Header(p.ATTACH, 0, 1, 0, 0)))
     raw = bytearray(p.HEADER.size)
     p.recv_exact(sock, memoryview(raw))
-    token = bytearray(p.unpack(raw).length)
-    p.recv_exact(sock, memoryview(token))
+    offer = p.unpack(raw)
+    token = bytearray(offer.length)
+    p.recv_exact(sock, session.inlet(offer.length, memoryview(token)))
+    assert session.open(offer, memoryview(token))
     if server.shared_memory:
         path = shm.path_of(token.decode())
         assert os.path.isfile(path) and os.stat(path).st_mode & 0o777 == 0o600
         # A worker on another machine reads no cookie (or another file's): it answers zeros.
         zeros = bytes(p.COOKIE_BYTES)
-        sock.sendall(p.pack(p.Header(p.ATTACH, 0, 2, 0, p.COOKIE_BYTES), key, zeros) + zeros)
+        sock.sendall(session.frame(p.Header(p.ATTACH, 0, 2, 0, p.COOKIE_BYTES), zeros))
         p.recv_exact(sock, memoryview(raw))
         assert p.unpack(raw).flags == 0 and not os.path.exists(path)
     else:
         assert not token  # nothing offered
-    sock.sendall(p.pack(p.Header(p.PULL, 0, 3 if server.shared_memory else 2, 0, 0, flags=p.SHARED), key))
+    sock.sendall(session.frame(p.Header(p.PULL, 0, 3 if server.shared_memory else 2, 0, 0, flags=p.SHARED)))
     assert p.STATUS[_reply_status(sock)] == "frame"
     sock.close()
     assert server.stats()["refused"] == {"frame": 1} and server.stats()["shared_memory"] == 0
