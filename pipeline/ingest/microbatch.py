@@ -117,15 +117,13 @@ class BatchFigures:
 
 
 class _ExpectedFailures(logging.Filter):
-    """Keeps py4j from logging a traceback for a batch that raised a :class:`StreamtrainError`:
-    :meth:`StreamJob.run` raises it as one line."""
+    """Keeps py4j from logging a traceback for a batch that raised a :class:`StreamtrainError`."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         return not (record.exc_info and isinstance(record.exc_info[1], StreamtrainError))
 
 
 _PY4J_FILTER = _ExpectedFailures()
-
 #: Batches whose figures a :class:`StreamJob` keeps in memory.
 KEEP_BATCHES = 1000
 
@@ -141,6 +139,12 @@ def _query_failure(error: str, checkpoint: str) -> StreamtrainError:
                                 "device. Free space there, then resume (the batch it was writing is replayed, "
                                 "nothing is lost).")
     return StreamtrainError(f"The streaming query failed: {error.splitlines()[0]}")
+
+
+def _quiet(spark: Any) -> None:
+    """Spark's log of the query's failure off (best effort: the error is raised either way)."""
+    with contextlib.suppress(Exception):
+        cluster.quiet_query_failure(spark)
 
 
 class StreamJob:
@@ -228,9 +232,7 @@ class StreamJob:
         self._prepared.wait()
         if self._stop_requested.is_set():
             # Raising keeps this batch uncommitted: a restart replays it with the same offsets.
-            # It is the stop asked for, not a failure: Spark is not to log it as one.
-            with contextlib.suppress(Exception):
-                cluster.quiet_query_failure(self.spark)
+            _quiet(self.spark)  # the stop asked for, not a failure for Spark to log
             raise StreamtrainError(_STOP_MARKER)
         self._in_batch.set()
         try:
@@ -252,8 +254,7 @@ class StreamJob:
             if isinstance(e, UnreadableRange) and self.on_unreadable is not None:  # its records count as lag
                 self.on_unreadable(e, self._lag.unread(planned or []) if self._lag else {})
             self._failure = e  # Spark wraps it in layers of its own; run() raises it as it was
-            with contextlib.suppress(Exception):  # best effort: the error is raised either way
-                cluster.quiet_query_failure(self.spark)
+            _quiet(self.spark)
             raise
         finally:
             self._in_batch.clear()
