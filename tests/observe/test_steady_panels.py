@@ -101,7 +101,8 @@ def test_rate_panels_read_steady_and_counters_go_on_across_a_resume(prometheus: 
     while _series(prom, "sum(streamtrain_train_records_total)", time.time() - 1, time.time())[0][-1] < (n + 3) * BATCH:
         assert time.monotonic() < deadline, "the last batch never reached Prometheus"
         time.sleep(0.2)
-    end = time.time()
+    # A range's last point lies up to a step before its end: one step on, it reads that scrape.
+    end = time.time() + SCRAPE_S
     for counter, total in (("sum(streamtrain_train_records_total)", (n + 3) * BATCH),
                            ("sum(streamtrain_stream_batches_total)", n + 3)):
         (values,) = _series(prom, counter, began, end)
