@@ -55,11 +55,13 @@ def test_noida_releases_each_batch_once_the_next_is_saved() -> None:
 
 
 def test_with_trained_records_released_noidas_memory_stops_growing_with_the_replay() -> None:
-    """Four rounds of 60 MB each, every record trained: without the releases the broker
-    would hold 240 MB; with them it holds about a round's worth."""
+    """Four rounds of 60 MB each, every record trained: without the releases the broker holds
+    all 240 MB (measured: 430 MB over its empty self); with them about a round's worth
+    (measured: 100-120 MB, on an idle and on a loaded machine)."""
     per_round = 60_000
     with EmbeddedBroker(engine="noida") as broker:
         client.ensure_topic(broker.bootstrap, "replayed", partitions=2)
+        empty = _rss_mb(broker.pid)
         releaser = Releaser(broker.bootstrap, "replayed")
         grown = []
         try:
@@ -72,13 +74,16 @@ def test_with_trained_records_released_noidas_memory_stops_growing_with_the_repl
                 grown.append(_rss_mb(broker.pid))
         finally:
             releaser.close()
-            assert _earliest(broker.bootstrap, "replayed") == {0: 2 * per_round, 1: 2 * per_round}
-            # It frees in its own time: wait for it to come back within a round of the first.
-            deadline = time.monotonic() + 60
-            while _rss_mb(broker.pid) >= grown[0] + 60:
-                assert time.monotonic() < deadline, (
-                    f"the broker's memory after each round: {grown} MB, and {_rss_mb(broker.pid)} MB a minute on")
-                time.sleep(0.5)
+        assert _earliest(broker.bootstrap, "replayed") == {0: 2 * per_round, 1: 2 * per_round}
+        # It frees in its own time, and how much the allocator keeps depends on the machine's
+        # load (a first round's figure is no baseline: 57 MB idle, 142 MB loaded). The bound
+        # is against the data: under three of the four rounds' 60 MB over the empty broker.
+        deadline = time.monotonic() + 60
+        while _rss_mb(broker.pid) - empty >= 3 * 60:
+            assert time.monotonic() < deadline, (
+                f"the broker's memory: {empty} MB empty, {grown} MB after each round, "
+                f"{_rss_mb(broker.pid)} MB a minute on")
+            time.sleep(0.5)
 
 
 def test_tansu_cannot_release_and_the_run_goes_on(caplog: pytest.LogCaptureFixture) -> None:
