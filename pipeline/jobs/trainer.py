@@ -28,12 +28,12 @@ import numpy as np
 
 from pipeline import cluster
 from pipeline.errors import ConfigError
-from pipeline.train import algorithms, ps
+from pipeline.train import algorithms
 from pipeline.train.driver import TrainDriver
 from pipeline.train.model import ModelSpec, get_flat, input_shape, set_flat
 from pipeline.train.partition import ServerInfo, TaskResult, train_partition
 from pipeline.train.ps.protocol import task_key
-from pipeline.train.server import parameter_server
+from pipeline.train.server import Server, parameter_server
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +98,8 @@ class Trainer:
             bytes (the center stays float32; :mod:`pipeline.train.ps.wire`).
         shared_memory: workers on the server's machine exchange through shared memory
             (False: over TCP, as on a cluster).
+        ps_shards: parameter-server processes, each serving a slice of the weights
+            (:mod:`pipeline.train.sharded`); 1, one server in this process.
         seed: makes a run reproducible (data order; one worker is then deterministic).
         **algorithm_settings: further algorithm settings (``rho``, ``learning_rate``, ...).
 
@@ -122,6 +124,7 @@ class Trainer:
         seed: int | None = None,
         wire_dtype: str = "float32",
         shared_memory: bool = True,
+        ps_shards: int = 1,
         **algorithm_settings: Any,
     ) -> None:
         given = {"num_workers": num_workers, "batch_size": batch_size, "communication_window": communication_window,
@@ -137,16 +140,20 @@ class Trainer:
         if wire_dtype not in ("float32", "bfloat16", "float16"):
             raise ConfigError(f"Expected wire_dtype float32, bfloat16 or float16. Received: {wire_dtype!r}")
         self.wire_dtype, self.shared_memory = wire_dtype, shared_memory
+        if not isinstance(ps_shards, int) or ps_shards < 1:
+            raise ConfigError(f"Received an invalid value for `ps_shards`, expected a positive integer. "
+                              f"Received: ps_shards={ps_shards!r}")
+        self.ps_shards = ps_shards
         self.spec = ModelSpec.from_model(model, optimizer=self.algorithm.worker_optimizer, loss=self.algorithm.loss)
         self.results: list[TaskResult] = []
         self.server_stats: dict[str, Any] = {}
 
-    def _server(self, host: str) -> ps.ParameterServer:
+    def _server(self, host: str) -> Server:
         # A round waits 10 s at most for a worker whose partition ran out of steps.
         return parameter_server(self.algorithm, self.spec, get_flat(self.model), host=host, sync_timeout_s=10.0,
-                                shared_memory=self.shared_memory)
+                                shared_memory=self.shared_memory, shards=self.ps_shards)
 
-    def _finish(self, server: ps.ParameterServer, results: list[TaskResult]) -> Any:
+    def _finish(self, server: Server, results: list[TaskResult]) -> Any:
         self.results = sorted(results, key=lambda r: r.worker)
         TrainDriver(server).check_applied(self.results)  # Spark may have run a task twice: the server's count decides
         self.server_stats = server.stats()
@@ -156,9 +163,9 @@ class Trainer:
             self.model.compile(optimizer=self.algorithm.worker_optimizer, loss=self.algorithm.loss)
         return self.model
 
-    def _task(self, server: ps.ParameterServer, worker: int, job: str, threads: int) -> dict[str, Any]:
+    def _task(self, server: Server, worker: int, job: str, threads: int) -> dict[str, Any]:
         return {"spec": self.spec, "algorithm": algorithms.serialize(self.algorithm),
-                "server": ServerInfo(server.host, server.port, server.secret, self.wire_dtype), "worker": worker,
+                "server": ServerInfo.of(server, self.wire_dtype), "worker": worker,
                 "job": job,
                 "epochs": self.num_epoch, "threads": threads, "seed": self.algorithm.seed}
 

@@ -34,16 +34,17 @@ from pipeline.errors import StreamtrainError
 from pipeline.ingest.kafka.release import Releaser
 from pipeline.ingest.microbatch import BatchFigures
 from pipeline.ingest.offsets import OffsetRange
-from pipeline.train import checkpoint, ledger, ps
+from pipeline.train import checkpoint, ledger
 from pipeline.train.divergence import HeldoutWatch
 from pipeline.train.partition import TaskResult
 from pipeline.train.rows import BatchRow, TaskRow
+from pipeline.train.server import Server
 
 #: Called with each saved batch's figures, its row and the center weights it saved.
 OnRow = Callable[[BatchFigures, BatchRow, np.ndarray], None]
 
 
-def applied_steps(server: ps.ParameterServer, result: TaskResult) -> int:
+def applied_steps(server: Server, result: TaskResult) -> int:
     """The mini-batches of ``result``'s task that ``server`` applied, by its own count (a
     task Spark ran twice is counted once); for a result that named no task, the worker's."""
     return server.applied(result.task)[1] if result.task else result.steps
@@ -53,7 +54,7 @@ class TrainDriver:
     """Drives the exactly-once protocol of a run's micro-batches on the driver.
 
     Args:
-        server: the run's parameter server.
+        server: the run's parameter server (one, or the facade of its shards).
         state: what the checkpoint holds (a resumed run's, or a fresh one); updated per batch.
             None: no checkpoint (the batch Trainer, which only checks its tasks).
         folder: where the checkpoint is written.
@@ -67,7 +68,7 @@ class TrainDriver:
         keep: checkpoint generations kept (``--keep-checkpoints``).
     """
 
-    def __init__(self, server: ps.ParameterServer, state: checkpoint.State | None = None, *,
+    def __init__(self, server: Server, state: checkpoint.State | None = None, *,
                  folder: Path | None = None, releaser: Releaser | None = None, sync_slots: int = 0,
                  started: float | None = None, fault: str | None = None, on_row: OnRow | None = None,
                  on_skip: Callable[[int], None] | None = None, keep: int = checkpoint.KEEP) -> None:

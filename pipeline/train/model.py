@@ -58,6 +58,24 @@ class ModelSpec:
             return None
         return np.repeat(~np.array(self.trainable), [int(np.prod(s)) for s in self.shapes])
 
+    def piece(self, start: int, stop: int) -> ModelSpec:
+        """The spec of the flat weights ``[start, stop)`` alone, as 1-D arrays (what a shard
+        of the parameter server binds its rule to: sizes and which weights gradients train).
+
+        >>> spec = ModelSpec("{}", "adam", "mse", ((2, 2), (3,)), trainable=(True, False))
+        >>> piece = spec.piece(2, 6); piece.shapes, piece.untrained().tolist()
+        (((2,), (2,)), [False, False, True, True])
+        """
+        shapes, trainable, at = [], [], 0
+        for i, shape in enumerate(self.shapes):
+            n = int(np.prod(shape))
+            lo, hi = max(start, at), min(stop, at + n)
+            if lo < hi:
+                shapes.append((hi - lo,))
+                trainable.append(self.trainable[i] if self.trainable else True)
+            at += n
+        return dataclasses.replace(self, shapes=tuple(shapes), trainable=tuple(trainable) if self.trainable else ())
+
     @property
     def fingerprint(self) -> str:
         """A digest of everything that makes two replicas interchangeable."""

@@ -7,6 +7,7 @@ import dataclasses
 import math
 import time
 from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -23,6 +24,13 @@ class ServerInfo:
     port: int
     secret: bytes = dataclasses.field(repr=False)
     wire_dtype: str = "float32"  # the payloads' type on TCP (pipeline.train.ps.wire)
+    #: With a sharded server (``--ps-shards``), each shard's host, port and slice of the weights.
+    shards: tuple[tuple[str, int, int, int], ...] = ()
+
+    @classmethod
+    def of(cls, server: Any, wire_dtype: str = "float32") -> ServerInfo:
+        """How workers reach ``server`` (one parameter server, or a sharded one)."""
+        return cls(server.host, server.port, server.secret, wire_dtype, tuple(getattr(server, "shards", ())))
 
 
 @dataclasses.dataclass
@@ -131,8 +139,8 @@ def train_partition(
     preq = np.zeros(3)  # records, summed loss, summed accuracy over the first pass
     timer = _Timer()
     try:
-        with ps.Client((server.host, server.port), secret=server.secret, worker=worker, size=spec.size,
-                       wire_dtype=server.wire_dtype) as client:
+        with ps.connect((server.host, server.port), server.shards, secret=server.secret, worker=worker,
+                        size=spec.size, wire_dtype=server.wire_dtype) as client:
             with timer("exchange"):
                 done = client.begin(task, steps=total, window=window) if task else 0
                 pulled = client.pull().copy()

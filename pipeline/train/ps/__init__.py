@@ -5,12 +5,15 @@ It knows neither Spark nor TensorFlow, so it can be started and tested alone:
 :mod:`~pipeline.train.ps.transport` the sockets and the handshake,
 :mod:`~pipeline.train.ps.rounds` synchronous rounds, :mod:`~pipeline.train.ps.protocol`
 the frames, :mod:`~pipeline.train.ps.shm` shared memory, :mod:`~pipeline.train.ps.client`
-a worker's side.
+a worker's side, :mod:`~pipeline.train.ps.shards` a sharded server's plan and a worker's
+connection to all its shards.
 """
 
 from pipeline.train.ps.client import Client, parse_address
 from pipeline.train.ps.protocol import ProtocolError
 from pipeline.train.ps.rules import Rule, add_delta
 from pipeline.train.ps.server import ParameterServer
+from pipeline.train.ps.shards import ShardedClient, connect
 
-__all__ = ["Client", "ParameterServer", "ProtocolError", "Rule", "add_delta", "parse_address"]
+__all__ = ["Client", "ParameterServer", "ProtocolError", "Rule", "ShardedClient", "add_delta", "connect",
+           "parse_address"]

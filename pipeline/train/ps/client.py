@@ -203,6 +203,11 @@ class Client:
         self._task, self._exchange = (task, steps, max(1, window)), reply.exchange
         return reply.exchange
 
+    def continue_after(self, exchange: int) -> None:
+        """Push the task's exchange after ``exchange`` next (a sharded client levels its
+        shards: one ahead drops the repeats, see :mod:`pipeline.train.ps.shards`)."""
+        self._exchange = exchange
+
     def _identity(self) -> tuple[int, int, int]:
         """The next push's task, exchange index and the mini-batches it covers (zeros
         outside a task)."""

@@ -1,0 +1,304 @@
+"""A sharded parameter server (``--ps-shards N``): N processes, each serving one slice of
+the weights, behind the interface the driver and the batch Trainer use.
+
+Each shard is a :class:`~pipeline.train.ps.server.ParameterServer` over its slice
+(:func:`pipeline.train.ps.shards.plan`), with its own port, clock, task table and rule: the
+algorithm is rebuilt in the child from :func:`pipeline.train.algorithms.serialize` and bound
+to its slice (:meth:`~pipeline.train.model.ModelSpec.piece`), so that a server-side
+optimizer keeps its state per slice. The child is a fresh ``python -m pipeline.train.sharded``
+(the driver holds Spark's JVM gateway, threads and sockets: no fork), gets its settings
+and the run's secret on a socket pair only the driver holds (never argv or the
+environment), dies with its parent, and answers the driver's requests (checkpoint,
+restore, stats, a task's applied count) on that pair: no new operation reaches the network, where a RESTORE would be a way to overwrite
+the center.
+
+:class:`ShardedServer` gathers the shards into one server: a checkpoint is one consistent
+cut (taken between micro-batches, when no task exchanges: every shard's clock must agree,
+else it refuses), a task's applied count must agree on every shard, and the rule's state
+of each slice is joined into the full-size state that one server would hold (so a
+checkpoint reads the same, and resumes, with any number of shards).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import logging
+import os
+import socket
+import subprocess
+import sys
+import threading
+from multiprocessing import connection
+from types import TracebackType
+from typing import Any
+
+import numpy as np
+
+from pipeline.cluster import processes
+from pipeline.errors import StreamtrainError
+from pipeline.train import algorithms
+from pipeline.train.model import ModelSpec
+from pipeline.train.ps.shards import Shard, plan
+
+log = logging.getLogger(__name__)
+
+#: Seconds a shard has to start (spawn a Python, import numpy and the protocol, bind).
+START_TIMEOUT_S = 60.0
+
+
+class ShardedServer:
+    """N parameter-server processes over contiguous slices of the weights, as one server.
+
+    Args:
+        algorithm: the run's algorithm (each shard rebuilds it from its config).
+        spec: the model (its weight shapes decide the slices).
+        weights, clock, optimizer: where it starts (the rule's state full-size, as a
+            checkpoint holds it).
+        shards: how many shard processes (2 or more).
+        secret: the run's secret (every shard proves it).
+        host, port: the address each shard binds; with a port other than 0, shard ``i``
+            binds ``port + i``.
+        sync_timeout_s, shared_memory: as for :class:`~pipeline.train.ps.server.ParameterServer`.
+    """
+
+    def __init__(self, algorithm: algorithms.Algorithm, spec: ModelSpec, weights: np.ndarray, *, shards: int,
+                 secret: bytes, host: str, port: int = 0, sync_timeout_s: float = 30.0, shared_memory: bool = True,
+                 clock: int = 0, optimizer: dict[str, np.ndarray] | None = None) -> None:
+        self.size, self.secret, self.host, self.port = spec.size, secret, host, port
+        self.slices = plan([int(np.prod(s)) for s in spec.shapes], shards)
+        flat = np.asarray(weights, np.float32).ravel()
+        config = algorithms.serialize(algorithm)
+        self._jobs = [{"algorithm": config, "spec": spec.piece(a, b).to_json(), "weights": flat[a:b].copy(),
+                       "clock": clock, "optimizer": _slice_state(optimizer or {}, a, b, self.size),
+                       "secret": secret, "host": host, "port": port + i if port else 0,
+                       "sync_timeout_s": sync_timeout_s, "shared_memory": shared_memory}
+                      for i, (a, b) in enumerate(self.slices)]
+        self.shards: tuple[Shard, ...] = ()
+        self._children: list[tuple[subprocess.Popen[bytes], connection.Connection]] = []  # with the driver's end
+        self._lock = threading.Lock()
+
+    @property
+    def address(self) -> tuple[str, int]:
+        return self.host, self.port
+
+    # --- life cycle ---
+
+    def start(self) -> ShardedServer:
+        try:
+            for job in self._jobs:
+                ours, theirs = socket.socketpair()
+                with theirs:
+                    # ``python -m``, not multiprocessing's spawn: that would run the user's main
+                    # script again in the child. The settings (the secret among them) follow on
+                    # the pair of sockets only this process holds, never in argv or the environment.
+                    proc = subprocess.Popen([sys.executable, "-m", "pipeline.train.sharded", str(theirs.fileno())],
+                                            pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL)
+                conn = connection.Connection(ours.detach())
+                self._children.append((proc, conn))
+                conn.send({**job, "parent": os.getpid()})
+            ports = [self._receive(i, START_TIMEOUT_S) for i in range(len(self._children))]
+        except BaseException:
+            self.stop()
+            raise
+        self.port = ports[0]
+        self.shards = tuple((self.host, port, a, b) for port, (a, b) in zip(ports, self.slices, strict=True))
+        atexit.register(self.stop)
+        log.info("parameter server: %d shards at %s", len(self.shards),
+                 ", ".join(f"{h}:{p} [{a}:{b}]" for h, p, a, b in self.shards))
+        return self
+
+    def stop(self) -> None:
+        """Stop every shard (asked first, killed by its pid 10 s later); their ports are free on return."""
+        children, self._children = self._children, []
+        for _, conn in children:
+            with contextlib.suppress(OSError, ValueError):
+                conn.send(("stop", None))
+        for proc, conn in children:
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            conn.close()
+        atexit.unregister(self.stop)
+
+    def __enter__(self) -> ShardedServer:
+        return self.start()
+
+    def __exit__(self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
+        self.stop()
+
+    # --- requests to the shards ---
+
+    def _receive(self, i: int, timeout_s: float | None = None) -> Any:
+        proc, conn = self._children[i]
+        try:
+            if timeout_s is not None and not conn.poll(timeout_s):
+                raise StreamtrainError(f"Parameter-server shard {i} did not start in {timeout_s:.0f} s.")
+            status, value = conn.recv()
+        except (EOFError, OSError):
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(5)
+            raise StreamtrainError(f"Parameter-server shard {i} exited (status {proc.returncode}); "
+                                   "see the run's log for why, then resume the run.") from None
+        if status != "ok":
+            raise StreamtrainError(f"Parameter-server shard {i}: {value}")
+        return value
+
+    def _ask(self, op: str, args: list[Any] | None = None) -> list[Any]:
+        """Send ``op`` to every shard at once (with ``args[i]`` to shard ``i``); their answers in order."""
+        with self._lock:
+            if not self._children:
+                raise StreamtrainError("The sharded parameter server is not running.")
+            for i, (_, conn) in enumerate(self._children):
+                conn.send((op, args[i] if args is not None else None))
+            return [self._receive(i) for i in range(len(self._children))]
+
+    def weights(self) -> np.ndarray:
+        """The center weights, every shard's slice."""
+        return np.concatenate(self._ask("weights"))
+
+    def snapshot(self) -> tuple[np.ndarray, int]:
+        """The center weights and the clock (the oldest shard's, while tasks exchange)."""
+        parts = self._ask("snapshot")
+        return np.concatenate([w for w, _ in parts]), min(c for _, c in parts)
+
+    def checkpoint(self) -> tuple[np.ndarray, int, dict[str, np.ndarray]]:
+        """The center, the clock and the rule's state, one consistent cut of every shard.
+
+        Taken between micro-batches, when no task exchanges: every push went to every
+        shard, so their clocks agree. Shards that disagree (a push applied on some shards
+        and not others, which a task's retry would level) are refused with one line.
+        """
+        parts = self._ask("checkpoint")
+        clocks = [c for _, c, _ in parts]
+        if len(set(clocks)) > 1:
+            raise StreamtrainError(f"The parameter-server shards' clocks disagree ({', '.join(map(str, clocks))}): "
+                                   "an update reached some shards and not others, so there is no consistent "
+                                   "checkpoint; the batch is not saved. Resume the run from its last checkpoint.")
+        return (np.concatenate([w for w, _, _ in parts]), clocks[0],
+                _join_states([s for _, _, s in parts], self.slices))
+
+    def restore(self, weights: np.ndarray, clock: int, state: dict[str, np.ndarray] | None = None) -> None:
+        """Replace every shard's slice of the center, the clock and the rule's state."""
+        flat = np.asarray(weights, np.float32).ravel()
+        if flat.size != self.size:
+            raise StreamtrainError(f"Expected {self.size} weights to restore. Received: {flat.size}")
+        self._ask("restore", [(flat[a:b], clock, _slice_state(state or {}, a, b, self.size)) for a, b in self.slices])
+
+    def expect_workers(self, n: int) -> None:
+        """How many workers the next synchronous rounds wait for, on every shard."""
+        self._ask("expect", [n] * len(self.slices))
+
+    def applied(self, task: int) -> tuple[int, int]:
+        """The exchanges of ``task`` applied and the mini-batches they covered: the same on
+        every shard, or an error that names the shards' counts."""
+        counts = self._ask("applied", [task] * len(self.slices))
+        if len(set(counts)) > 1:
+            raise StreamtrainError(f"The parameter-server shards applied different exchanges of one task "
+                                   f"({', '.join(f'{e} exchanges, {s} mini-batches' for e, s in counts)}); "
+                                   "the batch is not committed. Resume the run from its last checkpoint.")
+        return counts[0][0], counts[0][1]
+
+    def stats(self) -> dict[str, Any]:
+        """The first shard's figures (every request reaches every shard), with the clock the
+        oldest shard's, the size the whole buffer's, refusals summed, and each shard's
+        figures under ``shards``."""
+        each = self._ask("stats")
+        refused: dict[str, int] = {}
+        for s in each:
+            for reason, n in s["refused"].items():
+                refused[reason] = refused.get(reason, 0) + n
+        return {**each[0], "clock": min(s["clock"] for s in each), "size": self.size, "refused": refused,
+                "repeats_dropped": max(s["repeats_dropped"] for s in each), "shards": each}
+
+
+def _slice_state(state: dict[str, np.ndarray], start: int, stop: int, size: int) -> dict[str, np.ndarray]:
+    """A rule's full-size state cut to one slice: arrays of one value per weight are cut,
+    the rest (an optimizer's step count) kept whole.
+
+    >>> _slice_state({"m": np.arange(4.0), "iterations": np.array(3)}, 1, 3, 4)
+    {'m': array([1., 2.]), 'iterations': array(3)}
+    """
+    return {k: (np.asarray(v)[start:stop] if np.ndim(v) == 1 and len(v) == size else np.asarray(v))
+            for k, v in state.items()}
+
+
+def _join_states(states: list[dict[str, np.ndarray]], slices: list[tuple[int, int]]) -> dict[str, np.ndarray]:
+    """The shards' states of the rule joined into the full-size one: per-weight arrays
+    concatenated, the rest the same on every shard (else there is no consistent cut).
+
+    >>> _join_states([{"m": np.zeros(2), "iterations": np.array(3)}, {"m": np.ones(1), "iterations": np.array(3)}],
+    ...              [(0, 2), (2, 3)])
+    {'m': array([0., 0., 1.]), 'iterations': array(3)}
+    """
+    joined: dict[str, np.ndarray] = {}
+    for key in states[0] if states else {}:
+        parts = [np.asarray(s[key]) for s in states]
+        if all(p.ndim == 1 and len(p) == b - a for p, (a, b) in zip(parts, slices, strict=True)):
+            joined[key] = np.concatenate(parts)
+        elif all(np.array_equal(p, parts[0]) for p in parts):
+            joined[key] = parts[0]
+        else:
+            raise StreamtrainError(f"The parameter-server shards' rule state {key!r} disagrees between shards: "
+                                   "there is no consistent checkpoint. Resume the run from its last checkpoint.")
+    return joined
+
+
+def serve_shard(fd: int) -> None:
+    """A shard's process: its settings from the driver's end of socket ``fd``, then a
+    parameter server over its slice, answering the driver there until the driver asks it
+    to stop or goes away."""
+    from pipeline.train.server import parameter_server
+
+    conn = connection.Connection(fd)
+    job = conn.recv()
+    processes.leave_terminal_group()  # a Ctrl-C in the terminal reaches the driver, which stops the shards
+    processes.die_with_parent(job["parent"])
+    try:
+        server = parameter_server(algorithms.get(job["algorithm"]), ModelSpec.from_json(job["spec"]), job["weights"],
+                                  secret=job["secret"], host=job["host"], port=job["port"],
+                                  sync_timeout_s=job["sync_timeout_s"], shared_memory=job["shared_memory"],
+                                  clock=job["clock"], optimizer=job["optimizer"]).start()
+    except Exception as e:
+        conn.send(("error", f"{type(e).__name__}: {e}"))
+        return
+    conn.send(("ok", server.port))
+    try:
+        while True:
+            try:
+                op, arg = conn.recv()
+            except (EOFError, OSError):
+                return  # the driver is gone
+            if op == "stop":
+                return
+            try:
+                conn.send(("ok", _answer(server, op, arg)))
+            except Exception as e:
+                conn.send(("error", f"{type(e).__name__}: {e}"))
+    finally:
+        server.stop()
+
+
+def _answer(server: Any, op: str, arg: Any) -> Any:
+    if op == "weights":
+        return server.weights()
+    if op == "snapshot":
+        return server.snapshot()
+    if op == "checkpoint":
+        return server.checkpoint()
+    if op == "restore":
+        return server.restore(*arg)
+    if op == "expect":
+        return server.expect_workers(arg)
+    if op == "applied":
+        return server.applied(arg)
+    if op == "stats":
+        return server.stats()
+    raise ValueError(f"unknown request {op!r}")
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname).1s ps-shard %(name)s: %(message)s")
+    serve_shard(int(sys.argv[1]))
