@@ -29,6 +29,9 @@ from producers import datasets
               show_default=True,
               help="Deltas and weights on TCP (workers on other machines): bfloat16 or float16 send half the bytes; "
                    "the server's center stays float32. README: When one machine is not enough.")
+@click.option("--ps-shards", type=int, default=1, show_default=True,
+              help="Parameter-server processes, each serving a slice of the weights on its own port: more serve more "
+                   "workers' exchanges a second. README: When one machine is not enough.")
 @click.option("--epochs", type=int, default=1, show_default=True, help="Times the producer replays the data.")
 @click.option("--rate", type=float, help="Replay rate, records/s (default: full speed).")
 @click.option("--until-accuracy", type=float, help="Stop once held-out accuracy reaches this.")

@@ -253,10 +253,11 @@ class Run:
         server = self._server = parameter_server(
             self.algorithm, spec, state.weights, host=cluster.driver_host(spark), port=self.settings.ps_port,
             shared_memory=self.settings.ps_shared_memory, on_request=self.metrics.on_ps_request,
-            on_refusal=self.metrics.on_ps_refusal, clock=state.clock, optimizer=state.optimizer)
+            on_refusal=self.metrics.on_ps_refusal, clock=state.clock, optimizer=state.optimizer, shards=cfg.ps_shards)
         self.metrics.restore(state, self.out)
         stack.enter_context(server)
-        log.info("parameter server at %s:%d", server.host, server.port)
+        log.info("parameter server at %s:%d%s", server.host, server.port,
+                 f" and {cfg.ps_shards - 1} more shards" if cfg.ps_shards > 1 else "")
         self._driver = TrainDriver(
             server, state, folder=self.out, releaser=self._release, started=self._started,
             sync_slots=self._cores if self.algorithm.synchronous else 0, fault=self.settings.fault,
@@ -264,7 +265,7 @@ class Run:
         serving = _serving(stack, self.cfg, self.settings, self.out, spec, data.schema, server)
         handler = TrainHandler(
             spec=spec, algorithm=algorithms.serialize(self.algorithm),
-            server=ServerInfo(server.host, server.port, server.secret, cfg.wire_dtype), job=uuid.uuid4().hex,
+            server=ServerInfo.of(server, cfg.wire_dtype), job=uuid.uuid4().hex,
             threads=threads, seed=cfg.seed or 0, driver=self._driver,  # a replayed batch trains in the same order
         )
         test = data.load("test")

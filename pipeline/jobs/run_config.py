@@ -43,6 +43,7 @@ class RunConfig:
     on_poison: str = "fail"  # a batch the reader cannot read: stop (fail) or pass over it (skip)
     divergence_check: bool = True  # stop a run whose held-out score collapses
     wire_dtype: str = "float32"  # deltas and weights on TCP: float32, bfloat16 or float16 (half the bytes)
+    ps_shards: int = 1  # parameter-server processes, each serving a slice of the weights (1: one, in the driver)
     isolation_level: str = "read_committed"  # Kafka's; read_uncommitted also trains aborted transactions
     eval_every: int = 5
     eval_max: int = 10_000
@@ -85,7 +86,8 @@ class RunConfig:
         if self.dataset not in names:
             raise ConfigError(f"Expected --dataset in {names}. Received: {self.dataset!r}")
         self._check_table()
-        for name in ("workers", "batch_size", "communication_window", "epochs", "max_offsets_per_trigger", "eval_every"):
+        for name in ("workers", "batch_size", "communication_window", "epochs", "max_offsets_per_trigger", "eval_every",
+                     "ps_shards"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ConfigError(f"Expected --{name.replace('_', '-')} >= 1. Received: {value}")

@@ -56,6 +56,7 @@ ROLES: dict[str, str] = {
     "schema_registry": DEFINES,
     "eval_data": KEPT,
     "keep_checkpoints": KEPT,
+    "ps_shards": KEPT,  # a checkpoint holds the whole center whatever the shards: a resume may change them
     "on_poison": KEPT,  # what to do with a batch that cannot be read, decided anew each session
     "generation": SESSION,  # which kept checkpoint this session starts from
     "divergence_check": SESSION,  # turned off for one session at a time, after a look at the data

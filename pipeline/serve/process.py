@@ -111,7 +111,8 @@ def serve_live(job: dict[str, Any], answer: Any, stop: threading.Event) -> None:
     from pipeline.serve.weights import LiveWeights
     from pipeline.train.model import ModelSpec
 
-    source = LiveWeights(job["address"], secret=job["secret"], size=job["size"], interval_s=job["refresh_s"])
+    source = LiveWeights(job["address"], secret=job["secret"], size=job["size"], interval_s=job["refresh_s"],
+                         shards=[tuple(s) for s in job.get("shards", ())])
     try:
         schema = schema_from_dict(job["schema"])
         source.start()
@@ -149,6 +150,7 @@ class ServingProcess:
 
         return cls({"name": name, "spec": spec.to_json(), "schema": schema_dict(schema),
                     "address": f"{server.host}:{server.port}", "secret": server.secret, "size": spec.size,
+                    "shards": list(getattr(server, "shards", ())),
                     "host": host, "port": port, "token": token, "max_age_s": max_age_s,
                     "refresh_s": min(0.2, max_age_s / 4)}, log_path)
 

@@ -18,7 +18,8 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.train import checkpoint
-from pipeline.train.ps.client import Client
+from pipeline.train.ps.client import Client, parse_address
+from pipeline.train.ps.shards import Shard, ShardedClient, connect
 
 log = logging.getLogger(__name__)
 
@@ -85,21 +86,25 @@ class LiveWeights(_Refresher):
 
     Args:
         address: the server's ``host:port``.
+        shards: a sharded server's shards (``host, port, start, stop``): the center is read
+            from all of them.
         secret: the run's secret (handed over by the process that started the server).
         size: number of weights.
         interval_s: seconds between reads.
     """
 
-    def __init__(self, address: str, *, secret: bytes, size: int, interval_s: float = 0.2) -> None:
+    def __init__(self, address: str, *, secret: bytes, size: int, interval_s: float = 0.2,
+                 shards: list[Shard] | None = None) -> None:
         super().__init__(interval_s)
         self.address, self._secret, self.size = address, secret, size
-        self._client: Client | None = None
+        self.shards = shards or []
+        self._client: Client | ShardedClient | None = None
 
     def _refresh(self) -> Snapshot:
         if self._client is None:
             # Worker id 0xFFFFFFFF: no training worker has it; a peek is no pull anyway.
-            self._client = Client(self.address, secret=self._secret, worker=0xFFFFFFFF, size=self.size,
-                                  timeout_s=10.0)
+            self._client = connect(parse_address(self.address), self.shards, secret=self._secret,
+                                   worker=0xFFFFFFFF, size=self.size, timeout_s=10.0)
         client = self._client
         try:
             weights = client.peek().copy()
