@@ -219,3 +219,46 @@ def test_a_driver_killed_outright_leaves_no_replay_or_model_server(tmp_path: Pat
     while [p for p in spawned if Path(f"/proc/{p}").exists() and "multiprocessing" in _cmdline(p)]:
         assert time.monotonic() < deadline, [_cmdline(p) for p in spawned]
         time.sleep(0.2)
+
+
+def _shard_processes() -> list[int]:
+    """Shard processes of this checkout's Python (a run's, however it ended)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            cmdline = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"pipeline.train.sharded" in cmdline and cmdline[0].startswith(str(ROOT).encode()):
+            found.append(int(proc.name))
+    return found
+
+
+@pytest.mark.slow  # two short runs
+def test_a_run_on_two_parameter_server_shards_resumes_on_one(broker, topic, tmp_path, data_dir) -> None:  # type: ignore[no-untyped-def]
+    """Proves: `streamtrain run --ps-shards 2` trains through two shard processes (each
+    batch's checkpoint one cut of both, every task's count agreed by both), and its
+    checkpoint resumes on one server (--ps-shards may change between sessions): Adam's
+    state goes on (a step per clock tick), every record is trained once, and no shard
+    process outlives the run."""
+    produced = Replay(datasets.get("higgs", data_dir=data_dir), bootstrap=broker.bootstrap, topic=topic,
+                      partitions=2).run().records_sent
+    out = tmp_path / "run"
+    common = ["--dataset", "higgs", "--bootstrap", broker.bootstrap, "--topic", topic,
+              "--max-offsets-per-trigger", "1000", "--eval-every", "100"]
+    first = _cli("run", *common, "--out", str(out), "--ps-shards", "2", "--max-batches", "3")
+    assert first.returncode == 0, first.stderr[-3000:]
+    report = json.loads((out / "report.json").read_text())
+    assert report["parameter_server"]["shards"] == 2 and report["trained_records"] == 3000
+    assert json.loads((out / "run.json").read_text())["settings"]["ps_shards"] == 2
+    saved = checkpoint.load(out)
+    assert saved is not None and saved.last_batch_id >= 2 and int(saved.optimizer["iterations"]) == saved.clock > 0
+    assert saved.optimizer["m"].size == saved.weights.size  # the shards' slices joined
+
+    done = _cli("run", *common, "--resume", str(out), "--ps-shards", "1", "--timeout", "30")
+    assert done.returncode == 0, done.stderr[-3000:]
+    final = checkpoint.load(out)
+    assert final is not None and int(final.optimizer["iterations"]) == final.clock > saved.clock
+    assert _ledger_total(final.ledger) == produced == final.extra["trained"]
+    assert json.loads((out / "report.json").read_text())["parameter_server"]["shards"] == 1
+    assert not _shard_processes()
