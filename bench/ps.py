@@ -30,11 +30,12 @@ import hmac
 import multiprocessing as mp
 import os
 import time
+from typing import Any
 
 import numpy as np
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from pipeline.train.ps import Client, ParameterServer
+from pipeline.train.ps import Client, ParameterServer, ShardedClient
 from pipeline.train.ps import client as ps_client
 from pipeline.train.ps import protocol as p
 from pipeline.train.ps import transport as ps_transport
@@ -94,6 +95,13 @@ def _use(protocol: str) -> None:
     ps_transport.SESSION = ps_client.SESSION = SESSIONS[protocol]  # type: ignore[assignment]
 
 
+def _connect(target: Any, **kwargs: Any) -> Client | ShardedClient:
+    """A client of one server (``(host, port)``) or of a sharded one (its shards' ``(host, port, start, stop)``)."""
+    if target and isinstance(target[0], tuple | list):
+        return ShardedClient([tuple(s) for s in target], **kwargs)
+    return Client(tuple(target), **kwargs)
+
+
 def _roundtrips(address: tuple[str, int], n: int, shared: bool, protocol: str, dtype: str,
                 out: mp.Queue) -> None:  # type: ignore[type-arg]
     _use(protocol)
@@ -109,11 +117,11 @@ def _roundtrips(address: tuple[str, int], n: int, shared: bool, protocol: str, d
     out.put(times[10:])  # the first few warm the socket buffers
 
 
-def _hammer(address: tuple[str, int], worker: int, shared: bool, protocol: str, dtype: str, seconds: float,
+def _hammer(address: Any, worker: int, shared: bool, protocol: str, dtype: str, seconds: float,
             go: mp.Event, out: mp.Queue) -> None:  # type: ignore[type-arg]
     _use(protocol)
     delta = np.full(WEIGHTS, 1e-6, np.float32)
-    with Client(address, secret=SECRET, worker=worker, size=WEIGHTS, shared_memory=shared, wire_dtype=dtype) as c:
+    with _connect(address, secret=SECRET, worker=worker, size=WEIGHTS, shared_memory=shared, wire_dtype=dtype) as c:
         c.pull()
         go.wait()
         started, n = time.perf_counter(), 0
@@ -123,7 +131,7 @@ def _hammer(address: tuple[str, int], worker: int, shared: bool, protocol: str, 
     out.put((n, time.perf_counter() - started))
 
 
-def pushes_per_s(address: tuple[str, int], clients: int, shared: bool, protocol: str, dtype: str,
+def pushes_per_s(address: Any, clients: int, shared: bool, protocol: str, dtype: str,
                  seconds: float) -> float:
     ctx = mp.get_context("spawn")
     out, go = ctx.Queue(), ctx.Event()
