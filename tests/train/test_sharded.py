@@ -7,6 +7,7 @@ import pytest
 
 from pipeline.errors import ConfigError, StreamtrainError
 from pipeline.jobs.trainer import Trainer
+from pipeline.serve.weights import LiveWeights
 from pipeline.train import algorithms, ps
 from pipeline.train.model import ModelSpec
 from pipeline.train.ps.protocol import task_key
@@ -76,7 +77,8 @@ def test_a_task_retried_across_shards_is_applied_once_on_every_shard() -> None:
     """Proves: an attempt that died between its shards (its second exchange applied on shard
     0 only) leaves shards that refuse a checkpoint and a task count with one line each; the
     retry starts after the exchange every shard applied, shard 0 drops its repeat, shard 1
-    applies it, and each slice of the center holds each exchange once."""
+    applies it, and each slice of the center holds each exchange once (and a model server
+    reads that center from both shards)."""
     algo = algorithms.get("downpour")
     with parameter_server(algo, SPEC, np.zeros(N, np.float32), host="127.0.0.1", shards=2) as server:
         (h0, p0, a, b), (h1, p1, _, _) = server.shards
@@ -101,6 +103,13 @@ def test_a_task_retried_across_shards_is_applied_once_on_every_shard() -> None:
         assert server.applied(task) == (3, 6)
         center, clock, _ = server.checkpoint()
         stats = server.stats()
+        # A model server reads the live center from every shard.
+        live = LiveWeights(f"{h0}:{p0}", secret=server.secret, size=N, shards=list(server.shards))
+        try:
+            served = live._refresh()
+        finally:
+            live.close()
+    assert np.array_equal(served.weights, center) and served.version == 3
     assert clock == 3 and stats["repeats_dropped"] == 1 and [s["clock"] for s in stats["shards"]] == [3, 3]
     assert np.array_equal(center[a:b], np.full(b - a, 1 + 10 + 1000, np.float32))
     assert np.array_equal(center[b:], np.full(N - b, 1 + 100 + 1000, np.float32))
