@@ -127,5 +127,7 @@ def run(resume_dir: str | None, out: str | None, bootstrap: str | None, resume_i
         options = run_record.resume_options(Path(resume_dir).resolve(), options, given)
     cfg = online.RunConfig(out=resume_dir or out, resume=bool(resume_dir), **options)
     report = online.run(cfg)
+    if report.time_shares:
+        click.echo(report.time_line())
     click.echo(report.summary())
     click.echo(f"model and report in {report.out}")

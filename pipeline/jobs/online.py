@@ -304,6 +304,9 @@ class Run:
             parallelism={"workers": self.cfg.workers, "task_slots": self._cores,
                          "concurrent_replicas": min(self.cfg.workers, self._cores)},
             aborted_records=history.aborted(), poison=history.poison,
+            time_shares=history.breakdown.shares(slots=min(self.cfg.workers, self._cores), wall_s=span,
+                                                 eval_s=history.eval_s),
+            time_seconds=history.breakdown.state(),
         )
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.ingest.offsets import PassedOver
+from pipeline.train.breakdown import Breakdown
 from pipeline.train.rows import BatchRow
 
 
@@ -38,6 +39,7 @@ class History:
         self._rejected = 0
         self._aborted = 0
         self.poison: list[PassedOver] = []  # every unreadable batch passed over
+        self.breakdown = Breakdown()  # where the batches' time went, over every batch
 
     def add(self, row: BatchRow, *, ended_at: float) -> None:
         self.rows.append(row)
@@ -46,6 +48,8 @@ class History:
         self._rejected += sum(row.rejected.values())
         self._aborted += row.aborted
         self.poison += row.poison
+        self.breakdown.add(batch_s=row.batch_s, commit_s=row.commit_s, read_decode_s=row.read_decode_s,
+                           compute_s=row.compute_s, exchange_s=row.exchange_s, task_s=row.task_s)
         self.last_batch_at = ended_at
         if self.path is not None:
             with open(self.path, "a") as f:
@@ -105,6 +109,9 @@ class RunReport:
     batches_file: str | None = None
     aborted_records: int = 0  # records of aborted transactions left unread (read_committed)
     poison: list[PassedOver] = dataclasses.field(default_factory=list)  # unreadable batches passed over
+    #: Each task slot's streaming time by part (:mod:`pipeline.train.breakdown`), and the seconds behind it.
+    time_shares: dict[str, float] = dataclasses.field(default_factory=dict)
+    time_seconds: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -120,3 +127,12 @@ class RunReport:
         return (f"trained {self.trained_records} records in {self.train_seconds:.1f} s "
                 f"({self.records_per_s:.0f}/s after {self.startup_s:.1f} s start-up); "
                 f"held-out {final}; stopped: {self.stopped_because}")
+
+    def time_line(self) -> str:
+        """Where each task slot's streaming time went (:mod:`pipeline.train.breakdown`).
+
+        >>> RunReport({}, {}, "t", "o", 1.0, 0, 0, 0, 0.0, 0.0, 0.0, "", {}, [], [], {}, {},
+        ...           time_shares={"compute": 0.9, "exchange": 0.05, "commit": 0.0}).time_line()
+        'time per task slot: compute 90%, exchange 5%, commit 0%'
+        """
+        return "time per task slot: " + ", ".join(f"{k.replace('_', ' ')} {v:.0%}" for k, v in self.time_shares.items())

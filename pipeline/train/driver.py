@@ -117,6 +117,7 @@ class TrainDriver:
     def on_batch(self, info: BatchFigures) -> None:
         """The batch's tasks are done: check, save (before Spark commits it), release, report."""
         assert self.state is not None and self.folder is not None
+        committing = time.perf_counter()
         weights, clock, optimizer = self.server.checkpoint()
         row = BatchRow.from_batch(info, t=time.monotonic() - self.started, clock=clock)
         diverged = [r.diverged for r in info.results if getattr(r, "diverged", None)]
@@ -140,6 +141,7 @@ class TrainDriver:
         row.checkpoint_ms = round((time.perf_counter() - began) * 1000, 2)
         if self.releaser is not None:
             self.releaser.trained(info.ranges)
+        row.commit_s = round(time.perf_counter() - committing, 4)
         if self.on_row is not None:
             self.on_row(info, row, weights)  # scores the held-out split when due
         if row.heldout:

@@ -65,6 +65,9 @@ class BatchRow:
         heldout: held-out scores, on the batches that were scored.
         eval_s_total: seconds spent scoring the held-out split so far.
         checkpoint_ms: milliseconds writing the checkpoint after the batch.
+        read_decode_s, task_s: the tasks' seconds reading and decoding their ranges, and
+            training them (compute, exchange and the rest: see :mod:`pipeline.train.breakdown`).
+        commit_s: the driver's seconds checking and saving the batch after its tasks.
         tasks: a row per task (one offset range), checked against the parameter server.
     """
 
@@ -89,6 +92,9 @@ class BatchRow:
     tasks: list[TaskRow] = dataclasses.field(default_factory=list)
     aborted: int = 0
     poison: list[PassedOver] = dataclasses.field(default_factory=list)
+    read_decode_s: float = 0.0
+    task_s: float = 0.0
+    commit_s: float = 0.0
 
     @classmethod
     def from_batch(cls, info: BatchFigures, *, t: float, clock: int) -> BatchRow:
@@ -103,7 +109,8 @@ class BatchRow:
             staleness_p50=float(np.percentile(staleness, 50)) if staleness else None,
             staleness_p99=float(np.percentile(staleness, 99)) if staleness else None,
             clock=clock, compute_s=sum(r.compute_s for r in results), exchange_s=sum(r.exchange_s for r in results),
-            aborted=info.aborted, poison=list(info.poison),
+            aborted=info.aborted, poison=list(info.poison), read_decode_s=round(info.decode_s, 3),
+            task_s=round(info.handler_s, 3),
         )
         if preq_n:
             row.prequential_accuracy = sum(r.preq_acc * r.preq_n for r in scored) / preq_n

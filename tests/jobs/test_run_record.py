@@ -43,6 +43,7 @@ def _recorded(folder: Path, **settings: Any) -> Path:
 
 class _Report:
     out = "folder"
+    time_shares: dict[str, float] = {}
 
     def summary(self) -> str:
         return "trained"
