@@ -57,7 +57,8 @@ def test_mnist_trains_once_across_hosts_over_tcp_through_an_executor_kill(cluste
     as the report says for every task); an executor JVM SIGKILLed (by pid, inside its host)
     after a task's second exchange is replaced and the task run again; every MNIST record
     is trained once (ledger), each range's mini-batches applied once by the server's count,
-    and the model learned (held-out accuracy far above chance)."""
+    and the model learned (held-out accuracy far above chance). The parameter server runs
+    as two shard processes (``--ps-shards 2``): the retried task is applied once on both."""
     marker = tmp_path / "killed"
     conf = tmp_path / "driver.conf"
     conf.write_text(cluster.spark.conf.read_text() + "spark.task.maxFailures 4\n"
@@ -65,7 +66,8 @@ def test_mnist_trains_once_across_hosts_over_tcp_through_an_executor_kill(cluste
     conf.chmod(0o600)
     secret = security.read_properties(conf)["spark.authenticate.secret"]
     with proc_scan.Watch(secret) as watch:
-        report = _train(cluster, tmp_path, "mnist-multihost", conf=conf)
+        report = _train(cluster, tmp_path, "mnist-multihost", "--ps-shards", "2", conf=conf)
+    assert report["parameter_server"]["shards"] == 2
     assert marker.is_file()
     assert watch.scans > 10
     # Spark's worker hands each executor the secret in its environment (_SPARK_AUTH_SECRET,
