@@ -170,7 +170,8 @@ def streamtrain(dataset: str, seed: int, epochs: int, until: float | None, algor
                "--seed", str(seed), "--out", str(out), "--eval-every", "1" if until else "1000",
                "--max-offsets-per-trigger", str(SCORE_EVERY)]
         if algorithm:
-            cmd += ["--algorithm", algorithm]
+            # The single-process baseline through the pipeline trains on one worker only.
+            cmd += ["--algorithm", algorithm] + (["--workers", "1"] if algorithm == "single" else [])
         if until:
             cmd += ["--until-accuracy", str(until)]
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
