@@ -24,6 +24,10 @@ class Settings(BaseSettings):
 
     #: Kafka to use instead of the embedded broker (``host:port``).
     bootstrap: str | None = None
+    #: A Kafka client properties file (``security.protocol``, ``sasl.*``, ``ssl.*``) for every
+    #: command that talks to Kafka, when ``--kafka-conf`` is not given. Its path only: the
+    #: file is read by each process that connects.
+    kafka_conf: Path | None = None
     #: The Spark master of ``streamtrain run`` when ``--master`` is not given.
     master: str = "local[*]"
     #: The Spark properties file of ``streamtrain run`` when ``--spark-conf`` is not given.

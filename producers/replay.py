@@ -19,7 +19,7 @@ import numpy as np
 
 from pipeline import codec
 from pipeline.errors import ConfigError, DataError
-from pipeline.ingest.kafka import client
+from pipeline.ingest.kafka import client, conf
 from pipeline.observe import metrics
 from producers.datasets import Chunk, Dataset
 from producers.datasets.base import MALFORMED_REASONS
@@ -39,6 +39,7 @@ class Replay:
     Args:
         dataset: a dataset reader.
         bootstrap: Kafka ``host:port``.
+        kafka_conf: a Kafka client properties file (TLS, SASL), read here; None: PLAINTEXT.
         topic: destination; created with ``partitions`` partitions if missing.
         rate: records/s, or None for full speed.
         loop: start over at the end of the split, until ``limit``, ``epochs`` or Ctrl-C.
@@ -71,6 +72,7 @@ class Replay:
         max_malformed: float | None = None,
         stop: threading.Event | None = None,
         resume: bool = False,
+        kafka_conf: str | None = None,
     ) -> None:
         if max_malformed is not None and max_malformed < 0:
             raise ConfigError(f"Expected --max-malformed >= 0 (a count, or a fraction below 1). Received: {max_malformed}")
@@ -80,6 +82,7 @@ class Replay:
             raise ConfigError(f"Expected --epochs >= 1. Received: {epochs}")
         self.dataset = dataset
         self.bootstrap = client.parse_bootstrap(bootstrap)
+        self.conf = conf.load(kafka_conf)
         self.topic = topic
         #: Set to stop the replay: it stops sending, flushes and reports (see :meth:`stop`).
         self.stopping = stop or threading.Event()
@@ -99,7 +102,7 @@ class Replay:
         self.producer_config = {**PRODUCER_DEFAULTS, **(producer_config or {})}
         self.progress = progress
         self._sender = Sender(bootstrap=self.bootstrap, topic=topic, labels=(topic, dataset.name), meters=self.metrics,
-                              producer_config=self.producer_config, stopping=self.stopping)
+                              producer_config=self.producer_config, stopping=self.stopping, conf=self.conf)
         #: Resuming: records of each partition already in the topic (this replay's order is
         #: deterministic, so they are the first that many bound for it); None: send all.
         self.resume = resume
@@ -128,8 +131,8 @@ class Replay:
         # one ends the replay before the next.
         if self.stopping.is_set():
             return self._interrupted_before_start(report, started)
-        client.check_reachable(self.bootstrap)
-        partitions = client.ensure_topic(self.bootstrap, self.topic, partitions=self.partitions)
+        client.check_reachable(self.bootstrap, conf=self.conf)
+        partitions = client.ensure_topic(self.bootstrap, self.topic, partitions=self.partitions, conf=self.conf)
         if self.resume:
             self._skip = self._already_there(partitions)
             report.resumed_after = int(self._skip.sum())
@@ -161,10 +164,10 @@ class Replay:
         appended, by this replay's earlier runs (a topic only it writes to)."""
         from kafka import TopicPartition
 
-        c = client.consumer(self.bootstrap)
+        c = client.consumer(self.bootstrap, conf=self.conf)
         try:
             tps = [TopicPartition(self.topic, p) for p in range(partitions)]
-            ends = client.end_offsets(c, tps)
+            ends = client.end_offsets(c, tps, conf=self.conf)
         finally:
             c.close()
         return np.array([ends[tp] for tp in tps], np.int64)

@@ -10,6 +10,8 @@ import threading
 import time
 from typing import Any
 
+from pipeline.ingest.kafka import client
+from pipeline.ingest.kafka.conf import PLAINTEXT, KafkaConf
 from pipeline.observe import metrics
 from producers.report import ReplayReport
 
@@ -71,11 +73,12 @@ class Sender:
         meters: the producer metrics to count in.
         producer_config: the producer's settings (:data:`PRODUCER_DEFAULTS` and overrides).
         stopping: set when the replay stops (the wait before a resend ends early).
+        conf: the Kafka client settings (TLS, SASL).
     """
 
     def __init__(self, *, bootstrap: str, topic: str, labels: tuple[str, str], meters: metrics.ProducerMetrics,
-                 producer_config: dict[str, Any], stopping: threading.Event) -> None:
-        self.bootstrap, self.topic, self.labels = bootstrap, topic, labels
+                 producer_config: dict[str, Any], stopping: threading.Event, conf: KafkaConf = PLAINTEXT) -> None:
+        self.bootstrap, self.topic, self.labels, self.conf = bootstrap, topic, labels, conf
         self.metrics, self.producer_config, self.stopping = meters, producer_config, stopping
         self._pending: collections.deque[_Pending] = collections.deque()
         self._producer: Any = None
@@ -167,9 +170,7 @@ class Sender:
             log.warning("%d records still unacknowledged by Kafka after %g s", unsent, within_s)
 
     def _new_producer(self) -> Any:
-        from kafka import KafkaProducer
-
-        return KafkaProducer(bootstrap_servers=self.bootstrap, **self.producer_config)
+        return client.producer(self.bootstrap, conf=self.conf, **self.producer_config)
 
 
     def close(self, *, timeout_s: float) -> None:

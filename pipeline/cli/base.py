@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from pathlib import Path
 
 import click
 
@@ -14,6 +15,14 @@ from pipeline.errors import ConfigError
 bootstrap_option = click.option(
     "--bootstrap", metavar="HOST:PORT",
     help="Use this Kafka instead of the embedded broker (env STREAMTRAIN_BOOTSTRAP).",
+)
+
+
+#: ``--kafka-conf``, for the commands that talk to Kafka.
+kafka_conf_option = click.option(
+    "--kafka-conf", metavar="FILE", type=click.Path(dir_okay=False),
+    help="A Kafka client properties file (security.protocol, sasl.mechanism, sasl.username, sasl.password, ssl.*), "
+         "as librdkafka and the Java client read it; env STREAMTRAIN_KAFKA_CONF. README: Your Kafka.",
 )
 
 
@@ -34,11 +43,26 @@ def cli(verbose: bool) -> None:
     _setup_logging(verbose)
 
 
-def resolve_bootstrap(bootstrap: str | None) -> str:
-    """--bootstrap, else $STREAMTRAIN_BOOTSTRAP, else a running `streamtrain broker`."""
-    from pipeline.ingest.kafka import broker, client
+def resolve_kafka_conf(kafka_conf: str | None) -> str | None:
+    """--kafka-conf, else $STREAMTRAIN_KAFKA_CONF: the file's absolute path, checked now (a
+    bad file is one line before anything starts); None for PLAINTEXT."""
+    from pipeline.ingest.kafka import conf
 
-    chosen = bootstrap or config.settings().bootstrap or broker.running_bootstrap()
+    chosen = kafka_conf or config.settings().kafka_conf
+    if not chosen:
+        return None
+    path = str(Path(chosen).expanduser().absolute())
+    conf.load(path)
+    return path
+
+
+def resolve_bootstrap(bootstrap: str | None, kafka_conf: str | None = None) -> str:
+    """--bootstrap, else $STREAMTRAIN_BOOTSTRAP, else ``bootstrap.servers`` of the Kafka
+    client file, else a running `streamtrain broker`."""
+    from pipeline.ingest.kafka import broker, client, conf
+
+    chosen = (bootstrap or config.settings().bootstrap or conf.load(kafka_conf).bootstrap
+              or broker.running_bootstrap())
     if not chosen:
         raise ConfigError(
             "No Kafka to send to: no --bootstrap, no STREAMTRAIN_BOOTSTRAP and no running embedded broker. "

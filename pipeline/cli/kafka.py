@@ -12,7 +12,13 @@ from typing import Any
 import click
 
 from pipeline import config
-from pipeline.cli.base import bootstrap_option, cli, resolve_bootstrap
+from pipeline.cli.base import (
+    bootstrap_option,
+    cli,
+    kafka_conf_option,
+    resolve_bootstrap,
+    resolve_kafka_conf,
+)
 from pipeline.errors import ConfigError, StreamtrainError
 from producers import datasets
 
@@ -75,6 +81,7 @@ def _dataset(name: str, path: str | None, data_dir: str | None, **options: Any) 
 @click.option("--split", type=click.Choice(["train", "test"]), default="train", show_default=True)
 @click.option("--partitions", type=int, default=2, show_default=True, help="Partitions of a new topic.")
 @bootstrap_option
+@kafka_conf_option
 @click.option("--metrics-port", type=int, help="Port of this producer's /metrics (0: a free port).")
 @click.option("--data-dir", type=click.Path(file_okay=False), help="Folder holding the datasets.")
 @click.option("--label", "--label-column", "label", help="csv/jsonl/parquet: the target column (to infer a schema).")
@@ -111,7 +118,7 @@ def produce(dataset: str, path: str | None, **options: Any) -> None:
 def _produce(
     replay: Any, stop: threading.Event, dataset: str, path: str | None, *, topic: str | None, rate: float | None,
     loop: bool, limit: int | None, epochs: int | None, split: str, partitions: int, bootstrap: str | None,
-    metrics_port: int | None, data_dir: str | None, label: str | None, schema: str | None, format: str | None,
+    kafka_conf: str | None, metrics_port: int | None, data_dir: str | None, label: str | None, schema: str | None, format: str | None,
     holdout: float | None, test_path: str | None, num_classes: int | None, max_malformed: float | None,
     progress: bool | None, resume: bool, compression: str,
 ) -> Any:
@@ -129,14 +136,15 @@ def _produce(
             from pipeline.jobs.replay_process import MOST_ROWS
 
             max_malformed = MOST_ROWS
+    kafka_conf = resolve_kafka_conf(kafka_conf)
     data = _dataset(dataset, path, data_dir, **{k: v for k, v in given.items() if k in takes})
-    target = resolve_bootstrap(bootstrap)
+    target = resolve_bootstrap(bootstrap, kafka_conf)
     settings = config.settings()
     return replay.replay_with_metrics(
         data, metrics_host=settings.metrics_host,
         metrics_port=settings.producer_metrics_port if metrics_port is None else metrics_port,
         bootstrap=target, topic=topic or dataset, rate=rate, loop=loop, limit=limit, epochs=epochs, split=split,
         partitions=partitions, progress=sys.stderr.isatty() if progress is None else progress,
-        max_malformed=max_malformed, stop=stop, resume=resume,
+        max_malformed=max_malformed, stop=stop, resume=resume, kafka_conf=kafka_conf,
         producer_config={"compression_type": None if compression == "none" else compression},
     )

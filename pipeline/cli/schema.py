@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from pipeline.cli.base import cli
+from pipeline.cli.base import cli, kafka_conf_option
 from pipeline.errors import ConfigError
 
 
@@ -26,17 +26,18 @@ def schema() -> None:
               help="The records' format on the topic.")
 @click.option("--topic", help="Read the first records of this topic (JSON objects) instead of a file.")
 @click.option("--bootstrap", metavar="HOST:PORT", help="The Kafka of --topic.")
+@kafka_conf_option
 @click.option("--rows", type=int, default=10_000, show_default=True, help="Rows (or records) to read.")
 @click.option("-o", "--out", type=click.Path(dir_okay=False), help="Write the schema here (default: print it).")
 def infer(source: str | None, label: str | None, target: str, ignore: tuple[str, ...], format: str,
-          topic: str | None, bootstrap: str | None, rows: int, out: str | None) -> None:
+          topic: str | None, bootstrap: str | None, kafka_conf: str | None, rows: int, out: str | None) -> None:
     """Write a schema for SOURCE (a CSV, JSON lines or Parquet file), or for --topic."""
     from pipeline import table
 
     if bool(source) == bool(topic):
         raise ConfigError("Expected a file (SOURCE) or --topic T with --bootstrap B, one of them.")
     if topic:
-        columns = _topic_columns(topic, bootstrap, rows)
+        columns = _topic_columns(topic, bootstrap, kafka_conf, rows)
     else:
         from producers.datasets.table import sample_columns
 
@@ -54,12 +55,14 @@ def infer(source: str | None, label: str | None, target: str, ignore: tuple[str,
         click.echo(text, nl=False)
 
 
-def _topic_columns(topic: str, bootstrap: str | None, rows: int) -> dict[str, list[object]]:
-    from pipeline.cli.base import resolve_bootstrap
+def _topic_columns(topic: str, bootstrap: str | None, kafka_conf: str | None, rows: int) -> dict[str, list[object]]:
+    from pipeline.cli.base import resolve_bootstrap, resolve_kafka_conf
     from pipeline.jobs.user_data import sample_topic
     from pipeline.table.records import json_columns
 
-    columns = json_columns([value for _, value, _ in sample_topic(resolve_bootstrap(bootstrap), topic, rows)])
+    kafka_conf = resolve_kafka_conf(kafka_conf)
+    sample = sample_topic(resolve_bootstrap(bootstrap, kafka_conf), topic, rows, kafka_conf=kafka_conf)
+    columns = json_columns([value for _, value, _ in sample])
     if not columns:
         raise ConfigError(f"Expected JSON objects in topic {topic!r} to read a schema from. Received none.")
     return columns

@@ -8,7 +8,13 @@ from typing import Any
 import click
 
 from pipeline import config
-from pipeline.cli.base import bootstrap_option, cli, resolve_bootstrap
+from pipeline.cli.base import (
+    bootstrap_option,
+    cli,
+    kafka_conf_option,
+    resolve_bootstrap,
+    resolve_kafka_conf,
+)
 from pipeline.errors import ConfigError
 
 
@@ -46,6 +52,7 @@ def serve(run_dir: str, port: int, name: str | None, max_age_s: float | None) ->
               help="wire: records as `streamtrain produce` writes them; json: each value one JSON instance "
                    '(a list of numbers, or {"instances": [one]}) in the same units.')
 @bootstrap_option
+@kafka_conf_option
 @click.option("--checkpoint", type=click.Path(file_okay=False),
               help="The query's checkpoint: a restart continues after it (default: RUN/predict-TOPIC).")
 @click.option("--available-now", is_flag=True, help="Score what the topic holds now, then stop.")
@@ -53,10 +60,12 @@ def serve(run_dir: str, port: int, name: str | None, max_age_s: float | None) ->
 @click.option("--timeout", "timeout_s", type=float, help="Stop after this many seconds.")
 @click.option("--master", default="local[*]", show_default=True, help="Spark master URL.")
 @click.option("--metrics-port", type=int, help="Serve /metrics here (0: a free port).")
-def predict(bootstrap: str | None, **options: Any) -> None:
+def predict(bootstrap: str | None, kafka_conf: str | None, **options: Any) -> None:
     """Score a topic's records with a run's model, writing one prediction per record, keyed
     like its input, with its source partition and offset and the weights' version."""
     from pipeline.jobs import predict as predict_job
 
-    summary = predict_job.run(predict_job.PredictConfig(bootstrap=resolve_bootstrap(bootstrap), **options))
+    kafka_conf = resolve_kafka_conf(kafka_conf)
+    summary = predict_job.run(predict_job.PredictConfig(bootstrap=resolve_bootstrap(bootstrap, kafka_conf),
+                                                        kafka_conf=kafka_conf, **options))
     click.echo(summary.summary())

@@ -8,7 +8,7 @@ from typing import Any
 import click
 
 from pipeline import config
-from pipeline.cli.base import bootstrap_option, cli
+from pipeline.cli.base import bootstrap_option, cli, kafka_conf_option, resolve_kafka_conf
 from pipeline.errors import ConfigError
 from pipeline.jobs import run_record
 from producers import datasets
@@ -38,6 +38,7 @@ from producers import datasets
 @click.option("--max-batches", type=int, help="Stop after this many micro-batches.")
 @click.option("--timeout", "timeout_s", type=float, help="Stop after this many seconds of streaming.")
 @bootstrap_option
+@kafka_conf_option
 @click.option("--broker-engine", type=click.Choice(["tansu", "noida"]),
               help="The embedded broker, when there is no --bootstrap (env STREAMTRAIN_BROKER_ENGINE; "
                    "default tansu). README: Brokers.")
@@ -103,6 +104,7 @@ from producers import datasets
 def run(resume_dir: str | None, out: str | None, bootstrap: str | None, resume_if_exists: bool,
         **options: Any) -> None:
     """The main job: replay a dataset into Kafka and train a model online from the stream."""
+    from pipeline.ingest.kafka import conf as kafka_conf
     from pipeline.jobs import online
     from pipeline.train import checkpoint
 
@@ -120,9 +122,10 @@ def run(resume_dir: str | None, out: str | None, bootstrap: str | None, resume_i
     if "master" not in given:
         options["master"] = settings.master
     # What the environment sets counts as given (a resumed run checks it like an option).
-    given |= {name for name in ("master", "spark_conf", "bootstrap") if name in settings.model_fields_set}
+    given |= {name for name in ("master", "spark_conf", "bootstrap", "kafka_conf") if name in settings.model_fields_set}
     options["spark_conf"] = options["spark_conf"] or (str(settings.spark_conf) if settings.spark_conf else None)
-    options["bootstrap"] = bootstrap or settings.bootstrap
+    options["kafka_conf"] = resolve_kafka_conf(options["kafka_conf"])
+    options["bootstrap"] = bootstrap or settings.bootstrap or kafka_conf.load(options["kafka_conf"]).bootstrap
     if resume_dir:  # the recorded run, checked against what was given again, before anything starts
         options = run_record.resume_options(Path(resume_dir).resolve(), options, given)
     cfg = online.RunConfig(out=resume_dir or out, resume=bool(resume_dir), **options)

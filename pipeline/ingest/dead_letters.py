@@ -8,35 +8,45 @@ that no rejected record is lost: the batch is not committed, and is replayed.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 from pipeline.errors import BrokerError
 from pipeline.ingest.offsets import PassedOver
 
-#: bootstrap -> producer, one per Python worker process.
-_PRODUCERS: dict[str, Any] = {}
+#: (bootstrap, client properties file) -> producer, one per Python worker process.
+_PRODUCERS: dict[tuple[str, str | None], Any] = {}
 
 
-def send(bootstrap: str, topic: str, records: dict[str, list[Any]], reasons: list[str], *,
+class Target(NamedTuple):
+    """Where rejected records go: a topic of a Kafka, reached as the client file says (its
+    path only: a target travels in every task's closure)."""
+
+    bootstrap: str
+    topic: str
+    kafka_conf: str | None = None
+
+
+def send(target: Target, records: dict[str, list[Any]], reasons: list[str], *,
          extra: list[list[tuple[str, bytes]]] | None = None) -> None:
     """Send rejected records, original bytes and key, with the reason and origin as headers.
 
     Args:
-        bootstrap: Kafka ``host:port``.
-        topic: the dead-letter topic.
+        target: the dead-letter topic and its Kafka.
         records: the rejected records' columns (``key``, ``value``, ``topic``,
             ``partition``, ``offset``), as Arrow's ``to_pydict`` gives them.
         reasons: why each was rejected (:data:`pipeline.codec.REASONS`).
         extra: more headers for each record.
     """
-    from kafka import KafkaProducer
-
-    producer = _PRODUCERS.get(bootstrap)
-    if producer is None:
-        producer = _PRODUCERS[bootstrap] = KafkaProducer(bootstrap_servers=bootstrap, acks="all",
-                                                         enable_idempotence=True, linger_ms=5,
-                                                         delivery_timeout_ms=30_000, request_timeout_ms=10_000)
     from kafka.errors import KafkaError
+
+    from pipeline.ingest.kafka import client, conf
+
+    topic, key = target.topic, (target.bootstrap, target.kafka_conf)
+    producer = _PRODUCERS.get(key)
+    if producer is None:
+        producer = _PRODUCERS[key] = client.producer(
+            target.bootstrap, conf=conf.load(target.kafka_conf), acks="all", enable_idempotence=True, linger_ms=5,
+            delivery_timeout_ms=30_000, request_timeout_ms=10_000)
 
     futures, errors = [], []
     for i, reason in enumerate(reasons):
@@ -55,14 +65,14 @@ def send(bootstrap: str, topic: str, records: dict[str, list[Any]], reasons: lis
                           f"({errors[0]}); the micro-batch fails and is replayed, so none is lost.")
 
 
-def send_poison(bootstrap: str, topic: str, batches: list[PassedOver]) -> None:
+def send_poison(target: Target, batches: list[PassedOver]) -> None:
     """Set aside a note of each unreadable batch passed over (``--on-poison skip``): no value
     (its bytes could not be read), the reason ``poison``, its origin (the first offset), and
     ``streamtrain.last`` and ``streamtrain.cause`` headers."""
     records: dict[str, list[Any]] = {"key": [None] * len(batches), "value": [b""] * len(batches),
                                      "topic": [b.topic for b in batches], "partition": [b.partition for b in batches],
                                      "offset": [b.first for b in batches]}
-    send(bootstrap, topic, records, ["poison"] * len(batches),
+    send(target, records, ["poison"] * len(batches),
          extra=[[("streamtrain.last", str(b.last).encode()), ("streamtrain.cause", b.cause.encode())]
                 for b in batches])
 

@@ -97,7 +97,7 @@ class TaskFigures:
 
 def decode_range(
     batches: Iterator[Any], *, schema: codec.Schema, handler: Handler, planned: OffsetRange | None,
-    dead_letter: tuple[str, str] | None,
+    dead_letter: dead_letters.Target | None,
 ) -> TaskFigures:
     """Decode one task's Arrow batches (one Kafka partition's range), dead-letter the rejects,
     and run the handler on the rest.
@@ -108,7 +108,7 @@ def decode_range(
         handler: what processes the decoded block.
         planned: the range the batches hold, where the driver planned it (else it is
             read off the records).
-        dead_letter: ``(bootstrap, topic)`` for rejected records, or None to drop them.
+        dead_letter: where rejected records go, or None to drop them.
     """
     import pyarrow as pa
 
@@ -130,7 +130,7 @@ def decode_range(
     stamps = table.column("timestamp").cast(pa.int64()).to_numpy() // 1000
     covered = planned or _covered(table, offsets)
     if decoded.rejected.size and dead_letter is not None:
-        dead_letters.send(*dead_letter, table.take(pa.array(decoded.rejected)).to_pydict(), decoded.reason_names())
+        dead_letters.send(dead_letter, table.take(pa.array(decoded.rejected)).to_pydict(), decoded.reason_names())
     decode_s = time.perf_counter() - started
     keys = table.column("key").take(pa.array(ok)).to_pylist() if handler.wants_keys else None
     block = Block(covered.topic, covered.partition, x, y, ids[ok], offsets[ok], stamps[ok], schema, keys)

@@ -6,6 +6,7 @@ import logging
 import threading
 from collections.abc import Callable
 
+from pipeline.ingest.kafka import conf
 from pipeline.ingest.offsets import OffsetRange, TopicPartition
 
 log = logging.getLogger(__name__)
@@ -21,11 +22,14 @@ class LagMonitor:
         on_refresh: called after each refresh (from the monitor's thread).
         isolation_level: the stream's; with ``read_committed`` the log end is the last
             stable offset (what the stream can read), else the high watermark.
+        kafka_conf: the Kafka client properties file (TLS, SASL), by path.
     """
 
     def __init__(self, bootstrap: str, topics: list[str], interval_s: float = 1.0,
-                 on_refresh: Callable[[], None] | None = None, isolation_level: str = "read_committed") -> None:
+                 on_refresh: Callable[[], None] | None = None, isolation_level: str = "read_committed",
+                 kafka_conf: str | None = None) -> None:
         self.bootstrap, self.topics, self.interval_s = bootstrap, topics, interval_s
+        self.conf = conf.load(kafka_conf)
         self.isolation_level = isolation_level
         self.on_refresh = on_refresh
         self.ends: dict[TopicPartition, int] = {}
@@ -45,9 +49,9 @@ class LagMonitor:
             # A fresh consumer each time, as the source's planner uses (see spark_source._edges).
             c = None
             try:
-                c = client.consumer(self.bootstrap)  # fails while the broker restarts: tried again
+                c = client.consumer(self.bootstrap, conf=self.conf)  # fails while the broker restarts: tried again
                 tps = [TopicPartition(t, p) for t in self.topics for p in client.partitions_for(c, t)]
-                found = client.end_offsets(c, tps, timeout_s=5, isolation_level=self.isolation_level)
+                found = client.end_offsets(c, tps, timeout_s=5, isolation_level=self.isolation_level, conf=self.conf)
                 self.ends = {(tp.topic, tp.partition): n for tp, n in found.items()}
                 if self.on_refresh is not None:
                     self.on_refresh()

@@ -16,7 +16,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +27,7 @@ from pipeline.ingest.decode import Block, TaskFigures
 from pipeline.ingest.kafka.fetch import UnreadableRange
 from pipeline.ingest.lag import LagMonitor
 from pipeline.ingest.offsets import OffsetRange, PassedOver, TopicPartition
-from pipeline.ingest.tasks import BatchTasks
+from pipeline.ingest.tasks import BatchTasks, query_failure
 
 log = logging.getLogger(__name__)
 
@@ -128,19 +128,6 @@ _PY4J_FILTER = _ExpectedFailures()
 KEEP_BATCHES = 1000
 
 
-def _query_failure(error: str, checkpoint: str) -> StreamtrainError:
-    """One line for a failed query; a full disk says where and what to do.
-
-    >>> str(_query_failure("java.io.IOException: No space left on device\\n\\tat x", "/out/ckpt"))
-    'The streaming query could not write its checkpoint /out/ckpt: no space left on device. Free space there, then resume (the batch it was writing is replayed, nothing is lost).'
-    """
-    if "No space left on device" in error or "Disk quota exceeded" in error:
-        return StreamtrainError(f"The streaming query could not write its checkpoint {checkpoint}: no space left on "
-                                "device. Free space there, then resume (the batch it was writing is replayed, "
-                                "nothing is lost).")
-    return StreamtrainError(f"The streaming query failed: {error.splitlines()[0]}")
-
-
 def _quiet(spark: Any) -> None:
     """Spark's log of the query's failure off (best effort: the error is raised either way)."""
     with contextlib.suppress(Exception):
@@ -169,6 +156,7 @@ class StreamJob:
         isolation_level: Kafka's, ``read_committed`` (the default) or ``read_uncommitted``.
         on_unreadable: called with a batch's :class:`UnreadableRange` and the lag it leaves.
         on_poison: a batch that cannot be read stops the stream (``fail``) or is passed over (``skip``).
+        kafka_conf: the Kafka client properties file (TLS, SASL), by path.
     """
 
     def __init__(
@@ -190,6 +178,7 @@ class StreamJob:
         on_lag: Callable[[dict[TopicPartition, int]], None] | None = None,
         isolation_level: str = "read_committed",
         on_unreadable: Callable[[UnreadableRange, dict[TopicPartition, int]], None] | None = None, on_poison: str = "fail",
+        kafka_conf: str | None = None,
     ) -> None:
         if not topics:
             raise ConfigError("Expected at least one topic to read.")
@@ -206,7 +195,7 @@ class StreamJob:
         self._tasks = BatchTasks(spark, bootstrap=bootstrap, schema=schema, handler=self.handler,
                                  checkpoint=self.checkpoint, python_source=self.source_kind == "python",
                                  min_partitions=self.min_partitions, dead_letter_topic=self.dead_letter_topic,
-                                 isolation_level=isolation_level, on_poison=on_poison)
+                                 isolation_level=isolation_level, on_poison=on_poison, kafka_conf=kafka_conf)
         self.on_lag, self.on_unreadable = on_lag, on_unreadable
         logging.getLogger("py4j.clientserver").addFilter(_PY4J_FILTER)  # once: a filter is added only once
         #: The figures of the last :data:`KEEP_BATCHES` batches handled (a job that never stops
@@ -268,13 +257,14 @@ class StreamJob:
             self.spark, bootstrap=self.bootstrap, topics=self.topics, source=self.source_kind,
             starting_offsets=self.starting_offsets, max_offsets_per_trigger=self.max_offsets_per_trigger,
             min_partitions=self.min_partitions, checkpoint=self.checkpoint, isolation_level=isolation,
-        )
+            kafka_conf=self._tasks.kafka_conf)
         writer = df.writeStream.foreachBatch(self._on_batch).option("checkpointLocation", self.checkpoint)
         if self.available_now:
             writer = writer.trigger(availableNow=True)
         else:
             writer = writer.trigger(processingTime=f"{int(self.trigger_s * 1000)} milliseconds")
-        self._lag = LagMonitor(self.bootstrap, self.topics, on_refresh=self._report_lag, isolation_level=isolation).start()
+        self._lag = LagMonitor(self.bootstrap, self.topics, on_refresh=self._report_lag, isolation_level=isolation,
+                               kafka_conf=self._tasks.kafka_conf).start()
         return writer.start()
 
     def run(self, *, max_batches: int | None = None, timeout_s: float | None = None,
@@ -309,7 +299,7 @@ class StreamJob:
                     break  # the query failed: its exception is read just below
             error = query.exception()
             if error is not None and _STOP_MARKER not in str(error):
-                raise self._failure or _query_failure(str(error), self.checkpoint)
+                raise self._failure or query_failure(str(error), self.checkpoint)
         except KeyboardInterrupt:
             self._stop_requested.set()
             query.stop()
@@ -318,7 +308,7 @@ class StreamJob:
             if self._lag:
                 self._lag.stop()
             self._stop_requested.clear()
-        self._attach_progress(query)
+        _attach_progress(query, self.batches)
         return list(self.batches)[len(self.batches) - min(len(self.batches), self.handled - first):]
 
     def _start_while(self, prepare: Callable[[], None] | None) -> Any:
@@ -388,12 +378,14 @@ class StreamJob:
                 return
             time.sleep(0.02)
 
-    def _attach_progress(self, query: Any) -> None:
-        by_id = {}
-        for p in query.recentProgress:
-            d = p.durationMs or {}
-            before = sum(d.get(k, 0) for k in ("latestOffset", "queryPlanning", "getBatch", "walCommit"))
-            by_id[p.batchId] = before / 1000
-        for info in self.batches:
-            if info.trigger_to_handler_s is None:
-                info.trigger_to_handler_s = by_id.get(info.batch_id)
+
+def _attach_progress(query: Any, batches: Iterable[BatchFigures]) -> None:
+    """Each batch's seconds from its trigger to the handler, from the query's progress reports."""
+    by_id = {}
+    for p in query.recentProgress:
+        d = p.durationMs or {}
+        before = sum(d.get(k, 0) for k in ("latestOffset", "queryPlanning", "getBatch", "walCommit"))
+        by_id[p.batchId] = before / 1000
+    for info in batches:
+        if info.trigger_to_handler_s is None:
+            info.trigger_to_handler_s = by_id.get(info.batch_id)

@@ -23,10 +23,10 @@ from pipeline.ingest.offsets import OffsetRange
 #: Records per Arrow batch that the consumer path yields.
 _ARROW_ROWS = 8192
 
-#: (bootstrap, isolation level) -> raw Fetch reader / kafka-python consumer, one each per
-#: Python worker.
-_READERS: dict[tuple[str, str], Any] = {}
-_CONSUMERS: dict[tuple[str, str], Any] = {}
+#: (bootstrap, isolation level, client properties file) -> raw Fetch reader / kafka-python
+#: consumer, one each per Python worker.
+_READERS: dict[tuple[str, str, str | None], Any] = {}
+_CONSUMERS: dict[tuple[str, str, str | None], Any] = {}
 
 _ARROW_SCHEMA: Any = None
 
@@ -52,24 +52,28 @@ def gone(topic: str, partition: int, first: int, last: int | None = None) -> Bro
 
 def read_range(bootstrap: str, r: OffsetRange, *, fail_on_data_loss: bool = True, timeout_s: float = 60.0,
                isolation_level: str = "read_committed", skipped: Skipped | None = None,
-               on_poison: str = "fail") -> Iterator[Any]:
+               on_poison: str = "fail", kafka_conf: str | None = None) -> Iterator[Any]:
     """Yield Arrow record batches (:data:`pipeline.ingest.columns.NAMES`) holding exactly
     the records ``[r.start, r.end)`` that a consumer of ``isolation_level`` reads (with
     ``read_committed``, none of an aborted transaction's). The raw reader adds to
     ``skipped`` what it left out of the range (aborted records, transaction markers, and with
-    ``on_poison="skip"`` batches it cannot read; the consumer fallback always stops at those)."""
+    ``on_poison="skip"`` batches it cannot read; the consumer fallback always stops at those).
+    ``kafka_conf`` is the path of the client properties file (TLS, SASL), read here: only
+    the path travels in a task."""
+    from pipeline.ingest.kafka import conf
     from pipeline.ingest.kafka.fetch import OffsetOutOfRange, RangeReader
 
     if config.settings().kafka_reader == "consumer":
         yield from _read_with_consumer(bootstrap, r, fail_on_data_loss=fail_on_data_loss, timeout_s=timeout_s,
-                                       isolation_level=isolation_level)
+                                       isolation_level=isolation_level, kafka_conf=kafka_conf)
         return
-    reader = _READERS.get((bootstrap, isolation_level))
+    key = (bootstrap, isolation_level, kafka_conf)
+    reader = _READERS.get(key)
     if reader is None or reader.timeout_s != timeout_s:
         if reader is not None:
             reader.close()
-        reader = _READERS[(bootstrap, isolation_level)] = RangeReader(bootstrap, timeout_s=timeout_s,
-                                                                      isolation_level=isolation_level)
+        reader = _READERS[key] = RangeReader(bootstrap, timeout_s=timeout_s, isolation_level=isolation_level,
+                                             conf=conf.load(kafka_conf))
     skipped = skipped if skipped is not None else Skipped()
     position = r.start
     try:
@@ -86,7 +90,7 @@ def read_range(bootstrap: str, r: OffsetRange, *, fail_on_data_loss: bool = True
             raise gone(r.topic, r.partition, position) from None
         rest = dataclasses.replace(r, start=position)
         yield from _read_with_consumer(bootstrap, rest, fail_on_data_loss=False, timeout_s=timeout_s,
-                                       isolation_level=isolation_level)
+                                       isolation_level=isolation_level, kafka_conf=kafka_conf)
 
 
 def _arrow(records: Any, r: OffsetRange) -> Any:
@@ -112,20 +116,21 @@ def _arrow(records: Any, r: OffsetRange) -> Any:
     ], schema=arrow_schema())
 
 
-def _consumer(bootstrap: str, isolation_level: str) -> Any:
-    from pipeline.ingest.kafka import client
+def _consumer(bootstrap: str, isolation_level: str, kafka_conf: str | None) -> Any:
+    from pipeline.ingest.kafka import client, conf
 
-    c = _CONSUMERS.get((bootstrap, isolation_level))
+    c = _CONSUMERS.get((bootstrap, isolation_level, kafka_conf))
     if c is None:
-        c = _CONSUMERS[(bootstrap, isolation_level)] = client.consumer(
-            bootstrap, max_partition_fetch_bytes=16 << 20, fetch_max_bytes=64 << 20, max_poll_records=100_000,
+        c = _CONSUMERS[(bootstrap, isolation_level, kafka_conf)] = client.consumer(
+            bootstrap, conf=conf.load(kafka_conf), max_partition_fetch_bytes=16 << 20, fetch_max_bytes=64 << 20, max_poll_records=100_000,
             receive_buffer_bytes=4 << 20, isolation_level=isolation_level,
         )
     return c
 
 
 def _read_with_consumer(bootstrap: str, r: OffsetRange, *, fail_on_data_loss: bool = True,
-                        timeout_s: float = 60.0, isolation_level: str = "read_committed") -> Iterator[Any]:
+                        timeout_s: float = 60.0, isolation_level: str = "read_committed",
+                        kafka_conf: str | None = None) -> Iterator[Any]:
     """:func:`read_range` with kafka-python's consumer (per-record Python objects)."""
     import pyarrow as pa
     from kafka import TopicPartition
@@ -134,7 +139,7 @@ def _read_with_consumer(bootstrap: str, r: OffsetRange, *, fail_on_data_loss: bo
     from pipeline.ingest.kafka.record_batch import UnreadableBatch
 
     tp = TopicPartition(r.topic, r.partition)
-    c = _consumer(bootstrap, isolation_level)
+    c = _consumer(bootstrap, isolation_level, kafka_conf)
     c.assign([tp])
     c.seek(tp, r.start)
     keys: list[bytes | None] = []

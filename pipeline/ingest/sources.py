@@ -63,9 +63,12 @@ def read_stream(
     fail_on_data_loss: bool = True,
     checkpoint: str | None = None,
     isolation_level: str = "read_committed",
+    kafka_conf: str | None = None,
 ) -> Any:
     """A streaming DataFrame of Kafka records, with exactly :data:`COLUMNS`; a consumer of
-    ``isolation_level`` sees them (both sources read Kafka's ``kafka.isolation.level``)."""
+    ``isolation_level`` sees them (both sources read Kafka's ``kafka.isolation.level``).
+    ``kafka_conf`` is the client properties file's path (TLS, SASL): the Python source reads
+    it on each process, Spark's own has its Java client read the secrets from it."""
     if bool(topics) == bool(pattern):
         raise ConfigError("Expected topics or a pattern to subscribe to (exactly one).")
     kind = choose(spark, source)
@@ -81,8 +84,13 @@ def read_stream(
 
         if checkpoint:
             options["initialOffsetsPath"] = initial_offsets_path(checkpoint)
+        if kafka_conf:
+            options["kafkaConf"] = kafka_conf
         spark_source.register(spark)
         reader = spark.readStream.format(spark_source.NAME)
     else:
+        from pipeline.ingest.kafka import conf
+
+        options.update(conf.load(kafka_conf).spark_options())
         reader = spark.readStream.format("kafka")
     return reader.options(**options).load().select(*COLUMNS)

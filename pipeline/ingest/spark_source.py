@@ -14,7 +14,9 @@ Options (as in Spark's Kafka source): ``kafka.bootstrap.servers``, ``subscribe``
 ``minPartitions``, ``failOnDataLoss``, ``kafka.fetch.timeout.ms``, and
 ``kafka.isolation.level`` (``read_committed``, the default here where Kafka's consumer
 defaults to ``read_uncommitted``: batches end at the last stable offset and aborted
-transactions are not read; or ``read_uncommitted``).
+transactions are not read; or ``read_uncommitted``). ``kafkaConf`` names a Kafka client
+properties file (TLS, SASL: :mod:`pipeline.ingest.kafka.conf`); the plan carries the path
+alone, and the driver and each executor read the file themselves.
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ from pyspark.sql.streaming.datasource import (
 
 from pipeline.errors import ConfigError
 from pipeline.ingest import columns, offsets
+from pipeline.ingest.kafka.conf import KafkaConf
+from pipeline.ingest.kafka.conf import load as load_kafka_conf
 from pipeline.ingest.kafka.fetch import ConnectionLost, isolation_id
 from pipeline.ingest.offsets import OffsetRange, Offsets
 from pipeline.ingest.reader import read_range
@@ -69,6 +73,9 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.fetch_timeout_s = int(options.get("kafka.fetch.timeout.ms", "60000")) / 1000
         self.isolation_level = options.get("kafka.isolation.level", "read_committed")
         isolation_id(self.isolation_level)  # fails early on a bad value
+        # The path only: this reader is pickled into every task, and a password must not be.
+        self.kafka_conf = options.get("kafkaConf") or None
+        load_kafka_conf(self.kafka_conf)  # fails early on a bad file
         # Where the first batch's start is kept: "latest" must mean the same offsets
         # when a query that crashed before committing batch 0 is restarted.
         self.initial_path = options.get("initialOffsetsPath")
@@ -78,6 +85,10 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._outage_logged = 0.0
 
     # --- driver side ---
+
+    @property
+    def conf(self) -> KafkaConf:
+        return load_kafka_conf(self.kafka_conf)
 
     def _edges(self, which: str) -> Offsets:
         """Earliest or latest offsets of every subscribed partition.
@@ -90,12 +101,12 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
         from pipeline.ingest.kafka import client
 
-        c = client.consumer(self.bootstrap)
+        c = client.consumer(self.bootstrap, conf=self.conf)
         try:
             topics = self.topics or sorted(t for t in c.topics() if self.pattern and self.pattern.fullmatch(t))
             tps = [TopicPartition(t, p) for t in topics for p in sorted(c.partitions_for_topic(t) or [])]
             found = (c.beginning_offsets(tps) if which == "earliest"
-                     else client.end_offsets(c, tps, isolation_level=self.isolation_level))
+                     else client.end_offsets(c, tps, isolation_level=self.isolation_level, conf=self.conf))
         finally:
             c.close()
         out: Offsets = {}
@@ -195,7 +206,8 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def read(self, partition: InputPartition) -> Iterator[Any]:
         assert isinstance(partition, OffsetRange)
         yield from read_range(self.bootstrap, partition, fail_on_data_loss=self.fail_on_data_loss,
-                              timeout_s=self.fetch_timeout_s, isolation_level=self.isolation_level)
+                              timeout_s=self.fetch_timeout_s, isolation_level=self.isolation_level,
+                              kafka_conf=self.kafka_conf)
 
 
 class KafkaDataSource(DataSource):

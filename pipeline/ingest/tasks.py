@@ -80,6 +80,18 @@ def executor_error(e: BaseException) -> StreamtrainError | None:
     return cls(found[1])
 
 
+def query_failure(error: str, checkpoint: str) -> StreamtrainError:
+    """One line for a failed query; a full disk says where and what to do.
+
+    >>> str(query_failure("java.io.IOException: No space left on device\\n\\tat x", "/out/ckpt"))
+    'The streaming query could not write its checkpoint /out/ckpt: no space left on device. Free space there, then resume (the batch it was writing is replayed, nothing is lost).'
+    """
+    if "No space left on device" in error or "Disk quota exceeded" in error:
+        return StreamtrainError(f"The streaming query could not write its checkpoint {checkpoint}: no space left on "
+                                "device. Free space there, then resume (the batch it was writing is replayed, nothing is lost).")
+    return StreamtrainError(f"The streaming query failed: {error.splitlines()[0]}")
+
+
 class BatchTasks:
     """Runs a micro-batch's tasks and collects their figures.
 
@@ -93,19 +105,23 @@ class BatchTasks:
         min_partitions: split ranges so a batch has at least this many tasks.
         dead_letter_topic: where rejected records go ("" for nowhere).
         isolation_level: ``read_committed`` or ``read_uncommitted``, as Kafka's consumer.
+        kafka_conf: the Kafka client properties file (TLS, SASL), by path.
         on_poison: ``fail`` (a batch that cannot be read stops the stream) or ``skip`` (it
             is passed over: its offsets and cause counted, and sent to the dead-letter topic).
     """
 
     def __init__(self, spark: Any, *, bootstrap: str, schema: codec.Schema, handler: Handler, checkpoint: str,
                  python_source: bool, min_partitions: int, dead_letter_topic: str,
-                 isolation_level: str = "read_committed", on_poison: str = "fail") -> None:
+                 isolation_level: str = "read_committed", on_poison: str = "fail",
+                 kafka_conf: str | None = None) -> None:
+        self.kafka_conf = kafka_conf
         self.spark, self.bootstrap, self.schema, self.handler = spark, bootstrap, schema, handler
         self.on_poison = on_poison
         self.isolation_level = isolation_level
         isolation_id(isolation_level)  # a bad value fails here, not in a task
         self.checkpoint, self.python_source, self.min_partitions = checkpoint, python_source, min_partitions
-        self.dead_letter = (bootstrap, dead_letter_topic) if dead_letter_topic else None
+        self.dead_letter = (dead_letters.Target(bootstrap, dead_letter_topic, kafka_conf) if dead_letter_topic
+                            else None)
         self._last_end: tuple[int, offsets.Offsets] | None = None  # the last batch planned, and its end
 
     def plan(self, batch_id: int) -> list[OffsetRange] | None:
@@ -130,12 +146,13 @@ class BatchTasks:
             if ranges:
                 handler.on_tasks(len(ranges))
             bootstrap, isolation, on_poison = self.bootstrap, self.isolation_level, self.on_poison
+            kafka_conf = self.kafka_conf  # its path: each executor reads the file itself
 
             def task(r: OffsetRange) -> TaskFigures:
                 skipped = Skipped()
                 try:
                     figures = decode_range(read_range(bootstrap, r, isolation_level=isolation, skipped=skipped,
-                                                      on_poison=on_poison),
+                                                      on_poison=on_poison, kafka_conf=kafka_conf),
                                            schema=schema, handler=handler, planned=r, dead_letter=dead)
                 except UnreadableRange as e:
                     # The batch stops at this range; the handler still sees the task, empty,
@@ -147,7 +164,7 @@ class BatchTasks:
                 figures.aborted, figures.poisoned = skipped.aborted, skipped.poisoned
                 figures.poison = [PassedOver(r.topic, r.partition, *p) for p in skipped.poison]
                 if figures.poison and dead is not None:  # before the batch commits, as rejects are
-                    dead_letters.send_poison(*dead, figures.poison)
+                    dead_letters.send_poison(dead, figures.poison)
                 return figures
 
             try:

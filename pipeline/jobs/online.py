@@ -163,7 +163,7 @@ class Run:
                 spark, bootstrap=bootstrap, topics=[self.topic], schema=data.schema,
                 checkpoint=self.out / "spark-checkpoint", max_offsets_per_trigger=cfg.max_offsets_per_trigger,
                 min_partitions=cfg.workers, on_lag=self.metrics.on_lag, isolation_level=cfg.isolation_level,
-                on_unreadable=self.metrics.on_unreadable, on_poison=cfg.on_poison)
+                on_unreadable=self.metrics.on_unreadable, on_poison=cfg.on_poison, kafka_conf=cfg.kafka_conf)
 
             def prepare() -> None:
                 # While the query starts (seconds of its source's set-up and planning): the
@@ -204,9 +204,10 @@ class Run:
 
     def _start_broker_and_replay(self, stack: contextlib.ExitStack, data: Any) -> str:
         """Kafka (the given one, or an embedded broker), the topic, and the replay into it."""
-        from pipeline.ingest.kafka import EmbeddedBroker, client
+        from pipeline.ingest.kafka import EmbeddedBroker, client, conf
 
         cfg = self.cfg
+        secured = conf.load(cfg.kafka_conf)
         embedded = None
         if cfg.bootstrap:
             bootstrap = client.parse_bootstrap(cfg.bootstrap)
@@ -214,17 +215,17 @@ class Run:
             embedded = stack.enter_context(EmbeddedBroker(engine=cfg.broker_engine, log_path=self.out / "broker.log"))
             bootstrap = embedded.bootstrap
             log.info("embedded Kafka at %s", bootstrap)
-        self.display.startup(f"Kafka ready at {bootstrap}")
-        client.ensure_topic(bootstrap, self.topic, partitions=cfg.workers)
+        self.display.startup(f"Kafka ready at {bootstrap}" + (f" ({secured.describe()})" if cfg.kafka_conf else ""))
+        client.ensure_topic(bootstrap, self.topic, partitions=cfg.workers, conf=secured)
         if embedded is not None and embedded.engine == "noida":
             # The run's own broker and topic, on an engine that can delete: trained records
             # are released, so a replay that never stops does not grow it (Tansu never frees).
-            self._release = Releaser(bootstrap, self.topic)
+            self._release = Releaser(bootstrap, self.topic, conf=secured)
             stack.callback(self._release.close)
         if not (cfg.topic and cfg.bootstrap):  # the run's own replay: a resumed one sends what the topic lacks
             self.replay = ReplayProcess(
                 dataset=cfg.dataset, data_dir=self._data_dir(), table=user_data.replay_job(data),
-                bootstrap=bootstrap, topic=self.topic,
+                bootstrap=bootstrap, topic=self.topic, kafka_conf=cfg.kafka_conf,
                 epochs=cfg.epochs, rate=cfg.rate, partitions=cfg.workers, metrics_host=self.settings.metrics_host,
                 metrics_port=cfg.producer_metrics_port, log_path=self.out / "producer.log", resume=cfg.resume,
             ).start()

@@ -10,7 +10,7 @@ from pathlib import Path
 from pipeline import cluster, codec
 from pipeline.errors import ConfigError
 from pipeline.ingest import microbatch
-from pipeline.ingest.kafka import client
+from pipeline.ingest.kafka import client, conf
 from pipeline.observe import metrics
 from pipeline.serve.predictor import read_description
 from pipeline.serve.stream import PredictHandler, job_id
@@ -26,6 +26,7 @@ class PredictConfig:
     run_dir: str
     topic: str
     bootstrap: str
+    kafka_conf: str | None = None  # a Kafka client properties file (TLS, SASL), by path
     output_topic: str | None = None
     input_format: str = "wire"  # or "json": each record one JSON instance
     checkpoint: str | None = None
@@ -73,10 +74,12 @@ def run(cfg: PredictConfig) -> PredictSummary:
     if cfg.input_format == "json":
         schema = codec.json_instances(schema)
     output = cfg.output_topic or f"{cfg.topic}.predictions"
-    partitions = client.partitions_for(cfg.bootstrap, cfg.topic)
+    secured = conf.load(cfg.kafka_conf)
+    client.check_reachable(cfg.bootstrap, conf=secured)  # a refused password: one line, before Spark starts
+    partitions = client.partitions_for(cfg.bootstrap, cfg.topic, conf=secured)
     if not partitions:
         raise ConfigError(f"Expected topic {cfg.topic} at {cfg.bootstrap}. It does not exist; produce into it first.")
-    client.ensure_topic(cfg.bootstrap, output, partitions=len(partitions))
+    client.ensure_topic(cfg.bootstrap, output, partitions=len(partitions), conf=secured)
     meters = metrics.serving_metrics(name)
     served = None
     if cfg.metrics_port is not None:
@@ -94,13 +97,14 @@ def run(cfg: PredictConfig) -> PredictSummary:
     spark = cluster.session(cfg.master, app=f"streamtrain-predict-{cfg.topic}")
     try:
         handler = PredictHandler(run_dir=str(folder), spec=spec, bootstrap=cfg.bootstrap, output_topic=output,
+                                 kafka_conf=cfg.kafka_conf,
                                  job=job_id(str(folder)), threads=cluster.task_threads(spark, len(partitions)),
                                  on_written=on_written)
         job = microbatch.StreamJob(
             spark, bootstrap=cfg.bootstrap, topics=[cfg.topic], schema=schema, handler=handler,
             checkpoint=cfg.checkpoint or folder / f"predict-{cfg.topic}",
             available_now=cfg.available_now, max_offsets_per_trigger=cfg.max_offsets_per_trigger,
-            dead_letter_topic=f"{output}.dlq")
+            dead_letter_topic=f"{output}.dlq", kafka_conf=cfg.kafka_conf)
         started = time.monotonic()
         job.run(max_batches=cfg.max_batches, timeout_s=cfg.timeout_s)
         log.info("predict stream stopped after %.1f s", time.monotonic() - started)

@@ -57,6 +57,7 @@ class ReplayProcess:
         table: a user's file instead: ``path``, ``schema`` (a dict), ``holdout``, ``name``.
         data_dir: the folder it is read from.
         bootstrap, topic: where it goes.
+        kafka_conf: the Kafka client properties file (TLS, SASL), by path: the child reads it.
         epochs, rate, partitions: as ``streamtrain produce``'s options.
         resume: send only what the topic lacks (a resumed run's replay; see
             :class:`~producers.replay.Replay`).
@@ -66,9 +67,10 @@ class ReplayProcess:
 
     def __init__(self, *, dataset: str, data_dir: Path, bootstrap: str, topic: str, epochs: int,
                  rate: float | None, partitions: int, metrics_host: str, metrics_port: int, log_path: Path,
-                 table: dict[str, Any] | None = None, resume: bool = False) -> None:
+                 table: dict[str, Any] | None = None, resume: bool = False, kafka_conf: str | None = None) -> None:
         self.job: dict[str, Any] = {
             "dataset": dataset, "data_dir": str(data_dir), "table": table, "bootstrap": bootstrap, "topic": topic,
+            "kafka_conf": kafka_conf,
             "epochs": epochs, "rate": rate, "partitions": partitions, "metrics_host": metrics_host,
             "metrics_port": metrics_port, "resume": resume,
         }

@@ -16,7 +16,7 @@ __all__ = ["check_out", "describe"]
 def check_out(cfg: RunConfig, out: Path) -> checkpoint.State | None:
     """Check that the output folder and Kafka fit the options; the checkpoint to resume
     (None: a new run)."""
-    from pipeline.ingest.kafka import client
+    from pipeline.ingest.kafka import client, conf
 
     if cfg.generation is not None:
         prior: checkpoint.State | None = checkpoint.rewind(out, cfg.generation, out / "spark-checkpoint")
@@ -31,7 +31,8 @@ def check_out(cfg: RunConfig, out: Path) -> checkpoint.State | None:
     if not cfg.resume and (out / checkpoint.FILENAME).exists():
         raise ConfigError(f"{out} holds a previous run; pass --resume to continue it, or another --out.")
     if cfg.bootstrap:
-        client.check_reachable(client.parse_bootstrap(cfg.bootstrap))
+        # Before anything starts: a refused password or certificate is one line here.
+        client.check_reachable(client.parse_bootstrap(cfg.bootstrap), conf=conf.load(cfg.kafka_conf))
     return prior
 
 

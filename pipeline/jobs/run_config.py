@@ -29,6 +29,7 @@ class RunConfig:
     max_batches: int | None = None
     timeout_s: float | None = None
     bootstrap: str | None = None
+    kafka_conf: str | None = None  # a Kafka client properties file (TLS, SASL): only its path is kept
     broker_engine: str | None = None  # None: $STREAMTRAIN_BROKER_ENGINE, else tansu
     topic: str | None = None
     own_topic: str | None = None  # the topic of the run's own replay into a --bootstrap Kafka (named at its start)
@@ -106,6 +107,13 @@ class RunConfig:
 
             host, _ = host_and_token(config.settings())
             check_serving(self.serve_port, self.serve_max_age_s, host=host)
+        if self.kafka_conf:
+            if not self.bootstrap:
+                raise ConfigError("Expected --bootstrap HOST:PORT (or bootstrap.servers in the file) with --kafka-conf "
+                                  f"{self.kafka_conf}: the embedded broker is PLAINTEXT on loopback and needs none.")
+            from pipeline.ingest.kafka import conf
+
+            conf.load(self.kafka_conf)  # a bad file is one line now, not a failed task later
         if self.master.startswith("spark://"):
             self._check_cluster()
         from pipeline.cluster import jvmcache

@@ -72,6 +72,7 @@ ROLES: dict[str, str] = {
     "max_offsets_per_trigger": KEPT,
     "master": KEPT,
     "spark_conf": KEPT,
+    "kafka_conf": KEPT,  # its path only; the file may move, or its password rotate, between sessions
     "data_dir": KEPT,
     "max_batches": SESSION,
     "timeout_s": SESSION,
@@ -82,7 +83,7 @@ ROLES: dict[str, str] = {
 #: Fields that are no option a resumed run could change (eval_max has no option).
 _NOT_LISTED = ("out", "resume", "eval_max")
 #: Settings that name files, recorded as absolute paths.
-_PATHS = ("data_dir", "spark_conf")
+_PATHS = ("data_dir", "spark_conf", "kafka_conf")
 #: The options whose name is not their field's.
 _OPTION = {"communication_window": "window", "timeout_s": "timeout", "serve_max_age_s": "serve-max-age"}
 

@@ -91,7 +91,8 @@ class TopicTable:
 
     def _records(self) -> list[tuple[bytes | None, bytes | None, int]]:
         if self._sample is None:
-            self._sample = sample_topic(self.cfg.bootstrap or "", self.cfg.topic or "", SAMPLE_RECORDS)
+            self._sample = sample_topic(self.cfg.bootstrap or "", self.cfg.topic or "", SAMPLE_RECORDS,
+                                        kafka_conf=self.cfg.kafka_conf)
         return self._sample
 
     def _infer(self, fmt: str) -> Any:
@@ -129,20 +130,23 @@ class TopicTable:
                 "schema": self.table.to_dict()}
 
 
-def sample_topic(bootstrap: str, topic: str, limit: int, *, timeout_s: float = 60.0) -> list[tuple[bytes | None, bytes | None, int]]:
-    """Up to ``limit`` records ``(key, value, offset)`` from the start of every partition of ``topic``."""
+def sample_topic(bootstrap: str, topic: str, limit: int, *, timeout_s: float = 60.0,
+                 kafka_conf: str | None = None) -> list[tuple[bytes | None, bytes | None, int]]:
+    """Up to ``limit`` records ``(key, value, offset)`` from the start of every partition of
+    ``topic`` (a Kafka secured as the client properties file ``kafka_conf`` says)."""
     from kafka import TopicPartition
 
-    from pipeline.ingest.kafka import client
+    from pipeline.ingest.kafka import client, conf
 
-    c = client.consumer(bootstrap)
+    secured = conf.load(kafka_conf)
+    c = client.consumer(bootstrap, conf=secured)
     try:
         parts = [TopicPartition(topic, p) for p in client.partitions_for(c, topic)]
         if not parts:
             raise ConfigError(f"Expected topic {topic!r} at {bootstrap}; it does not exist (yet).")
         c.assign(parts)
         c.seek_to_beginning(*parts)
-        ends = client.end_offsets(c, parts)
+        ends = client.end_offsets(c, parts, conf=secured)
         want = min(limit, sum(ends.values()))
         out: list[tuple[bytes | None, bytes | None, int]] = []
         deadline = time.monotonic() + timeout_s

@@ -35,7 +35,7 @@ from pipeline.train.model import ModelSpec
 
 #: per Python worker: the run folder -> (checkpoint stamp, weights, version); bootstrap -> producer
 _WEIGHTS: dict[str, tuple[tuple[int, int], np.ndarray, int]] = {}
-_PRODUCERS: dict[str, Any] = {}
+_PRODUCERS: dict[tuple[str, str | None], Any] = {}
 
 
 @dataclasses.dataclass
@@ -60,14 +60,14 @@ def _weights(run_dir: str) -> tuple[np.ndarray, int]:
     return cached[1], cached[2]
 
 
-def _producer(bootstrap: str) -> Any:
-    from kafka import KafkaProducer
+def _producer(bootstrap: str, kafka_conf: str | None) -> Any:
+    from pipeline.ingest.kafka import client, conf
 
-    producer = _PRODUCERS.get(bootstrap)
+    producer = _PRODUCERS.get((bootstrap, kafka_conf))
     if producer is None:
-        producer = _PRODUCERS[bootstrap] = KafkaProducer(bootstrap_servers=bootstrap, acks="all",
-                                                         enable_idempotence=True, linger_ms=5,
-                                                         batch_size=1 << 20)
+        producer = _PRODUCERS[(bootstrap, kafka_conf)] = client.producer(
+            bootstrap, conf=conf.load(kafka_conf), acks="all", enable_idempotence=True, linger_ms=5,
+            batch_size=1 << 20)
     return producer
 
 
@@ -99,6 +99,7 @@ class PredictHandler(Handler):
             be on storage every host mounts.
         spec: the run's model (its ``model.json``, read once on the driver).
         bootstrap, output_topic: where predictions go.
+        kafka_conf: the Kafka client properties file (TLS, SASL), by path: executors read it.
         job: the replicas' cache key.
         threads: TensorFlow threads per task.
     """
@@ -109,6 +110,7 @@ class PredictHandler(Handler):
     output_topic: str
     job: str
     threads: int = 1
+    kafka_conf: str | None = None
     on_written: Any = None  # driver only: called with (records written, newest version) per batch
 
     result_type = Predicted
@@ -123,7 +125,7 @@ class PredictHandler(Handler):
         # block.schema scales features as training did (a JSON encoding has the same units).
         probs = predict(self.spec, weights, block.schema.to_model_input(block.x), job=self.job,
                         threads=self.threads)
-        producer = _producer(self.bootstrap)
+        producer = _producer(self.bootstrap, self.kafka_conf)
         keys = block.keys if block.keys is not None else codec.encode_keys(block.ids)
         futures = [producer.send(self.output_topic, value=v, key=k)
                    for k, v in zip(keys, prediction_values(block, probs, version), strict=True)]

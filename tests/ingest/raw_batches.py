@@ -10,7 +10,8 @@ import time
 import crc32c
 
 from pipeline.ingest.kafka import compression
-from pipeline.ingest.kafka.fetch import _Connection, _string
+from pipeline.ingest.kafka.wire import Connection as _Connection
+from pipeline.ingest.kafka.wire import string as _string
 
 
 def _varint(n: int) -> bytes:

@@ -14,8 +14,9 @@ from collections.abc import Iterator
 import pytest
 
 from pipeline.errors import BrokerError
-from pipeline.ingest.kafka.fetch import RangeReader, _string
+from pipeline.ingest.kafka.fetch import RangeReader
 from pipeline.ingest.kafka.record_batch import UnreadableBatch, parse_batches
+from pipeline.ingest.kafka.wire import string as _string
 from tests.ingest import raw_batches
 
 TOPIC = "poison"

@@ -8,16 +8,21 @@ Two Tansu quirks are handled here, once, for everything built on top:
   right on both.
 * Consumer-group joins take ~23 s on Tansu with the default 10 s session
   timeout, and ~3 s with 6 s. :func:`consumer` sets a short session timeout.
+
+Every kafka-python client of streamtrain is built here (:func:`admin`, :func:`producer`,
+:func:`consumer`), secured by a :class:`~pipeline.ingest.kafka.conf.KafkaConf`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import struct
 import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from pipeline.errors import BrokerError, ConfigError
+from pipeline.ingest.kafka.conf import PLAINTEXT, KafkaConf
 
 #: Group settings that make joins fast on Tansu and stay sane on real Kafka.
 GROUP_DEFAULTS: dict[str, Any] = {"session_timeout_ms": 6000, "heartbeat_interval_ms": 1000}
@@ -47,42 +52,67 @@ def _unreachable(bootstrap: str, timeout_s: float, why: object) -> BrokerError:
     )
 
 
-def check_reachable(bootstrap: str, *, timeout_s: float = 5.0) -> None:
-    """Raise :class:`BrokerError` unless a broker answers a metadata request in time."""
+def check_reachable(bootstrap: str, *, conf: KafkaConf = PLAINTEXT, timeout_s: float = 5.0) -> None:
+    """Raise unless a broker of ``bootstrap`` answers a Metadata request in time, over TLS
+    and SASL as ``conf`` says: a refused password, a certificate that does not verify or a
+    listener of another protocol is one line (:class:`AuthenticationError`) within seconds,
+    before anything starts."""
+    from pipeline.ingest.kafka import wire
+
+    addresses = [(h, int(p)) for h, _, p in (b.strip().rpartition(":") for b in parse_bootstrap(bootstrap).split(","))]
+    deadline = time.monotonic() + timeout_s
+    why: object = "no answer"
+    while True:
+        for host, port in addresses:
+            try:
+                conn = wire.Connection(host, port, max(0.5, deadline - time.monotonic()), conf)
+            except wire.ConnectionLost as e:
+                why = e
+                continue
+            try:
+                conn.request(3, 4, struct.pack(">i", 0) + b"\x00")  # Metadata v4 of no topic: the brokers
+                return
+            except wire.ConnectionLost as e:
+                # Accepted, then closed at the first request: a TLS listener met with plaintext closes so.
+                why = (f"{host}:{port} closed the connection at the first request; if its listener is SSL or "
+                       f"SASL_SSL, pass --kafka-conf with security.protocol set (now {conf.protocol})"
+                       if conf.protocol == "PLAINTEXT" else e)
+            finally:
+                conn.close()
+        if time.monotonic() > deadline:
+            raise _unreachable(bootstrap, timeout_s, why)
+        time.sleep(0.2)
+
+
+def admin(bootstrap: str, *, conf: KafkaConf = PLAINTEXT, **settings: Any) -> Any:
+    """A kafka-python ``KafkaAdminClient`` for ``bootstrap``, secured as ``conf`` says."""
     from kafka import KafkaAdminClient
-    from kafka.errors import KafkaError
 
-    ms = max(200, int(timeout_s * 1000))
-    try:
-        admin = KafkaAdminClient(
-            bootstrap_servers=parse_bootstrap(bootstrap), request_timeout_ms=ms,
-            bootstrap_timeout_ms=ms, reconnect_backoff_max_ms=200,
-        )
-    except (KafkaError, OSError) as e:
-        raise _unreachable(bootstrap, timeout_s, type(e).__name__) from None
-    try:
-        admin.list_topics()
-    except (KafkaError, OSError) as e:
-        raise _unreachable(bootstrap, timeout_s, type(e).__name__) from None
-    finally:
-        admin.close()
+    return KafkaAdminClient(bootstrap_servers=bootstrap, **conf.kafka_python(), **settings)
 
 
-def ensure_topic(bootstrap: str, topic: str, *, partitions: int = 2, replication: int = 1) -> int:
+def producer(bootstrap: str, *, conf: KafkaConf = PLAINTEXT, **settings: Any) -> Any:
+    """A kafka-python ``KafkaProducer`` for ``bootstrap``, secured as ``conf`` says."""
+    from kafka import KafkaProducer
+
+    return KafkaProducer(bootstrap_servers=bootstrap, **conf.kafka_python(), **settings)
+
+
+def ensure_topic(bootstrap: str, topic: str, *, partitions: int = 2, replication: int = 1,
+                 conf: KafkaConf = PLAINTEXT) -> int:
     """Create ``topic`` if it does not exist; return its partition count."""
-    from kafka import KafkaAdminClient
     from kafka.admin import NewTopic
     from kafka.errors import TopicAlreadyExistsError
 
     if partitions < 1:
         raise ConfigError(f"Expected --partitions >= 1. Received: {partitions}")
-    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    client = admin(bootstrap, conf=conf)
     try:
         with contextlib.suppress(TopicAlreadyExistsError):
-            admin.create_topics([NewTopic(topic, partitions, replication)])
+            client.create_topics([NewTopic(topic, partitions, replication)])
         deadline = time.monotonic() + 10
         while True:
-            meta = admin.describe_topics([topic])
+            meta = client.describe_topics([topic])
             parts = meta[0].get("partitions") if meta else None
             if parts:
                 return len(parts)
@@ -90,11 +120,13 @@ def ensure_topic(bootstrap: str, topic: str, *, partitions: int = 2, replication
                 raise BrokerError(f"Topic {topic!r} was created on {bootstrap} but has no partitions after 10 s.")
             time.sleep(0.05)
     finally:
-        admin.close()
+        client.close()
 
 
-def consumer(bootstrap: str, *topics: str, group_id: str | None = None, **kwargs: Any) -> Any:
-    """A ``KafkaConsumer`` with settings that work on Tansu and real Kafka alike.
+def consumer(bootstrap: str, *topics: str, group_id: str | None = None, conf: KafkaConf = PLAINTEXT,
+             **kwargs: Any) -> Any:
+    """A ``KafkaConsumer`` with settings that work on Tansu and real Kafka alike, secured
+    as ``conf`` says.
 
     kafka-python reads gzip alone unless the codec libraries are installed; streamtrain
     declares them (``kafka-python[lz4,snappy,zstd]``), so it reads every codec too."""
@@ -104,13 +136,13 @@ def consumer(bootstrap: str, *topics: str, group_id: str | None = None, **kwargs
     if group_id is not None:
         settings.update(GROUP_DEFAULTS)
     settings.update(kwargs)
-    return KafkaConsumer(*topics, bootstrap_servers=bootstrap, group_id=group_id, **settings)
+    return KafkaConsumer(*topics, bootstrap_servers=bootstrap, group_id=group_id, **conf.kafka_python(), **settings)
 
 
-def partitions_for(bootstrap_or_consumer: Any, topic: str) -> list[int]:
+def partitions_for(bootstrap_or_consumer: Any, topic: str, *, conf: KafkaConf = PLAINTEXT) -> list[int]:
     """Partition ids of ``topic`` (empty when it does not exist)."""
     own = isinstance(bootstrap_or_consumer, str)
-    c = consumer(bootstrap_or_consumer) if own else bootstrap_or_consumer
+    c = consumer(bootstrap_or_consumer, conf=conf) if own else bootstrap_or_consumer
     try:
         return sorted(c.partitions_for_topic(topic) or [])
     finally:
@@ -119,7 +151,7 @@ def partitions_for(bootstrap_or_consumer: Any, topic: str) -> list[int]:
 
 
 def end_offsets(c: Any, partitions: Iterable[Any], *, timeout_s: float = 10.0,
-                isolation_level: str = "read_uncommitted") -> dict[Any, int]:
+                isolation_level: str = "read_uncommitted", conf: KafkaConf = PLAINTEXT) -> dict[Any, int]:
     """The true log-end offset of each partition, read from Fetch responses: the high
     watermark, or with ``read_committed`` the last stable offset (below any open
     transaction: where a read_committed reader stops).
@@ -139,7 +171,7 @@ def end_offsets(c: Any, partitions: Iterable[Any], *, timeout_s: float = 10.0,
     begin: Mapping[Any, int] = c.beginning_offsets(tps)
     servers = c.config["bootstrap_servers"]
     bootstrap = servers if isinstance(servers, str) else ",".join(servers)
-    reader = RangeReader(bootstrap, timeout_s=timeout_s, isolation_level=isolation_level)
+    reader = RangeReader(bootstrap, timeout_s=timeout_s, isolation_level=isolation_level, conf=conf)
     try:
         return {tp: reader.log_end(tp.topic, tp.partition, at=max(begin[tp], reported[tp] - 1)) for tp in tps}
     finally:

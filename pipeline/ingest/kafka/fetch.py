@@ -7,7 +7,7 @@ ceiling of streamtrain's Python source. A micro-batch needs only the bytes of
 the protocol for that over a plain socket: Metadata v4 to find partition leaders and
 Fetch v10 (both still served by Kafka 4; v10 is the first Kafka sends zstd batches to);
 the record batches in a response are parsed by :mod:`pipeline.ingest.kafka.record_batch`.
-PLAINTEXT listeners only, like the rest of streamtrain's Kafka clients today.
+Connections speak TLS and SASL as the client configuration says (:mod:`pipeline.ingest.kafka.wire`).
 
 Isolation is Kafka's: ``read_committed`` (the default, as exactly-once pipelines need)
 fetches up to the last stable offset and drops the records of aborted transactions,
@@ -18,15 +18,21 @@ up to the high watermark and keeps them. Transaction markers are skipped either 
 from __future__ import annotations
 
 import dataclasses
-import socket
 import struct
 import time
 from collections.abc import Iterator
-from typing import Any
 
 from pipeline.errors import BrokerError, ConfigError
 from pipeline.ingest.kafka import compression
+from pipeline.ingest.kafka.conf import PLAINTEXT, KafkaConf
 from pipeline.ingest.kafka.record_batch import Records, Skipped, UnreadableBatch, parse_batches
+from pipeline.ingest.kafka.wire import (
+    AuthenticationError,
+    Connection,
+    ConnectionLost,
+    Reader,
+    string,
+)
 
 _FETCH, _METADATA = 1, 3
 _ERRORS = {1: "OFFSET_OUT_OF_RANGE", 3: "UNKNOWN_TOPIC_OR_PARTITION", 5: "LEADER_NOT_AVAILABLE",
@@ -55,10 +61,6 @@ def isolation_id(level: str) -> int:
 
 class OffsetOutOfRange(BrokerError):
     """The broker no longer (or not yet) has the requested offset."""
-
-
-class ConnectionLost(BrokerError):
-    """A broker could not be reached or dropped the connection (worth retrying)."""
 
 
 class UnreadableRange(BrokerError):
@@ -104,97 +106,8 @@ class Fetched:
     aborted: list[tuple[int, int]]
 
 
-# --- wire helpers -----------------------------------------------------------------------
-
-
-def _string(s: str | None) -> bytes:
-    if s is None:
-        return struct.pack(">h", -1)
-    raw = s.encode()
-    return struct.pack(">h", len(raw)) + raw
-
-
-#: The largest response to a request other than a Fetch (metadata of a large cluster);
-#: a Fetch's is its byte limit and its responses' overhead.
-MAX_RESPONSE_BYTES = 16 << 20
+#: A Fetch response's overhead beyond its byte limit.
 _FETCH_OVERHEAD = 1 << 20
-
-
-class _Reader:
-    """Big-endian fields from a response, in order."""
-
-    def __init__(self, data: bytes | bytearray) -> None:
-        self.data, self.pos = data, 0
-
-    def take(self, fmt: str) -> Any:
-        (value,) = struct.unpack_from(fmt, self.data, self.pos)
-        self.pos += struct.calcsize(fmt)
-        return value
-
-    def string(self) -> str | None:
-        n = self.take(">h")
-        if n < 0:
-            return None
-        value = self.data[self.pos:self.pos + n].decode()
-        self.pos += n
-        return value
-
-    def bytes_(self) -> memoryview | None:
-        n = self.take(">i")
-        if n < 0:
-            return None
-        if self.pos + n > len(self.data):
-            raise ValueError(f"a field of {n} bytes where {len(self.data) - self.pos} remain")
-        value = memoryview(self.data)[self.pos:self.pos + n]
-        self.pos += n
-        return value
-
-
-class _Connection:
-    """One broker connection: length-prefixed requests and responses, one at a time."""
-
-    def __init__(self, host: str, port: int, timeout_s: float) -> None:
-        try:
-            self.sock = socket.create_connection((host, port), timeout=timeout_s)
-        except OSError as e:
-            raise ConnectionLost(f"Cannot connect to the Kafka broker at {host}:{port} ({e}).") from None
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
-        self.correlation = 0
-
-    def request(self, api_key: int, version: int, body: bytes, *, most: int = MAX_RESPONSE_BYTES) -> _Reader:
-        """Send a request; its response, which may be at most ``most`` bytes: a frame size
-        decides no allocation beyond what the request asked for."""
-        self.correlation += 1
-        header = struct.pack(">hhi", api_key, version, self.correlation) + _string("streamtrain")
-        frame = header + body
-        try:
-            self.sock.sendall(struct.pack(">i", len(frame)) + frame)
-            size = struct.unpack(">i", self._read(4))[0]
-            if not 4 <= size <= most:
-                raise BrokerError(f"Kafka's response declares {size} bytes, outside 4 to {most:,} for what was asked: "
-                                  "the broker (or something between) does not speak Kafka's protocol here.")
-            data = self._read(size)
-        except OSError as e:  # timeouts included
-            raise ConnectionLost(f"Kafka request failed ({type(e).__name__}: {e}).") from None
-        if struct.unpack_from(">i", data)[0] != self.correlation:
-            raise BrokerError("Kafka answered a different request than the one sent (correlation id mismatch).")
-        reader = _Reader(data)
-        reader.pos = 4
-        return reader
-
-    def _read(self, n: int) -> bytearray:
-        buf = bytearray(n)
-        view, got = memoryview(buf), 0
-        while got < n:
-            k = self.sock.recv_into(view[got:], n - got)
-            if not k:
-                raise ConnectionLost("The Kafka broker closed the connection.")
-            got += k
-        return buf
-
-    def close(self) -> None:
-        self.sock.close()
 
 
 # --- record batches ---------------------------------------------------------------------
@@ -205,27 +118,28 @@ class RangeReader:
 
     Example (needs a broker, so not run here)::
 
-        reader = RangeReader("127.0.0.1:9092")
+        reader = RangeReader("127.0.0.1:9092", conf=conf.load("client.properties"))
         for records in reader.read("mnist", 0, 0, 1000):
             print(len(records), records.offsets[:3])
     """
 
     def __init__(self, bootstrap: str, *, timeout_s: float = 30.0, max_partition_bytes: int = 16 << 20,
                  isolation_level: str = "read_committed",
-                 max_batch_bytes: int = compression.DEFAULT_MAX_BYTES) -> None:
+                 max_batch_bytes: int = compression.DEFAULT_MAX_BYTES, conf: KafkaConf = PLAINTEXT) -> None:
+        self.conf = conf
         self.bootstrap = [(h, int(p)) for h, _, p in (b.strip().rpartition(":") for b in bootstrap.split(","))]
         self.timeout_s = timeout_s
         self.max_partition_bytes = max_partition_bytes
         self.isolation_level = isolation_level
         self._isolation = isolation_id(isolation_level)
         self.max_batch_bytes = max_batch_bytes
-        self._conns: dict[tuple[str, int], _Connection] = {}
+        self._conns: dict[tuple[str, int], Connection] = {}
         self._leaders: dict[tuple[str, int], tuple[str, int]] = {}
 
-    def _conn(self, address: tuple[str, int]) -> _Connection:
+    def _conn(self, address: tuple[str, int]) -> Connection:
         conn = self._conns.get(address)
         if conn is None:
-            conn = self._conns[address] = _Connection(*address, self.timeout_s)
+            conn = self._conns[address] = Connection(*address, self.timeout_s, self.conf)
         return conn
 
     def _drop(self, address: tuple[str, int]) -> None:
@@ -238,7 +152,9 @@ class RangeReader:
         errors = []
         for address in self.bootstrap:
             try:
-                r = self._conn(address).request(_METADATA, 4, struct.pack(">i", 1) + _string(topic) + b"\x00")
+                r = self._conn(address).request(_METADATA, 4, struct.pack(">i", 1) + string(topic) + b"\x00")
+            except AuthenticationError:
+                raise  # the same settings fail on every broker, now and later
             except (BrokerError, OSError) as e:
                 self._drop(address)
                 errors.append(f"{address[0]}:{address[1]}: {e}")
@@ -277,7 +193,7 @@ class RangeReader:
         # Fetch v10 (no fetch session: id 0, epoch -1): Kafka refuses to send zstd batches
         # to a Fetch below v10 (UNSUPPORTED_COMPRESSION_TYPE), whatever the client can inflate.
         body = (struct.pack(">iiiibii", -1, wait_ms, 1, max_bytes, self._isolation, 0, -1) + struct.pack(">i", 1)
-                + _string(topic) + struct.pack(">iiiqqi", 1, partition, -1, offset, -1, max_bytes)
+                + string(topic) + struct.pack(">iiiqqi", 1, partition, -1, offset, -1, max_bytes)
                 + struct.pack(">i", 0))
         try:
             # Kafka sends a first batch whole however large (KIP-74): up to the batch cap.
@@ -294,7 +210,7 @@ class RangeReader:
             raise BrokerError(f"Kafka's Fetch response for {topic}-{partition} at offset {offset} is malformed "
                               f"({e}).") from None
 
-    def _fetched(self, r: _Reader, topic: str, partition: int, offset: int) -> Fetched:
+    def _fetched(self, r: Reader, topic: str, partition: int, offset: int) -> Fetched:
         """The partition's part of a Fetch response."""
         key = (topic, partition)
         r.take(">i")  # throttle

@@ -17,6 +17,7 @@ import logging
 import threading
 from typing import Any
 
+from pipeline.ingest.kafka.conf import PLAINTEXT, KafkaConf
 from pipeline.ingest.offsets import OffsetRange
 
 log = logging.getLogger(__name__)
@@ -30,8 +31,8 @@ class Releaser:
     Kafka, and requests that pile up are merged into the latest.
     """
 
-    def __init__(self, bootstrap: str, topic: str) -> None:
-        self.bootstrap, self.topic = bootstrap, topic
+    def __init__(self, bootstrap: str, topic: str, *, conf: KafkaConf = PLAINTEXT) -> None:
+        self.bootstrap, self.topic, self.conf = bootstrap, topic, conf
         self.released: dict[int, int] = {}  # partition -> the records below this offset are deleted
         self.supported = True
         self._previous: dict[int, int] = {}  # the last saved batch's ends
@@ -84,12 +85,14 @@ class Releaser:
                 self._lock.notify_all()
 
     def _delete(self, wanted: dict[int, int]) -> bool:
-        from kafka import KafkaAdminClient, TopicPartition
+        from kafka import TopicPartition
         from kafka.errors import KafkaError
+
+        from pipeline.ingest.kafka import client
 
         try:
             if self._admin is None:
-                self._admin = KafkaAdminClient(bootstrap_servers=self.bootstrap, request_timeout_ms=10_000)
+                self._admin = client.admin(self.bootstrap, conf=self.conf, request_timeout_ms=10_000)
             self._admin.delete_records({TopicPartition(self.topic, p): o for p, o in wanted.items()})
             return True
         except (KafkaError, OSError) as e:

@@ -1,0 +1,349 @@
+"""A Kafka client configuration, read once from the file users already keep, and its
+translation for every kind of client streamtrain builds.
+
+Teams keep their Kafka client settings in a properties file (``key=value`` lines, the
+names librdkafka and the Java client share): ``security.protocol``, ``sasl.mechanism``,
+``sasl.username``, ``sasl.password``, ``ssl.ca.location`` and so on. ``--kafka-conf FILE``
+(or ``STREAMTRAIN_KAFKA_CONF``) names that file; :func:`load` reads and checks it, and
+:class:`KafkaConf` turns it into kafka-python's arguments, an :class:`ssl.SSLContext` for
+the Fetch reader, librdkafka's dict and Spark's ``kafka.``-prefixed source options.
+
+Only the file's *path* ever travels (in a Spark plan, a task's closure, ``run.json``):
+each process reads the file itself, so a password is never on a command line, in a plan
+or in a record, and one rotated in the file is used by the next start. Executors on a
+cluster read the same path on their own host.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import re
+import ssl
+import stat
+from pathlib import Path
+from typing import Any
+
+from pipeline.errors import ConfigError
+
+PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+
+#: The security settings read from the file, by their Kafka property name.
+_KEYS = {
+    "security.protocol", "sasl.mechanism", "sasl.username", "sasl.password", "ssl.ca.location",
+    "ssl.certificate.location", "ssl.key.location", "ssl.key.password", "ssl.endpoint.identification.algorithm",
+}
+#: Other names users' files carry for the same settings (librdkafka's plural, the Java client's).
+_ALIASES = {"sasl.mechanisms": "sasl.mechanism", "ssl.truststore.location": "ssl.ca.location"}
+#: Settings of other concerns that a team's client file often holds: read (bootstrap) or left alone.
+_OTHER = ("bootstrap.servers", "client.id", "session.timeout.ms", "acks", "group.id", "request.timeout.ms",
+          "client.dns.lookup", "auto.offset.reset", "enable.auto.commit")
+_JAAS = re.compile(r"""(username|password)\s*=\s*(?:"([^"]*)"|'([^']*)')""")
+
+
+def read_properties(path: str | Path) -> dict[str, str]:
+    """A Kafka client properties file (``key=value`` or ``key: value`` per line, ``#`` and
+    ``!`` comments), as a dict.
+
+    >>> import tempfile
+    >>> with tempfile.NamedTemporaryFile("w", suffix=".properties", delete=False) as f:
+    ...     _ = f.write("# ours\\nsecurity.protocol=SASL_SSL\\nsasl.mechanism : SCRAM-SHA-512\\n")
+    >>> read_properties(f.name)
+    {'security.protocol': 'SASL_SSL', 'sasl.mechanism': 'SCRAM-SHA-512'}
+    """
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise ConfigError(f"Expected a readable Kafka client properties file for --kafka-conf. Received: {path} "
+                          f"({e.strerror}).") from None
+    props: dict[str, str] = {}
+    for n, line in enumerate(text.splitlines(), start=1):
+        line = line.strip()
+        if not line or line.startswith(("#", "!")):
+            continue
+        m = re.match(r"([^=:\s]+)\s*[=:]\s*(.*)$", line)
+        if m is None:
+            # The line may hold a secret: name its number, never its text.
+            raise ConfigError(f"Expected 'key=value' on line {n} of {path}. Received a line without '=' there.")
+        props[m[1]] = m[2].strip()
+    return props
+
+
+@dataclasses.dataclass(frozen=True)
+class KafkaConf:
+    """Security settings of every Kafka connection of a process (PLAINTEXT when empty).
+
+    The password fields are left out of ``repr`` (and so of every log line and error).
+
+    Example:
+
+    >>> conf = KafkaConf(protocol="SASL_SSL", mechanism="SCRAM-SHA-512", username="alice", password="s3cret")
+    >>> conf
+    KafkaConf(path=None, protocol='SASL_SSL', mechanism='SCRAM-SHA-512', username='alice', ...)
+    >>> conf.describe()
+    'SASL_SSL, SCRAM-SHA-512 as alice'
+    >>> sorted(conf.kafka_python())[:4]
+    ['sasl_mechanism', 'sasl_plain_password', 'sasl_plain_username', 'security_protocol']
+    """
+
+    path: str | None = None
+    protocol: str = "PLAINTEXT"
+    mechanism: str | None = None
+    username: str | None = None
+    password: str | None = dataclasses.field(default=None, repr=False)
+    ca: str | None = None
+    certificate: str | None = None
+    key: str | None = None
+    key_password: str | None = dataclasses.field(default=None, repr=False)
+    verify_hostname: bool = True
+    bootstrap: str | None = None
+
+    def __repr__(self) -> str:
+        shown = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.repr}
+        head = ", ".join(f"{k}={v!r}" for k, v in list(shown.items())[:4])
+        return f"KafkaConf({head}, ...)"
+
+    @property
+    def tls(self) -> bool:
+        return self.protocol in ("SSL", "SASL_SSL")
+
+    @property
+    def sasl(self) -> bool:
+        return self.protocol.startswith("SASL_")
+
+    def describe(self) -> str:
+        """The settings in a few words, with no secret in them (for logs and errors)."""
+        parts = [self.protocol]
+        if self.sasl:
+            parts.append(f"{self.mechanism} as {self.username}")
+        if self.certificate:
+            parts.append(f"client certificate {self.certificate}")
+        return ", ".join(parts)
+
+    def ssl_context(self) -> ssl.SSLContext | None:
+        """The TLS context of a connection (None for PLAINTEXT and SASL_PLAINTEXT): the
+        CA's certificates (the system's when no ``ssl.ca.location``), the broker's name
+        checked unless ``ssl.endpoint.identification.algorithm`` is empty, and the client's
+        certificate for mutual TLS."""
+        if not self.tls:
+            return None
+        return _context(self.ca, self.certificate, self.key, self.key_password, self.verify_hostname)
+
+    def kafka_python(self) -> dict[str, Any]:
+        """kafka-python's keyword arguments (``KafkaProducer``, ``KafkaConsumer``, ``KafkaAdminClient``)."""
+        args: dict[str, Any] = {"security_protocol": self.protocol}
+        if self.tls:
+            args.update(ssl_context=self.ssl_context(), ssl_check_hostname=self.verify_hostname)
+        if self.sasl:
+            args.update(sasl_mechanism=self.mechanism, sasl_plain_username=self.username,
+                        sasl_plain_password=self.password)
+        return args
+
+    def librdkafka(self) -> dict[str, Any]:
+        """confluent-kafka's (librdkafka's) configuration dict."""
+        out: dict[str, Any] = {"security.protocol": self.protocol}
+        if self.sasl:
+            out.update({"sasl.mechanism": self.mechanism, "sasl.username": self.username,
+                        "sasl.password": self.password})
+        if self.tls:
+            out["ssl.endpoint.identification.algorithm"] = "https" if self.verify_hostname else "none"
+            for key, value in (("ssl.ca.location", self.ca), ("ssl.certificate.location", self.certificate),
+                               ("ssl.key.location", self.key), ("ssl.key.password", self.key_password)):
+                if value:
+                    out[key] = value
+        return out
+
+    def spark_options(self) -> dict[str, str]:
+        """Options for Spark's own Kafka source (``format("kafka")``, the spark-sql-kafka jar).
+
+        The Java client reads the secrets from the same file, through Kafka's
+        ``FileConfigProvider`` (``${file:PATH:KEY}``), so the plan holds the path alone.
+
+        >>> KafkaConf(path="/etc/k.properties", protocol="SASL_SSL", mechanism="PLAIN",
+        ...           username="u", password="p").spark_options()["kafka.sasl.jaas.config"]
+        'org.apache.kafka.common.security.plain.PlainLoginModule required username="${file:/etc/k.properties:sasl.username}" password="${file:/etc/k.properties:sasl.password}";'
+        """
+        out = {"kafka.security.protocol": self.protocol}
+        if self.protocol == "PLAINTEXT":
+            return out
+        ref = functools.partial("${{file:{}:{}}}".format, self.path)
+        out.update({"kafka.config.providers": "file",
+                    "kafka.config.providers.file.class": "org.apache.kafka.common.config.provider.FileConfigProvider"})
+        if self.sasl:
+            module = ("plain.PlainLoginModule" if self.mechanism == "PLAIN" else "scram.ScramLoginModule")
+            out["kafka.sasl.mechanism"] = self.mechanism or ""
+            out["kafka.sasl.jaas.config"] = (f'org.apache.kafka.common.security.{module} required '
+                                             f'username="{ref("sasl.username")}" password="{ref("sasl.password")}";')
+        if self.tls:
+            out["kafka.ssl.endpoint.identification.algorithm"] = "https" if self.verify_hostname else ""
+            if self.ca:
+                out.update({"kafka.ssl.truststore.type": "PEM", "kafka.ssl.truststore.location": self.ca})
+            if self.certificate:
+                if self.certificate != self.key:
+                    raise ConfigError(
+                        "Expected ssl.certificate.location and ssl.key.location to be one PEM file for Spark's own "
+                        "Kafka source (its Java client reads a client certificate and key from one keystore). "
+                        f"Received: {self.certificate} and {self.key}. Concatenate them into one file (cat CERT KEY "
+                        "> client.pem; chmod 600) and name it in both.")
+                out.update({"kafka.ssl.keystore.type": "PEM", "kafka.ssl.keystore.location": self.certificate})
+                if self.key_password:
+                    out["kafka.ssl.key.password"] = ref("ssl.key.password")
+        return out
+
+
+PLAINTEXT = KafkaConf()
+
+
+@functools.lru_cache(maxsize=16)
+def _context(ca: str | None, certificate: str | None, key: str | None, key_password: str | None,
+             verify_hostname: bool) -> ssl.SSLContext:
+    ctx = ssl.create_default_context(cafile=ca)
+    ctx.check_hostname = verify_hostname
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    if certificate:
+        ctx.load_cert_chain(certificate, key, password=key_password)
+    return ctx
+
+
+def _owner_only(path: str, what: str) -> None:
+    mode = stat.S_IMODE(os.stat(path).st_mode)
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise ConfigError(f"Expected {path} readable by its owner only: it holds {what}. Received: mode {mode:o}. "
+                          f"Run: chmod 600 {path}")
+
+
+def _readable(path: str, key: str, source: Path) -> str:
+    if not os.access(path, os.R_OK) or not os.path.isfile(path):
+        raise ConfigError(f"Expected {key} in {source} to name a readable file. Received: {path}. Fix the path, "
+                          "or give this process read access to it.")
+    return path
+
+
+def _jaas(props: dict[str, str]) -> None:
+    """The Java client's ``sasl.jaas.config`` (``... username="u" password="p";``) read into
+    ``sasl.username``/``sasl.password``: the line Java users already have."""
+    jaas = props.pop("sasl.jaas.config", None)
+    if jaas is None:
+        return
+    for name, double, single in _JAAS.findall(jaas):
+        props.setdefault(f"sasl.{name}", double or single)
+
+
+def _check_ca(path: str, source: Path) -> None:
+    """CA certificates that do not load fail here, naming the setting, not in a handshake."""
+    try:
+        ssl.create_default_context().load_verify_locations(cafile=path)
+    except (ssl.SSLError, OSError) as e:
+        raise ConfigError(f"Expected ssl.ca.location in {source} to hold PEM certificates. Received: {path} "
+                          f"({e}).") from None
+
+
+def parse(props: dict[str, str], source: str | Path = "the Kafka client properties") -> KafkaConf:
+    """Check the properties of a client file and build a :class:`KafkaConf` from them.
+
+    >>> parse({"security.protocol": "SASL_SSL", "sasl.mechanisms": "PLAIN", "sasl.username": "key",
+    ...        "sasl.password": "secret"}).describe()
+    'SASL_SSL, PLAIN as key'
+    >>> parse({"security.protocol": "SASL_SSL", "sasl.mechanism": "GSSAPI"})
+    Traceback (most recent call last):
+    ...
+    pipeline.errors.ConfigError: Expected sasl.mechanism PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512 in the Kafka client properties. Received: 'GSSAPI'. streamtrain's clients speak these three; ask the Kafka team for a SCRAM user.
+    """
+    source = Path(source)
+    props = dict(props)
+    _jaas(props)
+    for alias, name in _ALIASES.items():
+        if alias in props:
+            props.setdefault(name, props.pop(alias))
+    unknown = sorted(k for k in props if k not in _KEYS and k not in _OTHER)
+    if unknown:
+        raise ConfigError(f"Expected Kafka client security properties in {source} ({', '.join(sorted(_KEYS))}). "
+                          f"Received: {', '.join(unknown)}. Remove the line(s), or fix the name.")
+    protocol = props.get("security.protocol", "PLAINTEXT").upper()
+    if protocol not in PROTOCOLS:
+        raise ConfigError(f"Expected security.protocol {', '.join(PROTOCOLS[:-1])} or {PROTOCOLS[-1]} in {source}. "
+                          f"Received: {props['security.protocol']!r}.")
+    sasl, tls = protocol.startswith("SASL_"), protocol.endswith("SSL")
+    mechanism = props.get("sasl.mechanism", "").upper() or None
+    if sasl:
+        if mechanism not in MECHANISMS:
+            raise ConfigError(f"Expected sasl.mechanism PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512 in {source}. "
+                              f"Received: {props.get('sasl.mechanism')!r}. streamtrain's clients speak these three; "
+                              "ask the Kafka team for a SCRAM user.")
+        missing = [k for k in ("sasl.username", "sasl.password") if not props.get(k)]
+        if missing:
+            raise ConfigError(f"Expected {' and '.join(missing)} in {source} for security.protocol {protocol}. "
+                              "Received: none. Add the user's name and password to the file.")
+    elif mechanism or props.get("sasl.username") or props.get("sasl.password"):
+        raise ConfigError(f"Expected security.protocol SASL_SSL or SASL_PLAINTEXT in {source} beside sasl.* "
+                          f"settings. Received: {protocol}. Without it the user and password would be unused.")
+    files = {k: props[k] for k in ("ssl.ca.location", "ssl.certificate.location", "ssl.key.location") if props.get(k)}
+    if files and not tls:
+        raise ConfigError(f"Expected security.protocol SSL or SASL_SSL in {source} beside {', '.join(files)}. "
+                          f"Received: {protocol}: the connection would not use TLS at all.")
+    for name, path in files.items():
+        _readable(path, name, source)
+    if "ssl.ca.location" in files:
+        _check_ca(files["ssl.ca.location"], source)
+    cert, key = files.get("ssl.certificate.location"), files.get("ssl.key.location")
+    if bool(cert) != bool(key) and not (cert and not key and _holds_key(cert)):
+        raise ConfigError(f"Expected ssl.certificate.location and ssl.key.location together in {source} (a client "
+                          f"certificate and its private key). Received: only {'the certificate' if cert else 'the key'}.")
+    if key:
+        _owner_only(key, "a private key")
+    algorithm = props.get("ssl.endpoint.identification.algorithm", "https").strip().lower()
+    if algorithm not in ("https", "", "none"):
+        raise ConfigError(f"Expected ssl.endpoint.identification.algorithm https (the default) or empty in {source}. "
+                          f"Received: {algorithm!r}.")
+    conf = KafkaConf(path=str(source), protocol=protocol, mechanism=mechanism if sasl else None,
+                     username=props.get("sasl.username") if sasl else None,
+                     password=props.get("sasl.password") if sasl else None, ca=files.get("ssl.ca.location"),
+                     certificate=cert, key=key or (cert if cert else None),
+                     key_password=props.get("ssl.key.password") or None, verify_hostname=algorithm == "https",
+                     bootstrap=props.get("bootstrap.servers") or None)
+    if tls:
+        try:
+            conf.ssl_context()
+        except (ssl.SSLError, OSError) as e:
+            raise ConfigError(f"Cannot use the client certificate {cert} with its key {key} from {source} ({e}). "
+                              "Check that they belong together and ssl.key.password is right.") from None
+    return conf
+
+
+def _holds_key(path: str) -> bool:
+    try:
+        return "PRIVATE KEY-----" in Path(path).read_text(errors="replace")
+    except OSError:
+        return False
+
+
+def load(path: str | Path | None) -> KafkaConf:
+    """The settings of the file at ``path`` (PLAINTEXT for None), checked: a file holding
+    a password must be readable by its owner alone, as the Spark properties file must.
+
+    A process asks for the same file many times (each task of an executor): it is read
+    again only when it changed, so a rotated password is used from the next client on.
+
+    Raises:
+        ConfigError: one line naming the file, what it expected, what it found, what to do.
+    """
+    if path is None or str(path) == "":
+        return PLAINTEXT
+    path = Path(path).expanduser().absolute()
+    try:
+        st = path.stat()
+    except OSError as e:
+        raise ConfigError(f"Expected a readable Kafka client properties file for --kafka-conf. Received: {path} "
+                          f"({e.strerror}).") from None
+    return _load(str(path), st.st_ino, st.st_mtime_ns, st.st_ctime_ns)
+
+
+@functools.lru_cache(maxsize=8)
+def _load(path: str, *_version: int) -> KafkaConf:
+    props = read_properties(path)
+    if any(props.get(k) for k in ("sasl.password", "ssl.key.password", "sasl.jaas.config")):
+        _owner_only(path, "a password")
+    return parse(props, path)
