@@ -286,3 +286,16 @@ def test_a_batch_s_figures_are_typed_from_task_to_report() -> None:
     assert not wrong, "string-keyed dicts or Any where a dataclass belongs:\n" + "\n".join(wrong)
     assert {f.name: str(f.type) for f in dataclasses.fields(BatchRow)}["tasks"] == "list[TaskRow]"
     assert {f.name: str(f.type) for f in dataclasses.fields(RunReport)}["batches"] == "list[BatchRow]"
+
+
+def test_kafka_clients_are_built_in_one_module() -> None:
+    """Every client is secured the same way only if one module builds them all (issue 38)."""
+    clients = {"KafkaProducer", "KafkaConsumer", "KafkaAdminClient", "Producer", "Consumer", "AdminClient"}
+    wrong = [f"{module}:{call.lineno}: {callee}" for module, path in _modules()
+             if module != "pipeline.ingest.kafka.client"
+             for callee, call in _calls(path) if callee.rpartition(".")[2] in clients]
+    assert not wrong, "build Kafka clients with pipeline.ingest.kafka.client:\n" + "\n".join(wrong)
+    sockets = [module for module, path in _modules() if "socket.create_connection" in path.read_text()
+               and module.startswith("pipeline.ingest.kafka") and module not in ("pipeline.ingest.kafka.wire",
+                                                                                  "pipeline.ingest.kafka.broker")]
+    assert not sockets, f"Kafka connections are opened by pipeline.ingest.kafka.wire alone: {sockets}"

@@ -47,7 +47,7 @@ def parse_bootstrap(bootstrap: str) -> str:
 
 def _unreachable(bootstrap: str, timeout_s: float, why: object) -> BrokerError:
     return BrokerError(
-        f"Cannot reach Kafka at {bootstrap}: no broker answered within {timeout_s:g} s ({why}). "
+        f"Cannot reach Kafka at {bootstrap}: no broker answered within {timeout_s:g} s ({str(why).rstrip('.')}). "
         "Start one with `streamtrain broker`, or pass --bootstrap HOST:PORT of a running Kafka."
     )
 
@@ -62,6 +62,7 @@ def check_reachable(bootstrap: str, *, conf: KafkaConf = PLAINTEXT, timeout_s: f
     addresses = [(h, int(p)) for h, _, p in (b.strip().rpartition(":") for b in parse_bootstrap(bootstrap).split(","))]
     deadline = time.monotonic() + timeout_s
     why: object = "no answer"
+    closed = 0
     while True:
         for host, port in addresses:
             try:
@@ -73,10 +74,15 @@ def check_reachable(bootstrap: str, *, conf: KafkaConf = PLAINTEXT, timeout_s: f
                 conn.request(3, 4, struct.pack(">i", 0) + b"\x00")  # Metadata v4 of no topic: the brokers
                 return
             except wire.ConnectionLost as e:
-                # Accepted, then closed at the first request: a TLS listener met with plaintext closes so.
-                why = (f"{host}:{port} closed the connection at the first request; if its listener is SSL or "
-                       f"SASL_SSL, pass --kafka-conf with security.protocol set (now {conf.protocol})"
-                       if conf.protocol == "PLAINTEXT" else e)
+                why = e
+                # Accepted, then closed at the first request, twice: a TLS listener met with
+                # plaintext closes so; a broker that is only starting refuses the connection.
+                closed += conf.protocol == "PLAINTEXT"
+                if closed >= 2:
+                    raise wire.AuthenticationError(
+                        f"The Kafka broker at {host}:{port} closed the connection at the first plaintext request: "
+                        "its listener probably wants TLS (security.protocol SSL or SASL_SSL in a --kafka-conf "
+                        "file).") from None
             finally:
                 conn.close()
         if time.monotonic() > deadline:

@@ -106,7 +106,7 @@ def _tls_failure(e: ssl.SSLError, where: str, conf: KafkaConf) -> Authentication
         return AuthenticationError(f"The Kafka broker at {where} does not speak TLS ({reason}): its port is "
                                    f"probably PLAINTEXT or SASL_PLAINTEXT, not {conf.protocol}. Check "
                                    "security.protocol in --kafka-conf against the listener's.")
-    if "CERTIFICATE" in reason.upper() or "ALERT" in reason.upper():
+    if "CERTIFICATE" in reason.upper() or "ALERT" in reason.upper() or "HANDSHAKE_FAILURE" in reason.upper():
         return AuthenticationError(f"The Kafka broker at {where} refused this client's TLS handshake ({reason}): "
                                    "it wants a client certificate it trusts (ssl.certificate.location and "
                                    "ssl.key.location in --kafka-conf).")
@@ -176,9 +176,8 @@ class Connection:
                 raise self._garbled(f"Kafka's response declares {size} bytes, outside 4 to {most:,} for what was "
                                     "asked: the broker (or something between) does not speak Kafka's protocol here.")
             data = self._read(size)
-        except ssl.SSLError as e:
-            raise AuthenticationError(f"TLS with the Kafka broker at {self.where} failed mid-request "
-                                      f"({e.reason or e}).") from None
+        except ssl.SSLError as e:  # TLS 1.3 sends a refused client certificate's alert after the handshake
+            raise _tls_failure(e, self.where, self.conf) from None
         except OSError as e:  # timeouts included
             raise ConnectionLost(f"Kafka request failed ({type(e).__name__}: {e}).") from None
         if struct.unpack_from(">i", data)[0] != self.correlation:
