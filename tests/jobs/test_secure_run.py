@@ -1,0 +1,132 @@
+"""`streamtrain run`, `produce` and `predict` against secured Kafka (issue 38), end to end.
+
+librdkafka writes HIGGS records, zstd-compressed in a transaction, into a broker that
+requires SASL_SSL with SCRAM-SHA-512; the run trains every one exactly once through the
+Spark source's Fetch reader, sets the malformed ones aside in the dead-letter topic there,
+and the predict stream writes its predictions there. A second run, on a broker that
+requires a client certificate, replays HIGGS itself and trains through the kafka-python
+fallback. While they run, no process's command line holds the password; after, no file
+of the run does.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from pipeline.ingest.kafka import client, conf
+from pipeline.ingest.kafka.fetch import RangeReader
+from pipeline.train.ledger import check_ledger
+from tests.ingest.secure_kafka import SecureKafka
+from tests.ingest.test_secure_kafka import higgs_records, write_transaction
+
+ROOT = Path(__file__).resolve().parents[2]
+N = 3_000
+MALFORMED = 12
+
+
+class CommandLines:
+    """Every process's command line, read every 0.2 s while a command runs (bounded by it)."""
+
+    def __init__(self) -> None:
+        self.seen: set[str] = set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._scan, daemon=True)
+
+    def _scan(self) -> None:
+        while not self._stop.wait(0.2):
+            for pid in os.listdir("/proc"):
+                if pid.isdigit():
+                    try:
+                        self.seen.add(Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(
+                            errors="replace"))
+                    except OSError:
+                        pass  # the process ended between the listing and the read
+
+    def __enter__(self) -> CommandLines:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+
+def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run([sys.executable, "-m", "pipeline", *args], capture_output=True, text=True, timeout=400,
+                          cwd=ROOT, env={**os.environ, **(env or {})})
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+def _count(kafka: SecureKafka, path: Path, topic: str) -> int:
+    """Records in ``topic`` (every partition), read through the secured endpoint."""
+    secured = conf.load(path)
+    reader = RangeReader(kafka.bootstrap, conf=secured, timeout_s=20)
+    try:
+        return sum(len(rec) for p in client.partitions_for(kafka.bootstrap, topic, conf=secured)
+                   for rec in reader.read(topic, p, 0, reader.log_end(topic, p, at=0)))
+    finally:
+        reader.close()
+
+
+def _holds(folder: Path, secret: str) -> list[str]:
+    return [str(p) for p in folder.rglob("*") if p.is_file() and secret.encode() in p.read_bytes()]
+
+
+@pytest.fixture(scope="module")
+def scram(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecureKafka]:
+    with SecureKafka(tmp_path_factory.mktemp("scram"), mode="sasl_ssl", mechanisms=("SCRAM-SHA-512",)) as kafka:
+        yield kafka
+
+
+@pytest.mark.slow
+def test_a_run_trains_a_librdkafka_transaction_from_sasl_ssl_exactly_once(scram: SecureKafka, tmp_path: Path) -> None:
+    path = scram.write_client_properties(tmp_path / "client.properties")
+    topic = "secured-higgs"
+    client.ensure_topic(scram.bootstrap, topic, partitions=1, conf=conf.load(path))
+    values, keys = higgs_records(N)
+    bad = [b"not a HIGGS record %d" % i for i in range(MALFORMED)]
+    write_transaction(scram, topic, values[:N // 2] + bad + values[N // 2:], keys[:N // 2] + bad + keys[N // 2:])
+    out = tmp_path / "run"
+    with CommandLines() as seen:
+        done = _cli("run", "--dataset", "higgs", "--bootstrap", scram.bootstrap, "--kafka-conf", str(path),
+                    "--topic", topic, "--workers", "1", "--max-offsets-per-trigger", "1000", "--eval-every", "100",
+                    "--timeout", "25", "--out", str(out))
+    report = __import__("json").loads((out / "report.json").read_text())
+    assert report["trained_records"] == N and report["rejected_records"] == MALFORMED, report
+    assert check_ledger(report["ledger"]) == {(topic, 0): N + MALFORMED + 1}  # and the commit marker
+    assert _count(scram, path, f"{topic}.dlq") == MALFORMED  # set aside through the same TLS and SASL
+    assert "SASL_SSL, SCRAM-SHA-512 as" in done.stderr + done.stdout, done.stdout
+    # The predict stream reads and writes through it too.
+    predicted = _cli("predict", "--run", str(out), "--topic", topic, "--bootstrap", scram.bootstrap,
+                     "--kafka-conf", str(path), "--available-now", "--checkpoint", str(tmp_path / "predict"))
+    assert f"wrote {N:,} predictions" in predicted.stdout, predicted.stdout
+    assert _count(scram, path, f"{topic}.predictions") == N
+    leaked = [c for c in seen.seen if scram.password in c]
+    assert not leaked and len(seen.seen) > 10, leaked
+    assert not _holds(out, scram.password)
+
+
+@pytest.mark.slow
+def test_a_run_replays_and_trains_through_mutual_tls_with_the_consumer_fallback(tmp_path: Path) -> None:
+    with SecureKafka(tmp_path / "kafka", mode="mtls") as kafka:
+        path = kafka.write_client_properties(tmp_path / "client.properties")
+        out = tmp_path / "run"
+        # Its own replay (kafka-python's producer) into the secured Kafka, read by kafka-python's consumer.
+        _cli("run", "--dataset", "higgs", "--bootstrap", kafka.bootstrap, "--kafka-conf", str(path),
+             "--max-offsets-per-trigger", "2000", "--eval-every", "100", "--timeout", "200", "--out", str(out),
+             env={"STREAMTRAIN_KAFKA_READER": "consumer"})
+        report = __import__("json").loads((out / "report.json").read_text())
+        assert report["trained_records"] == 7_000 and report["stopped_because"] == "all produced records trained"
+        check_ledger(report["ledger"])
+        # `streamtrain produce` writes through it as well.
+        _cli("produce", "higgs", "--limit", "500", "--topic", "produced", "--bootstrap", kafka.bootstrap,
+             "--kafka-conf", str(path), "--no-progress")
+        assert _count(kafka, path, "produced") == 500
