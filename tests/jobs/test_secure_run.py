@@ -5,16 +5,16 @@ requires SASL_SSL with SCRAM-SHA-512; the run trains every one exactly once thro
 Spark source's Fetch reader, sets the malformed ones aside in the dead-letter topic there,
 and the predict stream writes its predictions there. A second run, on a broker that
 requires a client certificate, replays HIGGS itself and trains through the kafka-python
-fallback. While they run, no process's command line holds the password; after, no file
+fallback. While they run, no process's command line or environment holds the password; after, no file
 of the run does.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,39 +23,13 @@ import pytest
 from pipeline.ingest.kafka import client, conf
 from pipeline.ingest.kafka.fetch import RangeReader
 from pipeline.train.ledger import check_ledger
+from tests.cluster.proc_scan import Watch
 from tests.ingest.secure_kafka import SecureKafka
 from tests.ingest.test_secure_kafka import higgs_records, write_transaction
 
 ROOT = Path(__file__).resolve().parents[2]
 N = 3_000
 MALFORMED = 12
-
-
-class CommandLines:
-    """Every process's command line, read every 0.2 s while a command runs (bounded by it)."""
-
-    def __init__(self) -> None:
-        self.seen: set[str] = set()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._scan, daemon=True)
-
-    def _scan(self) -> None:
-        while not self._stop.wait(0.2):
-            for pid in os.listdir("/proc"):
-                if pid.isdigit():
-                    try:
-                        self.seen.add(Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(
-                            errors="replace"))
-                    except OSError:
-                        pass  # the process ended between the listing and the read
-
-    def __enter__(self) -> CommandLines:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
 
 
 def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -95,11 +69,11 @@ def test_a_run_trains_a_librdkafka_transaction_from_sasl_ssl_exactly_once(scram:
     bad = [b"not a HIGGS record %d" % i for i in range(MALFORMED)]
     write_transaction(scram, topic, values[:N // 2] + bad + values[N // 2:], keys[:N // 2] + bad + keys[N // 2:])
     out = tmp_path / "run"
-    with CommandLines() as seen:
+    with Watch(scram.password, interval_s=0.2) as seen:  # every process's command line and environment
         done = _cli("run", "--dataset", "higgs", "--bootstrap", scram.bootstrap, "--kafka-conf", str(path),
                     "--topic", topic, "--workers", "1", "--max-offsets-per-trigger", "1000", "--eval-every", "100",
                     "--timeout", "25", "--out", str(out))
-    report = __import__("json").loads((out / "report.json").read_text())
+    report = json.loads((out / "report.json").read_text())
     assert report["trained_records"] == N and report["rejected_records"] == MALFORMED, report
     assert check_ledger(report["ledger"]) == {(topic, 0): N + MALFORMED + 1}  # and the commit marker
     assert _count(scram, path, f"{topic}.dlq") == MALFORMED  # set aside through the same TLS and SASL
@@ -109,8 +83,7 @@ def test_a_run_trains_a_librdkafka_transaction_from_sasl_ssl_exactly_once(scram:
                      "--kafka-conf", str(path), "--available-now", "--checkpoint", str(tmp_path / "predict"))
     assert f"wrote {N:,} predictions" in predicted.stdout, predicted.stdout
     assert _count(scram, path, f"{topic}.predictions") == N
-    leaked = [c for c in seen.seen if scram.password in c]
-    assert not leaked and len(seen.seen) > 10, leaked
+    assert not seen.found and seen.scans > 10, seen.found
     assert not _holds(out, scram.password)
 
 
@@ -123,7 +96,7 @@ def test_a_run_replays_and_trains_through_mutual_tls_with_the_consumer_fallback(
         _cli("run", "--dataset", "higgs", "--bootstrap", kafka.bootstrap, "--kafka-conf", str(path),
              "--max-offsets-per-trigger", "2000", "--eval-every", "100", "--timeout", "200", "--out", str(out),
              env={"STREAMTRAIN_KAFKA_READER": "consumer"})
-        report = __import__("json").loads((out / "report.json").read_text())
+        report = json.loads((out / "report.json").read_text())
         assert report["trained_records"] == 7_000 and report["stopped_because"] == "all produced records trained"
         check_ledger(report["ledger"])
         # `streamtrain produce` writes through it as well.
