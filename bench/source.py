@@ -8,27 +8,36 @@ gaps count. The baseline assigns a kafka-python consumer to every partition and
 reads the same records once. Spark's start-up is excluded from both. A third arm streams
 the MNIST records from a zstd-compressed copy of the topic (what many producers write):
 ``zstd_ratio`` is its rate over the uncompressed topic's, in the same run (target >= 0.7:
-inflating must not become the bottleneck).
+inflating must not become the bottleneck). A fourth reads the MNIST topic of one broker
+twice, through its PLAINTEXT port and through SASL_SSL with SCRAM-SHA-512 in front of it
+(tests/ingest/secure_kafka.py: stunnel4 and a SASL front): ``tls_ratio`` is the secured
+rate over the plaintext one, in the same run (target >= 0.8: TLS and SASL must not cost
+the stream a fifth of its speed).
 
     .venv/bin/python bench/source.py [--records 60000]
 
-Last line: ``source mnist_rps=<n> higgs_rps=<n> ratio_vs_consumer=<r> trigger_overhead_ms_p50=<n> zstd_ratio=<r>``
+Last line: ``source mnist_rps=<n> higgs_rps=<n> ratio_vs_consumer=<r> trigger_overhead_ms_p50=<n> zstd_ratio=<r>
+tls_ratio=<r>``
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 from kafka import TopicPartition
 
-from pipeline import cluster, codec
-from pipeline.ingest import microbatch as stream
-from pipeline.ingest.kafka import EmbeddedBroker, client
-from producers import Replay, datasets
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the secured endpoint is the tests' own
+from pipeline import cluster, codec  # noqa: E402
+from pipeline.ingest import microbatch as stream  # noqa: E402
+from pipeline.ingest.kafka import EmbeddedBroker, client  # noqa: E402
+from producers import Replay, datasets  # noqa: E402
+from tests.ingest.secure_kafka import SecureKafka  # noqa: E402
 
 
 class Count(stream.Handler):
@@ -53,14 +62,15 @@ def bare_consume(bootstrap: str, topic: str, n: int) -> float:
 
 
 def stream_arm(spark: Any, bootstrap: str, topic: str, schema: codec.Schema, n: int, per_batch: int,
-               handler: stream.Handler | None = None) -> tuple[float, list[float]]:
+               handler: stream.Handler | None = None, kafka_conf: str | None = None) -> tuple[float, list[float]]:
     """Records/s of one topic through the StreamJob, and each batch's trigger-to-handler ms.
     ``handler``: one the executors can unpickle (a script importing this module passes its
-    own, defined in its ``__main__``); default :class:`Count`."""
+    own, defined in its ``__main__``); default :class:`Count`. ``kafka_conf``: a client
+    properties file (TLS, SASL)."""
     with tempfile.TemporaryDirectory() as ckpt:
         job = stream.StreamJob(spark, bootstrap=bootstrap, topics=[topic], schema=schema, handler=handler or Count(),
                                checkpoint=ckpt, source="python", available_now=True,
-                               max_offsets_per_trigger=per_batch, dead_letter_topic="")
+                               max_offsets_per_trigger=per_batch, dead_letter_topic="", kafka_conf=kafka_conf)
         marks: list[float] = []
         original = job._on_batch
 
@@ -83,12 +93,15 @@ def main() -> None:
     ap.add_argument("--per-batch", type=int, default=20_000)
     args = ap.parse_args()
     n = args.records
-    with EmbeddedBroker() as broker:
+    with EmbeddedBroker() as broker, tempfile.TemporaryDirectory() as tls_dir, \
+            SecureKafka(tls_dir, mode="sasl_ssl", mechanisms=("SCRAM-SHA-512",)) as secured:
         sets = {"mnist": datasets.get("mnist"), "higgs": datasets.get("higgs")}
         for name, data in sets.items():
             Replay(data, bootstrap=broker.bootstrap, topic=name, partitions=2, loop=True, limit=n).run()
         Replay(sets["mnist"], bootstrap=broker.bootstrap, topic="mnist-zstd", partitions=2, loop=True, limit=n,
                producer_config={"compression_type": "zstd"}).run()
+        Replay(sets["mnist"], bootstrap=secured.plain_bootstrap, topic="mnist", partitions=2, loop=True, limit=n).run()
+        secured_conf = str(secured.write_client_properties())
         spark = cluster.session("local[2]", app="bench-source")
         try:
             # Warm-up: Python workers start and import their modules once per session.
@@ -106,12 +119,22 @@ def main() -> None:
             zstd_rps, _ = stream_arm(spark, broker.bootstrap, "mnist-zstd", sets["mnist"].schema, n, args.per_batch)
             print(f"mnist zstd: stream {zstd_rps:,.0f} records/s decoded on executors; "
                   f"{zstd_rps / results['mnist'][0]:.2f} of the uncompressed topic's", flush=True)
+            # The same records of one broker, PLAINTEXT then SASL_SSL, alternated three times: the median ratio.
+            tls = []
+            for _ in range(3):
+                plain_rps, _ = stream_arm(spark, secured.plain_bootstrap, "mnist", sets["mnist"].schema, n,
+                                          args.per_batch)
+                tls_rps, _ = stream_arm(spark, secured.bootstrap, "mnist", sets["mnist"].schema, n, args.per_batch,
+                                        kafka_conf=secured_conf)
+                tls.append(tls_rps / plain_rps)
+                print(f"mnist SASL_SSL: stream {tls_rps:,.0f} records/s against {plain_rps:,.0f} over PLAINTEXT "
+                      f"from the same broker; ratio {tls[-1]:.2f}", flush=True)
         finally:
             cluster.stop(spark)
     ratio = statistics.median(r / b for r, b in results.values())
     print(f"source mnist_rps={results['mnist'][0]:.0f} higgs_rps={results['higgs'][0]:.0f} "
           f"ratio_vs_consumer={ratio:.2f} trigger_overhead_ms_p50={statistics.median(overheads):.0f} "
-          f"zstd_ratio={zstd_rps / results['mnist'][0]:.2f}")
+          f"zstd_ratio={zstd_rps / results['mnist'][0]:.2f} tls_ratio={statistics.median(tls):.2f}")
 
 
 if __name__ == "__main__":

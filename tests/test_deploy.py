@@ -172,3 +172,37 @@ def test_the_model_server_reads_its_token_from_a_file(tmp_path: Path) -> None:
         host_and_token(Settings(serve_host="0.0.0.0", serve_token_file=token))
     with pytest.raises(ConfigError, match="readable file"):
         host_and_token(Settings(serve_host="0.0.0.0", serve_token_file=tmp_path / "missing"))
+
+
+@pytest.fixture(scope="module")
+def secured_stack(compose_bin: str) -> dict[str, Any]:
+    """The stack with deploy/kafka-secured.yml: Kafka requires TLS and SCRAM-SHA-512."""
+    return _model(compose_bin, "-f", "deploy/kafka-secured.yml")
+
+
+def test_the_secured_variant_logs_every_client_in_over_tls(secured_stack: dict[str, Any]) -> None:
+    """Proves: the producer and the trainer read the client file the first start generates
+    (from the secrets volume, through STREAMTRAIN_KAFKA_CONF); the broker's files are in a
+    volume only the broker and the generator mount; the broker's one PLAINTEXT listener is
+    bound to its own loopback; nothing else changes the stack's parts or ports."""
+    from pipeline.ingest.kafka import credentials
+
+    services = secured_stack["services"]
+    assert set(services) == {"kafka", "spark-secret", "producer", "trainer", "prometheus", "grafana"}
+    init = services["spark-secret"]["command"]
+    client_file = init[init.index("--kafka-client") + 1]
+    group_ctx = cli.cli.make_context("streamtrain", list(init), resilient_parsing=False)
+    cli.cli.get_command(group_ctx, init[0]).make_context(init[0], list(init[1:]))  # type: ignore[union-attr]
+    for name in ("producer", "trainer"):
+        assert services[name]["environment"]["STREAMTRAIN_KAFKA_CONF"] == client_file
+        mounts = {v["target"]: v["source"] for v in services[name]["volumes"] if v["type"] == "volume"}
+        assert mounts["/secrets"] == "spark-secret" and "kafka-secret" not in mounts.values()
+        assert services[name]["depends_on"]["kafka"]["condition"] == "service_healthy"
+    holders = {n for n, s in services.items() for v in s.get("volumes", []) if v.get("source") == "kafka-secret"}
+    assert holders == {"kafka", "spark-secret"}
+    server = credentials._SERVER
+    listeners = dict(item.split("://") for item in server.split("listeners=", 1)[1].splitlines()[0].split(","))
+    protocols = dict(p.split(":") for p in server.split("listener.security.protocol.map=")[1].splitlines()[0].split(","))
+    plaintext = {name for name, protocol in protocols.items() if protocol == "PLAINTEXT"}
+    assert all(listeners[name].startswith("127.0.0.1:") for name in plaintext), listeners
+    assert [p["target"] for p in services["kafka"]["ports"]] == [9094] and protocols["HOST"] == "SASL_SSL"

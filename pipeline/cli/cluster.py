@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from pipeline.cli.base import cli
+from pipeline.errors import ConfigError
 
 
 @cli.command("spark-master")
@@ -72,9 +73,23 @@ def cluster_conf(path: str, keep: bool) -> None:
 @click.option("--grafana-password", type=click.Path(dir_okay=False),
               help="Grafana's admin password (mode 0644: Grafana runs as another user; keep it in a volume only "
                    "Grafana mounts).")
-def secrets_(spark_conf: str | None, serve_token: str | None, grafana_password: str | None) -> None:
+@click.option("--kafka-broker", type=click.Path(file_okay=False),
+              help="A secured Kafka broker's files: TLS certificate, SCRAM user, properties (mode 0644: the broker "
+                   "runs as another user; keep it in a volume only the broker mounts). With --kafka-client.")
+@click.option("--kafka-client", type=click.Path(dir_okay=False),
+              help="The client properties file for --kafka-conf (mode 0600), and the CA's certificate beside it.")
+def secrets_(spark_conf: str | None, serve_token: str | None, grafana_password: str | None,
+             kafka_broker: str | None, kafka_client: str | None) -> None:
     """Generate a deployment's secrets on its first start; files already there are kept."""
     from pipeline.cluster import security
+    from pipeline.ingest.kafka import credentials
+
+    if bool(kafka_broker) != bool(kafka_client):
+        raise ConfigError("Expected --kafka-broker DIR and --kafka-client FILE together (the broker's credentials "
+                          "and the client's that match them).")
+    if kafka_broker and kafka_client:
+        written = credentials.write(kafka_broker, kafka_client)
+        click.echo(f"{kafka_broker}, {kafka_client}: {'written' if written else 'kept'}")
 
     if spark_conf:
         kept = Path(spark_conf).is_file()

@@ -185,3 +185,24 @@ def test_the_fetch_reader_never_retries_a_refused_login(scram: SecureKafka, tmp_
         list(fetch.read("any", 0, 0, 1))
     assert time.monotonic() - started < 5
     assert isinstance(wire.AuthenticationError("x"), BrokerError)
+
+
+def test_the_stacks_generated_credentials_log_in_to_a_broker_that_requires_them(tmp_path: Path) -> None:
+    """`streamtrain secrets --kafka-broker --kafka-client` (the compose stack's secured variant):
+    the broker's certificate verifies against the client file's CA for 127.0.0.1, and the
+    SCRAM user's password the broker is given is the client's."""
+    (tmp_path / "broker").mkdir()
+    (tmp_path / "secrets").mkdir()
+    client_file = tmp_path / "secrets" / "kafka-client.properties"
+    done, _ = _run_cli("secrets", "--kafka-broker", str(tmp_path / "broker"), "--kafka-client", str(client_file))
+    assert done.returncode == 0 and "written" in done.stdout, done.stderr
+    secured = conf.load(client_file)
+    scram_line = (tmp_path / "broker" / "scram-user.properties").read_text()
+    assert scram_line == f"SCRAM-SHA-512=[password={secured.password}]\n"
+    assert oct(client_file.stat().st_mode & 0o777) == "0o600"
+    pem = tmp_path / "broker" / "broker.pem"
+    with SecureKafka(tmp_path / "kafka", mode="sasl_ssl", mechanisms=("SCRAM-SHA-512",), username=secured.username,
+                     password=secured.password, server_cert=(pem, pem)) as kafka:
+        client.check_reachable(kafka.bootstrap, conf=secured)  # raises on a refused certificate or login
+    again, _ = _run_cli("secrets", "--kafka-broker", str(tmp_path / "broker"), "--kafka-client", str(client_file))
+    assert "kept" in again.stdout and conf.load(client_file).password == secured.password
