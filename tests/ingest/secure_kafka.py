@@ -454,7 +454,10 @@ class _FrontConfig:
         raw = json.loads(Path(path).read_text())
         users = {name: {mech: (bytes.fromhex(s), bytes.fromhex(k), bytes.fromhex(v), int(i))
                         for mech, (s, k, v, i) in mechs.items()} for name, mechs in raw.pop("users").items()}
-        return cls(users=users, **{k: tuple(v) if isinstance(v, list) else v for k, v in raw.items()})
+        return cls(listen_host=str(raw["listen_host"]), listen_port=int(raw["listen_port"]),
+                   upstream=(str(raw["upstream"][0]), int(raw["upstream"][1])),
+                   advertise=(str(raw["advertise"][0]), int(raw["advertise"][1])), sasl=bool(raw["sasl"]),
+                   mechanisms=tuple(raw["mechanisms"]), users=users, session_lifetime_ms=raw["session_lifetime_ms"])
 
 
 _CLOSE = object()  # the responder's last item: flush what came before it, then close
@@ -686,8 +689,9 @@ async def _serve(cfg: _FrontConfig) -> None:
         active.add(task)
         up_w: asyncio.StreamWriter | None = None
         try:
-            up_r, up_w = await asyncio.wait_for(asyncio.open_connection(*cfg.upstream), 5)
-            conn = _Connection(cfg, client_w, up_r, up_w)
+            up_r, upstream = await asyncio.wait_for(asyncio.open_connection(*cfg.upstream), 5)
+            up_w = upstream
+            conn = _Connection(cfg, client_w, up_r, upstream)
             conn.client_r = client_r
             reading = asyncio.create_task(conn.requests())
             writing = asyncio.create_task(conn.responses())

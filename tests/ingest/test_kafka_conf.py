@@ -56,13 +56,13 @@ def test_a_file_readable_by_others_is_refused_when_it_holds_a_password(tmp_path:
     ("security.protocol=SSL\nssl.ca.location=/etc/hostname\n", "to hold PEM certificates"),
     ("security.protocol=SSL\nssl.endpoint.identification.algorithm=maybe\n", "https \\(the default\\) or empty"),
     ("security.protocol=SSL\nssl.keystore.password=p\n", "Received: ssl.keystore.password"),
-    ("security.protocol=SSL\nthis line has no equals sign\n", "on line 2 of"),
+    ("security.protocol=SSL\nsasl.pasword secret\n", "Received: sasl.pasword. Remove"),  # a typo: never ignored
 ])
 def test_a_bad_file_is_one_line(tmp_path: Path, text: str, message: str) -> None:
     path = _write(tmp_path, text)
     with pytest.raises(ConfigError, match=message) as e:
         conf.load(path)
-    assert "\n" not in str(e.value) and "sasl.password=p" not in str(e.value)
+    assert "\n" not in str(e.value) and "sasl.password=p" not in str(e.value) and "secret" not in str(e.value)
 
 
 def test_a_missing_file_is_one_line(tmp_path: Path) -> None:

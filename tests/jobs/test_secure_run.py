@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -87,19 +88,31 @@ def test_a_run_trains_a_librdkafka_transaction_from_sasl_ssl_exactly_once(scram:
     assert not _holds(out, scram.password)
 
 
+def _readme_commands() -> list[str]:
+    text = (ROOT / "README.md").read_text()
+    block = text.split("<!-- your-kafka:", 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
+    return [line.split("  #")[0].strip() for line in block.splitlines() if line.strip()]
+
+
 @pytest.mark.slow
-def test_a_run_replays_and_trains_through_mutual_tls_with_the_consumer_fallback(tmp_path: Path) -> None:
+def test_the_readmes_commands_train_through_mutual_tls_with_the_consumer_fallback(tmp_path: Path) -> None:
+    """Proves: the README's "Your Kafka" commands, as written, with a mutual-TLS client file
+    (its bootstrap.servers naming the broker): produce writes HIGGS there, and the run
+    replays it into a topic of its own and trains every record, read by kafka-python's
+    consumer through the same TLS."""
+    commands = _readme_commands()
+    assert [c.split()[:2] for c in commands] == [["chmod", "600"], ["streamtrain", "produce"], ["streamtrain", "run"]]
     with SecureKafka(tmp_path / "kafka", mode="mtls") as kafka:
         path = kafka.write_client_properties(tmp_path / "client.properties")
-        out = tmp_path / "run"
-        # Its own replay (kafka-python's producer) into the secured Kafka, read by kafka-python's consumer.
-        _cli("run", "--dataset", "higgs", "--bootstrap", kafka.bootstrap, "--kafka-conf", str(path),
-             "--max-offsets-per-trigger", "2000", "--eval-every", "100", "--timeout", "200", "--out", str(out),
-             env={"STREAMTRAIN_KAFKA_READER": "consumer"})
-        report = json.loads((out / "report.json").read_text())
+        path.chmod(0o644)  # as a user's new file is, until the README's chmod
+        env = {**os.environ, "STREAMTRAIN_KAFKA_READER": "consumer"}
+        for command in commands:
+            argv = shlex.split(command)
+            if argv[0] == "streamtrain":
+                argv = [sys.executable, "-m", "pipeline", *argv[1:]]
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=400, cwd=tmp_path, env=env)
+            assert done.returncode == 0, (command, done.stderr[-3000:])
+        assert _count(kafka, path, "higgs") == 7_000
+        report = json.loads((tmp_path / "runs" / "higgs" / "report.json").read_text())
         assert report["trained_records"] == 7_000 and report["stopped_because"] == "all produced records trained"
         check_ledger(report["ledger"])
-        # `streamtrain produce` writes through it as well.
-        _cli("produce", "higgs", "--limit", "500", "--topic", "produced", "--bootstrap", kafka.bootstrap,
-             "--kafka-conf", str(path), "--no-progress")
-        assert _count(kafka, path, "produced") == 500

@@ -43,15 +43,30 @@ _OTHER = ("bootstrap.servers", "client.id", "session.timeout.ms", "acks", "group
 _JAAS = re.compile(r"""(username|password)\s*=\s*(?:"([^"]*)"|'([^']*)')""")
 
 
+_ESCAPES = {"t": "\t", "n": "\n", "r": "\r", "f": "\f"}
+
+
+def _unescape(text: str) -> str:
+    r"""A Java properties value's backslash escapes resolved.
+
+    >>> _unescape(r"127.0.0.1\:9093"), _unescape(r"a\=b\\c\u0041")
+    ('127.0.0.1:9093', 'a=b\\cA')
+    """
+    return re.sub(r"\\(u[0-9a-fA-F]{4}|.)",
+                  lambda m: chr(int(m[1][1:], 16)) if len(m[1]) == 5 else _ESCAPES.get(m[1], m[1]), text)
+
+
 def read_properties(path: str | Path) -> dict[str, str]:
-    """A Kafka client properties file (``key=value`` or ``key: value`` per line, ``#`` and
-    ``!`` comments), as a dict.
+    r"""A Kafka client properties file, as Java's ``Properties`` reads it: ``key=value``,
+    ``key: value`` or ``key value`` per line, ``#`` and ``!`` comments, a trailing backslash
+    continuing a line, backslash escapes (``\:`` is ``:``).
 
     >>> import tempfile
     >>> with tempfile.NamedTemporaryFile("w", suffix=".properties", delete=False) as f:
-    ...     _ = f.write("# ours\\nsecurity.protocol=SASL_SSL\\nsasl.mechanism : SCRAM-SHA-512\\n")
+    ...     _ = f.write("# ours\nsecurity.protocol=SASL_SSL\nsasl.mechanism : SCRAM-SHA-512\n"
+    ...                 "bootstrap.servers=a\\:1,\\\n    b\\:2\n")
     >>> read_properties(f.name)
-    {'security.protocol': 'SASL_SSL', 'sasl.mechanism': 'SCRAM-SHA-512'}
+    {'security.protocol': 'SASL_SSL', 'sasl.mechanism': 'SCRAM-SHA-512', 'bootstrap.servers': 'a:1,b:2'}
     """
     path = Path(path)
     try:
@@ -60,15 +75,27 @@ def read_properties(path: str | Path) -> dict[str, str]:
         raise ConfigError(f"Expected a readable Kafka client properties file for --kafka-conf. Received: {path} "
                           f"({e.strerror}).") from None
     props: dict[str, str] = {}
-    for n, line in enumerate(text.splitlines(), start=1):
-        line = line.strip()
-        if not line or line.startswith(("#", "!")):
+    logical: list[tuple[int, str]] = []
+    pending: tuple[int, str] | None = None
+    for n, raw in enumerate(text.splitlines(), start=1):
+        line = raw.lstrip() if pending is not None else raw.strip()
+        if pending is None and (not line or line.startswith(("#", "!"))):
             continue
-        m = re.match(r"([^=:\s]+)\s*[=:]\s*(.*)$", line)
+        joined = (pending[1] if pending else "") + line
+        trailing = len(joined) - len(joined.rstrip("\\"))
+        if trailing % 2:  # an odd number of backslashes at the end: the line goes on
+            pending = (pending[0] if pending else n, joined[:-1])
+            continue
+        logical.append((pending[0] if pending else n, joined))
+        pending = None
+    if pending is not None:
+        logical.append(pending)
+    for n, line in logical:
+        m = re.match(r"((?:\\.|[^=:\s\\])+)\s*(?:[=:]\s*|\s+)(.*)$", line, re.S)
         if m is None:
             # The line may hold a secret: name its number, never its text.
             raise ConfigError(f"Expected 'key=value' on line {n} of {path}. Received a line without '=' there.")
-        props[m[1]] = m[2].strip()
+        props[_unescape(m[1])] = _unescape(m[2].rstrip())
     return props
 
 
