@@ -119,9 +119,10 @@ def main() -> None:
             zstd_rps, _ = stream_arm(spark, broker.bootstrap, "mnist-zstd", sets["mnist"].schema, n, args.per_batch)
             print(f"mnist zstd: stream {zstd_rps:,.0f} records/s decoded on executors; "
                   f"{zstd_rps / results['mnist'][0]:.2f} of the uncompressed topic's", flush=True)
-            # The same records of one broker, PLAINTEXT then SASL_SSL, alternated three times: the median ratio.
+            # The same records of one broker, PLAINTEXT then SASL_SSL, alternated five times: the median ratio
+            # (one arm is about a second, so one pair swings with the machine).
             tls = []
-            for _ in range(3):
+            for _ in range(5):
                 plain_rps, _ = stream_arm(spark, secured.plain_bootstrap, "mnist", sets["mnist"].schema, n,
                                           args.per_batch)
                 tls_rps, _ = stream_arm(spark, secured.bootstrap, "mnist", sets["mnist"].schema, n, args.per_batch,

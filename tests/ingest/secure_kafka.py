@@ -461,6 +461,8 @@ class _FrontConfig:
 
 
 _CLOSE = object()  # the responder's last item: flush what came before it, then close
+#: Answers the front rewrites (the rest are relayed as they arrive).
+_REWRITTEN = frozenset({_API_VERSIONS, _METADATA, _FIND_COORDINATOR, _DESCRIBE_CLUSTER})
 
 
 class _Connection:
@@ -531,6 +533,13 @@ class _Connection:
                 self.client.write(item)
             else:
                 key, version, corr = item
+                if key not in _REWRITTEN:
+                    # Cut through (Fetch answers run to megabytes): relayed as they arrive, so
+                    # the front adds no store-and-forward wait to a fetch's round trip.
+                    if not await self._relay(corr):
+                        return None
+                    await self.client.drain()
+                    continue
                 frame = await _read_frame(self.up_r, _MAX_FRAME)
                 if frame is None:
                     return self.log("the broker closed the connection")
@@ -543,6 +552,29 @@ class _Connection:
                 self.client.write(struct.pack(">i", len(frame)))
                 self.client.write(frame)
             await self.client.drain()
+
+    async def _relay(self, corr: int) -> bool:
+        """Copy one answer from the broker to the client in chunks (False: the connection ends)."""
+        try:
+            head = await self.up_r.readexactly(8)
+        except asyncio.IncompleteReadError:
+            self.log("the broker closed the connection")
+            return False
+        size, got = struct.unpack(">ii", head)
+        if got != corr or not 4 <= size <= _MAX_FRAME:
+            self.log(f"the broker answered out of order or oversized (correlation id {got}, {size} bytes): closed")
+            return False
+        self.client.write(head)
+        left = size - 4
+        while left:  # bounded: each read takes at least one byte of the declared size, or raises at EOF
+            chunk = await self.up_r.read(min(left, 1 << 20))
+            if not chunk:
+                self.log("the broker closed the connection mid-answer")
+                return False
+            self.client.write(chunk)
+            left -= len(chunk)
+            await self.client.drain()
+        return True
 
     # --- SASL, the broker's side
 
