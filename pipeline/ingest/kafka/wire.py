@@ -29,7 +29,7 @@ from pipeline.ingest.kafka.conf import PLAINTEXT, KafkaConf
 _SASL_HANDSHAKE, _SASL_AUTHENTICATE = 17, 36
 #: A TLS handshake or SASL exchange longer than this is a peer that will never finish one
 #: (a TLS client at a plaintext port waits for a ServerHello that never comes).
-HANDSHAKE_TIMEOUT_S = 8.0
+HANDSHAKE_TIMEOUT_S = 5.0
 #: Authenticate again once this share of the broker's session lifetime has passed.
 _REAUTH_AT = 0.85
 
@@ -176,6 +176,10 @@ class Connection:
                 raise self._garbled(f"Kafka's response declares {size} bytes, outside 4 to {most:,} for what was "
                                     "asked: the broker (or something between) does not speak Kafka's protocol here.")
             data = self._read(size)
+        except (ssl.SSLEOFError, ConnectionLost) as e:
+            if self.correlation == 1 and self.conf.tls:
+                raise self._refused_after_handshake() from None
+            raise ConnectionLost(f"Kafka request failed ({type(e).__name__}: {e}).") from None
         except ssl.SSLError as e:  # TLS 1.3 sends a refused client certificate's alert after the handshake
             raise _tls_failure(e, self.where, self.conf) from None
         except OSError as e:  # timeouts included
@@ -185,6 +189,15 @@ class Connection:
         reader = Reader(data)
         reader.pos = 4
         return reader
+
+    def _refused_after_handshake(self) -> AuthenticationError:
+        """A TLS listener that closes at the first request after the handshake: with TLS 1.3 a
+        server checks the client's certificate after the client's handshake is done."""
+        which = ("refused the client certificate given" if self.conf.certificate else
+                 "probably requires a client certificate (ssl.certificate.location and ssl.key.location in "
+                 "--kafka-conf)")
+        return AuthenticationError(f"The Kafka broker at {self.where} closed the TLS connection at the first request: "
+                                   f"it {which}.")
 
     def _garbled(self, message: str) -> BrokerError:
         if self.conf.protocol == "PLAINTEXT" and self.correlation == 1:
@@ -204,6 +217,8 @@ class Connection:
             r = self._request(_SASL_HANDSHAKE, 1, string(conf.mechanism))
             error = r.take(">h")
             offered = [r.string() for _ in range(max(r.take(">i"), 0))]
+        except AuthenticationError:
+            raise
         except (ConnectionLost, BrokerError, struct.error) as e:
             raise AuthenticationError(f"The Kafka broker at {self.where} did not take a SASL handshake ({e}): its "
                                       f"port is probably not {conf.protocol}. Check security.protocol in "
