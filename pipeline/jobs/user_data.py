@@ -139,6 +139,7 @@ def sample_topic(bootstrap: str, topic: str, limit: int, *, timeout_s: float = 6
     from pipeline.ingest.kafka import client, conf
 
     secured = conf.load(kafka_conf)
+    client.check_reachable(bootstrap, conf=secured)  # a refused login is one line, not kafka-python's retries
     c = client.consumer(bootstrap, conf=secured)
     try:
         parts = [TopicPartition(topic, p) for p in client.partitions_for(c, topic)]

@@ -110,7 +110,7 @@ def test_a_collapsed_heldout_score_stops_and_keeps_the_last_sound_generation(tmp
     the watch's record goes on across a resume (a fresh driver on the saved state)."""
     from pipeline.ingest.microbatch import BatchFigures
     from pipeline.ingest.offsets import OffsetRange
-    y = np.array([0] * 60 + [1] * 40)  # the majority class scores 0.6
+    y = np.array([0] * 600 + [1] * 400)  # the majority class scores 0.6, on 1,000 records
     accuracy = {0: 0.7, 1: 0.9, 2: 0.92, 3: 0.91, 4: 0.62, 5: 0.61}
 
     def score(info: BatchFigures, row: BatchRow, weights: np.ndarray) -> None:
@@ -144,7 +144,7 @@ def test_a_model_that_never_learned_is_not_a_collapse() -> None:
 
     watch = HeldoutWatch.for_labels(np.array([0, 1] * 50), regression=False)
     assert all(watch.observe(b, {"accuracy": a}) is None for b, a in enumerate([0.5, 0.52, 0.49, 0.53, 0.5, 0.48]))
-    rmse = HeldoutWatch.for_labels(np.array([0.0, 10.0] * 50), regression=True)  # predicting the mean: 5.0
+    rmse = HeldoutWatch.for_labels(np.array([0.0, 10.0] * 1000), regression=True)  # predicting the mean: 5.0
     assert rmse.observe(0, {"rmse": 2.0}) is None and rmse.observe(1, {"rmse": 4.9}) is None
     assert "held-out rmse 5.1000 after 2.0000" in str(rmse.observe(2, {"rmse": 5.1}))
 
@@ -161,3 +161,25 @@ def test_an_absurd_finite_loss_is_a_model_that_diverged(tmp_path: Path) -> None:
         with pytest.raises(StreamtrainError, match=r"Batch 7: the model diverged \(prequential loss 1e\+09, over "
                                                    r"10,000 times .* 0\.6931\).* start again"):
             driver.check_finite(7, np.zeros(4, np.float32), _row(1e9))
+
+
+@pytest.mark.parametrize(("accuracy", "majority", "n"), [(0.60, 0.53, 500), (0.66, 0.53, 500), (0.70, 0.5, 1000),
+                                                        (0.985, 0.11, 10_000), (0.80, 0.5, 100)])
+def test_a_stationary_stream_never_stops_and_flipped_labels_do(accuracy: float, majority: float, n: int) -> None:
+    """Proves: 2,000 held-out scores of a model that stays as good as it is (each a binomial
+    sample on ``n`` records: the noise a small held-out split shows) stop nothing, HIGGS's
+    500-record split included; the same model once its labels flip (accuracy 1 - p, or
+    chance for many classes) stops within two scores wherever the split can tell."""
+    from pipeline.train.divergence import HeldoutWatch
+
+    rng = np.random.default_rng(7)
+    classes = 2 if majority >= 0.5 else 10
+    watch = HeldoutWatch("accuracy", baseline=majority, n=n)
+    scores = rng.binomial(n, accuracy, size=2_000) / n
+    assert [s for b, s in enumerate(scores) if watch.observe(b, {"accuracy": float(s)})] == []
+    flipped = (1 - accuracy) if classes == 2 else 1 / classes
+    fired = [watch.observe(2_000 + b, {"accuracy": float(rng.binomial(n, flipped) / n)}) for b in range(2)]
+    if watch._low_gain(watch.best or 0) >= watch.min_gain:  # the split tells a learned model from chance
+        assert fired[0] is None and fired[1] is not None and "held-out accuracy" in fired[1]
+    else:
+        assert fired == [None, None] and n <= 500, watch  # too few records to tell: the watch stays quiet
