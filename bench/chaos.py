@@ -7,7 +7,7 @@ producer looping HIGGS into a topic, and ``streamtrain run --dataset higgs --boo
   poison_update    a parameter server under a training loop: NaN, Inf and 3e38 pushes are
                    refused and counted, the loop's every push applied, the center finite
   slow_ps_clients  the same server: 300 peers trickling their handshake; the loop keeps its
-                   pace, the peers are dropped at the deadline or refused as busy
+                   pace, the peers are dropped at the deadline or evicted by newer ones
   worker_flood     the same server: authenticated peers past the connection cap, claiming
                    more worker ids than it tracks; refused as busy, its tables bounded
   diverging        a run of a model compiled with a learning rate that blows up, and a run

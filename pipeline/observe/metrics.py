@@ -36,7 +36,7 @@ SERVE_REFUSALS = ("bad_field", "bad_json", "busy", "malformed", "no_instances", 
                   "too_many_values", "unauthorized", "wrong_shape")
 
 #: Why the parameter server refuses a connection or a request (each a series from the start).
-PS_REFUSALS = ("auth", "busy", "frame", "handshake", "idle", "nonfinite", "order", "size", "truncated")
+PS_REFUSALS = ("auth", "busy", "evicted", "frame", "handshake", "idle", "nonfinite", "order", "size", "truncated")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -140,7 +140,7 @@ def train_partition(
     timer = _Timer()
     try:
         with ps.connect((server.host, server.port), server.shards, secret=server.secret, worker=worker,
-                        size=spec.size, wire_dtype=server.wire_dtype) as client:
+                        size=spec.size, wire_dtype=server.wire_dtype, retry_s=CONNECT_RETRY_S) as client:
             with timer("exchange"):
                 done = client.begin(task, steps=total, window=window) if task else 0
                 pulled = client.pull().copy()
@@ -187,6 +187,11 @@ def train_partition(
         task=task, steps_total=total, steps_skipped=skipped, repeats=client.repeats, attempt=attempt,
         shared_memory=client.shared, wire_dtype=client.wire_dtype,
     )
+
+
+#: How long a task keeps trying to connect to a parameter server that refuses or drops its
+#: connection before the handshake (a flood of idle peers, a burst of workers) before it fails.
+CONNECT_RETRY_S = 60.0
 
 
 def _minibatches(rng: np.random.Generator, n: int, batch: int, epochs: int) -> Iterator[np.ndarray]:

@@ -15,6 +15,8 @@ on every shard is applied once on each, whatever order the shards see the pushes
 from __future__ import annotations
 
 import bisect
+import random
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from types import TracebackType
 from typing import Any, TypeVar
@@ -197,8 +199,29 @@ class ShardedClient:
         self.close()
 
 
-def connect(address: tuple[str, int], shards: list[Shard] | tuple[Shard, ...] = (), **kwargs: Any) -> Client | ShardedClient:
-    """A client of the server at ``address``, or of its ``shards`` where it has more than one."""
-    if len(shards) > 1:
-        return ShardedClient(shards, **kwargs)
-    return Client(address, **kwargs)
+#: Refusals of a connection that a later try may not meet: a server with its handshake slots
+#: or connections taken (by a flood, or a burst of workers), or one that evicted this
+#: connection's handshake for a newer one.
+_TRY_AGAIN = (OSError,)  # ConnectionError, timeouts, and protocol.Closed among them
+
+
+def connect(address: tuple[str, int], shards: list[Shard] | tuple[Shard, ...] = (), *, retry_s: float = 0.0,
+            **kwargs: Any) -> Client | ShardedClient:
+    """A client of the server at ``address``, or of its ``shards`` where it has more than one.
+
+    A connection that is refused, reset or closed before its handshake ends is tried again
+    for up to ``retry_s`` seconds, backing off from 50 ms to 2 s with jitter; a refused
+    secret is raised at once. Nothing is exchanged before the handshake, so a retry can
+    neither lose nor repeat an update.
+    """
+    deadline, delay = time.monotonic() + retry_s, 0.05
+    while True:
+        try:
+            if len(shards) > 1:
+                return ShardedClient(shards, **kwargs)
+            return Client(address, **kwargs)
+        except _TRY_AGAIN:
+            if time.monotonic() + delay > deadline:
+                raise
+        time.sleep(delay * random.uniform(0.5, 1.0))  # jitter: workers refused together do not return together
+        delay = min(2.0, delay * 2)

@@ -7,6 +7,7 @@ handed to the server's :meth:`~pipeline.train.ps.server.ParameterServer.answer`.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import hmac
@@ -35,7 +36,10 @@ log = logging.getLogger(__name__)
 #: map a shared file and keep a pulled center): more are refused ("busy") after the handshake.
 MAX_CONNECTIONS = 64
 #: Connections in the handshake at once, a budget of their own: peers without the secret
-#: never take an authenticated worker's slot, and more are refused ("busy") at once.
+#: never take an authenticated worker's slot. A newcomer past it evicts the oldest pending
+#: handshake of its own address, else the oldest of all ("evicted"): peers that connect and
+#: say nothing cannot keep a worker out, they only push each other out (a worker's
+#: handshake takes a round trip; theirs run for HANDSHAKE_TIMEOUT_S).
 MAX_UNAUTHENTICATED = 32
 #: Seconds a peer has for the whole handshake (a deadline, not per read: a byte every 9 s
 #: must not hold a slot for minutes), and an authenticated connection may stay silent
@@ -59,7 +63,10 @@ class Transport:
         self._listener: socket.socket | None = None
         self._conns: set[socket.socket] = set()
         self._count_lock = threading.Lock()
-        self._unauthenticated = self._authenticated = 0
+        self._authenticated = 0
+        #: Connections in the handshake, oldest first, with their peer's address.
+        self._pending: collections.OrderedDict[socket.socket, str] = collections.OrderedDict()
+        self._evicted: set[socket.socket] = set()
         self._threads: list[threading.Thread] = []
         self._stopping = threading.Event()
         # A flood of bad connections (a scanner, a misconfigured client) must not flood the log.
@@ -113,16 +120,21 @@ class Transport:
         listener = self._listener
         while not self._stopping.is_set():
             try:
-                conn, _ = listener.accept()
+                conn, peer = listener.accept()
             except OSError:
                 return
+            victim = None
             with self._count_lock:
-                busy = self._unauthenticated >= MAX_UNAUTHENTICATED
-                self._unauthenticated += not busy
-            if busy:
-                self.refuse(conn, "busy")
-                conn.close()
-                continue
+                if len(self._pending) >= MAX_UNAUTHENTICATED:
+                    own = next((c for c, a in self._pending.items() if a == peer[0]), None)
+                    victim = own if own is not None else next(iter(self._pending))
+                    del self._pending[victim]
+                    self._evicted.add(victim)
+                self._pending[conn] = peer[0]
+            if victim is not None:
+                self.refuse(victim, "evicted")
+                with contextlib.suppress(OSError):
+                    victim.shutdown(socket.SHUT_RDWR)  # its handshake's read ends; its thread closes it
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             self._conns.add(conn)
             t = threading.Thread(target=self._serve, args=(conn,), name="ps-conn", daemon=True)
@@ -135,7 +147,7 @@ class Transport:
                 session = self._handshake(conn)
             finally:
                 with self._count_lock:
-                    self._unauthenticated -= 1
+                    self._pending.pop(conn, None)
             if session is not None:
                 with self._count_lock:
                     busy = self._authenticated >= MAX_CONNECTIONS
@@ -154,6 +166,8 @@ class Transport:
             pass  # a closed or reset connection ends only itself
         finally:
             self._conns.discard(conn)
+            with self._count_lock:
+                self._evicted.discard(conn)
             conn.close()
             self.server.disconnected(id(conn))
 
@@ -177,11 +191,9 @@ class Transport:
         answer = bytearray(p.NONCE_BYTES + p.PROOF_BYTES)
         try:
             _recv_by(conn, memoryview(answer), deadline)
-        except TimeoutError:
-            self.refuse(conn, "handshake")
-            return None
-        except ConnectionError:
-            self.refuse(conn, "truncated")
+        except (TimeoutError, ConnectionError) as e:
+            if conn not in self._evicted:  # an evicted one was counted as such
+                self.refuse(conn, "handshake" if isinstance(e, TimeoutError) else "truncated")
             return None
         theirs, proof = bytes(answer[:p.NONCE_BYTES]), bytes(answer[p.NONCE_BYTES:])
         if not hmac.compare_digest(proof, p.client_proof(secret, nonce, theirs)):

@@ -183,8 +183,9 @@ def test_a_reply_longer_than_the_request_allows_is_refused_before_any_allocation
 
 
 def test_connections_beyond_the_cap_and_silent_peers_are_refused_and_counted(monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    """Proves: connections past the handshake budget are closed before it ("busy"); a peer
-    silent in the handshake ("handshake") or after it ("idle") is closed after its timeout."""
+    """Proves: a connection past the handshake budget evicts the oldest pending handshake
+    ("evicted", closed at once) and is served itself; a peer silent in the handshake
+    ("handshake") or after it ("idle") is closed after its timeout."""
     monkeypatch.setattr(transport, "MAX_UNAUTHENTICATED", 2)
     monkeypatch.setattr(transport, "HANDSHAKE_TIMEOUT_S", 0.5)
     monkeypatch.setattr(transport, "IDLE_TIMEOUT_S", 0.5)
@@ -193,12 +194,13 @@ def test_connections_beyond_the_cap_and_silent_peers_are_refused_and_counted(mon
         for sock in silent:
             sock.recv(p.NONCE_BYTES)  # accepted: the server sent its nonce
         third = socket.create_connection(s.address, timeout=5)
-        assert third.recv(p.NONCE_BYTES) == b""  # closed at once
-        for sock in [*silent, third]:
+        assert len(third.recv(p.NONCE_BYTES)) == p.NONCE_BYTES  # served: it pushed the oldest out
+        _until_closed(silent[0])  # at once
+        for sock in [silent[1], third]:
             _until_closed(sock)  # the silent ones, after the handshake timeout
         idle, _ = _handshake(s)
         _until_closed(idle)
-        assert s.stats()["refused"] == {"busy": 1, "handshake": 2, "idle": 1}
+        assert s.stats()["refused"] == {"evicted": 1, "handshake": 2, "idle": 1}
         with Client(s.address, secret=SECRET, worker=0, size=N, shared_memory=False) as c:
             assert c.pull().shape == (N,)
 

@@ -3,6 +3,7 @@ the shared-memory transport for workers on its machine."""
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import socket
@@ -405,3 +406,28 @@ def test_a_repeated_push_never_holds_a_synchronous_round() -> None:
             first.join(10)
             assert not first.is_alive() and time.monotonic() - began < 10
         assert s.clock == 1 and copy.repeats == 1 and s.applied(t1) == s.applied(t2) == (1, 1)
+
+
+def test_idle_peers_cannot_keep_a_worker_out() -> None:
+    """Proves: 200 connections from this machine that never answer the handshake (each past
+    the 32-slot budget evicts the oldest of its address) do not stop a worker: its
+    connection, tried again with backoff, is served, and its pushes applied."""
+    from pipeline.train import ps
+    from pipeline.train.ps import transport
+
+    with ParameterServer(np.zeros(N, np.float32), secret=SECRET, shared_memory=False) as s:
+        idle = []
+        try:
+            for _ in range(200):  # bounded: a fixed flood, held open
+                with contextlib.suppress(OSError):
+                    idle.append(socket.create_connection(s.address, timeout=5))
+            started = time.monotonic()
+            with ps.connect(s.address, secret=SECRET, worker=0, size=N, retry_s=30, shared_memory=False) as c:
+                c.push(np.ones(N, np.float32))
+                assert c.pull()[0] == 1.0
+            assert time.monotonic() - started < 10
+            refused = s.stats()["refused"]
+            assert refused.get("evicted", 0) >= 200 - transport.MAX_UNAUTHENTICATED and "busy" not in refused, refused
+        finally:
+            for sock in idle:
+                sock.close()
