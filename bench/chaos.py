@@ -233,7 +233,7 @@ def hostile_http(folder: Path, args: Any, live: Live | None = None) -> dict[str,
         path = b"/v1/models/higgs:predict"
 
         def post(body: bytes, head: bytes = b"") -> bytes:
-            return _http(port, b"POST " + path + b" HTTP/1.1\r\nHost: x\r\nConnection: close\r\n" + head
+            return _http(port, b"POST " + path + b" HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nConnection: close\r\n" + head
                          + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
 
         slow = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(20)]
@@ -242,7 +242,7 @@ def hostile_http(folder: Path, args: Any, live: Live | None = None) -> dict[str,
         answers = [post(b'{"instances": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"),
                    post(b'{"instances": [[' + b"9" * 310 + b"]]}"),
                    post(json.dumps({"instances": [["1"] * 28]}).encode()),
-                   _http(port, b"POST " + path + b" HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n{}")]
+                   _http(port, b"POST " + path + b" HTTP/1.1\r\nHost: localhost\r\nContent-Length: abc\r\n\r\n{}")]
         good = post(json.dumps({"instances": [[0.5] * 28]}).encode())
         for s in slow:
             s.close()

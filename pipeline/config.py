@@ -69,6 +69,9 @@ class Settings(BaseSettings):
     #: Address the model server binds (``serve``, ``run --serve-port``); loopback by default.
     #: Any other address needs a token.
     serve_host: str = "127.0.0.1"
+    #: More ``Host`` names a loopback model server answers to, comma-separated (a reverse
+    #: proxy's); loopback names always. Any other is refused (421): DNS rebinding.
+    serve_allowed_hosts: str = ""
     #: The bearer token the model server asks for (never on the command line).
     serve_token: SecretStr | None = None
     #: A file holding that token (what compose's generated secrets volume gives); read when

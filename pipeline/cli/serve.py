@@ -40,7 +40,8 @@ def serve(run_dir: str, port: int, name: str | None, max_age_s: float | None) ->
                           "pass the --out folder of a run that trained at least one micro-batch.")
     host, token = process.host_and_token(config.settings())
     process.check_serving(port, max_age_s, host=host)
-    process.serve_folder(folder, host=host, port=port, name=name, token=token, max_age_s=max_age_s)
+    process.serve_folder(folder, host=host, port=port, name=name, token=token, max_age_s=max_age_s,
+                         hosts=process.allowed_hosts(config.settings()))
 
 
 @cli.command()

@@ -324,14 +324,14 @@ def _serving(stack: contextlib.ExitStack, cfg: RunConfig, settings: Any, out: Pa
              server: Any) -> Any:
     """With --serve-port, start the model server's process (it imports TensorFlow while
     the workers warm up)."""
-    from pipeline.serve.process import ServingProcess, host_and_token
+    from pipeline.serve.process import ServingProcess, allowed_hosts, host_and_token
 
     if cfg.serve_port is None:
         return None
     host, token = host_and_token(settings)
     serving = ServingProcess.for_run(name=cfg.name, spec=spec, schema=schema, server=server, host=host,
                                      port=cfg.serve_port, token=token, max_age_s=cfg.serve_max_age_s,
-                                     log_path=out / "serve.log").start()
+                                     log_path=out / "serve.log", hosts=allowed_hosts(settings)).start()
     stack.callback(serving.stop)
     return serving
 

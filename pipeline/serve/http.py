@@ -10,11 +10,16 @@ It runs on aiohttp (its HTTP parser frames every request itself: no body is ever
 the next request, and a malformed head is a 400), on one event loop in a thread, so a slow
 client holds a socket, never a thread. The limits:
 
-* ``max_connections`` open connections; one more is answered 503 and closed at once;
-  the listening backlog is ``backlog``.
+* ``max_connections`` open connections, a quarter of them per client address, counted as
+  each is accepted: a newcomer past them evicts the oldest idle connection (408), or is
+  answered 503 when none is idle (:mod:`pipeline.serve.connections`); the listening
+  backlog is ``backlog``.
 * ``timeout_s`` for a request's head, counted from the connection's start or the last
-  answer (however the bytes trickle in), and again for its body, from the head's arrival;
-  a late body gets a 408.
+  answer (however the bytes trickle in; the first head's shrinks as connections fill
+  up), and again for its body, from the head's arrival; a late one gets a 408.
+* Bound to loopback, only requests for a loopback host name are answered (421 otherwise:
+  a web page's DNS rebinding), plus ``allowed_hosts``; a POST body must be
+  ``application/json`` (415: a cross-site form cannot send one without asking first).
 * A body over ``max_body_bytes`` is refused (413) before it is read, and all bodies being
   read at once hold at most ``max_body_bytes * 4``: more wait for no one, they get a 503.
 * JSON nested deeper than the decoder allows, an integer of more than 40 digits, strings
@@ -30,6 +35,8 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
+import ctypes
 import hmac
 import json
 import logging
@@ -45,18 +52,17 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from pipeline.errors import ConfigError
 from pipeline.observe.metrics import SERVE_REFUSALS, ServingMetrics, serving_metrics
+from pipeline.serve.connections import Gate
 from pipeline.serve.instances import BadRequest, parse
 from pipeline.serve.predictor import Predictor, Unavailable
 
 log = logging.getLogger(__name__)
 
 #: Statuses counted from the start (a first refusal is a change, not a new series).
-STATUSES = ("200", "400", "401", "404", "405", "408", "411", "413", "500", "503")
-_BUSY = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nConnection: close\r\n"
-         b"Retry-After: 1\r\nContent-Length: 64\r\n\r\n"
-         + json.dumps({"error": "The server is at its connection limit; retry."}).encode().ljust(64))
-
-
+STATUSES = ("200", "400", "401", "404", "405", "408", "411", "413", "415", "421", "500", "503")
+#: Host names a loopback server answers to: a web page's request to another name (DNS
+#: rebinding: a name of the attacker's that now resolves to 127.0.0.1) is refused.
+LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "[::1]")
 _ROUTED = web.RequestKey("routed", bool)
 
 
@@ -93,26 +99,6 @@ class _Counted(AbstractAccessLogger):
         return True
 
 
-class _Busy(asyncio.Protocol):
-    """A connection past the limit: a 503 and our end closed at once; what the client sends
-    is discarded (closing with it unread would reset the connection, the 503 lost), for a
-    second at most."""
-
-    def __init__(self, app: ModelServer) -> None:
-        self.app = app
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.app.meters.requests.labels(self.app.name, "503").inc()
-        self.app.meters.bad_requests.labels(self.app.name, "busy").inc()
-        assert isinstance(transport, asyncio.Transport)
-        transport.write(_BUSY)
-        transport.write_eof()
-        asyncio.get_running_loop().call_later(1.0, transport.abort)
-
-    def data_received(self, data: bytes) -> None:
-        pass
-
-
 class ModelServer:
     """Serves ``predictor`` over HTTP from an event loop in a daemon thread.
 
@@ -125,12 +111,13 @@ class ModelServer:
         max_connections: connections open at once; one more gets a 503 and is closed.
         timeout_s: seconds a client has to send a request's head, and then its body.
         backlog: connections the kernel queues before they are accepted.
+        allowed_hosts: more ``Host`` names a loopback server answers to (a proxy's).
     """
 
     def __init__(self, predictor: Predictor, *, name: str, host: str = "127.0.0.1", port: int = 0,
                  token: str | None = None, max_body_bytes: int = 16 << 20, max_instances: int = 1024,
                  max_connections: int = 256, timeout_s: float = 10.0, backlog: int = 1024,
-                 meters: ServingMetrics | None = None) -> None:
+                 meters: ServingMetrics | None = None, allowed_hosts: tuple[str, ...] = ()) -> None:
         self.predictor, self.name, self.token = predictor, name, token
         self.max_body_bytes, self.max_instances, self.timeout_s = max_body_bytes, max_instances, timeout_s
         self.max_connections, self.backlog = max_connections, backlog
@@ -148,6 +135,13 @@ class ModelServer:
             raise ConfigError(f"Cannot serve predictions on {host}:{port} ({e.strerror}). "
                               "Pass another --serve-port, or 0 for a free one.") from None
         self.host, self.port = host, int(self._sock.getsockname()[1])
+        loopback = host in ("127.0.0.1", "localhost", "::1")
+        # Beyond loopback each client address has a quarter of the connections; on it, every
+        # client is this machine's.
+        self.gate = Gate(max_connections=max_connections, timeout_s=timeout_s, meters=self.meters, name=name,
+                         max_per_client=max_connections if loopback else None)
+        # Any host name may reach a server bound beyond loopback (it asks for a token instead).
+        self._hosts = {h.lower() for h in (*LOOPBACK_HOSTS, *allowed_hosts)} if loopback else None
         # Parsing and predicting leave the event loop: one thread per core is plenty (the
         # predictor calls the model one request at a time).
         self._pool = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="serve")
@@ -179,9 +173,7 @@ class ModelServer:
 
     def _connection(self) -> asyncio.BaseProtocol:
         assert self._runner is not None and self._runner.server is not None
-        if len(self._runner.server.connections) >= self.max_connections:
-            return _Busy(self)
-        return self._runner.server()
+        return self.gate.accept(self._runner.server)
 
     def stop(self) -> None:
         async def _stop() -> None:
@@ -221,6 +213,10 @@ class ModelServer:
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         request[_ROUTED] = True
         path, method = request.path, request.method
+        if self._hosts is not None and _host_name(request.host) not in self._hosts:
+            return self._refuse(BadRequest(f"Expected a request for this machine's loopback name ({', '.join(sorted(self._hosts))}). "
+                                           "Received another Host: a web page's DNS rebinding is refused.",
+                                           status=421, reason="wrong_host"))
         if path == "/healthz" and method == "GET":
             return _answer(200, b'{"status": "ok"}')
         if path == "/metrics" and method == "GET":
@@ -238,10 +234,11 @@ class ModelServer:
         if rest == ":predict":
             if method != "POST":
                 return _answer(405, _error("Expected POST for :predict."), {"Allow": "POST"})
+
             try:
                 return await self._predict(request)
             except BadRequest as e:
-                return self._refuse(e, {"Connection": "close"} if e.status in (408, 411, 413, 503) else None)
+                return self._refuse(e, {"Connection": "close"} if e.status in (408, 411, 413, 415, 503) else None)
         return _answer(404, _error(f"No such route: {path}. Try {self._prefix}:predict."))
 
     def _authorized(self, request: web.Request) -> bool:
@@ -294,9 +291,13 @@ class ModelServer:
         return _answer(200, body.encode(), {"X-Model-Version": str(snap.version), "X-Weights-Age-Seconds": f"{age:.3f}"})
 
     def _predict_sync(self, raw: bytes) -> tuple[np.ndarray, Any, bool, int]:
-        x, columnar = parse(raw, self.predictor.schema, max_instances=self.max_instances)
-        out, snap = self.predictor.predict(x)
-        return out, snap, columnar, len(x)
+        try:
+            x, columnar = parse(raw, self.predictor.schema, max_instances=self.max_instances)
+            out, snap = self.predictor.predict(x)
+            return out, snap, columnar, len(x)
+        finally:
+            if len(raw) > _TRIM_AFTER:
+                _trim()
 
     async def _body(self, request: web.Request) -> bytes:
         """The body, read before the deadline and within the budget of bodies in flight."""
@@ -309,6 +310,10 @@ class ModelServer:
         if n > self.max_body_bytes:
             raise BadRequest(f"Expected a body of at most {self.max_body_bytes:,} bytes. Received a Content-Length "
                              f"of {n:,}; split the request.", status=413, reason="too_large")
+        if request.content_type != "application/json":
+            # A cross-site form or fetch without a preflight can only send text/plain and forms.
+            raise BadRequest(f"Expected Content-Type: application/json. Received: {request.content_type or 'none'}.",
+                             status=415, reason="content_type")
         if self._reading + n > 4 * self.max_body_bytes:
             raise BadRequest("The server is reading as many bodies as it holds at once; retry shortly.", status=503,
                              reason="busy")
@@ -324,6 +329,29 @@ class ModelServer:
                              "of it; send it at once.", status=408, reason="slow_body") from None
         finally:
             self._reading -= n
+
+
+#: A body this large leaves freed memory in the allocator's arenas: hand it back to the system.
+_TRIM_AFTER = 1 << 20
+
+
+def _trim() -> None:
+    """glibc keeps what a large request freed for reuse (hundreds of MB after a few bodies
+    of strings); ``malloc_trim`` returns it. Elsewhere a no-op."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
+def _host_name(host: str) -> str:
+    """A ``Host`` header's name, its port left out.
+
+    >>> _host_name("localhost:8501"), _host_name("[::1]:80"), _host_name("Example.COM")
+    ('localhost', '[::1]', 'example.com')
+    """
+    host = host.lower()
+    if host.startswith("["):
+        return host.partition("]")[0] + "]"
+    return host.rpartition(":")[0] if host.count(":") == 1 else host
 
 
 def _answer(status: int, body: bytes, headers: dict[str, str] | None = None,

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from typing import Any
 
 import numpy as np
@@ -96,6 +97,23 @@ def _instance(row: Any, index: int, schema: Schema) -> np.ndarray:
 
 #: Digits an integer may have: no feature needs more, and a 310-digit one overflows a float.
 MAX_DIGITS = 40
+#: The longest string a table's instance may hold (a category or a name), and where the
+#: instances are numbers, the longest key ("instances", an input's name).
+MAX_STRING, MAX_KEY = 4096, 256
+#: A JSON string, escapes included: scanned left to right, a closing quote never opens one.
+_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')  # the unrolled loop: runs of plain bytes at C speed
+
+
+def _longest_string_over(raw: bytes, limit: int) -> int | None:
+    """The length of the body's first JSON string longer than ``limit`` bytes, if any.
+
+    >>> _longest_string_over(b'{"instances": [[1, 2, 3]]}', 16), _longest_string_over(b'["abc", "' + b"x" * 20 + b'"]', 16)
+    (None, 20)
+    """
+    for m in _STRING.finditer(raw):
+        if m.end() - m.start() - 2 > limit:
+            return m.end() - m.start() - 2
+    return None
 
 
 def _number(text: str) -> float:
@@ -119,6 +137,13 @@ def parse(raw: bytes, schema: Schema, *, max_instances: int) -> tuple[np.ndarray
     if raw.count(b",") > most:
         raise BadRequest(f"Expected at most {max_instances} instances of {schema.n_features} numbers. Received a body "
                          f"of more than {most:,} values; split the request.", status=413, reason="too_many_values")
+    # A string costs up to 4 bytes a character as Python's, and again as numpy's: one long
+    # enough to matter is no field of an instance (a name, a category), so it is refused
+    # before the decoder builds it.
+    longest = MAX_STRING if schema.table is not None else MAX_KEY
+    if (found := _longest_string_over(raw, longest)) is not None:
+        raise BadRequest(f"Expected strings of at most {longest:,} bytes in an instance. Received one of "
+                         f"{found:,} bytes.", status=413, reason="string_too_long")
     try:
         body = json.loads(raw, parse_constant=lambda c: math.nan, parse_int=_number)
     except (ValueError, UnicodeDecodeError) as e:

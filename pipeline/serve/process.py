@@ -53,6 +53,11 @@ def host_and_token(settings: Settings) -> tuple[str, str | None]:
     return settings.serve_host, token
 
 
+def allowed_hosts(settings: Settings) -> tuple[str, ...]:
+    """``STREAMTRAIN_SERVE_ALLOWED_HOSTS`` as names (the loopback ones are always allowed)."""
+    return tuple(h.strip() for h in settings.serve_allowed_hosts.split(",") if h.strip())
+
+
 def check_serving(port: int, max_age_s: float | None, *, host: str) -> None:
     """Refuse a serving port or bound that cannot work on ``host``, before anything starts."""
     import socket
@@ -74,7 +79,7 @@ def check_serving(port: int, max_age_s: float | None, *, host: str) -> None:
 
 
 def serve_folder(run_dir: Path, *, host: str, port: int, name: str | None, token: str | None,
-                 max_age_s: float | None) -> None:
+                 max_age_s: float | None, hosts: tuple[str, ...] = ()) -> None:
     """Serve the model of the run in ``run_dir`` from its checkpoint (reloaded whenever the
     run writes one) until SIGINT or SIGTERM."""
     from pipeline.serve.http import ModelServer
@@ -86,7 +91,8 @@ def serve_folder(run_dir: Path, *, host: str, port: int, name: str | None, token
     source.start()
     try:
         predictor = Predictor(spec, schema, source, max_age_s=max_age_s)
-        server = ModelServer(predictor, name=name or recorded, host=host, port=port, token=token).start()
+        server = ModelServer(predictor, name=name or recorded, host=host, port=port, token=token,
+                             allowed_hosts=hosts).start()
         print(f"serving {name or recorded} from {run_dir} at {server.url}:predict; Ctrl-C stops it",
               file=sys.stderr, flush=True)
         with processes.stop_on_signals(threading.Event(), again_exits=False) as stop:
@@ -120,7 +126,7 @@ def serve_live(job: dict[str, Any], answer: Any, stop: threading.Event) -> None:
         predictor = Predictor(ModelSpec.from_json(job["spec"]), schema, source, max_age_s=job["max_age_s"],
                               threads=1)
         server = ModelServer(predictor, name=job["name"], host=job["host"], port=job["port"],
-                             token=job["token"]).start()
+                             token=job["token"], allowed_hosts=tuple(job.get("hosts", ()))).start()
     except Exception:  # the child's entry point answers the error
         source.close()
         raise
@@ -143,7 +149,7 @@ class ServingProcess:
 
     @classmethod
     def for_run(cls, *, name: str, spec: Any, schema: Any, server: Any, host: str, port: int, token: str | None,
-                max_age_s: float, log_path: Path) -> ServingProcess:
+                max_age_s: float, log_path: Path, hosts: tuple[str, ...] = ()) -> ServingProcess:
         """The server for a run's parameter ``server`` (its address and secret) and model,
         listening on ``host:port`` (see :func:`host_and_token`)."""
         from pipeline.serve.predictor import schema_dict
@@ -151,7 +157,7 @@ class ServingProcess:
         return cls({"name": name, "spec": spec.to_json(), "schema": schema_dict(schema),
                     "address": f"{server.host}:{server.port}", "secret": server.secret, "size": spec.size,
                     "shards": list(getattr(server, "shards", ())),
-                    "host": host, "port": port, "token": token, "max_age_s": max_age_s,
+                    "host": host, "port": port, "token": token, "max_age_s": max_age_s, "hosts": list(hosts),
                     "refresh_s": min(0.2, max_age_s / 4)}, log_path)
 
     def __init__(self, job: dict[str, Any], log_path: Path) -> None:

@@ -78,7 +78,8 @@ def test_the_readmes_own_data_commands_run_as_written(tmp_path: Path) -> None:
             answer = json.loads(subprocess.run(curl, capture_output=True, text=True, timeout=30, check=True).stdout)
         else:  # the same request without curl
             request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/models/penguins:predict",
-                                             data=json.dumps(body).encode())
+                                             data=json.dumps(body).encode(),
+                                             headers={"Content-Type": "application/json"})
             answer = json.loads(urllib.request.urlopen(request, timeout=30).read())
     finally:
         proc.send_signal(signal.SIGINT)

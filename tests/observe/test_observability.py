@@ -128,7 +128,7 @@ def _ask_while_running(port: int, proc: subprocess.Popen[str]) -> None:
         if proc.poll() is not None:
             return
         request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/models/higgs:predict",
-                                         data=bad if i % 4 == 3 else good)
+                                         data=bad if i % 4 == 3 else good, headers={"Content-Type": "application/json"})
         with contextlib.suppress(OSError):  # not serving yet, a 4xx by design, or the run just ended
             urllib.request.urlopen(request, timeout=5).read()
         time.sleep(0.2)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import http.client
 import json
+import os
 import socket
 import threading
 import time
@@ -130,36 +131,49 @@ def test_malformed_heads_and_smuggled_requests_get_one_answer_each(live) -> None
     connection; a chunked body that carries a second request inside is the body, never a
     request of its own (one answer); a request with no length gets a 411."""
     with serving(live) as app:
-        answer = _raw(app.port, b"POST " + PATH.encode() + b" HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n{}")
+        answer = _raw(app.port, b"POST " + PATH.encode() + b" HTTP/1.1\r\nHost: localhost\r\nContent-Length: abc\r\n\r\n{}")
         assert answer.split(b" ")[1] == b"400", answer[:200]
         assert _metric(app, "streamtrain_serve_bad_requests_total", reason="malformed") == 1
-        smuggled = b"GET /v1/models/m HTTP/1.1\r\nHost: x\r\n\r\n"
+        smuggled = b"GET /v1/models/m HTTP/1.1\r\nHost: localhost\r\n\r\n"
         chunk = b'{"x": "' + smuggled + b'"}'
-        answer = _raw(app.port, b"POST " + PATH.encode() + b" HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
+        answer = _raw(app.port, b"POST " + PATH.encode() + b" HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding: chunked\r\n"
+                      b"Content-Type: application/json\r\n"
                       b"Connection: close\r\n\r\n" + f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n0\r\n\r\n")
         assert answer.count(b"HTTP/1.1 ") == 1 and answer.startswith(b"HTTP/1.1 400"), answer[:300]
-        answer = _raw(app.port, b"POST " + PATH.encode() + b" HTTP/1.1\r\nHost: x\r\n\r\n")
+        answer = _raw(app.port, b"POST " + PATH.encode() + b" HTTP/1.1\r\nHost: localhost\r\n\r\n")
         assert answer.startswith(b"HTTP/1.1 411"), answer[:200]
         assert _metric(app, "streamtrain_serve_requests_total", code="411") == 1
 
 
 def test_slow_clients_meet_deadlines_and_a_flood_meets_the_connection_limit(live) -> None:  # type: ignore[no-untyped-def]
-    """Proves: clients sending a head one byte every 0.2 s are closed when the head's
-    deadline (1 s) passes, not kept alive by each byte; past the connection limit a client
-    gets a 503 at once (counted "busy"); a body that trickles gets a 408; afterwards a
-    client is served."""
+    """Proves: at the connection limit, a client that sends its request at once evicts the
+    oldest idle connection (answered 408, counted "slow_head") and is served; clients
+    sending a head one byte every 0.2 s are closed when the head's deadline (1 s, less as
+    connections fill up) passes, not kept alive by each byte; only when every connection is
+    busy with a request does a newcomer get a 503 (counted "busy"); a body that trickles
+    gets a 408; afterwards a client is served."""
     with serving(live, timeout_s=1.0, max_connections=4) as app:
+        idle = [socket.create_connection(("127.0.0.1", app.port), timeout=5) for _ in range(4)]
+        time.sleep(0.05)  # accepted
+        got = _raw(app.port, b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+        assert got.startswith(b"HTTP/1.1 200"), got[:100]  # an idle one made room (or its deadline had)
+        for sock in idle:  # each one closed with a 408 at its deadline, or as it made room
+            assert sock.recv(4096).startswith(b"HTTP/1.1 408")
+            sock.close()
+        assert _metric(app, "streamtrain_serve_bad_requests_total", reason="slow_head") == 4
+        head = (b"POST " + PATH.encode() + b" HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+                b"Content-Length: 10\r\n")
         slow = [socket.create_connection(("127.0.0.1", app.port), timeout=5) for _ in range(4)]
-        time.sleep(0.1)  # accepted
-        assert _raw(app.port, b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n").startswith(b"HTTP/1.1 503")
-        assert _metric(app, "streamtrain_serve_bad_requests_total", reason="busy") == 1
-        head = b"POST " + PATH.encode() + b" HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n"
         started, closed = time.monotonic(), set()
         for i in range(30):  # bounded: 6 s of trickle at most
             for k, sock in enumerate(slow):
                 if k not in closed:
                     try:
                         sock.send(head[i:i + 1])
+                        if not sock.recv(4096, socket.MSG_DONTWAIT):
+                            closed.add(k)
+                    except BlockingIOError:
+                        pass  # nothing from the server yet
                     except OSError:
                         closed.add(k)
             if len(closed) == len(slow):
@@ -169,10 +183,16 @@ def test_slow_clients_meet_deadlines_and_a_flood_meets_the_connection_limit(live
         assert time.monotonic() - started < 3.0
         for sock in slow:
             sock.close()
-        with socket.create_connection(("127.0.0.1", app.port), timeout=10) as sock:
+        # Every connection busy with a request (its body on the way): a newcomer is refused.
+        busy = [socket.create_connection(("127.0.0.1", app.port), timeout=10) for _ in range(4)]
+        for sock in busy:
             sock.sendall(head + b"\r\n{")  # 1 of 10 body bytes
-            answer = sock.recv(65536)
-        assert answer.startswith(b"HTTP/1.1 408"), answer[:200]
+        time.sleep(0.2)  # their heads are read
+        assert _raw(app.port, b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n").startswith(b"HTTP/1.1 503")
+        assert _metric(app, "streamtrain_serve_bad_requests_total", reason="busy") == 1
+        for sock in busy:
+            assert sock.recv(65536).startswith(b"HTTP/1.1 408")  # the body's deadline
+            sock.close()
         assert _post(app.port, ONE)[0] == 200
 
 
@@ -215,3 +235,72 @@ def test_no_answer_is_older_than_the_max_age(live) -> None:  # type: ignore[no-u
     assert len(ages) >= 3 and 503 in statuses, statuses
     assert max(ages) <= 0.5, sorted(ages)[-5:]
     assert set(statuses) <= {200, 503}
+
+
+def test_a_burst_meets_the_cap_as_connections_are_accepted(live) -> None:  # type: ignore[no-untyped-def]
+    """Proves: 300 connections opened at once against a cap of 64 leave at most 64 open on
+    the server (the cap is counted as each is accepted, not once aiohttp set it up), and a
+    normal request afterwards is served."""
+    with serving(live, max_connections=64, timeout_s=5.0) as app:
+        burst = []
+        try:
+            for _ in range(300):  # bounded: a fixed burst
+                with contextlib.suppress(OSError):
+                    burst.append(socket.create_connection(("127.0.0.1", app.port), timeout=5))
+            time.sleep(0.3)  # every one accepted and answered or held
+            assert len(app.gate.open) <= 64
+            refused = _metric(app, "streamtrain_serve_bad_requests_total", reason="busy")
+            evicted = _metric(app, "streamtrain_serve_bad_requests_total", reason="slow_head")
+            assert refused + evicted >= 300 - 64, (refused, evicted)
+        finally:
+            for sock in burst:
+                sock.close()
+        assert _post(app.port, ONE)[0] == 200
+
+
+def test_browsers_cannot_reach_the_loopback_server(live) -> None:  # type: ignore[no-untyped-def]
+    """Proves: a request naming another host (DNS rebinding: the attacker's name resolving
+    to 127.0.0.1) gets a 421; a cross-site form's text/plain POST gets a 415; both counted;
+    aiohttp's own 400 for a malformed head is short JSON, with nothing of the request in it."""
+    with serving(live) as app:
+        rebound = _raw(app.port, b"GET /v1/models/m HTTP/1.1\r\nHost: attacker.example:8501\r\nConnection: close\r\n\r\n")
+        assert rebound.startswith(b"HTTP/1.1 421"), rebound[:200]
+        status, _, answer = _post(app.port, ONE, {"Content-Type": "text/plain"})
+        assert status == 415 and "application/json" in answer["error"], answer
+        assert _metric(app, "streamtrain_serve_bad_requests_total", reason="wrong_host") == 1
+        assert _metric(app, "streamtrain_serve_bad_requests_total", reason="content_type") == 1
+        marker = b"SECRET-LOOKING-PAYLOAD"
+        answer_bytes = _raw(app.port, b"POST " + PATH.encode() + b" HTTP/1.1\r\nHost: localhost\r\nContent-Length: x"
+                            + marker + b"\r\n\r\n")
+        head, _, body = answer_bytes.partition(b"\r\n\r\n")
+        assert head.split(b" ")[1] == b"400" and marker not in body and json.loads(body) == {"error": "400 Bad Request"}
+        assert _post(app.port, ONE)[0] == 200
+    with serving(live, allowed_hosts=("proxy.internal",)) as app:  # STREAMTRAIN_SERVE_ALLOWED_HOSTS
+        named = _raw(app.port, b"GET /healthz HTTP/1.1\r\nHost: proxy.internal:80\r\nConnection: close\r\n\r\n")
+        assert named.startswith(b"HTTP/1.1 200"), named[:200]
+
+
+def test_long_strings_are_refused_before_they_are_built_and_memory_is_given_back(live) -> None:  # type: ignore[no-untyped-def]
+    """Proves: eight 15 MB bodies of one string each, at once, are refused (413,
+    "string_too_long") before the decoder builds a Python or numpy string of them, and
+    the process's resident memory returns within 60 MB of where it started."""
+    body = b'{"instances": [["' + b"a" * (15 << 20) + b'"]]}'
+
+    def rss_mb() -> float:
+        return int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+    with serving(live, max_body_bytes=16 << 20) as app:
+        assert _post(app.port, ONE)[0] == 200  # warmed up: the model and the pools exist
+        before = rss_mb()
+        results: list[int] = []
+        threads = [threading.Thread(target=lambda: results.append(_post(app.port, body)[0])) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert results and all(r in (413, 503) for r in results) and 413 in results, results
+        assert _metric(app, "streamtrain_serve_bad_requests_total", reason="string_too_long") >= 1
+        deadline = time.monotonic() + 10
+        while rss_mb() - before > 60 and time.monotonic() < deadline:
+            time.sleep(0.2)  # the bodies' buffers are freed as their requests end
+        assert rss_mb() - before <= 60, (before, rss_mb())

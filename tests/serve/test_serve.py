@@ -179,6 +179,7 @@ def test_oversized_bodies_and_missing_tokens_are_refused_and_counted(served: int
     conn = http.client.HTTPConnection("127.0.0.1", served, timeout=30)
     conn.putrequest("POST", "/v1/models/mnist:predict")
     conn.putheader("Authorization", f"Bearer {TOKEN}")
+    conn.putheader("Content-Type", "application/json")
     conn.putheader("Content-Length", str(64 << 20))
     conn.endheaders()  # the body never follows
     resp = conn.getresponse()
