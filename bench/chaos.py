@@ -25,6 +25,15 @@ producer looping HIGGS into a topic, and ``streamtrain run --dataset higgs --boo
   poison_kafka     a poison batch of each of four shapes in the live topic: --on-poison skip
                    trains on and reports each; the default stops with one line naming
                    topic, partition and offset
+  ps_floods        an idle flood, then a trickling flood, of 500 connections each at a live
+                   run's parameter server: its records/s stays within 80% of an undisturbed
+                   window's, and it trains every record once
+  serve_floods     a live run's model server: 300 reconnecting slow clients and bursts of 600
+                   connections beside a normal client (answered >= 95%, at most 256 held),
+                   eight 15 MB string bodies (413, RSS back within 10%), a cross-site form
+                   POST (415) and a rebinding Host (421)
+  stationary       a HIGGS run of --stationary-minutes (20) at 600 records/s, nothing wrong:
+                   it must not stop itself
   soak             one live run for --minutes with every fault above that a live run takes,
                    at intervals, and a driver kill and resume
 
@@ -58,6 +67,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import chaos_floods  # noqa: E402
 import chaos_serve  # noqa: E402
 import soak  # noqa: E402
 from chaos_ps import poison_update, slow_ps_clients, worker_flood  # noqa: E402
@@ -371,6 +381,22 @@ def poison_kafka(folder: Path, args: Any) -> dict[str, Any]:
             "duplicated": dup, "tracebacks": tracebacks}
 
 
+def ps_floods(folder: Path, args: Any) -> dict[str, Any]:
+    with _scenario(None, lambda: Live(folder, rate=args.rate)) as (live, result):
+        result.update(chaos_floods.ps_floods(live))
+    return result
+
+
+def serve_floods(folder: Path, args: Any) -> dict[str, Any]:
+    with _scenario(None, lambda: Live(folder, rate=args.rate, trainer_args=("--serve-port", "0"))) as (live, result):
+        result.update(chaos_floods.serve_floods(live))
+    return result
+
+
+def stationary(folder: Path, args: Any) -> dict[str, Any]:
+    return chaos_floods.stationary(folder, args.stationary_minutes)
+
+
 def soak_mix(folder: Path, args: Any) -> dict[str, Any]:
     live = Live(folder, rate=args.rate, trainer_args=("--on-poison", "skip", "--serve-port", "0"))
     rounds, failures = 0, []
@@ -400,7 +426,7 @@ SCENARIOS: dict[str, Callable[..., dict[str, Any]]] = {
     "poison_update": poison_update, "slow_ps_clients": slow_ps_clients, "worker_flood": worker_flood,
     "diverging": diverging, "checkpoint": checkpoint_fault, "secret": secret_fault, "rest_port": rest_port,
     "hostile_http": hostile_http, "serve_load": serve_load, "ps_refusals": ps_refusals, "poison_kafka": poison_kafka,
-    "soak": soak_mix,
+    "ps_floods": ps_floods, "serve_floods": serve_floods, "stationary": stationary, "soak": soak_mix,
 }
 
 
@@ -408,6 +434,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--minutes", type=float, default=5, help="the soak's length")
     ap.add_argument("--rate", type=float, default=1000, help="the producer's records/s")
+    ap.add_argument("--stationary-minutes", type=float, default=20, help="the stationary run's length")
     ap.add_argument("--only", help="comma-separated scenarios (default: all)")
     ap.add_argument("--keep", action="store_true", help="keep the folder with the logs")
     args = ap.parse_args()
