@@ -118,7 +118,7 @@ class Connection:
 
     Example (needs a broker, so not run here)::
 
-        conn = Connection("127.0.0.1", 9093, 10.0, wire.load("client.properties"))
+        conn = Connection("127.0.0.1", 9093, 10.0, conf.load("client.properties"))
         reader = conn.request(3, 4, body)
     """
 
@@ -213,13 +213,20 @@ class Connection:
 
         conf = self.conf
         who = f"user {conf.username!r} with SASL {conf.mechanism}"
+        first = self.correlation == 0  # else a re-authentication: a dropped connection is only that
         try:
             r = self._request(_SASL_HANDSHAKE, 1, string(conf.mechanism))
             error = r.take(">h")
             offered = [r.string() for _ in range(max(r.take(">i"), 0))]
         except AuthenticationError:
             raise
-        except (ConnectionLost, BrokerError, struct.error) as e:
+        except ConnectionLost:
+            if not first:
+                raise
+            raise AuthenticationError(f"The Kafka broker at {self.where} closed the connection at the SASL "
+                                      f"handshake: its port is probably not {conf.protocol}. Check "
+                                      "security.protocol in --kafka-conf against the listener's.") from None
+        except (BrokerError, struct.error) as e:
             raise AuthenticationError(f"The Kafka broker at {self.where} did not take a SASL handshake ({e}): its "
                                       f"port is probably not {conf.protocol}. Check security.protocol in "
                                       "--kafka-conf against the listener's.") from None
@@ -237,6 +244,8 @@ class Connection:
                 error, message, answer = r.take(">h"), r.string(), r.bytes_()
                 lifetime_ms = r.take(">q")
             except ConnectionLost as e:
+                if not first:
+                    raise
                 raise AuthenticationError(f"The Kafka broker at {self.where} closed the connection while "
                                           f"authenticating {who} ({e}).") from None
             if error:
