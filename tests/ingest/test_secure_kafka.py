@@ -106,6 +106,21 @@ def test_the_fetch_reader_and_the_fallback_read_a_transaction_through_tls_and_sa
     fallback = [v for batch in reader._read_with_consumer(kafka.bootstrap, r, timeout_s=20, kafka_conf=str(path))
                 for v in batch.column("value").to_pylist()]
     assert fallback == values
+    # librdkafka from the same file: KafkaConf.librdkafka() is what a confluent-kafka client takes.
+    from confluent_kafka import Consumer
+    from confluent_kafka import TopicPartition as RdPartition
+
+    rd = Consumer({"bootstrap.servers": kafka.bootstrap, "group.id": f"g-{uuid.uuid4().hex[:6]}",
+                   "isolation.level": "read_committed", **secured.librdkafka()})
+    try:
+        rd.assign([RdPartition(topic, 0, 0)])
+        got_rd: list[bytes] = []
+        deadline = time.monotonic() + 20
+        while len(got_rd) < len(values) and time.monotonic() < deadline:
+            got_rd += [m.value() for m in rd.consume(500, timeout=1) if m.error() is None]
+    finally:
+        rd.close()
+    assert got_rd == values
 
 
 def test_the_fetch_reader_authenticates_again_within_the_session_lifetime(tmp_path: Path) -> None:
