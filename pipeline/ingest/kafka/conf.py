@@ -319,8 +319,8 @@ def parse(props: dict[str, str], source: str | Path = "the Kafka client properti
     if bool(cert) != bool(key) and not (cert and not key and _holds_key(cert)):
         raise ConfigError(f"Expected ssl.certificate.location and ssl.key.location together in {source} (a client "
                           f"certificate and its private key). Received: only {'the certificate' if cert else 'the key'}.")
-    if key:
-        _owner_only(key, "a private key")
+    if key or cert:  # a key of its own, or one inside the certificate's file
+        _owner_only(key or cert or "", "a private key")
     algorithm = props.get("ssl.endpoint.identification.algorithm", "https").strip().lower()
     if algorithm not in ("https", "", "none"):
         raise ConfigError(f"Expected ssl.endpoint.identification.algorithm https (the default) or empty in {source}. "
