@@ -60,7 +60,9 @@ def test_a_run_whose_labels_flip_stops_at_the_collapse_and_names_the_sound_check
     # The rule is learnt to 0.78-0.85 in six batches, as the machine's thread timing orders the float
     # sums (CI's fresh clone peaked at 0.785): far above the majority class's ~0.5 either way.
     assert scored[sound] == max(scored.values()) > 0.7 and list(scored.values())[-1] < 0.6, scored
-    assert int(state.extra["trained"]) < 8_000
+    # Before the collapse: the score can still rise on the first flipped batch or two (the
+    # model lags the flip; a CI run peaked after 8,000 records), never after the fall.
+    assert int(state.extra["trained"]) <= 8_000 and sound < max(scored), (sound, scored)
 
 
 @pytest.mark.slow  # a run of one micro-batch
