@@ -78,6 +78,8 @@ def test_the_java_clients_jaas_line_and_librdkafkas_names_are_read(tmp_path: Pat
                             "username='KEY' password='SECRET';\n")
     c = conf.load(path)
     assert (c.bootstrap, c.mechanism, c.username, c.password) == ("broker.example:9092", "PLAIN", "KEY", "SECRET")
+    # Spark's own source reads the file's own JAAS line (it has no sasl.username to refer to).
+    assert c.spark_options()["kafka.sasl.jaas.config"] == f"${{file:{path}:sasl.jaas.config}}"
 
 
 def test_a_password_rotated_in_the_file_is_read_by_the_next_client(tmp_path: Path) -> None:

@@ -127,6 +127,9 @@ class KafkaConf:
     key_password: str | None = dataclasses.field(default=None, repr=False)
     verify_hostname: bool = True
     bootstrap: str | None = None
+    #: Whether the file holds the credentials as the Java client's ``sasl.jaas.config`` line
+    #: (then Spark's own source refers to that line, not to ``sasl.username``/``sasl.password``).
+    jaas: bool = False
 
     def __repr__(self) -> str:
         shown = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.repr}
@@ -202,7 +205,8 @@ class KafkaConf:
         if self.sasl:
             module = ("plain.PlainLoginModule" if self.mechanism == "PLAIN" else "scram.ScramLoginModule")
             out["kafka.sasl.mechanism"] = self.mechanism or ""
-            out["kafka.sasl.jaas.config"] = (f'org.apache.kafka.common.security.{module} required '
+            out["kafka.sasl.jaas.config"] = (ref("sasl.jaas.config") if self.jaas else
+                                             f'org.apache.kafka.common.security.{module} required '
                                              f'username="{ref("sasl.username")}" password="{ref("sasl.password")}";')
         if self.tls:
             out["kafka.ssl.endpoint.identification.algorithm"] = "https" if self.verify_hostname else ""
@@ -281,6 +285,7 @@ def parse(props: dict[str, str], source: str | Path = "the Kafka client properti
     """
     source = Path(source)
     props = dict(props)
+    jaas = "sasl.jaas.config" in props
     _jaas(props)
     for alias, name in _ALIASES.items():
         if alias in props:
@@ -330,7 +335,7 @@ def parse(props: dict[str, str], source: str | Path = "the Kafka client properti
                      password=props.get("sasl.password") if sasl else None, ca=files.get("ssl.ca.location"),
                      certificate=cert, key=key or (cert if cert else None),
                      key_password=props.get("ssl.key.password") or None, verify_hostname=algorithm == "https",
-                     bootstrap=props.get("bootstrap.servers") or None)
+                     bootstrap=props.get("bootstrap.servers") or None, jaas=jaas and sasl)
     if tls:
         try:
             conf.ssl_context()
