@@ -31,10 +31,10 @@ _PS_BUCKETS = (0.0005, 0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.064, 0.128, 0
 
 #: Why a model server refuses a request (``serve_bad_requests_total``'s reasons, each a
 #: series from the start so that rate() sees the first refusal).
-SERVE_REFUSALS = ("bad_field", "bad_json", "busy", "content_type", "malformed", "no_instances", "no_length",
-                  "not_numeric", "number_too_large", "out_of_range", "slow_body", "slow_head", "string_too_long",
-                  "too_deep", "too_large", "too_many_instances", "too_many_values", "unauthorized", "wrong_host",
-                  "wrong_shape")
+SERVE_REFUSALS = ("bad_field", "bad_json", "busy", "content_type", "malformed", "no_features", "no_instances",
+                  "no_length", "not_numeric", "number_too_large", "out_of_range", "slow_body", "slow_head",
+                  "string_too_long", "too_deep", "too_large", "too_many_instances", "too_many_values", "unauthorized",
+                  "unknown_field", "wrong_host", "wrong_shape")
 
 #: Why the parameter server refuses a connection or a request (each a series from the start).
 PS_REFUSALS = ("auth", "busy", "evicted", "frame", "handshake", "idle", "nonfinite", "order", "size", "truncated")

@@ -52,8 +52,9 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from pipeline.errors import ConfigError
 from pipeline.observe.metrics import SERVE_REFUSALS, ServingMetrics, serving_metrics
+from pipeline.serve import instances
 from pipeline.serve.connections import Gate
-from pipeline.serve.instances import BadRequest, parse
+from pipeline.serve.instances import BadRequest, parse_request
 from pipeline.serve.predictor import Predictor, Unavailable
 
 log = logging.getLogger(__name__)
@@ -261,17 +262,23 @@ class ModelServer:
 
     def _metadata(self) -> web.Response:
         schema = self.predictor.schema
-        body = {"model_spec": {"name": self.name},
-                "metadata": {"inputs": {"shape": [-1, *self.predictor.input_shape], "features": schema.n_features,
-                                        "units": "pixel values 0-255" if schema.dtype == "uint8" else "numbers"},
-                             "outputs": {"shape": [-1, schema.num_classes], "meaning": "class probabilities"}}}
+        inputs = {"shape": [-1, *self.predictor.input_shape], "features": schema.n_features,
+                  "units": "pixel values 0-255" if schema.dtype == "uint8" else "numbers"}
+        outputs: dict[str, Any] = {"shape": [-1, schema.num_classes], "meaning": "class probabilities"}
+        if schema.table is not None:  # a table's fields by name and kind, its classes or its numeric target
+            from pipeline.serve import table_instances
+
+            described = table_instances.metadata(schema.table)
+            inputs.update(described["inputs"], units="raw fields, transformed by the run's schema")
+            outputs = described["outputs"]
+        body = {"model_spec": {"name": self.name}, "metadata": {"inputs": inputs, "outputs": outputs}}
         return _answer(200, json.dumps(body).encode())
 
     async def _predict(self, request: web.Request) -> web.Response:
         started = time.perf_counter()
         raw = await self._body(request)
         try:
-            out, snap, columnar, n = await self._loop.run_in_executor(self._pool, self._predict_sync, raw)
+            out, snap, parsed, n = await self._loop.run_in_executor(self._pool, self._predict_sync, raw)
         except Unavailable as e:
             return _answer(503, _error(str(e)), {"Retry-After": "1"})
         except BadRequest:
@@ -286,15 +293,19 @@ class ModelServer:
                            {"Retry-After": "1"})
         self.meters.instances.labels(self.name).observe(n)
         self.meters.model_version.labels(self.name).set(snap.version)
-        body = json.dumps({"outputs" if columnar else "predictions": np.round(out.astype(np.float64), 6).tolist()})
+        answer: dict[str, Any] = {"outputs" if parsed.columnar else "predictions":
+                                  np.round(out.astype(np.float64), 6).tolist()}
+        if parsed.filled is not None:  # what each instance lacked, and the schema's rule supplied
+            answer["filled"] = parsed.filled
+        body = json.dumps(answer)
         self.meters.latency.labels(self.name).observe(time.perf_counter() - started)
         return _answer(200, body.encode(), {"X-Model-Version": str(snap.version), "X-Weights-Age-Seconds": f"{age:.3f}"})
 
-    def _predict_sync(self, raw: bytes) -> tuple[np.ndarray, Any, bool, int]:
+    def _predict_sync(self, raw: bytes) -> tuple[np.ndarray, Any, instances.Request, int]:
         try:
-            x, columnar = parse(raw, self.predictor.schema, max_instances=self.max_instances)
-            out, snap = self.predictor.predict(x)
-            return out, snap, columnar, len(x)
+            request = parse_request(raw, self.predictor.schema, max_instances=self.max_instances)
+            out, snap = self.predictor.predict(request.x)
+            return out, snap, request, len(request.x)
         finally:
             if len(raw) > _TRIM_AFTER:
                 _trim()

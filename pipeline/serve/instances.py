@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -128,9 +128,24 @@ def _number(text: str) -> float:
     return float(text)
 
 
+class Request(NamedTuple):
+    """A checked request: its instances as an ``(n, n_features)`` float64 array in the
+    producer's units, whether it was columnar (answer ``"outputs"``, not ``"predictions"``),
+    and for a table, the features each instance's gaps had filled (None: not a table)."""
+
+    x: np.ndarray
+    columnar: bool
+    filled: list[list[str]] | None = None
+
+
 def parse(raw: bytes, schema: Schema, *, max_instances: int) -> tuple[np.ndarray, bool]:
-    """The body's instances as an ``(n, n_features)`` float64 array in the producer's units,
-    and whether the request was columnar (answer ``"outputs"``, not ``"predictions"``)."""
+    """The body's instances and whether the request was columnar (:func:`parse_request`)."""
+    request = parse_request(raw, schema, max_instances=max_instances)
+    return request.x, request.columnar
+
+
+def parse_request(raw: bytes, schema: Schema, *, max_instances: int) -> Request:
+    """The body checked and turned into a :class:`Request`; a :class:`BadRequest` otherwise."""
     # What parsing costs is ~30 bytes of Python objects per number: count the numbers
     # (separators, one pass in C) before making them, against what the request may hold.
     most = max_instances * (schema.n_features + 1) + 16
@@ -157,29 +172,16 @@ def parse(raw: bytes, schema: Schema, *, max_instances: int) -> tuple[np.ndarray
     if len(rows) > max_instances:
         raise BadRequest(f"Expected at most {max_instances} instances per request. Received {len(rows)}; "
                          "split the request.", status=413, reason="too_many_instances")
-    if schema.table is not None:
-        return _table_rows(rows, schema), columnar
+    if schema.table is not None:  # raw fields, checked by name and kind, through the run's transform
+        from pipeline.serve import table_instances
+
+        x, filled = table_instances.encode(rows, schema.table)
+        return Request(x, columnar, filled)
     fast = _all_at_once(rows, schema) if b"true" not in raw and b"false" not in raw else None
     if fast is not None:
-        return fast, columnar
+        return Request(fast, columnar)
     # Something is wrong, or unusual (instances as objects): one at a time, to name it.
-    return np.stack([_instance(row, i, schema) for i, row in enumerate(rows)]), columnar
-
-
-def _table_rows(rows: list[Any], schema: Schema) -> np.ndarray:
-    """A table's raw instances through its transform (the one training used)."""
-    from pipeline.table import encode_rows
-
-    names = [f.name for f in schema.table.features]
-    for i, row in enumerate(rows):
-        if not isinstance(row, dict):
-            raise BadRequest(f"Expected each instance to be an object of the fields {names[:8]}; instance {i} is a "
-                             f"JSON {type(row).__name__}.", reason="wrong_shape")
-    try:
-        return encode_rows(rows, schema.table).astype(np.float64)
-    except ValueError as e:  # names the instance and the field: "instance 2: not_a_number:bill_length_mm"
-        raise BadRequest(f"Expected instances the run's schema can encode. Received {e}.",
-                         reason="bad_field") from None
+    return Request(np.stack([_instance(row, i, schema) for i, row in enumerate(rows)]), columnar)
 
 
 def _all_at_once(rows: list[Any], schema: Schema) -> np.ndarray | None:

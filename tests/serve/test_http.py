@@ -304,3 +304,60 @@ def test_long_strings_are_refused_before_they_are_built_and_memory_is_given_back
         while rss_mb() - before > 60 and time.monotonic() < deadline:
             time.sleep(0.2)  # the bodies' buffers are freed as their requests end
         assert rss_mb() - before <= 60, (before, rss_mb())
+
+
+def test_a_tables_instances_are_checked_by_name_and_their_gaps_named(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Proves (issue 41, item 3): an empty instance, a misspelt field and a category given as
+    a number, true or NaN are 400s naming the field (every expected field listed); a gap the
+    schema fills is named in "filled"; the metadata names the fields, kinds and classes."""
+    import keras
+
+    from pipeline.table import TableSchema
+    from pipeline.train.model import ModelSpec, get_flat
+
+    names = [f"x{i}" for i in range(9)]
+    table = TableSchema.from_dict({"features": [{"name": n} for n in names] + [
+        {"name": "color", "kind": "categorical", "vocabulary": ["red", "blue"]}],
+        "label": {"name": "kind", "classes": ["a", "b", "c"]}})
+    model = keras.Sequential([keras.Input((table.width,)), keras.layers.Dense(3, activation="softmax")])
+    spec = ModelSpec.from_model(model, optimizer="sgd", loss="sparse_categorical_crossentropy")
+    with ParameterServer(get_flat(model), secret=SECRET) as server:
+        source = LiveWeights(f"{server.host}:{server.port}", secret=SECRET, size=server.size, interval_s=0.05)
+        source.start()
+        try:
+            predictor = Predictor(spec, codec.table("t", table), source, max_age_s=5.0, threads=1)
+            deadline = time.monotonic() + 30
+            while source.latest() is None:
+                assert time.monotonic() < deadline, "no weights read"
+                time.sleep(0.02)
+            app = ModelServer(predictor, name="m").start()
+            try:
+                full = {**{n: 1.0 for n in names}, "color": "red"}
+                status, _, answer = _post(app.port, json.dumps({"instances": [full, {"x0": 2, "color": None}]}).encode())
+                assert status == 200 and len(answer["predictions"]) == 2, answer
+                assert answer["filled"] == [[], [*names[1:], "color"]]
+                for instance, reason, words in [
+                    ({}, "no_features", "at least one of the schema's fields"),
+                    ({"x0": 1, "colour": "red"}, "unknown_field", "unknown ones in instance 0: ['colour']"),
+                    ({"color": 5}, "bad_field", "Received: 5."), ({"color": True}, "bad_field", "Received: true."),
+                ]:
+                    status, _, answer = _post(app.port, json.dumps({"instances": [instance]}).encode())
+                    assert status == 400 and words in answer["error"], answer
+                    assert _metric(app, "streamtrain_serve_bad_requests_total", reason=reason) >= 1
+                    if reason == "unknown_field":
+                        assert str(names + ["color"]) in answer["error"]  # all ten, not eight
+                status, _, answer = _post(app.port, b'{"instances": [{"color": NaN}]}')
+                assert status == 400 and "Received: NaN." in answer["error"], answer
+                conn = http.client.HTTPConnection("127.0.0.1", app.port, timeout=30)
+                conn.request("GET", "/v1/models/m/metadata")
+                meta = json.loads(conn.getresponse().read())["metadata"]
+                conn.close()
+                assert [f["name"] for f in meta["inputs"]["fields"]] == [*names, "color"]
+                assert meta["inputs"]["fields"][-1] == {"name": "color", "kind": "categorical", "missing": "fill",
+                                                        "values": ["red", "blue"]}
+                assert meta["outputs"] == {"shape": [-1, 3], "meaning": "class probabilities",
+                                           "classes": ["a", "b", "c"], "label": "kind"}
+            finally:
+                app.stop()
+        finally:
+            source.close()
