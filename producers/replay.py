@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -24,7 +24,7 @@ from pipeline.observe import metrics
 from producers.datasets import Chunk, Dataset
 from producers.datasets.base import MALFORMED_REASONS
 from producers.pacing import RateLimiter
-from producers.report import ReplayReport, malformed_detail
+from producers.report import MalformedSoFar, ReplayReport, malformed_detail
 from producers.sender import PRODUCER_DEFAULTS, Sender
 
 log = logging.getLogger(__name__)
@@ -52,6 +52,8 @@ class Replay:
         max_malformed: fail (:class:`~pipeline.errors.DataError`) once more rows than this
             are malformed: a count (>= 1), or a fraction of the rows read (< 1, checked
             from 1,000 rows on and at the end of the data). None: never.
+        on_malformed: called with a :class:`~producers.report.MalformedSoFar` after each
+            chunk that set rows aside (how a run hears of them as they happen).
     """
 
     def __init__(
@@ -73,6 +75,7 @@ class Replay:
         stop: threading.Event | None = None,
         resume: bool = False,
         kafka_conf: str | None = None,
+        on_malformed: Callable[[MalformedSoFar], None] | None = None,
     ) -> None:
         if max_malformed is not None and max_malformed < 0:
             raise ConfigError(f"Expected --max-malformed >= 0 (a count, or a fraction below 1). Received: {max_malformed}")
@@ -99,6 +102,7 @@ class Replay:
             self.metrics.malformed_rows.labels(self.dataset.name, reason)
         self._malformed_counted: dict[str, int] = {}
         self.max_malformed = max_malformed
+        self.on_malformed = on_malformed
         self.producer_config = {**PRODUCER_DEFAULTS, **(producer_config or {})}
         self.progress = progress
         self._sender = Sender(bootstrap=self.bootstrap, topic=topic, labels=(topic, dataset.name), meters=self.metrics,
@@ -228,11 +232,16 @@ class Replay:
                 return  # before asking for another chunk, so a partial pass is not counted as an epoch
 
     def _count_malformed(self) -> None:
-        for reason, n in self.dataset.malformed_by_reason.items():
+        data, news = self.dataset, False
+        for reason, n in data.malformed_by_reason.items():
             new = n - self._malformed_counted.get(reason, 0)
             if new:
-                self.metrics.malformed_rows.labels(self.dataset.name, reason).inc(new)
+                news = True
+                self.metrics.malformed_rows.labels(data.name, reason).inc(new)
                 self._malformed_counted[reason] = n
+        if news and self.on_malformed is not None:
+            self.on_malformed(MalformedSoFar(data.rows_read, data.malformed, dict(data.malformed_by_reason),
+                                             list(data.malformed_examples)))
 
     def _check_malformed(self, *, final: bool) -> None:
         """Fail once the malformed rows pass ``max_malformed``."""

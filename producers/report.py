@@ -52,6 +52,17 @@ class ReplayReport:
         return malformed_detail(self.malformed, self.malformed_examples)
 
 
+@dataclasses.dataclass(frozen=True)
+class MalformedSoFar:
+    """The rows a replay has set aside so far, handed to the run as it goes (the run shows
+    them beside the stream's rejects, and stops past ``--max-rejected``)."""
+
+    rows_read: int
+    malformed: int
+    by_reason: dict[str, int]
+    examples: list[tuple[int, str]]
+
+
 def malformed_detail(malformed: int, examples: list[tuple[int, str]]) -> str:
     """The first malformed rows by line and reason, for a summary or an error.
 

@@ -75,6 +75,9 @@ from producers import datasets
 @click.option("--on-poison", type=click.Choice(["fail", "skip"]), default="fail", show_default=True,
               help="A record batch that cannot be read (corrupt, unknown codec): stop with one line (fail), or pass "
                    "over it (skip): its offsets and cause go to the report, a metric and the dead-letter topic.")
+@click.option("--max-rejected", type=float, metavar="SHARE",
+              help="Stop (one line, the reasons and first rows) once more than this share of the records read is "
+                   "rejected: rows the schema cannot encode, records that do not decode. Default 0.1.")
 @click.option("--divergence-check/--no-divergence-check", default=True, show_default=True,
               help="Stop (one line naming the checkpoint to go back to) when the held-out score collapses to what "
                    "predicting the majority class scores, after the model had learned. README: Faults.")

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.ingest.microbatch import BatchFigures
+from pipeline.jobs.rejects import Rejects
 from pipeline.jobs.report import History
 from pipeline.jobs.run_metrics import RunMetrics
 from pipeline.train.rows import BatchRow
@@ -25,11 +26,15 @@ class Display:
         eval_every: score the held-out split every this many batches.
         until_accuracy: the held-out accuracy that ends the run (None: none).
         started: ``time.monotonic()`` when the run started.
+        rejects: the run's tally of records set aside (shown in each status line).
     """
 
     def __init__(self, *, history: History, metrics: RunMetrics, eval_every: int, until_accuracy: float | None,
-                 started: float) -> None:
+                 started: float, rejects: Rejects | None = None) -> None:
         self.history, self.metrics = history, metrics
+        self.rejects = rejects or Rejects()
+        #: A numeric target: the loss the status line shows (its root for a squared error).
+        self.regression_loss: str | None = None
         self.eval_every, self.until_accuracy, self.started = eval_every, until_accuracy, started
         #: Scores weights on the held-out split (set once the model exists).
         self.evaluation: Any = None
@@ -53,9 +58,12 @@ class Display:
         """A batch is saved: score it when due, keep its row, count it and show it."""
         history = self.history
         if history.first_batch_at is None:
-            history.first_batch_at, history.first_trained_at = info.started_at, time.monotonic()
-            self.startup(f"first micro-batch trained ({info.rows:,} records)")
-        if (history.count + 1) % self.eval_every == 0:
+            history.first_batch_at = info.started_at
+        if history.first_trained_at is None and row.trained:
+            history.first_trained_at = time.monotonic()
+            self.startup(f"first micro-batch trained ({row.trained:,} records)")
+        # A model that has trained nothing has no score worth showing (it is its initial weights').
+        if (history.count + 1) % self.eval_every == 0 and self.trained() and self.evaluation.can_score:
             began = time.monotonic()
             row.heldout = self.evaluation.score(weights)
             history.eval_s += time.monotonic() - began
@@ -64,8 +72,10 @@ class Display:
         row.eval_s_total = round(history.eval_s, 3)
         history.add(row, ended_at=time.monotonic())
         self.metrics.on_batch(info, row)
+        self.rejects.add_stream(row.rejected, trained=row.trained)
         elapsed = max(1e-9, time.monotonic() - history.first_batch_at)
-        print(row.status(total=self.trained(), per_s=history.trained() / elapsed), flush=True)
+        line = row.status(total=self.trained(), per_s=history.trained() / elapsed, loss=self.regression_loss)
+        print(" | ".join(p for p in (line, self.rejects.line()) if p), flush=True)
         held = (row.heldout or {}).get("accuracy")
         if self.until_accuracy is not None and held is not None and held >= self.until_accuracy:
             self.stop_reason = f"held-out accuracy {held:.4f} reached --until-accuracy {self.until_accuracy}"

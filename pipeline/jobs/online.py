@@ -20,7 +20,6 @@ import logging
 import os
 import re
 import shutil
-import tempfile
 import time
 import uuid
 from collections.abc import Callable
@@ -29,12 +28,12 @@ from typing import Any
 
 from pipeline import cluster, config
 from pipeline.cluster import processes, security
-from pipeline.cluster.zygote import Zygote
 from pipeline.errors import ConfigError, StreamtrainError
 from pipeline.ingest import microbatch
 from pipeline.ingest.kafka.release import Releaser
-from pipeline.jobs import resume, run_record, user_data
+from pipeline.jobs import model_start, report, resume, run_record, user_data
 from pipeline.jobs.display import Display
+from pipeline.jobs.rejects import REJECTED_SHARE, Rejects
 from pipeline.jobs.replay_process import ReplayProcess
 from pipeline.jobs.report import History, RunReport
 from pipeline.jobs.run_config import RunConfig
@@ -42,20 +41,10 @@ from pipeline.jobs.run_metrics import RunMetrics
 from pipeline.observe import metrics
 from pipeline.train import algorithms, checkpoint
 from pipeline.train.driver import TrainDriver
+from pipeline.train.evaluation import MIN_SCORED
 from pipeline.train.ledger import check_ledger
-from pipeline.train.probe import Probe
 
 log = logging.getLogger(__name__)
-
-#: Every batch's row, one JSON line each, appended as the run goes (the report keeps the last 1,000).
-BATCHES_FILE = "batches.jsonl"
-#: What the zygote imports for the processes it forks: the model's describer, Spark's
-#: Python workers (TensorFlow and Keras, the training path, PySpark's worker and daemon)
-#: and the helpers the query's Python source starts (PySpark SQL, pandas, Arrow).
-_PRELOAD = ("tensorflow", "keras", "pipeline.train.handler", "pipeline.train.probe", "pipeline.train.evaluation",
-            "pipeline.ingest.reader", "pipeline.ingest.spark_source", "pyspark.daemon", "pyspark.worker",
-            "pyspark.sql.worker.lookup_data_sources", "pyspark.sql.worker.create_data_source",
-            "pyspark.sql.worker.plan_data_source_read", "pyspark.sql.streaming.python_streaming_source_runner")
 
 __all__ = ["Run", "RunConfig", "check_ledger", "run"]
 
@@ -79,12 +68,14 @@ class Run:
         self.topic = cfg.topic or cfg.own_topic or f"streamtrain-{cfg.name}"
         self.metrics = RunMetrics(dataset=cfg.name, algorithm=cfg.algorithm, topic=self.topic,
                                   workers=cfg.workers)
-        self.history = History(path=self.out / BATCHES_FILE)
+        self.history = History(path=self.out / report.BATCHES_FILE)
         self.settings = config.settings()
         self.replay: ReplayProcess | None = None
         self._started = time.monotonic()
         self.display = Display(history=self.history, metrics=self.metrics, eval_every=cfg.eval_every,
-                               until_accuracy=cfg.until_accuracy, started=self._started)
+                               until_accuracy=cfg.until_accuracy, started=self._started,
+                               rejects=Rejects(limit=REJECTED_SHARE if cfg.max_rejected is None else cfg.max_rejected))
+        self._failure: StreamtrainError | None = None  # what stopped the query, raised once it stopped
         self.display.trained = self._trained_total
         self._ready_at = 0.0
         self._cores = 1
@@ -95,15 +86,19 @@ class Run:
         self._recorded = False  # whether run.json holds this run's options
 
     def _until(self) -> bool:
-        """Whether to stop: a reason was found, or the replay is over and all it sent is handled."""
+        """Whether to stop: a reason was found, the records set aside passed --max-rejected, or
+        the replay is over and all it sent is handled."""
         if self.display.stop_reason:
             return True
-        if self.replay is not None and self.replay.done():
-            assert self.replay.sent is not None
-            if self._trained_total() + self.history.rejected() >= self.replay.sent:
-                self.display.stop_reason = "all produced records trained"
-                return True
-        return False
+        over = self.replay is not None and self.replay.done()
+        rejects = self.display.rejects
+        if self.replay is not None:  # the rows it could not send, on /metrics as they come
+            self.metrics.on_rejects(rejects.add_replay(self.replay.malformed))
+        handled = over and self._trained_total() + self.history.rejected() >= (self.replay.sent or 0)  # type: ignore[union-attr]
+        self._failure = rejects.verdict(final=handled)
+        if self._failure is not None or handled:
+            self.display.stop_reason = "too many records rejected" if self._failure else "all produced records trained"
+        return self._failure is not None or handled
 
     def _trained_total(self) -> int:
         return self._driver.trained if self._driver is not None else 0
@@ -143,8 +138,8 @@ class Run:
             # Importing TensorFlow (in the zygote, which then forks the model's describer and,
             # in local mode, Spark's Python workers), starting the broker and the replay, and
             # starting Spark's JVM each take seconds: they overlap.
-            zygote = _start_zygote(stack, self.out) if self.settings.preload else None
-            probe = _describe(cfg, self.algorithm, data.schema, stack, zygote)
+            zygote = model_start.start_zygote(stack, self.out) if self.settings.preload else None
+            probe = model_start.describe(cfg, self.algorithm, data.schema, stack, zygote)
             served = metrics.serve(self.metrics.meters.registry, host=self.settings.metrics_host, port=cfg.metrics_port)
             log.info("metrics at %s", served.url)
             stack.callback(served.stop)
@@ -169,9 +164,11 @@ class Run:
                 # While the query starts (seconds of its source's set-up and planning): the
                 # model, the parameter server, the workers' replicas. No batch runs before.
                 spec, initial = probe.result()
-                if probe.compiled() and use_compiled(self.algorithm, spec):
+                if probe.compiled() and model_start.use_compiled(self.algorithm, spec):
                     name = spec.optimizer.get("class_name") if isinstance(spec.optimizer, dict) else spec.optimizer
                     self.display.startup(f"training with the model's own compile: optimizer {name}, loss {spec.loss}")
+                if data.schema.regression:  # its status lines show the error, not an accuracy it has none of
+                    self.display.regression_loss = self.algorithm.loss if isinstance(self.algorithm.loss, str) else "loss"
                 self.display.startup(f"model described ({spec.size:,} weights); warming up {cfg.workers} workers")
                 handler, warm_up = self._start_training(stack, spark, spec, data, prior or checkpoint.State(initial))
                 job.use(handler)
@@ -179,6 +176,8 @@ class Run:
 
             try:
                 job.run(max_batches=cfg.max_batches, timeout_s=cfg.timeout_s, until=self._until, prepare=prepare)
+                if self._failure is not None:  # the query stopped after its last commit: say why, in one line
+                    raise self._failure
             except StreamtrainError:
                 served.await_scrape()  # what stopped it (an unreadable batch, its lag) reaches Prometheus
                 raise
@@ -188,7 +187,9 @@ class Run:
             startup_s = self.history.startup_s(self._started) or self._ready_at - self._started
             final_weights, _ = self._server.snapshot()
             ps_stats = self._server.stats()
-            final = self._evaluation.score(final_weights)
+            # A model that trained nothing, or too few held-out records, gets no score: a number
+            # there would be read as the model's.
+            final = self._evaluation.score(final_weights) if self._trained_total() and self._evaluation.can_score else {}
             self.metrics.on_final(final)
             self._evaluation.save_model(final_weights, self.out / "model.keras")
             # A run watched by Prometheus stays up for one more scrape, so its final
@@ -223,12 +224,9 @@ class Run:
             self._release = Releaser(bootstrap, self.topic, conf=secured)
             stack.callback(self._release.close)
         if not (cfg.topic and cfg.bootstrap):  # the run's own replay: a resumed one sends what the topic lacks
-            self.replay = ReplayProcess(
-                dataset=cfg.dataset, data_dir=self._data_dir(), table=user_data.replay_job(data),
-                bootstrap=bootstrap, topic=self.topic, kafka_conf=cfg.kafka_conf,
-                epochs=cfg.epochs, rate=cfg.rate, partitions=cfg.workers, metrics_host=self.settings.metrics_host,
-                metrics_port=cfg.producer_metrics_port, log_path=self.out / "producer.log", resume=cfg.resume,
-            ).start()
+            self.replay = ReplayProcess.for_run(cfg, table=user_data.replay_job(data), data_dir=self._data_dir(),
+                                                bootstrap=bootstrap, topic=self.topic, out=self.out,
+                                                metrics_host=self.settings.metrics_host).start()
             stack.callback(self.replay.stop)
         return bootstrap
 
@@ -270,12 +268,15 @@ class Run:
             threads=threads, seed=cfg.seed or 0, driver=self._driver,  # a replayed batch trains in the same order
         )
         test = data.load("test")
+        if len(test.y) < MIN_SCORED:
+            self.display.startup(f"held-out set too small to score ({len(test.y)} records, fewer than {MIN_SCORED}): no "
+                                 "held-out scores; pass --eval-data FILE or a larger --holdout")
         n_eval = min(len(test.y), cfg.eval_max)
         self._evaluation = self.display.evaluation = Evaluation(
             spark, spec, schema=data.schema, x=test.x[:n_eval], y=test.y[:n_eval], job=handler.job, threads=threads,
             shards=cfg.workers)
         stack.callback(self._evaluation.close)
-        if cfg.divergence_check:
+        if cfg.divergence_check and len(test.y) >= MIN_SCORED:
             self._driver.watch_heldout(test.y[:n_eval], regression=data.schema.regression)
 
         def warm() -> None:
@@ -290,25 +291,12 @@ class Run:
 
     def _report(self, final: dict[str, float], startup_s: float, ps_stats: dict[str, Any]) -> RunReport:
         assert self._driver is not None and self._driver.state is not None
-        history = self.history
-        here, span = history.trained(), history.span_s()
-        return RunReport(
-            settings=dataclasses.asdict(self.cfg), algorithm=algorithms.serialize(self.algorithm), topic=self.topic,
-            out=str(self.out), startup_s=round(startup_s, 2), trained_records=self._trained_total(),
-            trained_this_session=here, rejected_records=history.rejected(), train_seconds=round(span, 2),
-            records_per_s=round(here / span, 1) if span else 0.0,
-            records_per_s_excluding_eval=round(here / (span - history.eval_s), 1) if span > history.eval_s else 0.0,
+        return RunReport.of_run(
+            settings=self.cfg.report_settings(), algorithm=algorithms.serialize(self.algorithm), topic=self.topic,
+            out=self.out, startup_s=startup_s, trained=self._trained_total(), history=self.history,
             stopped_because=self.display.stop_reason or "limit (--max-batches / --timeout)", final=final,
-            batches=list(history.rows), batches_file=str(self.out / BATCHES_FILE), ledger=self._driver.state.ledger,
-            parameter_server={**{k: ps_stats.get(k) for k in ("ops", "shared_memory", "refused")},
-                              "shards": len(ps_stats.get("shards", ())) or 1},
-            parallelism={"workers": self.cfg.workers, "task_slots": self._cores,
-                         "concurrent_replicas": min(self.cfg.workers, self._cores)},
-            aborted_records=history.aborted(), poison=history.poison,
-            time_shares=history.breakdown.shares(slots=min(self.cfg.workers, self._cores), wall_s=span,
-                                                 eval_s=history.eval_s),
-            time_seconds=history.breakdown.state(),
-        )
+            ledger=self._driver.state.ledger, ps_stats=ps_stats, workers=self.cfg.workers, slots=self._cores,
+            rejects=self.display.rejects)
 
 
 def _topic_name(base: str) -> str:
@@ -351,44 +339,6 @@ def _plot(report: RunReport, cfg: RunConfig, out: Path, *, eval_records: int) ->
         report.plots = str(path)
     except Exception as e:  # the model and the report matter more than a picture
         log.warning("could not draw the report plots: %s: %s", type(e).__name__, e)
-
-
-def _start_zygote(stack: contextlib.ExitStack, out: Path) -> Zygote:
-    """The process that imports TensorFlow once for the workers and the describer
-    (``STREAMTRAIN_PRELOAD=false``: each imports its own)."""
-    zygote = Zygote(_PRELOAD, log_path=out / "zygote.log").start()
-    stack.callback(zygote.stop)  # registered before Spark's stop, so it runs after it
-    return zygote
-
-
-def _describe(cfg: RunConfig, algorithm: Any, schema: Any, stack: contextlib.ExitStack, zygote: Zygote | None) -> Probe:
-    """Start describing the model (the user's, or the data's default) and checking its contract."""
-    default = cfg.dataset
-    if schema.table is not None:
-        label = schema.table.label
-        default = f"table:{schema.n_features}:{schema.num_classes}" + (
-            f":{label.scale[0]}:{label.scale[1]}" if schema.regression else "")
-    probe = Probe(cfg.model, default, optimizer=algorithm.worker_optimizer, loss=algorithm.loss,
-                  folder=Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="streamtrain-model-"))),
-                  zygote=zygote, expect=user_data.contract(schema))
-    stack.callback(probe.cancel)
-    return probe
-
-
-def use_compiled(algo: Any, spec: Any) -> bool:
-    """Train with the optimizer and loss the user compiled the model with, where the
-    algorithm can (synchronous SGD runs its optimizer on the server: Adam or SGD); say
-    in one line when it cannot."""
-    try:
-        if algo.synchronous and algo.pushes_gradients:
-            from pipeline.train.algorithms import optimizers
-
-            optimizers.get(spec.optimizer, 0)
-    except ConfigError as e:
-        log.warning("the model's compiled optimizer is not used: %s; training with %s", e, algo.worker_optimizer)
-        return False
-    algo.worker_optimizer, algo.loss = spec.optimizer, spec.loss
-    return True
 
 
 def run(cfg: RunConfig) -> RunReport:

@@ -15,10 +15,12 @@ from pipeline.errors import StreamtrainError
 
 if TYPE_CHECKING:
     from producers.replay import ReplayReport
+    from producers.report import MalformedSoFar
 
 log = logging.getLogger(__name__)
 
-#: The share of malformed rows at which a replay fails.
+#: The share of malformed rows at which ``streamtrain produce`` of a table fails (a run
+#: decides itself, by ``--max-rejected``, from what its replay tells it as it goes).
 MOST_ROWS = 0.5
 
 
@@ -43,8 +45,8 @@ def _replay(job: dict[str, Any], answer: Any, stop: threading.Event) -> None:
         job.pop("dataset"), job.pop("data_dir")
     else:
         data = datasets.get(job.pop("dataset"), data_dir=Path(job.pop("data_dir")))
-    # Most rows malformed means the wrong file or schema: fail with the first few, not train on scraps.
-    result = replay_with_metrics(data, stop=stop, max_malformed=MOST_ROWS, **job)
+    # The rows set aside go to the run as they happen: it shows them, and stops past --max-rejected.
+    result = replay_with_metrics(data, stop=stop, on_malformed=answer, **job)
     print(result.summary(), flush=True)
     answer(result)
 
@@ -76,9 +78,20 @@ class ReplayProcess:
         }
         self.log_path = log_path
         self.report: ReplayReport | None = None  # once the replay is over
+        self.malformed: MalformedSoFar | None = None  # the rows it set aside so far (None: none)
         # SIGINT, as Ctrl-C would: the replay flushes what it handed to Kafka.
         self._child = ChildProcess(_replay, self.job, name="streamtrain-replay", what="the replay", log_path=log_path,
                                    stop_signal=signal.SIGINT)
+
+    @classmethod
+    def for_run(cls, cfg: Any, *, table: dict[str, Any] | None, data_dir: Path, bootstrap: str, topic: str,
+                out: Path, metrics_host: str) -> ReplayProcess:
+        """The replay of a run's data (``cfg``: its :class:`~pipeline.jobs.run_config.RunConfig`),
+        its output in ``out/producer.log``; a resumed run's sends what the topic lacks."""
+        return cls(dataset=cfg.dataset, data_dir=data_dir, table=table, bootstrap=bootstrap, topic=topic,
+                   kafka_conf=cfg.kafka_conf, epochs=cfg.epochs, rate=cfg.rate, partitions=cfg.workers,
+                   metrics_host=metrics_host, metrics_port=cfg.producer_metrics_port, log_path=out / "producer.log",
+                   resume=cfg.resume)
 
     @property
     def sent(self) -> int | None:
@@ -95,25 +108,30 @@ class ReplayProcess:
         return self
 
     def done(self) -> bool:
-        """Whether the replay is over (then :attr:`report` says what it sent); raises if it failed."""
-        if self.report is not None:
-            return True
-        if not self._child.ready():
-            if self._child.exitcode not in (None, 0):
+        """Whether the replay is over (then :attr:`report` says what it sent); raises if it
+        failed. Takes in what it said of the rows it set aside (:attr:`malformed`)."""
+        from producers.report import MalformedSoFar
+
+        while self.report is None:
+            if not self._child.ready():
+                if self._child.exitcode not in (None, 0):
+                    raise StreamtrainError(f"The replay producer died (exit {self._child.exitcode}); "
+                                           f"see {self.log_path}.")
+                return False
+            try:
+                answer = self._child.receive()
+            except EOFError:  # it exited without a report
                 raise StreamtrainError(f"The replay producer died (exit {self._child.exitcode}); "
-                                       f"see {self.log_path}.")
-            return False
-        try:
-            answer = self._child.receive()
-        except EOFError:  # it exited without a report
-            raise StreamtrainError(f"The replay producer died (exit {self._child.exitcode}); "
-                                   f"see {self.log_path}.") from None
-        if isinstance(answer, ChildFailed):
-            raise StreamtrainError(f"The replay producer failed: {answer.error}")
-        if answer.send_errors:
-            raise StreamtrainError(f"The replay producer failed: {answer.send_errors} records were not "
-                                   f"acknowledged by Kafka (see {self.log_path}).")
-        self.report = answer
+                                       f"see {self.log_path}.") from None
+            if isinstance(answer, MalformedSoFar):
+                self.malformed = answer
+                continue
+            if isinstance(answer, ChildFailed):
+                raise StreamtrainError(f"The replay producer failed: {answer.error}")
+            if answer.send_errors:
+                raise StreamtrainError(f"The replay producer failed: {answer.send_errors} records were not "
+                                       f"acknowledged by Kafka (see {self.log_path}).")
+            self.report = answer
         return True
 
     def stop(self) -> None:

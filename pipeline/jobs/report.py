@@ -10,8 +10,12 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.ingest.offsets import PassedOver
+from pipeline.jobs.rejects import Rejects
 from pipeline.train.breakdown import Breakdown
 from pipeline.train.rows import BatchRow
+
+#: Every batch's row, one JSON line each, appended as the run goes (the report keeps the last 1,000).
+BATCHES_FILE = "batches.jsonl"
 
 
 class History:
@@ -112,6 +116,30 @@ class RunReport:
     #: Each task slot's streaming time by part (:mod:`pipeline.train.breakdown`), and the seconds behind it.
     time_shares: dict[str, float] = dataclasses.field(default_factory=dict)
     time_seconds: dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: What was set aside (:meth:`pipeline.jobs.rejects.Rejects.to_dict`): by reason, and the replay's first rows.
+    rejected: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    @classmethod
+    def of_run(cls, *, settings: dict[str, Any], algorithm: dict[str, Any], topic: str, out: Path, startup_s: float,
+               trained: int, history: History, stopped_because: str, final: dict[str, float], ledger: list[list[Any]],
+               ps_stats: dict[str, Any], workers: int, slots: int, rejects: Rejects) -> RunReport:
+        """The report of a run that streamed ``history``, ``trained`` records across its
+        sessions, and set aside what ``rejects`` counts."""
+        here, span = history.trained(), history.span_s()
+        return cls(
+            settings=settings, algorithm=algorithm, topic=topic, out=str(out), startup_s=round(startup_s, 2),
+            trained_records=trained, trained_this_session=here, rejected_records=rejects.total,
+            train_seconds=round(span, 2), records_per_s=round(here / span, 1) if span else 0.0,
+            records_per_s_excluding_eval=round(here / (span - history.eval_s), 1) if span > history.eval_s else 0.0,
+            stopped_because=stopped_because, final=final, batches=list(history.rows),
+            batches_file=str(out / BATCHES_FILE), ledger=ledger,
+            parameter_server={**{k: ps_stats.get(k) for k in ("ops", "shared_memory", "refused")},
+                              "shards": len(ps_stats.get("shards", ())) or 1},
+            parallelism={"workers": workers, "task_slots": slots, "concurrent_replicas": min(workers, slots)},
+            aborted_records=history.aborted(), poison=history.poison, rejected=rejects.to_dict(),
+            time_shares=history.breakdown.shares(slots=min(workers, slots), wall_s=span, eval_s=history.eval_s),
+            time_seconds=history.breakdown.state(),
+        )
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -123,10 +151,14 @@ class RunReport:
 
     def summary(self) -> str:
         """The run's last line for people."""
-        final = " ".join(f"{k} {v:.4f}" for k, v in self.final.items())
+        final = ("held-out " + " ".join(f"{k} {v:.4f}" for k, v in self.final.items()) if self.final else
+                 "no held-out score" + ("" if self.trained_records else " (nothing trained)"))
+        reasons = list((self.rejected.get("by_reason") or {}).items())[:3]
+        rejected = (f"; rejected {self.rejected_records:,} (" + ", ".join(f"{k} {n:,}" for k, n in reasons) + ")"
+                    if self.rejected_records and reasons else "")
         return (f"trained {self.trained_records} records in {self.train_seconds:.1f} s "
-                f"({self.records_per_s:.0f}/s after {self.startup_s:.1f} s start-up); "
-                f"held-out {final}; stopped: {self.stopped_because}")
+                f"({self.records_per_s:.0f}/s after {self.startup_s:.1f} s start-up){rejected}; "
+                f"{final}; stopped: {self.stopped_because}")
 
     def time_line(self) -> str:
         """Where each task slot's streaming time went (:mod:`pipeline.train.breakdown`).

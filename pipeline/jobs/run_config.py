@@ -62,6 +62,7 @@ class RunConfig:
     holdout: float | None = None  # the share held out for scores (a file's rows; a topic's keys)
     eval_data: str | None = None  # a file of held-out records instead
     schema_registry: str | None = None  # Avro in the Confluent wire format: the registry's URL
+    max_rejected: float | None = None  # the share of records rejected that stops the run (None: REJECTED_SHARE)
 
     @property
     def table(self) -> bool:
@@ -81,6 +82,19 @@ class RunConfig:
             return self.topic
         return self.dataset
 
+    def report_settings(self) -> dict[str, object]:
+        """The settings as the report shows them: a user's table trains no built-in dataset.
+
+        >>> RunConfig(data="data/penguins.csv", label="species").report_settings()["dataset"] is None
+        True
+        >>> RunConfig().report_settings()["dataset"]
+        'mnist'
+        """
+        settings = dataclasses.asdict(self)
+        if self.table:
+            settings["dataset"] = None
+        return settings
+
     def validate(self) -> None:
         """Raise :class:`~pipeline.errors.ConfigError` for the first bad setting."""
         names = _builtin_datasets()
@@ -94,6 +108,9 @@ class RunConfig:
                 raise ConfigError(f"Expected --{name.replace('_', '-')} >= 1. Received: {value}")
         if self.wire_dtype not in ("float32", "bfloat16", "float16"):
             raise ConfigError(f"Expected --wire-dtype float32, bfloat16 or float16. Received: {self.wire_dtype!r}")
+        if self.max_rejected is not None and not 0 <= self.max_rejected <= 1:
+            raise ConfigError(f"Expected --max-rejected in [0, 1] (a share of the records read). "
+                              f"Received: {self.max_rejected}")
         if self.on_poison not in ("fail", "skip"):
             raise ConfigError(f"Expected --on-poison fail or skip. Received: {self.on_poison!r}")
         if self.isolation_level not in ("read_committed", "read_uncommitted"):
@@ -149,6 +166,10 @@ class RunConfig:
         for path, option in ((self.data, "--data"), (self.schema, "--schema"), (self.eval_data, "--eval-data")):
             if path and not Path(path).is_file():
                 raise ConfigError(f"Expected a file for {option}. Received: {path}, which does not exist.")
+        if self.schema_registry:
+            from pipeline.table.registry import check_reachable
+
+            check_reachable(self.schema_registry)  # one line in seconds, before Kafka and Spark start
 
     def _check_cluster(self) -> None:
         """A standalone cluster: its security settings, and a Kafka its executors can reach."""

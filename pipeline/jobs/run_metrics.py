@@ -82,6 +82,11 @@ class RunMetrics:
         if "accuracy" in scores:  # a numeric target has an error instead (in the report)
             self.meters.heldout_accuracy.set(scores["accuracy"])
 
+    def on_rejects(self, rejects: dict[str, int]) -> None:
+        """Records set aside outside a batch (the rows a run's replay could not send), by reason."""
+        for reason, n in rejects.items():
+            self.meters.records_rejected.labels(reason).inc(n)
+
     def skipped(self) -> None:
         self.meters.batches_skipped.inc()
 

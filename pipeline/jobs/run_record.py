@@ -57,7 +57,8 @@ ROLES: dict[str, str] = {
     "eval_data": KEPT,
     "keep_checkpoints": KEPT,
     "ps_shards": KEPT,  # a checkpoint holds the whole center whatever the shards: a resume may change them
-    "on_poison": KEPT,  # what to do with a batch that cannot be read, decided anew each session
+    "on_poison": KEPT,
+    "max_rejected": KEPT,  # how much bad data a session puts up with  # what to do with a batch that cannot be read, decided anew each session
     "generation": SESSION,  # which kept checkpoint this session starts from
     "divergence_check": SESSION,  # turned off for one session at a time, after a look at the data
     "epochs": KEPT,  # a larger one extends the run
@@ -183,7 +184,7 @@ def resume_options(folder: Path, options: dict[str, Any], given: set[str]) -> di
     if record is None:
         log.warning("%s has no %s (a run started before runs recorded their options): resuming with the options "
                     "given, which must be the ones it started with", folder, RECORD_FILE)
-        return options
+        return _older_options(folder, options, given)
     merged = dict(options)
     conflicts = []
     for name, value in record["settings"].items():
@@ -201,6 +202,34 @@ def resume_options(folder: Path, options: dict[str, Any], given: set[str]) -> di
         raise ConfigError(f"The model file of the run in {folder} changed since it started ({merged['model']}, "
                           "recorded by its SHA-256): restore it, or start a new run with another --out.")
     return merged
+
+
+#: What a run wrote before it kept a record: its model's description, naming its data.
+_OLDER_FILE = "model.json"
+
+
+def _older_options(folder: Path, options: dict[str, Any], given: set[str]) -> dict[str, Any]:
+    """The options of a run older than records: its dataset from its ``model.json`` (the
+    model it trained was that dataset's), checked against one given, before anything starts."""
+    path = folder / _OLDER_FILE
+    try:
+        schema = json.loads(path.read_text())["schema"]
+        name = str(schema["name"])
+    except FileNotFoundError:
+        return options  # nothing to read the data off: the options given must be the run's
+    except (ValueError, KeyError, TypeError) as e:
+        raise ConfigError(f"{path} is unreadable ({e}); restore it, or start a new run with another --out.") from None
+    if schema.get("table") is not None:
+        if not (options.get("data") or options.get("topic")):
+            raise ConfigError(f"The run in {folder} trained a table of yours ({name}, by {path.name}) and recorded "
+                              f"no options ({RECORD_FILE}): pass its --data FILE (or --topic) and --schema again to "
+                              "continue it.")
+        return options
+    if "dataset" in given and options.get("dataset") != name:
+        raise ConfigError(f"The run in {folder} trained {name} ({path.name}), given --dataset {options.get('dataset')}: "
+                          "drop --dataset to continue it, or start a new run with another --out.")
+    log.info("%s: the run trained %s (%s)", folder, name, path.name)
+    return {**options, "dataset": name}
 
 
 def _normal(name: str, value: Any) -> Any:

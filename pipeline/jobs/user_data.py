@@ -28,6 +28,24 @@ FILE_HOLDOUT = 0.1
 TOPIC_HOLDOUT = 0.02
 #: Records read from the start of a topic: to infer its schema, and for its held-out share.
 SAMPLE_RECORDS = 50_000
+#: A topic's default share holds out at least this many of the records it has at the start
+#: (a small topic's 2% scores on a handful), up to :data:`MOST_HELD_OUT` of them.
+HELD_OUT_FLOOR = 200
+MOST_HELD_OUT = 0.2
+
+
+def topic_share(sampled: int, given: float | None) -> float:
+    """The share of a topic's keys held out: ``--holdout`` as given; else :data:`TOPIC_HOLDOUT`,
+    raised for a small topic so that its start holds out :data:`HELD_OUT_FLOOR` records.
+
+    >>> topic_share(100_000, None), topic_share(1_500, None), topic_share(300, None), topic_share(1_500, 0.01)
+    (0.02, 0.1333, 0.2, 0.01)
+    """
+    if given is not None:
+        return given
+    if sampled <= 0:
+        return TOPIC_HOLDOUT
+    return max(TOPIC_HOLDOUT, min(MOST_HELD_OUT, round(HELD_OUT_FLOOR / sampled, 4)))
 
 
 def resolve(cfg: RunConfig, data_dir: Path) -> Any:
@@ -77,16 +95,23 @@ class TopicTable:
         from pipeline.table import TableSchema
 
         self.cfg, self.name = cfg, cfg.name
-        self.share = TOPIC_HOLDOUT if cfg.holdout is None else cfg.holdout
         fmt = cfg.format if cfg.format not in (None, "binary") else None
         self._sample: list[tuple[bytes | None, bytes | None, int]] | None = None
         if cfg.schema:
             table = TableSchema.load(cfg.schema)
             if fmt and fmt != table.format or cfg.schema_registry:
                 table = table.with_format(fmt or table.format, registry=cfg.schema_registry)
+            if table.registry and table.registry != cfg.schema_registry:  # the file's: checked as the option is
+                from pipeline.table.registry import check_reachable
+
+                check_reachable(table.registry)
         else:
             table = self._infer(fmt or "json")
         self.table = table
+        self.share = topic_share(0 if cfg.eval_data or cfg.holdout is not None else len(self._records()), cfg.holdout)
+        if cfg.holdout is None and self.share > TOPIC_HOLDOUT:
+            log.info("holding out %.1f%% of %s's keys: %d records at its start, at least %d of them held out",
+                     100 * self.share, cfg.topic, len(self._records()), HELD_OUT_FLOOR)
         self.schema = dataclasses.replace(codec.table(self.name, table), holdout=0.0 if cfg.eval_data else self.share)
 
     def _records(self) -> list[tuple[bytes | None, bytes | None, int]]:
@@ -100,8 +125,11 @@ class TopicTable:
         from pipeline.table.records import json_columns
 
         if fmt != "json":
-            raise ConfigError(f"Expected --schema FILE for {fmt} records: a schema is inferred from JSON records "
-                              "only (`streamtrain schema infer` writes one from a file).")
+            raise ConfigError(f"Expected --schema FILE for {fmt} records: a run infers a schema from JSON records "
+                              f"only. Write one with `streamtrain schema infer --topic {self.cfg.topic} --bootstrap B "
+                              f"--format {fmt} --label COLUMN -o schema.json`"
+                              + (" (with --schema-registry URL, or --avro-schema WRITER.avsc)" if fmt == "avro" else "")
+                              + ", then pass --schema schema.json.")
         columns = json_columns([value for _, value, _ in self._records()[:10_000]])
         if not columns:
             raise ConfigError(f"Expected JSON objects in topic {self.cfg.topic!r} to infer a schema from. Received "

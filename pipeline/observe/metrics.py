@@ -113,7 +113,8 @@ def training_metrics() -> TrainingMetrics:
                                  "Records read from Kafka into micro-batches.", ["topic"], registry=reg),
         records_trained=Counter("streamtrain_train_records_total", "Records trained on.", ["topic"], registry=reg),
         records_rejected=Counter("streamtrain_stream_records_rejected_total",
-                                 "Records set aside to the dead-letter topic, by reason.", ["reason"], registry=reg),
+                                 "Records set aside, by reason: rejected by the decoder (to the dead-letter topic), or rows of "
+                                 "a run's file its replay could not send.", ["reason"], registry=reg),
         records_aborted=Counter("streamtrain_stream_records_aborted_total",
                                 "Records of aborted transactions left unread (read_committed).", ["topic"],
                                 registry=reg),

@@ -11,10 +11,20 @@ Example:
     ((2.0, 1.0), 2.0)
     >>> infer({"x": [1, 2, 3, 4], "t": [0.5, 1.25, 2.0, 3.5]}, label="t").regression
     True
+
+A column of numbers with words among them is categorical, and :func:`mixed_columns` says
+so; ``numeric=`` reads it as numbers (the words then rejected by name):
+
+    >>> cols = {"w": ["1", "2", "abc", "3"], "y": ["p", "q", "p", "q"]}
+    >>> [(n.name, n.share, n.examples) for n in mixed_columns(cols, infer(cols, label="y"))]
+    [('w', 0.25, ('abc',))]
+    >>> infer(cols, label="y", numeric=["w"]).features[0].kind
+    'numeric'
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -33,10 +43,13 @@ MAX_CLASSES = 20
 #: A column is numeric when at most this share of its values are not numbers (those are
 #: then data errors, rejected by name, rather than making the column categorical).
 MAX_NOT_NUMBERS = 0.02
+#: A categorical column whose values are at least this share numbers is worth a word: most
+#: likely numbers with data errors among them.
+MOSTLY_NUMBERS = 0.5
 
 
 def infer(columns: Mapping[str, Sequence[Any]], *, label: str | None, regression: bool | None = None,
-          ignore: Sequence[str] = (), format: str = "json") -> TableSchema:
+          ignore: Sequence[str] = (), format: str = "json", numeric: Sequence[str] = ()) -> TableSchema:
     """A schema for ``columns`` (name -> sample values), ``label`` the target column.
 
     Args:
@@ -46,6 +59,8 @@ def infer(columns: Mapping[str, Sequence[Any]], *, label: str | None, regression
             the values.
         ignore: columns that are not features (ids, free text).
         format: the records' format on the topic.
+        numeric: columns read as numbers whatever else they hold (what is not a number
+            is then a reject, ``not_a_number:COLUMN``).
     """
     if label is not None and label not in columns:
         raise ConfigError(f"Expected the label column {label!r} among the columns. Received: {list(columns)[:20]}. "
@@ -53,20 +68,30 @@ def infer(columns: Mapping[str, Sequence[Any]], *, label: str | None, regression
     unknown = [c for c in ignore if c not in columns]
     if unknown:
         raise ConfigError(f"Expected --ignore to name columns. Received: {unknown}; the columns are {list(columns)[:20]}.")
-    features = tuple(_feature(name, values) for name, values in columns.items() if name != label and name not in ignore)
+    unknown = [c for c in numeric if c not in columns or c == label]
+    if unknown:
+        raise ConfigError(f"Expected --numeric to name feature columns. Received: {unknown}; the columns are "
+                          f"{list(columns)[:20]}.")
+    features = tuple(_feature(name, values, numeric=name in numeric) for name, values in columns.items()
+                     if name != label and name not in ignore)
     if not features:
         raise ConfigError(f"Expected at least one feature column besides the label {label!r}. Received: {list(columns)}.")
     target = _label(label, columns[label], regression) if label is not None else None
-    schema = TableSchema(features, target, format=format)
-    return schema.with_format("csv") if format == "csv" else schema
+    schema = TableSchema(features, target)
+    return schema.with_format(format) if format != "json" else schema
 
 
-def _feature(name: str, values: Sequence[Any]) -> Feature:
+def _feature(name: str, values: Sequence[Any], *, numeric: bool = False) -> Feature:
+    nested = next((v for v in values if isinstance(v, (list, dict, tuple))), None)
+    if nested is not None:
+        raise ConfigError(f"Expected flat values (numbers, strings, booleans) in column {name!r}. Received a "
+                          f"{type(nested).__name__}: {str(nested)[:60]}. Flatten it into columns of its own, or leave "
+                          f"it out with --ignore {name}.")
     present = [v for v in values if text(v) is not None]
-    if present and all(_is_boolean(v) for v in present):
+    if present and not numeric and all(_is_boolean(v) for v in present):
         return Feature(name, "boolean", fill=0.0)
     v, bad = numbers(values)
-    if bad.sum() <= MAX_NOT_NUMBERS * max(1, len(present)) and np.isfinite(v).any():
+    if (numeric or bad.sum() <= MAX_NOT_NUMBERS * max(1, len(present))) and np.isfinite(v).any():
         finite = v[np.isfinite(v)]
         mean, std = float(finite.mean()), float(finite.std())
         return Feature(name, "numeric", fill=round(mean, 6), scale=(round(mean, 6), round(1.0 / std, 6) if std > 0 else 1.0))
@@ -74,6 +99,44 @@ def _feature(name: str, values: Sequence[Any]) -> Feature:
     if len(counts) <= MAX_VOCABULARY:
         return Feature(name, "categorical", vocabulary=tuple(sorted(counts)))
     return Feature(name, "categorical", hash_buckets=HASH_BUCKETS)
+
+
+@dataclasses.dataclass(frozen=True)
+class MixedColumn:
+    """A column taken as categorical although most of its values are numbers.
+
+    Attributes:
+        name: the column.
+        share: the share of its present values that are not numbers.
+        examples: a few of those values, most common first.
+    """
+
+    name: str
+    share: float
+    examples: tuple[str, ...]
+
+    def line(self) -> str:
+        """What ``schema infer`` says of it."""
+        shown = ", ".join(repr(e) for e in self.examples)
+        return (f"column {self.name!r} taken as categorical: {self.share:.0%} of its values are not numbers (e.g. "
+                f"{shown}); to read it as numeric (those values then rejected, counted by name), add "
+                f"--numeric {self.name}")
+
+
+def mixed_columns(columns: Mapping[str, Sequence[Any]], schema: TableSchema) -> list[MixedColumn]:
+    """The categorical features of ``schema`` whose sample in ``columns`` is mostly numbers."""
+    out = []
+    for f in schema.features:
+        if f.kind != "categorical" or f.name not in columns:
+            continue
+        values = columns[f.name]
+        v, bad = numbers(values)
+        present = int((~np.isnan(v)).sum() + bad.sum())
+        if not bad.any() or present == 0 or (present - bad.sum()) < MOSTLY_NUMBERS * present:
+            continue
+        words = Counter(str(x).strip() for x, b in zip(values, bad, strict=True) if b)
+        out.append(MixedColumn(f.name, round(float(bad.sum()) / present, 4), tuple(w for w, _ in words.most_common(3))))
+    return out
 
 
 def _is_boolean(value: Any) -> bool:

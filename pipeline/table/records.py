@@ -3,7 +3,7 @@ the model's input: :func:`decode` is what :func:`pipeline.codec.decode` does for
 
 Each format parses a record into named fields; a record that does not parse is
 rejected (``not_json``, ``not_an_object``, ``wrong_field_count:3``, ``not_avro``,
-``unknown_schema_id:7``) and the rest go through :class:`~pipeline.table.transform.Encoder`,
+``unknown_schema_id:7``; ``confluent_framed``: Confluent-framed Avro read as plain bodies) and the rest go through :class:`~pipeline.table.transform.Encoder`,
 whose rejects name the field.
 
 Example:
@@ -164,37 +164,41 @@ def _avro_rows(raw: list[bytes | None], schema: TableSchema, reasons: Reasons, r
     from fastavro import schemaless_reader
 
     dicts, good, bad, why = [], [], [], []
-    writers: dict[int, Any] = {}
+    framed, expected_id = schema.framed, schema.schema_id
+    # The registry's schema for each id where there is one; else the file's (its id checked).
     fixed = _parsed(schema.avro) if schema.avro is not None and not schema.registry else None
     if fixed is None and registry is None:
         from pipeline.table.registry import Registry
 
         registry = Registry.for_url(schema.registry)
+    writers: dict[int, Any] = {}
     for i, v in enumerate(raw):
         body = v or b""
         writer = fixed
-        if writer is None:
+        if framed:
             if len(body) < 5 or body[0] != CONFLUENT_MAGIC:
                 bad.append(i)
                 why.append(reasons.code("not_confluent_avro"))
                 continue
             sid = int.from_bytes(body[1:5], "big")
-            writer = writers.get(sid)
-            if writer is None:
-                writer = writers[sid] = registry.writer_schema(sid)
+            if fixed is None:
+                writer = writers.get(sid)
+                if writer is None:
+                    writer = writers[sid] = registry.writer_schema(sid)
+            elif expected_id is not None and sid != expected_id:
+                writer = None
             if writer is None:
                 bad.append(i)
                 why.append(reasons.code(f"unknown_schema_id:{sid}"))
                 continue
             body = body[5:]
-        try:
-            buf = io.BytesIO(body)
-            d = schemaless_reader(buf, writer, None)
-            if buf.tell() != len(body):  # trailing bytes: not a record of this schema
-                raise ValueError("trailing bytes")
-        except Exception:  # fastavro raises many kinds on bad bytes (EOFError, IndexError, ...)
+        d = _avro_record(body, writer, schemaless_reader)
+        if d is None:
             bad.append(i)
-            why.append(reasons.code("not_avro"))
+            # Framed records read as plain ones: say so, so that the fix is one word in the schema file.
+            looks_framed = (not framed and len(body) > 5 and body[0] == CONFLUENT_MAGIC
+                            and _avro_record(body[5:], writer, schemaless_reader) is not None)
+            why.append(reasons.code("confluent_framed" if looks_framed else "not_avro"))
             continue
         if not isinstance(d, dict):
             bad.append(i)
@@ -203,6 +207,16 @@ def _avro_rows(raw: list[bytes | None], schema: TableSchema, reasons: Reasons, r
         dicts.append(d)
         good.append(i)
     return _columns_of(dicts, schema), good, bad, why
+
+
+def _avro_record(body: bytes, writer: Any, reader: Callable[..., Any]) -> Any:
+    """One Avro body by ``writer``, or None where the bytes are not one record of it."""
+    try:
+        buf = io.BytesIO(body)
+        d = reader(buf, writer, None)
+    except Exception:  # fastavro raises many kinds on bad bytes (EOFError, IndexError, ...)
+        return None
+    return d if buf.tell() == len(body) else None  # trailing bytes: not a record of this schema
 
 
 _PARSED: dict[str, Any] = {}

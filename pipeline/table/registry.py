@@ -7,9 +7,13 @@ process: records name their writer's schema by id, and ids never change meaning.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from pipeline.errors import ConfigError
+
+#: Seconds a registry has to answer before a run or ``schema infer`` gives up on it.
+REACH_TIMEOUT_S = 5.0
 
 _BY_URL: dict[str, Registry] = {}
 
@@ -62,10 +66,40 @@ class Registry:
 
 
 def client(url: str) -> Any:
-    """confluent-kafka's registry client for ``url`` (``mock://NAME``: its in-process mock)."""
+    """confluent-kafka's registry client for ``url`` (``mock://NAME``: its in-process mock),
+    bounded in time: its own default retries a dead address for minutes."""
     try:
         from confluent_kafka.schema_registry import SchemaRegistryClient
     except ImportError:
         raise ConfigError("Expected confluent-kafka's Schema Registry client for --schema-registry. "
                           "Install it: pip install 'streamtrain[registry]'.") from None
-    return SchemaRegistryClient.new_client({"url": url})
+    return SchemaRegistryClient.new_client({"url": url, "timeout": REACH_TIMEOUT_S, "max.retries": 1})
+
+
+def check_reachable(url: str, *, timeout_s: float = REACH_TIMEOUT_S) -> None:
+    """Raise one :class:`ConfigError` line, within ``timeout_s``, where nothing answers at
+    ``url`` (any HTTP answer, an error status included, is a registry that is there).
+
+    >>> check_reachable("mock://anything")
+    >>> check_reachable("http://127.0.0.1:9", timeout_s=2)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    pipeline.errors.ConfigError: Expected a Schema Registry at http://127.0.0.1:9; ...
+    """
+    if url.startswith("mock://"):
+        return
+    import urllib.error
+    import urllib.request
+
+    if not url.startswith(("http://", "https://")):
+        raise ConfigError(f"Expected --schema-registry as http(s)://HOST:PORT. Received: {url!r}")
+    started = time.monotonic()
+    try:
+        urllib.request.urlopen(f"{url.rstrip('/')}/subjects", timeout=timeout_s).close()  # noqa: S310 -- http(s) only
+    except urllib.error.HTTPError:
+        return  # it answered (a 401 is a registry that wants credentials: the client's affair)
+    except (OSError, ValueError) as e:
+        reason = getattr(e, "reason", e)
+        raise ConfigError(f"Expected a Schema Registry at {url}; none answered within "
+                          f"{time.monotonic() - started:.0f} s ({reason}). Check --schema-registry (or the schema "
+                          "file's \"registry\") and that the registry is up.") from None

@@ -34,6 +34,9 @@ KINDS = ("numeric", "categorical", "boolean")
 ENCODINGS = ("one_hot", "index")
 #: Record formats a table's topic may carry.
 FORMATS = ("json", "csv", "avro")
+#: How Avro records sit in a Kafka value: the body alone, or Confluent's framing (a zero
+#: byte and the writer schema's id before the body).
+WIRES = ("plain", "confluent")
 #: What a missing value becomes: a fill value (numeric, boolean), the out-of-vocabulary
 #: slot (categorical), or a reject of the record.
 MISSING = ("fill", "reject")
@@ -132,6 +135,10 @@ class TableSchema:
         avro: ``avro``: the writer's schema (a JSON object); with ``registry`` the
             records carry the Confluent wire format (magic byte, schema id) instead.
         registry: the Schema Registry's URL, for the Confluent wire format.
+        wire: ``avro``: ``plain`` bodies, or ``confluent`` framing (implied by ``registry``);
+            framed records without a registry are read by the file's ``avro`` schema.
+        schema_id: ``confluent`` without a registry: the id the file's schema has in the
+            records' framing (a record naming another id is rejected); None: any id.
     """
 
     features: tuple[Feature, ...]
@@ -140,6 +147,8 @@ class TableSchema:
     csv_columns: tuple[str, ...] = ()
     avro: dict[str, Any] | None = dataclasses.field(default=None, hash=False, compare=False)
     registry: str | None = None
+    wire: str = "plain"
+    schema_id: int | None = None
 
     def __post_init__(self) -> None:
         if not self.features:
@@ -160,6 +169,15 @@ class TableSchema:
                             list(self.csv_columns))
         if self.format == "avro" and self.avro is None and not self.registry:
             raise _fail("avro", "the writer's Avro schema, or a Schema Registry (--schema-registry URL)", None)
+        if self.wire not in WIRES:
+            raise _fail("wire", f"one of {WIRES}", self.wire)
+        if self.schema_id is not None and (not isinstance(self.schema_id, int) or self.schema_id < 0):
+            raise _fail("schema_id", "the writer schema's id, a whole number >= 0", self.schema_id)
+
+    @property
+    def framed(self) -> bool:
+        """Whether Avro records carry Confluent's framing (magic byte, schema id)."""
+        return self.format == "avro" and (self.wire == "confluent" or bool(self.registry))
 
     @property
     def width(self) -> int:
@@ -222,6 +240,10 @@ class TableSchema:
             out["avro"] = self.avro
         if self.registry:
             out["registry"] = self.registry
+        if self.wire != "plain":
+            out["wire"] = self.wire
+        if self.schema_id is not None:
+            out["schema_id"] = self.schema_id
         return out
 
     def to_json(self) -> str:
@@ -259,7 +281,8 @@ class TableSchema:
                 raise _fail("label", "scale [center, spread] with a spread above 0", raw_label.get("scale"))
             label = Label(raw_label["name"], classes, scale)
         return cls(tuple(features), label, format=d.get("format", "json"),
-                   csv_columns=tuple(d.get("csv_columns") or ()), avro=d.get("avro"), registry=d.get("registry"))
+                   csv_columns=tuple(d.get("csv_columns") or ()), avro=d.get("avro"), registry=d.get("registry"),
+                   wire=d.get("wire", "plain"), schema_id=d.get("schema_id"))
 
     @classmethod
     def from_json(cls, text: str) -> TableSchema:

@@ -11,6 +11,10 @@ import numpy as np
 from pipeline import cluster, codec
 from pipeline.train.model import ModelSpec
 
+#: Held-out records below which no score is given: on fewer, one record moves accuracy by
+#: five points or more, and a run's stop rules would chase noise.
+MIN_SCORED = 20
+
 
 class Evaluation:
     """The held-out split, scored on the workers' replicas.
@@ -33,6 +37,11 @@ class Evaluation:
         self.spark, self.spec, self.schema, self.y = spark, spec, schema, y
         self.job, self.threads, self.shards = job, threads, max(1, min(shards, len(y)))
         self._x = spark.sparkContext.broadcast(x)
+
+    @property
+    def can_score(self) -> bool:
+        """Whether the held-out split is large enough to score (:data:`MIN_SCORED`)."""
+        return len(self.y) >= MIN_SCORED
 
     def predict(self, weights: np.ndarray) -> np.ndarray:
         """The model's outputs on the held-out records with ``weights``."""

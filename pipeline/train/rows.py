@@ -127,16 +127,25 @@ class BatchRow:
             del d["poison"]
         return d
 
-    def status(self, *, total: int, per_s: float) -> str:
-        """The line printed after the batch.
+    def status(self, *, total: int, per_s: float, loss: str | None = None) -> str:
+        """The line printed after the batch; ``loss``: a numeric target's loss function (its
+        prequential error is shown instead of an accuracy, which it has none of).
 
         >>> BatchRow(3, 1.0, 10, 10, {}, 0.5, 7, 1.0, 2.0, 9, 0.4, 0.1, 0.5).status(total=40, per_s=20)
         'batch    3 | trained       40 |      20/s | lag       7 | staleness p50/p99 1/2 | prequential acc 0.500'
+        >>> BatchRow(3, 1.0, 10, 10, {}, 0.5, 7, None, None, 9, 0.4, 0.1, float("nan"), 2500.0).status(
+        ...     total=40, per_s=20, loss="mean_squared_error").split(" | ")[-1]
+        'prequential rmse 50'
         """
         parts = [f"batch {self.batch_id:>4}", f"trained {total:>8,}", f"{per_s:>7,.0f}/s", f"lag {self.lag:>7,}"]
         if self.staleness_p50 is not None and self.staleness_p99 is not None:
             parts.append(f"staleness p50/p99 {self.staleness_p50:.0f}/{self.staleness_p99:.0f}")
-        if self.prequential_accuracy is not None:
+        if loss is not None:
+            if self.prequential_loss is not None and np.isfinite(self.prequential_loss):
+                rmse = loss in ("mean_squared_error", "mse")
+                parts.append(f"prequential rmse {np.sqrt(self.prequential_loss):.4g}" if rmse else
+                             f"prequential loss {self.prequential_loss:.4g}")
+        elif self.prequential_accuracy is not None:
             parts.append(f"prequential acc {self.prequential_accuracy:.3f}")
         if self.heldout is not None:
             parts.append("held-out " + " ".join(f"{k} {v:.4f}" for k, v in self.heldout.items()))

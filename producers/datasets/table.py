@@ -4,8 +4,9 @@ The schema is the one given, or one inferred from the file's first rows. Rows go
 as they are in the file (strings and gaps included), in the schema's record format,
 so the stream applies the transform, as it does to a topic fed by anyone else; a
 row the schema cannot encode is counted with its line, column and reason, and not
-sent. A fixed share of the rows, picked by a hash of the row's number, is held out:
-the ``test`` split, never replayed, scores the model.
+sent. A fixed share of the rows, picked by a hash of the row's 0-based index (the same
+row of the same table in any file format), is held out: the ``test`` split, never
+replayed, scores the model.
 
 Example:
     >>> import pathlib, tempfile
@@ -24,6 +25,7 @@ Example:
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -32,36 +34,38 @@ import numpy as np
 
 from pipeline import codec
 from pipeline.errors import ConfigError, DataError
-from pipeline.table.inference import infer
+from pipeline.table.inference import infer, mixed_columns
 from pipeline.table.records import _encoder
 from pipeline.table.schema import TableSchema
 from pipeline.table.transform import GAP_TOKENS, Reasons
 from pipeline.table.writers import encode_values
 from producers.datasets.base import Chunk, Dataset, check_split
 
+log = logging.getLogger(__name__)
+
 #: Sample tables that ship with the package (their PROVENANCE.md says whence and under what licence).
 SAMPLES = Path(__file__).parent / "samples"
 #: Rows read to infer a schema.
 INFER_ROWS = 10_000
 _KINDS = {".csv": "csv", ".gz": "csv", ".tsv": "csv", ".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl",
-          ".parquet": "parquet", ".pq": "parquet"}
+          ".parquet": "parquet", ".pq": "parquet", ".avro": "avro"}
 
 
 def file_kind(path: Path) -> str:
-    """``csv``, ``jsonl`` or ``parquet``, from the file's name.
+    """``csv``, ``jsonl``, ``parquet`` or ``avro`` (an object container file), from the file's name.
 
-    >>> file_kind(Path("a.csv.gz")), file_kind(Path("b.parquet"))
-    ('csv', 'parquet')
+    >>> file_kind(Path("a.csv.gz")), file_kind(Path("b.parquet")), file_kind(Path("c.avro"))
+    ('csv', 'parquet', 'avro')
     """
     kind = _KINDS.get(path.suffix.lower())
     if kind is None:
-        raise ConfigError(f"Expected a .csv, .csv.gz, .jsonl or .parquet file. Received: {path.name}")
+        raise ConfigError(f"Expected a .csv, .csv.gz, .jsonl, .parquet or .avro file. Received: {path.name}")
     return kind
 
 
 def read_rows(path: Path, *, block_rows: int = 4096) -> Iterator[tuple[list[int], list[dict[str, Any]], list[tuple[int, str]]]]:
     """The file's rows in blocks: ``(line of each row, rows, unparsed (line, reason))``;
-    lines count from 1, a CSV's header being line 1 (a Parquet file's rows from 1)."""
+    lines count from 1, a CSV's header being line 1 (a Parquet or Avro file's rows from 1)."""
     if not path.is_file():
         raise DataError(f"Expected a data file at {path}, found nothing there. Check the path.")
     kind = file_kind(path)
@@ -79,6 +83,8 @@ def read_rows(path: Path, *, block_rows: int = 4096) -> Iterator[tuple[list[int]
                 line += len(rows)
         except (pa.ArrowInvalid, OSError) as e:
             raise DataError(f"{path} is not a readable Parquet file ({e}).") from None
+    elif kind == "avro":
+        yield from _avro_records(path, block_rows)
     else:
         yield from _json_lines(path, block_rows)
 
@@ -141,6 +147,79 @@ def _json_lines(path: Path, block_rows: int) -> Iterator[tuple[list[int], list[d
             yield lines, rows, bad
 
 
+def _avro_records(path: Path, block_rows: int) -> Iterator[tuple[list[int], list[dict[str, Any]], list[tuple[int, str]]]]:
+    """An Avro object container file's records (its writer's schema is in its header)."""
+    import fastavro
+
+    with open(path, "rb") as f:
+        try:
+            reader = fastavro.reader(f)
+        except (ValueError, EOFError) as e:  # fastavro: "cannot read header - is it an avro file?"
+            raise DataError(f"{path} is not an Avro object container file ({e}).") from None
+        rows: list[dict[str, Any]] = []
+        line = 1
+        for record in reader:
+            rows.append(record if isinstance(record, dict) else {"value": record})
+            if len(rows) >= block_rows:
+                yield list(range(line, line + len(rows))), rows, []
+                line += len(rows)
+                rows = []
+        if rows:
+            yield list(range(line, line + len(rows))), rows, []
+
+
+def avro_file_schema(path: Path) -> dict[str, Any]:
+    """The writer's schema in an Avro object container file's header."""
+    import fastavro
+
+    with open(path, "rb") as f:
+        try:
+            found: Any = fastavro.reader(f).writer_schema
+        except (ValueError, EOFError) as e:
+            raise DataError(f"{path} is not an Avro object container file ({e}).") from None
+    if not isinstance(found, dict):
+        raise DataError(f"Expected a record schema in {path}'s header. Received: {str(found)[:80]}")
+    return found
+
+
+def nested_columns(path: Path) -> dict[str, str]:
+    """A Parquet file's columns that hold lists, structs or maps, with their types (a
+    model's input is flat: such a column is refused by name, never hashed as a category).
+
+    Other files: their nested values are found when a schema is inferred."""
+    if file_kind(path) != "parquet" or not path.is_file():
+        return {}
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        schema = pq.read_schema(path)
+    except (pa.ArrowInvalid, OSError) as e:
+        raise DataError(f"{path} is not a readable Parquet file ({e}).") from None
+    return {f.name: str(f.type) for f in schema if pa.types.is_nested(f.type)}
+
+
+def check_flat(path: Path, names: set[str]) -> None:
+    """Refuse, in one line, the nested columns among ``names``."""
+    nested = {n: t for n, t in nested_columns(path).items() if n in names}
+    if nested:
+        listed = ", ".join(f"{n!r} ({t})" for n, t in nested.items())
+        raise ConfigError(f"Expected flat columns (numbers, strings, booleans) in {path.name}. Received nested ones: "
+                          f"{listed}. Flatten them into columns of their own, or leave them out (--ignore COLUMN, "
+                          "or drop them from the schema).")
+
+
+def check_rows(path: Path) -> None:
+    """Raise :class:`DataError` for a file with no row to read (before anything starts)."""
+    unparsed: list[tuple[int, str]] = []
+    for _, rows, bad in read_rows(path, block_rows=64):
+        if rows:
+            return
+        unparsed += bad
+    detail = f" ({len(unparsed)} malformed: line {unparsed[0][0]}: {unparsed[0][1]}, ...)" if unparsed else ""
+    raise DataError(f"Expected rows in {path}. Received none{detail}. Check the file.")
+
+
 def sample_columns(path: Path, rows: int = INFER_ROWS) -> dict[str, list[Any]]:
     """The first ``rows`` rows of a file, by column (what a schema is inferred from)."""
     columns: dict[str, list[Any]] = {}
@@ -198,12 +277,18 @@ class Table(Dataset):
         if schema is None:
             if label is None:
                 raise ConfigError(f"Expected --label COLUMN (the target) or --schema FILE for {self.path.name}.")
-            table = infer(sample_columns(self.path), label=label)
+            columns = sample_columns(self.path)
+            table = infer(columns, label=label)
+            for mixed in mixed_columns(columns, table):
+                log.warning("%s: %s (and a --schema FILE written by `streamtrain schema infer`)", self.path.name,
+                            mixed.line())
         else:
             table = schema if isinstance(schema, TableSchema) else TableSchema.load(schema)
             if label is not None and (table.label is None or table.label.name != label):
                 raise ConfigError(f"Expected --label to match the schema's label "
                                   f"{table.label.name if table.label else None!r}. Received: {label!r}")
+            check_rows(self.path)  # an empty file is one line now, not a run that starts and finds nothing
+        check_flat(self.path, {f.name for f in table.features} | ({table.label.name} if table.label else set()))
         if format is not None and format != table.format:
             table = table.with_format(format)
         self.table = table
@@ -219,18 +304,23 @@ class Table(Dataset):
             yield from self.eval_rows.iter_chunks("train", chunk_rows=chunk_rows)
             return
         encoder = _encoder(self.table)
+        index = 0
         for lines, rows, unparsed in read_rows(self.path, block_rows=chunk_rows):
-            ids = np.array(lines, np.uint64)  # a row's id is its line: the key says where it came from
+            # A row's id (its Kafka key) is its 0-based index among the file's rows: the same row
+            # of the same table has the same id, and so the same held-out fate, in every format
+            # (a CSV's line numbers start after its header, a Parquet file's rows at 0).
+            ids = np.arange(index, index + len(rows), dtype=np.uint64)
+            index += len(rows)
             keep = held_out(ids, self.holdout) == (split == "test")
             rows = [r for r, k in zip(rows, keep, strict=True) if k]
-            ids = ids[keep]
+            ids, kept_lines = ids[keep], np.array(lines, np.int64)[keep]
             columns = {n: [r.get(n) for r in rows] for n in self._names()}
             reasons = Reasons()
             x, y, code = encoder.encode(columns, len(rows), reasons)
             ok = code < 0
             self.rows_read += len(rows) + (len(unparsed) if split == "train" else 0)
             self.reject(sorted([*(unparsed if split == "train" else []),
-                                *((int(i), reasons.names[c]) for i, c in zip(ids[~ok], code[~ok], strict=True))]))
+                                *((int(n), reasons.names[c]) for n, c in zip(kept_lines[~ok], code[~ok], strict=True))]))
             if ok.any():
                 good = self._typed([r for r, k in zip(rows, ok, strict=True) if k])
                 yield Chunk(ids[ok], x[ok], y[ok], values=encode_values(good, self.table))

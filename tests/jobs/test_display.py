@@ -34,3 +34,49 @@ def test_startup_ends_when_the_first_batch_is_trained_not_when_it_reached_the_dr
     display.on_row(BatchFigures(batch_id=1, ranges=[], rows=10, started_at=launched + 11.0),
                    BatchRow(1, 12.0, 10, 10, {}, 1.0, 0, None, None, 2, 0.9, 0.1), np.zeros(1, np.float32))
     assert history.startup_s(launched) == startup  # the first batch's, once
+
+
+class _Evaluation:
+    can_score = True
+
+    def __init__(self) -> None:
+        self.scored = 0
+
+    def score(self, weights: Any) -> dict[str, float]:
+        self.scored += 1
+        return {"accuracy": 0.5432}
+
+
+def test_a_batch_that_trained_nothing_shows_no_first_batch_and_no_score(capsys: Any) -> None:
+    """Proves (issue 41, item 2): every record rejected, so 0 trained: no "first micro-batch
+    trained", no held-out score (the initial weights' would read as the model's), the rejects
+    and their reason in the status line, and a last line that says nothing was scored."""
+    from pipeline.jobs.rejects import Rejects
+    from pipeline.jobs.report import RunReport
+
+    history, evaluation = History(), _Evaluation()
+    display = Display(history=history, metrics=_Metrics(), eval_every=1, until_accuracy=None,  # type: ignore[arg-type]
+                      started=time.monotonic(), rejects=Rejects())
+    display.evaluation = evaluation
+    row = BatchRow(0, 1.0, 500, 0, {"not_avro": 500}, 1.0, 0, None, None, 0, 0.0, 0.0)
+    display.on_row(BatchFigures(batch_id=0, ranges=[], rows=500, started_at=time.monotonic()), row,
+                   np.zeros(1, np.float32))
+    out = capsys.readouterr().out
+    assert "first micro-batch trained" not in out and evaluation.scored == 0 and row.heldout is None
+    assert "rejected 500 (100%: not_avro 500)" in out, out
+    report = RunReport({}, {}, "t", "o", 1.0, 0, 0, 500, 0.0, 0.0, 0.0, "done", {}, [], [], {}, {},
+                       rejected=display.rejects.to_dict())
+    assert "no held-out score (nothing trained)" in report.summary() and "rejected 500 (not_avro 500)" in report.summary()
+
+
+def test_a_numeric_targets_status_line_shows_its_rmse(capsys: Any) -> None:
+    """Proves (issue 41, item 4): a regression's status line shows the prequential RMSE, not
+    `prequential acc nan`."""
+    display = Display(history=History(), metrics=_Metrics(), eval_every=1000, until_accuracy=None,  # type: ignore[arg-type]
+                      started=time.monotonic())
+    display.regression_loss = "mean_squared_error"
+    row = BatchRow(0, 1.0, 10, 10, {}, 1.0, 0, None, None, 1, 0.1, 0.0, float("nan"), 640_000.0)
+    display.on_row(BatchFigures(batch_id=0, ranges=[], rows=10, started_at=time.monotonic()), row,
+                   np.zeros(1, np.float32))
+    out = capsys.readouterr().out
+    assert "prequential rmse 800" in out and "acc" not in out, out

@@ -144,6 +144,31 @@ def test_a_folder_without_a_record_resumes_with_the_options_given(tmp_path: Path
     assert [r.message for r in caplog.records if "has no run.json" in r.message], caplog.text
 
 
+def _older_run(folder: Path, schema: dict[str, Any]) -> Path:
+    """A run folder written before run.json existed: its checkpoint and its model.json."""
+    checkpoint.save(folder, checkpoint.State(np.zeros(10, np.float32), clock=1, last_batch_id=0))
+    (folder / "model.json").write_text(json.dumps({"name": schema["name"], "spec": {}, "schema": schema}))
+    return folder
+
+
+def test_a_folder_older_than_records_resumes_the_dataset_its_model_json_names(tmp_path: Path,
+                                                                               started: list[RunConfig]) -> None:
+    """Proves (issue 41, item 5): `--resume DIR` alone continues the dataset model.json names
+    (it started MNIST's Kafka, Spark and workers before refusing HIGGS's checkpoint); a
+    --dataset that disagrees, or a table with no file given, is one line before anything starts."""
+    from pipeline.serve.predictor import schema_dict
+
+    folder = _older_run(tmp_path / "old", schema_dict(codec.HIGGS))
+    assert _main("run", "--resume", str(folder), "--bootstrap", "127.0.0.1:19092") == 0
+    assert started[-1].dataset == "higgs" and started[-1].resume
+    with pytest.raises(ConfigError, match="trained higgs .*given --dataset mnist: drop --dataset"):
+        run_record.resume_options(folder, {"dataset": "mnist"}, {"dataset"})
+    table = _older_run(tmp_path / "table", {**schema_dict(codec.HIGGS), "name": "penguins",
+                                            "table": {"features": [{"name": "a"}]}})
+    with pytest.raises(ConfigError, match="trained a table of yours .*pass its --data FILE"):
+        run_record.resume_options(table, {"dataset": "mnist"}, set())
+
+
 def test_a_checkpoint_another_model_wrote_is_refused_naming_both_sizes() -> None:
     """Proves: the issue's HIGGS checkpoint under MNIST's CNN is one line, never the reshape's
     traceback in the optimizer."""

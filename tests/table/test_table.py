@@ -148,3 +148,178 @@ def test_serving_transforms_raw_instances_as_training_did(penguins: TableSchema)
     assert e.value.reason == "bad_field"
     with pytest.raises(instances.BadRequest, match="to be an object of the fields"):
         instances.parse(b'{"instances": [[1, 2, 3]]}', schema, max_instances=8)
+
+
+def _main(*args: str) -> int:
+    from pipeline.cli import main
+
+    try:
+        main(list(args))
+    except SystemExit as e:
+        return int(e.code or 0)
+    return 0
+
+
+def _dirty_csv(path: Path, bad_share: float = 0.4) -> Path:
+    """Penguins with a share of garbage rows (every field a word) among the real ones."""
+    lines = PENGUINS.read_text().splitlines()
+    header, rows = lines[0], lines[1:]
+    garbage = ",".join(["abc"] * len(header.split(",")))
+    every = max(1, round(1 / bad_share))
+    mixed = [garbage if i % every == every - 1 else row for i, row in enumerate(rows)]
+    path.write_text("\n".join([header, *mixed]) + "\n")
+    return path
+
+
+def test_schema_infer_names_numbers_taken_as_categories_and_offers_the_numeric_reading(tmp_path: Path,
+                                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """Proves (issue 41, item 1): garbage rows among numbers made every numeric column a
+    vocabulary holding "abc", with no word; now each such column is named with examples,
+    and --numeric reads it as numbers (the garbage then rejected by name)."""
+    dirty = _dirty_csv(tmp_path / "dirty.csv")
+    assert _main("schema", "infer", str(dirty), "--label", "species", "-o", str(tmp_path / "s.json")) == 0
+    err = capsys.readouterr().err
+    assert "note: column 'bill_length_mm' taken as categorical: " in err and "(e.g. 'abc')" in err, err
+    assert "add --numeric bill_length_mm" in err
+    assert _main("schema", "infer", str(dirty), "--label", "species", "--numeric", "bill_length_mm",
+                 "--numeric", "body_mass_g", "-o", str(tmp_path / "n.json")) == 0
+    kinds = {f.name: f.kind for f in TableSchema.load(tmp_path / "n.json").features}
+    assert kinds["bill_length_mm"] == kinds["body_mass_g"] == "numeric" and kinds["bill_depth_mm"] == "categorical"
+    assert "bill_length_mm" not in capsys.readouterr().err
+    clean = datasets.Table(dirty, schema=tmp_path / "n.json", holdout=0.0)
+    clean.load("train")
+    assert clean.malformed_by_reason.get("not_a_number:bill_length_mm", 0) > 100
+
+
+def test_the_same_rows_are_held_out_whatever_the_files_format(tmp_path: Path, penguins: TableSchema) -> None:
+    """Proves (issue 41, item 4): a CSV counted rows from line 2 and Parquet from 1, so the same
+    table held out different rows by format; the 0-based row index is the same in both."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = [r for _, block, _ in datasets.table.read_rows(PENGUINS) for r in block]
+    pq.write_table(pa.Table.from_pylist(datasets.Table(PENGUINS, schema=penguins)._typed(rows)), tmp_path / "p.parquet")
+    csv_test = datasets.Table(PENGUINS, schema=penguins, holdout=0.1).load("test")
+    parquet_test = datasets.Table(tmp_path / "p.parquet", schema=penguins, holdout=0.1).load("test")
+    assert csv_test.ids.tolist() == parquet_test.ids.tolist() and len(csv_test.ids) > 20
+    assert np.allclose(csv_test.x, parquet_test.x)
+
+
+def test_an_empty_file_is_refused_before_anything_starts(tmp_path: Path, penguins: TableSchema,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """Proves (issue 41, item 4): a header-only CSV with --schema started Kafka and Spark and
+    left .lock, run.json and spark-checkpoint/ behind; now one line, exit 2, no folder."""
+    (tmp_path / "s.json").write_text(penguins.to_json())
+    (tmp_path / "empty.csv").write_text(PENGUINS.read_text().splitlines()[0] + "\n")
+    assert _main("run", "--data", str(tmp_path / "empty.csv"), "--schema", str(tmp_path / "s.json"),
+                 "--out", str(tmp_path / "run")) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "Expected rows in" in err[0] and "Received none" in err[0], err
+    assert not (tmp_path / "run").exists()
+
+
+def test_nested_parquet_columns_are_refused_by_name(tmp_path: Path, penguins: TableSchema) -> None:
+    """Proves (issue 41, item 4): lists and structs were hashed as categories; now refused by name."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "n.parquet"
+    pq.write_table(pa.Table.from_pylist([{"x": 1.0, "tags": ["a", "b"], "where": {"lat": 1.0}, "y": "p"},
+                                         {"x": 2.0, "tags": [], "where": {"lat": 2.0}, "y": "q"}]), path)
+    with pytest.raises(ConfigError, match=r"column 'tags'.*Received a list.*--ignore tags"):
+        datasets.Table(path, label="y")
+    schema = TableSchema.from_dict({"features": [{"name": "x"}, {"name": "tags", "kind": "categorical",
+                                                                 "hash_buckets": 8}], "label": {"name": "y",
+                                                                                                "classes": ["p", "q"]}})
+    with pytest.raises(ConfigError, match=r"nested ones: 'tags' \(list<element: string>\)"):
+        datasets.Table(path, schema=schema)
+    flat = TableSchema.from_dict({"features": [{"name": "x"}], "label": {"name": "y", "classes": ["p", "q"]}})
+    assert len(datasets.Table(path, schema=flat, holdout=0.0).load("train").y) == 2  # the flat columns alone: fine
+
+
+def test_confluent_framing_with_the_schema_from_the_file(penguins: TableSchema) -> None:
+    """Proves (issue 41, item 2): framed records read by the file's writer schema, the id
+    checked where the file names one; plain reading of framed records names the fix."""
+    rows = [r for _, block, _ in datasets.table.read_rows(PENGUINS) for r in block][:20]
+    plain = penguins.with_format("avro")
+    framed = TableSchema.from_dict({**plain.to_dict(), "wire": "confluent", "schema_id": 7})
+    values = encode_values(rows, plain, schema_id=7)
+    other = encode_values(rows[:1], plain, schema_id=8)
+    d = decode(values + other, framed)
+    assert len(d.y) == 20 and d.reason_names() == ["unknown_schema_id:8"]
+    assert np.array_equal(d.x, decode(encode_values(rows, plain), plain).x)
+    assert len(decode(values + other, TableSchema.from_dict({**framed.to_dict(), "schema_id": None})).y) == 21
+    assert set(decode(values, plain).reason_names()) == {"confluent_framed"}  # read as plain: the fix is named
+    from pipeline.jobs.rejects import HINTS, Rejects
+
+    tally = Rejects()
+    tally.add_stream({"confluent_framed": 20}, trained=0)
+    assert 'add "wire": "confluent" to the schema file' in str(tally.verdict(final=True))
+    assert "confluent_framed" in HINTS
+
+
+def test_avro_files_read_alike_and_schema_infer_reads_them(tmp_path: Path, penguins: TableSchema) -> None:
+    """Proves (issue 41, item 2): `.avro` object container files are tables like the rest, and
+    `schema infer` reads one, keeping its writer's schema for --format avro."""
+    import fastavro
+
+    from pipeline.table.schema import avro_schema
+
+    rows = datasets.Table(PENGUINS, schema=penguins)._typed(
+        [r for _, block, _ in datasets.table.read_rows(PENGUINS) for r in block])
+    writer = avro_schema(penguins, name="Penguin")
+    with open(tmp_path / "p.avro", "wb") as f:
+        fastavro.writer(f, fastavro.parse_schema(writer), [{k: r.get(k) for k in r} for r in rows])
+    from_avro = datasets.Table(tmp_path / "p.avro", schema=penguins, holdout=0.0).load("train")
+    assert np.allclose(from_avro.x, datasets.Table(PENGUINS, schema=penguins, holdout=0.0).load("train").x)
+    assert _main("schema", "infer", str(tmp_path / "p.avro"), "--label", "species", "-o", str(tmp_path / "s.json")) == 0
+    inferred = TableSchema.load(tmp_path / "s.json")
+    assert inferred.format == "avro" and inferred.avro is not None and inferred.avro["name"] == "Penguin"
+    assert [f.kind for f in inferred.features] == [f.kind for f in penguins.features]
+
+
+def test_schema_infer_reads_a_framed_avro_topic(broker, topic: str, tmp_path: Path,  # type: ignore[no-untyped-def]
+                                                penguins: TableSchema, capsys: pytest.CaptureFixture[str]) -> None:
+    """Proves (issue 41, item 2): `schema infer --format avro` pointed the user at itself; now
+    it reads a topic of Confluent-framed records (confluent-kafka's producer) by the writer's
+    .avsc, and writes the framing and the id into the schema; without a writer's schema it
+    says what to pass."""
+    from confluent_kafka import Producer
+
+    from pipeline.table.schema import avro_schema
+
+    rows = [r for _, block, _ in datasets.table.read_rows(PENGUINS) for r in block][::3]  # every species
+    producer = Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 5})
+    for value in encode_values(datasets.Table(PENGUINS, schema=penguins)._typed(rows), penguins.with_format("avro"),
+                               schema_id=42):
+        producer.produce(topic, value=value)
+    assert producer.flush(30) == 0
+    del producer  # its connection closed before the session's broker stops
+    (tmp_path / "w.avsc").write_text(json.dumps(avro_schema(penguins)))
+    assert _main("schema", "infer", "--topic", topic, "--bootstrap", broker.bootstrap, "--format", "avro",
+                 "--label", "species") == 2
+    assert "framing (schema id 42): pass --schema-registry URL, or the writer's schema as --avro-schema" in \
+        capsys.readouterr().err
+    assert _main("schema", "infer", "--topic", topic, "--bootstrap", broker.bootstrap, "--format", "avro",
+                 "--avro-schema", str(tmp_path / "w.avsc"), "--label", "species", "-o", str(tmp_path / "s.json")) == 0
+    inferred = TableSchema.load(tmp_path / "s.json")
+    assert (inferred.format, inferred.wire, inferred.schema_id) == ("avro", "confluent", 42)
+    assert inferred.label is not None and inferred.label.classes == penguins.label.classes  # type: ignore[union-attr]
+
+
+def test_an_unreachable_registry_is_one_line_within_seconds(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Proves (issue 41, item 2): 110 s of silence and a traceback; now one line within 10 s,
+    before anything starts."""
+    import time
+
+    from tests.conftest import free_port
+
+    (tmp_path / "s.json").write_text(json.dumps({"format": "avro", "features": [{"name": "x"}],
+                                                 "label": {"name": "y", "classes": ["a", "b"]}}))
+    started = time.monotonic()
+    assert _main("run", "--bootstrap", "127.0.0.1:9", "--topic", "t", "--schema", str(tmp_path / "s.json"),
+                 "--schema-registry", f"http://127.0.0.1:{free_port()}", "--out", str(tmp_path / "run")) == 2
+    assert time.monotonic() - started < 10
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "Expected a Schema Registry at http://127.0.0.1:" in err[0], err
+    assert not (tmp_path / "run").exists()
