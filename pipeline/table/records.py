@@ -74,25 +74,44 @@ def decode(values: Any, schema: TableSchema, *, registry: Any = None) -> codec.D
 Rows = tuple[dict[str, list[Any]], list[int], list[int], list[int]]
 
 
-def _columns_of(dicts: list[dict[str, Any]], schema: TableSchema) -> dict[str, Any]:
-    """The records' fields by column. One C call per record picks every field at once
-    (``itemgetter``; a field-by-field ``dict.get`` cost 4x the JSON parse); a record
-    missing a field takes the slow path, the field a gap."""
-    names = [f.name for f in schema.features] + ([schema.label.name] if schema.label else [])
-    if not dicts:
+def _names(schema: TableSchema) -> list[str]:
+    return [f.name for f in schema.features] + ([schema.label.name] if schema.label else [])
+
+
+def _by_column(rows: list[Any], names: list[str]) -> dict[str, Any]:
+    """Rows of picked fields (a tuple each; the value itself for one name) by column."""
+    if not rows:
         return {n: [] for n in names}
-    pick = operator.itemgetter(*names)
-    try:
-        rows = [pick(d) for d in dicts]
-    except KeyError:
-        rows = [tuple(d.get(n) for n in names) for d in dicts]
     if len(names) == 1:
         return {names[0]: rows}
     return dict(zip(names, zip(*rows, strict=True), strict=True))
 
 
+def _columns_of(dicts: list[dict[str, Any]], schema: TableSchema) -> dict[str, Any]:
+    """The records' fields by column. One C call per record picks every field at once
+    (``itemgetter``; a field-by-field ``dict.get`` cost 4x the JSON parse); a record
+    missing a field takes the slow path, the field a gap."""
+    names = _names(schema)
+    pick = operator.itemgetter(*names)
+    try:
+        rows = list(map(pick, dicts))
+    except KeyError:
+        rows = [tuple(d.get(n) for n in names) for d in dicts]
+    return _by_column(rows, names)
+
+
 def _json_rows(raw: list[bytes | None], schema: TableSchema, reasons: Reasons, _: Any) -> Rows:
     loads = _json_loads()
+    names = _names(schema)
+    try:
+        # The common block, every record an object holding every field: parsed and picked in
+        # one pass of C calls, each dict dropped as soon as its fields are out (a Python loop
+        # and a second pass over the dicts cost as much as the parse itself). Anything else
+        # (a record that is not JSON, not an object, a field missing) takes the careful path.
+        rows = list(map(operator.itemgetter(*names), map(loads, raw)))
+        return _by_column(rows, names), list(range(len(raw))), [], []
+    except (ValueError, TypeError, KeyError):
+        pass
     dicts, good, bad, why = [], [], [], []
     not_json, not_object = reasons.code("not_json"), reasons.code("not_an_object")
     for i, v in enumerate(raw):
