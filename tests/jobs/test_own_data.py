@@ -169,6 +169,21 @@ def test_topics_of_json_and_avro_records_written_by_confluent_kafka(broker, topi
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads((tmp_path / "avro/report.json").read_text())
     assert report["trained_records"] + report["rejected_records"] < 344 and report["rejected_records"] == 0
+    # Issue 41, item 2: Confluent-framed records read by a schema file that says nothing of the
+    # framing: every record rejected, so the run stops in one line naming the fix, having
+    # printed no "first micro-batch trained" and no score (it was a zero-size traceback).
+    _produce(broker.bootstrap, topic + "-framed", encode_values(rows, avro, schema_id=5) * 4)
+    eval_rows = tmp_path / "eval.csv"
+    eval_rows.write_text("\n".join(PENGUINS.read_text().splitlines()[::4]) + "\n")
+    done = _cli("run", "--bootstrap", broker.bootstrap, "--topic", topic + "-framed", "--schema",
+                str(tmp_path / "avro.json"), "--eval-data", str(eval_rows), "--max-batches", "3",
+                "--out", str(tmp_path / "framed"))
+    assert done.returncode == 2, done.stderr[-3000:]
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("streamtrain: error: Expected at most 10% of the records rejected") and \
+        'Hint: the records carry the Confluent wire format: add "wire": "confluent"' in last, last
+    assert "Traceback" not in done.stderr and "first micro-batch trained" not in done.stdout
+    assert "held-out" not in done.stdout.replace("held-out set", ""), done.stdout[-2000:]
 
 
 @pytest.mark.slow  # starts a run that must stop as soon as the model is described

@@ -323,3 +323,22 @@ def test_an_unreachable_registry_is_one_line_within_seconds(tmp_path: Path, caps
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "Expected a Schema Registry at http://127.0.0.1:" in err[0], err
     assert not (tmp_path / "run").exists()
+
+
+def test_schema_infer_reads_framed_avro_through_a_registry(penguins: TableSchema) -> None:
+    """Proves (issue 41, item 2): framed records whose ids a registry resolves are read for a
+    schema without a writer's file; plain bodies with a registry only are refused in one line."""
+    from confluent_kafka.schema_registry import Schema
+
+    from pipeline.table import avro_sample
+    from pipeline.table.schema import avro_schema
+
+    mock = client("mock://streamtrain-infer")
+    schema_id = mock.register_schema("p-value", Schema(json.dumps(avro_schema(penguins)), "AVRO"))
+    rows = datasets.Table(PENGUINS, schema=penguins)._typed(
+        [r for _, block, _ in datasets.table.read_rows(PENGUINS) for r in block][:30])
+    plain = penguins.with_format("avro")
+    got = avro_sample.read(encode_values(rows, plain, schema_id=schema_id), registry=Registry(mock))
+    assert got.framed and got.schema_id == schema_id and got.columns["island"][:2] == ["Torgersen", "Torgersen"]
+    with pytest.raises(ConfigError, match="Received plain Avro bodies"):
+        avro_sample.read(encode_values(rows, plain), registry=Registry(mock))
