@@ -101,6 +101,11 @@ def _columns_of(dicts: list[dict[str, Any]], schema: TableSchema) -> dict[str, A
 
 
 def _json_rows(raw: list[bytes | None], schema: TableSchema, reasons: Reasons, _: Any) -> Rows:
+    from pipeline.table import arrow_json
+
+    typed = arrow_json.columns(raw, schema)  # every record an object of the schema's types: Arrow's columns
+    if typed is not None:
+        return typed, list(range(len(raw))), [], []
     loads = _json_loads()
     names = _names(schema)
     try:

@@ -342,3 +342,23 @@ def test_schema_infer_reads_framed_avro_through_a_registry(penguins: TableSchema
     assert got.framed and got.schema_id == schema_id and got.columns["island"][:2] == ["Torgersen", "Torgersen"]
     with pytest.raises(ConfigError, match="Received plain Avro bodies"):
         avro_sample.read(encode_values(rows, plain), registry=Registry(mock))
+
+
+def test_arrows_columns_and_the_careful_path_decode_alike(penguins: TableSchema) -> None:
+    """Proves: a block of typed JSON objects read by Arrow's columns (the fast path) gives the
+    very input and labels the record-by-record path gives (one bad record sends the block there)."""
+    from pipeline.table import arrow_json
+
+    rows = datasets.Table(PENGUINS, schema=penguins)._typed(
+        [r for _, block, _ in datasets.table.read_rows(PENGUINS) for r in block])
+    values = encode_values(rows, penguins)
+    assert arrow_json.columns(values, penguins) is not None  # typed, every record an object: Arrow reads it
+    fast, careful = decode(values, penguins), decode([*values, b"{oops"], penguins)
+    assert careful.reason_names() == ["not_json"] and len(fast.y) == len(careful.y) == 344
+    assert np.array_equal(fast.x, careful.x) and np.array_equal(fast.y, careful.y)
+    regression = infer(sample_columns(PENGUINS), label="body_mass_g")
+    values = encode_values(datasets.Table(PENGUINS, schema=regression)._typed(
+        [r for _, block, _ in datasets.table.read_rows(PENGUINS) for r in block]), regression)
+    fast, careful = decode(values, regression), decode([*values, b"[1]"], regression)
+    assert np.array_equal(fast.x, careful.x) and np.array_equal(fast.y, careful.y)
+    assert fast.reason_names() == careful.reason_names()[:-1]  # the masses that are gaps, alike
