@@ -3,8 +3,10 @@
 * :mod:`~pipeline.table.schema`: the schema file (features, their kinds, the label, the format).
 * :mod:`~pipeline.table.inference`: a schema read off a sample, for the user to edit.
 * :mod:`~pipeline.table.transform`: raw values to the model's input (training and serving alike).
-* :mod:`~pipeline.table.records`: Kafka values of each format to decoded blocks.
+* :mod:`~pipeline.table.records`: Kafka values of each format to decoded blocks
+  (:mod:`~pipeline.table.arrow_json`: a block of typed JSON objects read by Arrow).
 * :mod:`~pipeline.table.registry`: Avro writer schemas from a Confluent Schema Registry.
+* :mod:`~pipeline.table.avro_sample`: a topic's Avro records read for ``schema infer``.
 
 Example:
     >>> from pipeline import table
