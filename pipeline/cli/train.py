@@ -25,6 +25,9 @@ from producers import datasets
 @click.option("--window", "communication_window", type=int,
               help="Mini-batches between exchanges with the parameter server (default: the algorithm's own; "
                    "1 for sync, 5 for most asynchronous ones).")
+@click.option("--sync-overlap/--no-sync-overlap", default=False, show_default=True,
+              help="sync only: push each gradient while the next computes. Hides the exchange's time, but every "
+                   "gradient lands one round late (more records to an accuracy). README: performance.")
 @click.option("--wire-dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default="float32",
               show_default=True,
               help="Deltas and weights on TCP (workers on other machines): bfloat16 or float16 send half the bytes; "

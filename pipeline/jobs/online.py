@@ -55,10 +55,12 @@ class Run:
     def __init__(self, cfg: RunConfig) -> None:
         cfg.validate()
         self.cfg = cfg
-        window = ({} if cfg.communication_window is None else
-                  {algorithms.get(cfg.algorithm).window_setting: cfg.communication_window})
+        overrides: dict[str, Any] = ({} if cfg.communication_window is None else
+                                     {algorithms.get(cfg.algorithm).window_setting: cfg.communication_window})
+        if cfg.sync_overlap:
+            overrides["overlap"] = True
         self.algorithm = algorithms.get(cfg.algorithm, num_workers=cfg.workers, batch_size=cfg.batch_size,
-                                        seed=cfg.seed, **window)
+                                        seed=cfg.seed, **overrides)
         stamp = time.strftime("%Y%m%d-%H%M%S")
         self.out = Path(cfg.out or Path("runs") / f"{cfg.name}-{stamp}").resolve()
         if cfg.bootstrap and not cfg.topic and not cfg.own_topic and not cfg.resume:

@@ -23,6 +23,7 @@ class RunConfig:
     workers: int = 2
     batch_size: int = 128
     communication_window: int | None = None  # None: the algorithm's own
+    sync_overlap: bool = False  # sync: push each gradient while the next computes (one round stale)
     epochs: int = 1
     rate: float | None = None
     until_accuracy: float | None = None
@@ -106,6 +107,9 @@ class RunConfig:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ConfigError(f"Expected --{name.replace('_', '-')} >= 1. Received: {value}")
+        if self.sync_overlap and self.algorithm != "sync":
+            raise ConfigError(f"--sync-overlap is synchronous SGD's alone (--algorithm sync). Received: --algorithm "
+                              f"{self.algorithm}. Drop --sync-overlap.")
         if self.wire_dtype not in ("float32", "bfloat16", "float16"):
             raise ConfigError(f"Expected --wire-dtype float32, bfloat16 or float16. Received: {self.wire_dtype!r}")
         if self.max_rejected is not None and not 0 <= self.max_rejected <= 1:

@@ -39,6 +39,7 @@ ROLES: dict[str, str] = {
     "model": DEFINES,  # with the model's fingerprint, and its file's digest
     "algorithm": DEFINES,
     "communication_window": DEFINES,
+    "sync_overlap": KEPT,  # when a gradient is computed, not what the state holds: a resume may change it
     "wire_dtype": DEFINES,  # the precision of every exchange, as much the run's as its window
     "batch_size": DEFINES,
     "workers": DEFINES,

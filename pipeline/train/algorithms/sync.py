@@ -3,6 +3,10 @@
 Worker: compute the gradient of ``communication_window`` mini-batches (their
 mean, at fixed weights; a window of 1 is one mini-batch), push it, and continue
 from the center the server sends back. The replica never steps an optimizer.
+By default each gradient is computed on the center of the round before it, as one
+process computes on the weights of its last step; with ``overlap`` the push travels
+while the next window computes, which hides the exchange's time but lands every
+gradient one round late (``bench/ablation.py`` measures what that costs in records).
 Server: a round collects one gradient from every worker in it, and applies
 their mean with the optimizer (``worker_optimizer``'s rule, Keras's Adam or SGD
 run in NumPy) once.
@@ -48,6 +52,8 @@ class SyncSGD(Algorithm):
     synchronous = True
     pushes_gradients = True
     communication_window: int = 1
+    #: Push each window's gradient while the next computes (one round of staleness).
+    overlap: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -69,7 +75,7 @@ class SyncSGD(Algorithm):
         self._averaged = spec.untrained()
 
     def worker(self, client: ExchangeClient, replica: Any, pulled: np.ndarray) -> WorkerHalf:
-        """Gradients out, the center back, each push in flight while the next window computes."""
+        """Gradients out, the center back (with ``overlap``, in flight while the next window computes)."""
         return GradientWorker(self, client, replica, pulled)
 
     def exchange(self, client: ExchangeClient, local: np.ndarray, pulled: np.ndarray) -> np.ndarray:
@@ -103,15 +109,16 @@ class SyncSGD(Algorithm):
 
 
 class GradientWorker(WorkerHalf):
-    """Synchronous SGD's worker half: mean gradients out, the center back, one step behind.
+    """Synchronous SGD's worker half: mean gradients out, the center back.
 
-    A window's mean gradient is pushed from a background thread, and the next
-    window computes meanwhile on the weights the replica has, so the exchange (the
-    round's wait for the other workers, the server's optimizer step, 8 MB through
-    shared memory or the socket) costs nothing but the load of the new center
-    before the window after. The price is one round of staleness: a gradient is
-    applied to a center one round newer than the weights it was computed on
-    (recorded per push).
+    Without ``overlap``, each push waits for its round and the replica continues from
+    the center it brought back, so every gradient is computed on the center it is
+    applied to (staleness 0, as in one process). With ``overlap``, a window's mean
+    gradient is pushed from a background thread and the next window computes meanwhile
+    on the weights the replica has, so the exchange (the round's wait for the other
+    workers, the server's optimizer step, 4 MB through shared memory or the socket)
+    costs nothing but the load of the new center before the window after; the price is
+    one round of staleness (recorded per push).
     """
 
     def __init__(self, algorithm: Algorithm, client: ExchangeClient, replica: Any, pulled: np.ndarray) -> None:
@@ -122,7 +129,8 @@ class GradientWorker(WorkerHalf):
         # Weights that gradients do not train (batch-norm statistics) send their change instead.
         self.averaged = replica.spec.untrained()
         self.base = pulled[self.averaged] if self.averaged is not None else None
-        self.pool = ThreadPoolExecutor(1, thread_name_prefix="streamtrain-push")
+        self.overlap = bool(getattr(algorithm, "overlap", False))
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="streamtrain-push") if self.overlap else None
         self.pending: tuple[Future[np.ndarray], int] | None = None
         self.weights_clock = client.clock  # the center the replica's weights came from
 
@@ -141,6 +149,9 @@ class GradientWorker(WorkerHalf):
             mean = np.array(mean)  # writable
             mean[self.averaged] = self.weights.get()[self.averaged] - self.base
         computed_at = self.weights_clock
+        if self.pool is None:
+            self._load(self.algorithm.exchange(self.client, mean, self.pulled), computed_at)
+            return
         self._finish()
         future = self.pool.submit(self.algorithm.exchange, self.client, mean, self.pulled)
         self.pending = (future, computed_at)
@@ -151,7 +162,10 @@ class GradientWorker(WorkerHalf):
             return
         future, computed_at = self.pending
         self.pending = None
-        center = future.result()
+        self._load(future.result(), computed_at)
+
+    def _load(self, center: np.ndarray, computed_at: int) -> None:
+        """Continue from ``center``, which a push of a gradient computed at ``computed_at`` brought back."""
         self.weights.set(center)
         if self.averaged is not None:
             self.base = center[self.averaged]
@@ -163,4 +177,5 @@ class GradientWorker(WorkerHalf):
         try:
             self._finish()
         finally:
-            self.pool.shutdown(wait=True)
+            if self.pool is not None:
+                self.pool.shutdown(wait=True)
