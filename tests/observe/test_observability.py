@@ -182,6 +182,11 @@ def test_prometheus_figures_agree_with_the_run(scraped: dict[str, Any]) -> None:
         quantile = f"histogram_quantile({q}, sum by (le) (streamtrain_ps_staleness_updates_bucket))"
         assert last(quantile) == pytest.approx(expected, abs=0.01), (q, zeros, observed)
     assert last('sum(streamtrain_ps_request_duration_seconds_count{op="push_pull"})') > 0
+    # Every prediction asked for 2 instances: the quantiles read 2, not 1.5 between buckets 1 and 2.
+    assert last("sum(streamtrain_serve_instances_count)") > 0
+    for q in (0.5, 0.99):
+        quantile = f"histogram_quantile({q}, sum by (le) (streamtrain_serve_instances_bucket))"
+        assert last(quantile) == pytest.approx(2.0, abs=0.01), q
 
 
 def test_exposition_passes_promtool_check_metrics(scraped: dict[str, Any], promtool: str) -> None:
