@@ -4,6 +4,7 @@ report, ``batches.jsonl``, the metrics and the plots read them."""
 from __future__ import annotations
 
 import dataclasses
+import time
 from typing import Any
 
 import numpy as np
@@ -68,6 +69,8 @@ class BatchRow:
         read_decode_s, task_s: the tasks' seconds reading and decoding their ranges, and
             training them (compute, exchange and the rest: see :mod:`pipeline.train.breakdown`).
         commit_s: the driver's seconds checking and saving the batch after its tasks.
+        at: Unix time when the batch's tasks were done (``t`` restarts with each session; this
+            places a row of any session on one clock, for the report and a resumed run's figures).
         tasks: a row per task (one offset range), checked against the parameter server.
     """
 
@@ -95,6 +98,7 @@ class BatchRow:
     read_decode_s: float = 0.0
     task_s: float = 0.0
     commit_s: float = 0.0
+    at: float = 0.0
 
     @classmethod
     def from_batch(cls, info: BatchFigures, *, t: float, clock: int) -> BatchRow:
@@ -110,7 +114,7 @@ class BatchRow:
             staleness_p99=float(np.percentile(staleness, 99)) if staleness else None,
             clock=clock, compute_s=sum(r.compute_s for r in results), exchange_s=sum(r.exchange_s for r in results),
             aborted=info.aborted, poison=list(info.poison), read_decode_s=round(info.decode_s, 3),
-            task_s=round(info.handler_s, 3),
+            task_s=round(info.handler_s, 3), at=round(time.time(), 3),
         )
         if preq_n:
             row.prequential_accuracy = sum(r.preq_acc * r.preq_n for r in scored) / preq_n
