@@ -28,15 +28,15 @@ from pathlib import Path
 from typing import Any
 
 from pipeline import cluster, config
-from pipeline.cluster import processes, security
+from pipeline.cluster import processes, scratch, security
 from pipeline.cluster.zygote import Zygote
 from pipeline.errors import ConfigError, StreamtrainError
 from pipeline.ingest import microbatch
 from pipeline.ingest.kafka.release import Releaser
-from pipeline.jobs import resume, run_record, user_data
+from pipeline.jobs import resume, run_record, run_serving, user_data
 from pipeline.jobs.display import Display
 from pipeline.jobs.replay_process import ReplayProcess
-from pipeline.jobs.report import History, RunReport
+from pipeline.jobs.report import BATCHES_FILE, REPORT_FILE, History, RunReport
 from pipeline.jobs.run_config import RunConfig
 from pipeline.jobs.run_metrics import RunMetrics
 from pipeline.observe import metrics
@@ -47,8 +47,6 @@ from pipeline.train.probe import Probe
 
 log = logging.getLogger(__name__)
 
-#: Every batch's row, one JSON line each, appended as the run goes (the report keeps the last 1,000).
-BATCHES_FILE = "batches.jsonl"
 #: What the zygote imports for the processes it forks: the model's describer, Spark's
 #: Python workers (TensorFlow and Keras, the training path, PySpark's worker and daemon)
 #: and the helpers the query's Python source starts (PySpark SQL, pandas, Arrow).
@@ -92,6 +90,7 @@ class Run:
         self._driver: TrainDriver | None = None
         self._evaluation: Any = None
         self._release: Releaser | None = None
+        self._early_serving: Any = None  # a restarted run's model server, on its checkpoint
         self._recorded = False  # whether run.json holds this run's options
 
     def _until(self) -> bool:
@@ -111,16 +110,25 @@ class Run:
     # --- the whole run ---
 
     def execute(self) -> RunReport:
+        # Every temporary file of the run and its processes (TensorFlow's traced functions,
+        # Spark's, the zygote's) in one folder, removed at the end, or by a later run after a kill.
+        with scratch.scratch():
+            return self._execute_in_scratch()
+
+    def _execute_in_scratch(self) -> RunReport:
         created = not self.out.exists()
         try:
             with contextlib.ExitStack() as held:  # the folder locked before its checkpoint is read
                 if not created:
                     held.enter_context(checkpoint.lock(self.out))
                 prior = resume.check_out(self.cfg, self.out)
+                if prior is not None:  # before /metrics serves: a first scrape reads the run's totals
+                    self.metrics.restore(prior, self.out)
                 data = user_data.resolve(self.cfg, self._data_dir())  # its files and schema, before anything starts
                 if data.schema.regression:
                     self.algorithm.loss = "mean_squared_error"
-                self.display.startup(f"{self.cfg.name} found; {resume.describe(prior)}starting Kafka, the replay, Spark and "
+                resuming = resume.describe(prior, self.out / "spark-checkpoint")
+                self.display.startup(f"{self.cfg.name} found; {resuming}starting Kafka, the replay, Spark and "
                                      "the model in parallel")
                 self.out.mkdir(parents=True, exist_ok=True)
                 if created:
@@ -143,6 +151,8 @@ class Run:
             # Importing TensorFlow (in the zygote, which then forks the model's describer and,
             # in local mode, Spark's Python workers), starting the broker and the replay, and
             # starting Spark's JVM each take seconds: they overlap.
+            # A restarted run serves its checkpoint before anything else starts (Spark, the workers).
+            self._early_serving = run_serving.start_early(stack, cfg, self.settings, self.out, prior)
             zygote = _start_zygote(stack, self.out) if self.settings.preload else None
             probe = _describe(cfg, self.algorithm, data.schema, stack, zygote)
             served = metrics.serve(self.metrics.meters.registry, host=self.settings.metrics_host, port=cfg.metrics_port)
@@ -195,8 +205,9 @@ class Run:
             # figures are recorded; an unwatched one does not wait.
             served.await_scrape()
         report = self._report(final, startup_s, ps_stats)
-        _plot(report, self.cfg, self.out, eval_records=len(self._evaluation.y))
-        (self.out / "report.json").write_text(json.dumps(report.to_dict(), indent=2, default=float))
+        report.draw(self.out, name=self.cfg.name, eval_every=self.cfg.eval_every,
+                    eval_records=len(self._evaluation.y))
+        (self.out / REPORT_FILE).write_text(json.dumps(report.to_dict(), indent=2, default=float))
         return report
 
     def _data_dir(self) -> Path:
@@ -255,7 +266,6 @@ class Run:
             self.algorithm, spec, state.weights, host=cluster.driver_host(spark), port=self.settings.ps_port,
             shared_memory=self.settings.ps_shared_memory, on_request=self.metrics.on_ps_request,
             on_refusal=self.metrics.on_ps_refusal, clock=state.clock, optimizer=state.optimizer, shards=cfg.ps_shards)
-        self.metrics.restore(state, self.out)
         stack.enter_context(server)
         log.info("parameter server at %s:%d%s", server.host, server.port,
                  f" and {cfg.ps_shards - 1} more shards" if cfg.ps_shards > 1 else "")
@@ -263,7 +273,8 @@ class Run:
             server, state, folder=self.out, releaser=self._release, started=self._started,
             sync_slots=self._cores if self.algorithm.synchronous else 0, fault=self.settings.fault,
             on_row=self.display.on_row, on_skip=lambda _: self.metrics.skipped(), keep=cfg.keep_checkpoints)
-        serving = _serving(stack, self.cfg, self.settings, self.out, spec, data.schema, server)
+        serving = run_serving.start(stack, cfg, self.settings, self.out, spec, data.schema, server,
+                                    self._early_serving)
         handler = TrainHandler(
             spec=spec, algorithm=algorithms.serialize(self.algorithm),
             server=ServerInfo.of(server, cfg.wire_dtype), job=uuid.uuid4().hex,
@@ -290,25 +301,11 @@ class Run:
 
     def _report(self, final: dict[str, float], startup_s: float, ps_stats: dict[str, Any]) -> RunReport:
         assert self._driver is not None and self._driver.state is not None
-        history = self.history
-        here, span = history.trained(), history.span_s()
-        return RunReport(
+        return self.history.report(
             settings=dataclasses.asdict(self.cfg), algorithm=algorithms.serialize(self.algorithm), topic=self.topic,
-            out=str(self.out), startup_s=round(startup_s, 2), trained_records=self._trained_total(),
-            trained_this_session=here, rejected_records=history.rejected(), train_seconds=round(span, 2),
-            records_per_s=round(here / span, 1) if span else 0.0,
-            records_per_s_excluding_eval=round(here / (span - history.eval_s), 1) if span > history.eval_s else 0.0,
-            stopped_because=self.display.stop_reason or "limit (--max-batches / --timeout)", final=final,
-            batches=list(history.rows), batches_file=str(self.out / BATCHES_FILE), ledger=self._driver.state.ledger,
-            parameter_server={**{k: ps_stats.get(k) for k in ("ops", "shared_memory", "refused")},
-                              "shards": len(ps_stats.get("shards", ())) or 1},
-            parallelism={"workers": self.cfg.workers, "task_slots": self._cores,
-                         "concurrent_replicas": min(self.cfg.workers, self._cores)},
-            aborted_records=history.aborted(), poison=history.poison,
-            time_shares=history.breakdown.shares(slots=min(self.cfg.workers, self._cores), wall_s=span,
-                                                 eval_s=history.eval_s),
-            time_seconds=history.breakdown.state(),
-        )
+            out=self.out, startup_s=startup_s, trained=self._trained_total(), final=final,
+            stopped_because=self.display.stop_reason or "limit (--max-batches / --timeout)",
+            ledger=self._driver.state.ledger, ps_stats=ps_stats, workers=self.cfg.workers, task_slots=self._cores)
 
 
 def _topic_name(base: str) -> str:
@@ -318,39 +315,6 @@ def _topic_name(base: str) -> str:
     'streamtrain-my-data-20261124-'
     """
     return re.sub(r"[^A-Za-z0-9._-]", "-", f"{base}-{uuid.uuid4().hex[:6]}")[:200]
-
-
-def _serving(stack: contextlib.ExitStack, cfg: RunConfig, settings: Any, out: Path, spec: Any, schema: Any,
-             server: Any) -> Any:
-    """With --serve-port, start the model server's process (it imports TensorFlow while
-    the workers warm up)."""
-    from pipeline.serve.process import ServingProcess, allowed_hosts, host_and_token
-
-    if cfg.serve_port is None:
-        return None
-    host, token = host_and_token(settings)
-    serving = ServingProcess.for_run(name=cfg.name, spec=spec, schema=schema, server=server, host=host,
-                                     port=cfg.serve_port, token=token, max_age_s=cfg.serve_max_age_s,
-                                     log_path=out / "serve.log", hosts=allowed_hosts(settings)).start()
-    stack.callback(serving.stop)
-    return serving
-
-
-def _plot(report: RunReport, cfg: RunConfig, out: Path, *, eval_records: int) -> None:
-    """Draw ``report.png`` (a failed picture never fails a finished run)."""
-    if not report.batches:
-        return
-    from pipeline.observe import report_plot
-
-    path = out / "report.png"
-    try:
-        report_plot.report_plots(
-            [row.to_dict() for row in report.batches], path, final=report.final.get("accuracy"),
-            eval_every=cfg.eval_every, eval_records=eval_records,
-            title=f"{cfg.name} with {cfg.algorithm}, {cfg.workers} workers ({out.name})")
-        report.plots = str(path)
-    except Exception as e:  # the model and the report matter more than a picture
-        log.warning("could not draw the report plots: %s: %s", type(e).__name__, e)
 
 
 def _start_zygote(stack: contextlib.ExitStack, out: Path) -> Zygote:
