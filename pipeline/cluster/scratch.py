@@ -3,8 +3,9 @@ the run's end, and by the next run on the machine when a kill left it behind.
 
 Python's ``tempfile`` (TensorFlow's ``__autograph_generated_file*.py``, one per traced
 function; the model's describer; the zygote's socket folder), PySpark and the processes
-spawned or forked later all take the folder from ``TMPDIR``, and Spark's own files from
-``SPARK_LOCAL_DIRS``; both are set for the run's life. Each run's folder sits in
+spawned or forked later all take the folder from ``TMPDIR``, Spark's own files from
+``SPARK_LOCAL_DIRS``, and Spark's JVM its ``java.io.tmpdir`` from ``SPARK_SUBMIT_OPTS`` (on
+Linux it would be /tmp whatever ``TMPDIR`` says); all are set for the run's life. Each run's folder sits in
 ``<system temp>/streamtrain-<uid>/`` and holds a lock its run keeps open: a folder whose
 lock anyone can take belongs to a run that is gone.
 """
@@ -28,7 +29,7 @@ from pipeline.errors import ConfigError
 _UNLOCKED_GRACE_S = 60.0
 _LOCK = ".owner"
 #: What points a run's processes at its folder.
-_VARIABLES = ("TMPDIR", "SPARK_LOCAL_DIRS")
+_VARIABLES = ("TMPDIR", "SPARK_LOCAL_DIRS", "SPARK_SUBMIT_OPTS")
 
 
 def base(parent: str | os.PathLike[str] | None = None) -> Path:
@@ -95,7 +96,8 @@ def scratch(parent: str | os.PathLike[str] | None = None) -> Iterator[Path]:
     fcntl.flock(lock, fcntl.LOCK_EX)
     before = {name: os.environ.get(name) for name in _VARIABLES}
     cached = tempfile.tempdir
-    os.environ.update(dict.fromkeys(_VARIABLES, str(own)))
+    os.environ.update(TMPDIR=str(own), SPARK_LOCAL_DIRS=str(own),
+                      SPARK_SUBMIT_OPTS=f"{before['SPARK_SUBMIT_OPTS'] or ''} -Djava.io.tmpdir={own}".strip())
     tempfile.tempdir = str(own)
     try:
         yield own

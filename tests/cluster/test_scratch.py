@@ -54,6 +54,7 @@ def test_a_killed_runs_folder_goes_at_the_next_start_and_a_live_ones_stays(paren
         with scratch.scratch(parent) as mine:
             assert not left.exists() and held.is_dir() and mine.is_dir()
             assert tempfile.gettempdir() == str(mine) == os.environ["TMPDIR"] == os.environ["SPARK_LOCAL_DIRS"]
+            assert os.environ["SPARK_SUBMIT_OPTS"].endswith(f"-Djava.io.tmpdir={mine}")  # Spark's JVM
         assert not mine.exists() and tempfile.gettempdir() != str(mine) and os.environ.get("TMPDIR") != str(mine)
     finally:
         for proc in (killed, live):
