@@ -76,7 +76,7 @@ class RunMetrics:
         scrape: the clock, the records trained and the batches applied go on from the
         checkpoint's totals (Prometheus sees the counters continue, neither a reset to 0 nor
         a jump), the last batch's time is when it was saved, and the last known scores (the
-        held-out one with the time it was measured) and the last batch's duration come from
+        held-out one with the time it was measured), the last batch's duration and freshness come from
         the run's rows (``batches.jsonl``), so no panel reads NaN until batches come."""
         self.restore_clock(state.clock)
         if state.last_batch_id < 0:
@@ -93,6 +93,8 @@ class RunMetrics:
         m = self.meters
         if rows:
             m.last_batch_duration.set(rows[-1]["batch_s"])
+            if rows[-1].get("freshness_s") is not None:
+                m.freshness.set(rows[-1]["freshness_s"])
         preq = [r for r in rows if "prequential_accuracy" in r and "prequential_loss" in r]
         if preq:
             m.prequential_accuracy.set(preq[-1]["prequential_accuracy"])

@@ -44,6 +44,7 @@ def _feed(run: RunMetrics, first: int, n: int, *, clock: int, batch_s: Any, hist
         row = BatchRow(batch_id=i, t=float(i), rows=BATCH, trained=BATCH, rejected={}, batch_s=batch_s(i), lag=500,
                        staleness_p50=None, staleness_p99=None, clock=clock, compute_s=1.6, exchange_s=0.4,
                        prequential_accuracy=0.5 + i / 1000, prequential_loss=1.0 - i / 1000, at=time.time(),
+                       freshness_s=3.0 + i,
                        heldout={"accuracy": 0.6 + i / 1000} if i % 5 == 4 else None)
         if history is not None:
             history.add(row, ended_at=time.monotonic())
@@ -131,13 +132,15 @@ def test_rate_panels_read_steady_and_counters_go_on_across_a_resume(prometheus: 
     restarted = {expr: _series(prom, expr, first_scrape, first_scrape)[0][0] for expr in (
         "sum(streamtrain_train_records_total)", "sum(streamtrain_stream_batches_total)",
         "streamtrain_eval_heldout_accuracy", "streamtrain_eval_heldout_timestamp_seconds",
-        "streamtrain_train_prequential_accuracy", "streamtrain_stream_last_batch_duration_seconds")}
+        "streamtrain_train_prequential_accuracy", "streamtrain_stream_last_batch_duration_seconds",
+        "streamtrain_train_freshness_seconds")}
     assert restarted == {"sum(streamtrain_train_records_total)": n * BATCH,
                          "sum(streamtrain_stream_batches_total)": n,
                          "streamtrain_eval_heldout_accuracy": pytest.approx(scored.heldout["accuracy"]),  # type: ignore[index]
                          "streamtrain_eval_heldout_timestamp_seconds": pytest.approx(scored.at, abs=0.01),
                          "streamtrain_train_prequential_accuracy": pytest.approx(0.5 + (n - 1) / 1000),
-                         "streamtrain_stream_last_batch_duration_seconds": (8.0, 17.0)[(n - 1) % 2]}, restarted
+                         "streamtrain_stream_last_batch_duration_seconds": (8.0, 17.0)[(n - 1) % 2],
+                         "streamtrain_train_freshness_seconds": 3.0 + n - 1}, restarted
     # increase() over the whole test, across the restart, is what was trained: nothing counted twice.
     whole = f"{round(end - began) + 5}s"
     (increase,) = _series(prom, f"sum(increase(streamtrain_train_records_total[{whole}]))", end, end)
