@@ -128,7 +128,8 @@ def test_rate_panels_read_steady_and_counters_go_on_across_a_resume(prometheus: 
         assert all(b >= a for a, b in zip(values, values[1:], strict=False)), (counter, values)
         assert values[-1] == total, (counter, values[-1])
     # The first scrape after the restart, as Prometheus stored it: the checkpoint's totals and last scores.
-    first_scrape = _first_sample_after(prom, stopped)
+    # Read half a scrape after it: at its own millisecond a query may round to the sample before.
+    first_scrape = _first_sample_after(prom, stopped) + SCRAPE_S / 2
     restarted = {expr: _series(prom, expr, first_scrape, first_scrape)[0][0] for expr in (
         "sum(streamtrain_train_records_total)", "sum(streamtrain_stream_batches_total)",
         "streamtrain_eval_heldout_accuracy", "streamtrain_eval_heldout_timestamp_seconds",
