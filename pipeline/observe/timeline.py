@@ -18,6 +18,8 @@ import numpy as np
 #: that batch took) is an idle stream, drawn as a gap: a trainer keeping up waits well under
 #: a second, and a stream that sends a batch a minute is idle in between.
 IDLE_GAP_S = 30.0
+#: Two rows' clocks (``t``, ``at``) this far apart come from two processes.
+_CLOCKS_APART_S = 1.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,14 +74,19 @@ def timeline(rows: Sequence[dict[str, Any]], *, idle_gap_s: float = IDLE_GAP_S) 
         >>> tl = timeline(rows)
         >>> tl.x.tolist(), tl.breaks.tolist(), tl.sessions, tl.idle
         ([2.0, 4.0, 197.0, 997.0], [False, False, True, True], [996.0], [(4.0, 195.0)])
+        >>> timeline([{"t": 5.0, "at": 1005.0, "batch_s": 2.0}, {"t": 9.0, "at": 1050.0, "batch_s": 2.0}]).sessions
+        [45.0]
     """
     n = len(rows)
     ends = np.zeros(n)
     took = np.array([float(r.get("batch_s") or 0.0) for r in rows])
-    new_session = np.array([i > 0 and r.get("t", 0.0) < rows[i - 1].get("t", 0.0) for i, r in enumerate(rows)],
-                           dtype=bool)
+    t = np.array([float(r.get("t", 0.0)) for r in rows])
+    new_session = np.concatenate([[False], t[1:] < t[:-1]]) if n else np.zeros(0, dtype=bool)
     if n and all(r.get("at") for r in rows):
         ends = np.array([float(r["at"]) for r in rows])
+        # A process's two clocks move together; where the wall clock went further than ``t``,
+        # another process wrote the row (a short session's ``t`` need not go back).
+        new_session[1:] |= np.abs(np.diff(ends) - np.diff(t)) > _CLOCKS_APART_S
     else:  # older rows: sessions end to end, each on its own streaming clock
         offset = 0.0
         for i, r in enumerate(rows):
