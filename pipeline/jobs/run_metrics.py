@@ -76,8 +76,9 @@ class RunMetrics:
         scrape: the clock, the records trained and the batches applied go on from the
         checkpoint's totals (Prometheus sees the counters continue, neither a reset to 0 nor
         a jump), the last batch's time is when it was saved, and the last known scores (the
-        held-out one with the time it was measured), the last batch's duration and freshness come from
-        the run's rows (``batches.jsonl``), so no panel reads NaN until batches come."""
+        held-out one with the time it was measured), the last batch's duration and its
+        freshness come from the run's rows (``batches.jsonl``), so no panel reads NaN until
+        batches come."""
         self.restore_clock(state.clock)
         if state.last_batch_id < 0:
             return
