@@ -84,9 +84,8 @@ def test_a_stopped_run_leaves_its_report_and_model_and_resumes(how: str, broker,
         shutil.rmtree(temp)
         return
     # The resume: from its first scrape, its counters are the checkpoint's totals and its
-    # held-out score the last one measured; it serves the checkpoint's weights before its
-    # first batch (their age, over --serve-max-age, says where they come from: no live
-    # center is that old); its first line says what Spark starts with.
+    # held-out score the last one measured; it serves before its first batch; its first line
+    # says what Spark starts with.
     metrics_port, serve_port = free_port(), free_port()
     with stdout.open("w") as o:
         resumed = subprocess.Popen(
@@ -106,8 +105,9 @@ def test_a_stopped_run_leaves_its_report_and_model_and_resumes(how: str, broker,
     assert _sample(first_scrape, "streamtrain_train_records_total") == state.extra["trained"]
     assert _sample(first_scrape, "streamtrain_stream_batches_total") == state.last_batch_id + 1
     assert _sample(first_scrape, "streamtrain_eval_heldout_accuracy") == pytest.approx(report["final"]["accuracy"])
-    version, age = answered
-    assert before_first_batch and version == state.clock and age > 1.0, (before_first_batch, answered)
+    # Served during the start-up, with the checkpoint's version (from the checkpoint, or from a
+    # parameter server already up on a slow machine: tests/serve/test_process.py tells them apart).
+    assert before_first_batch and answered[0] == state.clock, (before_first_batch, answered)
     lines = stdout.read_text()
     # A clean stop leaves no batch saved and uncommitted: Spark starts the next one, planned or not.
     starts = (f"Spark starts with batch {state.last_batch_id + 1})",
