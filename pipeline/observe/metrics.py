@@ -131,7 +131,8 @@ def training_metrics() -> TrainingMetrics:
     return TrainingMetrics(
         registry=reg,
         records_ingested=Counter("streamtrain_stream_records_ingested_total",
-                                 "Records read from Kafka into micro-batches.", ["topic"], registry=reg),
+                                 "Records read from Kafka into micro-batches by this trainer process (from 0 at each "
+                                 "start).", ["topic"], registry=reg),
         records_trained=Counter("streamtrain_train_records_total",
                                 "Records trained on, in the whole run (a resumed trainer goes on from its checkpoint).",
                                 ["topic"], registry=reg),
