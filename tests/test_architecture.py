@@ -54,6 +54,7 @@ READS_ENVIRONMENT = {
     "pipeline.config": "the one reader of settings",
     "pipeline.cluster.session": "saves and restores the Python it points Spark's children at",
     "pipeline.cluster.zygote": "hands its environment to the children it forks",
+    "pipeline.cluster.scratch": "points a run's processes at its temporary folder, and restores what it replaced",
 }
 
 #: Modules that import TensorFlow or Keras: they run in executors and child processes only.

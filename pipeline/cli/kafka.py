@@ -106,10 +106,13 @@ def produce(dataset: str, path: str | None, **options: Any) -> None:
     from pipeline.cluster.processes import stop_on_signals
     from producers import replay
 
-    with stop_on_signals(threading.Event()) as stop:  # Ctrl-C from here on: flush and report
+    received: list[int] = []
+    with stop_on_signals(threading.Event(), received=received) as stop:  # Ctrl-C from here on: flush and report
         report = _produce(replay, stop, dataset, path, **options)
     click.echo(report.summary())
-    if report.interrupted:
+    # A SIGTERM (docker compose stop, a supervisor) is a requested stop, done cleanly: 0, as
+    # a restart policy expects of it. A Ctrl-C keeps the shell's 130.
+    if report.interrupted and received[:1] != [signal.SIGTERM]:
         sys.exit(130)
     if report.send_errors:
         sys.exit(1)

@@ -31,6 +31,7 @@ def serve(run_dir: str, port: int, name: str | None, max_age_s: float | None) ->
     resumed) writes a new one. Listens on STREAMTRAIN_SERVE_HOST (loopback by default); with
     STREAMTRAIN_SERVE_TOKEN set, requests need "Authorization: Bearer <token>".
     """
+    from pipeline.cluster import scratch
     from pipeline.serve import process
     from pipeline.train import checkpoint
 
@@ -40,8 +41,9 @@ def serve(run_dir: str, port: int, name: str | None, max_age_s: float | None) ->
                           "pass the --out folder of a run that trained at least one micro-batch.")
     host, token = process.host_and_token(config.settings())
     process.check_serving(port, max_age_s, host=host)
-    process.serve_folder(folder, host=host, port=port, name=name, token=token, max_age_s=max_age_s,
-                         hosts=process.allowed_hosts(config.settings()))
+    with scratch.scratch():  # TensorFlow's traced functions with it, gone when it stops
+        process.serve_folder(folder, host=host, port=port, name=name, token=token, max_age_s=max_age_s,
+                             hosts=process.allowed_hosts(config.settings()))
 
 
 @cli.command()
@@ -64,9 +66,11 @@ def serve(run_dir: str, port: int, name: str | None, max_age_s: float | None) ->
 def predict(bootstrap: str | None, kafka_conf: str | None, **options: Any) -> None:
     """Score a topic's records with a run's model, writing one prediction per record, keyed
     like its input, with its source partition and offset and the weights' version."""
+    from pipeline.cluster import scratch
     from pipeline.jobs import predict as predict_job
 
     kafka_conf = resolve_kafka_conf(kafka_conf)
-    summary = predict_job.run(predict_job.PredictConfig(bootstrap=resolve_bootstrap(bootstrap, kafka_conf),
-                                                        kafka_conf=kafka_conf, **options))
+    with scratch.scratch():  # its temporary files and its Spark's, gone when it stops
+        summary = predict_job.run(predict_job.PredictConfig(bootstrap=resolve_bootstrap(bootstrap, kafka_conf),
+                                                            kafka_conf=kafka_conf, **options))
     click.echo(summary.summary())

@@ -51,9 +51,11 @@ def die_with_parent(parent: int | None = None) -> None:
 
 
 @contextlib.contextmanager
-def stop_on_signals(stop: threading.Event, *, again_exits: bool = True) -> Iterator[threading.Event]:
+def stop_on_signals(stop: threading.Event, *, again_exits: bool = True,
+                    received: list[int] | None = None) -> Iterator[threading.Event]:
     """While inside, SIGINT and SIGTERM set ``stop`` rather than raise KeyboardInterrupt;
     with ``again_exits``, a second one exits at once (status 130) without cleaning up.
+    ``received`` gets each signal's number (a caller's exit status may depend on which).
 
     Why: kafka-python runs its event loop in the calling thread during metadata, topic
     and send calls, and logs and drops any exception raised inside a task there, a
@@ -67,6 +69,8 @@ def stop_on_signals(stop: threading.Event, *, again_exits: bool = True) -> Itera
             sys.stderr.write("interrupted again: exiting without waiting for Kafka\n")
             sys.stderr.flush()
             os._exit(130)
+        if received is not None:
+            received.append(signum)
         stop.set()
 
     for sig in previous:
@@ -123,6 +127,18 @@ def wait(stop: threading.Event) -> None:
         pass
 
 
+#: In a spawned child: its end of the pipe to the parent (see :func:`from_parent`).
+_parent_pipe: Any = None
+
+
+def from_parent(timeout_s: float) -> Any:
+    """In a spawned child: what its parent sent with :meth:`ChildProcess.send` (None when
+    nothing came within ``timeout_s``); raises EOFError once the parent closed the pipe."""
+    if _parent_pipe is None or not _parent_pipe.poll(timeout_s):
+        return None
+    return _parent_pipe.recv()
+
+
 def _child(main: Main, what: str, job: dict[str, Any], report: Any, log_path: str) -> None:
     """A spawned child's entry point: its output to ``log_path`` (nobody reads a pipe while a
     run streams), tied to its parent, ``main`` run with a stop event; an error goes back as
@@ -134,6 +150,8 @@ def _child(main: Main, what: str, job: dict[str, Any], report: Any, log_path: st
                         format="%(asctime)s %(levelname).1s %(name)s: %(message)s", datefmt="%H:%M:%S")
     job = dict(job)
     parent = job.pop("parent", None)
+    global _parent_pipe
+    _parent_pipe = report
     try:
         with stop_on_signals(threading.Event()) as stop:  # the parent stops it with a signal
             leave_terminal_group()
@@ -166,13 +184,17 @@ class ChildProcess:
 
     def start(self) -> ChildProcess:
         ctx = multiprocessing.get_context("spawn")
-        self._answers, child_end = ctx.Pipe(duplex=False)
+        self._answers, child_end = ctx.Pipe()  # both ways: the child answers, and may be sent work later
         self._process = ctx.Process(
             target=_child, args=(self.main, self.what, {**self.job, "parent": os.getpid()}, child_end,
                                  str(self.log_path)), name=self.name, daemon=True)
         self._process.start()
         child_end.close()
         return self
+
+    def send(self, message: Any) -> None:
+        """Send the child ``message`` (it reads it with :func:`from_parent`)."""
+        self._answers.send(message)
 
     @property
     def exitcode(self) -> int | None:

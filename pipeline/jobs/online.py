@@ -27,15 +27,15 @@ from pathlib import Path
 from typing import Any
 
 from pipeline import cluster, config
-from pipeline.cluster import processes, security
+from pipeline.cluster import processes, scratch, security
 from pipeline.errors import ConfigError, StreamtrainError
 from pipeline.ingest import microbatch
 from pipeline.ingest.kafka.release import Releaser
-from pipeline.jobs import model_start, report, resume, run_record, user_data
+from pipeline.jobs import model_start, resume, run_record, run_serving, user_data
 from pipeline.jobs.display import Display
 from pipeline.jobs.rejects import REJECTED_SHARE, Rejects
 from pipeline.jobs.replay_process import ReplayProcess
-from pipeline.jobs.report import History, RunReport
+from pipeline.jobs.report import BATCHES_FILE, REPORT_FILE, History, RunReport
 from pipeline.jobs.run_config import RunConfig
 from pipeline.jobs.run_metrics import RunMetrics
 from pipeline.observe import metrics
@@ -70,7 +70,7 @@ class Run:
         self.topic = cfg.topic or cfg.own_topic or f"streamtrain-{cfg.name}"
         self.metrics = RunMetrics(dataset=cfg.name, algorithm=cfg.algorithm, topic=self.topic,
                                   workers=cfg.workers)
-        self.history = History(path=self.out / report.BATCHES_FILE)
+        self.history = History(path=self.out / BATCHES_FILE)
         self.settings = config.settings()
         self.replay: ReplayProcess | None = None
         self._started = time.monotonic()
@@ -85,6 +85,7 @@ class Run:
         self._driver: TrainDriver | None = None
         self._evaluation: Any = None
         self._release: Releaser | None = None
+        self._early_serving: Any = None  # a restarted run's model server, on its checkpoint
         self._recorded = False  # whether run.json holds this run's options
 
     def _until(self) -> bool:
@@ -108,16 +109,25 @@ class Run:
     # --- the whole run ---
 
     def execute(self) -> RunReport:
+        # Every temporary file of the run and its processes (TensorFlow's traced functions,
+        # Spark's, the zygote's) in one folder, removed at the end, or by a later run after a kill.
+        with scratch.scratch():
+            return self._execute_in_scratch()
+
+    def _execute_in_scratch(self) -> RunReport:
         created = not self.out.exists()
         try:
             with contextlib.ExitStack() as held:  # the folder locked before its checkpoint is read
                 if not created:
                     held.enter_context(checkpoint.lock(self.out))
                 prior = resume.check_out(self.cfg, self.out)
+                if prior is not None:  # before /metrics serves: a first scrape reads the run's totals
+                    self.metrics.restore(prior, self.out)
                 data = user_data.resolve(self.cfg, self._data_dir())  # its files and schema, before anything starts
                 if data.schema.regression:
                     self.algorithm.loss = "mean_squared_error"
-                self.display.startup(f"{self.cfg.name} found; {resume.describe(prior)}starting Kafka, the replay, Spark and "
+                resuming = resume.describe(prior, self.out / "spark-checkpoint")
+                self.display.startup(f"{self.cfg.name} found; {resuming}starting Kafka, the replay, Spark and "
                                      "the model in parallel")
                 self.out.mkdir(parents=True, exist_ok=True)
                 if created:
@@ -140,6 +150,8 @@ class Run:
             # Importing TensorFlow (in the zygote, which then forks the model's describer and,
             # in local mode, Spark's Python workers), starting the broker and the replay, and
             # starting Spark's JVM each take seconds: they overlap.
+            # A restarted run serves its checkpoint before anything else starts (Spark, the workers).
+            self._early_serving = run_serving.start_early(stack, cfg, self.settings, self.out, prior)
             zygote = model_start.start_zygote(stack, self.out) if self.settings.preload else None
             probe = model_start.describe(cfg, self.algorithm, data.schema, stack, zygote)
             served = metrics.serve(self.metrics.meters.registry, host=self.settings.metrics_host, port=cfg.metrics_port)
@@ -198,8 +210,9 @@ class Run:
             # figures are recorded; an unwatched one does not wait.
             served.await_scrape()
         report = self._report(final, startup_s, ps_stats)
-        _plot(report, self.cfg, self.out, eval_records=len(self._evaluation.y))
-        (self.out / "report.json").write_text(json.dumps(report.to_dict(), indent=2, default=float))
+        report.draw(self.out, name=self.cfg.name, eval_every=self.cfg.eval_every,
+                    eval_records=len(self._evaluation.y))
+        (self.out / REPORT_FILE).write_text(json.dumps(report.to_dict(), indent=2, default=float))
         return report
 
     def _data_dir(self) -> Path:
@@ -255,7 +268,6 @@ class Run:
             self.algorithm, spec, state.weights, host=cluster.driver_host(spark), port=self.settings.ps_port,
             shared_memory=self.settings.ps_shared_memory, on_request=self.metrics.on_ps_request,
             on_refusal=self.metrics.on_ps_refusal, clock=state.clock, optimizer=state.optimizer, shards=cfg.ps_shards)
-        self.metrics.restore(state, self.out)
         stack.enter_context(server)
         log.info("parameter server at %s:%d%s", server.host, server.port,
                  f" and {cfg.ps_shards - 1} more shards" if cfg.ps_shards > 1 else "")
@@ -263,7 +275,8 @@ class Run:
             server, state, folder=self.out, releaser=self._release, started=self._started,
             sync_slots=self._cores if self.algorithm.synchronous else 0, fault=self.settings.fault,
             on_row=self.display.on_row, on_skip=lambda _: self.metrics.skipped(), keep=cfg.keep_checkpoints)
-        serving = _serving(stack, self.cfg, self.settings, self.out, spec, data.schema, server)
+        serving = run_serving.start(stack, cfg, self.settings, self.out, spec, data.schema, server,
+                                    self._early_serving)
         handler = TrainHandler(
             spec=spec, algorithm=algorithms.serialize(self.algorithm),
             server=ServerInfo.of(server, cfg.wire_dtype), job=uuid.uuid4().hex,
@@ -310,37 +323,6 @@ def _topic_name(base: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]", "-", f"{base}-{uuid.uuid4().hex[:6]}")[:200]
 
 
-def _serving(stack: contextlib.ExitStack, cfg: RunConfig, settings: Any, out: Path, spec: Any, schema: Any,
-             server: Any) -> Any:
-    """With --serve-port, start the model server's process (it imports TensorFlow while
-    the workers warm up)."""
-    from pipeline.serve.process import ServingProcess, allowed_hosts, host_and_token
-
-    if cfg.serve_port is None:
-        return None
-    host, token = host_and_token(settings)
-    serving = ServingProcess.for_run(name=cfg.name, spec=spec, schema=schema, server=server, host=host,
-                                     port=cfg.serve_port, token=token, max_age_s=cfg.serve_max_age_s,
-                                     log_path=out / "serve.log", hosts=allowed_hosts(settings)).start()
-    stack.callback(serving.stop)
-    return serving
-
-
-def _plot(report: RunReport, cfg: RunConfig, out: Path, *, eval_records: int) -> None:
-    """Draw ``report.png`` (a failed picture never fails a finished run)."""
-    if not report.batches:
-        return
-    from pipeline.observe import report_plot
-
-    path = out / "report.png"
-    try:
-        report_plot.report_plots(
-            [row.to_dict() for row in report.batches], path, final=report.final.get("accuracy"),
-            eval_every=cfg.eval_every, eval_records=eval_records,
-            title=f"{cfg.name} with {cfg.algorithm}, {cfg.workers} workers ({out.name})")
-        report.plots = str(path)
-    except Exception as e:  # the model and the report matter more than a picture
-        log.warning("could not draw the report plots: %s: %s", type(e).__name__, e)
 
 
 def run(cfg: RunConfig) -> RunReport:

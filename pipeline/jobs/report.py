@@ -6,6 +6,8 @@ from __future__ import annotations
 import collections
 import dataclasses
 import json
+import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +16,15 @@ from pipeline.jobs.rejects import Rejects
 from pipeline.train.breakdown import Breakdown
 from pipeline.train.rows import BatchRow
 
-#: Every batch's row, one JSON line each, appended as the run goes (the report keeps the last 1,000).
+log = logging.getLogger(__name__)
+
+#: The end of ``batches.jsonl`` the picture draws: every batch of a run up to some 60,000
+#: (a trainer that runs for months draws its last ones).
+_PLOT_TAIL_BYTES = 64 << 20
+#: The report of a run's last session.
+REPORT_FILE = "report.json"
+#: Every batch's row, one JSON line each, appended as the run goes, across resumes (the
+#: report keeps this session's last 1,000; its picture reads them all).
 BATCHES_FILE = "batches.jsonl"
 
 
@@ -78,6 +88,39 @@ class History:
     def span_s(self) -> float:
         """Streaming time: from the first batch to the end of the last one."""
         return self.last_batch_at - self.first_batch_at if self.first_batch_at is not None else 0.0
+
+
+def read_rows(path: str | os.PathLike[str], *, tail_bytes: int | None = None) -> list[dict[str, Any]]:
+    """The rows a run appended to ``path`` (``batches.jsonl``), every session's, oldest first.
+
+    With ``tail_bytes``, only the whole lines among its last bytes (a resumed run wants its
+    last rows, not a file that grows for months). A line a kill cut short is left out;
+    no file: no rows.
+
+    Example:
+        >>> import tempfile
+        >>> with tempfile.TemporaryDirectory() as d:
+        ...     p = Path(d) / "batches.jsonl"
+        ...     _ = p.write_text(chr(10).join(['{"batch_id": 0}', '{"batch_id": 1}', '{"batch_']))
+        ...     [r["batch_id"] for r in read_rows(p)], [r["batch_id"] for r in read_rows(p, tail_bytes=26)]
+        ([0, 1], [1])
+    """
+    try:
+        with open(path, "rb") as f:
+            start = 0 if tail_bytes is None else max(0, f.seek(0, os.SEEK_END) - tail_bytes)
+            f.seek(start)
+            if start:
+                f.readline()  # the rest of a line that began before the tail
+            lines = f.read().splitlines()
+    except FileNotFoundError:
+        return []
+    rows = []
+    for line in lines:
+        try:
+            rows.append(json.loads(line))
+        except ValueError:  # the last line of a killed run, half written
+            continue
+    return rows
 
 
 @dataclasses.dataclass
@@ -150,15 +193,43 @@ class RunReport:
         return d
 
     def summary(self) -> str:
-        """The run's last line for people."""
+        """The run's last line for people: this session's records, time and speed together,
+        a resumed run's total beside them, what was set aside, and the score (none for a
+        model that trained nothing).
+
+        >>> r = RunReport({}, {}, "t", "o", 13.1, 462_384, 91_304, 0, 388.0, 235.3, 240.0, "SIGTERM", {"accuracy": 0.5},
+        ...               [], [], {}, {})
+        >>> r.summary()
+        'trained 91,304 records in 388.0 s (235/s after 13.1 s start-up), 462,384 in the whole run; held-out accuracy 0.5000; stopped: SIGTERM'
+        """
         final = ("held-out " + " ".join(f"{k} {v:.4f}" for k, v in self.final.items()) if self.final else
                  "no held-out score" + ("" if self.trained_records else " (nothing trained)"))
         reasons = list((self.rejected.get("by_reason") or {}).items())[:3]
         rejected = (f"; rejected {self.rejected_records:,} (" + ", ".join(f"{k} {n:,}" for k, n in reasons) + ")"
                     if self.rejected_records and reasons else "")
-        return (f"trained {self.trained_records} records in {self.train_seconds:.1f} s "
-                f"({self.records_per_s:.0f}/s after {self.startup_s:.1f} s start-up){rejected}; "
+        run = (f", {self.trained_records:,} in the whole run" if self.trained_records != self.trained_this_session
+               else "")
+        return (f"trained {self.trained_this_session:,} records in {self.train_seconds:.1f} s "
+                f"({self.records_per_s:.0f}/s after {self.startup_s:.1f} s start-up){run}{rejected}; "
                 f"{final}; stopped: {self.stopped_because}")
+
+    def draw(self, out: Path, *, name: str, eval_every: int, eval_records: int) -> None:
+        """Draw ``out/report.png`` from every session's rows in ``out/batches.jsonl``, and
+        name it in :attr:`plots` (a failed picture never fails a finished run)."""
+        from pipeline.observe import report_plot
+
+        rows = read_rows(out / BATCHES_FILE, tail_bytes=_PLOT_TAIL_BYTES)
+        if not rows:
+            return
+        path = out / "report.png"
+        settings = self.settings
+        try:
+            report_plot.report_plots(
+                rows, path, final=self.final.get("accuracy"), eval_every=eval_every, eval_records=eval_records,
+                title=f"{name} with {settings.get('algorithm')}, {settings.get('workers')} workers ({out.name})")
+            self.plots = str(path)
+        except Exception as e:  # the model and the report matter more than a picture
+            log.warning("could not draw the report plots: %s: %s", type(e).__name__, e)
 
     def time_line(self) -> str:
         """Where each task slot's streaming time went (:mod:`pipeline.train.breakdown`).

@@ -36,9 +36,36 @@ def check_out(cfg: RunConfig, out: Path) -> checkpoint.State | None:
     return prior
 
 
-def describe(prior: checkpoint.State | None) -> str:
-    """What a resumed run starts from, for its first start-up line."""
+def describe(prior: checkpoint.State | None, spark_checkpoint: Path | None = None) -> str:
+    """What a resumed run starts from, for its first start-up line: the checkpoint, and the
+    batch Spark starts with, read from its offset and commit logs in ``spark_checkpoint``.
+
+    Example:
+        >>> import numpy as np, tempfile
+        >>> state = checkpoint.State(np.zeros(1, np.float32), last_batch_id=4, extra={"trained": 5000})
+        >>> with tempfile.TemporaryDirectory() as d:
+        ...     for log, last in (("offsets", 4), ("commits", 4)):
+        ...         (Path(d) / log).mkdir()
+        ...         _ = (Path(d) / log / str(last)).write_text("")
+        ...     describe(state, Path(d))
+        'resuming after batch 4 (5,000 records trained; Spark starts with batch 5); '
+    """
     if prior is None:
         return ""
-    return (f"resuming after batch {prior.last_batch_id} ({int(prior.extra.get('trained', 0)):,} records trained; Spark "
-            f"replays a batch it had not committed); ")
+    head = f"resuming after batch {prior.last_batch_id} ({int(prior.extra.get('trained', 0)):,} records trained; "
+    planned, committed = (_last_logged(spark_checkpoint / log) if spark_checkpoint else -1
+                          for log in ("offsets", "commits"))
+    if planned <= committed:  # a clean stop: both logs end at the same batch
+        return head + f"Spark starts with batch {committed + 1}); "
+    if planned <= prior.last_batch_id:  # saved, then stopped before Spark's commit
+        return head + f"Spark replays batch {planned}, which it had not committed: the checkpoint holds it, so it is " \
+                      "skipped); "
+    return head + f"Spark runs batch {planned} with the offsets it had planned before the stop); "
+
+
+def _last_logged(log: Path) -> int:
+    """The last batch id in one of Spark's checkpoint logs (``offsets``, ``commits``); -1: none."""
+    try:
+        return max((int(p.name) for p in log.iterdir() if p.name.isdigit()), default=-1)
+    except OSError:
+        return -1

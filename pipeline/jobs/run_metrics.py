@@ -3,6 +3,7 @@ the lag monitor's as they happen."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -10,9 +11,30 @@ from pipeline import codec
 from pipeline.ingest.kafka.fetch import UnreadableRange
 from pipeline.ingest.microbatch import BatchFigures
 from pipeline.ingest.offsets import TopicPartition
+from pipeline.jobs.report import BATCHES_FILE, REPORT_FILE, read_rows
 from pipeline.observe import metrics
 from pipeline.train import checkpoint
 from pipeline.train.rows import BatchRow
+
+#: How much of ``batches.jsonl``'s end a resumed run reads for its last scores: a thousand
+#: rows or so, many scored ones at any --eval-every worth using.
+_TAIL_BYTES = 1 << 20
+
+
+def _final_score(folder: Path, last_batch_id: int) -> list[tuple[float, float]]:
+    """``(when, accuracy)`` of the final score in ``folder``'s report.json, if its session
+    ended at batch ``last_batch_id`` (the weights the checkpoint holds); else none."""
+    path = folder / REPORT_FILE
+    try:
+        report = json.loads(path.read_text())
+        when = path.stat().st_mtime
+    except (OSError, ValueError):
+        return []
+    batches = report.get("batches") or [{}]
+    accuracy = (report.get("final") or {}).get("accuracy")
+    if accuracy is None or batches[-1].get("batch_id") != last_batch_id:
+        return []
+    return [(when, float(accuracy))]
 
 
 class RunMetrics:
@@ -21,15 +43,16 @@ class RunMetrics:
     Every labelled series exists from the start at 0, so rates and alerts see a first
     reject or a first exchange as a change rather than a new series; what is not yet
     measured is NaN (a gap in a graph), not 0 (a loss of 0, a batch in 1970). A resumed
-    run's totals go on from its checkpoint's (:meth:`restore`), not from 0.
+    run's totals go on from its checkpoint's (:meth:`restore`), not from 0; which counters
+    are the run's and which this process's: :class:`~pipeline.observe.metrics.TrainingMetrics`.
     """
 
     def __init__(self, *, dataset: str, algorithm: str, topic: str, workers: int, clock: int = 0) -> None:
         self.meters = m = metrics.training_metrics()
         self.topic = topic
         m.info.labels(dataset, algorithm, topic, str(workers)).set(1)
-        for gauge in (m.freshness, m.prequential_loss, m.prequential_accuracy, m.heldout_accuracy, m.last_batch_time,
-                      m.last_batch_duration):
+        for gauge in (m.freshness, m.prequential_loss, m.prequential_accuracy, m.heldout_accuracy, m.heldout_time,
+                      m.last_batch_time, m.last_batch_duration):
             gauge.set(float("nan"))
         m.records_ingested.labels(topic)
         m.records_trained.labels(topic)
@@ -49,9 +72,13 @@ class RunMetrics:
         self.meters.clock.set(clock)
 
     def restore(self, state: checkpoint.State, folder: str | os.PathLike[str]) -> None:
-        """A resumed run's figures from its checkpoint: the clock, the records trained and
-        the batches applied go on from the checkpoint's totals (Prometheus sees the counters
-        continue, not a reset to 0), and the last batch's time is when it was saved."""
+        """A resumed run's figures from its checkpoint, set before /metrics serves a first
+        scrape: the clock, the records trained and the batches applied go on from the
+        checkpoint's totals (Prometheus sees the counters continue, neither a reset to 0 nor
+        a jump), the last batch's time is when it was saved, and the last known scores (the
+        held-out one with the time it was measured), the last batch's duration and its
+        freshness come from the run's rows (``batches.jsonl``), so no panel reads NaN until
+        batches come."""
         self.restore_clock(state.clock)
         if state.last_batch_id < 0:
             return
@@ -61,6 +88,25 @@ class RunMetrics:
             if path.is_file():
                 self.meters.last_batch_time.set(path.stat().st_mtime)
                 break
+        # The rows up to the checkpoint's batch (a rewound run's later rows are not its weights').
+        rows = [r for r in read_rows(Path(folder) / BATCHES_FILE, tail_bytes=_TAIL_BYTES)
+                if r.get("batch_id", -1) <= state.last_batch_id]
+        m = self.meters
+        if rows:
+            m.last_batch_duration.set(rows[-1]["batch_s"])
+            if rows[-1].get("freshness_s") is not None:
+                m.freshness.set(rows[-1]["freshness_s"])
+        preq = [r for r in rows if "prequential_accuracy" in r and "prequential_loss" in r]
+        if preq:
+            m.prequential_accuracy.set(preq[-1]["prequential_accuracy"])
+            m.prequential_loss.set(preq[-1]["prequential_loss"])
+        # The last score measured: a scored batch's, or the final one of a session that ended
+        # at the checkpoint's batch (report.json's); a row of an older version has no time.
+        scored = [(r["at"], r["heldout"]["accuracy"]) for r in rows if "accuracy" in r.get("heldout", {}) and r.get("at")]
+        last = max([*scored, *_final_score(Path(folder), state.last_batch_id)], default=None)
+        if last is not None:
+            m.heldout_time.set(last[0])
+            m.heldout_accuracy.set(last[1])
 
     def on_ps_request(self, op: str, seconds: float) -> None:
         self.meters.ps_request_duration.labels(op).observe(seconds)
@@ -81,6 +127,7 @@ class RunMetrics:
         """The held-out score after the last batch (it may come after the last scored batch)."""
         if "accuracy" in scores:  # a numeric target has an error instead (in the report)
             self.meters.heldout_accuracy.set(scores["accuracy"])
+            self.meters.heldout_time.set_to_current_time()
 
     def on_rejects(self, rejects: dict[str, int]) -> None:
         """Records set aside outside a batch (the rows a run's replay could not send), by reason."""
@@ -118,3 +165,4 @@ class RunMetrics:
             m.prequential_loss.set(row.prequential_loss)
         if row.heldout is not None and "accuracy" in row.heldout:
             m.heldout_accuracy.set(row.heldout["accuracy"])
+            m.heldout_time.set_to_current_time()

@@ -14,7 +14,6 @@ by 20,000 every 9 s reads as a steady 2,128/s, not 1,333 and 2,667 in turn.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import re
@@ -25,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.errors import ConfigError, StreamtrainError
+from pipeline.observe.panels import COLLAPSED, ROWS
 
 log = logging.getLogger(__name__)
 
@@ -34,150 +34,8 @@ TITLE = "streamtrain: online training"
 #: Where the committed dashboard lives in a checkout (Grafana provisions it from there).
 DEFAULT_FILE = Path(__file__).resolve().parents[2] / "dashboards" / "streamtrain.json"
 
-_RATE = "[$__rate_interval]"
 #: The least window of a panel's rates (Grafana's "Min interval"): several micro-batches.
 STEADY_WINDOW = "1m"
-
-
-@dataclasses.dataclass(frozen=True)
-class Query:
-    expr: str
-    legend: str
-
-
-@dataclasses.dataclass(frozen=True)
-class Panel:
-    """One panel: ``kind`` is ``timeseries`` or ``stat``; ``width`` is out of 24 columns."""
-
-    title: str
-    queries: tuple[Query, ...]
-    unit: str = "short"
-    kind: str = "timeseries"
-    width: int = 8
-    description: str = ""
-    #: ``(value, color)`` steps above the base color (green, or ``base``), as Grafana's thresholds.
-    thresholds: tuple[tuple[float, str], ...] = ()
-    base: str = "green"
-    no_value: str = ""
-
-
-def _rate(metric: str, by: str = "") -> str:
-    grouping = f" by ({by})" if by else ""
-    return f"sum{grouping} (rate({metric}{_RATE}))"
-
-
-def _quantile(q: float, metric: str, by: str = "") -> str:
-    keys = f"le, {by}" if by else "le"
-    # ">= 0" drops the NaN of a window without observations (an idle run): a gap, not "NaN".
-    return f"histogram_quantile({q}, sum by ({keys}) (rate({metric}_bucket{_RATE}))) >= 0"
-
-
-_IDLE = "idle: nothing observed in the last minute"
-
-
-ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
-    ("At a glance", (
-        Panel("Trained records/s", (Query(_rate("streamtrain_train_records_total"), "trained/s"),),
-              kind="stat", width=4, base="red", thresholds=((1, "green"),),
-              description="Over the last minute at least (several micro-batches); red: nothing trained."),
-        Panel("Consumer lag", (Query("sum(streamtrain_stream_consumer_lag_records)", "records"),),
-              kind="stat", width=4, thresholds=((10_000, "orange"), (100_000, "red")),
-              description="Records in Kafka not yet trained, all partitions (StreamtrainLagGrowing from "
-                          "10,000 and rising)."),
-        Panel("Held-out accuracy", (Query("max(streamtrain_eval_heldout_accuracy)", "accuracy"),),
-              unit="percentunit", kind="stat", width=4, base="red", thresholds=((0.5, "orange"), (0.8, "green")),
-              no_value="not scored yet"),
-        Panel("Staleness p99", (Query(_quantile(0.99, "streamtrain_ps_staleness_updates"), "updates"),),
-              kind="stat", width=4, thresholds=((16, "orange"), (32, "red")), no_value=_IDLE,
-              description="Red from 32, where StreamtrainStalenessHigh fires."),
-        Panel("Since last batch", (Query("time() - max(streamtrain_train_last_batch_timestamp_seconds) >= 0",
-                                         "age"),),
-              unit="s", kind="stat", width=4, thresholds=((60, "orange"), (120, "red")), no_value="no batch yet",
-              description="Seconds since a micro-batch was last trained (a resumed run: since its checkpoint "
-                          "was written)."),
-        Panel("Rejected records", (Query("sum(streamtrain_stream_records_rejected_total)", "rejected"),),
-              kind="stat", width=4, thresholds=((1, "orange"),),
-              description="Set aside to the dead-letter topic since this trainer started."),
-    )),
-    ("Is data flowing?", (
-        Panel("Records per second: produced, ingested, trained", (
-            Query(_rate("streamtrain_producer_records_sent_total", "topic"), "produced {{topic}}"),
-            Query(_rate("streamtrain_stream_records_ingested_total", "topic"), "ingested {{topic}}"),
-            Query(_rate("streamtrain_train_records_total", "topic"), "trained {{topic}}"),
-        ), unit="short", width=12),
-        Panel("Consumer lag per partition", (
-            Query("streamtrain_stream_consumer_lag_records", "{{topic}}-{{partition}}"),
-        ), unit="short", width=12, description="Log end offset minus the end of the last trained batch."),
-        Panel("Micro-batch duration", (
-            Query("streamtrain_stream_last_batch_duration_seconds", "last batch"),
-            Query(_quantile(0.5, "streamtrain_stream_batch_duration_seconds"), "p50"),
-            Query(_quantile(0.99, "streamtrain_stream_batch_duration_seconds"), "p99"),
-        ), unit="s", thresholds=((60, "orange"), (300, "red")),
-              description="The last batch's own duration, and quantiles over the batches of the last minute at "
-                          "least (buckets up to an hour)."),
-        Panel("Freshness: now minus event time when trained", (
-            Query("streamtrain_train_freshness_seconds", "median of the last batch"),
-        ), unit="s", thresholds=((60, "orange"), (300, "red"))),
-        Panel("Parameter-server updates per second", (
-            Query(_rate("streamtrain_ps_updates_total"), "updates/s"),
-        ), unit="short"),
-    )),
-    ("Is training healthy?", (
-        Panel("Loss (prequential: each batch scored before training on it)", (
-            Query("streamtrain_train_prequential_loss", "loss"),
-        ), unit="short"),
-        Panel("Accuracy", (
-            Query("streamtrain_train_prequential_accuracy", "prequential"),
-            Query("streamtrain_eval_heldout_accuracy", "held-out"),
-        ), unit="percentunit"),
-        Panel("Staleness of pushes (updates between pull and push)", (
-            Query(_quantile(0.5, "streamtrain_ps_staleness_updates"), "p50"),
-            Query(_quantile(0.99, "streamtrain_ps_staleness_updates"), "p99"),
-        ), unit="short", thresholds=((16, "orange"), (32, "red"))),
-        Panel("Parameter-server request latency", (
-            Query(_quantile(0.5, "streamtrain_ps_request_duration_seconds", "op"), "p50 {{op}}"),
-            Query(_quantile(0.99, "streamtrain_ps_request_duration_seconds", "op"), "p99 {{op}}"),
-        ), unit="s", width=12, thresholds=((0.5, "orange"), (2, "red"))),
-        Panel("Busy workers: compute vs exchange", (
-            Query(_rate("streamtrain_worker_seconds_total", "activity"), "{{activity}}"),
-        ), unit="short", width=12,
-              description="Worker-seconds per second in each activity, all workers: 2 is two workers busy all "
-                          "the time."),
-    )),
-    ("Serving", (
-        Panel("Prediction requests per second, by status", (
-            Query(_rate("streamtrain_serve_requests_total", "code"), "{{code}}"),
-        ), unit="reqps", width=8),
-        Panel("Prediction latency", (
-            Query(_quantile(0.5, "streamtrain_serve_request_seconds"), "p50"),
-            Query(_quantile(0.99, "streamtrain_serve_request_seconds"), "p99"),
-        ), unit="s", width=8, thresholds=((0.1, "orange"), (1, "red"))),
-        Panel("Served weights: age", (
-            Query("max(streamtrain_serve_weights_age_seconds)", "age"),
-        ), unit="s", width=8, thresholds=((5, "orange"), (60, "red")), description="Seconds since the served weights were the parameter server's center "
-                                          "(or since the checkpoint served was written)."),
-        Panel("Instances per request", (
-            Query(_quantile(0.5, "streamtrain_serve_instances"), "p50"),
-            Query(_quantile(0.99, "streamtrain_serve_instances"), "p99"),
-        ), unit="short", width=8),
-        Panel("Refused requests per second, by reason", (
-            Query(_rate("streamtrain_serve_bad_requests_total", "reason"), "{{reason}}"),
-        ), unit="reqps", width=8, thresholds=((1, "orange"),)),
-        Panel("Predictions written per second (predict stream)", (
-            Query(_rate("streamtrain_predictions_written_total", "topic"), "{{topic}}"),
-        ), unit="short", width=8),
-    )),
-    ("What was rejected, and why?", (
-        Panel("Rejected records per second, by reason", (
-            Query(_rate("streamtrain_stream_records_rejected_total", "reason"), "{{reason}}"),
-        ), unit="short", width=12, thresholds=((1, "orange"),)),
-        Panel("Producer problems per second", (
-            Query(_rate("streamtrain_producer_send_errors_total", "topic"), "send errors {{topic}}"),
-            Query(_rate("streamtrain_producer_malformed_rows_total", "dataset, reason"),
-                  "malformed rows {{dataset}} ({{reason}})"),
-        ), unit="short", width=12),
-    )),
-)
 
 
 def build() -> dict[str, Any]:
@@ -204,9 +62,10 @@ def build() -> dict[str, Any]:
     board = (gd.Dashboard(TITLE).uid(DASHBOARD_UID).tags(["streamtrain"]).refresh("5s").time("now-30m", "now")
              .timezone("browser").tooltip(DashboardCursorSync.CROSSHAIR).editable())
     ids = iter(range(1, 1000))  # Grafana links and provisioning want stable, unique panel ids
-    for row_title, panels in ROWS:
-        board = board.with_row(gd.Row(row_title).id(next(ids)))
-        for spec in panels:
+    for row_title, specs in ROWS:
+        row = gd.Row(row_title).id(next(ids))
+        made = []
+        for spec in specs:
             panel: Any
             if spec.kind == "stat":
                 panel = gs.Panel().height(4)
@@ -228,7 +87,14 @@ def build() -> dict[str, Any]:
                     panel = panel.thresholds_style(gc.GraphThresholdsStyleConfig().mode(GraphTresholdsStyleMode.DASHED))
             for i, q in enumerate(spec.queries):
                 panel = panel.with_target(gp.Dataquery().expr(q.expr).legend_format(q.legend).ref_id(chr(65 + i)))
-            board = board.with_panel(panel)
+            made.append(panel)
+        if row_title in COLLAPSED:  # its panels inside it: shown once someone opens the row
+            for panel in made:
+                row = row.with_panel(panel)
+        board = board.with_row(row)
+        if row_title not in COLLAPSED:
+            for panel in made:
+                board = board.with_panel(panel)
     built: dict[str, Any] = json.loads(json.dumps(board.build(), cls=JSONEncoder))
     return built
 

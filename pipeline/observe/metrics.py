@@ -15,10 +15,22 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 
 from pipeline.errors import ConfigError
 
-#: Staleness is a whole number of updates. Histogram quantiles interpolate inside a bucket,
-#: so each bound k has a bucket (k - 0.01, k] of its own: a constant staleness k reads as k
-#: (within 0.01), where buckets (0, 1] made a constant 1 read p50 0.5 and p99 0.99.
-_INTEGER_BUCKETS = (0.0, *(b for k in (1, 2, 3, 4, 6, 8, 12, 16, 32, 64) for b in (k - 0.01, k)))
+
+def integer_buckets(*bounds: int) -> tuple[float, ...]:
+    """Histogram buckets for whole numbers: each bound k gets a bucket (k - 0.01, k] of its
+    own. Histogram quantiles interpolate inside a bucket, so a constant k reads as k (within
+    0.01), where buckets (1, 2] made a constant 2 read p50 1.5.
+
+    >>> integer_buckets(0, 1, 2)
+    (0.0, 0.99, 1.0, 1.99, 2.0)
+    """
+    return tuple(b for k in bounds for b in ((float(k),) if k <= 0 else (k - 0.01, float(k))))
+
+
+#: Staleness: a whole number of updates (a constant 1 read p50 0.5 with buckets (0, 1]).
+_INTEGER_BUCKETS = integer_buckets(0, 1, 2, 3, 4, 6, 8, 12, 16, 32, 64)
+#: Instances per prediction request: clients send a few, or a batch of a power of two.
+_INSTANCE_BUCKETS = integer_buckets(1, 2, 3, 4, 5, 6, 8, 10, 16, 32, 64, 128, 256, 512, 1024)
 
 
 #: Micro-batch seconds: a second to an hour, tight where batches usually fall (4-30 s),
@@ -76,7 +88,15 @@ def producer_metrics() -> ProducerMetrics:
 
 @dataclasses.dataclass(frozen=True)
 class TrainingMetrics:
-    """Metrics of the training driver (executors report theirs through it)."""
+    """Metrics of the training driver (executors report theirs through it).
+
+    Two kinds of counters. The run's (``records_trained``, ``batches``): a resumed trainer
+    sets them to its checkpoint's totals before its /metrics serves a first scrape, so
+    Prometheus sees them go on across a restart. Every other counter is this process's: it
+    starts at 0 with each trainer and never jumps, so a restart is a counter reset, which
+    ``rate()`` and ``increase()`` read right (a counter read as 0 and then set to a run's
+    total would count that total again).
+    """
 
     registry: CollectorRegistry
     records_ingested: Counter
@@ -99,6 +119,7 @@ class TrainingMetrics:
     prequential_loss: Gauge
     prequential_accuracy: Gauge
     heldout_accuracy: Gauge
+    heldout_time: Gauge
     worker_seconds: Counter
     last_batch_time: Gauge
     info: Gauge
@@ -110,8 +131,11 @@ def training_metrics() -> TrainingMetrics:
     return TrainingMetrics(
         registry=reg,
         records_ingested=Counter("streamtrain_stream_records_ingested_total",
-                                 "Records read from Kafka into micro-batches.", ["topic"], registry=reg),
-        records_trained=Counter("streamtrain_train_records_total", "Records trained on.", ["topic"], registry=reg),
+                                 "Records read from Kafka into micro-batches by this trainer process (from 0 at each "
+                                 "start).", ["topic"], registry=reg),
+        records_trained=Counter("streamtrain_train_records_total",
+                                "Records trained on, in the whole run (a resumed trainer goes on from its checkpoint).",
+                                ["topic"], registry=reg),
         records_rejected=Counter("streamtrain_stream_records_rejected_total",
                                  "Records set aside, by reason: rejected by the decoder (to the dead-letter topic), or rows of "
                                  "a run's file its replay could not send.", ["reason"], registry=reg),
@@ -124,7 +148,9 @@ def training_metrics() -> TrainingMetrics:
         unreadable_batches=Counter("streamtrain_stream_unreadable_batches_total",
                                    "Record batches the reader could not read (codec, record format, corrupt), "
                                    "which stopped the stream.", ["topic", "partition"], registry=reg),
-        batches=Counter("streamtrain_stream_batches_total", "Micro-batches applied.", registry=reg),
+        batches=Counter("streamtrain_stream_batches_total",
+                        "Micro-batches applied, in the whole run (a resumed trainer goes on from its checkpoint).",
+                        registry=reg),
         batches_skipped=Counter("streamtrain_stream_batches_skipped_total",
                                 "Replayed micro-batches skipped because the checkpoint already holds them.",
                                 registry=reg),
@@ -155,6 +181,9 @@ def training_metrics() -> TrainingMetrics:
                                    "Accuracy on each batch before training on it.", registry=reg),
         heldout_accuracy=Gauge("streamtrain_eval_heldout_accuracy",
                                "Accuracy of the center weights on the held-out test split.", registry=reg),
+        heldout_time=Gauge("streamtrain_eval_heldout_timestamp_seconds",
+                           "Unix time when the held-out score was measured (a resumed run publishes its last "
+                           "score and this time at once).", registry=reg),
         worker_seconds=Counter("streamtrain_worker_seconds_total",
                                "Worker time by activity (compute: forward and backward; exchange: pull and push).",
                                ["activity"], registry=reg),
@@ -194,7 +223,7 @@ def serving_metrics(model: str) -> ServingMetrics:
                           ["model"], registry=reg,
                           buckets=(0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)),
         instances=Histogram("streamtrain_serve_instances", "Instances per prediction request.", ["model"],
-                            registry=reg, buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)),
+                            registry=reg, buckets=_INSTANCE_BUCKETS),
         weights_age=Gauge("streamtrain_serve_weights_age_seconds",
                           "Age of the weights predictions use now (since the parameter server or the "
                           "checkpoint held them).", ["model"], registry=reg),

@@ -54,8 +54,9 @@ def parse_duration(text: str) -> float:
 def render(dashboard: dict[str, Any], prometheus: str, out: str | Path, *, since_s: float = 1800.0,
            end: float | None = None, points: int = 240, scrape_s: float = 5.0) -> dict[str, int]:
     """Draw every panel of ``dashboard`` from ``prometheus`` over the last ``since_s``
-    seconds into one PNG laid out as Grafana lays it out; return the series found per
-    panel title (0: the panel shows "no data")."""
+    seconds into one PNG laid out as Grafana lays it out (a collapsed row closed, as Grafana
+    opens the dashboard); return the series found per panel title (0: the panel shows "no
+    data")."""
     plt = pyplot()
     from matplotlib import dates as mdates
 
@@ -86,6 +87,8 @@ def render(dashboard: dict[str, Any], prometheus: str, out: str | Path, *, since
         g, title = p["gridPos"], p.get("title", "")
         if p.get("type") == "row":
             left, bottom, _, height = box(g, 0.1, 0, 0.28, 0)  # the title's baseline, 0.28 in below the row's top
+            if p.get("collapsed"):  # as Grafana shows it: closed, its panels inside
+                title += f"  (collapsed: {len(p.get('panels', []))} panels)"
             fig.text(left, bottom + height, title, fontsize=13, fontweight="bold", color="#333333", va="center")
             continue
         unit = p.get("fieldConfig", {}).get("defaults", {}).get("unit", "short")

@@ -1,4 +1,5 @@
-"""A run's report picture: accuracy, throughput, staleness and lag over seconds of streaming.
+"""A run's report picture: accuracy, throughput, staleness and lag over the run's time, every
+session of it.
 matplotlib with the Agg backend (no display needed)."""
 
 from __future__ import annotations
@@ -9,6 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from pipeline.observe.timeline import Timeline, duration_label, timeline
 
 #: Batches the accuracy axis leaves out of its range (a tenth of them, 3 at least): a
 #: model's first scores are near chance.
@@ -62,78 +65,112 @@ def accuracy_limits(prequential: Sequence[float], heldout: Sequence[float]) -> t
 
 def report_plots(history: list[dict[str, Any]], out: str | Path, *, title: str = "",
                  final: float | None = None, eval_every: int | None = None,
-                 eval_records: int | None = None) -> dict[str, int]:
-    """Accuracy, throughput, staleness and lag of a run, against seconds of streaming.
+                 eval_records: int | None = None) -> dict[str, Any]:
+    """Accuracy, throughput, staleness and lag of a run, against time since its first batch.
 
-    Held-out accuracy is drawn wherever it was measured: the scored batches, and
-    ``final`` (the score after the last batch) at the end, so that a run shorter than
-    ``eval_every`` batches still shows one; the panel says what was measured how often.
-    Returns the number of points drawn per series (what a test can check).
+    ``history`` is every session's rows (``batches.jsonl``), placed on one clock
+    (:func:`~pipeline.observe.timeline.timeline`): each resumed session is marked where it
+    began, and no line crosses the time between sessions or an idle gap (shaded), where
+    nothing was measured. Held-out accuracy is drawn wherever it was measured: the scored
+    batches, and ``final`` (the score after the last batch) at the end, so that a run
+    shorter than ``eval_every`` batches still shows one; the panel says what was measured
+    how often. Returns the number of points drawn per series, and ``sessions``, ``idle``,
+    ``span_s`` and the throughput's and lag's ``lines`` as drawn (what a test can check).
     """
     plt = pyplot()
     from matplotlib.ticker import FuncFormatter
 
     fig, axes = plt.subplots(2, 2, figsize=(13, 8), layout="constrained")
     fig.suptitle(title or "streamtrain run", fontsize=13)
-    t = np.array([b.get("t_stream", b["t"]) for b in history], dtype=float)
+    tl = timeline(history)
+    t = tl.x
     (acc, thr), (stal, lag) = axes
 
-    pre = [(x, b["prequential_accuracy"]) for x, b in zip(t, history, strict=True) if "prequential_accuracy" in b]
-    held = [(x, b["heldout"]["accuracy"]) for x, b in zip(t, history, strict=True) if "heldout" in b]
-    if pre:
-        acc.plot(*zip(*pre, strict=True), label="prequential (batch scored before training)", linewidth=1, alpha=0.7)
-    if final is not None and len(t) and not (held and held[-1][0] == t[-1] and held[-1][1] == final):
-        held.append((float(t[-1]), final))
-    if held:
-        acc.plot(*zip(*held, strict=True), "o-", label="held-out", linewidth=1.5, markersize=4)
+    pre = [b.get("prequential_accuracy") for b in history]
+    held: list[float | None] = [b["heldout"]["accuracy"] if "accuracy" in b.get("heldout", {}) else None
+                                for b in history]
+    if final is not None and len(t) and held[-1] is None:
+        held[-1] = final  # the score after the last batch, at its end
+    if any(v is not None for v in pre):
+        acc.plot(*tl.gapped(pre), label="prequential (batch scored before training)", linewidth=1, alpha=0.7)
+    scored = [(float(x), v) for x, v in zip(t, held, strict=True) if v is not None]
+    if final is not None and len(t) and held[-1] != final:  # the last batch was scored, and the final differs
+        scored.append((float(t[-1]), final))
+    if scored:
+        # A line joins the held-out scores of one stretch; a stop or an idle gap breaks it.
+        xs, ys = tl.gapped(held)
+        keep = ~np.isnan(ys) | np.isnan(xs)
+        acc.plot(xs[keep], ys[keep], "-", color="tab:orange", linewidth=1.5)
+        acc.plot(*zip(*scored, strict=True), "o", color="tab:orange", label="held-out", markersize=4)
     measured = ["prequential: every training step's batch, before it trains"]
     if eval_every is not None:
         split = f" on {eval_records:,} records" if eval_records else ""
         measured.append(f"held-out: every {eval_every} batches and at the end{split}")
     acc.set_title("Accuracy", loc="left")
-    low, high = accuracy_limits([v for _, v in pre], [v for _, v in held])
+    low, high = accuracy_limits([v for v in pre if v is not None], [v for _, v in scored])
     acc.set_ylim(low, high)
-    if low > 0 and any(v < low for _, v in pre):
+    if low > 0 and any(v is not None and v < low for v in pre):
         measured.append(f"axis from {low:g}: the first batches' lower scores run off the bottom")
 
-    # Records per second over each batch's span (from the end of the one before).
-    spans = np.diff(np.concatenate([[0.0], t]))
+    # Records per second over each batch's span: from the end of the one before, or from its
+    # own start after a break (an idle gap or a stop is not slow training).
     trained = np.array([b["trained"] for b in history], dtype=float)
+    spans = t - tl.start
     per_batch = np.divide(trained, spans, out=np.zeros_like(trained), where=spans > 0)
-    thr.plot(t, per_batch, linewidth=0.8, alpha=0.5, label="per batch")
-    if len(t) >= 5:  # five batches' records over their span: steadier than one batch
-        window = np.array([trained[max(0, i - 4):i + 1].sum() / (t[i] - (t[i - 5] if i >= 5 else 0.0))
-                           for i in range(len(t))])
-        thr.plot(t, window, linewidth=1.6, label="over 5 batches")
+    lines = {"per batch": tl.gapped(per_batch.tolist()), "lag": tl.gapped([b["lag"] for b in history])}
+    thr.plot(*lines["per batch"], linewidth=0.8, alpha=0.5, label="per batch")
+    if len(t) >= 5:  # five batches' records over their span, inside one stretch: steadier than one batch
+        first = np.maximum.accumulate(np.where(tl.breaks | (np.arange(len(t)) == 0), np.arange(len(t)), 0))
+        window = []
+        for i in range(len(t)):
+            j = max(first[i], i - 4)
+            window.append(trained[j:i + 1].sum() / max(1e-9, t[i] - tl.start[j]))
+        thr.plot(*tl.gapped(window), linewidth=1.6, label="over 5 batches")
     thr.set_title("Throughput (records trained per second)", loc="left")
     thr.set_ylim(0, max(1.0, float(per_batch.max(initial=0))) * 1.15)
 
-    p50 = [(x, b["staleness_p50"]) for x, b in zip(t, history, strict=True) if b.get("staleness_p50") is not None]
-    p99 = [(x, b["staleness_p99"]) for x, b in zip(t, history, strict=True) if b.get("staleness_p99") is not None]
-    if p50:
-        stal.plot(*zip(*p50, strict=True), label="p50", linewidth=1.2)
-        stal.plot(*zip(*p99, strict=True), label="p99", linewidth=1.2)
+    p50 = [b.get("staleness_p50") for b in history]
+    p99 = [b.get("staleness_p99") for b in history]
+    if any(v is not None for v in p50):
+        stal.plot(*tl.gapped(p50), label="p50", linewidth=1.2)
+        stal.plot(*tl.gapped(p99), label="p99", linewidth=1.2)
     stal.set_title("Staleness (updates between a worker's pull and push)", loc="left")
-    stal.set_ylim(0, max([1.0, *(v for _, v in p99)]) * 1.15)
+    stal.set_ylim(0, max([1.0, *(v for v in p99 if v is not None)]) * 1.15)
 
-    lag.plot(t, [b["lag"] for b in history], linewidth=1.2, color="tab:red")
+    lag.plot(*lines["lag"], linewidth=1.2, color="tab:red")
     lag.set_title("Consumer lag (records in Kafka not yet trained)", loc="left")
     lag.set_ylim(bottom=0)
 
     for ax in (thr, lag):  # 1.07M on the tick itself, not "1e6" above the axis
         ax.yaxis.set_major_formatter(FuncFormatter(count_label))
     for ax in axes.flat:
-        ax.set_xlabel("seconds of streaming")
+        _mark(ax, tl)
+        ax.xaxis.set_major_formatter(FuncFormatter(duration_label))
+        ax.set_xlabel("time since the run's first batch")
         ax.grid(alpha=0.3)
         if ax.get_legend_handles_labels()[0] and ax is acc:  # above the plot, right of its title: off the data
             ax.legend(fontsize=8, loc="lower right", bbox_to_anchor=(1.0, 1.0), ncol=2, frameon=False,
                       borderaxespad=0.2)
         elif ax.get_legend_handles_labels()[0]:  # the axis has a margin above the data for it
             ax.legend(fontsize=8, loc="upper right", ncol=2)
-        if not ax.lines:
+        if not len(t):
             ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes, color="#888888")
-    acc.set_xlabel("seconds of streaming\n" + "\n".join(measured), fontsize=8, color="#555555")
+    if tl.sessions or tl.idle:
+        measured.append(f"{len(tl.sessions) + 1} sessions (dashed: a resumed trainer's first batch); "
+                        "shaded: the stream idle; no line crosses a stop or an idle gap")
+    acc.set_xlabel("time since the run's first batch\n" + "\n".join(measured), fontsize=8, color="#555555")
     fig.savefig(out, dpi=90)
     plt.close(fig)
-    return {"prequential": len(pre), "held-out": len(held), "throughput": len(t), "staleness": len(p50),
-            "lag": len(t)}
+    return {"prequential": sum(v is not None for v in pre), "held-out": len(scored), "throughput": len(t),
+            "staleness": sum(v is not None for v in p50), "lag": len(t), "sessions": len(tl.sessions) + bool(len(t)),
+            "idle": tl.idle, "span_s": float(t[-1]) if len(t) else 0.0, "lines": lines}
+
+
+def _mark(ax: Any, tl: Timeline) -> None:
+    """A resumed session's start (a dashed line) and the stream's idle gaps (shaded)."""
+    for i, x in enumerate(tl.sessions):
+        ax.axvline(x, color="#555555", linestyle="--", linewidth=0.9)
+        ax.text(x, 1.0, f" session {i + 2}", transform=ax.get_xaxis_transform(), fontsize=7, color="#555555",
+                va="top")
+    for left, right in tl.idle:
+        ax.axvspan(left, right, color="#cccccc", alpha=0.4, linewidth=0)

@@ -27,7 +27,8 @@ client holds a socket, never a thread. The limits:
   refusal by reason, those aiohttp's parser makes included.
 
 Every prediction answers with ``X-Model-Version`` and ``X-Weights-Age-Seconds``, the age
-when the answer leaves, never above ``max_age_s`` (over it: a 503). With a token, the
+when the answer leaves, never above ``max_age_s`` (over it: a 503) but for the checkpoint a
+restarted run serves while it starts (no newer weights exist yet). With a token, the
 model routes want ``Authorization: Bearer <token>``.
 """
 
@@ -288,7 +289,7 @@ class ModelServer:
             return _answer(500, _error(f"The prediction failed ({type(e).__name__}); see the server's log."))
         # The age when the answer leaves, checked against the bound as it is reported.
         age, bound = snap.age_s(), self.predictor.max_age_s
-        if bound is not None and age > bound:
+        if bound is not None and snap.bounded and age > bound:
             return _answer(503, _error(f"The weights are {age:.3f} s old, over the bound of {bound:g} s."),
                            {"Retry-After": "1"})
         self.meters.instances.labels(self.name).observe(n)

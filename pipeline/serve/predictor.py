@@ -121,7 +121,7 @@ class Predictor:
             raise Unavailable("No weights to serve yet: the first read of the parameter server or checkpoint "
                               "has not finished.")
         age = snap.age_s()
-        if self.max_age_s is not None and age > self.max_age_s:
+        if self.max_age_s is not None and snap.bounded and age > self.max_age_s:
             raise Unavailable(f"The newest weights are {age:.1f} s old, over the bound of {self.max_age_s:g} s: "
                               "the parameter server is not answering (see the server's log).")
         return snap

@@ -108,23 +108,29 @@ def serve_live(job: dict[str, Any], answer: Any, stop: threading.Event) -> None:
     Args:
         job: ``spec`` (JSON), ``schema`` and ``name`` (see :func:`predictor.description`),
             ``address``, ``secret``, ``size``, ``host``, ``port``, ``token``, ``max_age_s``
-            and ``refresh_s``.
+            and ``refresh_s``. A restarted run's has ``run_dir`` instead of the model and
+            the server: the child serves that run's checkpoint (its recorded model) until
+            the parent sends the server's ``address``, ``secret``, ``size`` and ``shards``
+            (:meth:`ServingProcess.follow`).
         answer: sends :class:`Listening` once the server listens.
         stop: set by the run's SIGTERM.
     """
     from pipeline.serve.http import ModelServer
-    from pipeline.serve.predictor import Predictor, schema_from_dict
-    from pipeline.serve.weights import LiveWeights
+    from pipeline.serve.predictor import Predictor, read_description, schema_from_dict
+    from pipeline.serve.weights import RunWeights
     from pipeline.train.model import ModelSpec
 
-    source = LiveWeights(job["address"], secret=job["secret"], size=job["size"], interval_s=job["refresh_s"],
-                         shards=[tuple(s) for s in job.get("shards", ())])
+    source: Any
+    if "run_dir" in job:
+        _, spec, schema = read_description(Path(job["run_dir"]))
+        source = RunWeights(job["run_dir"], interval_s=job["refresh_s"])
+    else:
+        spec, schema = ModelSpec.from_json(job["spec"]), schema_from_dict(job["schema"])
+        source = _live(job, job["refresh_s"])
     try:
-        schema = schema_from_dict(job["schema"])
         source.start()
         # One TensorFlow thread: the cores belong to the training it runs beside.
-        predictor = Predictor(ModelSpec.from_json(job["spec"]), schema, source, max_age_s=job["max_age_s"],
-                              threads=1)
+        predictor = Predictor(spec, schema, source, max_age_s=job["max_age_s"], threads=1)
         server = ModelServer(predictor, name=job["name"], host=job["host"], port=job["port"],
                              token=job["token"], allowed_hosts=tuple(job.get("hosts", ()))).start()
     except Exception:  # the child's entry point answers the error
@@ -133,10 +139,40 @@ def serve_live(job: dict[str, Any], answer: Any, stop: threading.Event) -> None:
     log.info("serving %s at %s:predict", job["name"], server.url)
     answer(Listening(server.port, server.url))
     try:
+        if isinstance(source, RunWeights):
+            _follow_when_told(source, stop, job["refresh_s"])
         processes.wait(stop)
     finally:
         server.stop()
         source.close()
+
+
+def _live(job: dict[str, Any], refresh_s: float) -> Any:
+    """The live center of the parameter server ``job`` names."""
+    from pipeline.serve.weights import LiveWeights
+
+    return LiveWeights(job["address"], secret=job["secret"], size=job["size"], interval_s=refresh_s,
+                       shards=[tuple(s) for s in job.get("shards", ())])
+
+
+def _follow_when_told(source: Any, stop: threading.Event, refresh_s: float) -> None:
+    """Serve the checkpoint until the parent sends its parameter server (or ``stop``)."""
+    while not stop.is_set():
+        try:
+            server = processes.from_parent(0.2)
+        except EOFError:  # the parent is gone; its death ends this child
+            return
+        if server is not None:
+            log.info("following the parameter server at %s", server["address"])
+            source.follow(_live(server, refresh_s))
+            return
+
+
+def _server_job(server: Any, size: int) -> dict[str, Any]:
+    """How a model server reaches a run's parameter ``server`` (sent through the spawn pipe,
+    never a command line or the environment: it holds the secret)."""
+    return {"address": f"{server.host}:{server.port}", "secret": server.secret, "size": size,
+            "shards": list(getattr(server, "shards", ()))}
 
 
 class ServingProcess:
@@ -154,11 +190,23 @@ class ServingProcess:
         listening on ``host:port`` (see :func:`host_and_token`)."""
         from pipeline.serve.predictor import schema_dict
 
-        return cls({"name": name, "spec": spec.to_json(), "schema": schema_dict(schema),
-                    "address": f"{server.host}:{server.port}", "secret": server.secret, "size": spec.size,
-                    "shards": list(getattr(server, "shards", ())),
+        return cls({"name": name, "spec": spec.to_json(), "schema": schema_dict(schema), **_server_job(server, spec.size),
                     "host": host, "port": port, "token": token, "max_age_s": max_age_s, "hosts": list(hosts),
                     "refresh_s": min(0.2, max_age_s / 4)}, log_path)
+
+    @classmethod
+    def for_restart(cls, *, run_dir: Path, name: str, host: str, port: int, token: str | None, max_age_s: float,
+                    log_path: Path, hosts: tuple[str, ...] = ()) -> ServingProcess:
+        """The server for a run restarted from ``run_dir``: it answers from the checkpoint
+        (the model the folder records) before Spark and the workers are up, and follows the
+        parameter server once :meth:`follow` hands it over."""
+        return cls({"run_dir": str(run_dir), "name": name, "host": host, "port": port, "token": token,
+                    "max_age_s": max_age_s, "hosts": list(hosts), "refresh_s": min(0.2, max_age_s / 4)}, log_path)
+
+    def follow(self, server: Any, size: int) -> ServingProcess:
+        """A restarted run's parameter ``server`` (of ``size`` weights) is up: serve its live center."""
+        self._child.send(_server_job(server, size))
+        return self
 
     def __init__(self, job: dict[str, Any], log_path: Path) -> None:
         self.job, self.log_path = job, log_path

@@ -27,11 +27,14 @@ log = logging.getLogger(__name__)
 @dataclasses.dataclass(frozen=True)
 class Snapshot:
     """Center weights, their version (the parameter server's clock) and when they were
-    the center's (wall-clock seconds)."""
+    the center's (wall-clock seconds). ``bounded``: whether a server's bound on the age
+    (``--serve-max-age``) applies; not to the checkpoint a starting run serves, the newest
+    weights there are until its parameter server is up."""
 
     weights: np.ndarray
     version: int
     as_of: float
+    bounded: bool = True
 
     def age_s(self, now: float | None = None) -> float:
         """Seconds since these weights were the center's.
@@ -140,3 +143,29 @@ class CheckpointWeights(_Refresher):
             return None
         self._seen = stamp
         return Snapshot(np.asarray(state.weights, np.float32), int(state.clock), stat.st_mtime)
+
+
+class RunWeights(_Refresher):
+    """A starting run's weights: its checkpoint while the run starts (nothing newer exists:
+    the age bound does not apply), then, from :meth:`follow` on, its parameter server's live
+    center. A restarted run serves at once, not once Spark and its workers are up."""
+
+    def __init__(self, run_dir: str | os.PathLike[str], *, interval_s: float = 0.2) -> None:
+        super().__init__(interval_s)
+        self._checkpoint = CheckpointWeights(run_dir)
+        self._live: LiveWeights | None = None
+
+    def follow(self, live: LiveWeights) -> None:
+        """Serve ``live`` from its first read on (until then, the checkpoint's weights)."""
+        self._live = live
+
+    def _refresh(self) -> Snapshot | None:
+        if self._live is not None:
+            return self._live._refresh()
+        snap = self._checkpoint._refresh()
+        return None if snap is None else dataclasses.replace(snap, bounded=False)
+
+    def close(self) -> None:
+        super().close()
+        if self._live is not None:
+            self._live.close()

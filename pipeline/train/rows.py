@@ -4,6 +4,7 @@ report, ``batches.jsonl``, the metrics and the plots read them."""
 from __future__ import annotations
 
 import dataclasses
+import time
 from typing import Any
 
 import numpy as np
@@ -68,6 +69,9 @@ class BatchRow:
         read_decode_s, task_s: the tasks' seconds reading and decoding their ranges, and
             training them (compute, exchange and the rest: see :mod:`pipeline.train.breakdown`).
         commit_s: the driver's seconds checking and saving the batch after its tasks.
+        freshness_s: now minus the records' event time when trained (median; None: unknown).
+        at: Unix time when the batch's tasks were done (``t`` restarts with each session; this
+            places a row of any session on one clock, for the report and a resumed run's figures).
         tasks: a row per task (one offset range), checked against the parameter server.
     """
 
@@ -95,6 +99,8 @@ class BatchRow:
     read_decode_s: float = 0.0
     task_s: float = 0.0
     commit_s: float = 0.0
+    freshness_s: float | None = None
+    at: float = 0.0
 
     @classmethod
     def from_batch(cls, info: BatchFigures, *, t: float, clock: int) -> BatchRow:
@@ -110,7 +116,7 @@ class BatchRow:
             staleness_p99=float(np.percentile(staleness, 99)) if staleness else None,
             clock=clock, compute_s=sum(r.compute_s for r in results), exchange_s=sum(r.exchange_s for r in results),
             aborted=info.aborted, poison=list(info.poison), read_decode_s=round(info.decode_s, 3),
-            task_s=round(info.handler_s, 3),
+            task_s=round(info.handler_s, 3), freshness_s=info.freshness_s, at=round(time.time(), 3),
         )
         if preq_n:
             row.prequential_accuracy = sum(r.preq_acc * r.preq_n for r in scored) / preq_n
@@ -120,7 +126,7 @@ class BatchRow:
     def to_dict(self) -> dict[str, Any]:
         """The row as ``report.json`` has it (scores that were not measured are left out)."""
         d = dataclasses.asdict(self)
-        for key in ("prequential_accuracy", "prequential_loss", "heldout"):
+        for key in ("prequential_accuracy", "prequential_loss", "heldout", "freshness_s"):
             if d[key] is None:
                 del d[key]
         if not d["poison"]:

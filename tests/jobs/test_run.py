@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -45,8 +47,10 @@ def test_a_driver_killed_at_each_boundary_of_a_batch_resumes_every_record_once(b
     each followed by --resume (one run killed three times, so that the replays chain):
     every record is trained exactly once (the ledger chains with no gap and no overlap, and
     sums to what was produced), and only after "saved" is the replayed batch skipped, once
-    its ranges match the checkpoint's. Then a Spark checkpoint reset beside the state is
-    refused with one line instead of skipping batches it never ran."""
+    its ranges match the checkpoint's; each resumed run's first line says which batch Spark
+    starts with and why, and removes the temporary files the kill left. Then a Spark
+    checkpoint reset beside the state is refused with one line instead of skipping batches it
+    never ran."""
     produced = Replay(datasets.get("higgs", data_dir=data_dir), bootstrap=broker.bootstrap, topic=topic,
                       partitions=2).run().records_sent
     out = tmp_path / "run"
@@ -56,10 +60,21 @@ def test_a_driver_killed_at_each_boundary_of_a_batch_resumes_every_record_once(b
     folder = ["--out", str(out)]  # the first run's; each resumed run names it with --resume
     previous_skip = None  # the batch the run before was killed after saving, if any
     killed_at = None
+    # The runs' temp folder: each killed run leaves its files there; the next start removes them.
+    temp = Path(tempfile.mkdtemp(prefix="st-kill-"))
+    said = ""  # what Spark starts with, as the next run should say it
     for point, batch, saved in BOUNDARIES:
-        killed = _cli("run", *common, *folder, env={"STREAMTRAIN_FAULT": f"{point}:{batch}"})
+        killed = _cli("run", *common, *folder, env={"STREAMTRAIN_FAULT": f"{point}:{batch}", "TMPDIR": str(temp)})
         assert killed.returncode == -signal.SIGKILL, (point, killed.stderr[-3000:])
         assert f"fault injection: killed at {point}:{batch}" in killed.stdout
+        assert said in killed.stdout, (said, killed.stdout[:600])
+        assert len(list(temp.glob("streamtrain-*/run-*"))) == 1  # its own, left by the kill; the one before is gone
+        # Killed inside a batch, Spark runs it with the offsets it planned; after its save, Spark
+        # replays it and the checkpoint skips it; after Spark's commit (the next batch planned,
+        # not begun), Spark runs the next.
+        said = {"batch": f"Spark runs batch {batch} with the offsets it had planned before the stop",
+                "saved": f"Spark replays batch {batch}, which it had not committed: the checkpoint holds it, so it is "
+                         "skipped", "committed": f"Spark runs batch {batch + 1} with the offsets it had planned before the stop"}[point]
         skipped = re.findall(r"batch (\d+) was applied before a restart: skipped", killed.stderr)
         assert skipped == ([] if previous_skip is None else [str(previous_skip)]), (point, skipped)
         previous_skip = batch if point == "saved" else None
@@ -71,8 +86,11 @@ def test_a_driver_killed_at_each_boundary_of_a_batch_resumes_every_record_once(b
         folder = ["--resume", str(out)]
     assert killed_at is not None
 
-    done = _cli("run", *common, *folder, "--timeout", "25")
+    done = _cli("run", *common, *folder, "--timeout", "25", env={"TMPDIR": str(temp)})
     assert done.returncode == 0, done.stderr[-3000:]
+    assert said in done.stdout, (said, done.stdout[:600])
+    assert [p.name for p in temp.rglob("*")] == [f"streamtrain-{os.getuid()}"]  # all gone
+    shutil.rmtree(temp)
     assert "was applied before a restart: skipped" not in done.stderr  # committed: Spark moved on
     final = checkpoint.load(out)
     assert final is not None
@@ -87,8 +105,6 @@ def test_a_driver_killed_at_each_boundary_of_a_batch_resumes_every_record_once(b
     assert report["trained_this_session"] == produced - killed_at.extra["trained"]
     # The default HIGGS model, as the workers saved it at the end.
     assert keras_model_params(out / "model.keras") == 28 * 300 + 300 + 2 * (300 * 300 + 300) + 300 * 2 + 2
-
-    import shutil
 
     shutil.rmtree(out / "spark-checkpoint")  # Spark would start over at batch 0
     again = _cli("run", *common, *folder, "--timeout", "25")

@@ -72,7 +72,7 @@ def test_dashboard_answers_the_three_questions_with_one_datasource() -> None:
     board = dashboard.build()
     rows = [p["title"] for p in board["panels"] if p["type"] == "row"]
     assert rows == ["At a glance", "Is data flowing?", "Is training healthy?", "Serving",
-                    "What was rejected, and why?"]
+                    "What was rejected, and why?", "Predict stream (streamtrain predict)"]
     panels = dashboard.panels(board)
     assert {p["datasource"]["uid"] for p in panels} == {dashboard.DATASOURCE_UID}
     assert len({p["id"] for p in board["panels"]}) == len(board["panels"])
@@ -84,6 +84,31 @@ def test_dashboard_answers_the_three_questions_with_one_datasource() -> None:
         mine = {(x, y) for x in range(g["x"], g["x"] + g["w"]) for y in range(g["y"], g["y"] + g["h"])}
         assert not cells & mine, p["title"]
         cells |= mine
+
+
+#: Which `streamtrain` command feeds each family of metrics.
+_FED_BY = {"producer": "produce", "stream": "run", "train": "run", "ps": "run", "eval": "run", "worker": "run",
+           "run": "run", "serve": "--serve-port", "predictions": "predict"}
+
+
+def test_an_open_row_shows_only_what_the_compose_stack_feeds() -> None:
+    """Proves: every panel Grafana shows open in the compose stack has a service feeding it;
+    the predict stream's (`streamtrain predict`, which the stack does not run) sits in a
+    collapsed row, instead of an open panel that stays empty."""
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    commands = " ".join(" ".join(map(str, s.get("command", []))) for s in compose["services"].values())
+    board = dashboard.build()
+    open_panels = [p for p in board["panels"] if p["type"] != "row"]  # a collapsed row nests its own
+    assert open_panels
+    unfed = set()
+    for p in open_panels:
+        for t in p["targets"]:
+            for family in re.findall(r"\bstreamtrain_([a-z]+)_", t["expr"]):
+                if _FED_BY[family] not in commands.split():
+                    unfed.add(p["title"])
+    assert not unfed, unfed
+    collapsed = [p for p in board["panels"] if p["type"] == "row" and p.get("collapsed")]
+    assert [q["title"] for r in collapsed for q in r["panels"]] == ["Predictions written per second (predict stream)"]
 
 
 def test_grafana_provisioning_names_the_dashboards_datasource() -> None:

@@ -183,6 +183,11 @@ def test_prometheus_figures_agree_with_the_run(scraped: dict[str, Any]) -> None:
         quantile = f"histogram_quantile({q}, sum by (le) (streamtrain_ps_staleness_updates_bucket))"
         assert last(quantile) == pytest.approx(expected, abs=0.01), (q, zeros, observed)
     assert last('sum(streamtrain_ps_request_duration_seconds_count{op="push_pull"})') > 0
+    # Every prediction asked for 2 instances: the quantiles read 2, not 1.5 between buckets 1 and 2.
+    assert last("sum(streamtrain_serve_instances_count)") > 0
+    for q in (0.5, 0.99):
+        quantile = f"histogram_quantile({q}, sum by (le) (streamtrain_serve_instances_bucket))"
+        assert last(quantile) == pytest.approx(2.0, abs=0.01), q
 
 
 def test_exposition_passes_promtool_check_metrics(scraped: dict[str, Any], promtool: str) -> None:
@@ -206,8 +211,10 @@ def test_render_draws_every_panel_with_data(scraped: dict[str, Any], tmp_path: P
 
     out = tmp_path / "panels.png"
     since = time.time() - scraped["start"] + 5
-    found = render.render(dashboard.load(), scraped["prom"].url, out, since_s=since, scrape_s=1)
-    assert len(found) == len(dashboard.panels(dashboard.load()))
+    board = dashboard.load()
+    found = render.render(board, scraped["prom"].url, out, since_s=since, scrape_s=1)
+    # Every panel Grafana shows open (a collapsed row keeps its own inside it, closed).
+    assert len(found) == len([p for p in board["panels"] if p.get("targets")]) == len(dashboard.panels(board)) - 1
     assert all(n for t, n in found.items() if t not in FED_ELSEWHERE), {t: n for t, n in found.items() if not n}
     height, width, _ = matplotlib.image.imread(out).shape
     assert width > 1500 and height > 1000

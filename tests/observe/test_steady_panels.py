@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import time
+import urllib.parse
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ import numpy as np
 import pytest
 
 from pipeline.ingest.microbatch import BatchFigures
+from pipeline.jobs.report import BATCHES_FILE, History
 from pipeline.jobs.run_metrics import RunMetrics
 from pipeline.observe import dashboard, metrics
 from pipeline.train import checkpoint
@@ -29,8 +31,9 @@ STEPPED = ("Trained records/s", "Records per second: produced, ingested, trained
            "Parameter-server updates per second", "Busy workers: compute vs exchange")
 
 
-def _feed(run: RunMetrics, first: int, n: int, *, clock: int, batch_s: Any) -> int:
-    """``n`` batches from ``first``, one every PERIOD seconds; return the clock after them."""
+def _feed(run: RunMetrics, first: int, n: int, *, clock: int, batch_s: Any, history: History | None = None) -> int:
+    """``n`` batches from ``first``, one every PERIOD seconds, every fifth scored on the
+    held-out split; return the clock after them. ``history`` keeps their rows."""
     next_at = time.monotonic()
     for i in range(first, first + n):
         next_at += PERIOD
@@ -38,8 +41,13 @@ def _feed(run: RunMetrics, first: int, n: int, *, clock: int, batch_s: Any) -> i
         clock += 10
         info = BatchFigures(batch_id=i, ranges=[], rows=BATCH, accepted=BATCH, batch_s=batch_s(i),
                             lag={(TOPIC, 0): 500}, freshness_s=3.0)
-        row = BatchRow(batch_id=i, t=0.0, rows=BATCH, trained=BATCH, rejected={}, batch_s=batch_s(i), lag=500,
-                       staleness_p50=None, staleness_p99=None, clock=clock, compute_s=1.6, exchange_s=0.4)
+        row = BatchRow(batch_id=i, t=float(i), rows=BATCH, trained=BATCH, rejected={}, batch_s=batch_s(i), lag=500,
+                       staleness_p50=None, staleness_p99=None, clock=clock, compute_s=1.6, exchange_s=0.4,
+                       prequential_accuracy=0.5 + i / 1000, prequential_loss=1.0 - i / 1000, at=time.time(),
+                       freshness_s=3.0 + i,
+                       heldout={"accuracy": 0.6 + i / 1000} if i % 5 == 4 else None)
+        if history is not None:
+            history.add(row, ended_at=time.monotonic())
         run.on_batch(info, row)
     return clock
 
@@ -50,15 +58,23 @@ def _series(prom: str, expr: str, start: float, end: float) -> list[list[float]]
 
 def test_rate_panels_read_steady_and_counters_go_on_across_a_resume(prometheus: Any, tmp_path: Path) -> None:
     port = free_port()
-    prom = prometheus({"streamtrain": [f"127.0.0.1:{port}"]}).url
+    server_prom = prometheus({"streamtrain": [f"127.0.0.1:{port}"]})
+    prom = server_prom.url
     board = dashboard.build()
     panels = {p["title"]: p for p in dashboard.panels(board)}
     window = max(dashboard.rate_window(panels[t], SCRAPE_S) for t in STEPPED)
     first = RunMetrics(dataset="mnist", algorithm="sync", topic=TOPIC, workers=2)
     server = metrics.serve(first.meters.registry, port=port)
+    # Prometheus scrapes a new target a few seconds after its start: from then on it sees the
+    # counters from 0, so that increase() over the test can be held to everything trained.
+    deadline = time.monotonic() + 30
+    while not [v for s in _series(prom, 'up{job="streamtrain"} == 1', time.time() - 1, time.time()) for v in s]:
+        assert time.monotonic() < deadline, "Prometheus never scraped the trainer"
+        time.sleep(0.2)
     began = time.time()
     n = int((window + 25) / PERIOD)  # a full window, then 25 s of steady readings
-    clock = _feed(first, 0, n, clock=0, batch_s=lambda i: (8.0, 17.0)[i % 2])
+    history = History(path=tmp_path / BATCHES_FILE)  # the rows a run appends, as a resume reads them
+    clock = _feed(first, 0, n, clock=0, batch_s=lambda i: (8.0, 17.0)[i % 2], history=history)
     steady = (began + window + 3, time.time() - 1)
     server.await_scrape()
     server.stop()
@@ -84,9 +100,12 @@ def test_rate_panels_read_steady_and_counters_go_on_across_a_resume(prometheus: 
                                                                                                             tops)
 
     # The trainer stops and resumes from its checkpoint: its counters go on from the
-    # checkpoint's totals, and "Since last batch" reads the checkpoint's age at once.
+    # checkpoint's totals from its first scrape (the run restores them before /metrics
+    # serves), "Since last batch" reads the checkpoint's age at once, and so do the last
+    # scores: held-out (with the time it was measured), prequential, the last batch's duration.
     checkpoint.save(tmp_path, checkpoint.State(weights=np.zeros(3, np.float32), clock=clock, last_batch_id=n - 1,
                                                extra={"trained": n * BATCH}))
+    scored = [r for r in history.rows if r.heldout][-1]
     stopped = time.time()
     second = RunMetrics(dataset="mnist", algorithm="sync", topic=TOPIC, workers=2)
     second.restore(checkpoint.load(tmp_path), tmp_path)  # type: ignore[arg-type]
@@ -108,8 +127,35 @@ def test_rate_panels_read_steady_and_counters_go_on_across_a_resume(prometheus: 
         (values,) = _series(prom, counter, began, end)
         assert all(b >= a for a, b in zip(values, values[1:], strict=False)), (counter, values)
         assert values[-1] == total, (counter, values[-1])
+    # The first scrape after the restart, as Prometheus stored it: the checkpoint's totals and last scores.
+    # Read half a scrape after it: at its own millisecond a query may round to the sample before.
+    first_scrape = _first_sample_after(prom, stopped) + SCRAPE_S / 2
+    restarted = {expr: _series(prom, expr, first_scrape, first_scrape)[0][0] for expr in (
+        "sum(streamtrain_train_records_total)", "sum(streamtrain_stream_batches_total)",
+        "streamtrain_eval_heldout_accuracy", "streamtrain_eval_heldout_timestamp_seconds",
+        "streamtrain_train_prequential_accuracy", "streamtrain_stream_last_batch_duration_seconds",
+        "streamtrain_train_freshness_seconds")}
+    assert restarted == {"sum(streamtrain_train_records_total)": n * BATCH,
+                         "sum(streamtrain_stream_batches_total)": n,
+                         "streamtrain_eval_heldout_accuracy": pytest.approx(scored.heldout["accuracy"]),  # type: ignore[index]
+                         "streamtrain_eval_heldout_timestamp_seconds": pytest.approx(scored.at, abs=0.01),
+                         "streamtrain_train_prequential_accuracy": pytest.approx(0.5 + (n - 1) / 1000),
+                         "streamtrain_stream_last_batch_duration_seconds": (8.0, 17.0)[(n - 1) % 2],
+                         "streamtrain_train_freshness_seconds": 3.0 + n - 1}, restarted
+    # increase() over the whole test, across the restart, is what was trained: nothing counted twice.
+    whole = f"{round(end - began) + 5}s"
+    (increase,) = _series(prom, f"sum(increase(streamtrain_train_records_total[{whole}]))", end, end)
+    query = urllib.parse.urlencode({"query": f"streamtrain_train_records_total[{whole}]", "time": end})
+    samples = [float(v) for r in server_prom.api(f"query?{query}")["result"] for _, v in r["values"]]
+    assert increase[0] == pytest.approx((n + 3) * BATCH, rel=0.01), (increase, samples)
     since = "time() - max(streamtrain_train_last_batch_timestamp_seconds) >= 0"
     (ages,) = _series(prom, since, stopped + 2, end)
     assert len(ages) >= end - stopped - 4 and all(0 <= a < 30 for a in ages), ages
     # A 431 s batch reads as one, not as the old top bucket's 64 s.
     assert _series(prom, p99, end - 2, end)[0][-1] > 300
+
+
+def _first_sample_after(prom: str, since: float) -> float:
+    """When Prometheus first scraped the trainer after ``since`` (Unix seconds)."""
+    (series,) = dashboard.query_range(prom, 'timestamp(up{job="streamtrain"} == 1)', since, time.time(), SCRAPE_S / 4)
+    return min(float(v) for _, v in series["values"] if float(v) > since)
