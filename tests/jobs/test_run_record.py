@@ -21,6 +21,7 @@ from pipeline.jobs import run_record
 from pipeline.jobs.run_config import RunConfig
 from pipeline.train import checkpoint
 from pipeline.train.model import ModelSpec
+from tests.cli import exit_code
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -61,16 +62,6 @@ def started(monkeypatch: pytest.MonkeyPatch) -> list[RunConfig]:
     return runs
 
 
-def _main(*args: str) -> int:
-    from pipeline.cli import main
-
-    try:
-        main(list(args))
-    except SystemExit as e:
-        return int(e.code or 0)
-    return 0
-
-
 @pytest.mark.parametrize("dataset", ["mnist", "higgs"])
 def test_resume_alone_continues_the_recorded_run(dataset: str, tmp_path: Path, started: list[RunConfig]) -> None:
     """Proves: `--resume DIR` alone takes every option from the record (the issue's HIGGS run
@@ -78,7 +69,7 @@ def test_resume_alone_continues_the_recorded_run(dataset: str, tmp_path: Path, s
     folder = _recorded(tmp_path / "run", dataset=dataset, algorithm="adag", workers=3, batch_size=64, epochs=2,
                        bootstrap="127.0.0.1:19092", seed=7, rate=500.0, until_accuracy=0.9, max_batches=1,
                        timeout_s=5.0)
-    assert _main("run", "--resume", str(folder)) == 0
+    assert exit_code("run", "--resume", str(folder)) == 0
     cfg, = started
     assert (cfg.dataset, cfg.algorithm, cfg.workers, cfg.batch_size, cfg.epochs, cfg.bootstrap, cfg.seed) == \
         (dataset, "adag", 3, 64, 2, "127.0.0.1:19092", 7)
@@ -89,7 +80,7 @@ def test_resume_alone_continues_the_recorded_run(dataset: str, tmp_path: Path, s
 
 def test_options_that_agree_or_may_change_apply(tmp_path: Path, started: list[RunConfig]) -> None:
     folder = _recorded(tmp_path / "run", dataset="higgs", epochs=2, bootstrap="127.0.0.1:19092", rate=500.0)
-    assert _main("run", "--resume", str(folder), "--dataset", "higgs", "--bootstrap", "127.0.0.1:19092",
+    assert exit_code("run", "--resume", str(folder), "--dataset", "higgs", "--bootstrap", "127.0.0.1:19092",
                  "--epochs", "3", "--rate", "100", "--timeout", "30") == 0
     cfg, = started
     assert (cfg.dataset, cfg.epochs, cfg.rate, cfg.timeout_s) == ("higgs", 3, 100.0, 30.0)
@@ -100,11 +91,11 @@ def test_resume_if_exists_with_the_same_command_line_continues(tmp_path: Path, s
     line = ["run", "--dataset", "mnist", "--bootstrap", "kafka:9092", "--topic", "streamtrain-mnist", "--workers", "2",
             "--metrics-port", "9108", "--out", str(tmp_path / "run"), "--resume-if-exists", "--serve-port", "8501",
             "--model", "tests/jobs/user_model.py:build"]
-    assert _main(*line) == 0
+    assert exit_code(*line) == 0
     first, = started
     assert not first.resume
     _recorded(tmp_path / "run", **{k: v for k, v in dataclasses.asdict(first).items() if k not in ("out", "resume")})
-    assert _main(*line) == 0
+    assert exit_code(*line) == 0
     assert started[1].resume and started[1].serve_port == 8501 and started[1].topic == "streamtrain-mnist"
 
 
@@ -139,7 +130,7 @@ def test_a_folder_without_a_record_resumes_with_the_options_given(tmp_path: Path
                                                                    caplog: pytest.LogCaptureFixture) -> None:
     folder = tmp_path / "old"
     checkpoint.save(folder, checkpoint.State(np.zeros(10, np.float32)))
-    assert _main("run", "--resume", str(folder), "--dataset", "higgs", "--bootstrap", "127.0.0.1:19092") == 0
+    assert exit_code("run", "--resume", str(folder), "--dataset", "higgs", "--bootstrap", "127.0.0.1:19092") == 0
     assert started[0].dataset == "higgs"
     assert [r.message for r in caplog.records if "has no run.json" in r.message], caplog.text
 
@@ -159,7 +150,7 @@ def test_a_folder_older_than_records_resumes_the_dataset_its_model_json_names(tm
     from pipeline.serve.predictor import schema_dict
 
     folder = _older_run(tmp_path / "old", schema_dict(codec.HIGGS))
-    assert _main("run", "--resume", str(folder), "--bootstrap", "127.0.0.1:19092") == 0
+    assert exit_code("run", "--resume", str(folder), "--bootstrap", "127.0.0.1:19092") == 0
     assert started[-1].dataset == "higgs" and started[-1].resume
     with pytest.raises(ConfigError, match="trained higgs .*given --dataset mnist: drop --dataset"):
         run_record.resume_options(folder, {"dataset": "mnist"}, {"dataset"})

@@ -18,6 +18,7 @@ from pipeline.table.registry import Registry, client
 from pipeline.table.writers import encode_values
 from producers import datasets
 from producers.datasets.table import SAMPLES, held_out, sample_columns
+from tests.cli import exit_code
 
 PENGUINS = SAMPLES / "penguins" / "penguins.csv"
 
@@ -150,16 +151,6 @@ def test_serving_transforms_raw_instances_as_training_did(penguins: TableSchema)
         instances.parse(b'{"instances": [[1, 2, 3]]}', schema, max_instances=8)
 
 
-def _main(*args: str) -> int:
-    from pipeline.cli import main
-
-    try:
-        main(list(args))
-    except SystemExit as e:
-        return int(e.code or 0)
-    return 0
-
-
 def _dirty_csv(path: Path, bad_share: float = 0.4) -> Path:
     """Penguins with a share of garbage rows (every field a word) among the real ones."""
     lines = PENGUINS.read_text().splitlines()
@@ -177,11 +168,11 @@ def test_schema_infer_names_numbers_taken_as_categories_and_offers_the_numeric_r
     vocabulary holding "abc", with no word; now each such column is named with examples,
     and --numeric reads it as numbers (the garbage then rejected by name)."""
     dirty = _dirty_csv(tmp_path / "dirty.csv")
-    assert _main("schema", "infer", str(dirty), "--label", "species", "-o", str(tmp_path / "s.json")) == 0
+    assert exit_code("schema", "infer", str(dirty), "--label", "species", "-o", str(tmp_path / "s.json")) == 0
     err = capsys.readouterr().err
     assert "note: column 'bill_length_mm' taken as categorical: " in err and "(e.g. 'abc')" in err, err
     assert "add --numeric bill_length_mm" in err
-    assert _main("schema", "infer", str(dirty), "--label", "species", "--numeric", "bill_length_mm",
+    assert exit_code("schema", "infer", str(dirty), "--label", "species", "--numeric", "bill_length_mm",
                  "--numeric", "body_mass_g", "-o", str(tmp_path / "n.json")) == 0
     kinds = {f.name: f.kind for f in TableSchema.load(tmp_path / "n.json").features}
     assert kinds["bill_length_mm"] == kinds["body_mass_g"] == "numeric" and kinds["bill_depth_mm"] == "categorical"
@@ -211,7 +202,7 @@ def test_an_empty_file_is_refused_before_anything_starts(tmp_path: Path, penguin
     left .lock, run.json and spark-checkpoint/ behind; now one line, exit 2, no folder."""
     (tmp_path / "s.json").write_text(penguins.to_json())
     (tmp_path / "empty.csv").write_text(PENGUINS.read_text().splitlines()[0] + "\n")
-    assert _main("run", "--data", str(tmp_path / "empty.csv"), "--schema", str(tmp_path / "s.json"),
+    assert exit_code("run", "--data", str(tmp_path / "empty.csv"), "--schema", str(tmp_path / "s.json"),
                  "--out", str(tmp_path / "run")) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "Expected rows in" in err[0] and "Received none" in err[0], err
@@ -272,7 +263,7 @@ def test_avro_files_read_alike_and_schema_infer_reads_them(tmp_path: Path, pengu
         fastavro.writer(f, fastavro.parse_schema(writer), [{k: r.get(k) for k in r} for r in rows])
     from_avro = datasets.Table(tmp_path / "p.avro", schema=penguins, holdout=0.0).load("train")
     assert np.allclose(from_avro.x, datasets.Table(PENGUINS, schema=penguins, holdout=0.0).load("train").x)
-    assert _main("schema", "infer", str(tmp_path / "p.avro"), "--label", "species", "-o", str(tmp_path / "s.json")) == 0
+    assert exit_code("schema", "infer", str(tmp_path / "p.avro"), "--label", "species", "-o", str(tmp_path / "s.json")) == 0
     inferred = TableSchema.load(tmp_path / "s.json")
     assert inferred.format == "avro" and inferred.avro is not None and inferred.avro["name"] == "Penguin"
     assert [f.kind for f in inferred.features] == [f.kind for f in penguins.features]
@@ -296,11 +287,11 @@ def test_schema_infer_reads_a_framed_avro_topic(broker, topic: str, tmp_path: Pa
     assert producer.flush(30) == 0
     del producer  # its connection closed before the session's broker stops
     (tmp_path / "w.avsc").write_text(json.dumps(avro_schema(penguins)))
-    assert _main("schema", "infer", "--topic", topic, "--bootstrap", broker.bootstrap, "--format", "avro",
+    assert exit_code("schema", "infer", "--topic", topic, "--bootstrap", broker.bootstrap, "--format", "avro",
                  "--label", "species") == 2
     assert "framing (schema id 42): pass --schema-registry URL, or the writer's schema as --avro-schema" in \
         capsys.readouterr().err
-    assert _main("schema", "infer", "--topic", topic, "--bootstrap", broker.bootstrap, "--format", "avro",
+    assert exit_code("schema", "infer", "--topic", topic, "--bootstrap", broker.bootstrap, "--format", "avro",
                  "--avro-schema", str(tmp_path / "w.avsc"), "--label", "species", "-o", str(tmp_path / "s.json")) == 0
     inferred = TableSchema.load(tmp_path / "s.json")
     assert (inferred.format, inferred.wire, inferred.schema_id) == ("avro", "confluent", 42)
@@ -317,7 +308,7 @@ def test_an_unreachable_registry_is_one_line_within_seconds(tmp_path: Path, caps
     (tmp_path / "s.json").write_text(json.dumps({"format": "avro", "features": [{"name": "x"}],
                                                  "label": {"name": "y", "classes": ["a", "b"]}}))
     started = time.monotonic()
-    assert _main("run", "--bootstrap", "127.0.0.1:9", "--topic", "t", "--schema", str(tmp_path / "s.json"),
+    assert exit_code("run", "--bootstrap", "127.0.0.1:9", "--topic", "t", "--schema", str(tmp_path / "s.json"),
                  "--schema-registry", f"http://127.0.0.1:{free_port()}", "--out", str(tmp_path / "run")) == 2
     assert time.monotonic() - started < 10
     err = capsys.readouterr().err.strip().splitlines()
