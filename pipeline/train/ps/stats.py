@@ -15,6 +15,7 @@ class Stats:
     op_seconds: dict[str, float] = dataclasses.field(default_factory=dict)
     staleness: dict[int, int] = dataclasses.field(default_factory=dict)
     shared: int = 0  # connections that attached shared memory
+    broken: int = 0  # authenticated workers' connections cut mid-frame
 
     def refuse(self, reason: str) -> None:
         self.refused[reason] = self.refused.get(reason, 0) + 1
@@ -31,5 +32,5 @@ class Stats:
     def as_dict(self) -> dict[str, Any]:
         """A JSON-able copy (what :meth:`ParameterServer.stats` reports)."""
         return {"ops": dict(self.ops), "op_seconds": dict(self.op_seconds), "refused": dict(self.refused),
-                "shared_memory": self.shared,
+                "shared_memory": self.shared, "broken_connections": self.broken,
                 "staleness": {str(k): v for k, v in sorted(self.staleness.items())}}

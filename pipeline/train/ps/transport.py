@@ -181,6 +181,14 @@ class Transport:
             with contextlib.suppress(OSError):
                 conn.sendall(p.pack(p.Header(status, 0, 0, self.server.clock, 0)))
 
+    def broken(self) -> None:
+        """An authenticated worker's connection broke mid-frame: its process or host died
+        (Spark runs its task again), not an outsider's junk, so it is no refusal."""
+        if self.stopping:
+            return
+        self.server.count_broken()
+        log.warning("a worker's connection broke mid-exchange (its process or host is gone)")
+
     def _handshake(self, conn: socket.socket) -> p.Session | None:
         """Both sides prove the secret; the connection's session, or None if the peer did not."""
         secret = self.server.secret
@@ -255,6 +263,10 @@ class _Connection:
     def serve(self) -> None:
         try:
             self._loop()
+        except TimeoutError:
+            raise  # idle: counted by the transport
+        except OSError:  # a reply into a connection its worker's death reset
+            self.transport.broken()
         finally:
             if self.shared is not None:
                 self.shared.close()
@@ -271,7 +283,7 @@ class _Connection:
             except p.Closed:
                 return  # between frames: a worker that is done
             except ConnectionError:
-                return refuse(conn, "truncated")
+                return self.transport.broken()
             started = time.perf_counter()
             try:
                 h = p.unpack(raw)
@@ -300,7 +312,7 @@ class _Connection:
                 if len(body):
                     p.recv_exact(conn, self.session.inlet(h.length, body, self.out_room.data.cast("B")))
             except ConnectionError:
-                return refuse(conn, "truncated")
+                return self.transport.broken()
             # Altered, replayed, reordered, or sealed for another connection: it does not open.
             if not self.session.open(h, body, self.out_room.data.cast("B")):
                 return refuse(conn, "auth", p.ERR_AUTH)
