@@ -24,7 +24,7 @@ from pipeline.errors import ConfigError
 from pipeline.train.ps import protocol as p
 from pipeline.train.ps.rounds import Rounds
 from pipeline.train.ps.rules import Rule, add_delta
-from pipeline.train.ps.stats import Stats
+from pipeline.train.ps.stats import Counts
 from pipeline.train.ps.tasks import TaskProgress
 from pipeline.train.ps.transport import Transport
 
@@ -100,16 +100,16 @@ class ParameterServer:
         self.rule = rule
         self.keep_pulled = keep_pulled
         self.clock = clock
-        self.on_request, self.on_refusal, self.max_norm = on_request, on_refusal, max_norm
-        self.on_event = on_event
+        self.max_norm = max_norm
         self.state = state
         self._lock = threading.Lock()
+        self.counts = Counts(self._lock, on_request=on_request, on_refusal=on_refusal, on_event=on_event)
+        self._stats = self.counts.stats
         self._rounds = (Rounds(self.size, workers=sync_workers, lock=self._lock, apply_mean=self._apply_round,
                                timeout_s=sync_timeout_s, straggler_wait=straggler_wait,
-                               on_short=lambda: self._event("short_round")) if sync_workers else None)
+                               on_short=lambda: self.counts.event("short_round")) if sync_workers else None)
         self._last_pulled: collections.OrderedDict[int, int] = collections.OrderedDict()
         self._pulled: dict[int, np.ndarray] = {}
-        self._stats = Stats()
         self._tasks = TaskProgress()
         self._transport = Transport(self, host=host, port=port, shared_memory=shared_memory)
 
@@ -242,13 +242,6 @@ class ParameterServer:
                          exchange=exchange, steps=steps)
         return reply, payload
 
-    def finished(self, op: str, seconds: float) -> None:
-        """A request was answered in ``seconds`` on the server."""
-        with self._lock:
-            self._stats.time_op(op, seconds)
-        if self.on_request is not None:
-            self.on_request(op, seconds)
-
     def disconnected(self, member: int) -> None:
         """A connection closed: it leaves the synchronous rounds."""
         with self._lock:
@@ -256,32 +249,7 @@ class ParameterServer:
             if self._rounds is not None:
                 self._rounds.leave(member)
 
-    def count_refusal(self, reason: str) -> None:
-        with self._lock:
-            self._stats.refuse(reason)
-        if self.on_refusal is not None:
-            self.on_refusal(reason)
-
-    def count_broken(self) -> None:
-        """An authenticated worker's connection broke mid-frame (its process killed, its
-        host gone): counted apart from refusals, which are outsiders' and broken clients'."""
-        with self._lock:
-            self._stats.broken += 1
-            self._event("broken")
-
-    def count_op(self, op: str) -> None:
-        with self._lock:
-            self._stats.count_op(op)
-
-    def count_shared(self) -> None:
-        with self._lock:
-            self._stats.shared += 1
-
     # --- under the lock ---
-
-    def _event(self, name: str) -> None:
-        if self.on_event is not None:
-            self.on_event(name)
 
     def _apply_push(self, h: p.Header, delta: np.ndarray, member: int) -> int:
         # Staleness from the server's own record of this worker's last pull; the

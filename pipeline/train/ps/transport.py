@@ -175,7 +175,7 @@ class Transport:
 
     def refuse(self, conn: socket.socket, reason: str, status: int | None = None) -> None:
         """Count and log a refusal; answer it with ``status`` (None: the peer is gone)."""
-        self.server.count_refusal(reason)
+        self.server.counts.refuse(reason)
         self._refusals.refused(reason)
         if status is not None:
             with contextlib.suppress(OSError):
@@ -186,7 +186,7 @@ class Transport:
         (Spark runs its task again), not an outsider's junk, so it is no refusal."""
         if self.stopping:
             return
-        self.server.count_broken()
+        self.server.counts.broken()
         log.warning("a worker's connection broke mid-exchange (its process or host is gone)")
 
     def _handshake(self, conn: socket.socket) -> p.Session | None:
@@ -352,12 +352,12 @@ class _Connection:
             payload = wire.encode(outbox, narrow, self.wire)
             reply = dataclasses.replace(reply, length=len(payload))
         self._send(reply, payload)
-        self.server.finished(p.OPS[h.op], time.perf_counter() - started)
+        self.server.counts.finished(p.OPS[h.op], time.perf_counter() - started)
 
     def _attach(self, h: p.Header, cookie: bytes) -> None:
         """The two ATTACH requests: offer a shared file, then accept the worker's cookie for it."""
         server = self.server
-        server.count_op("attach")
+        server.counts.op("attach")
         if not cookie:  # the offer: a token, or none (off, or no room in /dev/shm)
             token = b""
             if self.transport.shared_memory:
@@ -375,6 +375,6 @@ class _Connection:
             self.shared.close()
             self.shared = None
         else:
-            server.count_shared()
+            server.counts.shared()
         self.attached = accepted
         self._send(p.Header(p.OK, h.worker, h.seq, server.clock, 0, flags=int(accepted)))
