@@ -252,8 +252,8 @@ class Run:
         server = self._server = parameter_server(
             self.algorithm, spec, state.weights, host=cluster.driver_host(spark), port=self.settings.ps_port,
             shared_memory=self.settings.ps_shared_memory, on_request=self.metrics.on_ps_request,
-            on_refusal=self.metrics.on_ps_refusal, on_event=self.metrics.on_ps_event, clock=state.clock,
-            optimizer=state.optimizer, shards=cfg.ps_shards)
+            on_refusal=self.metrics.on_ps_refusal, on_event=self.metrics.on_ps_event,
+            straggler_wait=self.settings.round_wait, clock=state.clock, optimizer=state.optimizer, shards=cfg.ps_shards)
         self.metrics.restore(state, self.out)
         stack.enter_context(server)
         log.info("parameter server at %s:%d%s", server.host, server.port,

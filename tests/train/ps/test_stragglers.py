@@ -108,3 +108,18 @@ def test_short_rounds_and_broken_connections_reach_prometheus() -> None:
     m.on_ps_event("broken")
     assert m.meters.ps_short_rounds._value.get() == 2
     assert m.meters.ps_broken_connections._value.get() == 1
+
+
+def test_a_bad_round_wait_is_one_line_before_anything_starts(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[3]
+    done = subprocess.run([sys.executable, "-m", "pipeline", "run", "--dataset", "mnist", "--out", str(tmp_path / "r")],
+                          env={**os.environ, "PYTHONPATH": str(root), "STREAMTRAIN_ROUND_WAIT": "-1"}, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stderr.strip().count("\n") == 0, done.stderr
+    assert "Expected STREAMTRAIN_ROUND_WAIT" in done.stderr and "'-1'" in done.stderr
+    assert not (tmp_path / "r").exists()
