@@ -80,11 +80,11 @@ class Rounds:
         A worker that finished stays counted as gone even once no member is left: a task
         Spark runs again after the others finished replaces the dead worker, and trains
         in rounds of its own instead of waiting for workers that will not come."""
+        if done:  # a connection's id may be a later connection's: no pace carries over
+            self._last_push.pop(member, None)
         if member not in self._members:
             return
         self._members.discard(member)
-        if done:
-            self._last_push.pop(member, None)
         self._left += int(done)
         if self._count and self._count >= self._size():
             self._close()
