@@ -11,16 +11,27 @@ and 16 TCP clients (processes) on loopback; and with 16 clients, one server (in 
 process, as ``--ps-shards 1`` runs it) against two shard processes (``--ps-shards 2``:
 each client exchanges with both at once), measured one after the other in this run.
 
-    sudo .venv/bin/python bench/cluster.py [--records 60000] [--seconds 4]
+    sudo .venv/bin/python bench/cluster.py [--records 60000] [--seconds 4] [--straggler-records 30000]
     .venv/bin/python bench/cluster.py --shards-only [--seconds 4]    # the shards' figure alone
+    sudo .venv/bin/python bench/cluster.py --straggler-only [--straggler-records 30000]
+
+The straggler arm (issue 43): the same namespace cluster (each worker host's Spark processes
+pinned to a core of their own) trains the default algorithm twice from two topics of the same
+records, once as it is and once with a CPU hog pinned to worker-b's core (bounded by the
+run's timeout, stopped by pid), both with ``spark.speculation true`` in the properties file as
+the README says; ``straggler_ratio`` is the second run's records/s over the first's, and
+``exactly_once`` that each run trained every record once (every task's mini-batches all
+counted as applied by the server).
 
 The seeds (dist-keras on Spark, TF 1) took 1,497.9 s for this epoch on a 3-worker Docker
 cluster and 723.9 s on 2 hosts x 2 workers; ``seed_speedup`` is that 723.9 s over the
 cluster's epoch here. Last line: ``cluster epoch_s=<s> local_epoch_s=<s> ratio_vs_local=<r>
 acc=<a> seed_speedup=<x> ps_mbps_16=<n>`` (ratio_vs_local: local mode's epoch time over the
 cluster's, so above 1 the cluster is the faster; ps_mbps: weights moved each way, MB/s;
-shard_ratio_2: exchanges applied a second with 2 shards over 1, 16 clients). With
-``--shards-only``: ``ps shards_1_per_s=<n> shards_2_per_s=<n> shard_ratio_2=<r>``.
+shard_ratio_2: exchanges applied a second with 2 shards over 1, 16 clients;
+straggler_ratio=<r> exactly_once=<bool>). With ``--shards-only``: ``ps shards_1_per_s=<n>
+shards_2_per_s=<n> shard_ratio_2=<r>``; with ``--straggler-only``: ``cluster
+straggler_ratio=<r> even_rps=<n> hog_rps=<n> short_rounds=<n> speculative=<n> exactly_once=<bool>``.
 """
 
 from __future__ import annotations
@@ -98,6 +109,63 @@ def on_cluster(folder: Path, records: int) -> dict[str, Any]:
     return _figures(out)
 
 
+def _exactly_once(out: Path, records: int) -> bool:
+    """Every record trained, and every task's mini-batches counted as applied by the server."""
+    report = json.loads((out / "report.json").read_text())
+    tasks = [t for row in report["batches"] for t in row["tasks"]]
+    return report["trained_records"] == records and all(t["steps"] == t["applied"] for t in tasks)
+
+
+def _pin(pid: int, cpu: int) -> None:
+    """Every thread of ``pid`` onto ``cpu``; the processes it starts later inherit it."""
+    subprocess.run(["taskset", "-a", "-p", "-c", str(cpu), str(pid)], check=True, capture_output=True, timeout=30)
+
+
+def straggler(folder: Path, records: int, timeout_s: float = 1800) -> dict[str, Any]:
+    """records/s of the default algorithm on the 2-host cluster with worker-b's core shared
+    with a CPU hog, over the same run without it (module docstring)."""
+    with multihost.running(folder / "straggler") as cluster:
+        worker_a, worker_b = cluster.spark.procs[1].pid, cluster.spark.procs[2].pid
+        _pin(worker_a, 0)
+        _pin(worker_b, 1)
+        conf = folder / "speculation.conf"
+        conf.write_text(cluster.spark.conf.read_text() + "spark.speculation true\n")
+        conf.chmod(0o600)
+        figures: dict[str, Any] = {}
+        for arm in ("even", "hog"):
+            cluster.produce("mnist", f"bench-{arm}", records)
+            hog = None
+            if arm == "hog":  # a busy loop that ends by itself, whatever happens to this process
+                hog = subprocess.Popen([*cluster.hosts.run("worker-b"), "taskset", "-c", "1", sys.executable, "-c",
+                                        f"import time\nend = time.monotonic() + {timeout_s}\n"
+                                        "while time.monotonic() < end: pass"], start_new_session=True)
+            out, log = folder / f"straggler-{arm}", folder / f"straggler-{arm}.log"
+            run = cluster.streamtrain("driver", "run", *_run_args(records), "--master", cluster.spark.master,
+                                      "--spark-conf", str(conf), "--bootstrap", cluster.bootstrap,
+                                      "--topic", f"bench-{arm}", "--out", str(out), log=log)
+            try:
+                if run.wait(timeout_s) != 0:
+                    raise SystemExit(f"straggler {arm} run failed: {log.read_text().strip().splitlines()[-1:]}")
+            finally:
+                multihost.stop(run)
+                if hog is not None:
+                    multihost.stop(hog)
+            report = json.loads((out / "report.json").read_text())
+            figures[arm] = {**_figures(out), "exactly_once": _exactly_once(out, records),
+                            "short_rounds": report["parameter_server"].get("short_rounds", 0),
+                            "speculative": sum(t["repeats"] > 0 or t["attempt"] > 0
+                                               for row in report["batches"] for t in row["tasks"])}
+    figures["straggler_ratio"] = figures["hog"]["records_per_s"] / figures["even"]["records_per_s"]
+    return figures
+
+
+def _straggler_line(f: dict[str, Any]) -> str:
+    return (f"straggler_ratio={f['straggler_ratio']:.2f} even_rps={f['even']['records_per_s']:.0f} "
+            f"hog_rps={f['hog']['records_per_s']:.0f} short_rounds={f['hog']['short_rounds']} "
+            f"speculative={f['hog']['speculative']} "
+            f"exactly_once={str(f['even']['exactly_once'] and f['hog']['exactly_once']).lower()}")
+
+
 def ps_capacity(seconds: float) -> dict[int, float]:
     """Round trips (push and pull of the CNN's weights) per second over TCP, by clients."""
     import numpy as np
@@ -130,6 +198,8 @@ def main() -> None:
     ap.add_argument("--records", type=int, default=60_000, help="records in the epoch (MNIST's train split: 60,000)")
     ap.add_argument("--seconds", type=float, default=4.0, help="seconds per parameter-server capacity point")
     ap.add_argument("--shards-only", action="store_true", help="measure the parameter-server shards alone")
+    ap.add_argument("--straggler-records", type=int, default=30_000, help="records in each straggler arm's run")
+    ap.add_argument("--straggler-only", action="store_true", help="measure the straggler arm alone")
     args = ap.parse_args()
     if args.shards_only:
         rates = shard_capacity(args.seconds)
@@ -138,22 +208,31 @@ def main() -> None:
     why = netns.missing()
     if why:
         raise SystemExit(f"bench/cluster.py needs network namespaces: {why}")
+    if args.straggler_only:
+        with tempfile.TemporaryDirectory() as tmp:
+            figures = straggler(Path(tmp), args.straggler_records)
+        print(json.dumps(figures))
+        print(f"cluster {_straggler_line(figures)}")
+        return
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         print("local mode ...", file=sys.stderr, flush=True)
         local = local_mode(folder, args.records)
         print(f"local mode: {local}\ncluster ...", file=sys.stderr, flush=True)
         cluster = on_cluster(folder, args.records)
-        print(f"cluster: {cluster}\nparameter-server capacity ...", file=sys.stderr, flush=True)
+        print(f"cluster: {cluster}\nstraggler ...", file=sys.stderr, flush=True)
+        slowed = straggler(folder, args.straggler_records)
+        print(f"straggler: {slowed}\nparameter-server capacity ...", file=sys.stderr, flush=True)
     pushes = ps_capacity(args.seconds)
     mbps = {n: round(p * WEIGHTS * 4 / 1e6, 1) for n, p in pushes.items()}
     shards = shard_capacity(args.seconds)
-    print(json.dumps({"local": local, "cluster": cluster, "ps_pushes_per_s": pushes, "ps_mbps": mbps,
+    print(json.dumps({"local": local, "cluster": cluster, "straggler": slowed, "ps_pushes_per_s": pushes, "ps_mbps": mbps,
                       "ps_shards_per_s": shards, "cpus": os.cpu_count()}))
     print(f"cluster epoch_s={cluster['epoch_s']:.1f} local_epoch_s={local['epoch_s']:.1f} "
           f"ratio_vs_local={local['epoch_s'] / cluster['epoch_s']:.2f} acc={cluster['acc']:.4f} "
           f"seed_speedup={SEED_2_HOSTS_S / cluster['epoch_s']:.1f} ps_mbps_16={mbps[16]:.0f} "
-          f"shard_ratio_2={shards[2] / shards[1]:.2f}")
+          f"shard_ratio_2={shards[2] / shards[1]:.2f} straggler_ratio={slowed['straggler_ratio']:.2f} "
+          f"exactly_once={str(slowed['even']['exactly_once'] and slowed['hog']['exactly_once']).lower()}")
 
 
 if __name__ == "__main__":

@@ -91,6 +91,10 @@ class Settings(BaseSettings):
     #: Seconds a driver on a ``spark://`` master waits for its first executor before it
     #: stops, naming what is unreachable.
     executor_wait_s: float = 120.0
+    #: How long a synchronous round waits for a straggler, as a share of its first worker's
+    #: pace (seconds between its pushes); past it the round steps without it, its gradient
+    #: joining the next round. 0: every round waits for every worker.
+    round_wait: float = Field(default=0.5, ge=0.0)
 
 
 @functools.cache

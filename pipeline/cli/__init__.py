@@ -11,6 +11,7 @@ from __future__ import annotations
 import sys
 
 import click
+import pydantic
 
 from pipeline.cli import cluster as _cluster
 from pipeline.cli import dashboards as _dashboards
@@ -37,6 +38,12 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(e.exit_code)
     except StreamtrainError as e:
         click.echo(f"streamtrain: error: {e}", err=True)
+        sys.exit(2)
+    except pydantic.ValidationError as e:  # a setting from the environment (pipeline.config)
+        first = e.errors()[0]
+        name = "STREAMTRAIN_" + "_".join(str(part) for part in first["loc"]).upper()
+        click.echo(f"streamtrain: error: Expected {name}: {first['msg'].lower()}. Received: {first.get('input')!r}. "
+                   f"Set it so, or unset it for the default.", err=True)
         sys.exit(2)
     except KeyboardInterrupt:
         click.echo("interrupted", err=True)

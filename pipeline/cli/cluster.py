@@ -10,19 +10,25 @@ import click
 from pipeline.cli.base import cli
 from pipeline.errors import ConfigError
 
+#: The web UIs have no login: they list the applications and serve executors' logs.
+_WEBUI_HOST = ("Address the web UI binds (loopback by default: it has no login and serves executors' logs; reach it "
+               "through an SSH tunnel).")
+
 
 @cli.command("spark-master")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address (or name) to bind and advertise.")
 @click.option("--port", default=7077, show_default=True)
 @click.option("--webui-port", type=int, default=8080, show_default=True, help="Spark's web UI (0: a free port).")
+@click.option("--webui-host", default="127.0.0.1", show_default=True, help=_WEBUI_HOST)
 @click.option("--properties-file", type=click.Path(dir_okay=False),
               help="The cluster's Spark properties (streamtrain cluster-conf); required beyond loopback.")
-def spark_master(host: str, port: int, webui_port: int, properties_file: str | None) -> None:
-    """Run Spark's standalone master in the foreground (Spark's own, from the pyspark wheel)."""
+def spark_master(host: str, port: int, webui_port: int, webui_host: str, properties_file: str | None) -> None:
+    """Run Spark's standalone master in the foreground (Spark's own, from the pyspark wheel);
+    it prints "spark master ready at spark://HOST:PORT" once it leads."""
     from pipeline.cluster import standalone
 
     standalone.exec_(standalone.command("master", host=host, port=port, properties=properties_file,
-                                        webui_port=webui_port), host)
+                                        webui_port=webui_port), host, webui_host=webui_host)
 
 
 @cli.command("spark-worker")
@@ -34,17 +40,31 @@ def spark_master(host: str, port: int, webui_port: int, properties_file: str | N
 @click.option("--work-dir", type=click.Path(file_okay=False),
               help="Executors' folders and logs (default: spark-work in the cache folder, ~/.cache/streamtrain).")
 @click.option("--webui-port", type=int, default=8081, show_default=True, help="Spark's web UI (0: a free port).")
+@click.option("--webui-host", default="127.0.0.1", show_default=True, help=_WEBUI_HOST)
 @click.option("--properties-file", type=click.Path(dir_okay=False),
               help="The cluster's Spark properties (streamtrain cluster-conf); required beyond loopback.")
 def spark_worker(master: str, host: str, port: int, cores: int | None, memory: str | None, work_dir: str | None,
-                 webui_port: int, properties_file: str | None) -> None:
-    """Run a Spark standalone worker for MASTER (spark://HOST:PORT) in the foreground."""
+                 webui_port: int, webui_host: str, properties_file: str | None) -> None:
+    """Run a Spark standalone worker for MASTER (spark://HOST:PORT) in the foreground; it
+    prints "spark worker ready at ..." with its cores once the master has registered it."""
     from pipeline.cluster import standalone
 
     args = standalone.command("worker", host=host, port=port, properties=properties_file, master=master, cores=cores,
                               memory=memory, work_dir=work_dir, webui_port=webui_port)
     click.echo(f"executors' folders and logs in {standalone.worker_folder(work_dir)} (--work-dir)", err=True)
-    standalone.exec_(args, host)
+    standalone.exec_(args, host, webui_host=webui_host)
+
+
+@cli.command("cluster-status")
+@click.argument("master")
+@click.option("--webui", help="The master's web UI (default: http://127.0.0.1:8080 on the master's machine, where "
+                              "it listens; elsewhere, an SSH tunnel's near end).")
+def cluster_status(master: str, webui: str | None) -> None:
+    """Say MASTER's state and its registered workers with their cores (from its web UI)."""
+    from pipeline.cluster import status
+
+    for line in status.describe(master, webui or status.webui_url(master)):
+        click.echo(line)
 
 
 @cli.command("cluster-conf")

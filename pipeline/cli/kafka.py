@@ -49,7 +49,7 @@ def broker(host: str, port: int, engine: str | None, storage: str | None, log_pa
     state = broker_mod.write_state(b)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    click.echo(f"embedded Kafka broker ({b.engine}, pid {b.pid}) at {b.bootstrap}; Ctrl-C stops it", err=True)
+    click.echo(f"embedded Kafka broker ({b.engine}, pid {b.pid}) ready at {b.bootstrap}; Ctrl-C stops it", err=True)
     click.echo(b.bootstrap)
     try:
         while not stop.wait(0.5):

@@ -9,12 +9,11 @@ accepted any resources" every 15 s (the cause is in each executor's stderr, on i
 
 from __future__ import annotations
 
-import json
 import socket
 import time
-import urllib.request
 from typing import Any
 
+from pipeline.cluster import status
 from pipeline.errors import ConfigError, StreamtrainError
 
 __all__ = ["await_executors", "check_master", "driver_address", "master_address"]
@@ -67,11 +66,10 @@ def driver_address(master: str, local_ip: str | None) -> str:
 
 
 def _workers(master: str) -> list[str] | None:
-    """The alive workers' addresses by the master's web UI (8080), None if it cannot be read."""
-    host, _ = master_address(master)
+    """The alive workers' addresses by the master's web UI (8080; on the master's loopback,
+    so read only from its machine), None if it cannot be read."""
     try:
-        with urllib.request.urlopen(f"http://{host}:8080/json/", timeout=3) as r:
-            state = json.load(r)
+        state = status.read(status.webui_url(master))
     except (OSError, ValueError):
         return None
     return [f"{w.get('host')}" for w in state.get("workers", []) if w.get("state") == "ALIVE"]

@@ -22,6 +22,9 @@ from pipeline.errors import ConfigError
 LOOPBACK = ("127.0.0.1", "localhost", "::1", "[::1]")
 #: What a cluster beyond loopback must set, and the value.
 REQUIRED = {"spark.authenticate": "true", "spark.network.crypto.enabled": "true"}
+#: The ports the workers connect to on the driver, fixed for a firewall (Spark's default is a
+#: new random port every run); an executor's block manager takes the next free one above.
+FIXED_PORTS = {"spark.driver.port": "7078", "spark.blockManager.port": "7079"}
 
 
 def read_properties(path: str | Path) -> dict[str, str]:
@@ -121,6 +124,9 @@ def write_conf(path: str | Path) -> Path:
     with os.fdopen(fd, "w") as f:
         f.write("# streamtrain: Spark RPC authentication and encryption. Keep this file secret.\n")
         f.write("\n".join(lines) + "\n")
+        f.write("# The driver's ports the workers connect to (open them from the workers to the driver).\n")
+        f.write("".join(f"{k} {v}\n" for k, v in FIXED_PORTS.items()))
+        f.write("# Your own Spark settings go below, one 'spark.KEY VALUE' a line (e.g. spark.executor.memory 6g).\n")
     return path
 
 

@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 
 from pipeline import config
-from pipeline.cluster import security
+from pipeline.cluster import readiness, security
 from pipeline.errors import ConfigError
 
 
@@ -67,12 +67,16 @@ def command(role: str, *, host: str, port: int, properties: str | None, master: 
 #: ``spark.authenticate`` and would run any job sent to it. A system property wins over
 #: the properties file, so no file turns it back on.
 MASTER_OPTS = "-Dspark.master.rest.enabled=false"
+#: Where Spark's web UIs listen unless ``--webui-host`` says otherwise: they have no login,
+#: and serve the cluster's applications and every executor's stderr to whoever connects.
+WEBUI_HOST = "127.0.0.1"
 
 
-def exec_(args: list[str], host: str) -> None:
+def exec_(args: list[str], host: str, *, webui_host: str = WEBUI_HOST) -> None:
     """Replace this process with ``args`` (the pid stays: a supervisor stops the JVM by it),
-    Spark binding ``host``'s address (its RPC and its web UI alike) and advertising ``host``;
-    a master without its REST submission server."""
+    Spark's RPC binding and advertising ``host``, its web UI bound to ``webui_host``; a
+    master without its REST submission server. A watcher (this process's child) relays the
+    JVM's log and says "ready at ..." when the master leads or the worker has registered."""
     import socket
 
     env = {**os.environ, "SPARK_HOME": str(spark_home())}
@@ -80,8 +84,11 @@ def exec_(args: list[str], host: str) -> None:
         env["SPARK_MASTER_OPTS"] = f"{env.get('SPARK_MASTER_OPTS', '')} {MASTER_OPTS}".strip()
     env.setdefault("SPARK_LOCAL_HOSTNAME", host)
     try:
-        env.setdefault("SPARK_LOCAL_IP", socket.gethostbyname(host))
+        socket.gethostbyname(host)
     except OSError:
         raise ConfigError(f"Expected --host to be this machine's address or a name for it. Received: {host!r} "
                           "(it does not resolve).") from None
+    # The master's and the workers' RPC bind --host; their web UIs bind SPARK_LOCAL_IP alone.
+    env["SPARK_LOCAL_IP"] = webui_host
+    readiness.watch_stderr("master" if "org.apache.spark.deploy.master.Master" in args else "worker")
     os.execve(args[0], args, env)

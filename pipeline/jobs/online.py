@@ -31,7 +31,7 @@ from pipeline.cluster import processes, scratch, security
 from pipeline.errors import ConfigError, StreamtrainError
 from pipeline.ingest import microbatch
 from pipeline.ingest.kafka.release import Releaser
-from pipeline.jobs import model_start, resume, run_record, run_serving, user_data
+from pipeline.jobs import kafka_start, model_start, resume, run_record, run_serving, user_data
 from pipeline.jobs.display import Display
 from pipeline.jobs.rejects import REJECTED_SHARE, Rejects
 from pipeline.jobs.replay_process import ReplayProcess
@@ -220,30 +220,11 @@ class Run:
 
     def _start_broker_and_replay(self, stack: contextlib.ExitStack, data: Any) -> str:
         """Kafka (the given one, or an embedded broker), the topic, and the replay into it."""
-        from pipeline.ingest.kafka import EmbeddedBroker, client, conf
-
-        cfg = self.cfg
-        secured = conf.load(cfg.kafka_conf)
-        embedded = None
-        if cfg.bootstrap:
-            bootstrap = client.parse_bootstrap(cfg.bootstrap)
-        else:
-            embedded = stack.enter_context(EmbeddedBroker(engine=cfg.broker_engine, log_path=self.out / "broker.log"))
-            bootstrap = embedded.bootstrap
-            log.info("embedded Kafka at %s", bootstrap)
-        self.display.startup(f"Kafka ready at {bootstrap}" + (f" ({secured.describe()})" if cfg.kafka_conf else ""))
-        client.ensure_topic(bootstrap, self.topic, partitions=cfg.workers, conf=secured)
-        if embedded is not None and embedded.engine == "noida":
-            # The run's own broker and topic, on an engine that can delete: trained records
-            # are released, so a replay that never stops does not grow it (Tansu never frees).
-            self._release = Releaser(bootstrap, self.topic, conf=secured)
-            stack.callback(self._release.close)
-        if not (cfg.topic and cfg.bootstrap):  # the run's own replay: a resumed one sends what the topic lacks
-            self.replay = ReplayProcess.for_run(cfg, table=user_data.replay_job(data), data_dir=self._data_dir(),
-                                                bootstrap=bootstrap, topic=self.topic, out=self.out,
-                                                metrics_host=self.settings.metrics_host).start()
-            stack.callback(self.replay.stop)
-        return bootstrap
+        kafka = kafka_start.start(stack, self.cfg, out=self.out, topic=self.topic, display=self.display,
+                                  replay_job=user_data.replay_job(data), data_dir=self._data_dir(),
+                                  metrics_host=self.settings.metrics_host)
+        self._release, self.replay = kafka.releaser, kafka.replay
+        return kafka.bootstrap
 
     def _start_training(self, stack: contextlib.ExitStack, spark: Any, spec: Any, data: Any,
                         state: checkpoint.State) -> tuple[Any, Callable[[], None]]:
@@ -267,7 +248,8 @@ class Run:
         server = self._server = parameter_server(
             self.algorithm, spec, state.weights, host=cluster.driver_host(spark), port=self.settings.ps_port,
             shared_memory=self.settings.ps_shared_memory, on_request=self.metrics.on_ps_request,
-            on_refusal=self.metrics.on_ps_refusal, clock=state.clock, optimizer=state.optimizer, shards=cfg.ps_shards)
+            on_refusal=self.metrics.on_ps_refusal, on_event=self.metrics.on_ps_event,
+            straggler_wait=self.settings.round_wait, clock=state.clock, optimizer=state.optimizer, shards=cfg.ps_shards)
         stack.enter_context(server)
         log.info("parameter server at %s:%d%s", server.host, server.port,
                  f" and {cfg.ps_shards - 1} more shards" if cfg.ps_shards > 1 else "")

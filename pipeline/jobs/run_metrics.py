@@ -114,6 +114,12 @@ class RunMetrics:
     def on_ps_refusal(self, reason: str) -> None:
         self.meters.ps_refusals.labels(reason).inc()
 
+    def on_ps_event(self, name: str) -> None:
+        """A short synchronous round or a worker's broken connection."""
+        counter = {"short_round": self.meters.ps_short_rounds, "broken": self.meters.ps_broken_connections}.get(name)
+        if counter is not None:
+            counter.inc()
+
     def on_lag(self, lag: dict[TopicPartition, int]) -> None:
         for (topic, part), n in lag.items():
             self.meters.consumer_lag.labels(topic, str(part)).set(n)

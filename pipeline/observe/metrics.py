@@ -113,6 +113,8 @@ class TrainingMetrics:
     staleness: Histogram
     ps_request_duration: Histogram
     ps_refusals: Counter
+    ps_broken_connections: Counter
+    ps_short_rounds: Counter
     updates_applied: Counter
     clock: Gauge
     freshness: Gauge
@@ -168,6 +170,12 @@ def training_metrics() -> TrainingMetrics:
         ps_refusals=Counter("streamtrain_ps_refusals_total",
                             "Connections and requests the parameter server refused, by reason.", ["reason"],
                             registry=reg),
+        ps_broken_connections=Counter("streamtrain_ps_broken_connections_total",
+                                      "Authenticated workers' connections cut mid-exchange (a killed executor or "
+                                      "Python worker; no refusal).", registry=reg),
+        ps_short_rounds=Counter("streamtrain_ps_short_rounds_total",
+                                "Synchronous rounds closed without a straggler (its gradient joins a later round).",
+                                registry=reg),
         updates_applied=Counter("streamtrain_ps_updates_total", "Updates the parameter server applied in this process.",
                                 registry=reg),
         clock=Gauge("streamtrain_ps_clock_updates",

@@ -1,7 +1,10 @@
-"""The README's cluster section followed as written (issue 29): its fenced commands, read
-from the README, run on three network-namespace hosts in its addresses' places (10.0.0.1:
-the driver with Kafka and the master; 10.0.0.2 and, as "each worker's machine" says,
-10.0.0.3: a worker each). The run trains over TCP and the report says so."""
+"""The README's cluster section followed as written (issues 29 and 43): its fenced commands,
+read from the README, run on three network-namespace hosts in its addresses' places
+(10.0.0.1: the driver with Kafka and the master; 10.0.0.2 and, as "each worker's machine"
+says, 10.0.0.3: a worker each), as `streamtrain` found on PATH. Each daemon is waited for by
+the "ready at" line the README names, `cluster-status` lists both workers and their cores,
+the web UIs are closed to the other hosts, and the run trains over TCP with the driver on
+the fixed port `cluster-conf` wrote."""
 
 from __future__ import annotations
 
@@ -19,6 +22,8 @@ from producers import datasets
 from tests.cluster import multihost, netns
 
 ROOT = Path(__file__).resolve().parents[2]
+#: The folder of this install's commands (the README's /opt/streamtrain/bin).
+BIN = Path(sys.executable).parent
 _CANNOT = netns.missing()
 #: What the test adds to the README's `run`, and only that: a short run on this machine's cores.
 SHORT = ["--workers", "2", "--max-batches", "1", "--max-offsets-per-trigger", "1500", "--eval-every", "1"]
@@ -36,7 +41,9 @@ def readme_commands() -> list[list[str]]:
 
 def test_the_readme_names_the_broker_the_driver_address_and_closed_6066() -> None:
     commands = readme_commands()
-    assert [c[0] for c in commands if "=" not in c[0]][:3] == ["streamtrain"] * 3
+    assert commands[0] == ["export", "PATH=/opt/streamtrain/bin:$PATH"]  # the install's bin/, as it says above
+    assert [c[0] for c in commands[1:] if "=" not in c[0]][:3] == ["streamtrain"] * 3
+    assert ["streamtrain", "cluster-status", "spark://10.0.0.1:7077"] in commands
     assert next(c[1:4] for c in commands if "broker" in c) == ["broker", "--host", "10.0.0.1"]
     run = next(c for c in commands if "run" in c)
     assert "SPARK_LOCAL_IP=10.0.0.1" in run and run[run.index("--bootstrap") + 1] == "10.0.0.1:9092"
@@ -68,8 +75,8 @@ def test_the_readme_cluster_commands_run_as_written_on_three_hosts(tmp_path: Pat
             assert argv[0] == "streamtrain", argv
             log = tmp_path / f"{name}.log"
             with open(log, "wb") as f:
-                proc = subprocess.Popen([*hosts.run(host), sys.executable, "-m", "pipeline", *argv[1:]], cwd=tmp_path,
-                                        env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+                proc = subprocess.Popen([*hosts.run(host), *argv], cwd=tmp_path, env=env, stdout=f,
+                                        stderr=subprocess.STDOUT, start_new_session=True)
             started.append(proc)
             if ready:
                 multihost.wait_for(log, ready, proc, 180)
@@ -78,19 +85,28 @@ def test_the_readme_cluster_commands_run_as_written_on_three_hosts(tmp_path: Pat
         try:
             for argv in commands:
                 argv = [a.replace("10.0.0.1", hosts.address["driver"]) for a in argv]
+                if argv[0] == "export":  # this install's bin/ in /opt/streamtrain/bin's place
+                    key, _, value = argv[1].partition("=")
+                    base[key] = value.replace("/opt/streamtrain/bin", str(BIN)).replace("$PATH", base["PATH"])
+                    continue
                 verb = next(a for a in argv if a != "streamtrain" and "=" not in a)
                 if verb == "cluster-conf":
-                    done = subprocess.run([sys.executable, "-m", "pipeline", *argv[1:]], cwd=tmp_path, env=base,
-                                          capture_output=True, text=True, timeout=60)
+                    done = subprocess.run(argv, cwd=tmp_path, env=base, capture_output=True, text=True, timeout=60)
                     assert done.returncode == 0, done.stderr
                 elif verb == "broker":
-                    start("driver", argv, "broker", "Ctrl-C stops it")
+                    start("driver", argv, "broker", f"ready at {hosts.address['driver']}:9092")
                 elif verb == "spark-master":
-                    start("driver", argv, "master", "I have been elected leader")
+                    start("driver", argv, "master", f"spark master ready at spark://{hosts.address['driver']}:7077")
                 elif verb == "spark-worker":
                     for worker, address in (("worker-a", "10.0.0.2"), ("worker-b", "10.0.0.3")):
                         start(worker, place(list(argv), "10.0.0.2", address), worker,
-                              "Successfully registered with master")
+                              f"spark worker ready at {hosts.address[worker]}:")
+                    _check_web_uis_closed(hosts)
+                elif verb == "cluster-status":
+                    done = subprocess.run([*hosts.run("driver"), *argv], cwd=tmp_path, env=base, capture_output=True,
+                                          text=True, timeout=60)
+                    assert done.returncode == 0, done.stderr
+                    status = done.stdout
                 else:
                     assert verb == "run", argv
                     run = start("driver", [*argv, *SHORT, "--out", str(tmp_path / "run")], "run", None)
@@ -98,7 +114,29 @@ def test_the_readme_cluster_commands_run_as_written_on_three_hosts(tmp_path: Pat
         finally:
             for proc in reversed(started):
                 multihost.stop(proc)
+    assert "2 workers alive with 8 cores" in status, status
+    for worker in ("worker-a", "worker-b"):
+        assert re.search(rf"{re.escape(hosts.address[worker])}:\d+  ALIVE  4 cores", status), status
     report = json.loads((tmp_path / "run" / "report.json").read_text())
     assert report["trained_records"] > 0
     assert {t["transport"] for row in report["batches"] for t in row["tasks"]} == {"tcp"}
     assert (cache / "spark-work").is_dir()  # the workers' folders in the user's cache, as the README says
+    executors = " ".join(p.read_text(errors="replace") for p in (cache / "spark-work").glob("app-*/*/stderr"))
+    assert f"@{hosts.address['driver']}:7078" in executors  # the driver's fixed port, from cluster-conf
+
+
+def _probe(hosts: netns.Hosts, host: str, address: str, port: int) -> str:
+    """From ``host``: "open" if ``address:port`` accepts a connection, else the error's name."""
+    code = (f"import socket\ntry:\n socket.create_connection(({address!r}, {port}), timeout=5).close(); print('open')\n"
+            "except OSError as e:\n print(type(e).__name__)")
+    done = subprocess.run([*hosts.run(host), sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    return done.stdout.strip() or done.stderr[-500:]
+
+
+def _check_web_uis_closed(hosts: netns.Hosts) -> None:
+    """The master's UI (8080) and a worker's (8081) refuse another host, and answer on their
+    own machine's loopback (where an SSH tunnel leads)."""
+    assert _probe(hosts, "worker-b", hosts.address["driver"], 8080) == "ConnectionRefusedError"
+    assert _probe(hosts, "driver", hosts.address["worker-a"], 8081) == "ConnectionRefusedError"
+    assert _probe(hosts, "driver", "127.0.0.1", 8080) == "open"
+    assert _probe(hosts, "worker-a", "127.0.0.1", 8081) == "open"

@@ -34,3 +34,30 @@ def test_a_workers_folders_default_to_the_users_cache_not_the_pyspark_package(ca
     given = standalone.command("worker", host="127.0.0.1", port=0, properties=None, master="spark://127.0.0.1:7077",
                                work_dir=str(tmp_path / "w"))
     assert given[given.index("--work-dir") + 1] == str((tmp_path / "w").resolve())
+
+
+def test_cluster_conf_fixes_the_drivers_ports_for_a_firewall(tmp_path: Path) -> None:
+    """Proves: the generated file sets spark.driver.port and spark.blockManager.port (Spark's
+    default is a new random port every run) beside the secret (issue 43)."""
+    from pipeline.cluster import security
+
+    props = security.read_properties(security.write_conf(tmp_path / "auth.conf"))
+    assert props["spark.driver.port"] == "7078" and props["spark.blockManager.port"] == "7079"
+    assert props["spark.authenticate.secret"]
+
+
+def test_cluster_status_of_a_master_it_cannot_read_is_one_line(tmp_path: Path) -> None:
+    """Proves: with no master's web UI answering, `cluster-status` says so in one line, naming
+    the SSH tunnel, and exits 2."""
+    import os
+    import subprocess
+    import sys
+
+    from pipeline.ingest.kafka.broker import free_port
+
+    url = f"http://127.0.0.1:{free_port('127.0.0.1')}"
+    done = subprocess.run([sys.executable, "-m", "pipeline", "cluster-status", "spark://127.0.0.1:7077", "--webui", url],
+                          env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert f"Cannot read the master's web UI at {url}" in done.stderr and "ssh -N -L 8080" in done.stderr

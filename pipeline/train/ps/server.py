@@ -24,7 +24,7 @@ from pipeline.errors import ConfigError
 from pipeline.train.ps import protocol as p
 from pipeline.train.ps.rounds import Rounds
 from pipeline.train.ps.rules import Rule, add_delta
-from pipeline.train.ps.stats import Stats
+from pipeline.train.ps.stats import Counts
 from pipeline.train.ps.tasks import TaskProgress
 from pipeline.train.ps.transport import Transport
 
@@ -46,12 +46,17 @@ class ParameterServer:
             a round applies the mean of one push from each of ``sync_workers`` workers
             at once (:meth:`expect_workers` changes it), and each push_pull waits for
             its round; a worker that disconnects leaves the rounds. A round that waits
-            ``sync_timeout_s`` closes with the pushes it has (a worker that hangs).
+            ``sync_timeout_s`` closes with the pushes it has (a worker that hangs); one
+            that waited ``straggler_wait`` times its first pusher's pace for the rest closes
+            without them (a straggler; 0: never), its late pushes applied in later rounds.
         state: the update rule's own state (an object with ``server_state()`` and
             ``load_server_state(dict)``, such as an algorithm with a server-side
             optimizer), read by :meth:`checkpoint` under the same lock as the center.
         on_request, on_refusal: called with the operation's name and its seconds after each
             answered request, and with the reason of each refusal (for metrics); cheap, thread-safe.
+        on_event: called with ``"short_round"`` for each synchronous round closed without a
+            straggler and ``"broken"`` for each authenticated worker's connection cut mid-frame
+            (for metrics; called with the server's lock held: cheap, and no call back into it).
         max_norm: refuse a push of a larger L2 norm (None: what float32 squares hold, ~1.8e19).
         shared_memory: offer workers on this machine a shared-memory file instead
             of the socket for payloads (:mod:`pipeline.train.ps.shm`); they fall back to
@@ -79,7 +84,9 @@ class ParameterServer:
         keep_pulled: bool = False,
         sync_workers: int = 0,
         sync_timeout_s: float = 30.0,
+        straggler_wait: float = 0.0,
         on_request: Callable[[str, float], None] | None = None, on_refusal: Callable[[str], None] | None = None,
+        on_event: Callable[[str], None] | None = None,
         max_norm: float | None = None,
         state: Any = None,
         shared_memory: bool = True,
@@ -93,14 +100,16 @@ class ParameterServer:
         self.rule = rule
         self.keep_pulled = keep_pulled
         self.clock = clock
-        self.on_request, self.on_refusal, self.max_norm = on_request, on_refusal, max_norm
+        self.max_norm = max_norm
         self.state = state
         self._lock = threading.Lock()
+        self.counts = Counts(self._lock, on_request=on_request, on_refusal=on_refusal, on_event=on_event)
+        self._stats = self.counts.stats
         self._rounds = (Rounds(self.size, workers=sync_workers, lock=self._lock, apply_mean=self._apply_round,
-                               timeout_s=sync_timeout_s) if sync_workers else None)
+                               timeout_s=sync_timeout_s, straggler_wait=straggler_wait,
+                               on_short=lambda: self.counts.event("short_round")) if sync_workers else None)
         self._last_pulled: collections.OrderedDict[int, int] = collections.OrderedDict()
         self._pulled: dict[int, np.ndarray] = {}
-        self._stats = Stats()
         self._tasks = TaskProgress()
         self._transport = Transport(self, host=host, port=port, shared_memory=shared_memory)
 
@@ -180,7 +189,8 @@ class ParameterServer:
         """Clock, op counts and seconds, refusals by reason, staleness histogram."""
         with self._lock:
             return {"clock": self.clock, "size": self.size, "workers": len(self._last_pulled), "pulled_copies":
-                    len(self._pulled), "repeats_dropped": self._tasks.repeats, **self._stats.as_dict()}
+                    len(self._pulled), "repeats_dropped": self._tasks.repeats,
+                    "short_rounds": self._rounds.short if self._rounds is not None else 0, **self._stats.as_dict()}
 
     def applied(self, task: int) -> tuple[int, int]:
         """The exchanges of ``task`` (a :func:`~pipeline.train.ps.protocol.task_key`) this
@@ -210,7 +220,7 @@ class ParameterServer:
                 if pushes and not applies:  # nothing to add: no round may wait for it
                     self._rounds.leave(member, done=False)
             if applies and self._rounds is not None:
-                self._rounds.push(inbox)
+                self._rounds.push(inbox, member)
             elif applies:
                 staleness = self._apply_push(h, inbox, member)
             exchange, steps = self._tasks.applied(h.task) if h.task else (0, 0)
@@ -232,33 +242,12 @@ class ParameterServer:
                          exchange=exchange, steps=steps)
         return reply, payload
 
-    def finished(self, op: str, seconds: float) -> None:
-        """A request was answered in ``seconds`` on the server."""
-        with self._lock:
-            self._stats.time_op(op, seconds)
-        if self.on_request is not None:
-            self.on_request(op, seconds)
-
     def disconnected(self, member: int) -> None:
         """A connection closed: it leaves the synchronous rounds."""
         with self._lock:
             self._pulled.pop(member, None)
             if self._rounds is not None:
                 self._rounds.leave(member)
-
-    def count_refusal(self, reason: str) -> None:
-        with self._lock:
-            self._stats.refuse(reason)
-        if self.on_refusal is not None:
-            self.on_refusal(reason)
-
-    def count_op(self, op: str) -> None:
-        with self._lock:
-            self._stats.count_op(op)
-
-    def count_shared(self) -> None:
-        with self._lock:
-            self._stats.shared += 1
 
     # --- under the lock ---
 

@@ -175,11 +175,19 @@ class Transport:
 
     def refuse(self, conn: socket.socket, reason: str, status: int | None = None) -> None:
         """Count and log a refusal; answer it with ``status`` (None: the peer is gone)."""
-        self.server.count_refusal(reason)
+        self.server.counts.refuse(reason)
         self._refusals.refused(reason)
         if status is not None:
             with contextlib.suppress(OSError):
                 conn.sendall(p.pack(p.Header(status, 0, 0, self.server.clock, 0)))
+
+    def broken(self) -> None:
+        """An authenticated worker's connection broke mid-frame: its process or host died
+        (Spark runs its task again), not an outsider's junk, so it is no refusal."""
+        if self.stopping:
+            return
+        self.server.counts.broken()
+        log.warning("a worker's connection broke mid-exchange (its process or host is gone)")
 
     def _handshake(self, conn: socket.socket) -> p.Session | None:
         """Both sides prove the secret; the connection's session, or None if the peer did not."""
@@ -255,6 +263,10 @@ class _Connection:
     def serve(self) -> None:
         try:
             self._loop()
+        except TimeoutError:
+            raise  # idle: counted by the transport
+        except OSError:  # a reply into a connection its worker's death reset
+            self.transport.broken()
         finally:
             if self.shared is not None:
                 self.shared.close()
@@ -271,7 +283,7 @@ class _Connection:
             except p.Closed:
                 return  # between frames: a worker that is done
             except ConnectionError:
-                return refuse(conn, "truncated")
+                return self.transport.broken()
             started = time.perf_counter()
             try:
                 h = p.unpack(raw)
@@ -300,7 +312,7 @@ class _Connection:
                 if len(body):
                     p.recv_exact(conn, self.session.inlet(h.length, body, self.out_room.data.cast("B")))
             except ConnectionError:
-                return refuse(conn, "truncated")
+                return self.transport.broken()
             # Altered, replayed, reordered, or sealed for another connection: it does not open.
             if not self.session.open(h, body, self.out_room.data.cast("B")):
                 return refuse(conn, "auth", p.ERR_AUTH)
@@ -340,12 +352,12 @@ class _Connection:
             payload = wire.encode(outbox, narrow, self.wire)
             reply = dataclasses.replace(reply, length=len(payload))
         self._send(reply, payload)
-        self.server.finished(p.OPS[h.op], time.perf_counter() - started)
+        self.server.counts.finished(p.OPS[h.op], time.perf_counter() - started)
 
     def _attach(self, h: p.Header, cookie: bytes) -> None:
         """The two ATTACH requests: offer a shared file, then accept the worker's cookie for it."""
         server = self.server
-        server.count_op("attach")
+        server.counts.op("attach")
         if not cookie:  # the offer: a token, or none (off, or no room in /dev/shm)
             token = b""
             if self.transport.shared_memory:
@@ -363,6 +375,6 @@ class _Connection:
             self.shared.close()
             self.shared = None
         else:
-            server.count_shared()
+            server.counts.shared()
         self.attached = accepted
         self._send(p.Header(p.OK, h.worker, h.seq, server.clock, 0, flags=int(accepted)))

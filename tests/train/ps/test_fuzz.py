@@ -33,7 +33,9 @@ def server() -> Iterator[ParameterServer]:
 
 
 def _refused(server: ParameterServer) -> int:
-    return sum(server.stats()["refused"].values())
+    """Refusals, and frames cut short on an authenticated connection (a broken worker's)."""
+    stats = server.stats()
+    return sum(stats["refused"].values()) + stats["broken_connections"]
 
 
 def _still_serves(server: ParameterServer) -> None:

@@ -145,15 +145,21 @@ def test_bad_frames_are_refused_counted_and_the_server_keeps_serving(server, mak
         assert c.pull().shape == (N,)
 
 
-def test_truncated_push_is_counted_and_nothing_is_applied(server: ParameterServer) -> None:
+def test_a_workers_broken_push_is_counted_as_such_and_nothing_is_applied(server: ParameterServer) -> None:
+    """Proves: a push cut short on an authenticated connection (a worker killed mid-exchange)
+    applies nothing and counts as a broken connection, not as a refusal (issue 43)."""
     sock, session = _raw_session(server)
-    header, body = session.seal(p.Header(p.PUSH, 0, 1, 0, N * 4), np.zeros(N, np.float32).data.cast("B"))
+    header, body = session.seal(p.Header(p.PUSH, 0, 1, 0, N * 4), np.ones(N, np.float32).data.cast("B"))
     sock.sendall(header + bytes(body[:40]))
     sock.close()
+    deadline = time.monotonic() + 10
+    while not server.stats()["broken_connections"]:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
     with _client(server) as c:
         assert not c.pull().any()
-        deadline_stats = c.stats()
-    assert deadline_stats["refused"] == {"truncated": 1} and server.clock == 0
+        stats = c.stats()
+    assert stats["broken_connections"] == 1 and stats["refused"] == {} and server.clock == 0
 
 
 def test_stop_frees_the_port_even_with_clients_connected() -> None:

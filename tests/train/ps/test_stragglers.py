@@ -1,0 +1,125 @@
+"""Synchronous rounds past a straggler (issue 43): a round closes without a slow worker,
+its late gradient is applied once in a later round, and its task's ledger holds against a
+speculative copy of the straggler's task."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+
+from pipeline.jobs.run_metrics import RunMetrics
+from pipeline.train.ps import Client, ParameterServer
+from pipeline.train.ps import protocol as p
+
+SECRET = b"per-run-secret"
+N = 100
+
+
+def _client(server: ParameterServer, worker: int) -> Client:
+    return Client(server.address, secret=SECRET, worker=worker, size=N)
+
+
+def _until(condition, timeout_s: float = 10) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "the condition did not hold in time"
+        time.sleep(0.01)
+
+
+def test_a_straggler_neither_holds_the_rounds_nor_loses_or_doubles_its_gradient() -> None:
+    """Proves: with the straggler's second push held back until the fast worker is done, the
+    fast worker's five rounds close without it (no wait for the 600 s timeout), each counted
+    as short; a speculative copy of the straggler's task applies its exchange 2 once, and the
+    straggler's own late exchange 2 is dropped as a repeat: every exchange counts once."""
+    fast_task, slow_task = p.task_key("t", 0, 0), p.task_key("t", 1, 0)
+    ones, threes = np.ones(N, np.float32), np.full(N, 3, np.float32)
+    events: list[str] = []
+    with ParameterServer(np.zeros(N, np.float32), secret=SECRET, sync_workers=2, sync_timeout_s=600,
+                         straggler_wait=0.5, on_event=events.append) as s:
+        fast, slow = _client(s, 0), _client(s, 1)
+        for c, task in ((fast, fast_task), (slow, slow_task)):
+            c.begin(task, steps=6, window=1)
+            c.pull()
+        first = threading.Thread(target=slow.push_pull, args=(threes,))
+        first.start()
+        fast.push_pull(ones)  # round 1: both workers (a first push has no pace to cut it short)
+        first.join(10)
+        assert s.clock == 1 and s.stats()["short_rounds"] == 0
+
+        def run_fast() -> None:
+            for _ in range(5):  # exchanges 2-6, each after a little "compute"
+                time.sleep(0.05)
+                fast.push_pull(ones)
+            fast.close()
+
+        began = time.monotonic()
+        runner = threading.Thread(target=run_fast)
+        runner.start()
+        runner.join(30)
+        assert not runner.is_alive() and time.monotonic() - began < 30
+        assert s.clock == 6 and s.stats()["short_rounds"] == 5 and events.count("short_round") == 5
+        assert s.applied(fast_task) == (6, 6)
+
+        # Spark copies the straggler's task; the copy starts after the one exchange applied.
+        with _client(s, 1) as copy:
+            assert copy.begin(slow_task, steps=6, window=1) == 1
+            copy.pull()
+            raced = threading.Thread(target=copy.push_pull, args=(threes,))
+            raced.start()
+            _until(lambda: s.applied(slow_task) == (2, 2))
+            slow.push_pull(threes)  # the straggler's late exchange 2: a repeat, answered at once
+            raced.join(10)
+            assert not raced.is_alive() and slow.repeats == 1 and copy.repeats == 0
+        slow.close()
+    # Round 1's mean (1 + 3) / 2, five rounds of the fast worker alone, exchange 2 of the slow task once.
+    np.testing.assert_allclose(s.weights(), np.full(N, 2 + 5 + 3, np.float32))
+    assert s.clock == 7 and s.stats()["repeats_dropped"] == 1 and s.applied(slow_task) == (2, 2)
+
+
+def test_equal_workers_keep_whole_rounds() -> None:
+    """Proves: two workers at the same pace (0.4 s of "compute" a window) still meet in every
+    round: no round is cut short by the jitter between them."""
+    with ParameterServer(np.zeros(N, np.float32), secret=SECRET, sync_workers=2, sync_timeout_s=600,
+                         straggler_wait=0.5) as s:
+        clients = [_client(s, w) for w in range(2)]
+
+        def work(c: Client) -> None:
+            c.pull()
+            for _ in range(5):
+                time.sleep(0.4)
+                c.push_pull(np.ones(N, np.float32))
+
+        threads = [threading.Thread(target=work, args=(c,)) for c in clients]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        for c in clients:
+            c.close()
+        assert s.clock == 5 and s.stats()["short_rounds"] == 0
+
+
+def test_short_rounds_and_broken_connections_reach_prometheus() -> None:
+    m = RunMetrics(dataset="mnist", algorithm="sync", topic="t", workers=2)
+    m.on_ps_event("short_round")
+    m.on_ps_event("short_round")
+    m.on_ps_event("broken")
+    assert m.meters.ps_short_rounds._value.get() == 2
+    assert m.meters.ps_broken_connections._value.get() == 1
+
+
+def test_a_bad_round_wait_is_one_line_before_anything_starts(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[3]
+    done = subprocess.run([sys.executable, "-m", "pipeline", "run", "--dataset", "mnist", "--out", str(tmp_path / "r")],
+                          env={**os.environ, "PYTHONPATH": str(root), "STREAMTRAIN_ROUND_WAIT": "-1"}, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stderr.strip().count("\n") == 0, done.stderr
+    assert "Expected STREAMTRAIN_ROUND_WAIT" in done.stderr and "'-1'" in done.stderr
+    assert not (tmp_path / "r").exists()
