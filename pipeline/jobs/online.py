@@ -249,7 +249,8 @@ class Run:
             self.algorithm, spec, state.weights, host=cluster.driver_host(spark), port=self.settings.ps_port,
             shared_memory=self.settings.ps_shared_memory, on_request=self.metrics.on_ps_request,
             on_refusal=self.metrics.on_ps_refusal, on_event=self.metrics.on_ps_event,
-            straggler_wait=self.settings.round_wait, clock=state.clock, optimizer=state.optimizer, shards=cfg.ps_shards)
+            straggler_wait=_round_wait(cfg, self.settings), clock=state.clock, optimizer=state.optimizer,
+            shards=cfg.ps_shards)
         stack.enter_context(server)
         log.info("parameter server at %s:%d%s", server.host, server.port,
                  f" and {cfg.ps_shards - 1} more shards" if cfg.ps_shards > 1 else "")
@@ -294,6 +295,16 @@ class Run:
             stopped_because=self.display.stop_reason or "limit (--max-batches / --timeout)", final=final,
             ledger=self._driver.state.ledger, ps_stats=ps_stats, workers=self.cfg.workers, slots=self._cores,
             rejects=self.display.rejects)
+
+
+def _round_wait(cfg: RunConfig, settings: config.Settings) -> float:
+    """How long a synchronous round waits for a straggler (``STREAMTRAIN_ROUND_WAIT``). In
+    local mode, unless set, it waits for every worker: they share one machine's cores, so a
+    late one is jitter, not a slow host, and a round cut short steps on half its batch and
+    lands the late gradient a round stale (``bench/ablation.py``: staleness costs records)."""
+    if cfg.master.startswith("local") and "round_wait" not in settings.model_fields_set:
+        return 0.0
+    return settings.round_wait
 
 
 def _topic_name(base: str) -> str:

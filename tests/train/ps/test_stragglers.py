@@ -8,6 +8,7 @@ import threading
 import time
 
 import numpy as np
+import pytest
 
 from pipeline.jobs.run_metrics import RunMetrics
 from pipeline.train.ps import Client, ParameterServer
@@ -123,3 +124,19 @@ def test_a_bad_round_wait_is_one_line_before_anything_starts(tmp_path) -> None: 
     assert done.returncode == 2 and done.stderr.strip().count("\n") == 0, done.stderr
     assert "Expected STREAMTRAIN_ROUND_WAIT" in done.stderr and "'-1'" in done.stderr
     assert not (tmp_path / "r").exists()
+
+
+def test_local_mode_rounds_wait_for_every_worker_unless_the_operator_says_otherwise(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """On one machine a late worker is jitter, not a slow host: its rounds wait for it (a
+    short round steps on half its batch and lands the late gradient a round stale); a
+    cluster's rounds go on without a straggler; the environment's setting wins in both."""
+    from pipeline import config
+    from pipeline.jobs.online import _round_wait
+    from pipeline.jobs.run_config import RunConfig
+
+    monkeypatch.delenv("STREAMTRAIN_ROUND_WAIT", raising=False)
+    assert _round_wait(RunConfig(master="local[*]"), config.Settings()) == 0.0
+    assert _round_wait(RunConfig(master="spark://10.0.0.1:7077"), config.Settings()) == 0.5
+    monkeypatch.setenv("STREAMTRAIN_ROUND_WAIT", "0.3")
+    assert _round_wait(RunConfig(master="local[*]"), config.Settings()) == 0.3
