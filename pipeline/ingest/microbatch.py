@@ -92,7 +92,7 @@ class BatchFigures:
     lag: dict[TopicPartition, int] = dataclasses.field(default_factory=dict)
     trigger_to_handler_s: float | None = None
     results: list[Any] = dataclasses.field(default_factory=list)
-    freshness_s: float | None = None  # the median of the tasks' median freshness
+    newest_ms: dict[TopicPartition, int] = dataclasses.field(default_factory=dict)  # per partition, for freshness
     started_at: float = 0.0  # time.monotonic() when the batch reached the driver
 
     @classmethod
@@ -111,8 +111,9 @@ class BatchFigures:
             for reason, n in f.rejects.items():
                 info.rejects[reason] = info.rejects.get(reason, 0) + n
             info.results.append(f.result)
-        fresh = sorted(f.freshness_s for f in figures if f.freshness_s is not None)
-        info.freshness_s = fresh[len(fresh) // 2] if fresh else None
+            if f.newest_ms is not None:
+                tp = f.range.topic_partition
+                info.newest_ms[tp] = max(f.newest_ms, info.newest_ms.get(tp, f.newest_ms))
         return info
 
 
