@@ -27,6 +27,7 @@ from pipeline.ingest.decode import Block, TaskFigures
 from pipeline.ingest.kafka.fetch import UnreadableRange
 from pipeline.ingest.lag import LagMonitor
 from pipeline.ingest.offsets import OffsetRange, PassedOver, TopicPartition
+from pipeline.ingest.sizing import Sizing
 from pipeline.ingest.tasks import BatchTasks, query_failure
 
 log = logging.getLogger(__name__)
@@ -158,6 +159,7 @@ class StreamJob:
         on_unreadable: called with a batch's :class:`UnreadableRange` and the lag it leaves.
         on_poison: a batch that cannot be read stops the stream (``fail``) or is passed over (``skip``).
         kafka_conf: the Kafka client properties file (TLS, SASL), by path.
+        sizing: size each batch for a freshness target (:mod:`pipeline.ingest.sizing`).
     """
 
     def __init__(
@@ -180,6 +182,7 @@ class StreamJob:
         isolation_level: str = "read_committed",
         on_unreadable: Callable[[UnreadableRange, dict[TopicPartition, int]], None] | None = None, on_poison: str = "fail",
         kafka_conf: str | None = None,
+        sizing: Sizing | None = None,
     ) -> None:
         if not topics:
             raise ConfigError("Expected at least one topic to read.")
@@ -188,7 +191,7 @@ class StreamJob:
         self.spark, self.bootstrap, self.topics, self.schema = spark, bootstrap, topics, schema
         self.handler = handler or Handler()
         self.checkpoint = str(Path(checkpoint).resolve())
-        self.source_kind = sources.choose(spark, source)
+        self.source_kind, self.sizing = sources.choose(spark, source, sized=sizing is not None), sizing
         self.trigger_s, self.available_now = trigger_s, available_now
         self.max_offsets_per_trigger, self.min_partitions = max_offsets_per_trigger, min_partitions or 0
         self.starting_offsets = starting_offsets
@@ -258,7 +261,7 @@ class StreamJob:
             self.spark, bootstrap=self.bootstrap, topics=self.topics, source=self.source_kind,
             starting_offsets=self.starting_offsets, max_offsets_per_trigger=self.max_offsets_per_trigger,
             min_partitions=self.min_partitions, checkpoint=self.checkpoint, isolation_level=isolation,
-            kafka_conf=self._tasks.kafka_conf)
+            kafka_conf=self._tasks.kafka_conf, sizing=self.sizing)
         writer = df.writeStream.foreachBatch(self._on_batch).option("checkpointLocation", self.checkpoint)
         if self.available_now:
             writer = writer.trigger(availableNow=True)
