@@ -18,11 +18,12 @@ steady phases it is summed over: the first from 30 s in (after the backlog, sett
 from 60 s after the burst (the recovery the issue allows). ``burst_recovery_s``: seconds from
 the burst's end until freshness stays under the target to the end (``inf``: it never did).
 
-    .venv/bin/python bench/freshness.py [--scale 1] [--target 2]
+    .venv/bin/python bench/freshness.py [--scale 1] [--target 2] [--rate 2000]
 
 At ``--scale 1`` each arm runs about 7 minutes (start-up, backlog, 330 s of phases, drain): 15
-minutes in all. ``--scale`` multiplies every duration and the backlog (0.05 checks that it
-runs end to end, in about two minutes: start-ups dominate, the figures mean nothing).
+minutes in all. ``--scale`` multiplies every duration and the backlog, ``--rate`` sets the steady rate (the
+burst is 10x it): ``--scale 0.05 --rate 200`` checks that it runs end to end in two or three
+minutes (start-ups dominate; the figures mean nothing).
 
 Last line: ``freshness p50_s=<s> p99_s=<s> burst_recovery_s=<s> capacity_ratio=<r> fixed_p99_s=<s>``
 (p50, p99 and the recovery are the target arm's; capacity_ratio: its capacity over the fixed
@@ -46,9 +47,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from soak import Proc  # noqa: E402
 
-STEADY_RATE, BURST_RATE = 2000.0, 20_000.0
-#: (phase, seconds at scale 1, records/s).
-PHASES = (("steady", 180.0, STEADY_RATE), ("burst", 30.0, BURST_RATE), ("after", 120.0, STEADY_RATE))
+#: (phase, seconds at scale 1, records/s as a multiple of the steady rate).
+PHASES = (("steady", 180.0, 1.0), ("burst", 30.0, 10.0), ("after", 120.0, 1.0))
 BACKLOG = 60_000
 SETTLE_S, RECOVERY_S = 30.0, 60.0
 STEP_S = 0.1
@@ -128,7 +128,8 @@ def capacity(rows: list[dict[str, Any]], backlog: int) -> float:
     return records / max(1e-9, rows[upto]["at"] - rows[0]["at"])
 
 
-def run_arm(name: str, extra: list[str], *, bootstrap: str, folder: Path, scale: float, target: float) -> dict[str, Any]:
+def run_arm(name: str, extra: list[str], *, bootstrap: str, folder: Path, scale: float, target: float,
+            rate: float) -> dict[str, Any]:
     from pipeline.ingest.kafka import client
 
     topic = f"freshness-{name}-{int(time.time())}"
@@ -146,7 +147,7 @@ def run_arm(name: str, extra: list[str], *, bootstrap: str, folder: Path, scale:
         cap = capacity(_rows(out), backlog)
         print(f"freshness: {name}: backlog of {backlog:,} trained, {cap:,.0f} records/s", flush=True)
         marks.clear()
-        phases = [(p, s * scale, r) for p, s, r in PHASES]
+        phases = [(p, s * scale, times * rate) for p, s, times in PHASES]
         producer = threading.Thread(target=_produce, args=(bootstrap, topic, phases, marks), daemon=True)
         producer.start()
         producer.join(phases_s * 3 + 120)
@@ -175,10 +176,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scale", type=float, default=1.0, help="Multiplies every duration and the backlog.")
     parser.add_argument("--target", type=float, default=2.0, help="The target arm's --freshness-target, seconds.")
+    parser.add_argument("--rate", type=float, default=2000.0, help="The steady records/s (the burst: 10x).")
     args = parser.parse_args()
-    if not args.scale > 0 or not args.target > 0:
-        raise SystemExit(f"freshness: expected --scale > 0 and --target > 0. Received: {args.scale} and "
-                         f"{args.target}. Pass positive numbers (--scale 1 is the issue's benchmark).")
+    if not (args.scale > 0 and args.target > 0 and args.rate > 0):
+        raise SystemExit(f"freshness: expected --scale, --target and --rate > 0. Received: {args.scale}, "
+                         f"{args.target} and {args.rate}. Pass positive numbers (the defaults are the issue's).")
     from pipeline.ingest.kafka.broker import free_port
 
     with tempfile.TemporaryDirectory(prefix="streamtrain-freshness-") as tmp:
@@ -194,7 +196,7 @@ def main() -> None:
                                 ("target", ["--max-offsets-per-trigger", "20000", "--freshness-target",
                                             str(args.target)])):
                 arms[name] = run_arm(name, extra, bootstrap=bootstrap, folder=folder, scale=args.scale,
-                                     target=args.target)
+                                     target=args.target, rate=args.rate)
                 print(f"freshness: {name}: {arms[name]}", flush=True)
         finally:
             broker.signal(signal.SIGTERM)
