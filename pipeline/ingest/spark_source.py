@@ -174,11 +174,11 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     earliest = earliest or self._edges("earliest")
                     start = {**start, topic: {**start.get(topic, {}), p: earliest[topic][p]}}
         end = {t: {p: max(o, start.get(t, {}).get(p, 0)) for p, o in parts.items()} for t, parts in end.items()}
-        if isinstance(limit, ReadMaxRows):
-            end = offsets.cap_offsets(start, end, limit.max_rows)
-        if self.sizer is not None:
+        if self.sizer is not None:  # before the cap: the sizer must see the whole backlog to grow
             pending = sum(o - start.get(t, {}).get(p, 0) for t, parts in end.items() for p, o in parts.items())
             end = offsets.cap_offsets(start, end, self.sizer.plan(now=time.monotonic(), pending=pending))
+        if isinstance(limit, ReadMaxRows):
+            end = offsets.cap_offsets(start, end, limit.max_rows)
         return end
 
     def _waiting(self, start: dict, why: str) -> dict:

@@ -100,3 +100,40 @@ def test_the_size_follows_a_trainer_that_slows_down_and_the_lag_stays_bounded() 
 def test_bad_bounds_are_one_line(target: float, low: int, high: int, said: str) -> None:
     with pytest.raises(ConfigError, match=said.replace("+", r"\+")):
         Sizing(target, low, high)
+
+
+def test_the_python_source_sizes_each_trigger_from_sparks_options(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Proves: the target reaches streamtrain's source through Spark's options (whose keys
+    are case-insensitive), and each ``latestOffset`` plans at most the sizer's size, spread
+    over the partitions: the upper bound on a backlog, half of it once caught up, back up
+    while records are left behind."""
+    from types import SimpleNamespace
+
+    from pyspark.sql.datasource import CaseInsensitiveDict
+
+    from pipeline.ingest import spark_source
+
+    clock = [0.0]
+    monkeypatch.setattr(spark_source, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+    options = CaseInsensitiveDict({"kafka.bootstrap.servers": "127.0.0.1:1", "subscribe": "t",
+                                   **Sizing(TARGET, 100, 1000).options()})
+    reader = spark_source.KafkaStreamReader(options)
+    assert reader.sizer is not None and reader.sizer.sizing == Sizing(TARGET, 100, 1000)
+    log_end = {"t": {"0": 10_000, "1": 10_000}}
+    monkeypatch.setattr(reader, "_edges", lambda which: log_end)
+
+    def trigger(start: dict, after_s: float) -> tuple[dict, int]:  # type: ignore[type-arg]
+        clock[0] += after_s
+        end = reader.latestOffset(start, reader.getDefaultReadLimit())
+        return end, sum(end["t"][p] - start["t"][p] for p in ("0", "1"))
+
+    end, planned = trigger({"t": {"0": 0, "1": 0}}, 0.0)
+    assert planned == 1000 and end == {"t": {"0": 500, "1": 500}}  # nothing measured: the upper bound
+    log_end = {"t": {"0": 550, "1": 550}}  # 100 waiting after 10 s: caught up, at 100 records/s
+    end, planned = trigger(end, 10.0)
+    assert planned == 100 and reader.sizer.size == 500
+    log_end = {"t": {"0": 5000, "1": 5000}}  # a burst: more waits than the size, which doubles
+    end, planned = trigger(end, 1.0)
+    assert planned == 1000 and end == {"t": {"0": 1050, "1": 1050}}
+    _, planned = trigger(end, 1.0)
+    assert planned == 1000  # the upper bound holds
