@@ -167,9 +167,15 @@ def run_arm(name: str, extra: list[str], *, bootstrap: str, folder: Path, scale:
     over = np.flatnonzero(~(after <= target))  # NaN counts as over: nothing learned yet
     recovery = 0.0 if not len(over) else float("inf") if over[-1] == len(after) - 1 else (over[-1] + 1) * STEP_S
     finite = steady[np.isfinite(steady)]
+    in_steady = [int(r.get("rows", 0)) for r in rows if times["steady"] + SETTLE_S * scale <= r["at"] < times["burst"]]
+    try:  # where the time went (the trigger, the checkpoint, the commit among it), from the run's report
+        shares = json.loads((out / "report.json").read_text()).get("time_shares", {})
+    except (OSError, ValueError):
+        shares = {}
     return {"capacity": cap, "recovery_s": recovery, "p50": float(np.percentile(finite, 50)) if len(finite) else np.nan,
             "p99": float(np.percentile(finite, 99)) if len(finite) else np.nan,
-            "max_rows": max((int(r.get("rows", 0)) for r in rows), default=0)}
+            "steady_rows_p50": float(np.median(in_steady)) if in_steady else np.nan,
+            "max_rows": max((int(r.get("rows", 0)) for r in rows), default=0), "time_shares": shares}
 
 
 def main() -> None:
