@@ -191,7 +191,8 @@ class StreamJob:
         self.spark, self.bootstrap, self.topics, self.schema = spark, bootstrap, topics, schema
         self.handler = handler or Handler()
         self.checkpoint = str(Path(checkpoint).resolve())
-        self.source_kind, self.sizing = sources.choose(spark, source, sized=sizing is not None), sizing
+        self.source_kind = sources.choose(spark, source, sized=sizing is not None)
+        self.sizing = sizing
         self.trigger_s, self.available_now = trigger_s, available_now
         self.max_offsets_per_trigger, self.min_partitions = max_offsets_per_trigger, min_partitions or 0
         self.starting_offsets = starting_offsets

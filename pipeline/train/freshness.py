@@ -6,11 +6,12 @@ task reports the newest of its range. Per partition, the center holds the newest
 of every batch it applied; the model's freshness at time ``t`` is ``t`` minus the oldest
 partition's.
 
-A partition with nothing left to read when its batch ended (lag 0) bounds nothing while
-others lag: the center holds all it has, and a quiet partition would otherwise make a model
-that learned everything look stale. Where every partition is caught up, the newest
-timestamp of all bounds it: on a stream that went quiet, freshness grows, which is true
-(nothing newer was learned) and why the ``ModelStale`` alert also asks for a lag.
+A quiet partition (nothing in the batch, nothing left to read: lag 0) bounds nothing: the
+center holds all it has, and an old timestamp there would make a model that learned
+everything look stale. Where every partition is quiet, the newest timestamp of all bounds
+it: on a stream that went quiet, freshness grows, which is true (nothing newer was learned)
+and why the ``StreamtrainModelStale`` alert also asks for a lag. (A partition that had
+records in the batch always counts: a lag of 0 is read up to a second late.)
 
 Example:
     >>> f = Freshness()
@@ -54,8 +55,8 @@ class Freshness:
             self.newest_ms[tp] = max(ms, self.newest_ms.get(tp, ms))
         if not self.newest_ms:
             return
-        lagging = [ms for tp, ms in self.newest_ms.items() if lag.get(tp, 1) > 0]
-        self.as_of = (min(lagging) if lagging else max(self.newest_ms.values())) / 1000
+        bounding = [ms for tp, ms in self.newest_ms.items() if tp in newest_ms or lag.get(tp, 1) > 0]
+        self.as_of = (min(bounding) if bounding else max(self.newest_ms.values())) / 1000
 
     def seconds(self, now: float) -> float | None:
         """Freshness at Unix time ``now`` (None before anything was learned); never below 0

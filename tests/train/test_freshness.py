@@ -54,7 +54,8 @@ def test_create_and_log_append_times_reach_the_task_and_bound_the_model_per_part
     """Proves: a task reports the newest CreateTime of its range (not the last record's),
     and LogAppendTime where the batch says so; the batch keeps the newest per partition
     (two tasks of one partition); the model's freshness is now minus the oldest partition's,
-    and a caught-up partition bounds nothing while another lags."""
+    and a quiet partition (nothing in the batch, nothing left) bounds nothing while another
+    lags; one that had records in the batch does, its lag 0 or not."""
     first = _task(0, 0, [0, 1500, 700, 900])  # newest 1.5 s after T0, though not the last record
     second = _task(0, 4, [2000, 2100])
     appended = _task(1, 0, [0, 5, 9], log_append_ms=T0 + 1200)  # the broker's time, not the producer's
@@ -66,7 +67,10 @@ def test_create_and_log_append_times_reach_the_task_and_bound_the_model_per_part
     fresh = Freshness()
     fresh.learn(info.newest_ms, lag={("t", 0): 10, ("t", 1): 10})
     assert fresh.seconds(now=T0 / 1000 + 4.0) == pytest.approx(2.8)  # partition 1 bounds it: 4.0 - 1.2
-    fresh.learn({}, lag={("t", 0): 10, ("t", 1): 0})  # partition 1 caught up: partition 0 bounds it
+    read_late = Freshness()
+    read_late.learn(info.newest_ms, lag={("t", 0): 10, ("t", 1): 0})  # its lag of 0 may be a second old
+    assert read_late.as_of == pytest.approx(T0 / 1000 + 1.2)
+    fresh.learn({}, lag={("t", 0): 10, ("t", 1): 0})  # partition 1 went quiet: partition 0 bounds it
     assert fresh.seconds(now=T0 / 1000 + 4.0) == pytest.approx(1.9)
     # An older batch replayed into the figures never moves a partition back.
     fresh.learn({("t", 0): T0}, lag={("t", 0): 10, ("t", 1): 0})
