@@ -76,8 +76,9 @@ from producers import datasets
               help="Size each micro-batch from the measured training rate so that the model stays this fresh "
                    "(growing in a burst, shrinking after it), between --min- and --max-offsets-per-trigger. "
                    "README: Freshness.")
-@click.option("--min-offsets-per-trigger", type=int, default=1_000, show_default=True,
-              help="With --freshness-target: records per micro-batch at least, where that many wait.")
+@click.option("--min-offsets-per-trigger", type=int,
+              help="With --freshness-target: records per micro-batch at least, where that many wait (default "
+                   "1,000, or --max-offsets-per-trigger where lower).")
 @click.option("--isolation-level", default="read_committed", show_default=True,
               help="Kafka's: read_committed trains no record of an aborted transaction; read_uncommitted "
                    "trains every record written.")

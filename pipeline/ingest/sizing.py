@@ -63,7 +63,7 @@ class Sizing:
                               "model should stay, or leave it out for fixed-size batches.")
         if not 1 <= self.min_rows <= self.max_rows:
             raise ConfigError(f"Expected 1 <= --min-offsets-per-trigger <= --max-offsets-per-trigger. Received: "
-                              f"{self.min_rows} and {self.max_rows}. Lower the first or raise the second.")
+                              f"{self.min_rows} and {self.max_rows}. Pass a lower bound from 1 up to the upper bound.")
         if not 0 < self.share <= 1:
             raise ConfigError(f"Expected a share of the target in (0, 1]. Received: {self.share}")
 

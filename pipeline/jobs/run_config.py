@@ -44,7 +44,7 @@ class RunConfig:
     keep_checkpoints: int = 3  # checkpoint generations kept beside state.npz
     max_offsets_per_trigger: int = 20_000  # a batch's size; with a freshness target, its upper bound
     freshness_target_s: float | None = None  # size each batch for the model to stay this fresh (None: fixed size)
-    min_offsets_per_trigger: int = 1_000  # with a freshness target: a batch's lower bound
+    min_offsets_per_trigger: int | None = None  # with a freshness target, a batch's lower bound (None: 1,000 or less)
     on_poison: str = "fail"  # a batch the reader cannot read: stop (fail) or pass over it (skip)
     divergence_check: bool = True  # stop a run whose held-out score collapses
     wire_dtype: str = "float32"  # deltas and weights on TCP: float32, bfloat16 or float16 (half the bytes)
@@ -106,12 +106,17 @@ class RunConfig:
 
         >>> RunConfig(freshness_target_s=2.0).sizing
         Sizing(target_s=2.0, min_rows=1000, max_rows=20000, share=0.5)
+        >>> RunConfig(freshness_target_s=2.0, max_offsets_per_trigger=400).sizing.min_rows
+        400
         >>> RunConfig().sizing is None
         True
         """
         if self.freshness_target_s is None:
             return None
-        return Sizing(self.freshness_target_s, self.min_offsets_per_trigger, self.max_offsets_per_trigger)
+        low = self.min_offsets_per_trigger
+        # Unset, the lower bound gives way to a lower upper bound rather than refuse it.
+        low = min(1_000, self.max_offsets_per_trigger) if low is None else low
+        return Sizing(self.freshness_target_s, low, self.max_offsets_per_trigger)
 
     def validate(self) -> None:
         """Raise :class:`~pipeline.errors.ConfigError` for the first bad setting."""
