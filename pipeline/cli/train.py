@@ -71,7 +71,14 @@ from producers import datasets
 @click.option("--serve-max-age", "serve_max_age_s", type=float, default=1.0, show_default=True,
               help="Seconds: never predict with weights older than this.")
 @click.option("--max-offsets-per-trigger", type=int, default=20_000, show_default=True,
-              help="Records per micro-batch at most.")
+              help="Records per micro-batch at most (with --freshness-target, the upper bound of its sizing).")
+@click.option("--freshness-target", "freshness_target_s", type=float, metavar="SECONDS",
+              help="Size each micro-batch from the measured training rate so that the model stays this fresh "
+                   "(growing in a burst, shrinking after it), between --min- and --max-offsets-per-trigger. "
+                   "README: Freshness.")
+@click.option("--min-offsets-per-trigger", type=int,
+              help="With --freshness-target: records per micro-batch at least, where that many wait (default "
+                   "1,000, or --max-offsets-per-trigger where lower).")
 @click.option("--isolation-level", default="read_committed", show_default=True,
               help="Kafka's: read_committed trains no record of an aborted transaction; read_uncommitted "
                    "trains every record written.")

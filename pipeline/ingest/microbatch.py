@@ -27,6 +27,7 @@ from pipeline.ingest.decode import Block, TaskFigures
 from pipeline.ingest.kafka.fetch import UnreadableRange
 from pipeline.ingest.lag import LagMonitor
 from pipeline.ingest.offsets import OffsetRange, PassedOver, TopicPartition
+from pipeline.ingest.sizing import Sizing
 from pipeline.ingest.tasks import BatchTasks, query_failure
 
 log = logging.getLogger(__name__)
@@ -92,7 +93,7 @@ class BatchFigures:
     lag: dict[TopicPartition, int] = dataclasses.field(default_factory=dict)
     trigger_to_handler_s: float | None = None
     results: list[Any] = dataclasses.field(default_factory=list)
-    freshness_s: float | None = None  # the median of the tasks' median freshness
+    newest_ms: dict[TopicPartition, int] = dataclasses.field(default_factory=dict)  # per partition, for freshness
     started_at: float = 0.0  # time.monotonic() when the batch reached the driver
 
     @classmethod
@@ -111,8 +112,9 @@ class BatchFigures:
             for reason, n in f.rejects.items():
                 info.rejects[reason] = info.rejects.get(reason, 0) + n
             info.results.append(f.result)
-        fresh = sorted(f.freshness_s for f in figures if f.freshness_s is not None)
-        info.freshness_s = fresh[len(fresh) // 2] if fresh else None
+            if f.newest_ms is not None:
+                tp = f.range.topic_partition
+                info.newest_ms[tp] = max(f.newest_ms, info.newest_ms.get(tp, f.newest_ms))
         return info
 
 
@@ -157,6 +159,7 @@ class StreamJob:
         on_unreadable: called with a batch's :class:`UnreadableRange` and the lag it leaves.
         on_poison: a batch that cannot be read stops the stream (``fail``) or is passed over (``skip``).
         kafka_conf: the Kafka client properties file (TLS, SASL), by path.
+        sizing: size each batch for a freshness target (:mod:`pipeline.ingest.sizing`).
     """
 
     def __init__(
@@ -179,6 +182,7 @@ class StreamJob:
         isolation_level: str = "read_committed",
         on_unreadable: Callable[[UnreadableRange, dict[TopicPartition, int]], None] | None = None, on_poison: str = "fail",
         kafka_conf: str | None = None,
+        sizing: Sizing | None = None,
     ) -> None:
         if not topics:
             raise ConfigError("Expected at least one topic to read.")
@@ -187,7 +191,8 @@ class StreamJob:
         self.spark, self.bootstrap, self.topics, self.schema = spark, bootstrap, topics, schema
         self.handler = handler or Handler()
         self.checkpoint = str(Path(checkpoint).resolve())
-        self.source_kind = sources.choose(spark, source)
+        self.source_kind = sources.choose(spark, source, sized=sizing is not None)
+        self.sizing = sizing
         self.trigger_s, self.available_now = trigger_s, available_now
         self.max_offsets_per_trigger, self.min_partitions = max_offsets_per_trigger, min_partitions or 0
         self.starting_offsets = starting_offsets
@@ -257,7 +262,7 @@ class StreamJob:
             self.spark, bootstrap=self.bootstrap, topics=self.topics, source=self.source_kind,
             starting_offsets=self.starting_offsets, max_offsets_per_trigger=self.max_offsets_per_trigger,
             min_partitions=self.min_partitions, checkpoint=self.checkpoint, isolation_level=isolation,
-            kafka_conf=self._tasks.kafka_conf)
+            kafka_conf=self._tasks.kafka_conf, sizing=self.sizing)
         writer = df.writeStream.foreachBatch(self._on_batch).option("checkpointLocation", self.checkpoint)
         if self.available_now:
             writer = writer.trigger(availableNow=True)

@@ -13,6 +13,7 @@ from typing import Any
 
 from pipeline.errors import ConfigError
 from pipeline.ingest import columns
+from pipeline.ingest.sizing import Sizing
 
 log = logging.getLogger(__name__)
 
@@ -29,10 +30,18 @@ def jvm_available(spark: Any) -> bool:
     return True
 
 
-def choose(spark: Any, source: str) -> str:
-    """Resolve ``auto`` to ``jvm`` or ``python``, saying which in the log."""
+def choose(spark: Any, source: str, *, sized: bool = False) -> str:
+    """Resolve ``auto`` to ``jvm`` or ``python``, saying which in the log; ``sized``: batches
+    are sized for a freshness target, which streamtrain's Python source alone does (Spark's
+    plans a fixed ``maxOffsetsPerTrigger``)."""
     if source not in SOURCES:
         raise ConfigError(f"Expected source in {SOURCES}. Received: source={source!r}")
+    if sized and source == "jvm":
+        raise ConfigError("--freshness-target sizes batches in streamtrain's Python source; Spark's own (source=jvm) "
+                          "plans a fixed maxOffsetsPerTrigger. Use source=python (or auto), or drop the target.")
+    if sized:
+        log.info("Kafka source: streamtrain's Python source (it sizes batches for the freshness target)")
+        return "python"
     if source != "auto":
         if source == "jvm" and not jvm_available(spark):
             raise ConfigError("source=jvm needs the spark-sql-kafka jar on Spark's classpath; it is not there. "
@@ -64,14 +73,17 @@ def read_stream(
     checkpoint: str | None = None,
     isolation_level: str = "read_committed",
     kafka_conf: str | None = None,
+    sizing: Sizing | None = None,
 ) -> Any:
     """A streaming DataFrame of Kafka records, with exactly :data:`COLUMNS`; a consumer of
     ``isolation_level`` sees them (both sources read Kafka's ``kafka.isolation.level``).
     ``kafka_conf`` is the client properties file's path (TLS, SASL): the Python source reads
-    it on each process, Spark's own has its Java client read the secrets from it."""
+    it on each process, Spark's own has its Java client read the secrets from it. ``sizing``:
+    batches sized for a freshness target (the Python source only; its upper bound replaces
+    ``max_offsets_per_trigger``)."""
     if bool(topics) == bool(pattern):
         raise ConfigError("Expected topics or a pattern to subscribe to (exactly one).")
-    kind = choose(spark, source)
+    kind = choose(spark, source, sized=sizing is not None)
     options = {"kafka.bootstrap.servers": bootstrap, "startingOffsets": starting_offsets,
                "failOnDataLoss": str(fail_on_data_loss).lower(), "kafka.isolation.level": isolation_level}
     options["subscribe" if topics else "subscribePattern"] = ",".join(topics) if topics else str(pattern)
@@ -86,6 +98,8 @@ def read_stream(
             options["initialOffsetsPath"] = initial_offsets_path(checkpoint)
         if kafka_conf:
             options["kafkaConf"] = kafka_conf
+        if sizing is not None:
+            options.update(sizing.options())
         spark_source.register(spark)
         reader = spark.readStream.format(spark_source.NAME)
     else:

@@ -11,7 +11,9 @@ offsets in Kafka.
 Options (as in Spark's Kafka source): ``kafka.bootstrap.servers``, ``subscribe``
 (comma-separated topics) or ``subscribePattern``, ``startingOffsets`` (``earliest``,
 ``latest`` or JSON with -2 for earliest and -1 for latest), ``maxOffsetsPerTrigger``,
-``minPartitions``, ``failOnDataLoss``, ``kafka.fetch.timeout.ms``, and
+``minPartitions``, ``failOnDataLoss``, ``kafka.fetch.timeout.ms``, ``freshnessTarget`` (seconds:
+each trigger plans what the measured training rate gets through in a share of it, between
+``freshnessMinOffsets`` and ``maxOffsetsPerTrigger``: :mod:`pipeline.ingest.sizing`), and
 ``kafka.isolation.level`` (``read_committed``, the default here where Kafka's consumer
 defaults to ``read_uncommitted``: batches end at the last stable offset and aborted
 transactions are not read; or ``read_uncommitted``). ``kafkaConf`` names a Kafka client
@@ -39,7 +41,7 @@ from pyspark.sql.streaming.datasource import (
 )
 
 from pipeline.errors import ConfigError
-from pipeline.ingest import columns, offsets
+from pipeline.ingest import columns, offsets, sizing
 from pipeline.ingest.kafka.conf import KafkaConf
 from pipeline.ingest.kafka.conf import load as load_kafka_conf
 from pipeline.ingest.kafka.fetch import ConnectionLost, isolation_id
@@ -68,6 +70,10 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.max_rows = int(max_rows) if max_rows else None
         if self.max_rows is not None and self.max_rows < 1:
             raise ConfigError(f"Expected maxOffsetsPerTrigger >= 1. Received: {max_rows}")
+        # Lives in this reader, which Spark keeps for the query's life, and plans only new
+        # batches: a replayed one is read from Spark's offset log, never sized again.
+        sized = sizing.Sizing.from_options(options)
+        self.sizer = sizing.TriggerSizer(sized) if sized is not None else None
         self.min_partitions = int(options.get("minPartitions", "0") or 0)
         self.fail_on_data_loss = options.get("failOnDataLoss", "true").lower() != "false"
         self.fetch_timeout_s = int(options.get("kafka.fetch.timeout.ms", "60000")) / 1000
@@ -168,6 +174,9 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     earliest = earliest or self._edges("earliest")
                     start = {**start, topic: {**start.get(topic, {}), p: earliest[topic][p]}}
         end = {t: {p: max(o, start.get(t, {}).get(p, 0)) for p, o in parts.items()} for t, parts in end.items()}
+        if self.sizer is not None:  # before the cap: the sizer must see the whole backlog to grow
+            pending = sum(o - start.get(t, {}).get(p, 0) for t, parts in end.items() for p, o in parts.items())
+            end = offsets.cap_offsets(start, end, self.sizer.plan(now=time.monotonic(), pending=pending))
         if isinstance(limit, ReadMaxRows):
             end = offsets.cap_offsets(start, end, limit.max_rows)
         return end

@@ -169,7 +169,7 @@ class Run:
             stack.enter_context(processes.stop_gracefully(self.display.stop_requested))  # over PySpark's SIGINT
             self.display.startup(f"Spark ready ({master}, {spark.sparkContext.defaultParallelism} task slots); starting the query")
             job = microbatch.StreamJob(
-                spark, bootstrap=bootstrap, topics=[self.topic], schema=data.schema,
+                spark, bootstrap=bootstrap, topics=[self.topic], schema=data.schema, sizing=cfg.sizing,
                 checkpoint=self.out / "spark-checkpoint", max_offsets_per_trigger=cfg.max_offsets_per_trigger,
                 min_partitions=cfg.workers, on_lag=self.metrics.on_lag, isolation_level=cfg.isolation_level,
                 on_unreadable=self.metrics.on_unreadable, on_poison=cfg.on_poison, kafka_conf=cfg.kafka_conf)

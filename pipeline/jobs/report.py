@@ -63,7 +63,8 @@ class History:
         self._aborted += row.aborted
         self.poison += row.poison
         self.breakdown.add(batch_s=row.batch_s, commit_s=row.commit_s, read_decode_s=row.read_decode_s,
-                           compute_s=row.compute_s, exchange_s=row.exchange_s, task_s=row.task_s)
+                           compute_s=row.compute_s, exchange_s=row.exchange_s, task_s=row.task_s,
+                           checkpoint_s=row.checkpoint_ms / 1000)
         self.last_batch_at = ended_at
         if self.path is not None:
             with open(self.path, "a") as f:

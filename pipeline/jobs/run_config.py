@@ -6,6 +6,7 @@ import dataclasses
 from pathlib import Path
 
 from pipeline.errors import ConfigError
+from pipeline.ingest.sizing import Sizing
 
 
 def _builtin_datasets() -> tuple[str, ...]:
@@ -41,7 +42,9 @@ class RunConfig:
     resume: bool = False
     generation: int | None = None  # with resume: go back to this kept checkpoint (its batch id)
     keep_checkpoints: int = 3  # checkpoint generations kept beside state.npz
-    max_offsets_per_trigger: int = 20_000
+    max_offsets_per_trigger: int = 20_000  # a batch's size; with a freshness target, its upper bound
+    freshness_target_s: float | None = None  # size each batch for the model to stay this fresh (None: fixed size)
+    min_offsets_per_trigger: int | None = None  # with a freshness target, a batch's lower bound (None: 1,000 or less)
     on_poison: str = "fail"  # a batch the reader cannot read: stop (fail) or pass over it (skip)
     divergence_check: bool = True  # stop a run whose held-out score collapses
     wire_dtype: str = "float32"  # deltas and weights on TCP: float32, bfloat16 or float16 (half the bytes)
@@ -96,6 +99,25 @@ class RunConfig:
             settings["dataset"] = None
         return settings
 
+    @property
+    def sizing(self) -> Sizing | None:
+        """How batches are sized: for ``--freshness-target`` within the bounds, or None (a
+        fixed ``--max-offsets-per-trigger``).
+
+        >>> RunConfig(freshness_target_s=2.0).sizing
+        Sizing(target_s=2.0, min_rows=1000, max_rows=20000, share=0.5)
+        >>> RunConfig(freshness_target_s=2.0, max_offsets_per_trigger=400).sizing.min_rows
+        400
+        >>> RunConfig().sizing is None
+        True
+        """
+        if self.freshness_target_s is None:
+            return None
+        low = self.min_offsets_per_trigger
+        # Unset, the lower bound gives way to a lower upper bound rather than refuse it.
+        low = min(1_000, self.max_offsets_per_trigger) if low is None else low
+        return Sizing(self.freshness_target_s, low, self.max_offsets_per_trigger)
+
     def validate(self) -> None:
         """Raise :class:`~pipeline.errors.ConfigError` for the first bad setting."""
         names = _builtin_datasets()
@@ -107,6 +129,8 @@ class RunConfig:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ConfigError(f"Expected --{name.replace('_', '-')} >= 1. Received: {value}")
+        if self.freshness_target_s is not None:
+            self.sizing  # noqa: B018 - a target and bounds that cannot work: one line now, before anything starts
         if self.sync_overlap and self.algorithm != "sync":
             raise ConfigError(f"--sync-overlap is synchronous SGD's alone (--algorithm sync). Received: --algorithm "
                               f"{self.algorithm}. Drop --sync-overlap.")

@@ -4,7 +4,9 @@ the lag monitor's as they happen."""
 from __future__ import annotations
 
 import json
+import math
 import os
+import time
 from pathlib import Path
 
 from pipeline import codec
@@ -14,6 +16,7 @@ from pipeline.ingest.offsets import TopicPartition
 from pipeline.jobs.report import BATCHES_FILE, REPORT_FILE, read_rows
 from pipeline.observe import metrics
 from pipeline.train import checkpoint
+from pipeline.train.freshness import Freshness
 from pipeline.train.rows import BatchRow
 
 #: How much of ``batches.jsonl``'s end a resumed run reads for its last scores: a thousand
@@ -51,7 +54,7 @@ class RunMetrics:
         self.meters = m = metrics.training_metrics()
         self.topic = topic
         m.info.labels(dataset, algorithm, topic, str(workers)).set(1)
-        for gauge in (m.freshness, m.prequential_loss, m.prequential_accuracy, m.heldout_accuracy, m.heldout_time,
+        for gauge in (m.prequential_loss, m.prequential_accuracy, m.heldout_accuracy, m.heldout_time,
                       m.last_batch_time, m.last_batch_duration):
             gauge.set(float("nan"))
         m.records_ingested.labels(topic)
@@ -65,6 +68,14 @@ class RunMetrics:
         for activity in ("compute", "exchange"):
             m.worker_seconds.labels(activity)
         self.restore_clock(clock)
+        # Read at each scrape: freshness grows between batches, and a stalled run's must show it.
+        self._freshness = Freshness()
+        m.freshness.set_function(self.freshness_s)
+
+    def freshness_s(self) -> float:
+        """The model's freshness now (NaN: nothing learned yet)."""
+        seconds = self._freshness.seconds(time.time())
+        return math.nan if seconds is None else seconds
 
     def restore_clock(self, clock: int) -> None:
         """The server's clock at start (a resumed run's is not 0)."""
@@ -75,11 +86,12 @@ class RunMetrics:
         """A resumed run's figures from its checkpoint, set before /metrics serves a first
         scrape: the clock, the records trained and the batches applied go on from the
         checkpoint's totals (Prometheus sees the counters continue, neither a reset to 0 nor
-        a jump), the last batch's time is when it was saved, and the last known scores (the
-        held-out one with the time it was measured), the last batch's duration and its
-        freshness come from the run's rows (``batches.jsonl``), so no panel reads NaN until
-        batches come."""
+        a jump), the last batch's time is when it was saved, the model's freshness goes on
+        from the data the checkpoint holds, and the last known scores (the held-out one with
+        the time it was measured) and the last batch's duration come from the run's rows
+        (``batches.jsonl``), so no panel reads NaN until batches come."""
         self.restore_clock(state.clock)
+        self._freshness = Freshness.from_state(state.extra.get("freshness"))
         if state.last_batch_id < 0:
             return
         self.meters.records_trained.labels(self.topic).inc(int(state.extra.get("trained", 0)))
@@ -94,8 +106,6 @@ class RunMetrics:
         m = self.meters
         if rows:
             m.last_batch_duration.set(rows[-1]["batch_s"])
-            if rows[-1].get("freshness_s") is not None:
-                m.freshness.set(rows[-1]["freshness_s"])
         preq = [r for r in rows if "prequential_accuracy" in r and "prequential_loss" in r]
         if preq:
             m.prequential_accuracy.set(preq[-1]["prequential_accuracy"])
@@ -121,13 +131,21 @@ class RunMetrics:
             counter.inc()
 
     def on_lag(self, lag: dict[TopicPartition, int]) -> None:
+        """The lag monitor's refresh, about once a second: the lag, and a sample of the
+        model's freshness (so the histogram weighs each second alike, batch or none)."""
+        self._set_lag(lag)
+        seconds = self._freshness.seconds(time.time())
+        if seconds is not None:
+            self.meters.freshness_sampled.observe(seconds)
+
+    def _set_lag(self, lag: dict[TopicPartition, int]) -> None:
         for (topic, part), n in lag.items():
             self.meters.consumer_lag.labels(topic, str(part)).set(n)
 
     def on_unreadable(self, error: UnreadableRange, lag: dict[TopicPartition, int]) -> None:
         """A batch that cannot be read stops the run: counted, and its records as lag."""
         self.meters.unreadable_batches.labels(error.topic, str(error.partition)).inc()
-        self.on_lag(lag)
+        self._set_lag(lag)
 
     def on_final(self, scores: dict[str, float]) -> None:
         """The held-out score after the last batch (it may come after the last scored batch)."""
@@ -154,18 +172,18 @@ class RunMetrics:
         m.batches.inc()
         m.batch_duration.observe(info.batch_s)
         m.last_batch_duration.set(info.batch_s)
-        self.on_lag(info.lag)
+        self._set_lag(info.lag)
         for r in info.results:
             for s in r.staleness:
                 m.staleness.observe(s)
-        if info.freshness_s is not None:
-            m.freshness.set(info.freshness_s)
         m.updates_applied.inc(max(0, row.clock - self._clock_seen))
         self._clock_seen = row.clock
         m.clock.set(row.clock)
         m.last_batch_time.set_to_current_time()
         m.worker_seconds.labels("compute").inc(row.compute_s)
         m.worker_seconds.labels("exchange").inc(row.exchange_s)
+        if row.data_as_of is not None:  # the newest data the saved center holds
+            self._freshness.as_of = row.data_as_of
         if row.prequential_accuracy is not None and row.prequential_loss is not None:
             m.prequential_accuracy.set(row.prequential_accuracy)
             m.prequential_loss.set(row.prequential_loss)

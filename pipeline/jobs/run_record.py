@@ -72,6 +72,8 @@ ROLES: dict[str, str] = {
     "eval_every": KEPT,
     "eval_max": KEPT,
     "max_offsets_per_trigger": KEPT,
+    "freshness_target_s": KEPT,  # how batches are cut, never which records train: a resume may change it
+    "min_offsets_per_trigger": KEPT,
     "master": KEPT,
     "spark_conf": KEPT,
     "kafka_conf": KEPT,  # its path only; the file may move, or its password rotate, between sessions
@@ -87,7 +89,8 @@ _NOT_LISTED = ("out", "resume", "eval_max")
 #: Settings that name files, recorded as absolute paths.
 _PATHS = ("data_dir", "spark_conf", "kafka_conf")
 #: The options whose name is not their field's.
-_OPTION = {"communication_window": "window", "timeout_s": "timeout", "serve_max_age_s": "serve-max-age"}
+_OPTION = {"communication_window": "window", "timeout_s": "timeout", "serve_max_age_s": "serve-max-age",
+           "freshness_target_s": "freshness-target"}
 
 
 def option(field: str) -> str:

@@ -57,6 +57,6 @@ def start(stack: contextlib.ExitStack, cfg: RunConfig, settings: Any, out: Path,
     host, token = host_and_token(settings)
     serving = ServingProcess.for_run(name=cfg.name, spec=spec, schema=schema, server=server, host=host,
                                      port=cfg.serve_port, token=token, max_age_s=cfg.serve_max_age_s,
-                                     log_path=out / "serve.log", hosts=allowed_hosts(settings)).start()
+                                     log_path=out / "serve.log", hosts=allowed_hosts(settings), run_dir=out).start()
     stack.callback(serving.stop)
     return serving

@@ -37,6 +37,9 @@ _INSTANCE_BUCKETS = integer_buckets(1, 2, 3, 4, 5, 6, 8, 10, 16, 32, 64, 128, 25
 #: so p50 of 8-17 s batches reads within their bucket and a 431 s batch reads as one.
 _BATCH_BUCKETS = (0.5, 1, 2, 4, 6, 8, 10, 12, 15, 20, 25, 30, 45, 60, 90, 120, 180, 300, 450, 600, 900, 1800, 3600)
 
+#: The model's freshness: a quarter second (a target of seconds) to an hour (a stalled run).
+_FRESHNESS_BUCKETS = (0.25, 0.5, 0.75, 1, 1.5, 2, 3, 4, 6, 8, 10, 15, 20, 30, 60, 120, 300, 600, 1800, 3600)
+
 #: Parameter-server request seconds: half a millisecond to a minute (a pull behind a
 #: synchronous round waits for the slowest worker).
 _PS_BUCKETS = (0.0005, 0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.064, 0.128, 0.25, 0.5, 1, 2, 5, 10, 30, 60)
@@ -118,6 +121,7 @@ class TrainingMetrics:
     updates_applied: Counter
     clock: Gauge
     freshness: Gauge
+    freshness_sampled: Histogram
     prequential_loss: Gauge
     prequential_accuracy: Gauge
     heldout_accuracy: Gauge
@@ -181,8 +185,13 @@ def training_metrics() -> TrainingMetrics:
         clock=Gauge("streamtrain_ps_clock_updates",
                     "The parameter server's clock: updates applied since the run began (kept across resumes).",
                     registry=reg),
-        freshness=Gauge("streamtrain_train_freshness_seconds",
-                        "Now minus the event time of records when trained (median of the last batch).", registry=reg),
+        freshness=Gauge("streamtrain_model_freshness_seconds",
+                        "Now minus the newest Kafka timestamp whose update the center holds (the oldest partition's).",
+                        registry=reg),
+        # A family has one type: the histogram of the same figure takes a name of its own.
+        freshness_sampled=Histogram("streamtrain_model_freshness_sampled_seconds",
+                                    "The model's freshness, sampled about once a second (time-weighted).",
+                                    buckets=_FRESHNESS_BUCKETS, registry=reg),
         prequential_loss=Gauge("streamtrain_train_prequential_loss",
                                "Loss on each batch before training on it (test-then-train).", registry=reg),
         prequential_accuracy=Gauge("streamtrain_train_prequential_accuracy",

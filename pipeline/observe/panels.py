@@ -100,9 +100,13 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
         ), unit="s", thresholds=((60, "orange"), (300, "red")),
               description="The last batch's own duration, and quantiles over the batches of the last minute at "
                           "least (buckets up to an hour)."),
-        Panel("Freshness: now minus event time when trained", (
-            Query("streamtrain_train_freshness_seconds", "median of the last batch"),
-        ), unit="s", thresholds=((60, "orange"), (300, "red"))),
+        Panel("Model freshness: age of the newest data it learned", (
+            Query("streamtrain_model_freshness_seconds", "now"),
+            Query(_quantile(0.99, "streamtrain_model_freshness_sampled_seconds"), "p99"),
+        ), unit="s", thresholds=((60, "orange"), (300, "red")),
+              description="Now minus the newest Kafka timestamp whose update the center holds, the oldest "
+                          "partition's; p99 of its samples (about one a second). Red at StreamtrainModelStale's "
+                          "default threshold."),
         Panel("Parameter-server updates per second", (
             Query(_rate("streamtrain_ps_updates_total"), "updates/s"),
         ), unit="short"),

@@ -26,7 +26,9 @@ client holds a socket, never a thread. The limits:
   where numbers belong: a 400 that says so. Every answer is counted by status, every
   refusal by reason, those aiohttp's parser makes included.
 
-Every prediction answers with ``X-Model-Version`` and ``X-Weights-Age-Seconds``, the age
+Every prediction answers with ``X-Model-Version``, ``X-Data-Freshness-Seconds`` where the run's
+checkpoint says it (now minus the newest data the weights learned, the oldest partition's),
+and ``X-Weights-Age-Seconds``, the age
 when the answer leaves, never above ``max_age_s`` (over it: a 503) but for the checkpoint a
 restarted run serves while it starts (no newer weights exist yet). With a token, the
 model routes want ``Authorization: Bearer <token>``.
@@ -300,7 +302,11 @@ class ModelServer:
             answer["filled"] = parsed.filled
         body = json.dumps(answer)
         self.meters.latency.labels(self.name).observe(time.perf_counter() - started)
-        return _answer(200, body.encode(), {"X-Model-Version": str(snap.version), "X-Weights-Age-Seconds": f"{age:.3f}"})
+        headers = {"X-Model-Version": str(snap.version), "X-Weights-Age-Seconds": f"{age:.3f}"}
+        freshness = snap.freshness_s()
+        if freshness is not None:  # how old the newest data is that these weights learned
+            headers["X-Data-Freshness-Seconds"] = f"{freshness:.3f}"
+        return _answer(200, body.encode(), headers)
 
     def _predict_sync(self, raw: bytes) -> tuple[np.ndarray, Any, instances.Request, int]:
         try:

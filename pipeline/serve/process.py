@@ -126,7 +126,7 @@ def serve_live(job: dict[str, Any], answer: Any, stop: threading.Event) -> None:
         source = RunWeights(job["run_dir"], interval_s=job["refresh_s"])
     else:
         spec, schema = ModelSpec.from_json(job["spec"]), schema_from_dict(job["schema"])
-        source = _live(job, job["refresh_s"])
+        source = _live(job, job["refresh_s"], job.get("data_dir"))
     try:
         source.start()
         # One TensorFlow thread: the cores belong to the training it runs beside.
@@ -140,22 +140,23 @@ def serve_live(job: dict[str, Any], answer: Any, stop: threading.Event) -> None:
     answer(Listening(server.port, server.url))
     try:
         if isinstance(source, RunWeights):
-            _follow_when_told(source, stop, job["refresh_s"])
+            _follow_when_told(source, stop, job["refresh_s"], job["run_dir"])
         processes.wait(stop)
     finally:
         server.stop()
         source.close()
 
 
-def _live(job: dict[str, Any], refresh_s: float) -> Any:
-    """The live center of the parameter server ``job`` names."""
+def _live(job: dict[str, Any], refresh_s: float, run_dir: str | None) -> Any:
+    """The live center of the parameter server ``job`` names; ``run_dir``: the run folder
+    whose checkpoint says how fresh its data is."""
     from pipeline.serve.weights import LiveWeights
 
     return LiveWeights(job["address"], secret=job["secret"], size=job["size"], interval_s=refresh_s,
-                       shards=[tuple(s) for s in job.get("shards", ())])
+                       shards=[tuple(s) for s in job.get("shards", ())], run_dir=run_dir)
 
 
-def _follow_when_told(source: Any, stop: threading.Event, refresh_s: float) -> None:
+def _follow_when_told(source: Any, stop: threading.Event, refresh_s: float, run_dir: str) -> None:
     """Serve the checkpoint until the parent sends its parameter server (or ``stop``)."""
     while not stop.is_set():
         try:
@@ -164,7 +165,7 @@ def _follow_when_told(source: Any, stop: threading.Event, refresh_s: float) -> N
             return
         if server is not None:
             log.info("following the parameter server at %s", server["address"])
-            source.follow(_live(server, refresh_s))
+            source.follow(_live(server, refresh_s, run_dir))
             return
 
 
@@ -185,14 +186,16 @@ class ServingProcess:
 
     @classmethod
     def for_run(cls, *, name: str, spec: Any, schema: Any, server: Any, host: str, port: int, token: str | None,
-                max_age_s: float, log_path: Path, hosts: tuple[str, ...] = ()) -> ServingProcess:
+                max_age_s: float, log_path: Path, hosts: tuple[str, ...] = (),
+                run_dir: Path | None = None) -> ServingProcess:
         """The server for a run's parameter ``server`` (its address and secret) and model,
-        listening on ``host:port`` (see :func:`host_and_token`)."""
+        listening on ``host:port`` (see :func:`host_and_token`); ``run_dir``: the run's
+        folder, whose checkpoint says how fresh the served data is."""
         from pipeline.serve.predictor import schema_dict
 
         return cls({"name": name, "spec": spec.to_json(), "schema": schema_dict(schema), **_server_job(server, spec.size),
                     "host": host, "port": port, "token": token, "max_age_s": max_age_s, "hosts": list(hosts),
-                    "refresh_s": min(0.2, max_age_s / 4)}, log_path)
+                    "refresh_s": min(0.2, max_age_s / 4), "data_dir": str(run_dir) if run_dir else None}, log_path)
 
     @classmethod
     def for_restart(cls, *, run_dir: Path, name: str, host: str, port: int, token: str | None, max_age_s: float,

@@ -29,12 +29,25 @@ class Snapshot:
     """Center weights, their version (the parameter server's clock) and when they were
     the center's (wall-clock seconds). ``bounded``: whether a server's bound on the age
     (``--serve-max-age``) applies; not to the checkpoint a starting run serves, the newest
-    weights there are until its parameter server is up."""
+    weights there are until its parameter server is up. ``data_as_of``: the newest data
+    they are known to hold (Unix seconds, the oldest partition's: see
+    :mod:`pipeline.train.freshness`); None: unknown."""
 
     weights: np.ndarray
     version: int
     as_of: float
     bounded: bool = True
+    data_as_of: float | None = None
+
+    def freshness_s(self, now: float | None = None) -> float | None:
+        """Seconds from the newest data these weights hold to ``now`` (None: unknown).
+
+        >>> Snapshot(np.zeros(1, np.float32), 3, as_of=100.0, data_as_of=98.5).freshness_s(now=100.25)
+        1.75
+        """
+        if self.data_as_of is None:
+            return None
+        return max(0.0, (time.time() if now is None else now) - self.data_as_of)
 
     def age_s(self, now: float | None = None) -> float:
         """Seconds since these weights were the center's.
@@ -94,16 +107,22 @@ class LiveWeights(_Refresher):
         secret: the run's secret (handed over by the process that started the server).
         size: number of weights.
         interval_s: seconds between reads.
+        run_dir: the run's folder, whose checkpoint says how fresh the data is: the center
+            read after a checkpoint holds at least what it holds (the center only moves on),
+            so the figure errs on the stale side by at most the batch in flight. None: unknown.
     """
 
     def __init__(self, address: str, *, secret: bytes, size: int, interval_s: float = 0.2,
-                 shards: list[Shard] | None = None) -> None:
+                 shards: list[Shard] | None = None, run_dir: str | os.PathLike[str] | None = None) -> None:
         super().__init__(interval_s)
         self.address, self._secret, self.size = address, secret, size
         self.shards = shards or []
         self._client: Client | ShardedClient | None = None
+        self._data = _DataTime(run_dir) if run_dir is not None else None
 
     def _refresh(self) -> Snapshot:
+        # Read before the peek: the center peeked holds at least what this checkpoint does.
+        data_as_of = self._data.read() if self._data is not None else None
         if self._client is None:
             # Worker id 0xFFFFFFFF: no training worker has it; a peek is no pull anyway.
             self._client = connect(parse_address(self.address), self.shards, secret=self._secret,
@@ -115,7 +134,7 @@ class LiveWeights(_Refresher):
             client.close()
             self._client = None
             raise
-        return Snapshot(weights, int(client.clock), time.time())
+        return Snapshot(weights, int(client.clock), time.time(), data_as_of=data_as_of)
 
     def close(self) -> None:
         super().close()
@@ -142,7 +161,30 @@ class CheckpointWeights(_Refresher):
         if state is None:
             return None
         self._seen = stamp
-        return Snapshot(np.asarray(state.weights, np.float32), int(state.clock), stat.st_mtime)
+        as_of = (state.extra.get("freshness") or {}).get("as_of")
+        return Snapshot(np.asarray(state.weights, np.float32), int(state.clock), stat.st_mtime,
+                        data_as_of=None if as_of is None else float(as_of))
+
+
+class _DataTime:
+    """The freshness bound of a run's checkpoint, read again only when the file changes."""
+
+    def __init__(self, run_dir: str | os.PathLike[str]) -> None:
+        self.run_dir = Path(run_dir)
+        self._seen: tuple[int, int] | None = None
+        self._as_of: float | None = None
+
+    def read(self) -> float | None:
+        try:
+            stat = (self.run_dir / checkpoint.FILENAME).stat()
+        except OSError:
+            return self._as_of
+        stamp = (stat.st_mtime_ns, stat.st_size)
+        if stamp != self._seen:
+            as_of = checkpoint.data_as_of(self.run_dir)
+            if as_of is not None:  # None: being replaced; the next read sees the new one
+                self._seen, self._as_of = stamp, as_of
+        return self._as_of
 
 
 class RunWeights(_Refresher):

@@ -12,8 +12,11 @@ slot-seconds to spend; the figures the tasks and the driver measure split them:
   prequential score, shuffling);
 - ``in_batch_idle``: slots idle while the batch ran (Spark launching tasks, a task that
   finished before the slowest);
-- ``commit``: the driver's per-batch check and checkpoint, which every slot waits for;
-- ``between_batches``: the rest: Spark's trigger, its offset and commit logs, planning.
+- ``checkpoint``: the driver's write of the checkpoint after each batch, which every slot
+  waits for (its cost is per batch: smaller batches, for a freshness target, pay it more often);
+- ``commit``: the rest of the driver's per-batch work (checking the tasks, releasing records);
+- ``trigger``: the rest, between batches: Spark's trigger, the source's planning, its offset
+  and commit logs (and waiting for records, on a stream that runs dry).
 
 Held-out scoring is left out of the wall time, as the run's ``records_per_s_excluding_eval``
 leaves it out.
@@ -23,7 +26,7 @@ from __future__ import annotations
 
 from typing import Any
 
-PARTS = ("compute", "exchange", "read_decode", "task_other", "in_batch_idle", "commit", "between_batches")
+PARTS = ("compute", "exchange", "read_decode", "task_other", "in_batch_idle", "checkpoint", "commit", "trigger")
 
 
 class Breakdown:
@@ -31,38 +34,44 @@ class Breakdown:
 
     Example:
         >>> b = Breakdown()
-        >>> b.add(batch_s=4.0, commit_s=0.5, read_decode_s=0.4, compute_s=5.8, exchange_s=0.9, task_s=7.0)
+        >>> b.add(batch_s=4.0, commit_s=0.5, read_decode_s=0.4, compute_s=5.8, exchange_s=0.9, task_s=7.0,
+        ...       checkpoint_s=0.2)
         >>> s = b.shares(slots=2, wall_s=5.0)
-        >>> s["compute"], s["exchange"], s["in_batch_idle"], s["commit"], s["between_batches"]
-        (0.58, 0.09, 0.06, 0.1, 0.1)
+        >>> s["compute"], s["exchange"], s["in_batch_idle"], s["checkpoint"], s["commit"], s["trigger"]
+        (0.58, 0.09, 0.06, 0.04, 0.06, 0.1)
         >>> round(sum(s.values()), 6)
         1.0
     """
 
     def __init__(self) -> None:
         self.batches = 0
-        self.seconds = dict.fromkeys(("compute", "exchange", "read_decode", "task", "batch", "commit"), 0.0)
+        self.seconds = dict.fromkeys(("compute", "exchange", "read_decode", "task", "batch", "commit", "checkpoint"),
+                                     0.0)
 
     def add(self, *, batch_s: float, commit_s: float, read_decode_s: float, compute_s: float, exchange_s: float,
-            task_s: float) -> None:
-        """One batch: its tasks' wall time on the driver and the driver's commit after them;
-        and summed over its tasks, their seconds reading and decoding, computing, exchanging,
-        and in training (``task_s``: from the decoded block to the task's result)."""
+            task_s: float, checkpoint_s: float = 0.0) -> None:
+        """One batch: its tasks' wall time on the driver and the driver's commit after them
+        (``checkpoint_s`` of it writing the checkpoint); and summed over its tasks, their
+        seconds reading and decoding, computing, exchanging, and in training (``task_s``:
+        from the decoded block to the task's result)."""
         self.batches += 1
         for key, seconds in (("batch", batch_s), ("commit", commit_s), ("read_decode", read_decode_s),
-                             ("compute", compute_s), ("exchange", exchange_s), ("task", task_s)):
+                             ("compute", compute_s), ("exchange", exchange_s), ("task", task_s),
+                             ("checkpoint", min(checkpoint_s, commit_s))):
             self.seconds[key] += seconds
 
     def shares(self, *, slots: int, wall_s: float, eval_s: float = 0.0) -> dict[str, float]:
         """Each part's share of ``slots x (wall_s - eval_s)`` slot-seconds, to two decimals;
-        ``between_batches`` is what the others leave (never below 0)."""
+        ``trigger`` is what the others leave (never below 0)."""
         total = max(1, slots) * max(1e-9, wall_s - eval_s)
         s = self.seconds
         other = max(0.0, s["task"] - s["compute"] - s["exchange"])
         idle = max(0.0, max(1, slots) * s["batch"] - s["read_decode"] - s["task"])
+        slot = max(1, slots)
         parts = {"compute": s["compute"], "exchange": s["exchange"], "read_decode": s["read_decode"],
-                 "task_other": other, "in_batch_idle": idle, "commit": max(1, slots) * s["commit"]}
-        parts["between_batches"] = max(0.0, total - sum(parts.values()))
+                 "task_other": other, "in_batch_idle": idle, "checkpoint": slot * s["checkpoint"],
+                 "commit": slot * (s["commit"] - s["checkpoint"])}
+        parts["trigger"] = max(0.0, total - sum(parts.values()))
         return {k: round(v / total, 2) for k, v in parts.items()}
 
     def state(self) -> dict[str, Any]:

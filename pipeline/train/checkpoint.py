@@ -159,6 +159,19 @@ def load(folder: str | os.PathLike[str], *, generation: int | None = None) -> St
         raise DataError(f"{e}; {way}") from None
 
 
+def data_as_of(folder: str | os.PathLike[str]) -> float | None:
+    """The freshness bound of the checkpoint in ``folder`` (Unix seconds: the center holds
+    every partition's data up to it, :mod:`pipeline.train.freshness`), read without its
+    weights; None where there is none, or none readable (a file being replaced: ask again)."""
+    try:
+        with np.load(Path(folder) / FILENAME, allow_pickle=False) as f:
+            meta = json.loads(f["meta"].tobytes())
+    except (OSError, ValueError, KeyError, zipfile.BadZipFile, EOFError):
+        return None
+    as_of = (meta.get("extra", {}).get("freshness") or {}).get("as_of")
+    return None if as_of is None else float(as_of)
+
+
 def _read(path: Path) -> State:
     try:
         with np.load(path, allow_pickle=False) as f:

@@ -36,6 +36,7 @@ from pipeline.ingest.microbatch import BatchFigures
 from pipeline.ingest.offsets import OffsetRange
 from pipeline.train import checkpoint, ledger
 from pipeline.train.divergence import HeldoutWatch
+from pipeline.train.freshness import Freshness
 from pipeline.train.partition import TaskResult
 from pipeline.train.rows import BatchRow, TaskRow
 from pipeline.train.server import Server
@@ -81,6 +82,8 @@ class TrainDriver:
         self._batch = -1
         #: Watches the held-out scores for a collapse (see :meth:`watch_heldout`).
         self.watch: HeldoutWatch | None = None
+        #: The newest data the center holds, per partition (a resumed run's from its checkpoint).
+        self.freshness = Freshness.from_state(state.extra.get("freshness") if state is not None else None)
 
     def watch_heldout(self, y: np.ndarray, *, regression: bool) -> None:
         """Stop the run when its held-out score (on labels ``y``) collapses
@@ -133,7 +136,9 @@ class TrainDriver:
         # their offsets are accounted for, as skipped, across resumes.
         poison = list(state.extra.get("poison", [])) + [
             [info.batch_id, p.topic, p.partition, p.first, p.last, p.cause] for p in info.poison]
+        self.freshness.learn(info.newest_ms, lag=info.lag)
         state.extra = {"trained": self.trained + row.trained, **({"poison": poison} if poison else {}),
+                       "freshness": self.freshness.state(),
                        **({"heldout": self.watch.state()} if self.watch is not None else {})}
         # The generation of the best score stays, however old, for a collapse to go back to.
         checkpoint.save(self.folder, state, keep=self.keep,
@@ -142,6 +147,8 @@ class TrainDriver:
         if self.releaser is not None:
             self.releaser.trained(info.ranges)
         row.commit_s = round(time.perf_counter() - committing, 4)
+        row.freshness_s = self.freshness.seconds(time.time())  # the moment the batch is saved (and served)
+        row.data_as_of = self.freshness.as_of
         if self.on_row is not None:
             self.on_row(info, row, weights)  # scores the held-out split when due
         if row.heldout:

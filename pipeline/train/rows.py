@@ -69,7 +69,10 @@ class BatchRow:
         read_decode_s, task_s: the tasks' seconds reading and decoding their ranges, and
             training them (compute, exchange and the rest: see :mod:`pipeline.train.breakdown`).
         commit_s: the driver's seconds checking and saving the batch after its tasks.
-        freshness_s: now minus the records' event time when trained (median; None: unknown).
+        freshness_s: the model's freshness once the batch was saved: now minus the newest
+            Kafka timestamp the center holds, the oldest partition's
+            (:mod:`pipeline.train.freshness`; None: unknown); ``data_as_of``: that newest
+            timestamp (Unix seconds), from which the freshness at any later time follows.
         at: Unix time when the batch's tasks were done (``t`` restarts with each session; this
             places a row of any session on one clock, for the report and a resumed run's figures).
         tasks: a row per task (one offset range), checked against the parameter server.
@@ -100,6 +103,7 @@ class BatchRow:
     task_s: float = 0.0
     commit_s: float = 0.0
     freshness_s: float | None = None
+    data_as_of: float | None = None
     at: float = 0.0
 
     @classmethod
@@ -116,7 +120,7 @@ class BatchRow:
             staleness_p99=float(np.percentile(staleness, 99)) if staleness else None,
             clock=clock, compute_s=sum(r.compute_s for r in results), exchange_s=sum(r.exchange_s for r in results),
             aborted=info.aborted, poison=list(info.poison), read_decode_s=round(info.decode_s, 3),
-            task_s=round(info.handler_s, 3), freshness_s=info.freshness_s, at=round(time.time(), 3),
+            task_s=round(info.handler_s, 3), at=round(time.time(), 3),
         )
         if preq_n:
             row.prequential_accuracy = sum(r.preq_acc * r.preq_n for r in scored) / preq_n
@@ -126,7 +130,7 @@ class BatchRow:
     def to_dict(self) -> dict[str, Any]:
         """The row as ``report.json`` has it (scores that were not measured are left out)."""
         d = dataclasses.asdict(self)
-        for key in ("prequential_accuracy", "prequential_loss", "heldout", "freshness_s"):
+        for key in ("prequential_accuracy", "prequential_loss", "heldout", "freshness_s", "data_as_of"):
             if d[key] is None:
                 del d[key]
         if not d["poison"]:

@@ -23,11 +23,12 @@ def _varint(n: int) -> bytes:
             return out
 
 
-def records_body(records: list[tuple[bytes | None, bytes | None]]) -> bytes:
-    """The records of a v2 batch, uncompressed (no headers)."""
+def records_body(records: list[tuple[bytes | None, bytes | None]], deltas_ms: list[int] | None = None) -> bytes:
+    """The records of a v2 batch, uncompressed (no headers); ``deltas_ms``: each record's
+    timestamp after the batch's first (all 0 where not given)."""
     body = b""
     for i, (key, value) in enumerate(records):
-        rec = b"\x00" + _varint(0) + _varint(i)
+        rec = b"\x00" + _varint(deltas_ms[i] if deltas_ms else 0) + _varint(i)
         for field in (key, value):
             rec += _varint(-1) if field is None else _varint(len(field)) + field
         rec += _varint(0)  # no headers
@@ -36,12 +37,17 @@ def records_body(records: list[tuple[bytes | None, bytes | None]]) -> bytes:
 
 
 def batch(records: list[tuple[bytes | None, bytes | None]], *, codec: int = 0, payload: bytes | None = None,
-          base_offset: int = 0, magic: int = 2, producer_id: int = -1, attributes: int = 0) -> bytes:
+          base_offset: int = 0, magic: int = 2, producer_id: int = -1, attributes: int = 0,
+          first_ms: int | None = None, deltas_ms: list[int] | None = None, max_ms: int | None = None) -> bytes:
     """One record batch of ``records`` compressed with ``codec`` (``payload``: these bytes
-    instead of the compressed records), with a valid CRC."""
-    body = payload if payload is not None else compression.deflate(codec, records_body(records))
-    now_ms = int(time.time() * 1000)  # a broker with time retention keeps recent records only
-    after_crc = (struct.pack(">hiqqqhii", attributes | codec, len(records) - 1, now_ms, now_ms, producer_id, -1, -1,
+    instead of the compressed records), with a valid CRC. Timestamps: the batch's first
+    (``first_ms``, now where not given), each record's after it (``deltas_ms``), and the
+    batch's maximum (``max_ms``: what every record reads with LogAppendTime, ``attributes``
+    0x08; by default the newest record's)."""
+    body = payload if payload is not None else compression.deflate(codec, records_body(records, deltas_ms))
+    now_ms = int(time.time() * 1000) if first_ms is None else first_ms  # a broker with time retention keeps recent records only
+    top_ms = max_ms if max_ms is not None else now_ms + max(deltas_ms or [0])
+    after_crc = (struct.pack(">hiqqqhii", attributes | codec, len(records) - 1, now_ms, top_ms, producer_id, -1, -1,
                              len(records)) + body)
     crc = crc32c.crc32c(after_crc)
     after_length = struct.pack(">ibI", 0, magic, crc) + after_crc

@@ -23,6 +23,7 @@ from pipeline.ingest import microbatch as stream
 from pipeline.ingest import sources as source
 from pipeline.ingest.kafka import client
 from pipeline.ingest.offsets import OffsetRange
+from pipeline.ingest.sizing import Sizing
 from producers import Replay, datasets
 from tests.ingest import stream_helpers
 
@@ -192,10 +193,14 @@ def test_restart_after_sigkill_mid_batch_replays_the_same_batch(spark, broker, t
     before = [json.loads(line) for line in ledger.read_text().splitlines()]
     assert [b["batch_id"] for b in before] == [0, 1]
 
-    after = _job(spark, broker, topic, checkpoint, max_offsets_per_trigger=1000).run(max_batches=2, timeout_s=90)
-    # The killed batch comes back with the same id and the same offsets; nothing is skipped.
+    # Resumed with batches sized for a freshness target, at most 200 records: the killed batch
+    # comes back with the same id and the same 1,000 offsets (Spark's log, never sized again);
+    # the batches after it are sized; nothing is skipped.
+    sized = Sizing(target_s=2.0, min_rows=100, max_rows=200)
+    after = _job(spark, broker, topic, checkpoint, sizing=sized).run(max_batches=6, timeout_s=120)
     assert after[0].batch_id == 1
     assert [list(dataclasses.astuple(r)) for r in after[0].ranges] == before[1]["ranges"]
+    assert after[0].rows == 1000 and all(b.rows <= 200 for b in after[1:]), [b.rows for b in after]
     ranges = [OffsetRange(*r) for r in before[0]["ranges"]]
     all_batches = [stream.BatchFigures(0, ranges, rows=before[0]["rows"]), *after]
     assert sum(_assert_contiguous(all_batches).values()) == produced

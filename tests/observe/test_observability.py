@@ -81,6 +81,7 @@ def scraped(broker, prometheus, data_dir, tmp_path_factory) -> dict[str, Any]:  
         proc = subprocess.Popen(
             [sys.executable, "-m", "pipeline", "run", "--dataset", "higgs", "--bootstrap", broker.bootstrap,
              "--topic", topic, "--metrics-port", str(run_port), "--max-offsets-per-trigger", "400",
+             "--freshness-target", "2", "--min-offsets-per-trigger", "100",  # batches sized by the rate, <= 400
              "--eval-every", "2", "--timeout", "30", "--serve-port", str(serve_port), "--out", str(out),
              "--sync-overlap"],  # pushes one round late: the staleness histogram below reads 0s and 1s
             cwd=ROOT, stdout=log_file, stderr=subprocess.STDOUT, text=True)
@@ -98,7 +99,8 @@ def scraped(broker, prometheus, data_dir, tmp_path_factory) -> dict[str, Any]:  
             feeder = threading.Thread(target=lambda: reports.append(replay.run()))
             feeder.start()
             # Clients of the live model while it trains: good requests and bad ones.
-            asking = threading.Thread(target=_ask_while_running, args=(serve_port, proc), daemon=True)
+            answered: list[dict[str, str]] = []
+            asking = threading.Thread(target=_ask_while_running, args=(serve_port, proc, answered), daemon=True)
             asking.start()
             run_metrics: list[str] = []
 
@@ -119,10 +121,11 @@ def scraped(broker, prometheus, data_dir, tmp_path_factory) -> dict[str, Any]:  
     _wait_for(lambda: _last_scrape(prom.url, "streamtrain-producer") > finished, 30, "a last producer scrape")
     return {"prom": prom, "start": started, "end": time.time(), "out": out, "run_metrics": run_metrics[-1],
             "producer_metrics": producer_text, "produced": reports[0].records_sent, "topic": topic,
-            "report": json.loads((out / "report.json").read_text())}
+            "report": json.loads((out / "report.json").read_text()), "answered": answered}
 
 
-def _ask_while_running(port: int, proc: subprocess.Popen[str]) -> None:
+def _ask_while_running(port: int, proc: subprocess.Popen[str], answered: list[dict[str, str]]) -> None:
+    """Ask the live model while the run lasts; ``answered`` gets each good answer's headers."""
     good = json.dumps({"instances": [[0.5] * 28, [1.0] * 28]}).encode()
     bad = json.dumps({"instances": [[1, 2]]}).encode()
     for i in range(2000):  # bounded: ~10 minutes at most
@@ -130,8 +133,10 @@ def _ask_while_running(port: int, proc: subprocess.Popen[str]) -> None:
             return
         request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/models/higgs:predict",
                                          data=bad if i % 4 == 3 else good, headers={"Content-Type": "application/json"})
-        with contextlib.suppress(OSError):  # not serving yet, a 4xx by design, or the run just ended
-            urllib.request.urlopen(request, timeout=5).read()
+        # Not serving yet, a 4xx by design, or the run just ended: no answer to keep.
+        with contextlib.suppress(OSError), urllib.request.urlopen(request, timeout=5) as r:
+            r.read()
+            answered.append(dict(r.headers))
         time.sleep(0.2)
 
 
@@ -190,6 +195,21 @@ def test_prometheus_figures_agree_with_the_run(scraped: dict[str, Any]) -> None:
         assert last(quantile) == pytest.approx(2.0, abs=0.01), q
 
 
+def test_the_models_freshness_is_in_the_report_on_metrics_and_in_every_answer(scraped: dict[str, Any]) -> None:
+    """Proves: with --freshness-target, each batch's row says how fresh the saved model was
+    (now minus the newest Kafka timestamp it learned) and the bound it held, batches stay
+    within their bounds, Prometheus sampled the figure, and the model server answered with
+    it (the run's checkpoint read beside the live center)."""
+    rows = scraped["report"]["batches"]
+    trained = [r for r in rows if r["trained"]]
+    assert trained and all(0 <= r["freshness_s"] < 60 and r["data_as_of"] <= r["at"] for r in trained), trained
+    assert max(r["rows"] for r in rows) <= 400
+    url, end = scraped["prom"].url, scraped["end"]
+    assert _last(url, "last_over_time(sum(streamtrain_model_freshness_sampled_seconds_count)[1m:1s])", end) > 0
+    fresh = [float(h["X-Data-Freshness-Seconds"]) for h in scraped["answered"] if "X-Data-Freshness-Seconds" in h]
+    assert fresh and all(0 <= f < 60 for f in fresh), (len(scraped["answered"]), fresh[:5])
+
+
 def test_exposition_passes_promtool_check_metrics(scraped: dict[str, Any], promtool: str) -> None:
     for text in (scraped["run_metrics"], scraped["producer_metrics"]):
         assert "streamtrain_" in text
@@ -201,9 +221,10 @@ def test_alert_rules_evaluate_on_real_data_and_stay_quiet_on_a_healthy_run(scrap
     groups = scraped["prom"].api("rules")["groups"]
     rules = {r["name"]: r for g in groups for r in g["rules"]}
     assert set(rules) == {"StreamtrainDown", "StreamtrainTrainingStalled", "StreamtrainLagGrowing",
-                          "StreamtrainStalenessHigh", "StreamtrainRejectRateHigh", "StreamtrainServedWeightsStale"}
+                          "StreamtrainStalenessHigh", "StreamtrainRejectRateHigh", "StreamtrainServedWeightsStale",
+                          "StreamtrainModelStale", "streamtrain:model_stale_threshold_seconds"}
     assert all(r["health"] == "ok" for r in rules.values()), {n: r.get("lastError") for n, r in rules.items()}
-    assert not [r for r in rules.values() if r["state"] == "firing"]
+    assert not [r for r in rules.values() if r.get("state") == "firing"]  # a recording rule has no state
 
 
 def test_render_draws_every_panel_with_data(scraped: dict[str, Any], tmp_path: Path) -> None:

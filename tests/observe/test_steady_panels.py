@@ -18,6 +18,7 @@ from pipeline.jobs.report import BATCHES_FILE, History
 from pipeline.jobs.run_metrics import RunMetrics
 from pipeline.observe import dashboard, metrics
 from pipeline.train import checkpoint
+from pipeline.train.freshness import Freshness
 from pipeline.train.rows import BatchRow
 from tests.conftest import free_port
 
@@ -40,11 +41,10 @@ def _feed(run: RunMetrics, first: int, n: int, *, clock: int, batch_s: Any, hist
         time.sleep(max(0.0, next_at - time.monotonic()))
         clock += 10
         info = BatchFigures(batch_id=i, ranges=[], rows=BATCH, accepted=BATCH, batch_s=batch_s(i),
-                            lag={(TOPIC, 0): 500}, freshness_s=3.0)
+                            lag={(TOPIC, 0): 500})
         row = BatchRow(batch_id=i, t=float(i), rows=BATCH, trained=BATCH, rejected={}, batch_s=batch_s(i), lag=500,
                        staleness_p50=None, staleness_p99=None, clock=clock, compute_s=1.6, exchange_s=0.4,
                        prequential_accuracy=0.5 + i / 1000, prequential_loss=1.0 - i / 1000, at=time.time(),
-                       freshness_s=3.0 + i,
                        heldout={"accuracy": 0.6 + i / 1000} if i % 5 == 4 else None)
         if history is not None:
             history.add(row, ended_at=time.monotonic())
@@ -102,9 +102,11 @@ def test_rate_panels_read_steady_and_counters_go_on_across_a_resume(prometheus: 
     # The trainer stops and resumes from its checkpoint: its counters go on from the
     # checkpoint's totals from its first scrape (the run restores them before /metrics
     # serves), "Since last batch" reads the checkpoint's age at once, and so do the last
-    # scores: held-out (with the time it was measured), prequential, the last batch's duration.
+    # scores: held-out (with the time it was measured), prequential, the last batch's duration;
+    # the model's freshness goes on growing from the data the checkpoint holds.
+    learned = Freshness({(TOPIC, 0): int(began * 1000)}, as_of=began)
     checkpoint.save(tmp_path, checkpoint.State(weights=np.zeros(3, np.float32), clock=clock, last_batch_id=n - 1,
-                                               extra={"trained": n * BATCH}))
+                                               extra={"trained": n * BATCH, "freshness": learned.state()}))
     scored = [r for r in history.rows if r.heldout][-1]
     stopped = time.time()
     second = RunMetrics(dataset="mnist", algorithm="sync", topic=TOPIC, workers=2)
@@ -134,14 +136,15 @@ def test_rate_panels_read_steady_and_counters_go_on_across_a_resume(prometheus: 
         "sum(streamtrain_train_records_total)", "sum(streamtrain_stream_batches_total)",
         "streamtrain_eval_heldout_accuracy", "streamtrain_eval_heldout_timestamp_seconds",
         "streamtrain_train_prequential_accuracy", "streamtrain_stream_last_batch_duration_seconds",
-        "streamtrain_train_freshness_seconds")}
+        "streamtrain_model_freshness_seconds")}
+    # Read at the scrape, up to half a scrape before the query's time.
+    assert first_scrape - began - SCRAPE_S <= restarted.pop("streamtrain_model_freshness_seconds") <= first_scrape - began
     assert restarted == {"sum(streamtrain_train_records_total)": n * BATCH,
                          "sum(streamtrain_stream_batches_total)": n,
                          "streamtrain_eval_heldout_accuracy": pytest.approx(scored.heldout["accuracy"]),  # type: ignore[index]
                          "streamtrain_eval_heldout_timestamp_seconds": pytest.approx(scored.at, abs=0.01),
                          "streamtrain_train_prequential_accuracy": pytest.approx(0.5 + (n - 1) / 1000),
-                         "streamtrain_stream_last_batch_duration_seconds": (8.0, 17.0)[(n - 1) % 2],
-                         "streamtrain_train_freshness_seconds": 3.0 + n - 1}, restarted
+                         "streamtrain_stream_last_batch_duration_seconds": (8.0, 17.0)[(n - 1) % 2]}, restarted
     # increase() over the whole test, across the restart, is what was trained: nothing counted twice.
     whole = f"{round(end - began) + 5}s"
     (increase,) = _series(prom, f"sum(increase(streamtrain_train_records_total[{whole}]))", end, end)

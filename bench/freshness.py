@@ -1,0 +1,215 @@
+"""Freshness benchmark: how old the newest data is that the model has learned, with fixed
+20,000-record batches and with ``--freshness-target``, through a steady rate, a 10x burst and
+steady again; and what the target costs in capacity.
+
+Per arm, one trainer (``streamtrain run --dataset mnist --bootstrap B --topic T``, no replay of
+its own) on a fresh two-partition topic of a noida broker started here:
+
+1. capacity: a backlog of 60,000 records is written flat out before the trainer starts; its
+   records/s over the batches that drain it (the first left out: it pays the workers' start)
+   is the arm's maximum sustained rate;
+2. a producer in this process at 2,000 MNIST records/s for 180 s, then 20,000/s for 30 s, then
+   2,000/s for 120 s, phases back to back (each record's CreateTime is when it was sent);
+3. the trainer drains the topic and is stopped (SIGINT), its report written.
+
+Freshness at time t: t minus the newest Kafka timestamp the saved model holds (each batch's
+``data_as_of`` in ``batches.jsonl``, from when its tasks were done, ``at``), every 0.1 s. The
+steady phases it is summed over: the first from 30 s in (after the backlog, settled), the last
+from 60 s after the burst (the recovery the issue allows). ``burst_recovery_s``: seconds from
+the burst's end until freshness stays under the target to the end (``inf``: it never did).
+
+    .venv/bin/python bench/freshness.py [--scale 1] [--target 2] [--rate 2000]
+
+At ``--scale 1`` each arm runs about 7 minutes (start-up, backlog, 330 s of phases, drain): 15
+minutes in all. ``--scale`` multiplies every duration and the backlog, ``--rate`` sets the steady rate (the
+burst is 10x it): ``--scale 0.05 --rate 200`` checks that it runs end to end in two or three
+minutes (start-ups dominate; the figures mean nothing).
+
+Last line: ``freshness p50_s=<s> p99_s=<s> burst_recovery_s=<s> capacity_ratio=<r> fixed_p99_s=<s>``
+(p50, p99 and the recovery are the target arm's; capacity_ratio: its capacity over the fixed
+arm's; fixed_p99_s: the fixed arm's p99 over the same steady phases).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from soak import Proc  # noqa: E402
+
+#: (phase, seconds at scale 1, records/s as a multiple of the steady rate).
+PHASES = (("steady", 180.0, 1.0), ("burst", 30.0, 10.0), ("after", 120.0, 1.0))
+BACKLOG = 60_000
+SETTLE_S, RECOVERY_S = 30.0, 60.0
+STEP_S = 0.1
+
+
+def _wait(cond: Any, timeout_s: float, what: str, proc: Proc | None = None) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        if proc is not None and proc.pid is None:
+            raise SystemExit(f"freshness: the {proc.name} exited while waiting for {what}; see {proc.log}")
+        if time.monotonic() > deadline:
+            raise SystemExit(f"freshness: {what} not within {timeout_s:.0f} s")
+        time.sleep(0.2)
+
+
+def _rows(out: Path) -> list[dict[str, Any]]:
+    path = out / "batches.jsonl"
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except ValueError:  # a line being written
+            continue
+    return rows
+
+
+def _trained(out: Path) -> int:
+    return sum(int(r.get("trained", 0)) for r in _rows(out))
+
+
+def _produce(bootstrap: str, topic: str, phases: list[tuple[str, float, float | None]],
+             marks: list[tuple[str, float, int]]) -> None:
+    """Send each phase's records (``seconds x rate``; rate None: flat out); ``marks`` gets
+    each phase's name, start (Unix seconds) and records, then ``("end", t, 0)``."""
+    from pipeline import config
+    from producers import Replay, datasets
+
+    data = datasets.get("mnist", data_dir=config.data_dir())
+    for name, seconds, rate in phases:
+        n = int(seconds * rate) if rate else int(seconds)
+        marks.append((name, time.time(), n))
+        Replay(data, bootstrap=bootstrap, topic=topic, rate=rate, loop=True, limit=n).run()
+    marks.append(("end", time.time(), 0))
+
+
+def freshness_series(rows: list[dict[str, Any]], start: float, end: float) -> np.ndarray:
+    """The model's freshness every STEP_S from ``start`` to ``end`` (Unix seconds), from the
+    batches' rows: NaN before the first batch that learned anything.
+
+    >>> rows = [{"at": 10.0, "data_as_of": 9.0}, {"at": 11.0, "data_as_of": 10.5}]
+    >>> [round(float(f), 1) for f in freshness_series(rows, 10.0, 11.3)[::6]]
+    [1.0, 1.6, 0.7]
+    """
+    known = sorted((r["at"], r["data_as_of"]) for r in rows if r.get("data_as_of") is not None)
+    ats, as_of = np.array([a for a, _ in known]), np.array([d for _, d in known])
+    ts = np.arange(start, end, STEP_S)
+    if not len(ats):
+        return np.full(len(ts), np.nan)
+    idx = np.searchsorted(ats, ts, side="right") - 1
+    return np.where(idx >= 0, ts - as_of[np.maximum(idx, 0)], np.nan)
+
+
+def capacity(rows: list[dict[str, Any]], backlog: int) -> float:
+    """Records/s over the batches that drained the backlog, the first left out (NaN: fewer
+    than three batches did)."""
+    drained, upto = 0, 0
+    for i, r in enumerate(rows):
+        drained += int(r.get("trained", 0))
+        upto = i
+        if drained >= backlog:
+            break
+    if upto < 2:
+        return float("nan")
+    records = sum(int(r.get("trained", 0)) for r in rows[1:upto + 1])
+    return records / max(1e-9, rows[upto]["at"] - rows[0]["at"])
+
+
+def run_arm(name: str, extra: list[str], *, bootstrap: str, folder: Path, scale: float, target: float,
+            rate: float) -> dict[str, Any]:
+    from pipeline.ingest.kafka import client
+
+    topic = f"freshness-{name}-{int(time.time())}"
+    client.ensure_topic(bootstrap, topic, partitions=2)
+    backlog = max(1, int(BACKLOG * scale))
+    marks: list[tuple[str, float, int]] = []
+    _produce(bootstrap, topic, [("backlog", backlog, None)], marks)
+    out = folder / name
+    phases_s = sum(s for _, s, _ in PHASES) * scale
+    trainer = Proc(f"trainer-{name}", ["run", "--dataset", "mnist", "--bootstrap", bootstrap, "--topic", topic,
+                                       "--out", str(out), "--eval-every", "1000000",
+                                       "--timeout", str(int(600 + 2 * phases_s)), *extra], folder)
+    try:
+        _wait(lambda: _trained(out) >= backlog, 300 + 60 * scale, f"{name}: the backlog trained", trainer)
+        cap = capacity(_rows(out), backlog)
+        print(f"freshness: {name}: backlog of {backlog:,} trained, {cap:,.0f} records/s", flush=True)
+        marks.clear()
+        phases = [(p, s * scale, times * rate) for p, s, times in PHASES]
+        producer = threading.Thread(target=_produce, args=(bootstrap, topic, phases, marks), daemon=True)
+        producer.start()
+        producer.join(phases_s * 3 + 120)
+        sent = backlog + sum(n for _, _, n in marks)
+        _wait(lambda: _trained(out) >= sent, 120 + 600 * scale, f"{name}: all {sent:,} records trained", trainer)
+    finally:
+        trainer.signal(signal.SIGINT, timeout_s=120)
+    rows = _rows(out)
+    times = {p: t for p, t, _ in marks}
+    for (p, t, n), (_, t_next, _) in zip(marks, marks[1:], strict=False):
+        print(f"freshness: {name}: {p} {n:,} records in {t_next - t:.1f} s ({n / max(t_next - t, 1e-9):,.0f}/s)",
+              flush=True)
+    steady = np.concatenate([
+        freshness_series(rows, times["steady"] + SETTLE_S * scale, times["burst"]),
+        freshness_series(rows, times["after"] + RECOVERY_S * scale, times["end"])])
+    after = freshness_series(rows, times["after"], times["end"])
+    over = np.flatnonzero(~(after <= target))  # NaN counts as over: nothing learned yet
+    recovery = 0.0 if not len(over) else float("inf") if over[-1] == len(after) - 1 else (over[-1] + 1) * STEP_S
+    finite = steady[np.isfinite(steady)]
+    in_steady = [int(r.get("rows", 0)) for r in rows if times["steady"] + SETTLE_S * scale <= r["at"] < times["burst"]]
+    try:  # where the time went (the trigger, the checkpoint, the commit among it), from the run's report
+        shares = json.loads((out / "report.json").read_text()).get("time_shares", {})
+    except (OSError, ValueError):
+        shares = {}
+    return {"capacity": cap, "recovery_s": recovery, "p50": float(np.percentile(finite, 50)) if len(finite) else np.nan,
+            "p99": float(np.percentile(finite, 99)) if len(finite) else np.nan,
+            "steady_rows_p50": float(np.median(in_steady)) if in_steady else np.nan,
+            "max_rows": max((int(r.get("rows", 0)) for r in rows), default=0), "time_shares": shares}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--scale", type=float, default=1.0, help="Multiplies every duration and the backlog.")
+    parser.add_argument("--target", type=float, default=2.0, help="The target arm's --freshness-target, seconds.")
+    parser.add_argument("--rate", type=float, default=2000.0, help="The steady records/s (the burst: 10x).")
+    args = parser.parse_args()
+    if not (args.scale > 0 and args.target > 0 and args.rate > 0):
+        raise SystemExit(f"freshness: expected --scale, --target and --rate > 0. Received: {args.scale}, "
+                         f"{args.target} and {args.rate}. Pass positive numbers (the defaults are the issue's).")
+    from pipeline.ingest.kafka.broker import free_port
+
+    with tempfile.TemporaryDirectory(prefix="streamtrain-freshness-") as tmp:
+        folder = Path(tmp)
+        port = free_port()
+        bootstrap = f"127.0.0.1:{port}"
+        broker = Proc("broker", ["broker", "--engine", "noida", "--storage", str(folder / "kafka"), "--port", str(port),
+                                 "--log", str(folder / "broker.log")], folder)
+        try:
+            _wait(lambda: bootstrap in broker.text(), 60, "the broker", broker)
+            arms = {}
+            for name, extra in (("fixed", ["--max-offsets-per-trigger", "20000"]),
+                                ("target", ["--max-offsets-per-trigger", "20000", "--freshness-target",
+                                            str(args.target)])):
+                arms[name] = run_arm(name, extra, bootstrap=bootstrap, folder=folder, scale=args.scale,
+                                     target=args.target, rate=args.rate)
+                print(f"freshness: {name}: {arms[name]}", flush=True)
+        finally:
+            broker.signal(signal.SIGTERM)
+    fixed, sized = arms["fixed"], arms["target"]
+    print(f"freshness p50_s={sized['p50']:.2f} p99_s={sized['p99']:.2f} burst_recovery_s={sized['recovery_s']:.1f} "
+          f"capacity_ratio={sized['capacity'] / fixed['capacity']:.2f} fixed_p99_s={fixed['p99']:.2f}")
+
+
+if __name__ == "__main__":
+    main()
