@@ -255,13 +255,19 @@ def startup_cold_and_warm() -> tuple[float, float, bool]:
     return cold, warm, dropped
 
 
-def _in_child(*args: str) -> dict[str, Any]:
-    """Run a plain-Keras arm in a fresh process (TensorFlow state and threads start clean)."""
-    done = subprocess.run([sys.executable, __file__, "--arm", *args], cwd=ROOT, capture_output=True, text=True)
+def in_child(script: str, *args: str) -> dict[str, Any]:
+    """Run ``script --arm ARGS`` in a fresh process (TensorFlow state and threads start
+    clean); return the JSON of its last line."""
+    done = subprocess.run([sys.executable, script, "--arm", *args], cwd=ROOT, capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(done.stderr[-2000:])
     result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
     return result
+
+
+def _in_child(*args: str) -> dict[str, Any]:
+    """A plain-Keras arm of this benchmark in a fresh process."""
+    return in_child(__file__, *args)
 
 
 INF = (float("inf"), float("inf"))
