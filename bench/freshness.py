@@ -58,7 +58,9 @@ def _wait(cond: Any, timeout_s: float, what: str, proc: Proc | None = None) -> N
     deadline = time.monotonic() + timeout_s
     while not cond():
         if proc is not None and proc.pid is None:
-            raise SystemExit(f"freshness: the {proc.name} exited while waiting for {what}; see {proc.log}")
+            # Its log lives in the run's temporary folder, removed on the way out: say its end here.
+            tail = "\n".join(proc.text().splitlines()[-20:])
+            raise SystemExit(f"freshness: the {proc.name} exited while waiting for {what}; its last lines:\n{tail}")
         if time.monotonic() > deadline:
             raise SystemExit(f"freshness: {what} not within {timeout_s:.0f} s")
         time.sleep(0.2)
