@@ -189,3 +189,17 @@ def test_concurrent_clients_lose_no_update(name: str, shards: int) -> None:
 def test_bad_settings_are_clear_errors(bad: dict, match: str) -> None:  # type: ignore[type-arg]
     with pytest.raises(ConfigError, match=match):
         algorithms.get(bad)
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_sync_computes_each_gradient_on_the_newest_center_unless_it_overlaps(overlap: bool, mnist_small) -> None:  # type: ignore[no-untyped-def]
+    """Proves: by default synchronous SGD's gradients are computed on the center they are
+    applied to (staleness 0 on every push, as one process); with ``overlap`` each push
+    travels while the next gradient computes, and lands one round late (staleness 1)."""
+    x, y = mnist_small
+    t = Trainer(_mlp(), algorithm={"name": "sync", "config": {} if not overlap else {"overlap": True}}, num_workers=1, batch_size=64,
+                seed=3)
+    t.train(x[:1000], y[:1000])
+    staleness = [s for r in t.results for s in r.staleness]
+    assert len(staleness) > 10
+    assert set(staleness) == ({0, 1} if overlap else {0}), sorted(set(staleness))
