@@ -129,8 +129,8 @@ class GradientWorker(WorkerHalf):
         # Weights that gradients do not train (batch-norm statistics) send their change instead.
         self.averaged = replica.spec.untrained()
         self.base = pulled[self.averaged] if self.averaged is not None else None
-        self.overlap = bool(getattr(algorithm, "overlap", False))
-        self.pool = ThreadPoolExecutor(1, thread_name_prefix="streamtrain-push") if self.overlap else None
+        overlap = bool(getattr(algorithm, "overlap", False))
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="streamtrain-push") if overlap else None
         self.pending: tuple[Future[np.ndarray], int] | None = None
         self.weights_clock = client.clock  # the center the replica's weights came from
 
