@@ -1,6 +1,6 @@
 """A real Spark standalone cluster for tests: Spark's own master and workers, started with
 ``streamtrain spark-master`` and ``spark-worker`` (``spark-class`` from the pyspark wheel,
-in the foreground), as the README starts them."""
+in the foreground), as the cluster guide starts them."""
 
 from __future__ import annotations
 

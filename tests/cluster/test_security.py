@@ -56,7 +56,7 @@ def test_the_driver_jvm_gets_the_secret_through_a_file_not_its_command_line(tmp_
 
 
 def test_the_master_opens_no_rest_submission_port_and_its_ui_stays_on_its_host(tmp_path: Path) -> None:
-    """Proves: ``streamtrain spark-master`` (as the README and compose start it) runs no REST
+    """Proves: ``streamtrain spark-master`` (as the cluster guide and compose start it) runs no REST
     submission server, which would run unauthenticated jobs, even with its port set: nothing
     listens there once the master leads, while its RPC port accepts; its web UI is bound to
     the address given as --host."""

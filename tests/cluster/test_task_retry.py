@@ -83,7 +83,7 @@ def test_a_python_worker_killed_mid_partition_trains_each_minibatch_once(  # typ
 @pytest.fixture(scope="module")
 def standalone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Standalone]:
     """Spark's standalone master and two 1-core workers on loopback, with RPC authentication
-    and encryption from a `streamtrain cluster-conf` file, as the README starts them."""
+    and encryption from a `streamtrain cluster-conf` file, as the cluster guide starts them."""
     folder = tmp_path_factory.mktemp("standalone")
     cluster = Standalone(folder, security.write_conf(folder / "auth.conf"), cores=1)
     try:

@@ -4,10 +4,10 @@ and its Spark source. Metadata, produce, fetch and offsets, every client against
 engine; then what producers in the wild write (producer x codec x idempotent or
 transactions that commit, abort or stay open), read by the Fetch reader, and one mixed
 topic per engine through the Spark source and a whole ``streamtrain run``. What a broker
-does not support is marked here and said in the README ("Brokers").
+does not support is marked here and said in docs/kafka.md ("The embedded brokers").
 
 A combination listed in ``UNSUPPORTED`` is expected to fail (strict xfail): the day it
-passes, this file and the README are out of date and the suite says so.
+passes, this file and docs/kafka.md are out of date and the suite says so.
 """
 
 from __future__ import annotations

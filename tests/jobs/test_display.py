@@ -1,5 +1,5 @@
 """The run's display and its start-up figure (issue 29): `report.json`'s `startup_s` is what the
-README calls start-up, from the launch to the first trained batch."""
+performance guide calls start-up, from the launch to the first trained batch."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Training on your own data, end to end: the README's four commands as written (a CSV with
+"""Training on your own data, end to end: the own-data guide's commands as written (a CSV with
 strings and gaps, to served predictions on raw instances), a numeric target, topics that
 confluent-kafka's producer fills with JSON and Avro records, and the model's contract."""
 
@@ -22,6 +22,7 @@ import pytest
 from pipeline.table import TableSchema, encode_rows
 from pipeline.table.writers import encode_values
 from producers.datasets.table import SAMPLES, read_rows
+from tests import docblocks
 from tests.conftest import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -34,10 +35,9 @@ def _cli(*args: str, cwd: Path = ROOT, timeout: float = 400) -> subprocess.Compl
                           cwd=cwd)
 
 
-def _readme_commands() -> list[str]:
-    text = (ROOT / "README.md").read_text()
-    block = text.split("<!-- own-data:", 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
-    return [line for line in block.splitlines() if line.strip()]
+def _guide_commands() -> list[str]:
+    """The own-data guide's commands, as its block holds them (tests/docblocks.py)."""
+    return docblocks.commands(docblocks.run_block("docs/own-data.md", __file__))
 
 
 def _wait_http(url: str, proc: subprocess.Popen[str], timeout_s: float = 120) -> None:
@@ -53,26 +53,27 @@ def _wait_http(url: str, proc: subprocess.Popen[str], timeout_s: float = 120) ->
 
 
 @pytest.mark.slow  # a run and a model server
-def test_the_readmes_own_data_commands_run_as_written(tmp_path: Path) -> None:
-    """Proves: infer, run, serve and curl, exactly as the README says (the port a free one);
-    the served answer for a raw instance (strings included) is the saved model's on the
-    schema's transform of it."""
-    shutil.copy(PENGUINS, tmp_path / "penguins.csv")
-    commands = _readme_commands()
-    assert [c.split()[:2] for c in commands[:3]] == [["streamtrain", "schema"], ["streamtrain", "run"],
-                                                     ["streamtrain", "serve"]] and commands[3].startswith("curl")
+def test_the_guides_own_data_commands_run_as_written(tmp_path: Path) -> None:
+    """Proves: sample, infer, run, serve and curl, exactly as docs/own-data.md says, in an empty
+    folder (the port a free one); the served answer for a raw instance (strings included) is
+    the saved model's on the schema's transform of it."""
+    commands = _guide_commands()
+    assert [c.split()[:2] for c in commands[:4]] == [["streamtrain", "data"], ["streamtrain", "schema"],
+                                                     ["streamtrain", "run"], ["streamtrain", "serve"]]
+    assert commands[4].startswith("curl") and len(commands) == 5
     port = str(free_port())
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
-    for line in commands[:2]:
+    for line in commands[:3]:
         done = subprocess.run(shlex.split(line), capture_output=True, text=True, timeout=400, cwd=tmp_path, env=env)
         assert done.returncode == 0, done.stderr[-3000:]
+    assert (tmp_path / "penguins.csv").read_bytes() == PENGUINS.read_bytes()  # the sample, copied out
     report = json.loads((tmp_path / "runs/penguins/report.json").read_text())
     assert report["final"]["accuracy"] > 0.9 and report["trained_records"] > 0 and report["rejected_records"] == 0
-    serve = shlex.split(commands[2].rstrip("& ").replace("8501", port))
+    serve = shlex.split(commands[3].rstrip("& ").replace("8501", port))
     proc = subprocess.Popen(serve, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         _wait_http(f"http://127.0.0.1:{port}/v1/models/penguins", proc)
-        curl = shlex.split(commands[3].replace("8501", port))
+        curl = shlex.split(commands[4].replace("8501", port))
         body = json.loads(curl[curl.index("-d") + 1])
         if shutil.which("curl"):
             answer = json.loads(subprocess.run(curl, capture_output=True, text=True, timeout=30, check=True).stdout)

@@ -1,11 +1,13 @@
-"""The README's first command runs the main job on its embedded default, end to end: real
-broker, Spark, parameter server and TensorFlow; the one run every check of a plain run reads."""
+"""The README's quickstart, read from its block (tests/docblocks.py): the first command runs the
+main job on its embedded default, end to end (real broker, Spark, parameter server and
+TensorFlow; the one run every check of a plain run reads), and the second is CI's."""
 
 from __future__ import annotations
 
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -14,16 +16,35 @@ import pytest
 
 from pipeline.train.ledger import check_ledger
 from producers import datasets
+from tests import docblocks
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _quickstart_run() -> list[str]:
+    """The arguments the quickstart gives `streamtrain run`, after it installs into .venv."""
+    install, tests = docblocks.commands(docblocks.run_block("README.md", __file__))
+    assert tests == "bash tests/run.sh" and tests in (ROOT / ".ci" / "run").read_text()  # CI runs exactly this
+    *steps, run = install.split(" && ")
+    assert steps == ["python3 -m venv .venv", ".venv/bin/pip install -e ."], steps
+    argv = shlex.split(run)
+    assert argv[:2] == [".venv/bin/streamtrain", "run"], argv
+    return argv[2:]
+
+
+def test_the_quickstart_installs_then_runs_and_ci_runs_its_test_command() -> None:
+    assert _quickstart_run() == []  # the embedded default: no option at all
 
 
 @pytest.mark.slow  # one epoch of MNIST
 def test_streamtrain_run_on_its_embedded_default(tmp_path: Path) -> None:
-    # Exactly the quickstart (`streamtrain run`), with the output folder kept out of the tree,
+    # Exactly the quickstart's `streamtrain run`, with the output folder kept out of the tree,
     # and a cache with MNIST but no class archive: the run is a first run for the JVM.
+    args = _quickstart_run()
     cache = tmp_path / "cache"
     cache.mkdir()
     (cache / "mnist.npz").symlink_to(datasets.mnist.fetch())
-    done = subprocess.run([sys.executable, "-m", "pipeline", "run"], capture_output=True, text=True, timeout=900,
+    done = subprocess.run([sys.executable, "-m", "pipeline", "run", *args], capture_output=True, text=True, timeout=900,
                           cwd=tmp_path, env={**os.environ, "STREAMTRAIN_CACHE_DIR": str(cache)})
     assert done.returncode == 0, done.stderr[-3000:]
     accuracy = float(re.search(r"held-out accuracy (\d\.\d+)", done.stdout.splitlines()[-2]).group(1))  # type: ignore[union-attr]

@@ -24,6 +24,7 @@ import pytest
 from pipeline.ingest.kafka import client, conf
 from pipeline.ingest.kafka.fetch import RangeReader
 from pipeline.train.ledger import check_ledger
+from tests import docblocks
 from tests.cluster.proc_scan import Watch
 from tests.ingest.secure_kafka import SecureKafka
 from tests.ingest.test_secure_kafka import higgs_records, write_transaction
@@ -88,23 +89,22 @@ def test_a_run_trains_a_librdkafka_transaction_from_sasl_ssl_exactly_once(scram:
     assert not _holds(out, scram.password)
 
 
-def _readme_commands() -> list[str]:
-    text = (ROOT / "README.md").read_text()
-    block = text.split("<!-- your-kafka:", 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
-    return [line.split("  #")[0].strip() for line in block.splitlines() if line.strip()]
+def _guide_commands() -> list[str]:
+    """The Kafka guide's secured-cluster commands, as its block holds them (tests/docblocks.py)."""
+    return docblocks.commands(docblocks.run_block("docs/kafka.md", __file__))
 
 
 @pytest.mark.slow
-def test_the_readmes_commands_train_through_mutual_tls_with_the_consumer_fallback(tmp_path: Path) -> None:
-    """Proves: the README's "Your Kafka" commands, as written, with a mutual-TLS client file
+def test_the_guides_commands_train_through_mutual_tls_with_the_consumer_fallback(tmp_path: Path) -> None:
+    """Proves: docs/kafka.md's secured-cluster commands, as written, with a mutual-TLS client file
     (its bootstrap.servers naming the broker): produce writes HIGGS there, and the run
     replays it into a topic of its own and trains every record, read by kafka-python's
     consumer through the same TLS."""
-    commands = _readme_commands()
+    commands = _guide_commands()
     assert [c.split()[:2] for c in commands] == [["chmod", "600"], ["streamtrain", "produce"], ["streamtrain", "run"]]
     with SecureKafka(tmp_path / "kafka", mode="mtls") as kafka:
         path = kafka.write_client_properties(tmp_path / "client.properties")
-        path.chmod(0o644)  # as a user's new file is, until the README's chmod
+        path.chmod(0o644)  # as a user's new file is, until the guide's chmod
         env = {**os.environ, "STREAMTRAIN_KAFKA_READER": "consumer"}
         for command in commands:
             argv = shlex.split(command)

@@ -1,8 +1,8 @@
-"""The README's cluster section followed as written (issues 29 and 43): its fenced commands,
-read from the README, run on three network-namespace hosts in its addresses' places
+"""The cluster guide (docs/cluster.md) followed as written (issues 29 and 43): its fenced
+commands, read through tests/docblocks.py, run on three network-namespace hosts in its addresses' places
 (10.0.0.1: the driver with Kafka and the master; 10.0.0.2 and, as "each worker's machine"
 says, 10.0.0.3: a worker each), as `streamtrain` found on PATH. Each daemon is waited for by
-the "ready at" line the README names, `cluster-status` lists both workers and their cores,
+the "ready at" line the guide names, `cluster-status` lists both workers and their cores,
 the web UIs are closed to the other hosts, and the run trains over TCP with the driver on
 the fixed port `cluster-conf` wrote."""
 
@@ -19,41 +19,38 @@ from pathlib import Path
 import pytest
 
 from producers import datasets
+from tests import docblocks
 from tests.cluster import multihost, netns
 
 ROOT = Path(__file__).resolve().parents[2]
-#: The folder of this install's commands (the README's /opt/streamtrain/bin).
+#: The folder of this install's commands (the guide's /opt/streamtrain/bin).
 BIN = Path(sys.executable).parent
 _CANNOT = netns.missing()
-#: What the test adds to the README's `run`, and only that: a short run on this machine's cores.
+#: What the test adds to the guide's `run`, and only that: a short run on this machine's cores.
 SHORT = ["--workers", "2", "--max-batches", "1", "--max-offsets-per-trigger", "1500", "--eval-every", "1"]
 
 
-def readme_commands() -> list[list[str]]:
-    """The commands of the fenced block under "When one machine is not enough", continuation
-    lines joined, comments left out; each as argv with its ``VAR=value`` prefixes."""
-    text = (ROOT / "README.md").read_text()
-    section = text.split("## When one machine is not enough", 1)[1].split("\n## ", 1)[0]
-    block = re.search(r"```bash\n(.*?)```", section, re.S).group(1)  # type: ignore[union-attr]
-    lines = re.sub(r"\\\n\s*", " ", block).splitlines()
-    return [shlex.split(line) for line in lines if line.strip() and not line.lstrip().startswith("#")]
+def guide_commands() -> list[list[str]]:
+    """The commands of the cluster guide's block (tests/docblocks.py), continuation lines
+    joined, comments left out; each as argv with its ``VAR=value`` prefixes."""
+    return [shlex.split(line) for line in docblocks.commands(docblocks.run_block("docs/cluster.md", __file__))]
 
 
-def test_the_readme_names_the_broker_the_driver_address_and_closed_6066() -> None:
-    commands = readme_commands()
+def test_the_guide_names_the_broker_the_driver_address_and_closed_6066() -> None:
+    commands = guide_commands()
     assert commands[0] == ["export", "PATH=/opt/streamtrain/bin:$PATH"]  # the install's bin/, as it says above
     assert [c[0] for c in commands[1:] if "=" not in c[0]][:3] == ["streamtrain"] * 3
     assert ["streamtrain", "cluster-status", "spark://10.0.0.1:7077"] in commands
     assert next(c[1:4] for c in commands if "broker" in c) == ["broker", "--host", "10.0.0.1"]
     run = next(c for c in commands if "run" in c)
     assert "SPARK_LOCAL_IP=10.0.0.1" in run and run[run.index("--bootstrap") + 1] == "10.0.0.1:9092"
-    assert "6066" in (ROOT / "README.md").read_text().split("## When one machine is not enough", 1)[1]
+    assert "6066" in (ROOT / "docs" / "cluster.md").read_text()
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(_CANNOT is not None, reason=_CANNOT or "")
-def test_the_readme_cluster_commands_run_as_written_on_three_hosts(tmp_path: Path) -> None:
-    commands = readme_commands()
+def test_the_guides_cluster_commands_run_as_written_on_three_hosts(tmp_path: Path) -> None:
+    commands = guide_commands()
     with netns.Hosts(["driver", "worker-a", "worker-b"]) as hosts:
         where = {"10.0.0.1": "driver", "10.0.0.2": "worker-a", "10.0.0.3": "worker-b"}
 
@@ -120,7 +117,7 @@ def test_the_readme_cluster_commands_run_as_written_on_three_hosts(tmp_path: Pat
     report = json.loads((tmp_path / "run" / "report.json").read_text())
     assert report["trained_records"] > 0
     assert {t["transport"] for row in report["batches"] for t in row["tasks"]} == {"tcp"}
-    assert (cache / "spark-work").is_dir()  # the workers' folders in the user's cache, as the README says
+    assert (cache / "spark-work").is_dir()  # the workers' folders in the user's cache, as the guide says
     executors = " ".join(p.read_text(errors="replace") for p in (cache / "spark-work").glob("app-*/*/stderr"))
     assert f"@{hosts.address['driver']}:7078" in executors  # the driver's fixed port, from cluster-conf
 
