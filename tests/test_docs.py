@@ -128,6 +128,16 @@ def test_every_link_between_the_pages_lands() -> None:
     assert not broken, broken
 
 
+def test_every_file_the_pages_name_exists() -> None:
+    """A guide that names `tests/jobs/test_run.py` or `pipeline/codec.py` names a file that is there."""
+    named = {(doc, path) for doc in docblocks.documents()
+             for path in re.findall(r"\b((?:tests|bench|pipeline|producers|deploy|dashboards|docs)/[a-z0-9_./-]+"
+                                    r"\.(?:py|yml|yaml|json|md))\b", (ROOT / doc).read_text())}
+    assert len(named) > 20, named
+    missing = sorted(f"{doc}: {path}" for doc, path in named if not (ROOT / path).exists() and path not in PENDING)
+    assert not missing, missing
+
+
 def test_the_reader_finds_each_tests_commands() -> None:
     """The blocks the slow tests run, read here in a second: each is the commands it should be."""
     quick = docblocks.commands(docblocks.run_block("README.md", ROOT / "tests/jobs/test_quickstart.py"))
