@@ -21,7 +21,10 @@ records, once as it is and once with a CPU hog pinned to worker-b's core (bounde
 run's timeout, stopped by pid), both with ``spark.speculation true`` in the properties file as
 the README says; ``straggler_ratio`` is the second run's records/s over the first's, and
 ``exactly_once`` that each run trained every record once (every task's mini-batches all
-counted as applied by the server).
+counted as applied by the server). The same pair with an asynchronous algorithm (``adag``,
+whose workers never wait for each other) gives ``async_ratio``: what the hog leaves of this
+machine, whose two cores also run the driver, the parameter server and the broker, so the
+hog slows more than worker-b; ``ceiling_share`` is the synchronous ratio over it.
 
 The seeds (dist-keras on Spark, TF 1) took 1,497.9 s for this epoch on a 3-worker Docker
 cluster and 723.9 s on 2 hosts x 2 workers; ``seed_speedup`` is that 723.9 s over the
@@ -31,7 +34,8 @@ cluster's, so above 1 the cluster is the faster; ps_mbps: weights moved each way
 shard_ratio_2: exchanges applied a second with 2 shards over 1, 16 clients;
 straggler_ratio=<r> exactly_once=<bool>). With ``--shards-only``: ``ps shards_1_per_s=<n>
 shards_2_per_s=<n> shard_ratio_2=<r>``; with ``--straggler-only``: ``cluster
-straggler_ratio=<r> even_rps=<n> hog_rps=<n> short_rounds=<n> speculative=<n> exactly_once=<bool>``.
+straggler_ratio=<r> async_ratio=<r> ceiling_share=<r> acc=<hog>/<even> even_rps=<n> hog_rps=<n>
+short_rounds=<n> speculative=<n> exactly_once=<bool>``.
 """
 
 from __future__ import annotations
@@ -62,6 +66,10 @@ SEED_2_HOSTS_S = 723.9
 #: dist-keras's MNIST CNN's weight arrays (1,048,853 weights; 99% in the first dense kernel).
 CNN_SHAPES = ((3, 3, 1, 32), (32,), (3, 3, 32, 32), (32,), (4608, 225), (225,), (225, 10), (10,))
 PER_TRIGGER = 10_000
+#: The straggler arm's asynchronous algorithm: its workers never wait for each other, so its
+#: hog-over-even ratio is what the hog leaves of this machine, the synchronous figure's ceiling.
+ASYNC_CEILING = "adag"
+ARMS = ("even", "hog", "async-even", "async-hog")
 
 
 def _run_args(records: int) -> list[str]:
@@ -123,7 +131,9 @@ def _pin(pid: int, cpu: int) -> None:
 
 def straggler(folder: Path, records: int, timeout_s: float = 1800) -> dict[str, Any]:
     """records/s of the default algorithm on the 2-host cluster with worker-b's core shared
-    with a CPU hog, over the same run without it (module docstring)."""
+    with a CPU hog, over the same run without it; and the same pair for an asynchronous
+    algorithm, whose workers never wait for each other: this machine's ceiling for the
+    figure (module docstring)."""
     with multihost.running(folder / "straggler") as cluster:
         worker_a, worker_b = cluster.spark.procs[1].pid, cluster.spark.procs[2].pid
         _pin(worker_a, 0)
@@ -132,17 +142,18 @@ def straggler(folder: Path, records: int, timeout_s: float = 1800) -> dict[str, 
         conf.write_text(cluster.spark.conf.read_text() + "spark.speculation true\n")
         conf.chmod(0o600)
         figures: dict[str, Any] = {}
-        for arm in ("even", "hog"):
+        for arm in ARMS:
             cluster.produce("mnist", f"bench-{arm}", records)
             hog = None
-            if arm == "hog":  # a busy loop that ends by itself, whatever happens to this process
+            if arm.endswith("hog"):  # a busy loop that ends by itself, whatever happens to this process
                 hog = subprocess.Popen([*cluster.hosts.run("worker-b"), "taskset", "-c", "1", sys.executable, "-c",
                                         f"import time\nend = time.monotonic() + {timeout_s}\n"
                                         "while time.monotonic() < end: pass"], start_new_session=True)
             out, log = folder / f"straggler-{arm}", folder / f"straggler-{arm}.log"
-            run = cluster.streamtrain("driver", "run", *_run_args(records), "--master", cluster.spark.master,
-                                      "--spark-conf", str(conf), "--bootstrap", cluster.bootstrap,
-                                      "--topic", f"bench-{arm}", "--out", str(out), log=log)
+            algorithm = ["--algorithm", ASYNC_CEILING] if arm.startswith("async") else []
+            run = cluster.streamtrain("driver", "run", *_run_args(records), *algorithm, "--master",
+                                      cluster.spark.master, "--spark-conf", str(conf), "--bootstrap",
+                                      cluster.bootstrap, "--topic", f"bench-{arm}", "--out", str(out), log=log)
             try:
                 if run.wait(timeout_s) != 0:
                     raise SystemExit(f"straggler {arm} run failed: {log.read_text().strip().splitlines()[-1:]}")
@@ -156,14 +167,17 @@ def straggler(folder: Path, records: int, timeout_s: float = 1800) -> dict[str, 
                             "speculative": sum(t["repeats"] > 0 or t["attempt"] > 0
                                                for row in report["batches"] for t in row["tasks"])}
     figures["straggler_ratio"] = figures["hog"]["records_per_s"] / figures["even"]["records_per_s"]
+    figures["async_ratio"] = figures["async-hog"]["records_per_s"] / figures["async-even"]["records_per_s"]
     return figures
 
 
 def _straggler_line(f: dict[str, Any]) -> str:
-    return (f"straggler_ratio={f['straggler_ratio']:.2f} even_rps={f['even']['records_per_s']:.0f} "
+    return (f"straggler_ratio={f['straggler_ratio']:.2f} async_ratio={f['async_ratio']:.2f} "
+            f"ceiling_share={f['straggler_ratio'] / f['async_ratio']:.2f} "
+            f"acc={f['hog']['acc']:.4f}/{f['even']['acc']:.4f} even_rps={f['even']['records_per_s']:.0f} "
             f"hog_rps={f['hog']['records_per_s']:.0f} short_rounds={f['hog']['short_rounds']} "
             f"speculative={f['hog']['speculative']} "
-            f"exactly_once={str(f['even']['exactly_once'] and f['hog']['exactly_once']).lower()}")
+            f"exactly_once={str(all(f[arm]['exactly_once'] for arm in ARMS)).lower()}")
 
 
 def ps_capacity(seconds: float) -> dict[int, float]:

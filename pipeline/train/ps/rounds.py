@@ -4,13 +4,19 @@ Model averaging and synchronous SGD push through rounds. A round closes when as 
 pushes as expected workers have come, or when a member leaves and the rest have all
 pushed, or after a timeout (a worker that hangs): the others never wait forever.
 
-A straggler (a worker on a slow or busy host) would hold every round to its pace. A round
-that has pushes waits for the rest at most ``straggler_wait`` times the pace of its first
-pusher (the seconds between that worker's last two pushes), then closes with the pushes it
-has: a short round, counted. The straggler's gradient is not dropped: it lands in the round
-open when it comes, one round staler, and is applied there once. Its task's ledger
-(:mod:`pipeline.train.ps.tasks`) counted it as it came, so a retry or a speculative copy of
-that task skips it, as with any applied exchange.
+A straggler (a worker on a slow or busy host) would hold every round to its pace. Each
+member's pace is the seconds from its last answer to its next push (its compute, not its
+waits: counted push to push, a fast worker held in step takes the straggler's pace). A
+push waits for the members still missing from its round at most ``straggler_wait`` times
+its own pace, and not at all for those whose pace says they come later than that: the
+round then closes with the pushes it has (a short round, counted). A straggler, a member
+at least ``STRAGGLER_RATIO`` times slower than the fastest other, whose push opens a round
+is answered at once: its gradient waits in the round for the next push and is applied
+with it, one round staler, so neither the fast workers nor the slow one wait for the
+other. No gradient is dropped: each lands in exactly one round, and its task's ledger
+(:mod:`pipeline.train.ps.tasks`) counted it as it came, so a retry or a speculative copy
+of that task skips it, as with any applied exchange. A gradient still waiting when the
+micro-batch ends is applied by :meth:`Rounds.flush`, before the checkpoint.
 """
 
 from __future__ import annotations
@@ -29,6 +35,9 @@ STRAGGLER_WAIT = 0.5
 #: The least a round waits for them (seconds): below it, jitter between equal workers, not a
 #: straggler, would cut rounds short.
 MIN_WAIT_S = 0.05
+#: A member this many times slower than the fastest other is a straggler: its push is
+#: answered at once instead of waiting for the others' next ones.
+STRAGGLER_RATIO = 1.5
 
 
 class Rounds:
@@ -60,7 +69,9 @@ class Rounds:
         self.short = 0  # of them, closed without a straggler
         self._members: set[int] = set()  # connections in the rounds
         self._left = 0  # members that left since the rounds last had none
-        self._last_push: dict[int, float] = {}  # member: when its last push came
+        self._answered: dict[int, float] = {}  # member: when its last push was answered
+        self._pace: dict[int, float] = {}  # member: seconds from an answer to its next push
+        self._pushed: set[int] = set()  # members with a push in the open round
         self._cutoff: float | None = None  # when the open round stops waiting for stragglers
 
     def expect(self, n: int) -> None:
@@ -81,7 +92,8 @@ class Rounds:
         Spark runs again after the others finished replaces the dead worker, and trains
         in rounds of its own instead of waiting for workers that will not come."""
         if done:  # a connection's id may be a later connection's: no pace carries over
-            self._last_push.pop(member, None)
+            self._answered.pop(member, None)
+            self._pace.pop(member, None)
         if member not in self._members:
             return
         self._members.discard(member)
@@ -90,19 +102,28 @@ class Rounds:
             self._close()
 
     def push(self, delta: np.ndarray, member: int = 0) -> None:
-        """Add ``delta`` (from ``member``) to the open round and wait until the round is applied."""
+        """Add ``delta`` (from ``member``) to the open round and wait until the round is
+        applied (a straggler's push: until it is in the round)."""
         now = time.monotonic()
-        pace = now - self._last_push[member] if member in self._last_push else None
-        self._last_push[member] = now
+        if member in self._answered:  # its compute since its last answer, smoothed
+            took = now - self._answered[member]
+            self._pace[member] = took if member not in self._pace else 0.5 * (self._pace[member] + took)
         np.add(self._sum, delta, out=self._sum)
         self._count += 1
+        self._pushed.add(member)
         closes = self._closes
-        if self._count == 1 and pace is not None and self.straggler_wait > 0:
-            # A worker's first push has no pace yet: the first round of a task waits for all.
-            self._cutoff = now + max(MIN_WAIT_S, self.straggler_wait * pace)
         if self._count >= self._size():
             self._close()
-            return
+        elif self.straggler_wait > 0 and member in self._pace:  # a first push has no pace: it waits
+            if self._count == 1 and self._straggler(member):
+                self._answered[member] = time.monotonic()
+                return  # its gradient waits in the round for the next push
+            window = max(MIN_WAIT_S, self.straggler_wait * self._pace[member])
+            due = self._due()
+            if due is not None and due > now + window:  # nobody missing comes within the window
+                self._short()
+            elif self._count == 1:
+                self._cutoff = now + window
         deadline = now + self.timeout_s
         while self._closes == closes:
             cutoff = self._cutoff if self._cutoff is not None else deadline
@@ -113,11 +134,34 @@ class Rounds:
             if time.monotonic() >= deadline:  # a worker that hangs: apply what came
                 log.warning("a synchronous round waited %.0f s for %d of %d workers; applying it without them",
                             self.timeout_s, self._size() - self._count, self._size())
+                self._close()
             else:  # a straggler: its push joins a later round
-                self.short += 1
-                if self._on_short is not None:
-                    self._on_short()
+                self._short()
+        self._answered[member] = time.monotonic()
+
+    def flush(self) -> None:
+        """Apply the open round's pushes, if any (between micro-batches: a straggler's
+        gradient still waiting for a next push that its batch no longer has)."""
+        if self._count:
             self._close()
+
+    def _due(self) -> float | None:
+        """When the first member missing from the open round is due to push, by its pace
+        (None where one has no pace yet: it is waited for)."""
+        missing = [m for m in self._members if m not in self._pushed]
+        if not missing or any(m not in self._pace for m in missing):
+            return None
+        return min(self._answered[m] + self._pace[m] for m in missing)
+
+    def _straggler(self, member: int) -> bool:
+        others = [pace for m, pace in self._pace.items() if m != member and m in self._members]
+        return bool(others) and self._pace[member] >= STRAGGLER_RATIO * min(others)
+
+    def _short(self) -> None:
+        self.short += 1
+        if self._on_short is not None:
+            self._on_short()
+        self._close()
 
     def _size(self) -> int:
         # The expected workers less those that left, or more if more joined.
@@ -128,6 +172,7 @@ class Rounds:
         self._apply_mean(self._sum, self._count)
         self._sum.fill(0)
         self._count = 0
+        self._pushed.clear()
         self._cutoff = None
         self._closes += 1
         self._closed.notify_all()

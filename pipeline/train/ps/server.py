@@ -163,6 +163,8 @@ class ParameterServer:
     def checkpoint(self) -> tuple[np.ndarray, int, dict[str, np.ndarray]]:
         """The center, the clock and the rule's state, taken together under the lock."""
         with self._lock:
+            if self._rounds is not None:  # taken between micro-batches: no push is to come
+                self._rounds.flush()
             state = self.state.server_state() if self.state is not None else {}
             return self.center.copy(), self.clock, state
 

@@ -140,3 +140,51 @@ def test_local_mode_rounds_wait_for_every_worker_unless_the_operator_says_otherw
     assert _round_wait(RunConfig(master="spark://10.0.0.1:7077"), config.Settings()) == 0.5
     monkeypatch.setenv("STREAMTRAIN_ROUND_WAIT", "0.3")
     assert _round_wait(RunConfig(master="local[*]"), config.Settings()) == 0.3
+
+
+def test_a_straggler_is_answered_at_once_and_its_gradient_lands_once_with_the_next_push() -> None:
+    """Proves: once its pace shows it is the slower (0.3 s of "compute" against 0.02 s), a
+    straggler whose push opens a round does not wait for it to close; the fast worker does
+    not wait for a straggler due later than its window; every gradient lands in exactly one
+    round (each push adds 1 at an index of its own: a round of two leaves 0.5 there, a
+    round of one 1.0), and the one still waiting when the batch ends lands at the checkpoint."""
+    with ParameterServer(np.zeros(N, np.float32), secret=SECRET, sync_workers=2, sync_timeout_s=600,
+                         straggler_wait=0.5) as s:
+        fast, slow = _client(s, 0), _client(s, 1)
+        fast.pull()
+        slow.pull()
+        fast_at, slow_at = iter(range(0, 60)), iter(range(60, N))
+
+        def one_hot(i: int) -> np.ndarray:
+            delta = np.zeros(N, np.float32)
+            delta[i] = 1
+            return delta
+
+        own_in_answer: list[float] = []  # each slow push's own index in the center it got back
+
+        def run_slow() -> None:
+            for _ in range(4):
+                time.sleep(0.3)
+                i = next(slow_at)
+                own_in_answer.append(float(slow.push_pull(one_hot(i))[i]))
+
+        thread = threading.Thread(target=run_slow)
+        thread.start()
+        fast_pushes = 0
+        while thread.is_alive() and fast_pushes < 55:  # bounded: 60 indices
+            time.sleep(0.02)
+            fast.push_pull(one_hot(next(fast_at)))
+            fast_pushes += 1
+        thread.join(30)
+        assert not thread.is_alive()
+        s.checkpoint()  # the batch's end: a gradient still waiting is applied now
+        w = s.weights()
+        pushed = np.concatenate([w[:fast_pushes], w[60:64]])
+        assert set(np.round(pushed, 3)) <= {0.5, 1.0} and np.count_nonzero(w) == fast_pushes + 4, w
+        # Its first push had no pace and waited for its round; once it was the straggler, a
+        # push of its that opened a round was answered before the round was applied (its own
+        # gradient not yet in the center), one that found the fast worker waiting closed it.
+        assert own_in_answer[0] > 0 and 0.0 in own_in_answer[1:], own_in_answer
+        assert s.stats()["short_rounds"] >= fast_pushes // 2
+        fast.close()
+        slow.close()
