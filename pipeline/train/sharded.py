@@ -168,17 +168,20 @@ class ShardedServer:
         """The center, the clock and the rule's state, one consistent cut of every shard.
 
         Taken between micro-batches, when no task exchanges: every push went to every
-        shard, so their clocks agree. Shards that disagree (a push applied on some shards
-        and not others, which a task's retry would level) are refused with one line.
+        shard, so each applied as many. Their clocks may still differ: a synchronous round
+        closes on each shard as its pushes come, and a worker killed between its shards
+        lands its push in different rounds; the checkpoint keeps the highest. Shards that
+        applied different pushes (one reached some shards and not others, which a task's
+        retry would level) are refused with one line.
         """
         parts = self._ask("checkpoint")
-        clocks = [c for _, c, _ in parts]
-        if len(set(clocks)) > 1:
-            raise StreamtrainError(f"The parameter-server shards' clocks disagree ({', '.join(map(str, clocks))}): "
+        pushes = [n for _, _, _, n in parts]
+        if len(set(pushes)) > 1:
+            raise StreamtrainError(f"The parameter-server shards applied different pushes ({', '.join(map(str, pushes))}): "
                                    "an update reached some shards and not others, so there is no consistent "
                                    "checkpoint; the batch is not saved. Resume the run from its last checkpoint.")
-        return (np.concatenate([w for w, _, _ in parts]), clocks[0],
-                _join_states([s for _, _, s in parts], self.slices))
+        return (np.concatenate([w for w, _, _, _ in parts]), max(c for _, c, _, _ in parts),
+                _join_states([s for _, _, s, _ in parts], self.slices))
 
     def restore(self, weights: np.ndarray, clock: int, state: dict[str, np.ndarray] | None = None) -> None:
         """Replace every shard's slice of the center, the clock and the rule's state."""
@@ -287,7 +290,7 @@ def _answer(server: Any, op: str, arg: Any) -> Any:
     if op == "snapshot":
         return server.snapshot()
     if op == "checkpoint":
-        return server.checkpoint()
+        return (*server.checkpoint(), server.pushes_applied)
     if op == "restore":
         return server.restore(*arg)
     if op == "expect":

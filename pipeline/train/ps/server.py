@@ -111,6 +111,9 @@ class ParameterServer:
         self._last_pulled: collections.OrderedDict[int, int] = collections.OrderedDict()
         self._pulled: dict[int, np.ndarray] = {}
         self._tasks = TaskProgress()
+        #: Pushes applied since start or restore: shards that each got every push agree on it,
+        #: whatever their synchronous rounds' grouping made of their clocks.
+        self.pushes_applied = 0
         self._transport = Transport(self, host=host, port=port, shared_memory=shared_memory)
 
     @property
@@ -175,6 +178,7 @@ class ParameterServer:
             raise ConfigError(f"Expected {self.size} weights to restore. Received: {flat.size}")
         with self._lock:
             np.copyto(self.center, flat)
+            self.pushes_applied = 0
             self.clock = clock
             if state and self.state is not None:
                 self.state.load_server_state(state)
@@ -221,6 +225,7 @@ class ParameterServer:
                 self._rounds.join(member)
                 if pushes and not applies:  # nothing to add: no round may wait for it
                     self._rounds.leave(member, done=False)
+            self.pushes_applied += int(applies)
             if applies and self._rounds is not None:
                 self._rounds.push(inbox, member)
             elif applies:
