@@ -301,10 +301,8 @@ def _round_wait(cfg: RunConfig, settings: config.Settings) -> float:
     """How long a synchronous round waits for a straggler (``STREAMTRAIN_ROUND_WAIT``). In
     local mode, unless set, it waits for every worker: they share one machine's cores, so a
     late one is jitter, not a slow host, and a round cut short steps on half its batch and
-    lands the late gradient a round stale (``bench/ablation.py``: staleness costs records).
-    With ``--ps-shards`` rounds wait for every worker too: each shard would cut its rounds
-    by its own clock, and shards whose rounds differ cannot be checkpointed as one."""
-    if cfg.ps_shards > 1 or (cfg.master.startswith("local") and "round_wait" not in settings.model_fields_set):
+    lands the late gradient a round stale (``bench/ablation.py``: staleness costs records)."""
+    if cfg.master.startswith("local") and "round_wait" not in settings.model_fields_set:
         return 0.0
     return settings.round_wait
 

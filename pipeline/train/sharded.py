@@ -228,13 +228,21 @@ def _slice_state(state: dict[str, np.ndarray], start: int, stop: int, size: int)
             for k, v in state.items()}
 
 
+#: The rule state that counts the optimizer's steps (Keras's name, kept by the server's optimizers).
+STEP_COUNT = "iterations"
+
+
 def _join_states(states: list[dict[str, np.ndarray]], slices: list[tuple[int, int]]) -> dict[str, np.ndarray]:
     """The shards' states of the rule joined into the full-size one: per-weight arrays
-    concatenated, the rest the same on every shard (else there is no consistent cut).
+    concatenated, the rest the same on every shard (else there is no consistent cut),
+    except the optimizer's step count: synchronous rounds close on each shard as its
+    pushes come, so shards that applied the same pushes may have taken different numbers
+    of steps; the highest is kept (it only scales Adam's bias correction, which one step
+    more moves by under 0.6% after the first hundred).
 
-    >>> _join_states([{"m": np.zeros(2), "iterations": np.array(3)}, {"m": np.ones(1), "iterations": np.array(3)}],
+    >>> _join_states([{"m": np.zeros(2), "iterations": np.array(3)}, {"m": np.ones(1), "iterations": np.array(4)}],
     ...              [(0, 2), (2, 3)])
-    {'m': array([0., 0., 1.]), 'iterations': array(3)}
+    {'m': array([0., 0., 1.]), 'iterations': array(4)}
     """
     joined: dict[str, np.ndarray] = {}
     for key in states[0] if states else {}:
@@ -243,6 +251,8 @@ def _join_states(states: list[dict[str, np.ndarray]], slices: list[tuple[int, in
             joined[key] = np.concatenate(parts)
         elif all(np.array_equal(p, parts[0]) for p in parts):
             joined[key] = parts[0]
+        elif key == STEP_COUNT and all(p.ndim == 0 for p in parts):
+            joined[key] = max(parts, key=int)
         else:
             raise StreamtrainError(f"The parameter-server shards' rule state {key!r} disagrees between shards: "
                                    "there is no consistent checkpoint. Resume the run from its last checkpoint.")

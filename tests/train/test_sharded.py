@@ -115,6 +115,36 @@ def test_a_task_retried_across_shards_is_applied_once_on_every_shard() -> None:
     assert np.array_equal(center[b:], np.full(N - b, 1 + 100 + 1000, np.float32))
 
 
+def test_shards_whose_rounds_grouped_one_push_differently_still_checkpoint_as_one() -> None:
+    """Proves: a synchronous worker killed between its shards lands its push in a round with
+    the other worker's on shard 0 and, retried, in a round of its own on shard 1; every
+    shard applied both pushes once, so the checkpoint is taken (the highest clock and Adam
+    step count) where shards that compared clocks refused it."""
+    import threading
+
+    with parameter_server(_sync(2), SPEC, np.zeros(N, np.float32), host="127.0.0.1", shards=2) as server:
+        (h0, p0, a, b), (h1, p1, _, _) = server.shards
+        server.expect_workers(1)
+        task = task_key("t", 1, 0)
+        with ps.ShardedClient(server.shards, secret=server.secret, worker=0, size=N) as steady:
+            steady.pull()
+            with ps.Client((h0, p0), secret=server.secret, worker=1, size=b - a) as killed:
+                killed.begin(task, steps=1, window=1)
+                killed.pull()
+                pushed = threading.Thread(target=killed.push_pull, args=(np.ones(b - a, np.float32),))
+                pushed.start()  # shard 0's round waits for the steady worker, a member there
+                steady.push_pull(np.ones(N, np.float32))  # shard 0: a round of both; shard 1: its own
+                pushed.join(30)
+                assert not pushed.is_alive()
+        with ps.Client((h1, p1), secret=server.secret, worker=1, size=N - b) as retry:
+            assert retry.begin(task, steps=1, window=1) == 0  # shard 1 never had it
+            retry.pull()
+            retry.push_pull(np.ones(N - b, np.float32))
+        stats = server.stats()
+        _, clock, state = server.checkpoint()
+    assert [s["clock"] for s in stats["shards"]] == [1, 2] and clock == 2 and int(state["iterations"]) == 2
+
+
 def test_bad_shard_counts_are_one_clear_line() -> None:
     import keras
 

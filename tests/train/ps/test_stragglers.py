@@ -138,8 +138,6 @@ def test_local_mode_rounds_wait_for_every_worker_unless_the_operator_says_otherw
     monkeypatch.delenv("STREAMTRAIN_ROUND_WAIT", raising=False)
     assert _round_wait(RunConfig(master="local[*]"), config.Settings()) == 0.0
     assert _round_wait(RunConfig(master="spark://10.0.0.1:7077"), config.Settings()) == 0.5
-    # Shards would each cut rounds by their own clock: their rounds, and clocks, would differ.
-    assert _round_wait(RunConfig(master="spark://10.0.0.1:7077", ps_shards=2), config.Settings()) == 0.0
     monkeypatch.setenv("STREAMTRAIN_ROUND_WAIT", "0.3")
     assert _round_wait(RunConfig(master="local[*]"), config.Settings()) == 0.3
 
