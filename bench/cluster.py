@@ -19,7 +19,7 @@ The straggler arm (issue 43): the same namespace cluster (each worker host's Spa
 pinned to a core of their own) trains the default algorithm twice from two topics of the same
 records, once as it is and once with a CPU hog pinned to worker-b's core (bounded by the
 run's timeout, stopped by pid), both with ``spark.speculation true`` in the properties file as
-the README says; ``straggler_ratio`` is the second run's records/s over the first's, and
+docs/cluster.md says; ``straggler_ratio`` is the second run's records/s over the first's, and
 ``exactly_once`` that each run trained every record once (every task's mini-batches all
 counted as applied by the server). The same pair with an asynchronous algorithm (``adag``,
 whose workers never wait for each other) gives ``async_ratio``: what the hog leaves of this

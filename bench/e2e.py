@@ -289,7 +289,7 @@ def _fmt(x: float) -> str:
 
 def compare(algorithms: list[str], seeds: int, max_epochs: int) -> None:
     """Records and seconds to each accuracy for each algorithm through the whole pipeline,
-    on the 5,000-record grid (the README's table; the run's default should be the best)."""
+    on the 5,000-record grid (docs/performance.md's table; the run's default should be the best)."""
     got: dict[str, dict[float, list[tuple[float, float]]]] = {a: {t: [] for t in TARGETS} for a in algorithms}
     rates: dict[str, list[float]] = {a: [] for a in algorithms}
     finals: dict[str, list[float]] = {a: [] for a in algorithms}

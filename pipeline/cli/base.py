@@ -22,7 +22,7 @@ bootstrap_option = click.option(
 kafka_conf_option = click.option(
     "--kafka-conf", metavar="FILE", type=click.Path(dir_okay=False),
     help="A Kafka client properties file (security.protocol, sasl.mechanism, sasl.username, sasl.password, ssl.*), "
-         "as librdkafka and the Java client read it; env STREAMTRAIN_KAFKA_CONF. README: Your Kafka.",
+         "as librdkafka and the Java client read it; env STREAMTRAIN_KAFKA_CONF. docs/kafka.md: Secured clusters.",
 )
 
 

@@ -41,7 +41,7 @@ def broker(host: str, port: int, engine: str | None, storage: str | None, log_pa
     """Run the embedded Kafka broker until Ctrl-C.
 
     Two engines speak the Kafka protocol here; each serves kafka-python, confluent-kafka
-    and Spark's source, and only noida serves kcat (README: Brokers).
+    and Spark's source, and only noida serves kcat (docs/kafka.md: The embedded brokers).
     """
     from pipeline.ingest.kafka import broker as broker_mod
 

