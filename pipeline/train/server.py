@@ -51,7 +51,7 @@ def parameter_server(algorithm: algorithms.Algorithm, spec: ModelSpec, weights: 
 
         return ShardedServer(algorithm, spec, weights, shards=shards, secret=secret, host=host, port=port,
                              sync_timeout_s=sync_timeout_s, shared_memory=shared_memory, clock=clock,
-                             optimizer=optimizer)
+                             optimizer=optimizer, straggler_wait=straggler_wait)
     algorithm.bind(spec)
     if optimizer:
         algorithm.load_server_state(optimizer)

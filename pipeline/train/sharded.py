@@ -59,12 +59,14 @@ class ShardedServer:
         secret: the run's secret (every shard proves it).
         host, port: the address each shard binds; with a port other than 0, shard ``i``
             binds ``port + i``.
-        sync_timeout_s, shared_memory: as for :class:`~pipeline.train.ps.server.ParameterServer`.
+        sync_timeout_s, shared_memory, straggler_wait: as for
+            :class:`~pipeline.train.ps.server.ParameterServer`.
     """
 
     def __init__(self, algorithm: algorithms.Algorithm, spec: ModelSpec, weights: np.ndarray, *, shards: int,
                  secret: bytes, host: str, port: int = 0, sync_timeout_s: float = 30.0, shared_memory: bool = True,
-                 clock: int = 0, optimizer: dict[str, np.ndarray] | None = None) -> None:
+                 clock: int = 0, optimizer: dict[str, np.ndarray] | None = None,
+                 straggler_wait: float = 0.0) -> None:
         self.size, self.secret, self.host, self.port = spec.size, secret, host, port
         self.slices = plan([int(np.prod(s)) for s in spec.shapes], shards)
         flat = np.asarray(weights, np.float32).ravel()
@@ -72,7 +74,8 @@ class ShardedServer:
         self._jobs = [{"algorithm": config, "spec": spec.piece(a, b).to_json(), "weights": flat[a:b].copy(),
                        "clock": clock, "optimizer": _slice_state(optimizer or {}, a, b, self.size),
                        "secret": secret, "host": host, "port": port + i if port else 0,
-                       "sync_timeout_s": sync_timeout_s, "shared_memory": shared_memory}
+                       "sync_timeout_s": sync_timeout_s, "shared_memory": shared_memory,
+                       "straggler_wait": straggler_wait}
                       for i, (a, b) in enumerate(self.slices)]
         self.shards: tuple[Shard, ...] = ()
         self._children: list[tuple[subprocess.Popen[bytes], connection.Connection]] = []  # with the driver's end
@@ -273,7 +276,7 @@ def serve_shard(fd: int) -> None:
         server = parameter_server(algorithms.get(job["algorithm"]), ModelSpec.from_json(job["spec"]), job["weights"],
                                   secret=job["secret"], host=job["host"], port=job["port"],
                                   sync_timeout_s=job["sync_timeout_s"], shared_memory=job["shared_memory"],
-                                  clock=job["clock"], optimizer=job["optimizer"]).start()
+                                  straggler_wait=job["straggler_wait"], clock=job["clock"], optimizer=job["optimizer"]).start()
     except Exception as e:
         conn.send(("error", f"{type(e).__name__}: {e}"))
         return
