@@ -34,6 +34,7 @@ class Replica:
     weights: FlatWeights
     spec: ModelSpec
     _gradients: FlatGradients | None = None
+    drift_epoch: int = 0  # the last drift whose reset it applied (--on-drift adapt)
 
     @property
     def gradients(self) -> FlatGradients:
@@ -63,8 +64,9 @@ def init_tensorflow(threads: int) -> None:
 
 
 def replica(spec: ModelSpec, *, job: str, threads: int = 1, prime_batch: int = 0,
-            gradients: bool = False) -> tuple[Replica, bool]:
-    """The cached compiled replica for ``spec`` (built if new); a new ``job`` resets its optimizer.
+            gradients: bool = False, drift_epoch: int | None = None) -> tuple[Replica, bool]:
+    """The cached compiled replica for ``spec`` (built if new); a new ``job``, or a newer
+    ``drift_epoch`` (None: leave as it is), resets its optimizer.
 
     With ``prime_batch`` > 0 a new replica is also traced (see :func:`prime`): its
     gradient function if ``gradients`` (synchronous SGD), else its train function.
@@ -75,12 +77,14 @@ def replica(spec: ModelSpec, *, job: str, threads: int = 1, prime_batch: int = 0
     if entry is None:
         model = spec.build()
         entry = _REPLICAS[spec.fingerprint] = Replica(model, job, FlatWeights(model, spec.shapes), spec)
+        entry.drift_epoch = drift_epoch or 0
         if prime_batch:
             prime(entry, prime_batch, gradients=gradients)
         return entry, True
-    if entry.job != job:
+    if entry.job != job or (drift_epoch is not None and drift_epoch > entry.drift_epoch):
         reset_optimizer(entry.model)
         entry.job = job
+        entry.drift_epoch = max(entry.drift_epoch, drift_epoch or 0)
     return entry, False
 
 

@@ -1,0 +1,360 @@
+"""Drift: when the stream changes, the run says so.
+
+Three signals, each measured on the driver from what the executors send back with every
+task, in stream order:
+
+- ``loss``: River's ADWIN over the prequential loss of each mini-batch (scored before it
+  trains). ADWIN cuts its window where the two halves' means differ beyond a Hoeffding
+  bound; a cut counts as a drift only when the loss *rose* by ``min_rise`` of its level
+  (a model learning makes it fall, and a fall is no alarm).
+- ``prior``: the class counts of a window of ``window`` records against a reference window,
+  by the population stability index (PSI).
+- ``feature``: for tables, each column of a sample of the records against a reference
+  sample, by PSI over the reference's deciles; the column that moved most is named.
+
+No signal fires in the first ``warmup`` records (the model is still learning, and the
+reference is being drawn), nor for ``cooldown`` records after it fired (the model is
+relearning). What each means and how to tune it: ``docs/drift.md``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from pipeline.errors import ConfigError
+
+#: The signals, as ``streamtrain_drift_detected_total``'s ``signal`` label has them.
+SIGNALS = ("loss", "prior", "feature")
+
+#: Rows of features and labels each task sends back for the feature signal and the
+#: held-out window after a drift, at most.
+SAMPLE_ROWS = 256
+
+
+def psi(expected: np.ndarray, actual: np.ndarray, *, floor: float = 1e-4) -> float:
+    """The population stability index of counts ``actual`` against ``expected`` (same bins).
+
+    Empty bins are floored at ``floor`` of the mass, so one never seen is large, not infinite.
+
+    Example:
+        >>> psi(np.array([50, 50]), np.array([50, 50]))
+        0.0
+        >>> round(psi(np.array([50, 50]), np.array([90, 10])), 3)
+        0.879
+    """
+    e = np.maximum(np.asarray(expected, np.float64) / max(1, np.sum(expected)), floor)
+    a = np.maximum(np.asarray(actual, np.float64) / max(1, np.sum(actual)), floor)
+    return float(np.sum((a - e) * np.log(a / e)))
+
+
+@dataclasses.dataclass
+class Drift:
+    """One drift found.
+
+    Attributes:
+        signal: one of :data:`SIGNALS`.
+        batch_id: the micro-batch whose records showed it.
+        records: records of the stream before that batch (its position in the stream).
+        statistic: the loss's rise (recent mean over the window's), or the PSI.
+        detail: what moved, in words.
+        offsets: per ``topic:partition``, the batch's ``[start, end)`` offsets.
+        at: Unix time when it was found.
+        generation: the checkpoint generation from just before it (kept; -1: none).
+    """
+
+    signal: str
+    batch_id: int
+    records: int
+    statistic: float
+    detail: str
+    offsets: dict[str, list[int]] = dataclasses.field(default_factory=dict)
+    at: float = 0.0
+    generation: int = -1
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Drift:
+        return cls(**{f.name: d[f.name] for f in dataclasses.fields(cls) if f.name in d})
+
+    def line(self) -> str:
+        """The status line printed when it is found.
+
+        >>> Drift("loss", 7, 60_000, 8.5, "prequential loss 0.1 -> 0.85").line()
+        'drift at batch 7 (record 60,000): loss, prequential loss 0.1 -> 0.85 (statistic 8.5)'
+        """
+        return (f"drift at batch {self.batch_id} (record {self.records:,}): {self.signal}, {self.detail} "
+                f"(statistic {self.statistic:.3g})")
+
+
+class _Gate:
+    """When a signal may fire: after ``warmup`` records, and ``cooldown`` records after it last did."""
+
+    def __init__(self, warmup: int, cooldown: int) -> None:
+        self.warmup, self.cooldown = warmup, cooldown
+        self.seen = 0
+        self._quiet_until = warmup
+
+    @property
+    def open(self) -> bool:
+        return self.seen >= self._quiet_until
+
+    def fired(self) -> None:
+        self._quiet_until = self.seen + self.cooldown
+
+
+class LossDrift:
+    """ADWIN (River's) over the mini-batches' prequential losses; fires on a rise only.
+
+    Args:
+        delta: ADWIN's confidence (smaller: fewer, later alarms).
+        min_rise: the recent mean must pass the window's by this share of it.
+        warmup, cooldown: records before it may fire, and after it fired.
+
+    Example:
+        >>> rng = np.random.default_rng(0)
+        >>> d = LossDrift(warmup=2_000)
+        >>> [d.update(rng.normal(0.3, 0.05, 20).tolist(), size=64) for _ in range(100)].count(None)
+        100
+        >>> fired = [d.update(rng.normal(2.0, 0.2, 20).tolist(), size=64) for _ in range(10)]
+        >>> fired[0] is not None and fired[0][0] > 1.5
+        True
+    """
+
+    def __init__(self, *, delta: float = 0.002, min_rise: float = 0.3, warmup: int = 10_000,
+                 cooldown: int = 10_000) -> None:
+        from river import drift
+
+        self._make = lambda: drift.ADWIN(delta=delta)
+        self._adwin = self._make()
+        self.min_rise = min_rise
+        self.gate = _Gate(warmup, cooldown)
+
+    def update(self, losses: Sequence[float], *, size: int) -> tuple[float, str] | None:
+        """Feed one task's mini-batch losses (of about ``size`` records each), in order;
+        return ``(rise, detail)`` when the loss rose beyond chance, else None."""
+        found = None
+        for loss in losses:
+            if not math.isfinite(loss):
+                continue
+            before = self._adwin.estimation
+            self._adwin.update(loss)
+            self.gate.seen += size
+            after = self._adwin.estimation
+            if (self._adwin.drift_detected and self.gate.open and found is None
+                    and after > before * (1 + self.min_rise)):
+                found = (after / max(before, 1e-12), f"prequential loss {before:.4g} -> {after:.4g}")
+                self.gate.fired()
+        return found
+
+
+class CountsDrift:
+    """PSI of a window's counts over fixed bins against a reference window's.
+
+    The reference is the first full window after ``warmup``; after a drift, the window
+    that showed it becomes the reference (the stream's new state).
+
+    Example:
+        >>> d = CountsDrift(window=1_000, warmup=0)
+        >>> [d.update(np.array([500, 500])) for _ in range(5)]
+        [None, None, None, None, None]
+        >>> d.update(np.array([900, 100]))[0] > 0.5
+        True
+    """
+
+    def __init__(self, *, threshold: float = 0.1, window: int = 2_000, warmup: int = 10_000,
+                 cooldown: int = 10_000) -> None:
+        self.threshold, self.window = threshold, window
+        self.gate = _Gate(warmup, cooldown)
+        self.reference: np.ndarray | None = None
+        self._counts: np.ndarray | None = None
+
+    def update(self, counts: np.ndarray) -> tuple[float, np.ndarray] | None:
+        """Add one batch's ``counts`` (per bin; a 2-D array: per column, per bin); return
+        ``(psi, psi per column)`` when a full window moved past the threshold."""
+        counts = np.atleast_2d(np.asarray(counts, np.float64))
+        n = int(counts[0].sum())
+        self.gate.seen += n
+        if self.gate.seen <= self.gate.warmup:
+            return None
+        self._counts = counts if self._counts is None or self._counts.shape != counts.shape else self._counts + counts
+        if self._counts[0].sum() < self.window:
+            return None
+        window, self._counts = self._counts, None
+        if self.reference is None:
+            self.reference = window
+            return None
+        per_column = np.array([psi(r, w) for r, w in zip(self.reference, window, strict=True)])
+        if per_column.max() < self.threshold or not self.gate.open:
+            return None
+        self.reference = window
+        self.gate.fired()
+        return float(per_column.max()), per_column
+
+
+class FeatureDrift:
+    """Per column of a table, PSI of sampled rows over the reference sample's deciles.
+
+    Args:
+        columns: the columns' names.
+        threshold, window, warmup, cooldown: see :class:`CountsDrift` (counted in sampled rows
+            for ``window``, in records for the others).
+    """
+
+    def __init__(self, columns: Sequence[str], *, threshold: float = 0.2, window: int = 1_000,
+                 warmup: int = 10_000, cooldown: int = 10_000, bins: int = 10) -> None:
+        self.columns, self.bins = list(columns), bins
+        self.threshold, self.window = threshold, window
+        self.gate = _Gate(warmup, cooldown)
+        self._edges: list[np.ndarray] | None = None
+        self._reference: list[np.ndarray] = []
+        self._rows: list[np.ndarray] = []
+
+    def update(self, rows: np.ndarray, *, records: int) -> tuple[float, str] | None:
+        """Add a sample ``rows`` (one per record sampled) of ``records`` records; return
+        ``(psi, column)`` when a full window's worst column moved past the threshold."""
+        self.gate.seen += records
+        if self.gate.seen <= self.gate.warmup or not len(rows):
+            return None
+        self._rows.append(np.asarray(rows, np.float64).reshape(len(rows), -1))
+        if sum(len(r) for r in self._rows) < self.window:
+            return None
+        window, self._rows = np.concatenate(self._rows), []
+        if self._edges is None:
+            self._fit(window)
+            return None
+        scores = [psi(ref, self._hist(i, window[:, i])) for i, ref in enumerate(self._reference)]
+        worst = int(np.argmax(scores))
+        if scores[worst] < self.threshold or not self.gate.open:
+            return None
+        self._fit(window)
+        self.gate.fired()
+        name = self.columns[worst] if worst < len(self.columns) else f"x{worst}"
+        return float(scores[worst]), name
+
+    def _fit(self, window: np.ndarray) -> None:
+        # Inner deciles as edges; a column of few values (a one-hot) gets one bin per value.
+        qs = np.linspace(0, 1, self.bins + 1)[1:-1]
+        self._edges = [np.unique(np.quantile(window[:, i], qs)) for i in range(window.shape[1])]
+        self._reference = [self._hist(i, window[:, i]) for i in range(window.shape[1])]
+
+    def _hist(self, i: int, values: np.ndarray) -> np.ndarray:
+        assert self._edges is not None
+        return np.bincount(np.searchsorted(self._edges[i], values, side="right"), minlength=len(self._edges[i]) + 1)
+
+
+@dataclasses.dataclass
+class DriftSettings:
+    """The detectors' settings (``--drift-*``); see ``docs/drift.md``."""
+
+    warmup: int = 10_000
+    cooldown: int = 10_000
+    loss_delta: float = 0.002
+    loss_min_rise: float = 0.3
+    prior_threshold: float = 0.1
+    prior_window: int = 2_000
+    feature_threshold: float = 0.2
+    feature_window: int = 1_000
+
+    @classmethod
+    def parse(cls, text: str | None) -> DriftSettings:
+        """Settings from ``--drift KEY=VALUE,...``; one bad pair raises a one-line error.
+
+        >>> DriftSettings.parse("warmup=5000, loss_delta=0.001").warmup
+        5000
+        >>> DriftSettings.parse("warmpu=1")
+        Traceback (most recent call last):
+        ...
+        pipeline.errors.ConfigError: Expected --drift KEY=VALUE pairs, KEY one of cooldown, feature_threshold, feature_window, loss_delta, loss_min_rise, prior_threshold, prior_window, warmup, VALUE a positive number. Received: 'warmpu=1'. See docs/drift.md.
+        """
+        out: dict[str, Any] = {}
+        fields = {f.name: f.type for f in dataclasses.fields(cls)}
+        for pair in filter(None, (p.strip() for p in (text or "").split(","))):
+            key, _, value = pair.partition("=")
+            key = key.strip()
+            try:
+                number = (int if fields.get(key) == "int" else float)(value)
+            except ValueError:
+                number = -1
+            if key not in fields or not number > 0:
+                raise ConfigError(f"Expected --drift KEY=VALUE pairs, KEY one of {', '.join(sorted(fields))}, VALUE a "
+                                  f"positive number. Received: {pair!r}. See docs/drift.md.")
+            out[key] = number
+        return cls(**out)
+
+
+class DriftWatch:
+    """The three signals over a run's batches, and the drifts found so far.
+
+    Args:
+        classes: the label's classes (0: a numeric target, no prior signal).
+        columns: a table's column names (None: not a table, no feature signal).
+        settings: the detectors' settings.
+        found: drifts a resumed run found before (its detectors start afresh, with a warm-up).
+    """
+
+    def __init__(self, *, classes: int, columns: Sequence[str] | None, settings: DriftSettings | None = None,
+                 found: Sequence[dict[str, Any]] = ()) -> None:
+        s = self.settings = settings or DriftSettings()
+        self.classes = classes
+        self.loss = LossDrift(delta=s.loss_delta, min_rise=s.loss_min_rise, warmup=s.warmup, cooldown=s.cooldown)
+        self.prior = (CountsDrift(threshold=s.prior_threshold, window=s.prior_window, warmup=s.warmup,
+                                  cooldown=s.cooldown) if classes > 1 else None)
+        self.feature = (FeatureDrift(columns, threshold=s.feature_threshold, window=s.feature_window,
+                                     warmup=s.warmup, cooldown=s.cooldown) if columns else None)
+        self.found = [Drift.from_dict(d) for d in found]
+        self.records = 0
+
+    def observe(self, batch_id: int, results: Sequence[Any], offsets: dict[str, list[int]], *,
+                batch_size: int) -> list[Drift]:
+        """Feed one batch's task results (ordered by topic and partition: stream order
+        within each partition); return the drifts it showed (at most one per signal)."""
+        records_before = self.records
+        out: dict[str, Drift] = {}
+
+        def found(signal: str, statistic: float, detail: str) -> None:
+            out.setdefault(signal, Drift(signal, batch_id, records_before, round(statistic, 4), detail, offsets,
+                                         round(time.time(), 3)))
+
+        labels = np.zeros(max(self.classes, 1), np.int64)
+        for r in results:
+            hit = self.loss.update(getattr(r, "preq_losses", ()), size=batch_size)
+            if hit is not None:
+                found("loss", *hit)
+            counts = getattr(r, "label_counts", None)
+            if counts is not None and len(counts) == len(labels):
+                labels += np.asarray(counts, np.int64)
+            sample = getattr(r, "sample_x", None)
+            if self.feature is not None and sample is not None and len(sample):
+                feat = self.feature.update(sample, records=r.records)
+                if feat is not None:
+                    found("feature", feat[0], f"column {feat[1]} PSI {feat[0]:.3f}")
+            self.records += r.records
+        if self.prior is not None and labels.sum():
+            prior = self.prior.update(labels)
+            if prior is not None:
+                found("prior", prior[0], f"class prior PSI {prior[0]:.3f}")
+        drifts = [out[s] for s in SIGNALS if s in out]
+        self.found += drifts
+        return drifts
+
+    def state(self) -> list[dict[str, Any]]:
+        """What a checkpoint keeps: the drifts found (the detectors' windows start afresh)."""
+        return [d.to_dict() for d in self.found]
+
+
+def offsets_of(ranges: Sequence[Any]) -> dict[str, list[int]]:
+    """A batch's ranges as ``{"topic:partition": [start, end)}``, merged per partition."""
+    out: dict[str, list[int]] = {}
+    for r in ranges:
+        key = f"{r.topic}:{r.partition}"
+        lo, hi = out.get(key, [r.start, r.end])
+        out[key] = [min(lo, r.start), max(hi, r.end)]
+    return out
