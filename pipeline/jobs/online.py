@@ -278,8 +278,7 @@ class Run:
         stack.callback(self._evaluation.close)
         if cfg.divergence_check and len(test.y) >= MIN_SCORED:
             self._driver.watch_heldout(test.y[:n_eval], regression=data.schema.regression)
-        run_drift.watch(self._driver, cfg=cfg, handler=handler, schema=data.schema, metrics=self.metrics,
-                        batch_size=self.algorithm.worker_batch_size, evaluation=self._evaluation, display=self.display)
+        run_drift.watch(self, handler=handler, schema=data.schema)  # after the held-out watch: it may replace it
 
         def warm() -> None:
             warm_up(spark, spec, handler.job, workers=cfg.workers, threads=threads,
@@ -298,7 +297,7 @@ class Run:
             out=self.out, startup_s=startup_s, trained=self._trained_total(), history=self.history,
             stopped_because=self.display.stop_reason or "limit (--max-batches / --timeout)", final=final,
             ledger=self._driver.state.ledger, ps_stats=ps_stats, workers=self.cfg.workers, slots=self._cores,
-            rejects=self.display.rejects)
+            rejects=self.display.rejects, drifts=self._driver.drift.watch.found if self._driver.drift else [])
 
 
 def _round_wait(cfg: RunConfig, settings: config.Settings) -> float:

@@ -26,9 +26,13 @@ def columns(schema: Any) -> list[str] | None:
     return names if len(names) == schema.n_features else [f"x{i}" for i in range(schema.n_features)]
 
 
-def watch(driver: TrainDriver, *, cfg: RunConfig, handler: Any, schema: Any, batch_size: int, evaluation: Any,
-          metrics: RunMetrics, display: Display) -> DriftResponse:
-    """Give ``driver`` the run's drift signals and reaction (after its held-out watch is set)."""
+def watch(run: Any, *, handler: Any, schema: Any) -> DriftResponse:
+    """Give ``run``'s (a :class:`~pipeline.jobs.online.Run`) driver its drift signals and
+    reaction, once its held-out evaluation and watch are set."""
+    driver: TrainDriver = run._driver
+    cfg: RunConfig = run.cfg
+    metrics: RunMetrics = run.metrics
+    display: Display = run.display
 
     def on_drift(drifts: list[Drift]) -> None:
         metrics.on_drift(drifts)
@@ -37,9 +41,9 @@ def watch(driver: TrainDriver, *, cfg: RunConfig, handler: Any, schema: Any, bat
     found = driver.state.extra.get("drift", []) if driver.state is not None else []
     signals = DriftWatch(classes=0 if schema.regression else schema.num_classes, columns=columns(schema),
                          settings=DriftSettings.parse(cfg.drift), found=found)
-    response = DriftResponse(signals, cfg.on_drift, handler=handler, batch_size=batch_size,
+    response = DriftResponse(signals, cfg.on_drift, handler=handler, batch_size=run.algorithm.worker_batch_size,
                              window=min(cfg.eval_max, WINDOW), on_drift=on_drift)
-    response.evaluation, response.regression = evaluation, schema.regression
+    response.evaluation, response.regression = run._evaluation, schema.regression
     if found:  # a resumed run after a drift: its held-out score is on records after it again
         response.resumed(driver)
     driver.watch_drift(response)
