@@ -90,8 +90,9 @@ from producers import datasets
                    "say so (a status line, a metric, the report), or also adapt (reset the optimizer). Either way "
                    "the held-out score moves to records after the drift. docs/drift.md.")
 @click.option("--drift", metavar="KEY=VALUE,...",
-              help="The drift signals' settings (warmup, cooldown, loss_delta, loss_min_rise, prior_threshold, "
-                   "prior_window, feature_threshold, feature_window). docs/drift.md.")
+              help="The drift signals' settings (warmup, cooldown, loss_delta, loss_min_rise, loss_ph_delta, "
+                   "loss_ph_threshold, prior_threshold, prior_window, feature_threshold, feature_window). "
+                   "docs/drift.md.")
 @click.option("--max-rejected", type=float, metavar="SHARE",
               help="Stop (one line, the reasons and first rows) once more than this share of the records read is "
                    "rejected: rows the schema cannot encode, records that do not decode. Default 0.1.")

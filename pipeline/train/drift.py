@@ -3,10 +3,9 @@
 Three signals, each measured on the driver from what the executors send back with every
 task, in stream order:
 
-- ``loss``: River's ADWIN over the prequential loss of each mini-batch (scored before it
-  trains). ADWIN cuts its window where the two halves' means differ beyond a Hoeffding
-  bound; a cut counts as a drift only when the loss *rose* by ``min_rise`` of its level
-  (a model learning makes it fall, and a fall is no alarm).
+- ``loss``: River's Page-Hinkley and ADWIN over the prequential loss of each mini-batch
+  (scored before it trains): a rise beyond chance, abrupt or slow (:class:`LossDrift`; a
+  model learning makes the loss fall, and a fall is no alarm).
 - ``prior``: the class counts of a window of ``window`` records against a reference window,
   by the population stability index (PSI).
 - ``feature``: for tables, each column of a sample of the records against a reference
@@ -111,11 +110,21 @@ class _Gate:
 
 
 class LossDrift:
-    """ADWIN (River's) over the mini-batches' prequential losses; fires on a rise only.
+    """River's Page-Hinkley and ADWIN over the mini-batches' prequential losses; fires on a rise only.
+
+    Page-Hinkley (``mode="up"``) reads each loss relative to a slow moving average of the
+    loss (half-life ``halflife`` records), so one threshold serves any loss's scale: it sums
+    how far each ratio passes 1 + ``ph_delta`` and fires past ``ph_threshold``, a few
+    hundred records into an abrupt change. ADWIN reads the losses themselves and cuts its
+    window where the halves' means differ beyond a Hoeffding bound: it finds slow, long
+    changes; a cut counts only when the recent mean passed the window's by ``min_rise``
+    (a model learning makes the loss fall, and a fall is no alarm).
 
     Args:
         delta: ADWIN's confidence (smaller: fewer, later alarms).
-        min_rise: the recent mean must pass the window's by this share of it.
+        min_rise: ADWIN's recent mean must pass the window's by this share of it.
+        ph_delta, ph_threshold: Page-Hinkley's tolerance and threshold, on the ratio.
+        halflife: records over which the reference loss forgets half its past.
         warmup, cooldown: records before it may fire, and after it fired.
 
     Example:
@@ -128,30 +137,43 @@ class LossDrift:
         True
     """
 
-    def __init__(self, *, delta: float = 0.002, min_rise: float = 0.3, warmup: int = 10_000,
+    def __init__(self, *, delta: float = 0.002, min_rise: float = 0.3, ph_delta: float = 0.5,
+                 ph_threshold: float = 15.0, halflife: int = 5_000, warmup: int = 10_000,
                  cooldown: int = 10_000) -> None:
         from river import drift
 
-        self._make = lambda: drift.ADWIN(delta=delta)
-        self._adwin = self._make()
-        self.min_rise = min_rise
+        self._adwin_new = lambda: drift.ADWIN(delta=delta)
+        # alpha=1: the test's mean is over everything since its last reset (the ratio is
+        # already relative to a moving reference).
+        self._ph_new = lambda: drift.PageHinkley(min_instances=30, delta=ph_delta, threshold=ph_threshold,
+                                                 alpha=1.0, mode="up")
+        self._adwin, self._ph = self._adwin_new(), self._ph_new()
+        self.min_rise, self.halflife = min_rise, halflife
+        self.reference: float | None = None
         self.gate = _Gate(warmup, cooldown)
 
     def update(self, losses: Sequence[float], *, size: int) -> tuple[float, str] | None:
         """Feed one task's mini-batch losses (of about ``size`` records each), in order;
         return ``(rise, detail)`` when the loss rose beyond chance, else None."""
         found = None
+        forget = 1 - 0.5 ** (max(1, size) / self.halflife)
         for loss in losses:
             if not math.isfinite(loss):
                 continue
+            reference = loss if self.reference is None else self.reference
             before = self._adwin.estimation
             self._adwin.update(loss)
+            self._ph.update(loss / max(reference, 1e-6))
             self.gate.seen += size
-            after = self._adwin.estimation
-            if (self._adwin.drift_detected and self.gate.open and found is None
-                    and after > before * (1 + self.min_rise)):
-                found = (after / max(before, 1e-12), f"prequential loss {before:.4g} -> {after:.4g}")
+            rose = self._adwin.drift_detected and self._adwin.estimation > before * (1 + self.min_rise)
+            if found is None and self.gate.open and (self._ph.drift_detected or rose):
+                found = (loss / max(reference, 1e-6), f"prequential loss {reference:.4g} -> {loss:.4g}")
+                if rose:
+                    after = self._adwin.estimation
+                    found = (after / max(before, 1e-12), f"prequential loss {before:.4g} -> {after:.4g}")
                 self.gate.fired()
+                self._adwin, self._ph = self._adwin_new(), self._ph_new()  # the past is another concept
+            self.reference = reference + forget * (loss - reference)
         return found
 
 
@@ -258,6 +280,8 @@ class DriftSettings:
     cooldown: int = 10_000
     loss_delta: float = 0.002
     loss_min_rise: float = 0.3
+    loss_ph_delta: float = 0.5
+    loss_ph_threshold: float = 15.0
     prior_threshold: float = 0.1
     prior_window: int = 2_000
     feature_threshold: float = 0.2
@@ -269,10 +293,10 @@ class DriftSettings:
 
         >>> DriftSettings.parse("warmup=5000, loss_delta=0.001").warmup
         5000
-        >>> DriftSettings.parse("warmpu=1")
+        >>> DriftSettings.parse("warmpu=1")  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
-        pipeline.errors.ConfigError: Expected --drift KEY=VALUE pairs, KEY one of cooldown, feature_threshold, feature_window, loss_delta, loss_min_rise, prior_threshold, prior_window, warmup, VALUE a positive number. Received: 'warmpu=1'. See docs/drift.md.
+        pipeline.errors.ConfigError: Expected --drift KEY=VALUE pairs, KEY one of cooldown, feature_threshold, feature_window, loss_delta, loss_min_rise, loss_ph_delta, loss_ph_threshold, prior_threshold, prior_window, warmup, VALUE a positive number. Received: 'warmpu=1'. See docs/drift.md.
         """
         out: dict[str, Any] = {}
         fields = {f.name: f.type for f in dataclasses.fields(cls)}
@@ -304,7 +328,8 @@ class DriftWatch:
                  found: Sequence[dict[str, Any]] = ()) -> None:
         s = self.settings = settings or DriftSettings()
         self.classes = classes
-        self.loss = LossDrift(delta=s.loss_delta, min_rise=s.loss_min_rise, warmup=s.warmup, cooldown=s.cooldown)
+        self.loss = LossDrift(delta=s.loss_delta, min_rise=s.loss_min_rise, ph_delta=s.loss_ph_delta,
+                              ph_threshold=s.loss_ph_threshold, warmup=s.warmup, cooldown=s.cooldown)
         self.prior = (CountsDrift(threshold=s.prior_threshold, window=s.prior_window, warmup=s.warmup,
                                   cooldown=s.cooldown) if classes > 1 else None)
         self.feature = (FeatureDrift(columns, threshold=s.feature_threshold, window=s.feature_window,

@@ -1,0 +1,238 @@
+"""The drift signals (issue 45): each fires within a bound on a stream with a planted change,
+and none fires on a stationary stream (fixed seeds, bounded loops)."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+from typing import Any
+
+import numpy as np
+import pytest
+
+from pipeline.errors import ConfigError
+from pipeline.ingest.offsets import OffsetRange
+from pipeline.train import adapt, drift
+
+SEEDS = range(5)
+
+
+def _learning_curve(rng: np.random.Generator, n: int, *, floor: float = 0.1) -> np.ndarray:
+    """Mini-batch losses of a model that learns: from ln(10) down to ``floor``, with noise."""
+    level = floor + (math.log(10) - floor) * np.exp(-np.arange(n) / (n / 8))
+    return np.maximum(0.0, level + rng.normal(0, 0.04 + 0.2 * level, n))
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_loss_signal_never_fires_on_a_stationary_stream(seed: int) -> None:
+    """Proves: a model learning and then settled on an unchanging stream (300,000 records in
+    mini-batches of 64) raises no loss drift: a fall is no alarm, and the noise is chance."""
+    rng = np.random.default_rng(seed)
+    d = drift.LossDrift()
+    losses = _learning_curve(rng, 300_000 // 64)
+    fired = [d.update(losses[i : i + 20].tolist(), size=64) for i in range(0, len(losses), 20)]
+    assert not [f for f in fired if f is not None]
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_loss_signal_fires_soon_after_an_abrupt_change(seed: int) -> None:
+    """Proves: when the loss jumps (labels permuted at record 60,000), the loss signal fires
+    within 2,000 records of the change, once, with the rise as its statistic."""
+    rng = np.random.default_rng(seed)
+    d = drift.LossDrift()
+    before = _learning_curve(rng, 60_000 // 64)
+    after = _learning_curve(rng, 40_000 // 64, floor=0.3) + 0.4  # relearning from a higher loss
+    losses = np.concatenate([before, after])
+    hits = []
+    for i in range(0, len(losses), 10):
+        hit = d.update(losses[i : i + 10].tolist(), size=64)
+        if hit is not None:
+            hits.append(((i + 10) * 64, hit))  # the records seen when it fired
+    assert len(hits) == 1, hits
+    at, (rise, detail) = hits[0]
+    assert 60_000 <= at <= 62_000 and rise > 1.5 and "prequential loss" in detail
+
+
+def test_loss_signal_sees_a_real_learner_meet_concept_drift() -> None:
+    """Proves, on River's SEA stream with a real online learner (scaled logistic regression,
+    log loss per mini-batch of 64): the concept switching at record 30,000 fires the loss signal
+    within 5,000 records; the same stream without the switch never fires it."""
+    from river import linear_model, optim, preprocessing
+    from river.datasets import synth
+
+    def run(stream: Any) -> list[int]:
+        model = preprocessing.StandardScaler() | linear_model.LogisticRegression(optimizer=optim.SGD(0.05))
+        d, batch, fired = drift.LossDrift(warmup=5_000), [], []
+        for i, (x, y) in enumerate(stream):
+            p = min(max(model.predict_proba_one(x).get(True, 0.5), 1e-7), 1 - 1e-7)
+            batch.append(-math.log(p if y else 1 - p))
+            model.learn_one(x, y)
+            if len(batch) == 64:
+                if d.update([float(np.mean(batch))], size=64) is not None:
+                    fired.append(i)
+                batch = []
+        return fired
+
+    # An abrupt switch chained by hand: River's ConceptDriftStream overflows math.exp at width 1.
+    drifting = itertools.chain(synth.SEA(variant=0, seed=1).take(30_000), synth.SEA(variant=3, seed=2).take(20_000))
+    fired = run(drifting)
+    assert fired and 30_000 <= fired[0] <= 35_000, fired
+    assert run(synth.SEA(variant=0, seed=1).take(50_000)) == []
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_prior_signal_fires_on_a_moved_class_prior_and_never_on_a_stationary_one(seed: int) -> None:
+    """Proves: class counts drawn from one prior for 200,000 records never fire; a prior
+    that moves (a class three times as common) fires within two windows of the change."""
+    rng = np.random.default_rng(seed)
+    p0 = np.full(10, 0.1)
+    p1 = np.array([0.3, *np.full(9, 0.7 / 9)])
+    d = drift.CountsDrift()
+    for _ in range(200):
+        assert d.update(rng.multinomial(1_000, p0)) is None
+    hits = [i for i in range(10) if d.update(rng.multinomial(1_000, p1)) is not None]
+    assert hits and hits[0] <= 3
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_feature_signal_names_the_column_that_moved(seed: int) -> None:
+    """Proves: samples of a 5-column table (one one-hot column) never fire while their
+    distribution holds; a shift of one column by half its spread fires within two windows
+    and names that column."""
+    rng = np.random.default_rng(seed)
+    names = ["a", "b", "c", "d", "onehot"]
+
+    def rows(shift: float) -> np.ndarray:
+        x = rng.normal(0, 1, (256, 5))
+        x[:, 2] += shift
+        x[:, 4] = rng.random(256) < 0.3
+        return x
+
+    d = drift.FeatureDrift(names)
+    for _ in range(400):
+        assert d.update(rows(0.0), records=1_000) is None
+    hits = [d.update(rows(0.5), records=1_000) for _ in range(10)]
+    found = [h for h in hits if h is not None]
+    assert found and found[0][1] == "c" and hits.index(found[0]) <= 8
+
+
+@dataclasses.dataclass
+class _Result:
+    """A task's result as the drift signals read it."""
+
+    records: int
+    preq_losses: list[float]
+    label_counts: list[int] | None = None
+    sample_x: np.ndarray | None = None
+    heldout_x: np.ndarray | None = None
+    heldout_y: np.ndarray | None = None
+
+
+def test_watch_reports_batch_offsets_and_position() -> None:
+    """Proves: a drift names its signal, its batch, the stream position before the batch,
+    the batch's offsets per partition and its statistic; the watch's state keeps every drift
+    and a watch made from it (a resumed run) goes on from them."""
+    rng = np.random.default_rng(0)
+    w = drift.DriftWatch(classes=2, columns=None, settings=drift.DriftSettings(warmup=2_000, cooldown=2_000))
+    found = []
+    for batch in range(40):
+        level = 0.2 if batch < 30 else 1.5
+        results = [_Result(1_000, (level + rng.normal(0, 0.03, 16)).tolist(), [500, 500]) for _ in range(2)]
+        ranges = [OffsetRange("t", p, batch * 1_000, (batch + 1) * 1_000) for p in (0, 1)]
+        found += w.observe(batch, results, drift.offsets_of(ranges), batch_size=64)
+    assert [(d.signal, d.batch_id, d.records) for d in found] == [("loss", 30, 60_000)]
+    assert found[0].offsets == {"t:0": [30_000, 31_000], "t:1": [30_000, 31_000]} and found[0].statistic > 2
+    again = drift.DriftWatch(classes=2, columns=None, found=w.state())
+    assert [d.batch_id for d in again.found] == [30]
+
+
+class _Server:
+    """A parameter server's state calls, as the reset uses them."""
+
+    def __init__(self, optimizer: dict[str, np.ndarray]) -> None:
+        self.weights, self.clock, self.optimizer = np.ones(3, np.float32), 7, optimizer
+
+    def checkpoint(self) -> tuple[np.ndarray, int, dict[str, np.ndarray]]:
+        return self.weights.copy(), self.clock, {k: v.copy() for k, v in self.optimizer.items()}
+
+    def restore(self, weights: np.ndarray, clock: int, state: dict[str, np.ndarray] | None = None) -> None:
+        self.weights, self.clock, self.optimizer = weights, clock, state or {}
+
+
+class _Evaluation:
+    def __init__(self) -> None:
+        self.used: list[int] = []
+        self.suspended = 0
+
+    def use(self, x: np.ndarray, y: np.ndarray) -> None:
+        self.used.append(len(y))
+
+    def suspend(self) -> None:
+        self.suspended += 1
+
+
+@dataclasses.dataclass
+class _Driver:
+    server: Any
+    watch: Any = "held-out watch"
+    state: Any = None
+
+
+@dataclasses.dataclass
+class _Handler:
+    holdout_every: int = 0
+    drift_epoch: int = 0
+
+
+@dataclasses.dataclass
+class _Info:
+    batch_id: int
+    results: list[Any]
+    ranges: list[OffsetRange]
+
+
+@dataclasses.dataclass
+class _Row:
+    drifts: list[Any] = dataclasses.field(default_factory=list)
+    held_out: int = 0
+
+
+@pytest.mark.parametrize("mode", adapt.MODES)
+def test_response_holds_out_records_after_a_drift_and_adapt_resets_the_optimizer(mode: str) -> None:
+    """Proves: on a drift, either mode stops scoring the split from before it, holds records
+    out from then on, scores the newest window of them once there are enough, and re-arms
+    the collapse check on them; only ``adapt`` zeroes the server's optimizer state (the
+    center and the clock kept) and tells the replicas to reset theirs."""
+    rng = np.random.default_rng(1)
+    server = _Server({"m": np.ones(3, np.float32), "iterations": np.array(50)})
+    handler, evaluation = _Handler(), _Evaluation()
+    watch = drift.DriftWatch(classes=2, columns=None, settings=drift.DriftSettings(warmup=2_000, cooldown=50_000))
+    r = adapt.DriftResponse(watch, mode, handler=handler, batch_size=64, window=300)
+    r.evaluation = evaluation
+    driver, drifted = _Driver(server), []
+    for batch in range(45):
+        level = 0.2 if batch < 30 else 1.5
+        held = bool(handler.holdout_every)  # the tasks hold records out once the handler says so
+        results = [_Result(1_000, (level + rng.normal(0, 0.03, 16)).tolist(), [500, 500],
+                           heldout_x=np.zeros((50, 2)) if held else None,
+                           heldout_y=np.zeros(50, np.int64) if held else None)]
+        row = _Row()
+        r.on_batch(_Info(batch, results, [OffsetRange("t", 0, batch * 1_000, (batch + 1) * 1_000)]), row, driver)
+        drifted += [batch] * len(row.drifts)
+        assert row.held_out == (50 if held else 0)
+    assert drifted in ([30], [31])
+    assert handler.holdout_every == adapt.HOLDOUT_EVERY and evaluation.suspended == 1
+    assert evaluation.used and evaluation.used[0] == adapt.MIN_WINDOW and max(evaluation.used) == 300
+    assert driver.watch is not None and driver.watch != "held-out watch"  # a fresh collapse check
+    adapted = mode == "adapt"
+    assert handler.drift_epoch == int(adapted)
+    assert (server.optimizer["m"].sum(), int(server.optimizer["iterations"])) == ((0, 0) if adapted else (3, 50))
+    assert server.clock == 7 and server.weights.sum() == 3
+
+
+def test_settings_refuse_an_unknown_key_in_one_line() -> None:
+    """Proves: a bad --drift pair is refused before anything starts, naming what it takes."""
+    with pytest.raises(ConfigError, match="KEY one of cooldown.*Received: 'warmup=-3'"):
+        drift.DriftSettings.parse("warmup=-3")
+    assert drift.DriftSettings.parse("prior_threshold=0.05").prior_threshold == 0.05
