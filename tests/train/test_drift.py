@@ -236,3 +236,48 @@ def test_settings_refuse_an_unknown_key_in_one_line() -> None:
     with pytest.raises(ConfigError, match="KEY one of cooldown.*Received: 'warmup=-3'"):
         drift.DriftSettings.parse("warmup=-3")
     assert drift.DriftSettings.parse("prior_threshold=0.05").prior_threshold == 0.05
+
+
+def test_metrics_count_each_signal_from_zero_and_a_resume_goes_on() -> None:
+    """Proves: every signal's series exists at 0 before any drift (rate() sees the first),
+    a drift counts under its signal with its time, and a resumed run's counter goes on from
+    the drifts its checkpoint lists (a run's counter, not the process's)."""
+    from prometheus_client import generate_latest
+
+    from pipeline.jobs.run_metrics import RunMetrics
+    from pipeline.train.checkpoint import State
+
+    def scrape(m: RunMetrics) -> str:
+        return generate_latest(m.meters.registry).decode()
+
+    m = RunMetrics(dataset="d", algorithm="sync", topic="t", workers=2)
+    text = scrape(m)
+    assert all(f'streamtrain_drift_detected_total{{signal="{s}"}} 0.0' in text for s in drift.SIGNALS)
+    assert "streamtrain_drift_last_timestamp_seconds NaN" in text
+    found = drift.Drift("prior", 3, 6_000, 0.4, "class prior PSI 0.400", at=1_700_000_000.0)
+    m.on_drift([found])
+    assert 'streamtrain_drift_detected_total{signal="prior"} 1.0' in scrape(m)
+    assert "streamtrain_drift_last_timestamp_seconds 1.7e+09" in scrape(m)
+    resumed = RunMetrics(dataset="d", algorithm="sync", topic="t", workers=2)
+    resumed.restore(State(np.zeros(2, np.float32), last_batch_id=5, extra={"drift": [found.to_dict()] * 2}), "/nonexistent")
+    assert 'streamtrain_drift_detected_total{signal="prior"} 2.0' in scrape(resumed)
+
+
+def test_tasks_describe_labels_a_table_sample_and_the_held_out_records() -> None:
+    """Proves: a task's result carries its class counts, a sample of a float table's rows
+    (at most SAMPLE_ROWS, none for images) and the records it held out."""
+    from pipeline import codec
+    from pipeline.train.handler import _describe
+    from pipeline.train.partition import TaskResult
+
+    def result() -> TaskResult:
+        return TaskResult(0, 0, 0, 0, 0.0, 0.0, [], 0.0, 0.0, False)
+
+    x, y = np.random.default_rng(0).random((1_000, 28), dtype=np.float32), np.arange(1_000) % 2
+    r = result()
+    _describe(r, codec.HIGGS, x, y, (x[:5], y[:5]))
+    assert r.label_counts == [500, 500] and r.sample_x is not None and len(r.sample_x) == drift.SAMPLE_ROWS
+    assert r.held_out == 5 and r.heldout_x is not None and len(r.heldout_x) == 5
+    images = result()
+    _describe(images, codec.MNIST, np.zeros((10, 784), np.uint8), np.arange(10), None)
+    assert images.sample_x is None and images.label_counts == [1] * 10 and images.held_out == 0
