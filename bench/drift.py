@@ -225,6 +225,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--scale", type=float, default=1.0, help="multiplies every stream's length")
     parser.add_argument("--only", help="comma-separated stream names (default: all)")
+    parser.add_argument("--keep", help="keep the runs' folders here (default: a temporary folder, removed)")
     args = parser.parse_args()
     if not 0 < args.scale <= 1:
         raise SystemExit(f"drift: expected --scale in (0, 1]. Received: {args.scale}. Try --scale 0.05 for a check.")
@@ -235,8 +236,12 @@ def main() -> None:
         if unknown:
             raise SystemExit(f"drift: expected --only among {[s.name for s in chosen]}. Received: {sorted(unknown)}")
         chosen = [s for s in chosen if s.name in wanted]
-    false_alarms, delays, gains, vs_river = 0, [], [], []
-    with tempfile.TemporaryDirectory(prefix="streamtrain-drift-") as tmp:
+    false_alarms = 0
+    delays: list[float] = []
+    gains: list[float] = []
+    vs_river: list[float] = []
+    with tempfile.TemporaryDirectory(prefix="streamtrain-drift-") as tmp_dir:
+        tmp = args.keep or tmp_dir
         for stream in chosen:
             modes = ("alert",) if stream.change is None else ("alert", "adapt")
             result = {m: figures(stream, run_arm(stream, m, Path(tmp), args.scale), args.scale) for m in modes}
@@ -245,7 +250,8 @@ def main() -> None:
                 f"{m} false_alarms={f['false_alarms']} delay={f['delay']} accuracy_after={f['accuracy']}"
                 for m, f in result.items())
             if stream.change is not None:
-                delays += [f["delay"] for f in result.values() if f["delay"] is not None]
+                # A change never found counts as found never: it pulls the median up, as it should.
+                delays += [math.inf if f["delay"] is None else f["delay"] for f in result.values()]
                 gains.append(result["adapt"]["accuracy"] - result["alert"]["accuracy"])
                 if stream.kind == "table":
                     anchor = river_anchor(stream, max(500, int(AFTER * args.scale)))
@@ -254,7 +260,8 @@ def main() -> None:
                     line += " | river " + " ".join(f"{k}={v:.4f}" for k, v in anchor.items())
             print(line, flush=True)
     drift_streams = sum(s.change is not None for s in chosen)
-    delay = int(np.median(delays)) if delays else -1
+    median = float(np.median(delays)) if delays else math.nan
+    delay = str(int(median)) if math.isfinite(median) else str(median)
     gain = float(np.median(gains)) if gains else float("nan")
     river = min(vs_river) if vs_river else float("nan")
     print(f"drift streams={drift_streams} false_alarms={false_alarms} delay_records_p50={delay} "

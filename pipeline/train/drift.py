@@ -117,8 +117,9 @@ class LossDrift:
     how far each ratio passes 1 + ``ph_delta`` and fires past ``ph_threshold``, a few
     hundred records into an abrupt change. ADWIN reads the losses themselves and cuts its
     window where the halves' means differ beyond a Hoeffding bound: it finds slow, long
-    changes; a cut counts only when the recent mean passed the window's by ``min_rise``
-    (a model learning makes the loss fall, and a fall is no alarm).
+    changes; it reads each mini-batch's error rate where there is one (else its loss), and a
+    cut counts only when the recent mean passed the window's by ``min_rise`` of it and by
+    0.02 (a model learning makes both fall, and a fall is no alarm).
 
     Args:
         delta: ADWIN's confidence (smaller: fewer, later alarms).
@@ -149,28 +150,38 @@ class LossDrift:
                                                  alpha=1.0, mode="up")
         self._adwin, self._ph = self._adwin_new(), self._ph_new()
         self.min_rise, self.halflife = min_rise, halflife
+        #: An ADWIN rise must also be this large in absolute terms (an error of 1% going to
+        #: 1.4% is no drift worth a page).
+        self.min_step = 0.02
         self.reference: float | None = None
         self.gate = _Gate(warmup, cooldown)
 
-    def update(self, losses: Sequence[float], *, size: int) -> tuple[float, str] | None:
-        """Feed one task's mini-batch losses (of about ``size`` records each), in order;
-        return ``(rise, detail)`` when the loss rose beyond chance, else None."""
+    def update(self, losses: Sequence[float], *, size: int,
+               errors: Sequence[float] | None = None) -> tuple[float, str] | None:
+        """Feed one task's mini-batch losses (of about ``size`` records each), in order, and
+        their error rates (1 - accuracy; None: a numeric target, ADWIN reads the losses);
+        return ``(rise, detail)`` when the loss or the error rose beyond chance, else None."""
         found = None
         forget = 1 - 0.5 ** (max(1, size) / self.halflife)
-        for loss in losses:
+        errs = list(errors) if errors is not None and len(errors) == len(losses) else None
+        for i, loss in enumerate(losses):
             if not math.isfinite(loss):
                 continue
+            # ADWIN reads the error rate where there is one: bounded in [0, 1], its home, and
+            # a sharper signal than the loss of a model that is unsure anyway.
+            value = errs[i] if errs is not None and math.isfinite(errs[i]) else loss
+            what = "prequential error" if errs is not None else "prequential loss"
             reference = loss if self.reference is None else self.reference
             before = self._adwin.estimation
-            self._adwin.update(loss)
+            self._adwin.update(value)
             self._ph.update(loss / max(reference, 1e-6))
             self.gate.seen += size
-            rose = self._adwin.drift_detected and self._adwin.estimation > before * (1 + self.min_rise)
+            after = self._adwin.estimation
+            rose = (self._adwin.drift_detected and after > before * (1 + self.min_rise)
+                    and after - before > self.min_step)
             if found is None and self.gate.open and (self._ph.drift_detected or rose):
-                found = (loss / max(reference, 1e-6), f"prequential loss {reference:.4g} -> {loss:.4g}")
-                if rose:
-                    after = self._adwin.estimation
-                    found = (after / max(before, 1e-12), f"prequential loss {before:.4g} -> {after:.4g}")
+                found = ((after / max(before, 1e-12), f"{what} {before:.4g} -> {after:.4g}") if rose else
+                         (loss / max(reference, 1e-6), f"prequential loss {reference:.4g} -> {loss:.4g}"))
                 self.gate.fired()
                 self._adwin, self._ph = self._adwin_new(), self._ph_new()  # the past is another concept
             self.reference = reference + forget * (loss - reference)
@@ -350,7 +361,8 @@ class DriftWatch:
 
         labels = np.zeros(max(self.classes, 1), np.int64)
         for r in results:
-            hit = self.loss.update(getattr(r, "preq_losses", ()), size=batch_size)
+            hit = self.loss.update(getattr(r, "preq_losses", ()), size=batch_size,
+                                   errors=getattr(r, "preq_errors", None))
             if hit is not None:
                 found("loss", *hit)
             counts = getattr(r, "label_counts", None)

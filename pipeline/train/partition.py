@@ -56,8 +56,9 @@ class TaskResult:
         wire_dtype: the payloads' type on TCP (``--wire-dtype``; shared memory moves float32).
         diverged: why the task stopped, when the server refused its update as not finite
             (its model diverged: a retry would compute the same); None: it trained.
-        preq_losses: the first pass's mini-batch losses, in the order trained (the loss
-            drift signal's input, :mod:`pipeline.train.drift`).
+        preq_losses, preq_errors: the first pass's mini-batch losses and error rates (1 -
+            accuracy; NaN: none), in the order trained (the loss drift signal's input,
+            :mod:`pipeline.train.drift`).
         label_counts: records per class (None: a numeric target).
         sample_x: a sample of the records' features (tables: the feature drift signal).
         heldout_x, heldout_y, held_out: records held out of training after a drift
@@ -86,6 +87,7 @@ class TaskResult:
     wire_dtype: str = "float32"
     diverged: str | None = None
     preq_losses: list[float] = dataclasses.field(default_factory=list)
+    preq_errors: list[float] = dataclasses.field(default_factory=list)
     label_counts: list[int] | None = None
     sample_x: np.ndarray | None = None
     heldout_x: np.ndarray | None = None
@@ -152,6 +154,7 @@ def train_partition(
     losses: list[float] = []
     preq = np.zeros(3)  # records, summed loss, summed accuracy over the first pass
     preq_losses: list[float] = []
+    preq_errors: list[float] = []
     timer = _Timer()
     try:
         with ps.connect((server.host, server.port), server.shards, secret=server.secret, worker=worker,
@@ -171,6 +174,7 @@ def train_partition(
                 if step <= steps_per_epoch:  # the first pass
                     preq += (len(idx), loss * len(idx), acc * len(idx))
                     preq_losses.append(loss)
+                    preq_errors.append(1.0 - acc)
                 if step % window == 0 or step == total:
                     with timer("exchange"):
                         half.exchange()
@@ -202,6 +206,7 @@ def train_partition(
         preq_acc=float(preq[2] / preq[0]) if preq[0] else float("nan"),
         task=task, steps_total=total, steps_skipped=skipped, repeats=client.repeats, attempt=attempt,
         shared_memory=client.shared, wire_dtype=client.wire_dtype, preq_losses=preq_losses,
+        preq_errors=preq_errors,
     )
 
 
