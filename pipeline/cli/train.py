@@ -87,11 +87,13 @@ from producers import datasets
                    "over it (skip): its offsets and cause go to the report, a metric and the dead-letter topic.")
 @click.option("--on-drift", type=click.Choice(["alert", "adapt"]), default="alert", show_default=True,
               help="When the stream drifts (the prequential loss rises, the class prior or a table's columns move): "
-                   "say so (a status line, a metric, the report), or also adapt (reset the optimizer). Either way "
+                   "say so (a status line, a metric, the report), or also adapt (raise the learning rate for a while). "
+                   "Either way "
                    "the held-out score moves to records after the drift. docs/drift.md.")
 @click.option("--drift", metavar="KEY=VALUE,...",
               help="The drift signals' settings (warmup, cooldown, loss_delta, loss_min_rise, loss_ph_delta, "
-                   "loss_ph_threshold, prior_threshold, prior_window, feature_threshold, feature_window). "
+                   "loss_ph_threshold, prior_threshold, prior_window, feature_threshold, feature_window, adapt_lr_scale, "
+                   "adapt_records). "
                    "docs/drift.md.")
 @click.option("--max-rejected", type=float, metavar="SHARE",
               help="Stop (one line, the reasons and first rows) once more than this share of the records read is "

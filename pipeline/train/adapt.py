@@ -10,11 +10,11 @@ In either mode, from the first drift on:
   that window: a score that fell because the concept changed is not a model that diverged;
 - the checkpoint generation from just before the drift is kept, for a way back.
 
-With ``adapt`` the optimizer also starts afresh: the server's (synchronous SGD: Adam's
-moments and step count) and every replica's own (the other algorithms). Adam's moments
-after a long stationary stretch hold small second moments and old directions; a fresh Adam
-takes steps of about the learning rate per weight, bias-corrected, so it moves fast toward
-the new concept, then settles as its moments fill again (``docs/drift.md``: what was measured).
+With ``adapt`` the learning rate is also raised for a while: ``adapt_lr_scale`` times the
+configured one for the ``adapt_records`` records after the drift, then as configured again;
+the server's optimizer's (synchronous SGD) and every replica's own (the other algorithms).
+Measured against resetting the optimizer's moments, with and without a raise, and against
+raises of other sizes and lengths: ``docs/drift.md``.
 """
 
 from __future__ import annotations
@@ -50,9 +50,12 @@ class DriftResponse:
     """
 
     def __init__(self, watch: DriftWatch, mode: str, *, handler: Any, batch_size: int, window: int = 2_000,
-                 on_drift: Callable[[list[Drift]], None] | None = None) -> None:
+                 on_drift: Callable[[list[Drift]], None] | None = None, algorithm: Any = None) -> None:
         self.watch, self.mode, self.handler, self.window = watch, mode, handler, window
         self.batch_size, self.on_drift = batch_size, on_drift
+        #: The algorithm whose server half runs in this process (its optimizer's rate is raised).
+        self.algorithm = algorithm
+        self._boost_left = 0  # records still to train with the raised rate
         #: Scores the held-out records (set once the run has one); its split is replaced.
         self.evaluation: Any = None
         #: Whether the run checks its held-out score for a collapse.
@@ -74,6 +77,7 @@ class DriftResponse:
         for d in drifts:
             d.generation = driver.state.last_batch_id if driver.state is not None else -1
         row.drifts = list(drifts)
+        self._wind_down(row.trained)
         if drifts:
             self._restart(driver)
             if self.on_drift is not None:
@@ -103,8 +107,23 @@ class DriftResponse:
             self.check_collapse = True
         driver.watch, self._armed = None, False
         if adapt and self.mode == "adapt":
-            reset_server_optimizer(driver.server)
-            self.handler.drift_epoch += 1  # each replica resets its optimizer at its next task
+            self._boost_left = self.watch.settings.adapt_records
+            self._scale(self.watch.settings.adapt_lr_scale)
+
+    def _wind_down(self, trained: int) -> None:
+        """Count the batch's records against the raise; back to the configured rate after it."""
+        if self._boost_left <= 0:
+            return
+        self._boost_left -= trained
+        if self._boost_left <= 0:
+            self._scale(1.0)
+
+    def _scale(self, scale: float) -> None:
+        """The learning rate, ``scale`` times the configured one: the server's optimizer's
+        now, the replicas' from their next task (the handler travels with it)."""
+        self.handler.lr_scale = scale
+        if self.algorithm is not None:
+            self.algorithm.scale_learning_rate(scale)
 
     def _collect(self, results: Sequence[Any]) -> int:
         """Keep the records the batch's tasks held out (the newest ``window``); return how many."""
@@ -127,16 +146,3 @@ class DriftResponse:
         if self._held < MIN_WINDOW:
             return None
         return np.concatenate(self._x)[-self.window :], np.concatenate(self._y)[-self.window :]
-
-
-def reset_server_optimizer(server: Any) -> bool:
-    """Zero the server's optimizer state (moments and step count), keeping the center and
-    the clock; return whether it had any (only synchronous SGD's rule keeps one).
-
-    Called between batches, when no push is in flight.
-    """
-    weights, clock, state = server.checkpoint()
-    if not state:
-        return False
-    server.restore(weights, clock, {k: np.zeros_like(v) for k, v in state.items()})
-    return True

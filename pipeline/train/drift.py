@@ -285,7 +285,7 @@ class FeatureDrift:
 
 @dataclasses.dataclass
 class DriftSettings:
-    """The detectors' settings (``--drift-*``); see ``docs/drift.md``."""
+    """The detectors' settings, and ``--on-drift adapt``'s (``--drift KEY=VALUE,...``); see ``docs/drift.md``."""
 
     warmup: int = 10_000
     cooldown: int = 10_000
@@ -297,6 +297,8 @@ class DriftSettings:
     prior_window: int = 2_000
     feature_threshold: float = 0.2
     feature_window: int = 1_000
+    adapt_lr_scale: float = 5.0
+    adapt_records: int = 5_000
 
     @classmethod
     def parse(cls, text: str | None) -> DriftSettings:
@@ -307,7 +309,7 @@ class DriftSettings:
         >>> DriftSettings.parse("warmpu=1")  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
-        pipeline.errors.ConfigError: Expected --drift KEY=VALUE pairs, KEY one of cooldown, feature_threshold, feature_window, loss_delta, loss_min_rise, loss_ph_delta, loss_ph_threshold, prior_threshold, prior_window, warmup, VALUE a positive number. Received: 'warmpu=1'. See docs/drift.md.
+        pipeline.errors.ConfigError: Expected --drift KEY=VALUE pairs, KEY one of adapt_lr_scale, ...
         """
         out: dict[str, Any] = {}
         fields = {f.name: f.type for f in dataclasses.fields(cls)}

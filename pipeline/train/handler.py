@@ -41,7 +41,7 @@ class TrainHandler(microbatch.Handler):
         driver: the exactly-once driver; never shipped to executors.
         holdout_every: after a drift, one record in this many (by offset) is held out of
             training and sent back for the held-out window (0: none; :mod:`pipeline.train.adapt`).
-        drift_epoch: drifts adapted to so far (a replica behind it resets its optimizer).
+        lr_scale: multiplies the replicas' learning rate (raised for a while after a drift).
     """
 
     result_type = TaskResult
@@ -54,7 +54,7 @@ class TrainHandler(microbatch.Handler):
     seed: int | None = None
     driver: TrainDriver | None = dataclasses.field(default=None, repr=False)
     holdout_every: int = 0
-    drift_epoch: int = 0
+    lr_scale: float = 1.0
 
     def __getstate__(self) -> dict[str, Any]:
         # The driver holds the parameter server and its locks: never ship it.
@@ -75,7 +75,7 @@ class TrainHandler(microbatch.Handler):
             block.schema.to_model_input(x), y, spec=self.spec, algorithm=self.algorithm,
             server=self.server, worker=worker, job=self.job, threads=self.threads,
             seed=(seed, block.partition, first), task=task_key(block.topic, block.partition, first),
-            attempt=ctx.attemptNumber() if ctx else 0, after_exchange=_fault_after, drift_epoch=self.drift_epoch,
+            attempt=ctx.attemptNumber() if ctx else 0, after_exchange=_fault_after, lr_scale=self.lr_scale,
         )
         _describe(result, block.schema, x, y, held)
         return result

@@ -118,7 +118,7 @@ def train_partition(
     task: int = 0,
     attempt: int = 0,
     after_exchange: Callable[[int], None] | None = None,
-    drift_epoch: int = 0,
+    lr_scale: float = 1.0,
 ) -> TaskResult:
     """Train on one partition's ``x``/``y`` with the algorithm's exchanges; report figures.
 
@@ -134,11 +134,11 @@ def train_partition(
     Spark runs again after a failure skips the mini-batches whose exchanges an earlier
     attempt had applied (``seed`` must then fix the order, so that every attempt draws
     the same mini-batches) and trains on from there. ``after_exchange`` is called with
-    each exchange's index (fault injection). A ``drift_epoch`` the replica has not seen
-    resets its optimizer (``--on-drift adapt``).
+    each exchange's index (fault injection). ``lr_scale`` multiplies the replica's
+    learning rate (``--on-drift adapt``).
     """
     algo = algorithms.get(algorithm)
-    entry, fresh = replica(spec, job=job, threads=threads, drift_epoch=drift_epoch)
+    entry, fresh = replica(spec, job=job, threads=threads, lr_scale=lr_scale)
     y = _labels(spec.loss, y, spec.shapes[-1][-1])  # the output layer's bias: subclassed models have no .outputs
     shape = input_shape(entry.model)
     if x.shape[1:] != shape:

@@ -147,17 +147,15 @@ def test_watch_reports_batch_offsets_and_position() -> None:
     assert [d.batch_id for d in again.found] == [30]
 
 
-class _Server:
-    """A parameter server's state calls, as the reset uses them."""
+class _Algorithm:
+    """An algorithm's server half, as the raise of the learning rate uses it."""
 
-    def __init__(self, optimizer: dict[str, np.ndarray]) -> None:
-        self.weights, self.clock, self.optimizer = np.ones(3, np.float32), 7, optimizer
+    def __init__(self) -> None:
+        self.scales: list[float] = []
 
-    def checkpoint(self) -> tuple[np.ndarray, int, dict[str, np.ndarray]]:
-        return self.weights.copy(), self.clock, {k: v.copy() for k, v in self.optimizer.items()}
-
-    def restore(self, weights: np.ndarray, clock: int, state: dict[str, np.ndarray] | None = None) -> None:
-        self.weights, self.clock, self.optimizer = weights, clock, state or {}
+    def scale_learning_rate(self, scale: float) -> bool:
+        self.scales.append(scale)
+        return True
 
 
 class _Evaluation:
@@ -174,7 +172,6 @@ class _Evaluation:
 
 @dataclasses.dataclass
 class _Driver:
-    server: Any
     watch: Any = "held-out watch"
     state: Any = None
 
@@ -182,7 +179,7 @@ class _Driver:
 @dataclasses.dataclass
 class _Handler:
     holdout_every: int = 0
-    drift_epoch: int = 0
+    lr_scale: float = 1.0
 
 
 @dataclasses.dataclass
@@ -196,21 +193,22 @@ class _Info:
 class _Row:
     drifts: list[Any] = dataclasses.field(default_factory=list)
     held_out: int = 0
+    trained: int = 1_000
 
 
 @pytest.mark.parametrize("mode", adapt.MODES)
-def test_response_holds_out_records_after_a_drift_and_adapt_resets_the_optimizer(mode: str) -> None:
+def test_response_holds_out_records_after_a_drift_and_adapt_raises_the_learning_rate(mode: str) -> None:
     """Proves: on a drift, either mode stops scoring the split from before it, holds records
     out from then on, scores the newest window of them once there are enough, and re-arms
-    the collapse check on them; only ``adapt`` zeroes the server's optimizer state (the
-    center and the clock kept) and tells the replicas to reset theirs."""
+    the collapse check on them; only ``adapt`` raises the learning rate (the server's and the
+    replicas'), for ``adapt_records`` records, then puts it back."""
     rng = np.random.default_rng(1)
-    server = _Server({"m": np.ones(3, np.float32), "iterations": np.array(50)})
-    handler, evaluation = _Handler(), _Evaluation()
-    watch = drift.DriftWatch(classes=2, columns=None, settings=drift.DriftSettings(warmup=2_000, cooldown=50_000))
-    r = adapt.DriftResponse(watch, mode, handler=handler, batch_size=64, window=300)
+    algorithm, handler, evaluation = _Algorithm(), _Handler(), _Evaluation()
+    settings = drift.DriftSettings(warmup=2_000, cooldown=50_000, adapt_lr_scale=4.0, adapt_records=5_000)
+    r = adapt.DriftResponse(drift.DriftWatch(classes=2, columns=None, settings=settings), mode, handler=handler,
+                            batch_size=64, window=300, algorithm=algorithm)
     r.evaluation = evaluation
-    driver, drifted = _Driver(server), []
+    driver, drifted, scales = _Driver(), [], []
     for batch in range(45):
         level = 0.2 if batch < 30 else 1.5
         held = bool(handler.holdout_every)  # the tasks hold records out once the handler says so
@@ -220,20 +218,22 @@ def test_response_holds_out_records_after_a_drift_and_adapt_resets_the_optimizer
         row = _Row()
         r.on_batch(_Info(batch, results, [OffsetRange("t", 0, batch * 1_000, (batch + 1) * 1_000)]), row, driver)
         drifted += [batch] * len(row.drifts)
+        scales.append(handler.lr_scale)
         assert row.held_out == (50 if held else 0)
     assert drifted in ([30], [31])
     assert handler.holdout_every == adapt.HOLDOUT_EVERY and evaluation.suspended == 1
     assert evaluation.used and evaluation.used[0] == adapt.MIN_WINDOW and max(evaluation.used) == 300
     assert driver.watch is not None and driver.watch != "held-out watch"  # a fresh collapse check
-    adapted = mode == "adapt"
-    assert handler.drift_epoch == int(adapted)
-    assert (server.optimizer["m"].sum(), int(server.optimizer["iterations"])) == ((0, 0) if adapted else (3, 50))
-    assert server.clock == 7 and server.weights.sum() == 3
+    if mode == "adapt":  # raised at the drift's batch, through the 5,000 records after it, then back
+        assert algorithm.scales == [4.0, 1.0] and scales.count(4.0) == 5 and scales[drifted[0]] == 4.0
+        assert scales[-1] == 1.0
+    else:
+        assert algorithm.scales == [] and set(scales) == {1.0}
 
 
 def test_settings_refuse_an_unknown_key_in_one_line() -> None:
     """Proves: a bad --drift pair is refused before anything starts, naming what it takes."""
-    with pytest.raises(ConfigError, match="KEY one of cooldown.*Received: 'warmup=-3'"):
+    with pytest.raises(ConfigError, match="KEY one of adapt_lr_scale.*Received: 'warmup=-3'"):
         drift.DriftSettings.parse("warmup=-3")
     assert drift.DriftSettings.parse("prior_threshold=0.05").prior_threshold == 0.05
 
