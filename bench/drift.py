@@ -51,7 +51,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 AFTER = 20_000  # records after a change over which accuracy is measured
-BATCH = 2_000  # records per micro-batch on the drift streams (the delay's resolution)
+BATCH = 2_000  # records per micro-batch on the drift streams at scale 1 (the delay's resolution)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -169,9 +169,9 @@ def run_arm(stream: Stream, mode: str, folder: Path, scale: float) -> dict[str, 
     """One ``streamtrain run`` of ``stream`` with ``--on-drift mode``; its rows and drifts."""
     out = folder / f"{stream.name}-{mode}"
     warm = max(1_000, int(10_000 * scale))
+    batch = max(500, int((BATCH if stream.change is not None else 10_000) * scale))
     args = ["run", "--out", str(out), "--on-drift", mode, "--seed", "1", "--eval-every", "5",
-            "--drift", f"warmup={warm},cooldown={warm}", "--max-offsets-per-trigger",
-            str(BATCH if stream.change is not None else 10_000)]
+            "--drift", f"warmup={warm},cooldown={warm}", "--max-offsets-per-trigger", str(batch)]
     if stream.kind == "mnist":
         args += ["--dataset", "mnist", "--data-dir", str(mnist_stream(stream, folder / stream.name, scale))]
     elif stream.kind == "higgs":
