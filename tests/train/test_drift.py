@@ -281,3 +281,39 @@ def test_tasks_describe_labels_a_table_sample_and_the_held_out_records() -> None
     images = result()
     _describe(images, codec.MNIST, np.zeros((10, 784), np.uint8), np.arange(10), None)
     assert images.sample_x is None and images.label_counts == [1] * 10 and images.held_out == 0
+
+
+def test_the_driver_saves_the_drifts_keeps_the_generation_before_and_counts_held_out_records(tmp_path: Any) -> None:
+    """Proves, through a real parameter server and the exactly-once driver: the batch that
+    shows a drift carries it on its row; the checkpoint records it (a resumed run's metrics
+    and report go on from it) and keeps the generation from just before it however many
+    come after; records held out since count as handled (the run's stop rule) but not as
+    trained."""
+    from pipeline.ingest.microbatch import BatchFigures
+    from pipeline.train import checkpoint
+    from pipeline.train.driver import TrainDriver
+    from pipeline.train.partition import TaskResult
+    from pipeline.train.ps import ParameterServer
+
+    rng = np.random.default_rng(3)
+    handler, rows = _Handler(), []
+    watch = drift.DriftWatch(classes=2, columns=None, settings=drift.DriftSettings(warmup=2_000, cooldown=50_000))
+    with ParameterServer(np.zeros(4, np.float32), secret=b"s") as server:
+        driver = TrainDriver(server, checkpoint.State(np.zeros(4, np.float32)), folder=tmp_path, keep=3,
+                             on_row=lambda info, row, weights: rows.append(row))
+        driver.watch_drift(adapt.DriftResponse(watch, "alert", handler=handler, batch_size=64))
+        for b in range(40):
+            held = 50 if handler.holdout_every else 0
+            result = TaskResult(0, 1_000 - held, 0, 0, 0.0, 0.0, [], 0.0, 0.0, False,
+                                preq_losses=((0.2 if b < 30 else 1.5) + rng.normal(0, 0.03, 16)).tolist(),
+                                heldout_x=np.zeros((held, 2)), heldout_y=np.zeros(held, np.int64), held_out=held)
+            driver.on_batch(BatchFigures(batch_id=b, ranges=[OffsetRange("t", 0, b * 1_000, (b + 1) * 1_000)],
+                                         results=[result]))
+    [found] = [(row.batch_id, d) for row in rows for d in row.drifts]
+    assert found[0] in (30, 31) and found[1].generation == found[0] - 1
+    state = checkpoint.load(tmp_path)
+    assert state is not None and [d["batch_id"] for d in state.extra["drift"]] == [found[0]]
+    assert checkpoint.generations(tmp_path) == [found[0] - 1, 37, 38, 39]
+    held_out = sum(row.held_out for row in rows)
+    assert held_out == 50 * (39 - found[0]) and state.extra["held_out"] == held_out
+    assert driver.handled == 40_000 and driver.trained == 40_000 - held_out
