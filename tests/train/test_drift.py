@@ -13,7 +13,7 @@ import pytest
 
 from pipeline.errors import ConfigError
 from pipeline.ingest.offsets import OffsetRange
-from pipeline.train import adapt, drift
+from pipeline.train import adapt, detectors, drift
 
 SEEDS = range(5)
 
@@ -29,7 +29,7 @@ def test_loss_signal_never_fires_on_a_stationary_stream(seed: int) -> None:
     """Proves: a model learning and then settled on an unchanging stream (300,000 records in
     mini-batches of 64) raises no loss drift: a fall is no alarm, and the noise is chance."""
     rng = np.random.default_rng(seed)
-    d = drift.LossDrift()
+    d = detectors.LossDrift()
     losses = _learning_curve(rng, 300_000 // 64)
     fired = [d.update(losses[i : i + 20].tolist(), size=64) for i in range(0, len(losses), 20)]
     assert not [f for f in fired if f is not None]
@@ -40,7 +40,7 @@ def test_loss_signal_fires_soon_after_an_abrupt_change(seed: int) -> None:
     """Proves: when the loss jumps (labels permuted at record 60,000), the loss signal fires
     within 2,000 records of the change, once, with the rise as its statistic."""
     rng = np.random.default_rng(seed)
-    d = drift.LossDrift()
+    d = detectors.LossDrift()
     before = _learning_curve(rng, 60_000 // 64)
     after = _learning_curve(rng, 40_000 // 64, floor=0.3) + 0.4  # relearning from a higher loss
     losses = np.concatenate([before, after])
@@ -63,7 +63,7 @@ def test_loss_signal_sees_a_real_learner_meet_concept_drift() -> None:
 
     def run(stream: Any) -> list[int]:
         model = preprocessing.StandardScaler() | linear_model.LogisticRegression(optimizer=optim.SGD(0.05))
-        d, batch, fired = drift.LossDrift(warmup=5_000), [], []
+        d, batch, fired = detectors.LossDrift(warmup=5_000), [], []
         for i, (x, y) in enumerate(stream):
             p = min(max(model.predict_proba_one(x).get(True, 0.5), 1e-7), 1 - 1e-7)
             batch.append(-math.log(p if y else 1 - p))
@@ -88,7 +88,7 @@ def test_prior_signal_fires_on_a_moved_class_prior_and_never_on_a_stationary_one
     rng = np.random.default_rng(seed)
     p0 = np.full(10, 0.1)
     p1 = np.array([0.3, *np.full(9, 0.7 / 9)])
-    d = drift.CountsDrift()
+    d = detectors.CountsDrift()
     for _ in range(200):
         assert d.update(rng.multinomial(1_000, p0)) is None
     hits = [i for i in range(10) if d.update(rng.multinomial(1_000, p1)) is not None]
@@ -109,7 +109,7 @@ def test_feature_signal_names_the_column_that_moved(seed: int) -> None:
         x[:, 4] = rng.random(256) < 0.3
         return x
 
-    d = drift.FeatureDrift(names)
+    d = detectors.FeatureDrift(names)
     for _ in range(400):
         assert d.update(rows(0.0), records=1_000) is None
     hits = [d.update(rows(0.5), records=1_000) for _ in range(10)]
