@@ -91,8 +91,8 @@ from producers import datasets
                    "Either way "
                    "the held-out score moves to records after the drift. docs/drift.md.")
 @click.option("--drift", metavar="KEY=VALUE,...",
-              help="The drift signals' settings (warmup, cooldown, loss_delta, loss_min_rise, loss_ph_delta, "
-                   "loss_ph_threshold, prior_threshold, prior_window, feature_threshold, feature_window, adapt_lr_scale, "
+              help="The drift signals' settings (warmup, cooldown, loss_delta, loss_min_rise, loss_z, "
+                   "prior_threshold, prior_window, feature_threshold, feature_window, adapt_lr_scale, "
                    "adapt_records). "
                    "docs/drift.md.")
 @click.option("--max-rejected", type=float, metavar="SHARE",

@@ -3,8 +3,9 @@
 Three signals, each measured on the driver from what the executors send back with every
 task, in stream order:
 
-- ``loss``: River's Page-Hinkley and ADWIN over the prequential loss of each mini-batch
-  (scored before it trains): a rise beyond chance, abrupt or slow
+- ``loss``: River's ADWIN over each mini-batch's prequential error rate (its loss for a
+  numeric target; scored before it trains), and a z-test of each task's error rate: a rise
+  beyond chance, slow or sharp
   (:class:`~pipeline.train.detectors.LossDrift`; a
   model learning makes the loss fall, and a fall is no alarm).
 - ``prior``: the class counts of a window of ``window`` records against a reference window,
@@ -86,8 +87,7 @@ class DriftSettings:
     cooldown: int = 10_000
     loss_delta: float = 0.002
     loss_min_rise: float = 0.3
-    loss_ph_delta: float = 0.5
-    loss_ph_threshold: float = 15.0
+    loss_z: float = 6.0
     prior_threshold: float = 0.1
     prior_window: int = 2_000
     feature_threshold: float = 0.2
@@ -136,8 +136,8 @@ class DriftWatch:
                  found: Sequence[dict[str, Any]] = ()) -> None:
         s = self.settings = settings or DriftSettings()
         self.classes = classes
-        self.loss = LossDrift(delta=s.loss_delta, min_rise=s.loss_min_rise, ph_delta=s.loss_ph_delta,
-                              ph_threshold=s.loss_ph_threshold, warmup=s.warmup, cooldown=s.cooldown)
+        self.loss = LossDrift(delta=s.loss_delta, min_rise=s.loss_min_rise, warmup=s.warmup, cooldown=s.cooldown,
+                              z=s.loss_z)
         self.prior = (CountsDrift(threshold=s.prior_threshold, window=s.prior_window, warmup=s.warmup,
                                   cooldown=s.cooldown) if classes > 1 else None)
         self.feature = (FeatureDrift(columns, threshold=s.feature_threshold, window=s.feature_window,

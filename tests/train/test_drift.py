@@ -55,23 +55,28 @@ def test_loss_signal_fires_soon_after_an_abrupt_change(seed: int) -> None:
 
 
 def test_loss_signal_sees_a_real_learner_meet_concept_drift() -> None:
-    """Proves, on River's SEA stream with a real online learner (scaled logistic regression,
-    log loss per mini-batch of 64): the concept switching at record 30,000 fires the loss signal
+    """Proves, on River's SEA stream with a real online learner (scaled logistic regression;
+    log loss and error rate per mini-batch of 64, in tasks of 1,024 records): the concept switching at record 30,000 fires the loss signal
     within 5,000 records; the same stream without the switch never fires it."""
     from river import linear_model, optim, preprocessing
     from river.datasets import synth
 
     def run(stream: Any) -> list[int]:
         model = preprocessing.StandardScaler() | linear_model.LogisticRegression(optimizer=optim.SGD(0.05))
-        d, batch, fired = detectors.LossDrift(warmup=5_000), [], []
+        d, losses, errors, fired = detectors.LossDrift(warmup=5_000), [], [], []
+        batch: list[tuple[float, float]] = []
         for i, (x, y) in enumerate(stream):
             p = min(max(model.predict_proba_one(x).get(True, 0.5), 1e-7), 1 - 1e-7)
-            batch.append(-math.log(p if y else 1 - p))
+            batch.append((-math.log(p if y else 1 - p), float((p > 0.5) != y)))
             model.learn_one(x, y)
-            if len(batch) == 64:
-                if d.update([float(np.mean(batch))], size=64) is not None:
-                    fired.append(i)
+            if len(batch) == 64:  # a mini-batch's mean loss and error rate
+                losses.append(float(np.mean([b[0] for b in batch])))
+                errors.append(float(np.mean([b[1] for b in batch])))
                 batch = []
+            if len(losses) == 16:  # a task of 1,024 records
+                if d.update(losses, size=64, errors=errors) is not None:
+                    fired.append(i)
+                losses, errors = [], []
         return fired
 
     # An abrupt switch chained by hand: River's ConceptDriftStream overflows math.exp at width 1.
@@ -79,6 +84,37 @@ def test_loss_signal_sees_a_real_learner_meet_concept_drift() -> None:
     fired = run(drifting)
     assert fired and 30_000 <= fired[0] <= 35_000, fired
     assert run(synth.SEA(variant=0, seed=1).take(50_000)) == []
+
+
+def _task_errors(rng: np.random.Generator, p: float, *, minibatches: int = 16, size: int = 64) -> list[float]:
+    """One task's mini-batch error rates when each record is wrong with probability ``p``."""
+    return (rng.binomial(size, min(p, 1.0), minibatches) / size).tolist()
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("level", [0.01, 0.05, 0.3])
+def test_error_signal_never_fires_on_a_stationary_stream(seed: int, level: float) -> None:
+    """Proves: a model that learns down to an error rate of ``level`` and stays there, over
+    300,000 records in tasks of 1,024 (losses steady), raises no drift."""
+    rng = np.random.default_rng(seed)
+    d = detectors.LossDrift()
+    for task in range(300):
+        p = level + (0.9 - level) * math.exp(-task / 20)
+        hit = d.update([0.3] * 16, size=64, errors=_task_errors(rng, p))
+        assert hit is None, (task, hit)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_error_signal_sees_a_short_sharp_rise(seed: int) -> None:
+    """Proves: the rise a table model showed at SEA's abrupt change (its error from 0.044 to
+    0.127 for two thousand records, its loss by 1.24x: under Page-Hinkley's 1.5x, too short
+    for ADWIN) fires within the first task after the change."""
+    rng = np.random.default_rng(seed)
+    d = detectors.LossDrift()
+    for _ in range(30):
+        assert d.update([0.2] * 16, size=64, errors=_task_errors(rng, 0.044)) is None
+    hit = d.update([0.25] * 16, size=64, errors=_task_errors(rng, 0.127))
+    assert hit is not None and hit[0] > 1.5 and "prequential error" in hit[1]
 
 
 @pytest.mark.parametrize("seed", SEEDS)
