@@ -85,6 +85,16 @@ from producers import datasets
 @click.option("--on-poison", type=click.Choice(["fail", "skip"]), default="fail", show_default=True,
               help="A record batch that cannot be read (corrupt, unknown codec): stop with one line (fail), or pass "
                    "over it (skip): its offsets and cause go to the report, a metric and the dead-letter topic.")
+@click.option("--on-drift", type=click.Choice(["alert", "adapt"]), default="alert", show_default=True,
+              help="When the stream drifts (the prequential loss rises, the class prior or a table's columns move): "
+                   "say so (a status line, a metric, the report), or also adapt (raise the learning rate for a while). "
+                   "Either way "
+                   "the held-out score moves to records after the drift. docs/drift.md.")
+@click.option("--drift", metavar="KEY=VALUE,...",
+              help="The drift signals' settings (warmup, cooldown, loss_delta, loss_min_rise, loss_z, "
+                   "prior_threshold, prior_window, feature_threshold, feature_window, adapt_lr_scale, "
+                   "adapt_records). "
+                   "docs/drift.md.")
 @click.option("--max-rejected", type=float, metavar="SHARE",
               help="Stop (one line, the reasons and first rows) once more than this share of the records read is "
                    "rejected: rows the schema cannot encode, records that do not decode. Default 0.1.")

@@ -14,6 +14,7 @@ from pipeline.ingest.microbatch import BatchFigures
 from pipeline.jobs.rejects import Rejects
 from pipeline.jobs.report import History
 from pipeline.jobs.run_metrics import RunMetrics
+from pipeline.train.drift import Drift
 from pipeline.train.rows import BatchRow
 
 
@@ -53,6 +54,11 @@ class Display:
         """A start-up milestone (the first run on a machine waits a minute or more here:
         TensorFlow's first import, Spark's first start)."""
         print(f"start-up {time.monotonic() - self.started:5.1f} s: {what}", flush=True)
+
+    def on_drift(self, drifts: list[Drift]) -> None:
+        """One line per drift, as it is found (before its batch's status line)."""
+        for d in drifts:
+            print(d.line(), flush=True)
 
     def on_row(self, info: BatchFigures, row: BatchRow, weights: np.ndarray) -> None:
         """A batch is saved: score it when due, keep its row, count it and show it."""

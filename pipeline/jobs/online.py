@@ -97,7 +97,8 @@ class Run:
         rejects = self.display.rejects
         if self.replay is not None:  # the rows it could not send, on /metrics as they come
             self.metrics.on_rejects(rejects.add_replay(self.replay.malformed))
-        handled = over and self._trained_total() + self.history.rejected() >= (self.replay.sent or 0)  # type: ignore[union-attr]
+        done = self._driver.handled if self._driver is not None else 0  # trained, or held out after a drift
+        handled = over and done + self.history.rejected() >= (self.replay.sent or 0)  # type: ignore[union-attr]
         self._failure = rejects.verdict(final=handled)
         if self._failure is not None or handled:
             self.display.stop_reason = "too many records rejected" if self._failure else "all produced records trained"
@@ -231,6 +232,7 @@ class Run:
         """The parameter server (from ``state``), the exactly-once driver and the held-out
         evaluation, wired to this run; the handler the query's batches go to; and the
         warm-up of the workers."""
+        from pipeline.jobs import run_drift
         from pipeline.train.evaluation import Evaluation
         from pipeline.train.handler import TrainHandler
         from pipeline.train.partition import ServerInfo
@@ -276,6 +278,7 @@ class Run:
         stack.callback(self._evaluation.close)
         if cfg.divergence_check and len(test.y) >= MIN_SCORED:
             self._driver.watch_heldout(test.y[:n_eval], regression=data.schema.regression)
+        run_drift.watch(self, handler=handler, schema=data.schema)  # after the held-out watch: it may replace it
 
         def warm() -> None:
             warm_up(spark, spec, handler.job, workers=cfg.workers, threads=threads,
@@ -294,7 +297,7 @@ class Run:
             out=self.out, startup_s=startup_s, trained=self._trained_total(), history=self.history,
             stopped_because=self.display.stop_reason or "limit (--max-batches / --timeout)", final=final,
             ledger=self._driver.state.ledger, ps_stats=ps_stats, workers=self.cfg.workers, slots=self._cores,
-            rejects=self.display.rejects)
+            rejects=self.display.rejects, drifts=self._driver.drift.watch.found if self._driver.drift else [])
 
 
 def _round_wait(cfg: RunConfig, settings: config.Settings) -> float:

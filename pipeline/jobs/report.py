@@ -8,12 +8,14 @@ import dataclasses
 import json
 import logging
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from pipeline.ingest.offsets import PassedOver
 from pipeline.jobs.rejects import Rejects
 from pipeline.train.breakdown import Breakdown
+from pipeline.train.drift import Drift
 from pipeline.train.rows import BatchRow
 
 log = logging.getLogger(__name__)
@@ -162,11 +164,14 @@ class RunReport:
     time_seconds: dict[str, Any] = dataclasses.field(default_factory=dict)
     #: What was set aside (:meth:`pipeline.jobs.rejects.Rejects.to_dict`): by reason, and the replay's first rows.
     rejected: dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: Every drift the run found, across resumes (:class:`pipeline.train.drift.Drift`).
+    drifts: list[Drift] = dataclasses.field(default_factory=list)
 
     @classmethod
     def of_run(cls, *, settings: dict[str, Any], algorithm: dict[str, Any], topic: str, out: Path, startup_s: float,
                trained: int, history: History, stopped_because: str, final: dict[str, float], ledger: list[list[Any]],
-               ps_stats: dict[str, Any], workers: int, slots: int, rejects: Rejects) -> RunReport:
+               ps_stats: dict[str, Any], workers: int, slots: int, rejects: Rejects,
+               drifts: Sequence[Drift] = ()) -> RunReport:
         """The report of a run that streamed ``history``, ``trained`` records across its
         sessions, and set aside what ``rejects`` counts."""
         here, span = history.trained(), history.span_s()
@@ -183,7 +188,7 @@ class RunReport:
             parallelism={"workers": workers, "task_slots": slots, "concurrent_replicas": min(workers, slots)},
             aborted_records=history.aborted(), poison=history.poison, rejected=rejects.to_dict(),
             time_shares=history.breakdown.shares(slots=min(workers, slots), wall_s=span, eval_s=history.eval_s),
-            time_seconds=history.breakdown.state(),
+            time_seconds=history.breakdown.state(), drifts=list(drifts),
         )
 
     def to_dict(self) -> dict[str, Any]:

@@ -67,6 +67,8 @@ class RunConfig:
     eval_data: str | None = None  # a file of held-out records instead
     schema_registry: str | None = None  # Avro in the Confluent wire format: the registry's URL
     max_rejected: float | None = None  # the share of records rejected that stops the run (None: REJECTED_SHARE)
+    on_drift: str = "alert"  # when the stream drifts: say so (alert), or say so and adapt (docs/drift.md)
+    drift: str | None = None  # the drift signals' settings, KEY=VALUE,... (pipeline.train.drift.DriftSettings)
 
     @property
     def table(self) -> bool:
@@ -134,6 +136,11 @@ class RunConfig:
         if self.sync_overlap and self.algorithm != "sync":
             raise ConfigError(f"--sync-overlap is synchronous SGD's alone (--algorithm sync). Received: --algorithm "
                               f"{self.algorithm}. Drop --sync-overlap.")
+        if self.on_drift not in ("alert", "adapt"):
+            raise ConfigError(f"Expected --on-drift alert or adapt. Received: {self.on_drift!r}. See docs/drift.md.")
+        from pipeline.train.drift import DriftSettings
+
+        DriftSettings.parse(self.drift)
         if self.wire_dtype not in ("float32", "bfloat16", "float16"):
             raise ConfigError(f"Expected --wire-dtype float32, bfloat16 or float16. Received: {self.wire_dtype!r}")
         if self.max_rejected is not None and not 0 <= self.max_rejected <= 1:

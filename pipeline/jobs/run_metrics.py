@@ -16,6 +16,7 @@ from pipeline.ingest.offsets import TopicPartition
 from pipeline.jobs.report import BATCHES_FILE, REPORT_FILE, read_rows
 from pipeline.observe import metrics
 from pipeline.train import checkpoint
+from pipeline.train.drift import SIGNALS, Drift
 from pipeline.train.freshness import Freshness
 from pipeline.train.rows import BatchRow
 
@@ -55,7 +56,7 @@ class RunMetrics:
         self.topic = topic
         m.info.labels(dataset, algorithm, topic, str(workers)).set(1)
         for gauge in (m.prequential_loss, m.prequential_accuracy, m.heldout_accuracy, m.heldout_time,
-                      m.last_batch_time, m.last_batch_duration):
+                      m.last_batch_time, m.last_batch_duration, m.drift_time):
             gauge.set(float("nan"))
         m.records_ingested.labels(topic)
         m.records_trained.labels(topic)
@@ -67,6 +68,8 @@ class RunMetrics:
             m.ps_refusals.labels(reason)
         for activity in ("compute", "exchange"):
             m.worker_seconds.labels(activity)
+        for signal in SIGNALS:
+            m.drift_detected.labels(signal)
         self.restore_clock(clock)
         # Read at each scrape: freshness grows between batches, and a stalled run's must show it.
         self._freshness = Freshness()
@@ -94,6 +97,7 @@ class RunMetrics:
         self._freshness = Freshness.from_state(state.extra.get("freshness"))
         if state.last_batch_id < 0:
             return
+        self.on_drift([Drift.from_dict(d) for d in state.extra.get("drift", [])])
         self.meters.records_trained.labels(self.topic).inc(int(state.extra.get("trained", 0)))
         self.meters.batches.inc(state.last_batch_id + 1)
         for path in (checkpoint.generation_path(folder, state.last_batch_id), Path(folder) / checkpoint.FILENAME):
@@ -117,6 +121,12 @@ class RunMetrics:
         if last is not None:
             m.heldout_time.set(last[0])
             m.heldout_accuracy.set(last[1])
+
+    def on_drift(self, drifts: list[Drift]) -> None:
+        """Drifts found (or a resumed run's, from its checkpoint): counted, the last one's time set."""
+        for d in drifts:
+            self.meters.drift_detected.labels(d.signal).inc()
+            self.meters.drift_time.set(d.at)
 
     def on_ps_request(self, op: str, seconds: float) -> None:
         self.meters.ps_request_duration.labels(op).observe(seconds)

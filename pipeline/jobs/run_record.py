@@ -59,6 +59,8 @@ ROLES: dict[str, str] = {
     "keep_checkpoints": KEPT,
     "ps_shards": KEPT,  # a checkpoint holds the whole center whatever the shards: a resume may change them
     "on_poison": KEPT,
+    "on_drift": KEPT,  # how the run reacts to a drift, decided anew each session
+    "drift": KEPT,  # the drift signals' settings
     "max_rejected": KEPT,  # how much bad data a session puts up with  # what to do with a batch that cannot be read, decided anew each session
     "generation": SESSION,  # which kept checkpoint this session starts from
     "divergence_check": SESSION,  # turned off for one session at a time, after a look at the data

@@ -129,6 +129,8 @@ class TrainingMetrics:
     worker_seconds: Counter
     last_batch_time: Gauge
     info: Gauge
+    drift_detected: Counter
+    drift_time: Gauge
 
 
 def training_metrics() -> TrainingMetrics:
@@ -208,6 +210,12 @@ def training_metrics() -> TrainingMetrics:
                               "Unix time when the last micro-batch was trained and checkpointed.", registry=reg),
         info=Gauge("streamtrain_run_info", "The run's settings, as labels (value 1).",
                    ["dataset", "algorithm", "topic", "workers"], registry=reg),
+        # The run's: a resumed run goes on from the drifts its checkpoint lists.
+        drift_detected=Counter("streamtrain_drift_detected_total",
+                               "Drifts found in the stream, by signal (loss, prior, feature; docs/drift.md).",
+                               ["signal"], registry=reg),
+        drift_time=Gauge("streamtrain_drift_last_timestamp_seconds",
+                         "Unix time when the last drift was found (NaN: none yet).", registry=reg),
     )
 
 

@@ -118,7 +118,12 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
         Panel("Accuracy", (
             Query("streamtrain_train_prequential_accuracy", "prequential"),
             Query("streamtrain_eval_heldout_accuracy", "held-out"),
-        ), unit="percentunit"),
+            # A drift as a mark at the top of the axis (1 = 100%), where its window saw one.
+            Query(f"(sum by (signal) (increase(streamtrain_drift_detected_total{_RATE})) > 0) * 0 + 1",
+                  "drift ({{signal}})"),
+        ), unit="percentunit",
+              description="Prequential and held-out accuracy; a mark at 100% where a drift was found (its signal "
+                          "named). After a drift the held-out score is on records held out since (docs/drift.md)."),
         Panel("Staleness of pushes (updates between pull and push)", (
             Query(_quantile(0.5, "streamtrain_ps_staleness_updates"), "p50"),
             Query(_quantile(0.99, "streamtrain_ps_staleness_updates"), "p99"),

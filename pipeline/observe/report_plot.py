@@ -103,6 +103,13 @@ def report_plots(history: list[dict[str, Any]], out: str | Path, *, title: str =
         acc.plot(xs[keep], ys[keep], "-", color="tab:orange", linewidth=1.5)
         acc.plot(*zip(*scored, strict=True), "o", color="tab:orange", label="held-out", markersize=4)
     measured = ["prequential: every training step's batch, before it trains"]
+    # Each drift where the batch that showed it ended: the scores after it are on the new concept.
+    drifts = [(float(x), d["signal"]) for x, b in zip(t, history, strict=True) for d in b.get("drifts", ())]
+    for i, (x, _) in enumerate(drifts):
+        acc.axvline(x, color="tab:red", linestyle=":", linewidth=1.4, label="drift" if i == 0 else None)
+    if drifts:
+        measured.append("dotted red: a drift found (" + ", ".join(sorted({s for _, s in drifts})) + "); held-out "
+                        "after it: records held out of training since")
     if eval_every is not None:
         split = f" on {eval_records:,} records" if eval_records else ""
         measured.append(f"held-out: every {eval_every} batches and at the end{split}")
@@ -162,6 +169,7 @@ def report_plots(history: list[dict[str, Any]], out: str | Path, *, title: str =
     fig.savefig(out, dpi=90)
     plt.close(fig)
     return {"prequential": sum(v is not None for v in pre), "held-out": len(scored), "throughput": len(t),
+            "drifts": len(drifts),
             "staleness": sum(v is not None for v in p50), "lag": len(t), "sessions": len(tl.sessions) + bool(len(t)),
             "idle": tl.idle, "span_s": float(t[-1]) if len(t) else 0.0, "lines": lines}
 

@@ -23,7 +23,7 @@ import os
 import re
 import shutil
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -76,9 +76,12 @@ def generations(folder: str | os.PathLike[str]) -> list[int]:
     return sorted(int(m.group(1)) for p in folder.iterdir() if (m := _GENERATION.match(p.name)))
 
 
-def save(folder: str | os.PathLike[str], state: State, *, keep: int = KEEP, pinned: int | None = None) -> Path:
+def save(folder: str | os.PathLike[str], state: State, *, keep: int = KEEP,
+         pinned: int | Sequence[int] | None = None) -> Path:
     """Write ``state`` to ``folder/state.npz`` atomically, and keep it as a generation
-    (the ``keep`` newest stay, and ``pinned``: the one with the best held-out score)."""
+    (the ``keep`` newest stay, and those ``pinned``: the one with the best held-out score,
+    those from just before a drift)."""
+    pins = {pinned} if isinstance(pinned, int) else set(pinned or ())
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     meta = {"clock": state.clock, "last_batch_id": state.last_batch_id, "ledger": state.ledger, "extra": state.extra}
@@ -112,7 +115,7 @@ def save(folder: str | os.PathLike[str], state: State, *, keep: int = KEEP, pinn
             f"committed, and the previous checkpoint is intact. Free space there (or fix the folder), then "
             f"continue with: streamtrain run --resume {folder}") from None
     for old in generations(folder)[:-keep] if keep > 0 else []:
-        if old == pinned:
+        if old in pins:
             continue
         with contextlib.suppress(OSError):
             generation_path(folder, old).unlink()

@@ -35,6 +35,7 @@ from pipeline.ingest.kafka.release import Releaser
 from pipeline.ingest.microbatch import BatchFigures
 from pipeline.ingest.offsets import OffsetRange
 from pipeline.train import checkpoint, ledger
+from pipeline.train.adapt import DriftResponse
 from pipeline.train.divergence import HeldoutWatch
 from pipeline.train.freshness import Freshness
 from pipeline.train.partition import TaskResult
@@ -82,6 +83,8 @@ class TrainDriver:
         self._batch = -1
         #: Watches the held-out scores for a collapse (see :meth:`watch_heldout`).
         self.watch: HeldoutWatch | None = None
+        #: The drift signals and the run's reaction (:meth:`watch_drift`).
+        self.drift: DriftResponse | None = None
         #: The newest data the center holds, per partition (a resumed run's from its checkpoint).
         self.freshness = Freshness.from_state(state.extra.get("freshness") if state is not None else None)
 
@@ -91,10 +94,19 @@ class TrainDriver:
         self.watch = HeldoutWatch.for_labels(y, regression=regression)
         self.watch.restore(self.state.extra.get("heldout") if self.state is not None else None)
 
+    def watch_drift(self, response: DriftResponse) -> None:
+        """Find drifts in each batch and react (:class:`~pipeline.train.adapt.DriftResponse`)."""
+        self.drift = response
+
     @property
     def trained(self) -> int:
         """Records the checkpoint says the run trained, across resumes."""
         return int(self.state.extra.get("trained", 0)) if self.state is not None else 0
+
+    @property
+    def handled(self) -> int:
+        """Records trained, and held out of training after a drift, across resumes."""
+        return self.trained + (int(self.state.extra.get("held_out", 0)) if self.state is not None else 0)
 
     def skip(self, batch_id: int, ranges: list[OffsetRange] | None) -> bool:
         """Whether ``batch_id`` is one the checkpoint holds (Spark replays it after a lost
@@ -128,6 +140,10 @@ class TrainDriver:
             self._diverged(info.batch_id, diverged[0])
         row.tasks = self.check_applied(info.results, batch_id=info.batch_id)
         self.check_finite(info.batch_id, weights, row)
+        if self.drift is not None:  # before the save: a reset optimizer is what the checkpoint holds
+            self.drift.on_batch(info, row, self)
+            if row.drifts:
+                weights, clock, optimizer = self.server.checkpoint()
         began = time.perf_counter()
         state = self.state
         state.weights, state.clock, state.last_batch_id, state.optimizer = weights, clock, info.batch_id, optimizer
@@ -137,12 +153,16 @@ class TrainDriver:
         poison = list(state.extra.get("poison", [])) + [
             [info.batch_id, p.topic, p.partition, p.first, p.last, p.cause] for p in info.poison]
         self.freshness.learn(info.newest_ms, lag=info.lag)
+        held_out = int(state.extra.get("held_out", 0)) + row.held_out
         state.extra = {"trained": self.trained + row.trained, **({"poison": poison} if poison else {}),
                        "freshness": self.freshness.state(),
-                       **({"heldout": self.watch.state()} if self.watch is not None else {})}
-        # The generation of the best score stays, however old, for a collapse to go back to.
+                       **({"heldout": self.watch.state()} if self.watch is not None else {}),
+                       **({"drift": self.drift.watch.state(), "held_out": held_out} if self.drift is not None else {})}
+        # The generation of the best score stays, however old, for a collapse to go back to;
+        # so does each from just before a drift.
+        pinned = [self.watch.best_batch] if self.watch is not None else []
         checkpoint.save(self.folder, state, keep=self.keep,
-                        pinned=self.watch.best_batch if self.watch is not None else None)
+                        pinned=pinned + (self.drift.pinned() if self.drift is not None else []))
         row.checkpoint_ms = round((time.perf_counter() - began) * 1000, 2)
         if self.releaser is not None:
             self.releaser.trained(info.ranges)

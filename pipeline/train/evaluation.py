@@ -77,6 +77,17 @@ class Evaluation:
         tmp.write_bytes(blob)
         os.replace(tmp, path)
 
+    def use(self, x: np.ndarray, y: np.ndarray) -> None:
+        """Score ``x``/``y`` from now on (after a drift: records held out since it)."""
+        old, self._x = self._x, self.spark.sparkContext.broadcast(x)
+        self.y = y
+        self.shards = max(1, min(self.shards, len(y)))
+        old.destroy()
+
+    def suspend(self) -> None:
+        """Give no score until :meth:`use` (the split no longer describes the stream)."""
+        self.y = self.y[:0]
+
     def close(self) -> None:
         self._x.destroy()
 

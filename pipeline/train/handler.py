@@ -9,10 +9,13 @@ import signal
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from pipeline import config
 from pipeline.ingest import microbatch
 from pipeline.ingest.decode import Block
 from pipeline.ingest.offsets import OffsetRange
+from pipeline.train.drift import SAMPLE_ROWS
 from pipeline.train.model import ModelSpec
 from pipeline.train.partition import ServerInfo, TaskResult, train_partition
 from pipeline.train.ps.protocol import task_key
@@ -36,6 +39,9 @@ class TrainHandler(microbatch.Handler):
             first offset, so a batch replayed after a crash, and a task Spark runs again,
             train in the same order.
         driver: the exactly-once driver; never shipped to executors.
+        holdout_every: after a drift, one record in this many (by offset) is held out of
+            training and sent back for the held-out window (0: none; :mod:`pipeline.train.adapt`).
+        lr_scale: multiplies the replicas' learning rate (raised for a while after a drift).
     """
 
     result_type = TaskResult
@@ -47,6 +53,8 @@ class TrainHandler(microbatch.Handler):
     threads: int = 1
     seed: int | None = None
     driver: TrainDriver | None = dataclasses.field(default=None, repr=False)
+    holdout_every: int = 0
+    lr_scale: float = 1.0
 
     def __getstate__(self) -> dict[str, Any]:
         # The driver holds the parameter server and its locks: never ship it.
@@ -59,12 +67,18 @@ class TrainHandler(microbatch.Handler):
         worker = ctx.partitionId() if ctx else block.partition
         first = int(block.offsets[0]) if len(block.offsets) else 0
         seed = int(self.job[:8], 16) if self.seed is None else self.seed
-        return train_partition(
-            block.schema.to_model_input(block.x), block.y, spec=self.spec, algorithm=self.algorithm,
+        x, y, held = block.x, block.y, None
+        if self.holdout_every:  # by offset: a retried task holds out the same records
+            mask = block.offsets % self.holdout_every == 0
+            held, x, y = (x[mask], y[mask]), x[~mask], y[~mask]
+        result = train_partition(
+            block.schema.to_model_input(x), y, spec=self.spec, algorithm=self.algorithm,
             server=self.server, worker=worker, job=self.job, threads=self.threads,
             seed=(seed, block.partition, first), task=task_key(block.topic, block.partition, first),
-            attempt=ctx.attemptNumber() if ctx else 0, after_exchange=_fault_after,
+            attempt=ctx.attemptNumber() if ctx else 0, after_exchange=_fault_after, lr_scale=self.lr_scale,
         )
+        _describe(result, block.schema, x, y, held)
+        return result
 
     def on_tasks(self, n: int) -> None:
         if self.driver is not None:
@@ -76,6 +90,19 @@ class TrainHandler(microbatch.Handler):
 
     def skip(self, batch_id: int, ranges: list[OffsetRange] | None) -> bool:
         return bool(self.driver is not None and self.driver.skip(batch_id, ranges))
+
+
+def _describe(result: TaskResult, schema: Any, x: np.ndarray, y: np.ndarray,
+              held: tuple[np.ndarray, np.ndarray] | None) -> None:
+    """What the driver's drift signals read besides the losses: the class counts, a sample
+    of a table's features (images have no per-column meaning), the held-out records."""
+    if schema.num_classes > 1 and not schema.regression and len(y):
+        result.label_counts = np.bincount(y.astype(np.int64), minlength=schema.num_classes)[: schema.num_classes].tolist()
+    if schema.dtype == "float32" and len(x):
+        result.sample_x = x[:: max(1, len(x) // SAMPLE_ROWS)][:SAMPLE_ROWS]
+    if held is not None and result.diverged is None:
+        result.heldout_x, result.heldout_y = held
+        result.held_out = len(held[1])
 
 
 def _fault_after(exchange: int) -> None:

@@ -56,6 +56,13 @@ class TaskResult:
         wire_dtype: the payloads' type on TCP (``--wire-dtype``; shared memory moves float32).
         diverged: why the task stopped, when the server refused its update as not finite
             (its model diverged: a retry would compute the same); None: it trained.
+        preq_losses, preq_errors: the first pass's mini-batch losses and error rates (1 -
+            accuracy; NaN: none), in the order trained (the loss drift signal's input,
+            :mod:`pipeline.train.drift`).
+        label_counts: records per class (None: a numeric target).
+        sample_x: a sample of the records' features (tables: the feature drift signal).
+        heldout_x, heldout_y, held_out: records held out of training after a drift
+            (:mod:`pipeline.train.adapt`), and how many.
     """
 
     worker: int
@@ -79,6 +86,13 @@ class TaskResult:
     shared_memory: bool = False
     wire_dtype: str = "float32"
     diverged: str | None = None
+    preq_losses: list[float] = dataclasses.field(default_factory=list)
+    preq_errors: list[float] = dataclasses.field(default_factory=list)
+    label_counts: list[int] | None = None
+    sample_x: np.ndarray | None = None
+    heldout_x: np.ndarray | None = None
+    heldout_y: np.ndarray | None = None
+    held_out: int = 0
 
 
 def _labels(loss: str, y: np.ndarray, classes: int) -> np.ndarray:
@@ -104,6 +118,7 @@ def train_partition(
     task: int = 0,
     attempt: int = 0,
     after_exchange: Callable[[int], None] | None = None,
+    lr_scale: float = 1.0,
 ) -> TaskResult:
     """Train on one partition's ``x``/``y`` with the algorithm's exchanges; report figures.
 
@@ -119,10 +134,11 @@ def train_partition(
     Spark runs again after a failure skips the mini-batches whose exchanges an earlier
     attempt had applied (``seed`` must then fix the order, so that every attempt draws
     the same mini-batches) and trains on from there. ``after_exchange`` is called with
-    each exchange's index (fault injection).
+    each exchange's index (fault injection). ``lr_scale`` multiplies the replica's
+    learning rate (``--on-drift adapt``).
     """
     algo = algorithms.get(algorithm)
-    entry, fresh = replica(spec, job=job, threads=threads)
+    entry, fresh = replica(spec, job=job, threads=threads, lr_scale=lr_scale)
     y = _labels(spec.loss, y, spec.shapes[-1][-1])  # the output layer's bias: subclassed models have no .outputs
     shape = input_shape(entry.model)
     if x.shape[1:] != shape:
@@ -137,6 +153,8 @@ def train_partition(
     total = epochs * steps_per_epoch
     losses: list[float] = []
     preq = np.zeros(3)  # records, summed loss, summed accuracy over the first pass
+    preq_losses: list[float] = []
+    preq_errors: list[float] = []
     timer = _Timer()
     try:
         with ps.connect((server.host, server.port), server.shards, secret=server.secret, worker=worker,
@@ -155,6 +173,8 @@ def train_partition(
                 losses.append(loss)
                 if step <= steps_per_epoch:  # the first pass
                     preq += (len(idx), loss * len(idx), acc * len(idx))
+                    preq_losses.append(loss)
+                    preq_errors.append(1.0 - acc)
                 if step % window == 0 or step == total:
                     with timer("exchange"):
                         half.exchange()
@@ -185,7 +205,8 @@ def train_partition(
         preq_n=int(preq[0]), preq_loss=float(preq[1] / preq[0]) if preq[0] else float("nan"),
         preq_acc=float(preq[2] / preq[0]) if preq[0] else float("nan"),
         task=task, steps_total=total, steps_skipped=skipped, repeats=client.repeats, attempt=attempt,
-        shared_memory=client.shared, wire_dtype=client.wire_dtype,
+        shared_memory=client.shared, wire_dtype=client.wire_dtype, preq_losses=preq_losses,
+        preq_errors=preq_errors,
     )
 
 

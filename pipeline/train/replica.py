@@ -34,6 +34,8 @@ class Replica:
     weights: FlatWeights
     spec: ModelSpec
     _gradients: FlatGradients | None = None
+    base_lr: float | None = None  # its optimizer's learning rate as compiled (--on-drift adapt scales it)
+    lr_scale: float = 1.0
 
     @property
     def gradients(self) -> FlatGradients:
@@ -63,8 +65,9 @@ def init_tensorflow(threads: int) -> None:
 
 
 def replica(spec: ModelSpec, *, job: str, threads: int = 1, prime_batch: int = 0,
-            gradients: bool = False) -> tuple[Replica, bool]:
-    """The cached compiled replica for ``spec`` (built if new); a new ``job`` resets its optimizer.
+            gradients: bool = False, lr_scale: float | None = None) -> tuple[Replica, bool]:
+    """The cached compiled replica for ``spec`` (built if new); a new ``job`` resets its
+    optimizer; ``lr_scale`` (None: leave as it is) multiplies its compiled learning rate.
 
     With ``prime_batch`` > 0 a new replica is also traced (see :func:`prime`): its
     gradient function if ``gradients`` (synchronous SGD), else its train function.
@@ -77,11 +80,28 @@ def replica(spec: ModelSpec, *, job: str, threads: int = 1, prime_batch: int = 0
         entry = _REPLICAS[spec.fingerprint] = Replica(model, job, FlatWeights(model, spec.shapes), spec)
         if prime_batch:
             prime(entry, prime_batch, gradients=gradients)
+        _scale_lr(entry, lr_scale)
         return entry, True
     if entry.job != job:
         reset_optimizer(entry.model)
         entry.job = job
+    _scale_lr(entry, lr_scale)
     return entry, False
+
+
+def _scale_lr(entry: Replica, scale: float | None) -> None:
+    """Set the replica's learning rate to ``scale`` times the compiled one (a model whose
+    optimizer has a schedule, not a number, keeps it)."""
+    opt = entry.model.optimizer
+    if scale is None or scale == entry.lr_scale or opt is None:
+        return
+    if entry.base_lr is None:
+        lr = getattr(opt, "_learning_rate", None)
+        if lr is None or callable(lr):  # a schedule
+            return
+        entry.base_lr = float(np.asarray(lr))
+    opt.learning_rate = entry.base_lr * scale
+    entry.lr_scale = scale
 
 
 def prime(entry: Replica, batch: int, *, gradients: bool = False) -> None:

@@ -11,6 +11,7 @@ import numpy as np
 
 from pipeline.ingest.microbatch import BatchFigures
 from pipeline.ingest.offsets import PassedOver
+from pipeline.train.drift import Drift
 from pipeline.train.partition import TaskResult
 
 
@@ -76,6 +77,8 @@ class BatchRow:
         at: Unix time when the batch's tasks were done (``t`` restarts with each session; this
             places a row of any session on one clock, for the report and a resumed run's figures).
         tasks: a row per task (one offset range), checked against the parameter server.
+        held_out: records held out of training after a drift (:mod:`pipeline.train.adapt`).
+        drifts: the drifts the batch showed.
     """
 
     batch_id: int
@@ -105,6 +108,8 @@ class BatchRow:
     freshness_s: float | None = None
     data_as_of: float | None = None
     at: float = 0.0
+    held_out: int = 0
+    drifts: list[Drift] = dataclasses.field(default_factory=list)
 
     @classmethod
     def from_batch(cls, info: BatchFigures, *, t: float, clock: int) -> BatchRow:
@@ -133,8 +138,11 @@ class BatchRow:
         for key in ("prequential_accuracy", "prequential_loss", "heldout", "freshness_s", "data_as_of"):
             if d[key] is None:
                 del d[key]
-        if not d["poison"]:
-            del d["poison"]
+        for key in ("poison", "drifts"):
+            if not d[key]:
+                del d[key]
+        if not d["held_out"]:
+            del d["held_out"]
         return d
 
     def status(self, *, total: int, per_s: float, loss: str | None = None) -> str:

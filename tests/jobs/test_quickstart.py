@@ -62,6 +62,9 @@ def test_streamtrain_run_on_its_embedded_default(tmp_path: Path) -> None:
     assert report["trained_records"] == 60_000 == sum(end - start for *_, start, end in ledger)
     assert report["trained_records"] == sum(b["trained"] for b in batches)
     assert "prequential_accuracy" in batches[0] and report["startup_s"] > 0
+    # A stationary stream (issue 45): no drift found, none said, no record held out.
+    assert report["drifts"] == [] and "drift at batch" not in done.stdout
+    assert not any(b.get("held_out") or b.get("drifts") for b in batches)
     assert "held-out accuracy" in done.stdout and f"batch {len(batches) - 1:4d} |" in done.stdout
     # Start-up shows its progress on the live display, in order, before the first batch's line.
     steps = [line.split(": ", 1)[1] for line in done.stdout.splitlines() if line.startswith("start-up ")]

@@ -150,6 +150,7 @@ def keras_model_params(path: Path) -> int:
     (["--algorithm", "sgd9000"], "Unknown algorithm 'sgd9000'"),
     (["--workers", "0"], "Expected --workers >= 1"),
     (["--ps-shards", "0"], "Expected --ps-shards >= 1"),
+    (["--drift", "warmpu=1"], "Expected --drift KEY=VALUE pairs, KEY one of adapt_lr_scale"),
     (["--bootstrap", "127.0.0.1:1"], "Cannot reach Kafka at 127.0.0.1:1"),
 ])
 def test_bad_options_fail_fast_with_one_clear_line(args: list[str], message: str, tmp_path: Path) -> None:

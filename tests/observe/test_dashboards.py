@@ -88,7 +88,7 @@ def test_dashboard_answers_the_three_questions_with_one_datasource() -> None:
 
 #: Which `streamtrain` command feeds each family of metrics.
 _FED_BY = {"producer": "produce", "stream": "run", "train": "run", "ps": "run", "eval": "run", "worker": "run",
-           "run": "run", "model": "run", "serve": "--serve-port", "predictions": "predict"}
+           "run": "run", "model": "run", "drift": "run", "serve": "--serve-port", "predictions": "predict"}
 
 
 def test_an_open_row_shows_only_what_the_compose_stack_feeds() -> None:

@@ -89,3 +89,11 @@ def test_the_picture_covers_every_session_and_leaves_gaps_as_gaps(tmp_path: Path
     finite = thr_y[~np.isnan(thr_y)]
     assert finite.min() == pytest.approx(1000 / 2.0)  # 2 s per batch everywhere; never 1000 records over a 5-minute gap
     assert finite.max() == pytest.approx(1000 / 1.5)  # a batch after a break: its own 1.5 s
+
+
+def test_each_drift_is_marked_where_it_was_found(tmp_path: Path) -> None:
+    """Proves (issue 45): report.png draws one mark per drift the rows list, none without."""
+    rows = _rows(6)
+    rows[3]["drifts"] = [{"signal": "loss", "batch_id": 3}, {"signal": "prior", "batch_id": 3}]
+    assert report_plots(rows, tmp_path / "r.png", eval_every=5)["drifts"] == 2
+    assert report_plots(_rows(6), tmp_path / "s.png", eval_every=5)["drifts"] == 0

@@ -135,6 +135,9 @@ def test_a_collapsed_heldout_score_stops_and_keeps_the_last_sound_generation(tmp
     for b in range(6, 9):  # the best generation outlives the last 3
         checkpoint.save(tmp_path, checkpoint.State(np.zeros(4, np.float32), last_batch_id=b), pinned=2)
     assert checkpoint.generations(tmp_path) == [2, 6, 7, 8]
+    for b in range(9, 12):  # and each pinned from just before a drift (issue 45) beside it
+        checkpoint.save(tmp_path, checkpoint.State(np.zeros(4, np.float32), last_batch_id=b), pinned=[2, 6])
+    assert checkpoint.generations(tmp_path) == [2, 6, 9, 10, 11]
 
 
 def test_a_model_that_never_learned_is_not_a_collapse() -> None:

@@ -126,6 +126,11 @@ class Algorithm(abc.ABC):
         """Hook: restore what :meth:`server_state` returned."""
         return None
 
+    def scale_learning_rate(self, scale: float) -> bool:
+        """Hook: multiply the server half's learning rate by ``scale`` from now on (1: as
+        configured); return whether it has one. Default: none (workers step their own)."""
+        return False
+
     # --- config ---
 
     def get_config(self) -> dict[str, Any]:

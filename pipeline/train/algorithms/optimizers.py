@@ -22,6 +22,8 @@ class ServerOptimizer:
     def __init__(self, size: int) -> None:
         self.size = size
         self.iterations = 0
+        #: Multiplies the learning rate (``--on-drift adapt`` raises it for a while); not state.
+        self.lr_scale = 1.0
 
     def apply(self, weights: np.ndarray, grad: np.ndarray) -> None:
         raise NotImplementedError
@@ -68,7 +70,7 @@ class Adam(ServerOptimizer):
     def apply(self, weights: np.ndarray, grad: np.ndarray) -> None:
         self.iterations += 1
         b1, b2, t, tmp = self.beta_1, self.beta_2, self.iterations, self._tmp
-        alpha = np.float32(self.learning_rate * np.sqrt(1 - b2**t) / (1 - b1**t))
+        alpha = np.float32(self.learning_rate * self.lr_scale * np.sqrt(1 - b2**t) / (1 - b1**t))
         # m += (g - m) * (1 - b1), v += (g^2 - v) * (1 - b2): Keras's forms, in place.
         np.subtract(grad, self.m, out=tmp)
         tmp *= np.float32(1 - b1)
@@ -105,7 +107,7 @@ class SGD(ServerOptimizer):
 
     def apply(self, weights: np.ndarray, grad: np.ndarray) -> None:
         self.iterations += 1
-        lr = np.float32(self.learning_rate)
+        lr = np.float32(self.learning_rate * self.lr_scale)
         if not self.momentum:
             np.multiply(grad, lr, out=self._tmp)
             weights -= self._tmp

@@ -102,6 +102,12 @@ class SyncSGD(Algorithm):
     def server_state(self) -> dict[str, np.ndarray]:
         return self._optimizer.state() if self._optimizer is not None else {}
 
+    def scale_learning_rate(self, scale: float) -> bool:
+        if self._optimizer is None:
+            return False
+        self._optimizer.lr_scale = scale
+        return True
+
     def load_server_state(self, state: dict[str, np.ndarray]) -> None:
         if state:
             assert self._optimizer is not None, "bind() the model before restoring the optimizer"

@@ -1,0 +1,272 @@
+"""Drift benchmark: streams with known change points replayed through Kafka into
+``streamtrain run``, with ``--on-drift adapt`` and with ``alert`` only, and River's adaptive
+learners on the same table streams (the anchor).
+
+Streams (records at ``--scale 1``; each through the run's own broker and replay):
+
+- ``mnist-permuted``: MNIST, its labels permuted after 60,000 records, 20,000 after (abrupt);
+- ``mnist-rotated``: MNIST, 20,000 upright, then turning to 90 degrees over 30,000 (gradual);
+- ``sea-abrupt``: River's SEA, concept 0 then 3 at 20,000, 20,000 after (JSON records
+  through a schema);
+- ``sea-gradual``: SEA, concept 1 giving way to 2 over about 10,000 records from 20,000
+  (River's ``ConceptDriftStream``);
+- ``agrawal-abrupt``: River's Agrawal, function 0 then 2 at 20,000, 20,000 after;
+- ``mnist-stationary`` (300,000 records: the training set five times) and
+  ``higgs-stationary`` (the HIGGS sample replayed to 100,000): false alarms only.
+
+Per drift stream and arm: the detection delay (records from the change to the end of the
+batch that found it), false alarms (drifts before the change; on the stationary streams,
+any), and the prequential accuracy over the 20,000 records after the change (the batches'
+prequential scores, weighted by records). ``recovery_gain``: the median over the drift
+streams of adapt minus alert-only accuracy; ``vs_river``: on the table streams, the lowest
+adapt accuracy over the best River learner's (ARF, Hoeffding adaptive tree) on the same
+records in the same order.
+
+    .venv/bin/python bench/drift.py [--scale 1] [--only STREAM,...]
+
+At ``--scale 1`` it runs 12 trainers one after another (each a process of its own, alone
+on the machine) and the River anchors: about 10 minutes on 2 cores. ``--scale`` multiplies
+every stream's length, and the detectors' warm-up and cool-down with them; ``--scale 0.05``
+checks that it runs end to end in a few minutes (start-ups dominate; figures mean little).
+
+Last line: ``drift streams=<n> false_alarms=<n> delay_records_p50=<n> recovery_gain=<r> vs_river=<r>``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import itertools
+import json
+import math
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+AFTER = 20_000  # records after a change over which accuracy is measured
+BATCH = 2_000  # records per micro-batch on the drift streams at scale 1 (the delay's resolution)
+
+
+@dataclasses.dataclass(frozen=True)
+class Stream:
+    """One benchmark stream: its kind, where it changes (None: stationary) and its length."""
+
+    name: str
+    kind: str  # mnist, table, higgs
+    change: int | None
+    length: int
+
+
+def streams(scale: float) -> list[Stream]:
+    """The streams at ``scale``."""
+
+    def n(records: int) -> int:
+        return max(500, int(records * scale))
+
+    return [
+        Stream("mnist-permuted", "mnist", n(60_000), n(60_000) + n(AFTER)),
+        Stream("mnist-rotated", "mnist", n(20_000), n(20_000) + n(30_000)),
+        Stream("sea-abrupt", "table", n(20_000), n(20_000) + n(AFTER)),
+        Stream("sea-gradual", "table", n(20_000), n(20_000) + n(AFTER)),
+        Stream("agrawal-abrupt", "table", n(20_000), n(20_000) + n(AFTER)),
+        Stream("mnist-stationary", "mnist", None, n(300_000)),
+        Stream("higgs-stationary", "higgs", None, n(100_000)),
+    ]
+
+
+# --- the data ---
+
+
+def mnist_stream(stream: Stream, folder: Path, scale: float) -> Path:
+    """A data folder whose ``mnist.npz`` training split is ``stream``'s records in order
+    (the test split as it is: the concept before any change)."""
+    from producers.datasets import mnist
+
+    arrays = mnist.load_arrays()
+    x, y = arrays["x_train"], arrays["y_train"]
+    reps = math.ceil(stream.length / len(y))
+    xs, ys = np.concatenate([x] * reps)[: stream.length].copy(), np.concatenate([y] * reps)[: stream.length].copy()
+    if stream.name == "mnist-permuted":
+        # A fixed permutation with no fixed point: every class gets another's label.
+        perm = np.roll(np.arange(10), 3)
+        ys[stream.change :] = perm[ys[stream.change :]]
+    elif stream.name == "mnist-rotated":
+        from scipy import ndimage
+
+        span = max(1, int(30_000 * scale))
+        for i in range(stream.change or 0, stream.length):
+            angle = 90.0 * min(1.0, (i - (stream.change or 0)) / span)
+            xs[i] = np.clip(ndimage.rotate(xs[i].astype(np.float32), angle, reshape=False, order=1), 0, 255)
+    out = folder / "data"
+    out.mkdir(parents=True, exist_ok=True)
+    np.savez(out / "mnist.npz", x_train=xs, y_train=ys, x_test=arrays["x_test"], y_test=arrays["y_test"])
+    return out
+
+
+def table_rows(stream: Stream, *, seed: int = 7) -> Iterator[tuple[dict[str, float], int]]:
+    """``stream``'s records from River's generators, in order."""
+    from river.datasets import synth
+
+    before, after = stream.change or 0, stream.length - (stream.change or 0)
+    if stream.name == "sea-abrupt":
+        rows: Iterator[Any] = itertools.chain(synth.SEA(variant=0, seed=seed).take(before),
+                                              synth.SEA(variant=3, seed=seed + 1).take(after))
+    elif stream.name == "sea-gradual":
+        width = max(100, after // 2)
+        rows = synth.ConceptDriftStream(synth.SEA(variant=1, seed=seed), synth.SEA(variant=2, seed=seed + 1),
+                                        position=before + width // 2, width=width, seed=seed).take(stream.length)
+    else:  # agrawal-abrupt
+        rows = itertools.chain(synth.Agrawal(0, seed=seed).take(before), synth.Agrawal(2, seed=seed + 1).take(after))
+    for x, y in rows:
+        yield {(f"x{k}" if isinstance(k, int) else str(k)): float(v) for k, v in x.items()}, int(y)
+
+
+def table_files(stream: Stream, folder: Path) -> tuple[Path, Path]:
+    """The stream as JSON lines (``label``: "c0"/"c1", classes by name), and an evaluation
+    file of the concept before the change."""
+    data, evaluation = folder / f"{stream.name}.jsonl", folder / f"{stream.name}-eval.jsonl"
+    with open(data, "w") as f:
+        for x, y in table_rows(stream):
+            f.write(json.dumps({**x, "label": f"c{y}"}) + "\n")
+    head = Stream(stream.name, stream.kind, None, min(2_000, stream.change or 2_000))
+    with open(evaluation, "w") as f:
+        for x, y in table_rows(head, seed=99):
+            f.write(json.dumps({**x, "label": f"c{y}"}) + "\n")
+    return data, evaluation
+
+
+def river_anchor(stream: Stream, after: int) -> dict[str, float]:
+    """Prequential accuracy over the ``after`` records after the change, for River's
+    adaptive learners on ``stream``'s records in order."""
+    from river import forest, preprocessing, tree
+
+    learners = {"arf": forest.ARFClassifier(seed=1),
+                "hat": preprocessing.StandardScaler() | tree.HoeffdingAdaptiveTreeClassifier(seed=1)}
+    out = {}
+    change = stream.change or 0
+    for name, model in learners.items():
+        hits = n = 0
+        for i, (x, y) in enumerate(table_rows(stream)):
+            if change <= i < change + after:
+                hits += int(model.predict_one(x) == y)
+                n += 1
+            model.learn_one(x, y)
+        out[name] = hits / max(1, n)
+    return out
+
+
+# --- the runs ---
+
+
+def run_arm(stream: Stream, mode: str, folder: Path, scale: float) -> dict[str, Any]:
+    """One ``streamtrain run`` of ``stream`` with ``--on-drift mode``; its rows and drifts."""
+    out = folder / f"{stream.name}-{mode}"
+    warm = max(1_000, int(10_000 * scale))
+    batch = max(500, int((BATCH if stream.change is not None else 10_000) * scale))
+    args = ["run", "--out", str(out), "--on-drift", mode, "--seed", "1", "--eval-every", "5",
+            "--drift", f"warmup={warm},cooldown={warm}", "--max-offsets-per-trigger", str(batch)]
+    if stream.kind == "mnist":
+        args += ["--dataset", "mnist", "--data-dir", str(mnist_stream(stream, folder / stream.name, scale))]
+    elif stream.kind == "higgs":
+        from pipeline import config
+        from producers import datasets
+
+        rows = datasets.get("higgs", data_dir=config.data_dir()).num_rows("train") or 7_000
+        args += ["--dataset", "higgs", "--epochs", str(math.ceil(stream.length / rows))]
+    else:
+        data, evaluation = table_files(stream, folder)
+        args += ["--data", str(data), "--label", "label", "--eval-data", str(evaluation)]
+    began = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "pipeline", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=1_800)
+    if done.returncode != 0:
+        raise SystemExit(f"drift: {stream.name} ({mode}) failed:\n{done.stderr[-3000:]}")
+    rows = [json.loads(line) for line in (out / "batches.jsonl").read_text().splitlines() if line.strip()]
+    report = json.loads((out / "report.json").read_text())
+    lines = [line for line in done.stdout.splitlines() if line.startswith("drift at batch")]
+    return {"rows": rows, "drifts": report.get("drifts", []), "final": report.get("final", {}),
+            "seconds": round(time.monotonic() - began, 1), "lines": lines}
+
+
+def figures(stream: Stream, arm: dict[str, Any], scale: float) -> dict[str, Any]:
+    """Delay, false alarms and accuracy after the change, from an arm's rows."""
+    ends, position = {}, 0
+    for r in arm["rows"]:
+        position += int(r.get("trained", 0)) + int(r.get("held_out", 0))
+        ends[r["batch_id"]] = position
+    found = sorted(ends.get(d["batch_id"], 0) for d in arm["drifts"])
+    if stream.change is None:
+        return {"false_alarms": len(found), "delay": None, "accuracy": None}
+    # A batch that ends past the change holds records after it: a drift found there is no false alarm.
+    false = [p for p in found if p <= stream.change]
+    after = [p for p in found if p > stream.change]
+    window = (stream.change, stream.change + max(500, int(AFTER * scale)))
+    hits = n = 0.0
+    start = 0
+    for r in arm["rows"]:
+        k = int(r.get("trained", 0))
+        end = start + k + int(r.get("held_out", 0))
+        if window[0] <= start < window[1] and r.get("prequential_accuracy") is not None:
+            hits += r["prequential_accuracy"] * k
+            n += k
+        start = end
+    return {"false_alarms": len(false), "delay": after[0] - stream.change if after else None,
+            "accuracy": hits / n if n else float("nan")}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--scale", type=float, default=1.0, help="multiplies every stream's length")
+    parser.add_argument("--only", help="comma-separated stream names (default: all)")
+    parser.add_argument("--keep", help="keep the runs' folders here (default: a temporary folder, removed)")
+    args = parser.parse_args()
+    if not 0 < args.scale <= 1:
+        raise SystemExit(f"drift: expected --scale in (0, 1]. Received: {args.scale}. Try --scale 0.05 for a check.")
+    chosen = streams(args.scale)
+    if args.only:
+        wanted = set(args.only.split(","))
+        unknown = wanted - {s.name for s in chosen}
+        if unknown:
+            raise SystemExit(f"drift: expected --only among {[s.name for s in chosen]}. Received: {sorted(unknown)}")
+        chosen = [s for s in chosen if s.name in wanted]
+    false_alarms = 0
+    delays: list[float] = []
+    gains: list[float] = []
+    vs_river: list[float] = []
+    with tempfile.TemporaryDirectory(prefix="streamtrain-drift-") as tmp_dir:
+        tmp = args.keep or tmp_dir
+        for stream in chosen:
+            modes = ("alert",) if stream.change is None else ("alert", "adapt")
+            result = {m: figures(stream, run_arm(stream, m, Path(tmp), args.scale), args.scale) for m in modes}
+            false_alarms += sum(f["false_alarms"] for f in result.values())
+            line = f"{stream.name}: " + " | ".join(
+                f"{m} false_alarms={f['false_alarms']} delay={f['delay']} accuracy_after={f['accuracy']}"
+                for m, f in result.items())
+            if stream.change is not None:
+                # A change never found counts as found never: it pulls the median up, as it should.
+                delays += [math.inf if f["delay"] is None else f["delay"] for f in result.values()]
+                gains.append(result["adapt"]["accuracy"] - result["alert"]["accuracy"])
+                if stream.kind == "table":
+                    anchor = river_anchor(stream, max(500, int(AFTER * args.scale)))
+                    best = max(anchor.values())
+                    vs_river.append(result["adapt"]["accuracy"] / best if best else float("nan"))
+                    line += " | river " + " ".join(f"{k}={v:.4f}" for k, v in anchor.items())
+            print(line, flush=True)
+    drift_streams = sum(s.change is not None for s in chosen)
+    median = float(np.median(delays)) if delays else math.nan
+    delay = str(int(median)) if math.isfinite(median) else str(median)
+    gain = float(np.median(gains)) if gains else float("nan")
+    river = min(vs_river) if vs_river else float("nan")
+    print(f"drift streams={drift_streams} false_alarms={false_alarms} delay_records_p50={delay} "
+          f"recovery_gain={gain:.3f} vs_river={river:.3f}")
+
+
+if __name__ == "__main__":
+    main()
