@@ -89,11 +89,12 @@ class LossDrift:
         self._error_n = 0.0  # the records behind it (at most two half-lives' worth)
         self.gate = _Gate(warmup, cooldown)
 
-    def update(self, losses: Sequence[float], *, size: int,
-               errors: Sequence[float] | None = None) -> tuple[float, str] | None:
+    def update(self, losses: Sequence[float], *, size: int, errors: Sequence[float] | None = None,
+               jump: bool = True) -> tuple[float, str] | None:
         """Feed one task's mini-batch losses (of about ``size`` records each), in order, and
         their error rates (1 - accuracy; None: a numeric target, ADWIN reads the losses);
-        return ``(rise, detail)`` when the error (or the loss) rose beyond chance, else None."""
+        return ``(rise, detail)`` when the error (or the loss) rose beyond chance, else None.
+        ``jump=False`` leaves the z-test to :meth:`jump`, over a whole batch's tasks."""
         found = None
         errs = list(errors) if errors is not None and len(errors) == len(losses) else None
         what = "prequential error" if errs is not None else "prequential loss"
@@ -109,13 +110,24 @@ class LossDrift:
                     and after - before > self.min_step)
             if found is None and self.gate.open and rose:
                 found = (after / max(before, 1e-12), f"{what} {before:.4g} -> {after:.4g}")
-        if errs is not None:
-            jump = self._error_jump([e for e in errs if math.isfinite(e)], size)
-            found = found or jump
+        if errs is not None and jump:
+            found = found or self._error_jump([e for e in errs if math.isfinite(e)], size)
         if found is not None:
-            self.gate.fired()
-            self._adwin = self._adwin_new()  # the past is another concept
+            self._fired()
         return found
+
+    def jump(self, errors: Sequence[float], *, size: int) -> tuple[float, str] | None:
+        """The z-test of :meth:`_error_jump` over the mini-batch error rates of several tasks
+        at once (a micro-batch's: twice the records of one task of two, so a rise from 4% to
+        9%, SEA's change, passes ``z`` by a margin instead of by chance)."""
+        found = self._error_jump([e for e in errors if math.isfinite(e)], size)
+        if found is not None:
+            self._fired()
+        return found
+
+    def _fired(self) -> None:
+        self.gate.fired()
+        self._adwin = self._adwin_new()  # the past is another concept
 
     def _error_jump(self, errs: list[float], size: int) -> tuple[float, str] | None:
         """A task's error rate against its moving level, by a two-proportion z-test: a short,

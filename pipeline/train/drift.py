@@ -157,11 +157,13 @@ class DriftWatch:
                                          round(time.time(), 3)))
 
         labels = np.zeros(max(self.classes, 1), np.int64)
+        errors: list[float] = []
         for r in results:
             hit = self.loss.update(getattr(r, "preq_losses", ()), size=batch_size,
-                                   errors=getattr(r, "preq_errors", None))
+                                   errors=getattr(r, "preq_errors", None), jump=False)
             if hit is not None:
                 found("loss", *hit)
+            errors += getattr(r, "preq_errors", None) or []
             counts = getattr(r, "label_counts", None)
             if counts is not None and len(counts) == len(labels):
                 labels += np.asarray(counts, np.int64)
@@ -171,6 +173,10 @@ class DriftWatch:
                 if feat is not None:
                     found("feature", feat[0], f"column {feat[1]} PSI {feat[0]:.3f}")
             self.records += r.records
+        if errors:  # the sharp-rise test over the whole batch (its tasks together)
+            hit = self.loss.jump(errors, size=batch_size)
+            if hit is not None:
+                found("loss", *hit)
         if self.prior is not None and labels.sum():
             prior = self.prior.update(labels)
             if prior is not None:
