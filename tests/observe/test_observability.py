@@ -224,7 +224,8 @@ def test_alert_rules_evaluate_on_real_data_and_stay_quiet_on_a_healthy_run(scrap
     rules = {r["name"]: r for g in groups for r in g["rules"]}
     assert set(rules) == {"StreamtrainDown", "StreamtrainTrainingStalled", "StreamtrainLagGrowing",
                           "StreamtrainStalenessHigh", "StreamtrainRejectRateHigh", "StreamtrainServedWeightsStale",
-                          "StreamtrainModelStale", "streamtrain:model_stale_threshold_seconds"}
+                          "StreamtrainModelStale", "StreamtrainDriftDetected",
+                          "streamtrain:model_stale_threshold_seconds"}
     assert all(r["health"] == "ok" for r in rules.values()), {n: r.get("lastError") for n, r in rules.items()}
     assert not [r for r in rules.values() if r.get("state") == "firing"]  # a recording rule has no state
 
