@@ -202,6 +202,20 @@ def test_watch_tests_a_sharp_rise_over_the_whole_batch(seed: int) -> None:
     assert [d.signal for d in w.observe(10, batch(0.087), offsets, batch_size=62)] == ["loss"]
 
 
+@pytest.mark.parametrize("seed", SEEDS)
+def test_watch_finds_a_rise_right_after_the_model_learned_fast(seed: int) -> None:
+    """Proves: a model whose error fell from 0.5 to 0.03 within the ten batches before a
+    change (SEA's table model in the benchmark) and then rose to 0.09 is found in that batch:
+    the moving level follows the fall instead of lagging far above the error."""
+    rng = np.random.default_rng(seed)
+    w = drift.DriftWatch(classes=0, columns=None, settings=drift.DriftSettings())
+    curve = [0.03 + 0.47 * math.exp(-b / 1.5) for b in range(10)] + [0.09]
+    found = [b for b, p in enumerate(curve)
+             if w.observe(b, [_Result(1_000, [0.2] * 16, preq_errors=_task_errors(rng, p, size=62))
+                              for _ in range(2)], {}, batch_size=62)]
+    assert found == [10]
+
+
 class _Algorithm:
     """An algorithm's server half, as the raise of the learning rate uses it."""
 
