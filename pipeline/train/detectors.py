@@ -52,8 +52,9 @@ class LossDrift:
     slow, long changes; a cut counts only when the recent mean passed the window's by
     ``min_rise`` of it and by 0.02. ADWIN's bound is distribution-free, so wide that it
     misses a sharp rise a model relearns within a few thousand records; a two-proportion
-    z-test of each task's error rate against its moving level (half-life ``halflife``
-    records) finds those (:meth:`_error_jump`). River's Page-Hinkley on the loss was tried
+    z-test of a micro-batch's error rate (:meth:`jump`; of one task's, with ``update``'s
+    default) against its moving level (half-life ``halflife`` records for a rise, a quarter
+    of it for a fall) finds those (:meth:`_error_jump`). River's Page-Hinkley on the loss was tried
     and dropped: a mini-batch's loss is heavy-tailed (one confident mistake dominates it),
     and it fired on a stationary MNIST run.
 
@@ -72,7 +73,7 @@ class LossDrift:
         >>> steady.count(None)
         100
         >>> d.update([1.0] * 16, size=64, errors=(rng.binomial(64, 0.4, 16) / 64).tolist())[1]
-        'prequential error 0.05155 -> 0.4131'
+        'prequential error 0.04927 -> 0.4131'
     """
 
     def __init__(self, *, delta: float = 0.002, min_rise: float = 0.3, halflife: int = 5_000,
