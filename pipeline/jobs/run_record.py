@@ -58,10 +58,10 @@ ROLES: dict[str, str] = {
     "eval_data": KEPT,
     "keep_checkpoints": KEPT,
     "ps_shards": KEPT,  # a checkpoint holds the whole center whatever the shards: a resume may change them
-    "on_poison": KEPT,
+    "on_poison": KEPT,  # what to do with a batch that cannot be read, decided anew each session
     "on_drift": KEPT,  # how the run reacts to a drift, decided anew each session
     "drift": KEPT,  # the drift signals' settings
-    "max_rejected": KEPT,  # how much bad data a session puts up with  # what to do with a batch that cannot be read, decided anew each session
+    "max_rejected": KEPT,  # how much bad data a session puts up with
     "generation": SESSION,  # which kept checkpoint this session starts from
     "divergence_check": SESSION,  # turned off for one session at a time, after a look at the data
     "epochs": KEPT,  # a larger one extends the run

@@ -4,8 +4,8 @@ Three signals, each measured on the driver from what the executors send back wit
 task, in stream order:
 
 - ``loss``: River's ADWIN over each mini-batch's prequential error rate (its loss for a
-  numeric target; scored before it trains), and a z-test of each task's error rate: a rise
-  beyond chance, slow or sharp
+  numeric target; scored before it trains), and a z-test of each micro-batch's error rate:
+  a rise beyond chance, slow or sharp
   (:class:`~pipeline.train.detectors.LossDrift`; a
   model learning makes the loss fall, and a fall is no alarm).
 - ``prior``: the class counts of a window of ``window`` records against a reference window,

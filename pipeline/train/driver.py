@@ -140,10 +140,8 @@ class TrainDriver:
             self._diverged(info.batch_id, diverged[0])
         row.tasks = self.check_applied(info.results, batch_id=info.batch_id)
         self.check_finite(info.batch_id, weights, row)
-        if self.drift is not None:  # before the save: a reset optimizer is what the checkpoint holds
+        if self.drift is not None:  # before the save: the checkpoint holds the drifts and the held-out count
             self.drift.on_batch(info, row, self)
-            if row.drifts:
-                weights, clock, optimizer = self.server.checkpoint()
         began = time.perf_counter()
         state = self.state
         state.weights, state.clock, state.last_batch_id, state.optimizer = weights, clock, info.batch_id, optimizer
