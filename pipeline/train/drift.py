@@ -4,8 +4,8 @@ Three signals, each measured on the driver from what the executors send back wit
 task, in stream order:
 
 - ``loss``: River's ADWIN over each mini-batch's prequential error rate (its loss for a
-  numeric target; scored before it trains), and a z-test of each micro-batch's error rate:
-  a rise beyond chance, slow or sharp
+  numeric target; scored before it trains), and a z-test of each task's error rate: a rise
+  beyond chance, slow or sharp
   (:class:`~pipeline.train.detectors.LossDrift`; a
   model learning makes the loss fall, and a fall is no alarm).
 - ``prior``: the class counts of a window of ``window`` records against a reference window,
@@ -157,13 +157,11 @@ class DriftWatch:
                                          round(time.time(), 3)))
 
         labels = np.zeros(max(self.classes, 1), np.int64)
-        errors: list[float] = []
         for r in results:
             hit = self.loss.update(getattr(r, "preq_losses", ()), size=batch_size,
-                                   errors=getattr(r, "preq_errors", None), jump=False)
+                                   errors=getattr(r, "preq_errors", None))
             if hit is not None:
                 found("loss", *hit)
-            errors += getattr(r, "preq_errors", None) or []
             counts = getattr(r, "label_counts", None)
             if counts is not None and len(counts) == len(labels):
                 labels += np.asarray(counts, np.int64)
@@ -173,10 +171,6 @@ class DriftWatch:
                 if feat is not None:
                     found("feature", feat[0], f"column {feat[1]} PSI {feat[0]:.3f}")
             self.records += r.records
-        if errors:  # the sharp-rise test over the whole batch (its tasks together)
-            hit = self.loss.jump(errors, size=batch_size)
-            if hit is not None:
-                found("loss", *hit)
         if self.prior is not None and labels.sum():
             prior = self.prior.update(labels)
             if prior is not None:
