@@ -69,7 +69,9 @@ def stream_order(n: int, epochs: int, rng: np.random.Generator) -> list[np.ndarr
             ids = np.arange(lo, min(n, lo + BLOCK))
             parts = [rng.permutation(ids[ids % PARTITIONS == p]) for p in range(PARTITIONS)]
             steps = max(-(-len(p) // per) for p in parts)
-            out += [np.concatenate([p[s * per : (s + 1) * per] for p in parts]) for s in range(steps)]
+            out += [
+                np.concatenate([p[s * per : (s + 1) * per] for p in parts]) for s in range(steps)
+            ]
     return out
 
 
@@ -97,7 +99,9 @@ def run_arm(arm: str, seed: int, max_epochs: int) -> dict[str, Any]:
     x = data.schema.to_model_input(train.x).reshape(-1, 28, 28, 1)
     y = train.y.astype(np.int32)
     xt = data.schema.to_model_input(test.x).reshape(-1, 28, 28, 1)
-    spec = ModelSpec.from_model(zoo.mnist_cnn(), optimizer="adam", loss="sparse_categorical_crossentropy")
+    spec = ModelSpec.from_model(
+        zoo.mnist_cnn(), optimizer="adam", loss="sparse_categorical_crossentropy"
+    )
     model = spec.build()
     rng = np.random.default_rng(seed)
     batches = (plain_order if arm == "plain" else stream_order)(len(y), max_epochs, rng)
@@ -134,8 +138,13 @@ def run_arm(arm: str, seed: int, max_epochs: int) -> dict[str, Any]:
                     reached[t] = seen
             if len(reached) == len(TARGETS):
                 break
-    return {"arm": arm, "seed": seed, "reached": {str(t): reached.get(t) for t in TARGETS}, "curve": curve,
-            "wall_s": time.perf_counter() - began}
+    return {
+        "arm": arm,
+        "seed": seed,
+        "reached": {str(t): reached.get(t) for t in TARGETS},
+        "curve": curve,
+        "wall_s": time.perf_counter() - began,
+    }
 
 
 def adam_agreement(steps: int = 200) -> float:
@@ -176,14 +185,22 @@ def main() -> None:
     args = ap.parse_args()
     if args.arm:
         arm, seed, epochs = args.arm
-        print(json.dumps(run_arm(arm, int(seed), int(epochs)) if arm != "adam" else {"diff": adam_agreement()}))
+        print(
+            json.dumps(
+                run_arm(arm, int(seed), int(epochs))
+                if arm != "adam"
+                else {"diff": adam_agreement()}
+            )
+        )
         return
     arms = args.arms.split(",")
     unknown = sorted(set(arms) - set(ARMS))
     if unknown:
         raise SystemExit(f"Expected arms among {list(ARMS)}. Received: {unknown}")
     diff = _in_child("adam", "0", "0")["diff"]
-    print(f"NumPy Adam vs Keras Adam after 200 steps: max relative difference {diff:.2e}", flush=True)
+    print(
+        f"NumPy Adam vs Keras Adam after 200 steps: max relative difference {diff:.2e}", flush=True
+    )
     results: dict[str, dict[float, list[float]]] = {a: {t: [] for t in TARGETS} for a in arms}
     for seed in range(args.seeds):
         for arm in arms:
@@ -191,13 +208,24 @@ def main() -> None:
             for t in TARGETS:
                 got = r["reached"][str(t)]
                 results[arm][t].append(float("inf") if got is None else got)
-            print(f"seed {seed} {arm}: " + " ".join(f"{t}@{r['reached'][str(t)]}" for t in TARGETS)
-                  + f" ({r['wall_s']:.0f} s) curve {[(n, round(a, 4)) for n, a in r['curve']]}", flush=True)
+            print(
+                f"seed {seed} {arm}: "
+                + " ".join(f"{t}@{r['reached'][str(t)]}" for t in TARGETS)
+                + f" ({r['wall_s']:.0f} s) curve {[(n, round(a, 4)) for n, a in r['curve']]}",
+                flush=True,
+            )
     print("| arm | " + " | ".join(f"records to {t}" for t in TARGETS) + " |")
     for arm in arms:
-        print(f"| {arm} | " + " | ".join(f"{statistics.median(results[arm][t]):,.0f}" for t in TARGETS) + " |")
-    print("ablation " + " ".join(f"{a}_records={statistics.median(results[a][0.985]):.0f}" for a in arms)
-          + f" adam_max_abs_diff={diff:.1e}")
+        print(
+            f"| {arm} | "
+            + " | ".join(f"{statistics.median(results[arm][t]):,.0f}" for t in TARGETS)
+            + " |"
+        )
+    print(
+        "ablation "
+        + " ".join(f"{a}_records={statistics.median(results[a][0.985]):.0f}" for a in arms)
+        + f" adam_max_abs_diff={diff:.1e}"
+    )
 
 
 if __name__ == "__main__":

@@ -84,17 +84,51 @@ class Live:
         self.s = soak.Soak(0, rate, folder)
         self.folder, self.out, self.extra = folder, self.s.out, list(trainer_args)
         self.broker = self.s.start_broker()
-        self.producer = Proc("producer", ["produce", "higgs", "--topic", TOPIC, "--loop", "--rate", str(rate),
-                                          "--bootstrap", self.s.bootstrap, "--partitions", "2", "--no-progress",
-                                          "--metrics-port", "0"], folder)
+        self.producer = Proc(
+            "producer",
+            [
+                "produce",
+                "higgs",
+                "--topic",
+                TOPIC,
+                "--loop",
+                "--rate",
+                str(rate),
+                "--bootstrap",
+                self.s.bootstrap,
+                "--partitions",
+                "2",
+                "--no-progress",
+                "--metrics-port",
+                "0",
+            ],
+            folder,
+        )
         self.s.procs.append(self.producer)
         self.trainer = self.start(resume=False)
 
     def start(self, *, resume: bool, more: tuple[str, ...] = (), name: str = "trainer") -> Proc:
         where = ["--resume", str(self.out)] if resume else ["--out", str(self.out)]
-        t = Proc(name, ["run", "--dataset", "higgs", "--bootstrap", self.s.bootstrap, "--topic", TOPIC,
-                             "--max-offsets-per-trigger", "2000", "--eval-every", "1000000", *where, *self.extra,
-                             *more], self.folder)
+        t = Proc(
+            name,
+            [
+                "run",
+                "--dataset",
+                "higgs",
+                "--bootstrap",
+                self.s.bootstrap,
+                "--topic",
+                TOPIC,
+                "--max-offsets-per-trigger",
+                "2000",
+                "--eval-every",
+                "1000000",
+                *where,
+                *self.extra,
+                *more,
+            ],
+            self.folder,
+        )
         self.s.procs.append(t)
         self.trainer = t
         return t
@@ -144,27 +178,36 @@ def checkpoint_fault(folder: Path, args: Any) -> dict[str, Any]:
         live.wait("first micro-batch trained")
         for damage, what in ((lambda b: b[: len(b) // 2], "truncated"), (_corrupt, "corrupt")):
             time.sleep(20)
-            live.trainer.signal(signal.SIGKILL)  # a crash; then the disk damages the newest checkpoint
+            live.trainer.signal(
+                signal.SIGKILL
+            )  # a crash; then the disk damages the newest checkpoint
             state = live.out / "state.npz"
             state.write_bytes(damage(state.read_bytes()))
             refused = live.start(resume=True, name=f"refused-{what}")
             refused.p.wait(120)
             text = refused.text()
             generation = _find(text, r"--generation (\d+)")
-            answers.append(refused.p.returncode != 0 and "Traceback" not in text and "is damaged:" in text)
+            answers.append(
+                refused.p.returncode != 0 and "Traceback" not in text and "is damaged:" in text
+            )
             live.start(resume=True, more=("--generation", generation), name=f"resumed-{what}")
             live.wait("first micro-batch trained")
         lost, dup = live.drain_and_check()
     finally:
         live.stop()
-    return {"survived": answers == [True, True] and not lost and not dup, "one_line": answers, "lost": lost,
-            "duplicated": dup, "tracebacks": live.logs().count("Traceback")}
+    return {
+        "survived": answers == [True, True] and not lost and not dup,
+        "one_line": answers,
+        "lost": lost,
+        "duplicated": dup,
+        "tracebacks": live.logs().count("Traceback"),
+    }
 
 
 def _corrupt(data: bytes) -> bytes:
     """The file's middle overwritten (a bad sector): its size whole, its zip entries not."""
     middle = len(data) // 2
-    return data[:middle] + bytes(4096) + data[middle + 4096:]
+    return data[:middle] + bytes(4096) + data[middle + 4096 :]
 
 
 def secret_fault(folder: Path, args: Any) -> dict[str, Any]:
@@ -183,8 +226,13 @@ def secret_fault(folder: Path, args: Any) -> dict[str, Any]:
     finally:
         live.stop()
     carriers = {p: w for p, w in watch.found.items() if w.startswith("cmdline")}
-    return {"survived": not carriers and watch.scans > 5, "carriers": carriers, "lost": lost, "duplicated": dup,
-            "tracebacks": live.logs().count("Traceback")}
+    return {
+        "survived": not carriers and watch.scans > 5,
+        "carriers": carriers,
+        "lost": lost,
+        "duplicated": dup,
+        "tracebacks": live.logs().count("Traceback"),
+    }
 
 
 def rest_port(folder: Path, args: Any) -> dict[str, Any]:
@@ -194,18 +242,28 @@ def rest_port(folder: Path, args: Any) -> dict[str, Any]:
     env = {**os.environ, "SPARK_MASTER_OPTS": f"-Dspark.master.rest.port={rest}"}
     log = folder / "master.out"
     with open(log, "wb") as f:
-        master = subprocess.Popen([*soak.CLI, "spark-master", "--port", str(port), "--webui-port", "0"],
-                                  cwd=soak.ROOT, env=env, stdout=f, stderr=subprocess.STDOUT)
+        master = subprocess.Popen(
+            [*soak.CLI, "spark-master", "--port", str(port), "--webui-port", "0"],
+            cwd=soak.ROOT,
+            env=env,
+            stdout=f,
+            stderr=subprocess.STDOUT,
+        )
     try:
         deadline = time.monotonic() + 120
-        while "elected leader" not in log.read_text(errors="replace") and time.monotonic() < deadline:
+        while (
+            "elected leader" not in log.read_text(errors="replace") and time.monotonic() < deadline
+        ):
             time.sleep(0.5)
         closed = socket.socket().connect_ex(("127.0.0.1", rest)) != 0
         opened = socket.socket().connect_ex(("127.0.0.1", port)) == 0
     finally:
         master.terminate()
         master.wait(30)
-    return {"survived": closed and opened, "tracebacks": log.read_text(errors="replace").count("Traceback")}
+    return {
+        "survived": closed and opened,
+        "tracebacks": log.read_text(errors="replace").count("Traceback"),
+    }
 
 
 def _http(port: int, raw: bytes, timeout_s: float = 15) -> bytes:
@@ -237,33 +295,51 @@ def _scenario(live: Live | None, start: Callable[[], Live]) -> Any:
 
 
 def hostile_http(folder: Path, args: Any, live: Live | None = None) -> dict[str, Any]:
-    with _scenario(live, lambda: Live(folder, rate=args.rate, trainer_args=("--serve-port", "0"))) as (live, result):
+    with _scenario(
+        live, lambda: Live(folder, rate=args.rate, trainer_args=("--serve-port", "0"))
+    ) as (live, result):
         text = live.wait("serving predictions at")
         port = int(_find(text, r"serving predictions at http://127\.0\.0\.1:(\d+)/"))
         path = b"/v1/models/higgs:predict"
 
         def post(body: bytes, head: bytes = b"") -> bytes:
-            return _http(port, b"POST " + path + b" HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nConnection: close\r\n" + head
-                         + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+            return _http(
+                port,
+                b"POST "
+                + path
+                + b" HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nConnection: close\r\n"
+                + head
+                + f"Content-Length: {len(body)}\r\n\r\n".encode()
+                + body,
+            )
 
         slow = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(20)]
         for s in slow:
             s.send(b"POST ")
-        answers = [post(b'{"instances": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"),
-                   post(b'{"instances": [[' + b"9" * 310 + b"]]}"),
-                   post(json.dumps({"instances": [["1"] * 28]}).encode()),
-                   _http(port, b"POST " + path + b" HTTP/1.1\r\nHost: localhost\r\nContent-Length: abc\r\n\r\n{}")]
+        answers = [
+            post(b'{"instances": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"),
+            post(b'{"instances": [[' + b"9" * 310 + b"]]}"),
+            post(json.dumps({"instances": [["1"] * 28]}).encode()),
+            _http(
+                port,
+                b"POST " + path + b" HTTP/1.1\r\nHost: localhost\r\nContent-Length: abc\r\n\r\n{}",
+            ),
+        ]
         good = post(json.dumps({"instances": [[0.5] * 28]}).encode())
         for s in slow:
             s.close()
-        statuses = [a.split(b" ")[1].decode() if a.startswith(b"HTTP/") else "none" for a in answers]
+        statuses = [
+            a.split(b" ")[1].decode() if a.startswith(b"HTTP/") else "none" for a in answers
+        ]
         ok = statuses == ["400", "400", "400", "400"] and good.split(b" ")[1] in (b"200", b"503")
         result.update(survived=ok, statuses=statuses, good=good[:12].decode(errors="replace"))
     return result
 
 
 def serve_load(folder: Path, args: Any, live: Live | None = None) -> dict[str, Any]:
-    with _scenario(live, lambda: Live(folder, rate=args.rate, trainer_args=("--serve-port", "0"))) as (live, result):
+    with _scenario(
+        live, lambda: Live(folder, rate=args.rate, trainer_args=("--serve-port", "0"))
+    ) as (live, result):
         text = live.wait("serving predictions at")
         port = int(_find(text, r"serving predictions at http://127\.0\.0\.1:(\d+)/"))
         result.update(chaos_serve.load(port, model="higgs", max_age_s=1.0))
@@ -281,25 +357,62 @@ def diverging(folder: Path, args: Any) -> dict[str, Any]:
         "    m = keras.Sequential([keras.Input((28,)), keras.layers.Dense(64, activation='relu'),\n"
         "                          keras.layers.Dense(2, activation='softmax')])\n"
         "    m.compile(keras.optimizers.SGD(learning_rate=1e6), 'sparse_categorical_crossentropy')\n"
-        "    return m\n")
+        "    return m\n"
+    )
     _table(folder / "train.csv", 14_000, flip_after=6_000, seed=1)
     _table(folder / "eval.csv", 1_000, flip_after=None, seed=2)
-    runs = {"blowup": ["--dataset", "higgs", "--model", f"{folder / 'blowup.py'}:build"],
-            "flipped": ["--data", str(folder / "train.csv"), "--label", "y", "--eval-data", str(folder / "eval.csv"),
-                        "--workers", "1", "--seed", "3"]}
+    runs = {
+        "blowup": ["--dataset", "higgs", "--model", f"{folder / 'blowup.py'}:build"],
+        "flipped": [
+            "--data",
+            str(folder / "train.csv"),
+            "--label",
+            "y",
+            "--eval-data",
+            str(folder / "eval.csv"),
+            "--workers",
+            "1",
+            "--seed",
+            "3",
+        ],
+    }
     result: dict[str, Any] = {"tracebacks": 0}
     for name, options in runs.items():
         out = folder / name
-        done = subprocess.run([*soak.CLI, "run", *options, "--max-offsets-per-trigger", "1000", "--eval-every", "1",
-                               "--out", str(out), "--timeout", "300"], cwd=soak.ROOT, capture_output=True, text=True,
-                              timeout=600)
-        errors = [line for line in done.stderr.splitlines() if line.startswith("streamtrain: error:")]
+        done = subprocess.run(
+            [
+                *soak.CLI,
+                "run",
+                *options,
+                "--max-offsets-per-trigger",
+                "1000",
+                "--eval-every",
+                "1",
+                "--out",
+                str(out),
+                "--timeout",
+                "300",
+            ],
+            cwd=soak.ROOT,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        errors = [
+            line for line in done.stderr.splitlines() if line.startswith("streamtrain: error:")
+        ]
         kept = re.findall(r"--generation (\d+)", errors[0]) if len(errors) == 1 else []
         from pipeline.train import checkpoint
 
         # The way on: a kept generation, or (stopped in its first batch) a new run.
-        way = int(kept[0]) in checkpoint.generations(out) if kept else bool(errors) and "start again" in errors[0]
-        result[name] = done.returncode != 0 and way and ("diverged" in errors[0] or "collapsed" in errors[0])
+        way = (
+            int(kept[0]) in checkpoint.generations(out)
+            if kept
+            else bool(errors) and "start again" in errors[0]
+        )
+        result[name] = (
+            done.returncode != 0 and way and ("diverged" in errors[0] or "collapsed" in errors[0])
+        )
         result[f"{name}_line"] = errors[0][:200] if errors else done.stderr[-300:]
         result["tracebacks"] += done.stderr.count("Traceback")
     result["survived"] = result["blowup"] and result["flipped"]
@@ -337,11 +450,14 @@ def _shapes() -> dict[str, bytes]:
     lie = bytearray(raw_batches.batch(records))
     struct.pack_into(">i", lie, 57, 100_000_000)  # the record count, inside the CRC's span
     struct.pack_into(">I", lie, 17, crc32c.crc32c(bytes(lie[21:])))
-    return {"corrupt_zstd": raw_batches.batch(records, codec=4, payload=b"\x28\xb5\x2f\xfd not zstd"),
-            "cut_gzip": raw_batches.batch(records, codec=1,
-                                          payload=gzip.compress(raw_batches.records_body(records))[:-9]),
-            "unknown_codec": raw_batches.batch(records, codec=6, payload=b"no codec has this number"),
-            "count_lie": bytes(lie)}
+    return {
+        "corrupt_zstd": raw_batches.batch(records, codec=4, payload=b"\x28\xb5\x2f\xfd not zstd"),
+        "cut_gzip": raw_batches.batch(
+            records, codec=1, payload=gzip.compress(raw_batches.records_body(records))[:-9]
+        ),
+        "unknown_codec": raw_batches.batch(records, codec=6, payload=b"no codec has this number"),
+        "count_lie": bytes(lie),
+    }
 
 
 def _poison(bootstrap: str, partition: int, shape: str = "corrupt_zstd") -> None:
@@ -363,7 +479,9 @@ def poison_kafka(folder: Path, args: Any) -> dict[str, Any]:
         live.trainer.signal(signal.SIGTERM)
         rows = [json.loads(line) for line in (live.out / "batches.jsonl").read_text().splitlines()]
         poison = [p for row in rows for p in row.get("poison", [])]
-        skipped_ok = len(poison) == len(_shapes()) and all(p["last"] - p["first"] == 2 for p in poison)
+        skipped_ok = len(poison) == len(_shapes()) and all(
+            p["last"] - p["first"] == 2 for p in poison
+        )
         tracebacks = live.logs().count("Traceback")
     finally:
         live.stop()
@@ -377,8 +495,13 @@ def poison_kafka(folder: Path, args: Any) -> dict[str, Any]:
         tracebacks += live.logs().count("Traceback")
     finally:
         live.stop()
-    return {"survived": skipped_ok and stopped_ok and not lost and not dup, "poison": poison, "lost": lost,
-            "duplicated": dup, "tracebacks": tracebacks}
+    return {
+        "survived": skipped_ok and stopped_ok and not lost and not dup,
+        "poison": poison,
+        "lost": lost,
+        "duplicated": dup,
+        "tracebacks": tracebacks,
+    }
 
 
 def ps_floods(folder: Path, args: Any) -> dict[str, Any]:
@@ -388,7 +511,9 @@ def ps_floods(folder: Path, args: Any) -> dict[str, Any]:
 
 
 def serve_floods(folder: Path, args: Any) -> dict[str, Any]:
-    with _scenario(None, lambda: Live(folder, rate=args.rate, trainer_args=("--serve-port", "0"))) as (live, result):
+    with _scenario(
+        None, lambda: Live(folder, rate=args.rate, trainer_args=("--serve-port", "0"))
+    ) as (live, result):
         result.update(chaos_floods.serve_floods(live))
     return result
 
@@ -409,24 +534,45 @@ def soak_mix(folder: Path, args: Any) -> dict[str, Any]:
                 if not fault(folder, args, live=live)["survived"]:
                     failures.append(f"{name} round {rounds}")
             _poison(live.s.bootstrap, rounds % 2, list(_shapes())[rounds % 4])
-            if not killed and time.monotonic() - t0 > args.minutes * 20:  # a third of the way: kill, resume
+            if (
+                not killed and time.monotonic() - t0 > args.minutes * 20
+            ):  # a third of the way: kill, resume
                 killed = True
                 live.trainer.signal(signal.SIGKILL)
-                live.start(resume=True, name="resumed")  # a log of its own: its port, its first batch
+                live.start(
+                    resume=True, name="resumed"
+                )  # a log of its own: its port, its first batch
                 live.wait("first micro-batch trained")
             time.sleep(10)
         lost, dup = live.drain_and_check()
     finally:
         live.stop()
-    return {"survived": not failures, "rounds": rounds, "failures": failures, "lost": lost, "duplicated": dup,
-            "tracebacks": live.logs().count("Traceback")}
+    return {
+        "survived": not failures,
+        "rounds": rounds,
+        "failures": failures,
+        "lost": lost,
+        "duplicated": dup,
+        "tracebacks": live.logs().count("Traceback"),
+    }
 
 
 SCENARIOS: dict[str, Callable[..., dict[str, Any]]] = {
-    "poison_update": poison_update, "slow_ps_clients": slow_ps_clients, "worker_flood": worker_flood,
-    "diverging": diverging, "checkpoint": checkpoint_fault, "secret": secret_fault, "rest_port": rest_port,
-    "hostile_http": hostile_http, "serve_load": serve_load, "ps_refusals": ps_refusals, "poison_kafka": poison_kafka,
-    "ps_floods": ps_floods, "serve_floods": serve_floods, "stationary": stationary, "soak": soak_mix,
+    "poison_update": poison_update,
+    "slow_ps_clients": slow_ps_clients,
+    "worker_flood": worker_flood,
+    "diverging": diverging,
+    "checkpoint": checkpoint_fault,
+    "secret": secret_fault,
+    "rest_port": rest_port,
+    "hostile_http": hostile_http,
+    "serve_load": serve_load,
+    "ps_refusals": ps_refusals,
+    "poison_kafka": poison_kafka,
+    "ps_floods": ps_floods,
+    "serve_floods": serve_floods,
+    "stationary": stationary,
+    "soak": soak_mix,
 }
 
 
@@ -434,14 +580,18 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--minutes", type=float, default=5, help="the soak's length")
     ap.add_argument("--rate", type=float, default=1000, help="the producer's records/s")
-    ap.add_argument("--stationary-minutes", type=float, default=20, help="the stationary run's length")
+    ap.add_argument(
+        "--stationary-minutes", type=float, default=20, help="the stationary run's length"
+    )
     ap.add_argument("--only", help="comma-separated scenarios (default: all)")
     ap.add_argument("--keep", action="store_true", help="keep the folder with the logs")
     args = ap.parse_args()
     names = args.only.split(",") if args.only else list(SCENARIOS)
     unknown = sorted(set(names) - set(SCENARIOS))
     if unknown:
-        raise SystemExit(f"chaos: expected scenarios among {', '.join(SCENARIOS)}. Received: {', '.join(unknown)}")
+        raise SystemExit(
+            f"chaos: expected scenarios among {', '.join(SCENARIOS)}. Received: {', '.join(unknown)}"
+        )
     root = Path(tempfile.mkdtemp(prefix="streamtrain-chaos-"))
     totals = {"survived": 0, "lost": 0, "duplicated": 0, "tracebacks": 0}
     for name in names:
@@ -463,8 +613,11 @@ def main() -> None:
         shutil.rmtree(root, ignore_errors=True)
     else:
         print(f"chaos: logs in {root}", flush=True)
-    print(f"chaos scenarios={len(names)} survived={totals['survived']} lost={totals['lost']} "
-          f"duplicated={totals['duplicated']} tracebacks={totals['tracebacks']}", flush=True)
+    print(
+        f"chaos scenarios={len(names)} survived={totals['survived']} lost={totals['lost']} "
+        f"duplicated={totals['duplicated']} tracebacks={totals['tracebacks']}",
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

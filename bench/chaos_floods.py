@@ -84,17 +84,24 @@ def ps_floods(live: Any, seconds: float = 30) -> dict[str, Any]:
     rates, floods = {}, {}
     for kind in ("idle", "trickling"):
         result: dict[str, Any] = {}
-        t = threading.Thread(target=lambda r=result, k=kind: r.update(
-            _hold((host, int(port)), 500, trickle=k == "trickling", seconds=seconds + 4)))
+        t = threading.Thread(
+            target=lambda r=result, k=kind: r.update(
+                _hold((host, int(port)), 500, trickle=k == "trickling", seconds=seconds + 4)
+            )
+        )
         t.start()
         time.sleep(2)  # the flood is up
         rates[kind] = rate_over(metrics, seconds)
         t.join(seconds + 60)
         floods[kind] = result
     ratio = min(rates.values()) / alone if alone else 0.0
-    return {"survived": ratio >= 0.8 and live.trainer.p.poll() is None, "records_per_s_alone": round(alone),
-            "records_per_s_flooded": {k: round(v) for k, v in rates.items()}, "ratio": round(ratio, 2),
-            "floods": floods}
+    return {
+        "survived": ratio >= 0.8 and live.trainer.p.poll() is None,
+        "records_per_s_alone": round(alone),
+        "records_per_s_flooded": {k: round(v) for k, v in rates.items()},
+        "ratio": round(ratio, 2),
+        "floods": floods,
+    }
 
 
 def _pid_listening(port: int) -> int | None:
@@ -111,7 +118,10 @@ def _pid_listening(port: int) -> int | None:
             continue
         with contextlib.suppress(OSError):
             for fd in os.listdir(f"/proc/{pid}/fd"):
-                if os.readlink(f"/proc/{pid}/fd/{fd}").removeprefix("socket:[").rstrip("]") in inodes:
+                if (
+                    os.readlink(f"/proc/{pid}/fd/{fd}").removeprefix("socket:[").rstrip("]")
+                    in inodes
+                ):
                     return int(pid)
     return None
 
@@ -194,7 +204,12 @@ def serve_floods(live: Any, seconds: float = 40) -> dict[str, Any]:
     time.sleep(2)
     rss_end = _rss_mb(pid) if pid else 0.0
     form = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-    form.request("POST", path, b"instances=1", {"Content-Type": "text/plain", "Origin": "http://evil.example"})
+    form.request(
+        "POST",
+        path,
+        b"instances=1",
+        {"Content-Type": "text/plain", "Origin": "http://evil.example"},
+    )
     cross_site = form.getresponse().status
     form.close()
     rebound = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
@@ -202,12 +217,26 @@ def serve_floods(live: Any, seconds: float = 40) -> dict[str, Any]:
     rebinding = rebound.getresponse().status
     rebound.close()
     rss_ok = pid is not None and rss_end <= rss_start * 1.1
-    ok = (answered >= 0.95 and max(held) <= 256 and set(statuses) <= {413, 503} and 413 in statuses and rss_ok
-          and cross_site == 415 and rebinding == 421)
-    return {"survived": ok, "normal_answered": round(answered, 3), "normal_requests": len(answers),
-            "slow_clients": slow, "burst_held_open": held, "string_bodies": statuses,
-            "serve_rss_mb": [round(rss_start), round(rss_end)], "cross_site_post": cross_site,
-            "rebinding_host": rebinding}
+    ok = (
+        answered >= 0.95
+        and max(held) <= 256
+        and set(statuses) <= {413, 503}
+        and 413 in statuses
+        and rss_ok
+        and cross_site == 415
+        and rebinding == 421
+    )
+    return {
+        "survived": ok,
+        "normal_answered": round(answered, 3),
+        "normal_requests": len(answers),
+        "slow_clients": slow,
+        "burst_held_open": held,
+        "string_bodies": statuses,
+        "serve_rss_mb": [round(rss_start), round(rss_end)],
+        "cross_site_post": cross_site,
+        "rebinding_host": rebinding,
+    }
 
 
 def stationary(folder: Path, minutes: float) -> dict[str, Any]:
@@ -215,16 +244,44 @@ def stationary(folder: Path, minutes: float) -> dict[str, Any]:
     must not stop itself (the collapse check on a 500-record held-out split)."""
     out = folder / "run"
     with open(folder / "stationary.out", "w") as log:
-        done = subprocess.run([sys.executable, "-m", "pipeline", "run", "--dataset", "higgs", "--epochs", "100",
-                               "--rate", "600", "--eval-every", "5", "--timeout", str(int(minutes * 60)),
-                               "--out", str(out)], stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
-                              timeout=minutes * 60 + 600)
-    report = json.loads((out / "report.json").read_text()) if (out / "report.json").is_file() else {}
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pipeline",
+                "run",
+                "--dataset",
+                "higgs",
+                "--epochs",
+                "100",
+                "--rate",
+                "600",
+                "--eval-every",
+                "5",
+                "--timeout",
+                str(int(minutes * 60)),
+                "--out",
+                str(out),
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=ROOT,
+            timeout=minutes * 60 + 600,
+        )
+    report = (
+        json.loads((out / "report.json").read_text()) if (out / "report.json").is_file() else {}
+    )
     text = (folder / "stationary.out").read_text(errors="replace")
     stopped = str(report.get("stopped_because", ""))
-    return {"survived": done.returncode == 0 and "collapsed" not in text and stopped.startswith(("limit", "all produced")),
-            "exit": done.returncode, "stopped_because": report.get("stopped_because"),
-            "trained": report.get("trained_records"), "tracebacks": text.count("Traceback")}
+    return {
+        "survived": done.returncode == 0
+        and "collapsed" not in text
+        and stopped.startswith(("limit", "all produced")),
+        "exit": done.returncode,
+        "stopped_because": report.get("stopped_because"),
+        "trained": report.get("trained_records"),
+        "tracebacks": text.count("Traceback"),
+    }
 
 
 def _find(text: str, pattern: str) -> str:

@@ -50,8 +50,12 @@ def poison_update(folder: Path, args: Any) -> dict[str, Any]:
         stop.set()
         loop.join(30)
         stats = server.stats()
-        ok = (refused == 15 and stats["refused"].get("nonfinite") == 15 and server.clock == len(pushes)
-              and bool(np.isfinite(server.weights()).all()))
+        ok = (
+            refused == 15
+            and stats["refused"].get("nonfinite") == 15
+            and server.clock == len(pushes)
+            and bool(np.isfinite(server.weights()).all())
+        )
     return {"survived": ok, "refused": refused, "loop_pushes": len(pushes)}
 
 
@@ -71,7 +75,9 @@ def slow_ps_clients(folder: Path, args: Any) -> dict[str, Any]:
             with contextlib.suppress(OSError):  # a refused peer may be reset as it connects
                 slow.append(socket.create_connection(server.address, timeout=5))
         before, started = len(pushes), time.monotonic()
-        for _ in range(int(transport.HANDSHAKE_TIMEOUT_S) + 3):  # bounded: the deadline and a margin
+        for _ in range(
+            int(transport.HANDSHAKE_TIMEOUT_S) + 3
+        ):  # bounded: the deadline and a margin
             for s in slow:
                 with contextlib.suppress(OSError):  # dropped at its deadline already
                     s.send(b"x")
@@ -83,10 +89,17 @@ def slow_ps_clients(folder: Path, args: Any) -> dict[str, Any]:
         for s in slow:
             s.close()
     dropped = refused.get("handshake", 0)
-    ok = (dropped == transport.MAX_UNAUTHENTICATED and dropped + refused.get("evicted", 0) >= 300
-          and rate_during > 0.5 * alone)
-    return {"survived": ok, "refused": refused, "loop_pushes_per_s_alone": alone,
-            "loop_pushes_per_s": round(rate_during, 1)}
+    ok = (
+        dropped == transport.MAX_UNAUTHENTICATED
+        and dropped + refused.get("evicted", 0) >= 300
+        and rate_during > 0.5 * alone
+    )
+    return {
+        "survived": ok,
+        "refused": refused,
+        "loop_pushes_per_s_alone": alone,
+        "loop_pushes_per_s": round(rate_during, 1),
+    }
 
 
 def worker_flood(folder: Path, args: Any) -> dict[str, Any]:
@@ -104,7 +117,13 @@ def worker_flood(folder: Path, args: Any) -> dict[str, Any]:
         rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         held, busy = [], 0
         for worker in range(1, transport.MAX_CONNECTIONS + 20):  # the cap and 20 more at once
-            c = Client(server.address, secret=b"chaos", worker=worker, size=server.size, shared_memory=False)
+            c = Client(
+                server.address,
+                secret=b"chaos",
+                worker=worker,
+                size=server.size,
+                shared_memory=False,
+            )
             try:
                 c.pull()
                 held.append(c)
@@ -117,13 +136,27 @@ def worker_flood(folder: Path, args: Any) -> dict[str, Any]:
         for w in range(1_000, 1_000 + MAX_WORKER_IDS + 2_000):  # bounded: past the id table's size
             if time.monotonic() > deadline:
                 break
-            with Client(server.address, secret=b"chaos", worker=w, size=server.size, shared_memory=False) as c:
+            with Client(
+                server.address, secret=b"chaos", worker=w, size=server.size, shared_memory=False
+            ) as c:
                 c.pull()
             claimed += 1
         stop.set()
         loop.join(30)
         stats = server.stats()
         rss_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss_before) / 1024
-    ok = busy >= 19 and stats["workers"] <= MAX_WORKER_IDS and stats.get("pulled_copies", 0) <= 1 and rss_mb < 500
-    return {"survived": ok, "busy": busy, "ids_claimed": claimed, "workers_tracked": stats["workers"],
-            "pulled_copies": stats.get("pulled_copies"), "rss_growth_mb": round(rss_mb), "loop_pushes": len(pushes)}
+    ok = (
+        busy >= 19
+        and stats["workers"] <= MAX_WORKER_IDS
+        and stats.get("pulled_copies", 0) <= 1
+        and rss_mb < 500
+    )
+    return {
+        "survived": ok,
+        "busy": busy,
+        "ids_claimed": claimed,
+        "workers_tracked": stats["workers"],
+        "pulled_copies": stats.get("pulled_copies"),
+        "rss_growth_mb": round(rss_mb),
+        "loop_pushes": len(pushes),
+    }

@@ -83,5 +83,11 @@ def load(port: int, *, model: str, max_age_s: float, seconds: float = 15) -> dic
         t.join(120)
     over = [a for a in ages if a > max_age_s]
     ok = during.get("200", 0) > 0 and not failures and sum(statuses.values()) == 200 and not over
-    return {"survived": ok, "during_slow_clients": during, "burst": dict(statuses), "burst_failures": failures[:5],
-            "answers_over_max_age": len(over), "max_age_seen_s": max(ages, default=None)}
+    return {
+        "survived": ok,
+        "during_slow_clients": during,
+        "burst": dict(statuses),
+        "burst_failures": failures[:5],
+        "answers_over_max_age": len(over),
+        "max_age_seen_s": max(ages, default=None),
+    }

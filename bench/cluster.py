@@ -73,27 +73,62 @@ ARMS = ("even", "hog", "async-even", "async-hog")
 
 
 def _run_args(records: int) -> list[str]:
-    return ["--dataset", "mnist", "--max-offsets-per-trigger", str(PER_TRIGGER), "--max-batches",
-            str(-(-records // PER_TRIGGER)), "--eval-every", "1000", "--seed", "1"]
+    return [
+        "--dataset",
+        "mnist",
+        "--max-offsets-per-trigger",
+        str(PER_TRIGGER),
+        "--max-batches",
+        str(-(-records // PER_TRIGGER)),
+        "--eval-every",
+        "1000",
+        "--seed",
+        "1",
+    ]
 
 
 def _figures(out: Path) -> dict[str, Any]:
     report = json.loads((out / "report.json").read_text())
-    return {"epoch_s": report["train_seconds"], "records": report["trained_records"],
-            "acc": report["final"]["accuracy"], "records_per_s": report["records_per_s"],
-            "transports": sorted({t["transport"] for row in report["batches"] for t in row["tasks"]})}
+    return {
+        "epoch_s": report["train_seconds"],
+        "records": report["trained_records"],
+        "acc": report["final"]["accuracy"],
+        "records_per_s": report["records_per_s"],
+        "transports": sorted({t["transport"] for row in report["batches"] for t in row["tasks"]}),
+    }
 
 
 def local_mode(folder: Path, records: int) -> dict[str, Any]:
     """The epoch in Spark's local mode (two workers, shared memory), from a filled topic."""
     broker = EmbeddedBroker(port=0).start()
     try:
-        Replay(datasets.get("mnist"), bootstrap=broker.bootstrap, topic="bench-local", partitions=2,
-               limit=records).run()
+        Replay(
+            datasets.get("mnist"),
+            bootstrap=broker.bootstrap,
+            topic="bench-local",
+            partitions=2,
+            limit=records,
+        ).run()
         out = folder / "local"
-        done = subprocess.run([sys.executable, "-m", "pipeline", "run", *_run_args(records), "--bootstrap",
-                               broker.bootstrap, "--topic", "bench-local", "--out", str(out)],
-                              cwd=ROOT, capture_output=True, text=True, timeout=1800)
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pipeline",
+                "run",
+                *_run_args(records),
+                "--bootstrap",
+                broker.bootstrap,
+                "--topic",
+                "bench-local",
+                "--out",
+                str(out),
+            ],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=1800,
+        )
         if done.returncode != 0:
             raise SystemExit(f"local run failed: {done.stderr.strip().splitlines()[-1:]}")
     finally:
@@ -106,9 +141,22 @@ def on_cluster(folder: Path, records: int) -> dict[str, Any]:
     with multihost.running(folder / "cluster") as cluster:
         cluster.produce("mnist", "bench-cluster", records)
         out, log = folder / "cluster-run", folder / "cluster-run.log"
-        run = cluster.streamtrain("driver", "run", *_run_args(records), "--master", cluster.spark.master,
-                                  "--spark-conf", str(cluster.spark.conf), "--bootstrap", cluster.bootstrap,
-                                  "--topic", "bench-cluster", "--out", str(out), log=log)
+        run = cluster.streamtrain(
+            "driver",
+            "run",
+            *_run_args(records),
+            "--master",
+            cluster.spark.master,
+            "--spark-conf",
+            str(cluster.spark.conf),
+            "--bootstrap",
+            cluster.bootstrap,
+            "--topic",
+            "bench-cluster",
+            "--out",
+            str(out),
+            log=log,
+        )
         try:
             if run.wait(1800) != 0:
                 raise SystemExit(f"cluster run failed: {log.read_text().strip().splitlines()[-1:]}")
@@ -126,7 +174,12 @@ def _exactly_once(out: Path, records: int) -> bool:
 
 def _pin(pid: int, cpu: int) -> None:
     """Every thread of ``pid`` onto ``cpu``; the processes it starts later inherit it."""
-    subprocess.run(["taskset", "-a", "-p", "-c", str(cpu), str(pid)], check=True, capture_output=True, timeout=30)
+    subprocess.run(
+        ["taskset", "-a", "-p", "-c", str(cpu), str(pid)],
+        check=True,
+        capture_output=True,
+        timeout=30,
+    )
 
 
 def straggler(folder: Path, records: int, timeout_s: float = 1800) -> dict[str, Any]:
@@ -145,39 +198,77 @@ def straggler(folder: Path, records: int, timeout_s: float = 1800) -> dict[str, 
         for arm in ARMS:
             cluster.produce("mnist", f"bench-{arm}", records)
             hog = None
-            if arm.endswith("hog"):  # a busy loop that ends by itself, whatever happens to this process
-                hog = subprocess.Popen([*cluster.hosts.run("worker-b"), "taskset", "-c", "1", sys.executable, "-c",
-                                        f"import time\nend = time.monotonic() + {timeout_s}\n"
-                                        "while time.monotonic() < end: pass"], start_new_session=True)
+            if arm.endswith(
+                "hog"
+            ):  # a busy loop that ends by itself, whatever happens to this process
+                hog = subprocess.Popen(
+                    [
+                        *cluster.hosts.run("worker-b"),
+                        "taskset",
+                        "-c",
+                        "1",
+                        sys.executable,
+                        "-c",
+                        f"import time\nend = time.monotonic() + {timeout_s}\n"
+                        "while time.monotonic() < end: pass",
+                    ],
+                    start_new_session=True,
+                )
             out, log = folder / f"straggler-{arm}", folder / f"straggler-{arm}.log"
             algorithm = ["--algorithm", ASYNC_CEILING] if arm.startswith("async") else []
-            run = cluster.streamtrain("driver", "run", *_run_args(records), *algorithm, "--master",
-                                      cluster.spark.master, "--spark-conf", str(conf), "--bootstrap",
-                                      cluster.bootstrap, "--topic", f"bench-{arm}", "--out", str(out), log=log)
+            run = cluster.streamtrain(
+                "driver",
+                "run",
+                *_run_args(records),
+                *algorithm,
+                "--master",
+                cluster.spark.master,
+                "--spark-conf",
+                str(conf),
+                "--bootstrap",
+                cluster.bootstrap,
+                "--topic",
+                f"bench-{arm}",
+                "--out",
+                str(out),
+                log=log,
+            )
             try:
                 if run.wait(timeout_s) != 0:
-                    raise SystemExit(f"straggler {arm} run failed: {log.read_text().strip().splitlines()[-1:]}")
+                    raise SystemExit(
+                        f"straggler {arm} run failed: {log.read_text().strip().splitlines()[-1:]}"
+                    )
             finally:
                 multihost.stop(run)
                 if hog is not None:
                     multihost.stop(hog)
             report = json.loads((out / "report.json").read_text())
-            figures[arm] = {**_figures(out), "exactly_once": _exactly_once(out, records),
-                            "short_rounds": report["parameter_server"].get("short_rounds", 0),
-                            "speculative": sum(t["repeats"] > 0 or t["attempt"] > 0
-                                               for row in report["batches"] for t in row["tasks"])}
+            figures[arm] = {
+                **_figures(out),
+                "exactly_once": _exactly_once(out, records),
+                "short_rounds": report["parameter_server"].get("short_rounds", 0),
+                "speculative": sum(
+                    t["repeats"] > 0 or t["attempt"] > 0
+                    for row in report["batches"]
+                    for t in row["tasks"]
+                ),
+            }
     figures["straggler_ratio"] = figures["hog"]["records_per_s"] / figures["even"]["records_per_s"]
-    figures["async_ratio"] = figures["async-hog"]["records_per_s"] / figures["async-even"]["records_per_s"]
+    figures["async_ratio"] = (
+        figures["async-hog"]["records_per_s"] / figures["async-even"]["records_per_s"]
+    )
     return figures
 
 
 def _straggler_line(f: dict[str, Any]) -> str:
-    return (f"straggler_ratio={f['straggler_ratio']:.2f} async_ratio={f['async_ratio']:.2f} "
-            f"ceiling_share={f['straggler_ratio'] / f['async_ratio']:.2f} "
-            f"acc={f['hog']['acc']:.4f}/{f['even']['acc']:.4f} even_rps={f['even']['records_per_s']:.0f} "
-            f"hog_rps={f['hog']['records_per_s']:.0f} short_rounds={f['hog']['short_rounds']} "
-            f"speculative={f['hog']['speculative']} "
-            f"exactly_once={_exactly_once_all(f)}")
+    return (
+        f"straggler_ratio={f['straggler_ratio']:.2f} async_ratio={f['async_ratio']:.2f} "
+        f"ceiling_share={f['straggler_ratio'] / f['async_ratio']:.2f} "
+        f"acc={f['hog']['acc']:.4f}/{f['even']['acc']:.4f} even_rps={f['even']['records_per_s']:.0f} "
+        f"hog_rps={f['hog']['records_per_s']:.0f} short_rounds={f['hog']['short_rounds']} "
+        f"speculative={f['hog']['speculative']} "
+        f"exactly_once={_exactly_once_all(f)}"
+    )
 
 
 def _exactly_once_all(f: dict[str, Any]) -> str:
@@ -191,7 +282,10 @@ def ps_capacity(seconds: float) -> dict[int, float]:
 
     weights = np.zeros(WEIGHTS, np.float32)
     with ParameterServer(weights, secret=b"bench-secret", shared_memory=False) as server:
-        return {n: pushes_per_s(server.address, n, False, "aes-gcm", "float32", seconds) for n in (2, 8, 16)}
+        return {
+            n: pushes_per_s(server.address, n, False, "aes-gcm", "float32", seconds)
+            for n in (2, 8, 16)
+        }
 
 
 def shard_capacity(seconds: float, clients: int = 16) -> dict[int, float]:
@@ -204,8 +298,15 @@ def shard_capacity(seconds: float, clients: int = 16) -> dict[int, float]:
     weights = np.zeros(WEIGHTS, np.float32)
     rates = {}
     for shards in (1, 2):
-        server = parameter_server(algorithms.get("downpour"), spec, weights, host="127.0.0.1", shared_memory=False,
-                                  secret=b"bench-secret", shards=shards)
+        server = parameter_server(
+            algorithms.get("downpour"),
+            spec,
+            weights,
+            host="127.0.0.1",
+            shared_memory=False,
+            secret=b"bench-secret",
+            shards=shards,
+        )
         with server:
             target = getattr(server, "shards", ()) or server.address
             rates[shards] = pushes_per_s(target, clients, False, "aes-gcm", "float32", seconds)
@@ -214,15 +315,28 @@ def shard_capacity(seconds: float, clients: int = 16) -> dict[int, float]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--records", type=int, default=60_000, help="records in the epoch (MNIST's train split: 60,000)")
-    ap.add_argument("--seconds", type=float, default=4.0, help="seconds per parameter-server capacity point")
-    ap.add_argument("--shards-only", action="store_true", help="measure the parameter-server shards alone")
-    ap.add_argument("--straggler-records", type=int, default=30_000, help="records in each straggler arm's run")
+    ap.add_argument(
+        "--records",
+        type=int,
+        default=60_000,
+        help="records in the epoch (MNIST's train split: 60,000)",
+    )
+    ap.add_argument(
+        "--seconds", type=float, default=4.0, help="seconds per parameter-server capacity point"
+    )
+    ap.add_argument(
+        "--shards-only", action="store_true", help="measure the parameter-server shards alone"
+    )
+    ap.add_argument(
+        "--straggler-records", type=int, default=30_000, help="records in each straggler arm's run"
+    )
     ap.add_argument("--straggler-only", action="store_true", help="measure the straggler arm alone")
     args = ap.parse_args()
     if args.shards_only:
         rates = shard_capacity(args.seconds)
-        print(f"ps shards_1_per_s={rates[1]:.1f} shards_2_per_s={rates[2]:.1f} shard_ratio_2={rates[2] / rates[1]:.2f}")
+        print(
+            f"ps shards_1_per_s={rates[1]:.1f} shards_2_per_s={rates[2]:.1f} shard_ratio_2={rates[2] / rates[1]:.2f}"
+        )
         return
     why = netns.missing()
     if why:
@@ -245,13 +359,26 @@ def main() -> None:
     pushes = ps_capacity(args.seconds)
     mbps = {n: round(p * WEIGHTS * 4 / 1e6, 1) for n, p in pushes.items()}
     shards = shard_capacity(args.seconds)
-    print(json.dumps({"local": local, "cluster": cluster, "straggler": slowed, "ps_pushes_per_s": pushes, "ps_mbps": mbps,
-                      "ps_shards_per_s": shards, "cpus": os.cpu_count()}))
-    print(f"cluster epoch_s={cluster['epoch_s']:.1f} local_epoch_s={local['epoch_s']:.1f} "
-          f"ratio_vs_local={local['epoch_s'] / cluster['epoch_s']:.2f} acc={cluster['acc']:.4f} "
-          f"seed_speedup={SEED_2_HOSTS_S / cluster['epoch_s']:.1f} ps_mbps_16={mbps[16]:.0f} "
-          f"shard_ratio_2={shards[2] / shards[1]:.2f} straggler_ratio={slowed['straggler_ratio']:.2f} "
-          f"exactly_once={_exactly_once_all(slowed)}")
+    print(
+        json.dumps(
+            {
+                "local": local,
+                "cluster": cluster,
+                "straggler": slowed,
+                "ps_pushes_per_s": pushes,
+                "ps_mbps": mbps,
+                "ps_shards_per_s": shards,
+                "cpus": os.cpu_count(),
+            }
+        )
+    )
+    print(
+        f"cluster epoch_s={cluster['epoch_s']:.1f} local_epoch_s={local['epoch_s']:.1f} "
+        f"ratio_vs_local={local['epoch_s'] / cluster['epoch_s']:.2f} acc={cluster['acc']:.4f} "
+        f"seed_speedup={SEED_2_HOSTS_S / cluster['epoch_s']:.1f} ps_mbps_16={mbps[16]:.0f} "
+        f"shard_ratio_2={shards[2] / shards[1]:.2f} straggler_ratio={slowed['straggler_ratio']:.2f} "
+        f"exactly_once={_exactly_once_all(slowed)}"
+    )
 
 
 if __name__ == "__main__":

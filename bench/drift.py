@@ -92,7 +92,10 @@ def mnist_stream(stream: Stream, folder: Path, scale: float) -> Path:
     arrays = mnist.load_arrays()
     x, y = arrays["x_train"], arrays["y_train"]
     reps = math.ceil(stream.length / len(y))
-    xs, ys = np.concatenate([x] * reps)[: stream.length].copy(), np.concatenate([y] * reps)[: stream.length].copy()
+    xs, ys = (
+        np.concatenate([x] * reps)[: stream.length].copy(),
+        np.concatenate([y] * reps)[: stream.length].copy(),
+    )
     if stream.name == "mnist-permuted":
         # A fixed permutation with no fixed point: every class gets another's label.
         perm = np.roll(np.arange(10), 3)
@@ -103,10 +106,14 @@ def mnist_stream(stream: Stream, folder: Path, scale: float) -> Path:
         span = max(1, int(30_000 * scale))
         for i in range(stream.change or 0, stream.length):
             angle = 90.0 * min(1.0, (i - (stream.change or 0)) / span)
-            xs[i] = np.clip(ndimage.rotate(xs[i].astype(np.float32), angle, reshape=False, order=1), 0, 255)
+            xs[i] = np.clip(
+                ndimage.rotate(xs[i].astype(np.float32), angle, reshape=False, order=1), 0, 255
+            )
     out = folder / "data"
     out.mkdir(parents=True, exist_ok=True)
-    np.savez(out / "mnist.npz", x_train=xs, y_train=ys, x_test=arrays["x_test"], y_test=arrays["y_test"])
+    np.savez(
+        out / "mnist.npz", x_train=xs, y_train=ys, x_test=arrays["x_test"], y_test=arrays["y_test"]
+    )
     return out
 
 
@@ -116,14 +123,23 @@ def table_rows(stream: Stream, *, seed: int = 7) -> Iterator[tuple[dict[str, flo
 
     before, after = stream.change or 0, stream.length - (stream.change or 0)
     if stream.name == "sea-abrupt":
-        rows: Iterator[Any] = itertools.chain(synth.SEA(variant=0, seed=seed).take(before),
-                                              synth.SEA(variant=3, seed=seed + 1).take(after))
+        rows: Iterator[Any] = itertools.chain(
+            synth.SEA(variant=0, seed=seed).take(before),
+            synth.SEA(variant=3, seed=seed + 1).take(after),
+        )
     elif stream.name == "sea-gradual":
         width = max(100, after // 2)
-        rows = synth.ConceptDriftStream(synth.SEA(variant=1, seed=seed), synth.SEA(variant=2, seed=seed + 1),
-                                        position=before + width // 2, width=width, seed=seed).take(stream.length)
+        rows = synth.ConceptDriftStream(
+            synth.SEA(variant=1, seed=seed),
+            synth.SEA(variant=2, seed=seed + 1),
+            position=before + width // 2,
+            width=width,
+            seed=seed,
+        ).take(stream.length)
     else:  # agrawal-abrupt
-        rows = itertools.chain(synth.Agrawal(0, seed=seed).take(before), synth.Agrawal(2, seed=seed + 1).take(after))
+        rows = itertools.chain(
+            synth.Agrawal(0, seed=seed).take(before), synth.Agrawal(2, seed=seed + 1).take(after)
+        )
     for x, y in rows:
         yield {(f"x{k}" if isinstance(k, int) else str(k)): float(v) for k, v in x.items()}, int(y)
 
@@ -147,8 +163,10 @@ def river_anchor(stream: Stream, after: int) -> dict[str, float]:
     adaptive learners on ``stream``'s records in order."""
     from river import forest, preprocessing, tree
 
-    learners = {"arf": forest.ARFClassifier(seed=1),
-                "hat": preprocessing.StandardScaler() | tree.HoeffdingAdaptiveTreeClassifier(seed=1)}
+    learners = {
+        "arf": forest.ARFClassifier(seed=1),
+        "hat": preprocessing.StandardScaler() | tree.HoeffdingAdaptiveTreeClassifier(seed=1),
+    }
     out = {}
     change = stream.change or 0
     for name, model in learners.items():
@@ -170,10 +188,28 @@ def run_arm(stream: Stream, mode: str, folder: Path, scale: float) -> dict[str, 
     out = folder / f"{stream.name}-{mode}"
     warm = max(1_000, int(10_000 * scale))
     batch = max(500, int((BATCH if stream.change is not None else 10_000) * scale))
-    args = ["run", "--out", str(out), "--on-drift", mode, "--seed", "1", "--eval-every", "5",
-            "--drift", f"warmup={warm},cooldown={warm}", "--max-offsets-per-trigger", str(batch)]
+    args = [
+        "run",
+        "--out",
+        str(out),
+        "--on-drift",
+        mode,
+        "--seed",
+        "1",
+        "--eval-every",
+        "5",
+        "--drift",
+        f"warmup={warm},cooldown={warm}",
+        "--max-offsets-per-trigger",
+        str(batch),
+    ]
     if stream.kind == "mnist":
-        args += ["--dataset", "mnist", "--data-dir", str(mnist_stream(stream, folder / stream.name, scale))]
+        args += [
+            "--dataset",
+            "mnist",
+            "--data-dir",
+            str(mnist_stream(stream, folder / stream.name, scale)),
+        ]
     elif stream.kind == "higgs":
         from pipeline import config
         from producers import datasets
@@ -184,15 +220,29 @@ def run_arm(stream: Stream, mode: str, folder: Path, scale: float) -> dict[str, 
         data, evaluation = table_files(stream, folder)
         args += ["--data", str(data), "--label", "label", "--eval-data", str(evaluation)]
     began = time.monotonic()
-    done = subprocess.run([sys.executable, "-m", "pipeline", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=1_800)
+    done = subprocess.run(
+        [sys.executable, "-m", "pipeline", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=1_800,
+    )
     if done.returncode != 0:
         raise SystemExit(f"drift: {stream.name} ({mode}) failed:\n{done.stderr[-3000:]}")
-    rows = [json.loads(line) for line in (out / "batches.jsonl").read_text().splitlines() if line.strip()]
+    rows = [
+        json.loads(line)
+        for line in (out / "batches.jsonl").read_text().splitlines()
+        if line.strip()
+    ]
     report = json.loads((out / "report.json").read_text())
     lines = [line for line in done.stdout.splitlines() if line.startswith("drift at batch")]
-    return {"rows": rows, "drifts": report.get("drifts", []), "final": report.get("final", {}),
-            "seconds": round(time.monotonic() - began, 1), "lines": lines}
+    return {
+        "rows": rows,
+        "drifts": report.get("drifts", []),
+        "final": report.get("final", {}),
+        "seconds": round(time.monotonic() - began, 1),
+        "lines": lines,
+    }
 
 
 def figures(stream: Stream, arm: dict[str, Any], scale: float) -> dict[str, Any]:
@@ -217,24 +267,33 @@ def figures(stream: Stream, arm: dict[str, Any], scale: float) -> dict[str, Any]
             hits += r["prequential_accuracy"] * k
             n += k
         start = end
-    return {"false_alarms": len(false), "delay": after[0] - stream.change if after else None,
-            "accuracy": hits / n if n else float("nan")}
+    return {
+        "false_alarms": len(false),
+        "delay": after[0] - stream.change if after else None,
+        "accuracy": hits / n if n else float("nan"),
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--scale", type=float, default=1.0, help="multiplies every stream's length")
     parser.add_argument("--only", help="comma-separated stream names (default: all)")
-    parser.add_argument("--keep", help="keep the runs' folders here (default: a temporary folder, removed)")
+    parser.add_argument(
+        "--keep", help="keep the runs' folders here (default: a temporary folder, removed)"
+    )
     args = parser.parse_args()
     if not 0 < args.scale <= 1:
-        raise SystemExit(f"drift: expected --scale in (0, 1]. Received: {args.scale}. Try --scale 0.05 for a check.")
+        raise SystemExit(
+            f"drift: expected --scale in (0, 1]. Received: {args.scale}. Try --scale 0.05 for a check."
+        )
     chosen = streams(args.scale)
     if args.only:
         wanted = set(args.only.split(","))
         unknown = wanted - {s.name for s in chosen}
         if unknown:
-            raise SystemExit(f"drift: expected --only among {[s.name for s in chosen]}. Received: {sorted(unknown)}")
+            raise SystemExit(
+                f"drift: expected --only among {[s.name for s in chosen]}. Received: {sorted(unknown)}"
+            )
         chosen = [s for s in chosen if s.name in wanted]
     false_alarms = 0
     delays: list[float] = []
@@ -244,11 +303,15 @@ def main() -> None:
         tmp = args.keep or tmp_dir
         for stream in chosen:
             modes = ("alert",) if stream.change is None else ("alert", "adapt")
-            result = {m: figures(stream, run_arm(stream, m, Path(tmp), args.scale), args.scale) for m in modes}
+            result = {
+                m: figures(stream, run_arm(stream, m, Path(tmp), args.scale), args.scale)
+                for m in modes
+            }
             false_alarms += sum(f["false_alarms"] for f in result.values())
             line = f"{stream.name}: " + " | ".join(
                 f"{m} false_alarms={f['false_alarms']} delay={f['delay']} accuracy_after={f['accuracy']}"
-                for m, f in result.items())
+                for m, f in result.items()
+            )
             if stream.change is not None:
                 # A change never found counts as found never: it pulls the median up, as it should.
                 delays += [math.inf if f["delay"] is None else f["delay"] for f in result.values()]
@@ -264,8 +327,10 @@ def main() -> None:
     delay = str(int(median)) if math.isfinite(median) else str(median)
     gain = float(np.median(gains)) if gains else float("nan")
     river = min(vs_river) if vs_river else float("nan")
-    print(f"drift streams={drift_streams} false_alarms={false_alarms} delay_records_p50={delay} "
-          f"recovery_gain={gain:.3f} vs_river={river:.3f}")
+    print(
+        f"drift streams={drift_streams} false_alarms={false_alarms} delay_records_p50={delay} "
+        f"recovery_gain={gain:.3f} vs_river={river:.3f}"
+    )
 
 
 if __name__ == "__main__":

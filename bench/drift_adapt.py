@@ -46,8 +46,13 @@ def main() -> None:
     y = arrays["y_train"].astype("int32")
     permuted = np.roll(np.arange(10), 3)  # every class gets another's label
     keras.utils.set_random_seed(1)
-    model = keras.Sequential([keras.Input((784,)), keras.layers.Dense(256, activation="relu"),
-                              keras.layers.Dense(10, activation="softmax")])
+    model = keras.Sequential(
+        [
+            keras.Input((784,)),
+            keras.layers.Dense(256, activation="relu"),
+            keras.layers.Dense(10, activation="softmax"),
+        ]
+    )
     model.compile(optimizer=keras.optimizers.Adam(LR), loss="sparse_categorical_crossentropy")
     for i in range(0, PRE, BATCH):
         model.train_on_batch(x[i : i + BATCH], y[i : i + BATCH])
@@ -63,9 +68,14 @@ def main() -> None:
         hits = 0
         for i in range(0, AFTER, BATCH):
             model.optimizer.learning_rate.assign(LR * (factor if i < records else 1.0))
-            hits += int((model.predict_on_batch(xs[i : i + BATCH]).argmax(1) == ys[i : i + BATCH]).sum())
+            hits += int(
+                (model.predict_on_batch(xs[i : i + BATCH]).argmax(1) == ys[i : i + BATCH]).sum()
+            )
             model.train_on_batch(xs[i : i + BATCH], ys[i : i + BATCH])
-        print(f"{name:28s} accuracy over the {AFTER:,} records after the change: {hits / AFTER:.4f}", flush=True)
+        print(
+            f"{name:28s} accuracy over the {AFTER:,} records after the change: {hits / AFTER:.4f}",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

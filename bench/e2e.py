@@ -108,7 +108,9 @@ def plain_keras(dataset: str, seed: int, max_epochs: int, mode: str) -> dict[str
     rng = np.random.default_rng(seed)
     if mode == "fit":
         idx = rng.permutation(len(y))[:20_000]
-        net.fit(x[idx[:256]], y[idx[:256]], batch_size=128, epochs=1, verbose=0)  # traced outside the timing
+        net.fit(
+            x[idx[:256]], y[idx[:256]], batch_size=128, epochs=1, verbose=0
+        )  # traced outside the timing
         began = time.perf_counter()
         net.fit(x[idx], y[idx], batch_size=128, epochs=1, verbose=0, shuffle=False)
         return {"samples_per_s": len(idx) / (time.perf_counter() - began), "mode": mode}
@@ -124,7 +126,9 @@ def plain_keras(dataset: str, seed: int, max_epochs: int, mode: str) -> dict[str
             trained_s += time.perf_counter() - began
             samples += len(idx)
             if dataset == "mnist":
-                acc = float((net.predict(xt, batch_size=1024, verbose=0).argmax(1) == test.y).mean())
+                acc = float(
+                    (net.predict(xt, batch_size=1024, verbose=0).argmax(1) == test.y).mean()
+                )
                 for t in TARGETS:
                     if acc >= t and str(t) not in reached:
                         reached[str(t)] = (samples, trained_s)
@@ -151,7 +155,9 @@ def gradient_rate(start_at: float, batch: int = 64, steps: int = 60) -> dict[str
     train = data.load("train")
     x = data.schema.to_model_input(train.x[: batch * steps]).reshape(-1, 28, 28, 1)
     y = train.y[: batch * steps].astype(np.int32)
-    spec = ModelSpec.from_model(zoo.mnist_cnn(), optimizer="adam", loss="sparse_categorical_crossentropy")
+    spec = ModelSpec.from_model(
+        zoo.mnist_cnn(), optimizer="adam", loss="sparse_categorical_crossentropy"
+    )
     entry, _ = replica(spec, job="bench", threads=1)
     for _ in range(3):
         entry.gradients(x[:batch], y[:batch])
@@ -167,27 +173,62 @@ def parallel_ceiling(workers: int) -> tuple[float, float]:
     at once, each in its own process (the most the run's workers can compute together here)."""
     alone = _in_child("gradients", "0", "0", f"{time.time() + 15:.3f}")["records_per_s"]
     start = time.time() + 20  # every child imports TensorFlow and traces before the start
-    procs = [subprocess.Popen([sys.executable, __file__, "--arm", "gradients", "0", "0", f"{start:.3f}"], cwd=ROOT,
-                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True) for _ in range(workers)]
-    together = sum(json.loads(p.communicate()[0].strip().splitlines()[-1])["records_per_s"] for p in procs)
+    procs = [
+        subprocess.Popen(
+            [sys.executable, __file__, "--arm", "gradients", "0", "0", f"{start:.3f}"],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+        for _ in range(workers)
+    ]
+    together = sum(
+        json.loads(p.communicate()[0].strip().splitlines()[-1])["records_per_s"] for p in procs
+    )
     return alone, together
 
 
-def streamtrain(dataset: str, seed: int, epochs: int, until: float | None, algorithm: str | None = None,
-                extra: tuple[str, ...] = ()) -> dict[str, Any]:
+def streamtrain(
+    dataset: str,
+    seed: int,
+    epochs: int,
+    until: float | None,
+    algorithm: str | None = None,
+    extra: tuple[str, ...] = (),
+) -> dict[str, Any]:
     """One `streamtrain run` in a subprocess, sampling the RSS of its whole process tree."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "run"
-        cmd = [sys.executable, "-m", "pipeline", "run", "--dataset", dataset, "--epochs", str(epochs),
-               "--seed", str(seed), "--out", str(out), "--eval-every", "1" if until else "1000",
-               "--max-offsets-per-trigger", str(SCORE_EVERY if until else 20_000)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "pipeline",
+            "run",
+            "--dataset",
+            dataset,
+            "--epochs",
+            str(epochs),
+            "--seed",
+            str(seed),
+            "--out",
+            str(out),
+            "--eval-every",
+            "1" if until else "1000",
+            "--max-offsets-per-trigger",
+            str(SCORE_EVERY if until else 20_000),
+        ]
         if algorithm:
             # The single-process baseline through the pipeline trains on one worker only.
-            cmd += ["--algorithm", algorithm] + (["--workers", "1"] if algorithm == "single" else [])
+            cmd += ["--algorithm", algorithm] + (
+                ["--workers", "1"] if algorithm == "single" else []
+            )
         if until:
             cmd += ["--until-accuracy", str(until)]
         cmd += extra
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+        )
         peak = [0]
 
         def sample() -> None:
@@ -209,9 +250,15 @@ def streamtrain(dataset: str, seed: int, epochs: int, until: float | None, algor
         for t in TARGETS:
             if row.get("heldout", {}).get("accuracy", 0) >= t and str(t) not in reached:
                 reached[str(t)] = (trained, row["t_stream"] - row["eval_s_total"])
-    return {"samples_per_s": report["records_per_s_excluding_eval"], "reached": reached,
-            "startup_s": report["startup_s"], "final": report["final"], "peak_rss_gb": peak[0] / 1e9,
-            "stopped": report["stopped_because"], "shares": report.get("time_shares", {})}
+    return {
+        "samples_per_s": report["records_per_s_excluding_eval"],
+        "reached": reached,
+        "startup_s": report["startup_s"],
+        "final": report["final"],
+        "peak_rss_gb": peak[0] / 1e9,
+        "stopped": report["stopped_because"],
+        "shares": report.get("time_shares", {}),
+    }
 
 
 def _drop_page_cache() -> bool:
@@ -227,17 +274,31 @@ def first_batch_s(env: dict[str, str]) -> float:
     """Seconds from launching a one-batch MNIST run to its first trained micro-batch."""
     with tempfile.TemporaryDirectory() as tmp:
         # A small first batch: the line comes when the batch is trained, and start-up is what is timed.
-        cmd = [sys.executable, "-m", "pipeline", "run", "--max-batches", "1", "--max-offsets-per-trigger", "1000",
-               "--out", str(Path(tmp) / "run")]
+        cmd = [
+            sys.executable,
+            "-m",
+            "pipeline",
+            "run",
+            "--max-batches",
+            "1",
+            "--max-offsets-per-trigger",
+            "1000",
+            "--out",
+            str(Path(tmp) / "run"),
+        ]
         started = time.monotonic()
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
         seen = None
         for line in proc.stdout:  # type: ignore[union-attr]
             if seen is None and "first micro-batch trained" in line:
                 seen = time.monotonic() - started
         _, err = proc.communicate()
         if proc.returncode != 0 or seen is None:
-            raise SystemExit(f"streamtrain run --max-batches 1 failed: {err.strip().splitlines()[-1:]}")
+            raise SystemExit(
+                f"streamtrain run --max-batches 1 failed: {err.strip().splitlines()[-1:]}"
+            )
         return seen
 
 
@@ -250,15 +311,20 @@ def startup_cold_and_warm() -> tuple[float, float, bool]:
         cold = first_batch_s(env)
         await_class_archive(cache)
         warm = first_batch_s(env)
-    print(f"start-up: cold {cold:.1f} s (page cache {'dropped' if dropped else 'kept: not root'}), "
-          f"warm {warm:.1f} s", flush=True)
+    print(
+        f"start-up: cold {cold:.1f} s (page cache {'dropped' if dropped else 'kept: not root'}), "
+        f"warm {warm:.1f} s",
+        flush=True,
+    )
     return cold, warm, dropped
 
 
 def in_child(script: str, *args: str) -> dict[str, Any]:
     """Run ``script --arm ARGS`` in a fresh process (TensorFlow state and threads start
     clean); return the JSON of its last line."""
-    done = subprocess.run([sys.executable, script, "--arm", *args], cwd=ROOT, capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, script, "--arm", *args], cwd=ROOT, capture_output=True, text=True
+    )
     if done.returncode != 0:
         raise SystemExit(done.stderr[-2000:])
     result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
@@ -290,26 +356,50 @@ def _fmt(x: float) -> str:
 def compare(algorithms: list[str], seeds: int, max_epochs: int) -> None:
     """Records and seconds to each accuracy for each algorithm through the whole pipeline,
     on the 5,000-record grid (docs/performance.md's table; the run's default should be the best)."""
-    got: dict[str, dict[float, list[tuple[float, float]]]] = {a: {t: [] for t in TARGETS} for a in algorithms}
+    got: dict[str, dict[float, list[tuple[float, float]]]] = {
+        a: {t: [] for t in TARGETS} for a in algorithms
+    }
     rates: dict[str, list[float]] = {a: [] for a in algorithms}
     finals: dict[str, list[float]] = {a: [] for a in algorithms}
     for seed in range(seeds):
         for algo in algorithms:
             name, *extra = algo.split("+")  # sync+overlap: --sync-overlap
-            st = streamtrain("mnist", seed, max_epochs, TARGETS[-1], algorithm=name,
-                             extra=tuple(f"--sync-{e}" for e in extra))
+            st = streamtrain(
+                "mnist",
+                seed,
+                max_epochs,
+                TARGETS[-1],
+                algorithm=name,
+                extra=tuple(f"--sync-{e}" for e in extra),
+            )
             for t in TARGETS:
                 got[algo][t].append(_at(st["reached"], t))
             rates[algo].append(st["samples_per_s"])
             finals[algo].append(st["final"]["accuracy"])
-            print(f"seed {seed} {algo}: reached {st['reached']} samples/s {st['samples_per_s']:.0f} "
-                  f"final {st['final']} compute share {st['shares'].get('compute')}", flush=True)
-    print("| algorithm | " + " | ".join(f"records to {t}" for t in TARGETS) + " | seconds to 0.985 | records/s |")
+            print(
+                f"seed {seed} {algo}: reached {st['reached']} samples/s {st['samples_per_s']:.0f} "
+                f"final {st['final']} compute share {st['shares'].get('compute')}",
+                flush=True,
+            )
+    print(
+        "| algorithm | "
+        + " | ".join(f"records to {t}" for t in TARGETS)
+        + " | seconds to 0.985 | records/s |"
+    )
     for a in algorithms:
-        print(f"| {a} | " + " | ".join(_fmt(_median(got[a][t], 0)) for t in TARGETS)
-              + f" | {_fmt(_median(got[a][TARGET], 1))} | {statistics.median(rates[a]):.0f} |")
-    print("algorithms " + " ".join(f"{a}_records_0985={_fmt(_median(got[a][TARGET], 0))} "
-                                   f"{a}_acc={statistics.median(finals[a]):.4f}" for a in algorithms))
+        print(
+            f"| {a} | "
+            + " | ".join(_fmt(_median(got[a][t], 0)) for t in TARGETS)
+            + f" | {_fmt(_median(got[a][TARGET], 1))} | {statistics.median(rates[a]):.0f} |"
+        )
+    print(
+        "algorithms "
+        + " ".join(
+            f"{a}_records_0985={_fmt(_median(got[a][TARGET], 0))} "
+            f"{a}_acc={statistics.median(finals[a]):.4f}"
+            for a in algorithms
+        )
+    )
 
 
 def main() -> None:
@@ -317,10 +407,17 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--max-epochs", type=int, default=3)
     ap.add_argument("--higgs-epochs", type=int, default=5)
-    ap.add_argument("--compare", metavar="ALGOS",
-                    help="only the streamtrain arm: time to 0.985 for each comma-separated algorithm")
-    ap.add_argument("--startup-only", action="store_true", help="only the cold and warm start-up arm")
-    ap.add_argument("--arm", nargs=4, metavar=("DATASET", "SEED", "EPOCHS", "MODE"), help=argparse.SUPPRESS)
+    ap.add_argument(
+        "--compare",
+        metavar="ALGOS",
+        help="only the streamtrain arm: time to 0.985 for each comma-separated algorithm",
+    )
+    ap.add_argument(
+        "--startup-only", action="store_true", help="only the cold and warm start-up arm"
+    )
+    ap.add_argument(
+        "--arm", nargs=4, metavar=("DATASET", "SEED", "EPOCHS", "MODE"), help=argparse.SUPPRESS
+    )
     args = ap.parse_args()
     if args.arm:
         dataset, seed, epochs, mode = args.arm
@@ -348,13 +445,21 @@ def main() -> None:
         st = streamtrain("mnist", seed, args.max_epochs, TARGETS[-1])
         for t in TARGETS:
             records, _ = _at(loop["reached"], t)
-            plain_at[t].append((records, records / best))  # the loop's records at the best mode's rate
+            plain_at[t].append(
+                (records, records / best)
+            )  # the loop's records at the best mode's rate
             stream_at[t].append(_at(st["reached"], t))
-        print(f"seed {seed}: plain Keras fit {fit['samples_per_s']:.0f}/s, loop {loop['samples_per_s']:.0f}/s "
-              f"reached {loop['reached']}; streamtrain {st['samples_per_s']:.0f}/s reached {st['reached']} "
-              f"start-up {st['startup_s']:.1f} s final {st['final']} peak RSS {st['peak_rss_gb']:.2f} GB "
-              f"({st['stopped']})", flush=True)
-        print("  time shares: " + " ".join(f"{k} {v:.2f}" for k, v in st["shares"].items()), flush=True)
+        print(
+            f"seed {seed}: plain Keras fit {fit['samples_per_s']:.0f}/s, loop {loop['samples_per_s']:.0f}/s "
+            f"reached {loop['reached']}; streamtrain {st['samples_per_s']:.0f}/s reached {st['reached']} "
+            f"start-up {st['startup_s']:.1f} s final {st['final']} peak RSS {st['peak_rss_gb']:.2f} GB "
+            f"({st['stopped']})",
+            flush=True,
+        )
+        print(
+            "  time shares: " + " ".join(f"{k} {v:.2f}" for k, v in st["shares"].items()),
+            flush=True,
+        )
         compute.append(st["shares"].get("compute", 0.0))
         plain_sps.append(best)
         stream_sps.append(st["samples_per_s"])
@@ -371,29 +476,44 @@ def main() -> None:
         rss.append(higgs_stream["peak_rss_gb"])
         plain_auc.append(higgs_plain["auc"])
         stream_auc.append(higgs_stream["final"]["auc"])
-        print(f"higgs seed {seed}: plain Keras AUC {higgs_plain['auc']:.4f}; streamtrain AUC "
-              f"{higgs_stream['final']['auc']:.4f} after {args.higgs_epochs} epochs", flush=True)
+        print(
+            f"higgs seed {seed}: plain Keras AUC {higgs_plain['auc']:.4f}; streamtrain AUC "
+            f"{higgs_stream['final']['auc']:.4f} after {args.higgs_epochs} epochs",
+            flush=True,
+        )
     # What two workers can compute at once on these cores, whatever the pipeline around them.
     alone, together = parallel_ceiling(2)
-    print(f"gradients of one single-thread replica: {alone:.0f} records/s alone, {together:.0f}/s for two at once; "
-          f"plain Keras's best {statistics.median(plain_sps):.0f}/s", flush=True)
+    print(
+        f"gradients of one single-thread replica: {alone:.0f} records/s alone, {together:.0f}/s for two at once; "
+        f"plain Keras's best {statistics.median(plain_sps):.0f}/s",
+        flush=True,
+    )
     throughput = statistics.median(stream_sps) / statistics.median(plain_sps)
     ceiling = together / statistics.median(plain_sps)
     tta_ratio = _median(plain_at[TARGET], 1) / _median(stream_at[TARGET], 1)
     records_ratio = _median(plain_at[TARGET], 0) / _median(stream_at[TARGET], 0)
     print("| | " + " | ".join(f"records to {t} | seconds to {t}" for t in TARGETS) + " |")
     for name, at in (("plain Keras", plain_at), ("streamtrain", stream_at)):
-        print(f"| {name} | " + " | ".join(f"{_fmt(_median(at[t], 0))} | {_median(at[t], 1):.1f}" for t in TARGETS)
-              + " |")
-    pairs = " ".join(f"records_{str(t).replace('.', '')}={_fmt(_median(plain_at[t], 0))}/"
-                     f"{_fmt(_median(stream_at[t], 0))} tta{str(t).replace('.', '')}_s={_median(plain_at[t], 1):.1f}/"
-                     f"{_median(stream_at[t], 1):.1f}" for t in (0.98, 0.99))
-    print(f"e2e throughput_ratio={throughput:.2f} ceiling_ratio={ceiling:.2f} ceiling_share={throughput / ceiling:.2f} "
-          f"tta0985_ratio={tta_ratio:.2f} records_ratio={records_ratio:.2f} {pairs} "
-          f"compute_share={statistics.median(compute):.2f} startup_s={statistics.median(startups):.1f} "
-          f"mnist_acc={statistics.median(accs):.4f} higgs_auc={statistics.median(stream_auc):.4f} "
-          f"higgs_auc_delta={statistics.median(stream_auc) - statistics.median(plain_auc):+.4f} "
-          f"peak_rss_gb={max(rss):.2f} startup_cold_s={cold:.1f} startup_warm_s={warm:.1f}")
+        print(
+            f"| {name} | "
+            + " | ".join(f"{_fmt(_median(at[t], 0))} | {_median(at[t], 1):.1f}" for t in TARGETS)
+            + " |"
+        )
+    pairs = " ".join(
+        f"records_{str(t).replace('.', '')}={_fmt(_median(plain_at[t], 0))}/"
+        f"{_fmt(_median(stream_at[t], 0))} tta{str(t).replace('.', '')}_s={_median(plain_at[t], 1):.1f}/"
+        f"{_median(stream_at[t], 1):.1f}"
+        for t in (0.98, 0.99)
+    )
+    print(
+        f"e2e throughput_ratio={throughput:.2f} ceiling_ratio={ceiling:.2f} ceiling_share={throughput / ceiling:.2f} "
+        f"tta0985_ratio={tta_ratio:.2f} records_ratio={records_ratio:.2f} {pairs} "
+        f"compute_share={statistics.median(compute):.2f} startup_s={statistics.median(startups):.1f} "
+        f"mnist_acc={statistics.median(accs):.4f} higgs_auc={statistics.median(stream_auc):.4f} "
+        f"higgs_auc_delta={statistics.median(stream_auc) - statistics.median(plain_auc):+.4f} "
+        f"peak_rss_gb={max(rss):.2f} startup_cold_s={cold:.1f} startup_warm_s={warm:.1f}"
+    )
+
 
 if __name__ == "__main__":
     main()

@@ -52,8 +52,11 @@ from pipeline.table.writers import encode_values  # noqa: E402
 from producers import Replay, datasets  # noqa: E402
 from producers.datasets.base import Chunk, Dataset, chunk_arrays  # noqa: E402
 
-CATEGORIES = {"channel": [f"c{i}" for i in range(5)], "region": [f"region-{i}" for i in range(12)],
-              "tier": ["gold", "silver", "bronze"]}
+CATEGORIES = {
+    "channel": [f"c{i}" for i in range(5)],
+    "region": [f"region-{i}" for i in range(12)],
+    "tier": ["gold", "silver", "bronze"],
+}
 
 
 class Count(stream.Handler):
@@ -115,6 +118,7 @@ def bare_rps(values: list[bytes], fmt: str, table: TableSchema, repeats: int = 3
         def one() -> None:
             for v in values:
                 schemaless_reader(io.BytesIO(v), writer, None)
+
     best = float("inf")
     for _ in range(repeats):
         started = time.perf_counter()
@@ -136,43 +140,83 @@ def main() -> None:
         file.write_text("".join(json.dumps(r) + "\n" for r in rows))
         schemas = {}
         for fmt in ("json", "avro"):
-            data = datasets.Table(file, schema=table.with_format(fmt), holdout=0.0, name=f"higgs-{fmt}")
-            Replay(data, bootstrap=broker.bootstrap, topic=f"table-{fmt}", partitions=2, loop=True, limit=n).run()
+            data = datasets.Table(
+                file, schema=table.with_format(fmt), holdout=0.0, name=f"higgs-{fmt}"
+            )
+            Replay(
+                data,
+                bootstrap=broker.bootstrap,
+                topic=f"table-{fmt}",
+                partitions=2,
+                loop=True,
+                limit=n,
+            ).run()
             schemas[fmt] = data.schema
-        Replay(datasets.get("higgs"), bootstrap=broker.bootstrap, topic="binary", partitions=2, loop=True,
-               limit=n).run()
+        Replay(
+            datasets.get("higgs"),
+            bootstrap=broker.bootstrap,
+            topic="binary",
+            partitions=2,
+            loop=True,
+            limit=n,
+        ).run()
         # The same rows in the binary format: transformed here once, by the same schema.
         whole = datasets.Table(file, schema=table, holdout=0.0).load("train")
         encoded = Encoded(whole.x, whole.y, table.num_classes)
-        Replay(encoded, bootstrap=broker.bootstrap, topic="table-binary", partitions=2, loop=True, limit=n).run()
+        Replay(
+            encoded,
+            bootstrap=broker.bootstrap,
+            topic="table-binary",
+            partitions=2,
+            loop=True,
+            limit=n,
+        ).run()
         spark = cluster.session("local[2]", app="bench-formats")
         try:
-            stream_arm(spark, broker.bootstrap, "binary", codec.HIGGS, n, args.per_batch, Count())  # warm-up
-            binary, _ = stream_arm(spark, broker.bootstrap, "binary", codec.HIGGS, n, args.per_batch, Count())
+            stream_arm(
+                spark, broker.bootstrap, "binary", codec.HIGGS, n, args.per_batch, Count()
+            )  # warm-up
+            binary, _ = stream_arm(
+                spark, broker.bootstrap, "binary", codec.HIGGS, n, args.per_batch, Count()
+            )
             print(f"binary: stream {binary:,.0f} records/s", flush=True)
-            table_binary, _ = stream_arm(spark, broker.bootstrap, "table-binary", encoded.schema, n, args.per_batch,
-                                         Count())
-            print(f"the table as binary records ({encoded.schema.n_features} columns): stream {table_binary:,.0f} "
-                  "records/s", flush=True)
+            table_binary, _ = stream_arm(
+                spark, broker.bootstrap, "table-binary", encoded.schema, n, args.per_batch, Count()
+            )
+            print(
+                f"the table as binary records ({encoded.schema.n_features} columns): stream {table_binary:,.0f} "
+                "records/s",
+                flush=True,
+            )
             results = {}
             for fmt, schema in schemas.items():
-                rps, _ = stream_arm(spark, broker.bootstrap, f"table-{fmt}", schema, n, args.per_batch, Count())
+                rps, _ = stream_arm(
+                    spark, broker.bootstrap, f"table-{fmt}", schema, n, args.per_batch, Count()
+                )
                 values = encode_values(rows, schema.table)
                 values = (values * (n // len(values) + 1))[:n]
                 bare = bare_rps(values, fmt, schema.table)
                 decoded = decode_rps(values, schema.table)
                 results[fmt] = (rps, bare, decoded)
-                print(f"{fmt}: stream {rps:,.0f} records/s decoded and transformed on executors; bare decode loop "
-                      f"{bare:,.0f} records/s; ratio {rps / bare:.2f}; {rps / table_binary:.2f} of the binary "
-                      f"stream; decode and transform here {decoded:,.0f} records/s, {decoded / bare:.2f} of the "
-                      "bare loop", flush=True)
+                print(
+                    f"{fmt}: stream {rps:,.0f} records/s decoded and transformed on executors; bare decode loop "
+                    f"{bare:,.0f} records/s; ratio {rps / bare:.2f}; {rps / table_binary:.2f} of the binary "
+                    f"stream; decode and transform here {decoded:,.0f} records/s, {decoded / bare:.2f} of the "
+                    "bare loop",
+                    flush=True,
+                )
         finally:
             cluster.stop(spark)
-    (json_rps, json_bare, json_dec), (avro_rps, avro_bare, avro_dec) = results["json"], results["avro"]
-    print(f"formats json_rps={json_rps:.0f} json_ratio={json_rps / json_bare:.2f} avro_rps={avro_rps:.0f} "
-          f"avro_ratio={avro_rps / avro_bare:.2f} binary_rps={binary:.0f} table_binary_rps={table_binary:.0f} "
-          f"json_vs_binary={json_rps / table_binary:.2f} avro_vs_binary={avro_rps / table_binary:.2f} "
-          f"json_decode_ratio={json_dec / json_bare:.2f} avro_decode_ratio={avro_dec / avro_bare:.2f}")
+    (json_rps, json_bare, json_dec), (avro_rps, avro_bare, avro_dec) = (
+        results["json"],
+        results["avro"],
+    )
+    print(
+        f"formats json_rps={json_rps:.0f} json_ratio={json_rps / json_bare:.2f} avro_rps={avro_rps:.0f} "
+        f"avro_ratio={avro_rps / avro_bare:.2f} binary_rps={binary:.0f} table_binary_rps={table_binary:.0f} "
+        f"json_vs_binary={json_rps / table_binary:.2f} avro_vs_binary={avro_rps / table_binary:.2f} "
+        f"json_decode_ratio={json_dec / json_bare:.2f} avro_decode_ratio={avro_dec / avro_bare:.2f}"
+    )
 
 
 if __name__ == "__main__":

@@ -60,7 +60,9 @@ def _wait(cond: Any, timeout_s: float, what: str, proc: Proc | None = None) -> N
         if proc is not None and proc.pid is None:
             # Its log lives in the run's temporary folder, removed on the way out: say its end here.
             tail = "\n".join(proc.text().splitlines()[-20:])
-            raise SystemExit(f"freshness: the {proc.name} exited while waiting for {what}; its last lines:\n{tail}")
+            raise SystemExit(
+                f"freshness: the {proc.name} exited while waiting for {what}; its last lines:\n{tail}"
+            )
         if time.monotonic() > deadline:
             raise SystemExit(f"freshness: {what} not within {timeout_s:.0f} s")
         time.sleep(0.2)
@@ -83,8 +85,12 @@ def _trained(out: Path) -> int:
     return sum(int(r.get("trained", 0)) for r in _rows(out))
 
 
-def _produce(bootstrap: str, topic: str, phases: list[tuple[str, float, float | None]],
-             marks: list[tuple[str, float, int]]) -> None:
+def _produce(
+    bootstrap: str,
+    topic: str,
+    phases: list[tuple[str, float, float | None]],
+    marks: list[tuple[str, float, int]],
+) -> None:
     """Send each phase's records (``seconds x rate``; rate None: flat out); ``marks`` gets
     each phase's name, start (Unix seconds) and records, then ``("end", t, 0)``."""
     from pipeline import config
@@ -126,12 +132,20 @@ def capacity(rows: list[dict[str, Any]], backlog: int) -> float:
             break
     if upto < 2:
         return float("nan")
-    records = sum(int(r.get("trained", 0)) for r in rows[1:upto + 1])
+    records = sum(int(r.get("trained", 0)) for r in rows[1 : upto + 1])
     return records / max(1e-9, rows[upto]["at"] - rows[0]["at"])
 
 
-def run_arm(name: str, extra: list[str], *, bootstrap: str, folder: Path, scale: float, target: float,
-            rate: float) -> dict[str, Any]:
+def run_arm(
+    name: str,
+    extra: list[str],
+    *,
+    bootstrap: str,
+    folder: Path,
+    scale: float,
+    target: float,
+    rate: float,
+) -> dict[str, Any]:
     from pipeline.ingest.kafka import client
 
     topic = f"freshness-{name}-{int(time.time())}"
@@ -141,76 +155,161 @@ def run_arm(name: str, extra: list[str], *, bootstrap: str, folder: Path, scale:
     _produce(bootstrap, topic, [("backlog", backlog, None)], marks)
     out = folder / name
     phases_s = sum(s for _, s, _ in PHASES) * scale
-    trainer = Proc(f"trainer-{name}", ["run", "--dataset", "mnist", "--bootstrap", bootstrap, "--topic", topic,
-                                       "--out", str(out), "--eval-every", "1000000",
-                                       "--timeout", str(int(600 + 2 * phases_s)), *extra], folder)
+    trainer = Proc(
+        f"trainer-{name}",
+        [
+            "run",
+            "--dataset",
+            "mnist",
+            "--bootstrap",
+            bootstrap,
+            "--topic",
+            topic,
+            "--out",
+            str(out),
+            "--eval-every",
+            "1000000",
+            "--timeout",
+            str(int(600 + 2 * phases_s)),
+            *extra,
+        ],
+        folder,
+    )
     try:
-        _wait(lambda: _trained(out) >= backlog, 300 + 60 * scale, f"{name}: the backlog trained", trainer)
+        _wait(
+            lambda: _trained(out) >= backlog,
+            300 + 60 * scale,
+            f"{name}: the backlog trained",
+            trainer,
+        )
         cap = capacity(_rows(out), backlog)
-        print(f"freshness: {name}: backlog of {backlog:,} trained, {cap:,.0f} records/s", flush=True)
+        print(
+            f"freshness: {name}: backlog of {backlog:,} trained, {cap:,.0f} records/s", flush=True
+        )
         marks.clear()
         phases = [(p, s * scale, times * rate) for p, s, times in PHASES]
-        producer = threading.Thread(target=_produce, args=(bootstrap, topic, phases, marks), daemon=True)
+        producer = threading.Thread(
+            target=_produce, args=(bootstrap, topic, phases, marks), daemon=True
+        )
         producer.start()
         producer.join(phases_s * 3 + 120)
         sent = backlog + sum(n for _, _, n in marks)
-        _wait(lambda: _trained(out) >= sent, 120 + 600 * scale, f"{name}: all {sent:,} records trained", trainer)
+        _wait(
+            lambda: _trained(out) >= sent,
+            120 + 600 * scale,
+            f"{name}: all {sent:,} records trained",
+            trainer,
+        )
     finally:
         trainer.signal(signal.SIGINT, timeout_s=120)
     rows = _rows(out)
     times = {p: t for p, t, _ in marks}
     for (p, t, n), (_, t_next, _) in zip(marks, marks[1:], strict=False):
-        print(f"freshness: {name}: {p} {n:,} records in {t_next - t:.1f} s ({n / max(t_next - t, 1e-9):,.0f}/s)",
-              flush=True)
-    steady = np.concatenate([
-        freshness_series(rows, times["steady"] + SETTLE_S * scale, times["burst"]),
-        freshness_series(rows, times["after"] + RECOVERY_S * scale, times["end"])])
+        print(
+            f"freshness: {name}: {p} {n:,} records in {t_next - t:.1f} s ({n / max(t_next - t, 1e-9):,.0f}/s)",
+            flush=True,
+        )
+    steady = np.concatenate(
+        [
+            freshness_series(rows, times["steady"] + SETTLE_S * scale, times["burst"]),
+            freshness_series(rows, times["after"] + RECOVERY_S * scale, times["end"]),
+        ]
+    )
     after = freshness_series(rows, times["after"], times["end"])
     over = np.flatnonzero(~(after <= target))  # NaN counts as over: nothing learned yet
-    recovery = 0.0 if not len(over) else float("inf") if over[-1] == len(after) - 1 else (over[-1] + 1) * STEP_S
+    recovery = (
+        0.0
+        if not len(over)
+        else float("inf")
+        if over[-1] == len(after) - 1
+        else (over[-1] + 1) * STEP_S
+    )
     finite = steady[np.isfinite(steady)]
-    in_steady = [int(r.get("rows", 0)) for r in rows if times["steady"] + SETTLE_S * scale <= r["at"] < times["burst"]]
+    in_steady = [
+        int(r.get("rows", 0))
+        for r in rows
+        if times["steady"] + SETTLE_S * scale <= r["at"] < times["burst"]
+    ]
     try:  # where the time went (the trigger, the checkpoint, the commit among it), from the run's report
         shares = json.loads((out / "report.json").read_text()).get("time_shares", {})
     except (OSError, ValueError):
         shares = {}
-    return {"capacity": cap, "recovery_s": recovery, "p50": float(np.percentile(finite, 50)) if len(finite) else np.nan,
-            "p99": float(np.percentile(finite, 99)) if len(finite) else np.nan,
-            "steady_rows_p50": float(np.median(in_steady)) if in_steady else np.nan,
-            "max_rows": max((int(r.get("rows", 0)) for r in rows), default=0), "time_shares": shares}
+    return {
+        "capacity": cap,
+        "recovery_s": recovery,
+        "p50": float(np.percentile(finite, 50)) if len(finite) else np.nan,
+        "p99": float(np.percentile(finite, 99)) if len(finite) else np.nan,
+        "steady_rows_p50": float(np.median(in_steady)) if in_steady else np.nan,
+        "max_rows": max((int(r.get("rows", 0)) for r in rows), default=0),
+        "time_shares": shares,
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--scale", type=float, default=1.0, help="Multiplies every duration and the backlog.")
-    parser.add_argument("--target", type=float, default=2.0, help="The target arm's --freshness-target, seconds.")
-    parser.add_argument("--rate", type=float, default=2000.0, help="The steady records/s (the burst: 10x).")
+    parser.add_argument(
+        "--scale", type=float, default=1.0, help="Multiplies every duration and the backlog."
+    )
+    parser.add_argument(
+        "--target", type=float, default=2.0, help="The target arm's --freshness-target, seconds."
+    )
+    parser.add_argument(
+        "--rate", type=float, default=2000.0, help="The steady records/s (the burst: 10x)."
+    )
     args = parser.parse_args()
     if not (args.scale > 0 and args.target > 0 and args.rate > 0):
-        raise SystemExit(f"freshness: expected --scale, --target and --rate > 0. Received: {args.scale}, "
-                         f"{args.target} and {args.rate}. Pass positive numbers (the defaults are the issue's).")
+        raise SystemExit(
+            f"freshness: expected --scale, --target and --rate > 0. Received: {args.scale}, "
+            f"{args.target} and {args.rate}. Pass positive numbers (the defaults are the issue's)."
+        )
     from pipeline.ingest.kafka.broker import free_port
 
     with tempfile.TemporaryDirectory(prefix="streamtrain-freshness-") as tmp:
         folder = Path(tmp)
         port = free_port()
         bootstrap = f"127.0.0.1:{port}"
-        broker = Proc("broker", ["broker", "--engine", "noida", "--storage", str(folder / "kafka"), "--port", str(port),
-                                 "--log", str(folder / "broker.log")], folder)
+        broker = Proc(
+            "broker",
+            [
+                "broker",
+                "--engine",
+                "noida",
+                "--storage",
+                str(folder / "kafka"),
+                "--port",
+                str(port),
+                "--log",
+                str(folder / "broker.log"),
+            ],
+            folder,
+        )
         try:
             _wait(lambda: bootstrap in broker.text(), 60, "the broker", broker)
             arms = {}
-            for name, extra in (("fixed", ["--max-offsets-per-trigger", "20000"]),
-                                ("target", ["--max-offsets-per-trigger", "20000", "--freshness-target",
-                                            str(args.target)])):
-                arms[name] = run_arm(name, extra, bootstrap=bootstrap, folder=folder, scale=args.scale,
-                                     target=args.target, rate=args.rate)
+            for name, extra in (
+                ("fixed", ["--max-offsets-per-trigger", "20000"]),
+                (
+                    "target",
+                    ["--max-offsets-per-trigger", "20000", "--freshness-target", str(args.target)],
+                ),
+            ):
+                arms[name] = run_arm(
+                    name,
+                    extra,
+                    bootstrap=bootstrap,
+                    folder=folder,
+                    scale=args.scale,
+                    target=args.target,
+                    rate=args.rate,
+                )
                 print(f"freshness: {name}: {arms[name]}", flush=True)
         finally:
             broker.signal(signal.SIGTERM)
     fixed, sized = arms["fixed"], arms["target"]
-    print(f"freshness p50_s={sized['p50']:.2f} p99_s={sized['p99']:.2f} burst_recovery_s={sized['recovery_s']:.1f} "
-          f"capacity_ratio={sized['capacity'] / fixed['capacity']:.2f} fixed_p99_s={fixed['p99']:.2f}")
+    print(
+        f"freshness p50_s={sized['p50']:.2f} p99_s={sized['p99']:.2f} burst_recovery_s={sized['recovery_s']:.1f} "
+        f"capacity_ratio={sized['capacity'] / fixed['capacity']:.2f} fixed_p99_s={fixed['p99']:.2f}"
+    )
 
 
 if __name__ == "__main__":

@@ -47,8 +47,14 @@ def bare_loop(bootstrap: str, data: datasets.Dataset, n: int, partitions: int) -
 
 def replay(bootstrap: str, data: datasets.Dataset, n: int, partitions: int) -> tuple[float, float]:
     """(records/s, MB/s) of the replay producer, acknowledged records only."""
-    report = Replay(data, bootstrap=bootstrap, topic=f"replay-{uuid.uuid4().hex[:8]}", loop=True, limit=n,
-                    partitions=partitions).run()
+    report = Replay(
+        data,
+        bootstrap=bootstrap,
+        topic=f"replay-{uuid.uuid4().hex[:8]}",
+        loop=True,
+        limit=n,
+        partitions=partitions,
+    ).run()
     assert report.records_sent == n and report.send_errors == 0, report.summary()
     return report.records_per_s, report.mb_per_s
 
@@ -64,7 +70,9 @@ def main() -> None:
     sets = {"mnist": datasets.get("mnist"), "higgs": datasets.get("higgs")}
     with contextlib.ExitStack() as stack:
         bootstrap = args.bootstrap or stack.enter_context(EmbeddedBroker()).bootstrap
-        results: dict[str, dict[str, list[float]]] = {k: {"replay": [], "mbps": [], "bare": []} for k in sets}
+        results: dict[str, dict[str, list[float]]] = {
+            k: {"replay": [], "mbps": [], "bare": []} for k in sets
+        }
         for r in range(args.rounds):
             for name, data in sets.items():
                 rps, mbps = replay(bootstrap, data, args.records, args.partitions)
@@ -72,15 +80,21 @@ def main() -> None:
                 results[name]["replay"].append(rps)
                 results[name]["mbps"].append(mbps)
                 results[name]["bare"].append(bare)
-                print(f"round {r + 1} {name}: replay {rps:,.0f} rec/s ({mbps:.1f} MB/s), bare loop {bare:,.0f} rec/s",
-                      flush=True)
+                print(
+                    f"round {r + 1} {name}: replay {rps:,.0f} rec/s ({mbps:.1f} MB/s), bare loop {bare:,.0f} rec/s",
+                    flush=True,
+                )
     med = {k: {arm: statistics.median(v) for arm, v in arms.items()} for k, arms in results.items()}
     for name, m in med.items():
-        print(f"{name}: replay {m['replay']:,.0f} rec/s {m['mbps']:.1f} MB/s; bare kafka-python {m['bare']:,.0f} rec/s;"
-              f" ratio {m['replay'] / m['bare']:.2f}")
+        print(
+            f"{name}: replay {m['replay']:,.0f} rec/s {m['mbps']:.1f} MB/s; bare kafka-python {m['bare']:,.0f} rec/s;"
+            f" ratio {m['replay'] / m['bare']:.2f}"
+        )
     ratio = statistics.median(med[k]["replay"] / med[k]["bare"] for k in med)
-    print(f"producer mnist_rps={med['mnist']['replay']:.0f} higgs_rps={med['higgs']['replay']:.0f} "
-          f"ratio_vs_client={ratio:.2f}")
+    print(
+        f"producer mnist_rps={med['mnist']['replay']:.0f} higgs_rps={med['higgs']['replay']:.0f} "
+        f"ratio_vs_client={ratio:.2f}"
+    )
 
 
 if __name__ == "__main__":

@@ -64,23 +64,27 @@ class HmacSession:
         m = hmac.new(key, p._aad(h), hashlib.sha256)
         if len(payload):
             m.update(payload)
-        return m.digest()[:p.TAG_BYTES]
+        return m.digest()[: p.TAG_BYTES]
 
-    def seal(self, h: p.Header, payload: p.Buffer = b"", room: memoryview | None = None) -> tuple[bytes, p.Buffer]:
+    def seal(
+        self, h: p.Header, payload: p.Buffer = b"", room: memoryview | None = None
+    ) -> tuple[bytes, p.Buffer]:
         header = p._aad(h)
-        return header[:-p.TAG_BYTES] + self._mac(self._seal_key, h, payload), payload
+        return header[: -p.TAG_BYTES] + self._mac(self._seal_key, h, payload), payload
 
     def inlet(self, n: int, into: memoryview, room: memoryview | None = None) -> memoryview:
         return into[:n]
 
     def open(self, h: p.Header, into: memoryview, room: memoryview | None = None) -> bool:
-        return hmac.compare_digest(self._mac(self._open_key, h, into[:h.length]), h.tag)
+        return hmac.compare_digest(self._mac(self._open_key, h, into[: h.length]), h.tag)
 
 
 class PlainSession(HmacSession):
     """No cryptography on the frames at all: the floor a TCP round trip could reach."""
 
-    def seal(self, h: p.Header, payload: p.Buffer = b"", room: memoryview | None = None) -> tuple[bytes, p.Buffer]:
+    def seal(
+        self, h: p.Header, payload: p.Buffer = b"", room: memoryview | None = None
+    ) -> tuple[bytes, p.Buffer]:
         return p.pack(h), payload
 
     def open(self, h: p.Header, into: memoryview, room: memoryview | None = None) -> bool:
@@ -102,12 +106,15 @@ def _connect(target: Any, **kwargs: Any) -> Client | ShardedClient:
     return Client(tuple(target), **kwargs)
 
 
-def _roundtrips(address: tuple[str, int], n: int, shared: bool, protocol: str, dtype: str,
-                out: mp.Queue) -> None:  # type: ignore[type-arg]
+def _roundtrips(
+    address: tuple[str, int], n: int, shared: bool, protocol: str, dtype: str, out: mp.Queue
+) -> None:  # type: ignore[type-arg]
     _use(protocol)
     delta = np.full(WEIGHTS, 1e-6, np.float32)
     times = []
-    with Client(address, secret=SECRET, worker=0, size=WEIGHTS, shared_memory=shared, wire_dtype=dtype) as c:
+    with Client(
+        address, secret=SECRET, worker=0, size=WEIGHTS, shared_memory=shared, wire_dtype=dtype
+    ) as c:
         assert c.shared == shared, "shared memory was not set up"
         c.pull()
         for _ in range(n + 10):
@@ -117,11 +124,21 @@ def _roundtrips(address: tuple[str, int], n: int, shared: bool, protocol: str, d
     out.put(times[10:])  # the first few warm the socket buffers
 
 
-def _hammer(address: Any, worker: int, shared: bool, protocol: str, dtype: str, seconds: float,
-            go: mp.Event, out: mp.Queue) -> None:  # type: ignore[type-arg]
+def _hammer(
+    address: Any,
+    worker: int,
+    shared: bool,
+    protocol: str,
+    dtype: str,
+    seconds: float,
+    go: mp.Event,
+    out: mp.Queue,
+) -> None:  # type: ignore[type-arg]
     _use(protocol)
     delta = np.full(WEIGHTS, 1e-6, np.float32)
-    with _connect(address, secret=SECRET, worker=worker, size=WEIGHTS, shared_memory=shared, wire_dtype=dtype) as c:
+    with _connect(
+        address, secret=SECRET, worker=worker, size=WEIGHTS, shared_memory=shared, wire_dtype=dtype
+    ) as c:
         c.pull()
         go.wait()
         started, n = time.perf_counter(), 0
@@ -131,12 +148,15 @@ def _hammer(address: Any, worker: int, shared: bool, protocol: str, dtype: str, 
     out.put((n, time.perf_counter() - started))
 
 
-def pushes_per_s(address: Any, clients: int, shared: bool, protocol: str, dtype: str,
-                 seconds: float) -> float:
+def pushes_per_s(
+    address: Any, clients: int, shared: bool, protocol: str, dtype: str, seconds: float
+) -> float:
     ctx = mp.get_context("spawn")
     out, go = ctx.Queue(), ctx.Event()
-    procs = [ctx.Process(target=_hammer, args=(address, w, shared, protocol, dtype, seconds, go, out))
-             for w in range(clients)]
+    procs = [
+        ctx.Process(target=_hammer, args=(address, w, shared, protocol, dtype, seconds, go, out))
+        for w in range(clients)
+    ]
     for proc in procs:
         proc.start()
     time.sleep(1.5)  # let every client connect and pull before the clock starts
@@ -178,32 +198,50 @@ def main() -> None:
     # of the buffer's size and its page faults, every frame).
     alloc_ms = _median_ms(lambda: aead.encrypt(nonce, payload, aad), 50)
 
-    runs = {("shared", "aes-gcm", "float32"): True, ("tcp", "aes-gcm", "float32"): False,
-            ("tcp", "hmac", "float32"): False, ("tcp", "plain", "float32"): False, ("tcp", "aes-gcm", "bfloat16"): False}
-    figures = {key: measure(src, shared, key[1], key[2], args.roundtrips, args.seconds) for key, shared in runs.items()}
+    runs = {
+        ("shared", "aes-gcm", "float32"): True,
+        ("tcp", "aes-gcm", "float32"): False,
+        ("tcp", "hmac", "float32"): False,
+        ("tcp", "plain", "float32"): False,
+        ("tcp", "aes-gcm", "bfloat16"): False,
+    }
+    figures = {
+        key: measure(src, shared, key[1], key[2], args.roundtrips, args.seconds)
+        for key, shared in runs.items()
+    }
     mb = WEIGHTS * 4 / 1e6
-    print(f"buffer {mb:.1f} MB; memcpy {memcpy_ms:.2f} ms; HMAC-SHA256 {mac_ms:.2f} ms; AES-256-GCM seal "
-          f"{seal_ms:.2f} ms, open {open_ms:.2f} ms (sealing into new bytes: {alloc_ms:.2f} ms)")
+    print(
+        f"buffer {mb:.1f} MB; memcpy {memcpy_ms:.2f} ms; HMAC-SHA256 {mac_ms:.2f} ms; AES-256-GCM seal "
+        f"{seal_ms:.2f} ms, open {open_ms:.2f} ms (sealing into new bytes: {alloc_ms:.2f} ms)"
+    )
     for (transport, protocol, dtype), (p50, p99, server_ms, rates) in figures.items():
-        print(f"{transport + ' ' + protocol + ' ' + dtype:>25}: push+pull p50 {p50:.2f} ms p99 {p99:.2f} ms "
-              f"(server CPU {server_ms:.2f} ms); "
-              f"pushes applied/s: 2 clients {rates[2]:.0f}, 4 clients {rates[4]:.0f}")
+        print(
+            f"{transport + ' ' + protocol + ' ' + dtype:>25}: push+pull p50 {p50:.2f} ms p99 {p99:.2f} ms "
+            f"(server CPU {server_ms:.2f} ms); "
+            f"pushes applied/s: 2 clients {rates[2]:.0f}, 4 clients {rates[4]:.0f}"
+        )
     (p50, p99, _, rates) = figures["shared", "aes-gcm", "float32"]
     (tcp_p50, _, tcp_server_ms, tcp_rates) = figures["tcp", "aes-gcm", "float32"]
-    (_, _, _, hmac_rates), (plain_p50, _, _, _) = figures["tcp", "hmac", "float32"], figures["tcp", "plain", "float32"]
+    (_, _, _, hmac_rates), (plain_p50, _, _, _) = (
+        figures["tcp", "hmac", "float32"],
+        figures["tcp", "plain", "float32"],
+    )
     tcp_rate, hmac_rate = min(tcp_rates.values()), min(hmac_rates.values())
     bf16_p50, _, _, bf16_rates = figures["tcp", "aes-gcm", "bfloat16"]
     # A round trip moves the buffer twice (push, pull): the floor is two memcpys.
-    print(f"ps roundtrip_ms_p50={p50:.2f} roundtrip_ms_p99={p99:.2f} pushes_per_s={min(rates.values()):.0f} "
-          f"ratio_vs_memcpy={p50 / (2 * memcpy_ms):.1f} tcp_roundtrip_ms_p50={tcp_p50:.2f} "
-          f"tcp_pushes_per_s={tcp_rate:.0f} tcp_server_cpu_ms={tcp_server_ms:.2f} tcp_crypto_share={2 * (seal_ms + open_ms) / tcp_p50:.2f} "
-          f"tcp_plain_roundtrip_ms_p50={plain_p50:.2f} tcp_hmac_pushes_per_s={hmac_rate:.0f} "
-          f"tcp_speedup_vs_hmac={tcp_rate / hmac_rate:.2f} tcp_bf16_roundtrip_ms_p50={bf16_p50:.2f} "
-          f"tcp_bf16_speedup_vs_hmac={min(bf16_rates.values()) / hmac_rate:.2f}")
+    print(
+        f"ps roundtrip_ms_p50={p50:.2f} roundtrip_ms_p99={p99:.2f} pushes_per_s={min(rates.values()):.0f} "
+        f"ratio_vs_memcpy={p50 / (2 * memcpy_ms):.1f} tcp_roundtrip_ms_p50={tcp_p50:.2f} "
+        f"tcp_pushes_per_s={tcp_rate:.0f} tcp_server_cpu_ms={tcp_server_ms:.2f} tcp_crypto_share={2 * (seal_ms + open_ms) / tcp_p50:.2f} "
+        f"tcp_plain_roundtrip_ms_p50={plain_p50:.2f} tcp_hmac_pushes_per_s={hmac_rate:.0f} "
+        f"tcp_speedup_vs_hmac={tcp_rate / hmac_rate:.2f} tcp_bf16_roundtrip_ms_p50={bf16_p50:.2f} "
+        f"tcp_bf16_speedup_vs_hmac={min(bf16_rates.values()) / hmac_rate:.2f}"
+    )
 
 
-def measure(src: np.ndarray, shared: bool, protocol: str, dtype: str, roundtrips: int,
-            seconds: float) -> tuple[float, float, float, dict[int, float]]:
+def measure(
+    src: np.ndarray, shared: bool, protocol: str, dtype: str, roundtrips: int, seconds: float
+) -> tuple[float, float, float, dict[int, float]]:
     """Round-trip p50 and p99 (ms), the server's CPU ms per round trip, and pushes/s for 2
     and 4 clients, over one transport."""
     _use(protocol)
@@ -211,13 +249,17 @@ def measure(src: np.ndarray, shared: bool, protocol: str, dtype: str, roundtrips
         with ParameterServer(src, secret=SECRET) as server:
             ctx = mp.get_context("spawn")
             out = ctx.Queue()
-            proc = ctx.Process(target=_roundtrips, args=(server.address, roundtrips, shared, protocol, dtype, out))
+            proc = ctx.Process(
+                target=_roundtrips, args=(server.address, roundtrips, shared, protocol, dtype, out)
+            )
             cpu = time.process_time()  # this process is the server's: its CPU per exchange
             proc.start()
             times = np.array(out.get(timeout=300)) * 1000
             server_ms = (time.process_time() - cpu) * 1000 / (roundtrips + 11)
             proc.join()
-            rates = {k: pushes_per_s(server.address, k, shared, protocol, dtype, seconds) for k in (2, 4)}
+            rates = {
+                k: pushes_per_s(server.address, k, shared, protocol, dtype, seconds) for k in (2, 4)
+            }
     finally:
         _use("aes-gcm")
     return float(np.percentile(times, 50)), float(np.percentile(times, 99)), server_ms, rates

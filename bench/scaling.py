@@ -31,23 +31,51 @@ class Station:
     """A resource with ``servers`` identical servers and one first-come queue."""
 
     def __init__(self, servers: int) -> None:
-        self.servers, self.busy, self.queue, self.busy_s = servers, 0, deque[tuple[int, float]](), 0.0
+        self.servers, self.busy, self.queue, self.busy_s = (
+            servers,
+            0,
+            deque[tuple[int, float]](),
+            0.0,
+        )
 
 
-def simulate(workers: int, shards: int, *, weights: int, wire_bytes: int, gbit: float, cores: int,
-             compute_s: float, records_per_exchange: int, seconds: float = 30.0) -> dict[str, float]:
+def simulate(
+    workers: int,
+    shards: int,
+    *,
+    weights: int,
+    wire_bytes: int,
+    gbit: float,
+    cores: int,
+    compute_s: float,
+    records_per_exchange: int,
+    seconds: float = 30.0,
+) -> dict[str, float]:
     """Run the model for ``seconds`` of simulated time; its throughput, staleness and busiest resource."""
     share = weights / shards
     nic_s = share * wire_bytes * 8 / (gbit * 1e9)
     cpu_s = share * CPU_NS_PER_WEIGHT[wire_bytes] * 1e-9 / 2  # open, then seal
     lock_s = share * LOCK_NS_PER_WEIGHT * 1e-9
-    stations = {(s, kind): Station(cores if kind.startswith("cpu") else 1)
-                for s in range(shards) for kind in ("nic_in", "cpu_open", "lock", "cpu_seal", "nic_out")}
-    stages = [("nic_in", nic_s), ("cpu_open", cpu_s), ("lock", lock_s), ("cpu_seal", cpu_s), ("nic_out", nic_s)]
+    stations = {
+        (s, kind): Station(cores if kind.startswith("cpu") else 1)
+        for s in range(shards)
+        for kind in ("nic_in", "cpu_open", "lock", "cpu_seal", "nic_out")
+    }
+    stages = [
+        ("nic_in", nic_s),
+        ("cpu_open", cpu_s),
+        ("lock", lock_s),
+        ("cpu_seal", cpu_s),
+        ("nic_out", nic_s),
+    ]
     clocks = [0] * shards
-    pulled = [[0] * shards for _ in range(workers)]  # each worker's clock of each shard at its last pull
+    pulled = [
+        [0] * shards for _ in range(workers)
+    ]  # each worker's clock of each shard at its last pull
     waiting = [0] * workers  # shards a worker's exchange still waits for
-    events: list[tuple[float, int, str, int, int, int]] = []  # time, tiebreak, what, worker, shard, stage
+    events: list[
+        tuple[float, int, str, int, int, int]
+    ] = []  # time, tiebreak, what, worker, shard, stage
     order = itertools.count()
     exchanges, staleness = 0, []
 
@@ -56,7 +84,9 @@ def simulate(workers: int, shards: int, *, weights: int, wire_bytes: int, gbit: 
         if station.busy < station.servers:
             station.busy += 1
             station.busy_s += stages[stage][1]
-            heapq.heappush(events, (now + stages[stage][1], next(order), "done", worker, shard, stage))
+            heapq.heappush(
+                events, (now + stages[stage][1], next(order), "done", worker, shard, stage)
+            )
         else:
             station.queue.append((worker, stage))
 
@@ -89,15 +119,30 @@ def simulate(workers: int, shards: int, *, weights: int, wire_bytes: int, gbit: 
             heapq.heappush(events, (now + compute_s, next(order), "exchange", worker, 0, 0))
     busiest = max(stations.items(), key=lambda kv: kv[1].busy_s / kv[1].servers)
     staleness.sort()
-    return {"exchanges_per_s": exchanges / seconds, "records_per_s": exchanges * records_per_exchange / seconds,
-            "staleness_p50": float(staleness[len(staleness) // 2]) if staleness else 0.0,
-            "busiest": busiest[0][1], "busiest_use": busiest[1].busy_s / busiest[1].servers / seconds}
+    return {
+        "exchanges_per_s": exchanges / seconds,
+        "records_per_s": exchanges * records_per_exchange / seconds,
+        "staleness_p50": float(staleness[len(staleness) // 2]) if staleness else 0.0,
+        "busiest": busiest[0][1],
+        "busiest_use": busiest[1].busy_s / busiest[1].servers / seconds,
+    }
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--weights", type=int, default=1_048_853, help="the model's weights (default: the MNIST CNN)")
-    ap.add_argument("--wire-bytes", type=int, default=4, choices=(2, 4), help="4: float32; 2: bfloat16 or float16")
+    ap.add_argument(
+        "--weights",
+        type=int,
+        default=1_048_853,
+        help="the model's weights (default: the MNIST CNN)",
+    )
+    ap.add_argument(
+        "--wire-bytes",
+        type=int,
+        default=4,
+        choices=(2, 4),
+        help="4: float32; 2: bfloat16 or float16",
+    )
     ap.add_argument("--gbit", type=float, default=25.0, help="each server's NIC, Gbit/s")
     ap.add_argument("--cores", type=int, default=16, help="each server's cores")
     ap.add_argument("--window", type=int, default=5)
@@ -105,19 +150,33 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=128)
     ap.add_argument("--seconds", type=float, default=20.0, help="simulated time per case")
     args = ap.parse_args()
-    print(f"{args.weights:,} weights x {args.wire_bytes} bytes; each server {args.gbit:g} Gbit/s, {args.cores} cores; "
-          f"an exchange every {args.window} x {args.step_ms:g} ms of compute")
+    print(
+        f"{args.weights:,} weights x {args.wire_bytes} bytes; each server {args.gbit:g} Gbit/s, {args.cores} cores; "
+        f"an exchange every {args.window} x {args.step_ms:g} ms of compute"
+    )
     print(f"{'workers':>7} {'shards':>6} {'exch/s':>8} {'records/s':>10} {'stale p50':>9}  busiest")
     last = ""
     for workers in (8, 64, 256):
         for shards in (1, 2, 4, 8, 16):
-            r = simulate(workers, shards, weights=args.weights, wire_bytes=args.wire_bytes, gbit=args.gbit,
-                         cores=args.cores, compute_s=args.window * args.step_ms / 1000,
-                         records_per_exchange=args.window * args.batch_size, seconds=args.seconds)
-            print(f"{workers:>7} {shards:>6} {r['exchanges_per_s']:>8.0f} {r['records_per_s']:>10.0f} "
-                  f"{r['staleness_p50']:>9.0f}  {r['busiest']} ({r['busiest_use']:.0%})")
-            last = (f"scaling workers={workers} shards={shards} records_per_s={r['records_per_s']:.0f} "
-                    f"staleness_p50={r['staleness_p50']:.0f} busiest={r['busiest']}")
+            r = simulate(
+                workers,
+                shards,
+                weights=args.weights,
+                wire_bytes=args.wire_bytes,
+                gbit=args.gbit,
+                cores=args.cores,
+                compute_s=args.window * args.step_ms / 1000,
+                records_per_exchange=args.window * args.batch_size,
+                seconds=args.seconds,
+            )
+            print(
+                f"{workers:>7} {shards:>6} {r['exchanges_per_s']:>8.0f} {r['records_per_s']:>10.0f} "
+                f"{r['staleness_p50']:>9.0f}  {r['busiest']} ({r['busiest_use']:.0%})"
+            )
+            last = (
+                f"scaling workers={workers} shards={shards} records_per_s={r['records_per_s']:.0f} "
+                f"staleness_p50={r['staleness_p50']:.0f} busiest={r['busiest']}"
+            )
     print(last)
 
 

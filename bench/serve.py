@@ -57,8 +57,10 @@ def keras_arm(run_dir: str, seconds: float) -> dict[str, float]:
     out: dict[str, float] = {}
     for n in (1, 64):
         x = schema.to_model_input(_images(n))
-        for name, call in (("predict", lambda x=x: model.predict(x, verbose=0)),
-                           ("predict_on_batch", lambda x=x: model.predict_on_batch(x))):
+        for name, call in (
+            ("predict", lambda x=x: model.predict(x, verbose=0)),
+            ("predict_on_batch", lambda x=x: model.predict_on_batch(x)),
+        ):
             call()  # traced before the clock starts
             calls, started = 0, time.perf_counter()
             while time.perf_counter() - started < seconds:
@@ -78,12 +80,16 @@ class Client:
     def predict(self, body: bytes) -> tuple[float, float]:
         """One request; (seconds it took, age of the weights used)."""
         started = time.perf_counter()
-        self.conn.request("POST", self.path, body=body, headers={"Content-Type": "application/json"})
+        self.conn.request(
+            "POST", self.path, body=body, headers={"Content-Type": "application/json"}
+        )
         resp = self.conn.getresponse()
         resp.read()
         if resp.status != 200:
             raise SystemExit(f"the model server answered {resp.status}")
-        return time.perf_counter() - started, float(resp.getheader("X-Weights-Age-Seconds") or "nan")
+        return time.perf_counter() - started, float(
+            resp.getheader("X-Weights-Age-Seconds") or "nan"
+        )
 
 
 def load(port: int, n: int, seconds: float) -> dict[str, float]:
@@ -99,8 +105,12 @@ def load(port: int, n: int, seconds: float) -> dict[str, float]:
         ages.append(age)
     elapsed = time.perf_counter() - started
     ms = np.array(times) * 1000
-    return {"rps": len(times) / elapsed, "p50_ms": float(np.percentile(ms, 50)),
-            "p99_ms": float(np.percentile(ms, 99)), "age_p50_s": float(np.nanmedian(ages))}
+    return {
+        "rps": len(times) / elapsed,
+        "p50_ms": float(np.percentile(ms, 50)),
+        "p99_ms": float(np.percentile(ms, 99)),
+        "age_p50_s": float(np.nanmedian(ages)),
+    }
 
 
 def _line(path: Path, marker: str, proc: subprocess.Popen[Any], timeout_s: float = 300) -> str:
@@ -122,8 +132,24 @@ def _port_from(path: Path, marker: str, proc: subprocess.Popen[Any]) -> int:
 
 def _run(out: Path, *extra: str) -> subprocess.Popen[Any]:
     log = open(out.parent / f"{out.name}.log", "w")  # noqa: SIM115 - closed with the process below
-    return subprocess.Popen([sys.executable, "-m", "pipeline", "run", "--out", str(out), "--eval-every", "1000",
-                             "--serve-port", "0", *extra], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "pipeline",
+            "run",
+            "--out",
+            str(out),
+            "--eval-every",
+            "1000",
+            "--serve-port",
+            "0",
+            *extra,
+        ],
+        cwd=ROOT,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
 
 
 def trained_per_s(tmp: Path, name: str, rps: float) -> float:
@@ -155,7 +181,9 @@ def trained_per_s(tmp: Path, name: str, rps: float) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seconds", type=float, default=8.0)
-    ap.add_argument("--pairs", type=int, default=2, help="training runs with and without requests, alternated")
+    ap.add_argument(
+        "--pairs", type=int, default=2, help="training runs with and without requests, alternated"
+    )
     ap.add_argument("--keras-arm", metavar="RUN_DIR", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.keras_arm:
@@ -170,8 +198,12 @@ def main() -> None:
         if proc.wait(900) != 0:
             raise SystemExit((tmp / "weights.log").read_text()[-2000:])
 
-        done = subprocess.run([sys.executable, __file__, "--keras-arm", str(run_dir), "--seconds", str(args.seconds)],
-                              cwd=ROOT, capture_output=True, text=True)
+        done = subprocess.run(
+            [sys.executable, __file__, "--keras-arm", str(run_dir), "--seconds", str(args.seconds)],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+        )
         if done.returncode != 0:
             raise SystemExit(done.stderr[-2000:])
         keras = json.loads(done.stdout.strip().splitlines()[-1])
@@ -181,8 +213,12 @@ def main() -> None:
 
         log = tmp / "serve.log"
         with open(log, "w") as f:
-            server = subprocess.Popen([sys.executable, "-m", "pipeline", "serve", str(run_dir), "--port", "0"],
-                                      cwd=ROOT, stdout=f, stderr=subprocess.STDOUT)
+            server = subprocess.Popen(
+                [sys.executable, "-m", "pipeline", "serve", str(run_dir), "--port", "0"],
+                cwd=ROOT,
+                stdout=f,
+                stderr=subprocess.STDOUT,
+            )
         try:
             port = _port_from(log, "Ctrl-C stops it", server)
             idle = {n: load(port, n, args.seconds) for n in (1, 64)}
@@ -190,8 +226,11 @@ def main() -> None:
             server.terminate()
             server.wait(30)
         for n, r in idle.items():
-            print(f"served, idle, {n} instance(s): {r['rps']:.1f} req/s p50 {r['p50_ms']:.1f} ms "
-                  f"p99 {r['p99_ms']:.1f} ms", flush=True)
+            print(
+                f"served, idle, {n} instance(s): {r['rps']:.1f} req/s p50 {r['p50_ms']:.1f} ms "
+                f"p99 {r['p99_ms']:.1f} ms",
+                flush=True,
+            )
 
         live_dir = tmp / "live"
         proc = _run(live_dir, "--epochs", "3", "--max-offsets-per-trigger", "5000")
@@ -203,8 +242,11 @@ def main() -> None:
             proc.terminate()
             proc.wait(120)
         for n, r in live.items():
-            print(f"served while training, {n} instance(s): {r['rps']:.1f} req/s p50 {r['p50_ms']:.1f} ms "
-                  f"p99 {r['p99_ms']:.1f} ms, weights {r['age_p50_s']:.2f} s old (p50)", flush=True)
+            print(
+                f"served while training, {n} instance(s): {r['rps']:.1f} req/s p50 {r['p50_ms']:.1f} ms "
+                f"p99 {r['p99_ms']:.1f} ms, weights {r['age_p50_s']:.2f} s old (p50)",
+                flush=True,
+            )
 
         # Alternated pairs, medians: one run's throughput moves by several percent on its own.
         quiet_runs, asked_runs = [], []
@@ -212,13 +254,21 @@ def main() -> None:
             quiet_runs.append(trained_per_s(tmp, f"quiet{i}", 0))
             asked_runs.append(trained_per_s(tmp, f"asked{i}", 50))
         quiet, asked = statistics.median(quiet_runs), statistics.median(asked_runs)
-        print(f"training records/s: {quiet:.0f} unasked {[round(q) for q in quiet_runs]}, {asked:.0f} with 50 "
-              f"requests/s {[round(a) for a in asked_runs]} ({(asked / quiet - 1) * 100:+.1f}%)", flush=True)
+        print(
+            f"training records/s: {quiet:.0f} unasked {[round(q) for q in quiet_runs]}, {asked:.0f} with 50 "
+            f"requests/s {[round(a) for a in asked_runs]} ({(asked / quiet - 1) * 100:+.1f}%)",
+            flush=True,
+        )
 
     freshness = statistics.median([live[1]["age_p50_s"], live[64]["age_p50_s"]])
-    print(f"served 64 vs predict_on_batch 64: {idle[64]['rps'] / keras['predict_on_batch_64']:.2f}", flush=True)
-    print(f"serve rps_1={idle[1]['rps']:.1f} p99_ms_1={idle[1]['p99_ms']:.1f} rps_64={idle[64]['rps']:.1f} "
-          f"ratio_vs_keras_64={idle[64]['rps'] / keras['predict_64']:.2f} freshness_s_p50={freshness:.2f}")
+    print(
+        f"served 64 vs predict_on_batch 64: {idle[64]['rps'] / keras['predict_on_batch_64']:.2f}",
+        flush=True,
+    )
+    print(
+        f"serve rps_1={idle[1]['rps']:.1f} p99_ms_1={idle[1]['p99_ms']:.1f} rps_64={idle[64]['rps']:.1f} "
+        f"ratio_vs_keras_64={idle[64]['rps'] / keras['predict_64']:.2f} freshness_s_p50={freshness:.2f}"
+    )
 
 
 if __name__ == "__main__":

@@ -62,8 +62,13 @@ class Proc:
     def __init__(self, name: str, args: list[str], folder: Path) -> None:
         self.name, self.log = name, folder / f"{name}.out"
         with open(self.log, "ab") as out:
-            self.p = subprocess.Popen([*CLI, *args], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
-                                      stdin=subprocess.DEVNULL)
+            self.p = subprocess.Popen(
+                [*CLI, *args],
+                cwd=ROOT,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+            )
 
     @property
     def pid(self) -> int | None:
@@ -156,16 +161,45 @@ class Soak:
         self.procs: list[Proc] = []
 
     def start_broker(self) -> Proc:
-        b = Proc("broker", ["broker", "--engine", "noida", "--storage", str(self.folder / "kafka"),
-                            "--port", str(self.port), "--log", str(self.folder / "broker.log")], self.folder)
+        b = Proc(
+            "broker",
+            [
+                "broker",
+                "--engine",
+                "noida",
+                "--storage",
+                str(self.folder / "kafka"),
+                "--port",
+                str(self.port),
+                "--log",
+                str(self.folder / "broker.log"),
+            ],
+            self.folder,
+        )
         self.procs.append(b)
         self._wait(lambda: self.bootstrap in b.text(), 60, "the broker")
         return b
 
     def start_trainer(self, resume: bool) -> Proc:
         where = ["--resume", str(self.out)] if resume else ["--out", str(self.out)]
-        t = Proc("trainer", ["run", "--dataset", "higgs", "--bootstrap", self.bootstrap, "--topic", TOPIC,
-                             "--max-offsets-per-trigger", "2000", "--eval-every", "1000000", *where], self.folder)
+        t = Proc(
+            "trainer",
+            [
+                "run",
+                "--dataset",
+                "higgs",
+                "--bootstrap",
+                self.bootstrap,
+                "--topic",
+                TOPIC,
+                "--max-offsets-per-trigger",
+                "2000",
+                "--eval-every",
+                "1000000",
+                *where,
+            ],
+            self.folder,
+        )
         self.procs.append(t)
         return t
 
@@ -173,7 +207,9 @@ class Soak:
         deadline = time.monotonic() + timeout_s
         while not cond():
             if time.monotonic() > deadline:
-                raise SystemExit(f"soak: {what} not ready within {timeout_s:.0f} s (logs in {self.folder})")
+                raise SystemExit(
+                    f"soak: {what} not ready within {timeout_s:.0f} s (logs in {self.folder})"
+                )
             time.sleep(0.2)
 
     def sample(self, t0: float, broker: Proc, producer: Proc, trainer: Proc) -> None:
@@ -181,7 +217,7 @@ class Soak:
         rows = self.out / "batches.jsonl"
         if rows.exists():
             lines = rows.read_text().splitlines()
-            for line in lines[self._rows_seen:]:
+            for line in lines[self._rows_seen :]:
                 try:
                     self.ckpt.append((now - t0, float(json.loads(line)["checkpoint_ms"])))
                 except (ValueError, KeyError):
@@ -194,23 +230,50 @@ class Soak:
         except Exception:  # the broker is restarting
             lag = float("nan")
         state = self.out / "state.npz"
-        self.samples.append({
-            "t": now - t0, "trainer_mb": tree_rss_mb(trainer.pid), "broker_mb": tree_rss_mb(broker.pid),
-            "producer_mb": tree_rss_mb(producer.pid), "lag": lag,
-            "ckpt_bytes": float(state.stat().st_size) if state.exists() else 0.0,
-        })
+        self.samples.append(
+            {
+                "t": now - t0,
+                "trainer_mb": tree_rss_mb(trainer.pid),
+                "broker_mb": tree_rss_mb(broker.pid),
+                "producer_mb": tree_rss_mb(producer.pid),
+                "lag": lag,
+                "ckpt_bytes": float(state.stat().st_size) if state.exists() else 0.0,
+            }
+        )
 
     def run(self) -> dict[str, Any]:
         total_s = self.minutes * 60
         broker = self.start_broker()
-        producer = Proc("producer", ["produce", "higgs", "--topic", TOPIC, "--loop", "--rate", str(self.rate),
-                                     "--bootstrap", self.bootstrap, "--partitions", "2", "--no-progress",
-                                     "--metrics-port", "0"], self.folder)
+        producer = Proc(
+            "producer",
+            [
+                "produce",
+                "higgs",
+                "--topic",
+                TOPIC,
+                "--loop",
+                "--rate",
+                str(self.rate),
+                "--bootstrap",
+                self.bootstrap,
+                "--partitions",
+                "2",
+                "--no-progress",
+                "--metrics-port",
+                "0",
+            ],
+            self.folder,
+        )
         self.procs.append(producer)
         trainer = self.start_trainer(resume=False)
-        self._wait(lambda: "first micro-batch trained" in trainer.text(), 600, "the trainer's first batch")
+        self._wait(
+            lambda: "first micro-batch trained" in trainer.text(), 600, "the trainer's first batch"
+        )
         t0 = time.monotonic()
-        print(f"soak: trainer training; {self.minutes:g} minutes from now (logs in {self.folder})", flush=True)
+        print(
+            f"soak: trainer training; {self.minutes:g} minutes from now (logs in {self.folder})",
+            flush=True,
+        )
         restarted = killed = False
         last_print = 0.0
         while (elapsed := time.monotonic() - t0) < total_s:
@@ -225,7 +288,11 @@ class Soak:
                 trainer.signal(signal.SIGKILL)
                 print(f"soak: {elapsed:5.0f} s trainer's driver SIGKILLed; resuming", flush=True)
                 trainer = self.start_trainer(resume=True)
-            if killed and self.resumed_first_batch is None and "first micro-batch trained" in trainer.text():
+            if (
+                killed
+                and self.resumed_first_batch is None
+                and "first micro-batch trained" in trainer.text()
+            ):
                 self.resumed_first_batch = elapsed
             for p in (broker, producer, trainer):
                 if p.p.poll() is not None:
@@ -234,15 +301,20 @@ class Soak:
             if elapsed - last_print >= 30:
                 last_print = elapsed
                 s = self.samples[-1]
-                print(f"soak: {elapsed:5.0f} s lag {s['lag']:>7.0f} trainer {s['trainer_mb']:6.0f} MB "
-                      f"broker {s['broker_mb']:5.0f} MB checkpoint {s['ckpt_bytes'] / 1e6:.2f} MB", flush=True)
+                print(
+                    f"soak: {elapsed:5.0f} s lag {s['lag']:>7.0f} trainer {s['trainer_mb']:6.0f} MB "
+                    f"broker {s['broker_mb']:5.0f} MB checkpoint {s['ckpt_bytes'] / 1e6:.2f} MB",
+                    flush=True,
+                )
             time.sleep(2)
         producer.signal(signal.SIGINT)
         sent = re.findall(r"sent (\d+) records", producer.text())
         acked = int(sent[-1]) if sent else -1
         ends = topic_ends(self.bootstrap)
-        print(f"soak: producer stopped: {acked} records acknowledged; draining {sum(ends.values())} in the topic",
-              flush=True)
+        print(
+            f"soak: producer stopped: {acked} records acknowledged; draining {sum(ends.values())} in the topic",
+            flush=True,
+        )
         self._wait(lambda: ledger_check(ledger_of(self.out), ends)[0] == 0, 300, "the drain")
         self.sample(t0, broker, producer, trainer)
         trainer.signal(signal.SIGINT)
@@ -250,9 +322,15 @@ class Soak:
         broker.signal(signal.SIGTERM)
         lost_trainer, dup_trainer = ledger_check(ledger_of(self.out), ends)
         in_topic = sum(ends.values())
-        return {"acked": acked, "in_topic": in_topic, "read_back": read_back,
-                "lost_by_broker": max(0, acked - in_topic), "appended_twice": max(0, in_topic - acked),
-                "lost_by_trainer": lost_trainer, "trained_twice": dup_trainer}
+        return {
+            "acked": acked,
+            "in_topic": in_topic,
+            "read_back": read_back,
+            "lost_by_broker": max(0, acked - in_topic),
+            "appended_twice": max(0, in_topic - acked),
+            "lost_by_trainer": lost_trainer,
+            "trained_twice": dup_trainer,
+        }
 
     def stop_all(self) -> None:
         for p in self.procs:
@@ -267,7 +345,9 @@ def _median_at(samples: list[dict[str, float]], key: str, lo: float, hi: float) 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--minutes", type=float, default=10)
-    ap.add_argument("--rate", type=float, default=1000, help="the producer's records/s (near the training rate)")
+    ap.add_argument(
+        "--rate", type=float, default=1000, help="the producer's records/s (near the training rate)"
+    )
     ap.add_argument("--keep", action="store_true", help="keep the folder with the logs and the run")
     args = ap.parse_args()
     folder = Path(tempfile.mkdtemp(prefix="streamtrain-soak-"))
@@ -279,25 +359,43 @@ def main() -> None:
     total = args.minutes * 60
     s = soak.samples
     settle = max(total / 3, (soak.resumed_first_batch or 0) + 60)
-    growth = _median_at(s, "trainer_mb", total - 60, total) - _median_at(s, "trainer_mb", settle, settle + 60)
+    growth = _median_at(s, "trainer_mb", total - 60, total) - _median_at(
+        s, "trainer_mb", settle, settle + 60
+    )
     first = [ms for t, ms in soak.ckpt if t <= 60]
     last = [ms for t, ms in soak.ckpt if t >= total - 60]
-    ckpt_growth = statistics.median(last) / statistics.median(first) if first and last else float("nan")
+    ckpt_growth = (
+        statistics.median(last) / statistics.median(first) if first and last else float("nan")
+    )
     lag_max = max((x["lag"] for x in s if x["lag"] == x["lag"]), default=float("nan"))
-    broker_growth = _median_at(s, "broker_mb", total - 60, total) - _median_at(s, "broker_mb", 0, 60)
-    print(json.dumps({**checks, "ckpt_ms_first_minute": statistics.median(first) if first else None,
-                      "ckpt_ms_last_minute": statistics.median(last) if last else None,
-                      "ckpt_bytes_first_last": [s[0]["ckpt_bytes"], s[-1]["ckpt_bytes"]],
-                      "broker_rss_growth_mb": round(broker_growth, 1), "rss_from_s": round(settle, 1),
-                      "trainer_mb_every_30s": [round(x["trainer_mb"]) for x in s[::15]]}), flush=True)
+    broker_growth = _median_at(s, "broker_mb", total - 60, total) - _median_at(
+        s, "broker_mb", 0, 60
+    )
+    print(
+        json.dumps(
+            {
+                **checks,
+                "ckpt_ms_first_minute": statistics.median(first) if first else None,
+                "ckpt_ms_last_minute": statistics.median(last) if last else None,
+                "ckpt_bytes_first_last": [s[0]["ckpt_bytes"], s[-1]["ckpt_bytes"]],
+                "broker_rss_growth_mb": round(broker_growth, 1),
+                "rss_from_s": round(settle, 1),
+                "trainer_mb_every_30s": [round(x["trainer_mb"]) for x in s[::15]],
+            }
+        ),
+        flush=True,
+    )
     if not args.keep:
         import shutil
 
         shutil.rmtree(folder, ignore_errors=True)
     lost = checks["lost_by_broker"] + checks["lost_by_trainer"]
     duplicated = checks["appended_twice"] + checks["trained_twice"]
-    print(f"soak minutes={args.minutes:g} lost={lost} duplicated={duplicated} rss_growth_mb={growth:.0f} "
-          f"ckpt_ms_growth={ckpt_growth:.2f} lag_max={lag_max:.0f}", flush=True)
+    print(
+        f"soak minutes={args.minutes:g} lost={lost} duplicated={duplicated} rss_growth_mb={growth:.0f} "
+        f"ckpt_ms_growth={ckpt_growth:.2f} lag_max={lag_max:.0f}",
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

@@ -32,7 +32,9 @@ from typing import Any
 
 from kafka import TopicPartition
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the secured endpoint is the tests' own
+sys.path.insert(
+    0, str(Path(__file__).resolve().parent.parent)
+)  # the secured endpoint is the tests' own
 from pipeline import cluster, codec  # noqa: E402
 from pipeline.ingest import microbatch as stream  # noqa: E402
 from pipeline.ingest.kafka import EmbeddedBroker, client  # noqa: E402
@@ -46,8 +48,12 @@ class Count(stream.Handler):
 
 
 def bare_consume(bootstrap: str, topic: str, n: int) -> float:
-    c = client.consumer(bootstrap, max_partition_fetch_bytes=16 << 20, fetch_max_bytes=64 << 20,
-                        receive_buffer_bytes=4 << 20)
+    c = client.consumer(
+        bootstrap,
+        max_partition_fetch_bytes=16 << 20,
+        fetch_max_bytes=64 << 20,
+        receive_buffer_bytes=4 << 20,
+    )
     tps = [TopicPartition(topic, p) for p in client.partitions_for(c, topic)]
     c.assign(tps)
     c.seek_to_beginning(*tps)
@@ -61,16 +67,34 @@ def bare_consume(bootstrap: str, topic: str, n: int) -> float:
     return got / elapsed
 
 
-def stream_arm(spark: Any, bootstrap: str, topic: str, schema: codec.Schema, n: int, per_batch: int,
-               handler: stream.Handler | None = None, kafka_conf: str | None = None) -> tuple[float, list[float]]:
+def stream_arm(
+    spark: Any,
+    bootstrap: str,
+    topic: str,
+    schema: codec.Schema,
+    n: int,
+    per_batch: int,
+    handler: stream.Handler | None = None,
+    kafka_conf: str | None = None,
+) -> tuple[float, list[float]]:
     """Records/s of one topic through the StreamJob, and each batch's trigger-to-handler ms.
     ``handler``: one the executors can unpickle (a script importing this module passes its
     own, defined in its ``__main__``); default :class:`Count`. ``kafka_conf``: a client
     properties file (TLS, SASL)."""
     with tempfile.TemporaryDirectory() as ckpt:
-        job = stream.StreamJob(spark, bootstrap=bootstrap, topics=[topic], schema=schema, handler=handler or Count(),
-                               checkpoint=ckpt, source="python", available_now=True,
-                               max_offsets_per_trigger=per_batch, dead_letter_topic="", kafka_conf=kafka_conf)
+        job = stream.StreamJob(
+            spark,
+            bootstrap=bootstrap,
+            topics=[topic],
+            schema=schema,
+            handler=handler or Count(),
+            checkpoint=ckpt,
+            source="python",
+            available_now=True,
+            max_offsets_per_trigger=per_batch,
+            dead_letter_topic="",
+            kafka_conf=kafka_conf,
+        )
         marks: list[float] = []
         original = job._on_batch
 
@@ -83,7 +107,9 @@ def stream_arm(spark: Any, bootstrap: str, topic: str, schema: codec.Schema, n: 
         batches = job.run(timeout_s=600)
     rows = sum(b.rows for b in batches)
     assert rows == n and all(b.accepted == b.rows for b in batches), (rows, n)
-    overhead = [b.trigger_to_handler_s * 1000 for b in batches if b.trigger_to_handler_s is not None]
+    overhead = [
+        b.trigger_to_handler_s * 1000 for b in batches if b.trigger_to_handler_s is not None
+    ]
     return rows / (marks[-1] - marks[0]), overhead
 
 
@@ -93,14 +119,33 @@ def main() -> None:
     ap.add_argument("--per-batch", type=int, default=20_000)
     args = ap.parse_args()
     n = args.records
-    with EmbeddedBroker() as broker, tempfile.TemporaryDirectory() as tls_dir, \
-            SecureKafka(tls_dir, mode="sasl_ssl", mechanisms=("SCRAM-SHA-512",)) as secured:
+    with (
+        EmbeddedBroker() as broker,
+        tempfile.TemporaryDirectory() as tls_dir,
+        SecureKafka(tls_dir, mode="sasl_ssl", mechanisms=("SCRAM-SHA-512",)) as secured,
+    ):
         sets = {"mnist": datasets.get("mnist"), "higgs": datasets.get("higgs")}
         for name, data in sets.items():
-            Replay(data, bootstrap=broker.bootstrap, topic=name, partitions=2, loop=True, limit=n).run()
-        Replay(sets["mnist"], bootstrap=broker.bootstrap, topic="mnist-zstd", partitions=2, loop=True, limit=n,
-               producer_config={"compression_type": "zstd"}).run()
-        Replay(sets["mnist"], bootstrap=secured.plain_bootstrap, topic="mnist", partitions=2, loop=True, limit=n).run()
+            Replay(
+                data, bootstrap=broker.bootstrap, topic=name, partitions=2, loop=True, limit=n
+            ).run()
+        Replay(
+            sets["mnist"],
+            bootstrap=broker.bootstrap,
+            topic="mnist-zstd",
+            partitions=2,
+            loop=True,
+            limit=n,
+            producer_config={"compression_type": "zstd"},
+        ).run()
+        Replay(
+            sets["mnist"],
+            bootstrap=secured.plain_bootstrap,
+            topic="mnist",
+            partitions=2,
+            loop=True,
+            limit=n,
+        ).run()
         secured_conf = str(secured.write_client_properties())
         spark = cluster.session("local[2]", app="bench-source")
         try:
@@ -109,33 +154,55 @@ def main() -> None:
             results = {}
             overheads: list[float] = []
             for name, data in sets.items():
-                rps, overhead = stream_arm(spark, broker.bootstrap, name, data.schema, n, args.per_batch)
+                rps, overhead = stream_arm(
+                    spark, broker.bootstrap, name, data.schema, n, args.per_batch
+                )
                 bare = bare_consume(broker.bootstrap, name, n)
                 results[name] = (rps, bare)
                 overheads += overhead
-                print(f"{name}: stream {rps:,.0f} records/s decoded on executors; bare kafka-python consume "
-                      f"{bare:,.0f} records/s; ratio {rps / bare:.2f}; trigger->handler ms {[round(o) for o in overhead]}",
-                      flush=True)
-            zstd_rps, _ = stream_arm(spark, broker.bootstrap, "mnist-zstd", sets["mnist"].schema, n, args.per_batch)
-            print(f"mnist zstd: stream {zstd_rps:,.0f} records/s decoded on executors; "
-                  f"{zstd_rps / results['mnist'][0]:.2f} of the uncompressed topic's", flush=True)
+                print(
+                    f"{name}: stream {rps:,.0f} records/s decoded on executors; bare kafka-python consume "
+                    f"{bare:,.0f} records/s; ratio {rps / bare:.2f}; trigger->handler ms {[round(o) for o in overhead]}",
+                    flush=True,
+                )
+            zstd_rps, _ = stream_arm(
+                spark, broker.bootstrap, "mnist-zstd", sets["mnist"].schema, n, args.per_batch
+            )
+            print(
+                f"mnist zstd: stream {zstd_rps:,.0f} records/s decoded on executors; "
+                f"{zstd_rps / results['mnist'][0]:.2f} of the uncompressed topic's",
+                flush=True,
+            )
             # The same records of one broker, PLAINTEXT then SASL_SSL, alternated five times: the median ratio
             # (one arm is about a second, so one pair swings with the machine).
             tls = []
             for _ in range(5):
-                plain_rps, _ = stream_arm(spark, secured.plain_bootstrap, "mnist", sets["mnist"].schema, n,
-                                          args.per_batch)
-                tls_rps, _ = stream_arm(spark, secured.bootstrap, "mnist", sets["mnist"].schema, n, args.per_batch,
-                                        kafka_conf=secured_conf)
+                plain_rps, _ = stream_arm(
+                    spark, secured.plain_bootstrap, "mnist", sets["mnist"].schema, n, args.per_batch
+                )
+                tls_rps, _ = stream_arm(
+                    spark,
+                    secured.bootstrap,
+                    "mnist",
+                    sets["mnist"].schema,
+                    n,
+                    args.per_batch,
+                    kafka_conf=secured_conf,
+                )
                 tls.append(tls_rps / plain_rps)
-                print(f"mnist SASL_SSL: stream {tls_rps:,.0f} records/s against {plain_rps:,.0f} over PLAINTEXT "
-                      f"from the same broker; ratio {tls[-1]:.2f}", flush=True)
+                print(
+                    f"mnist SASL_SSL: stream {tls_rps:,.0f} records/s against {plain_rps:,.0f} over PLAINTEXT "
+                    f"from the same broker; ratio {tls[-1]:.2f}",
+                    flush=True,
+                )
         finally:
             cluster.stop(spark)
     ratio = statistics.median(r / b for r, b in results.values())
-    print(f"source mnist_rps={results['mnist'][0]:.0f} higgs_rps={results['higgs'][0]:.0f} "
-          f"ratio_vs_consumer={ratio:.2f} trigger_overhead_ms_p50={statistics.median(overheads):.0f} "
-          f"zstd_ratio={zstd_rps / results['mnist'][0]:.2f} tls_ratio={statistics.median(tls):.2f}")
+    print(
+        f"source mnist_rps={results['mnist'][0]:.0f} higgs_rps={results['higgs'][0]:.0f} "
+        f"ratio_vs_consumer={ratio:.2f} trigger_overhead_ms_p50={statistics.median(overheads):.0f} "
+        f"zstd_ratio={zstd_rps / results['mnist'][0]:.2f} tls_ratio={statistics.median(tls):.2f}"
+    )
 
 
 if __name__ == "__main__":

@@ -75,7 +75,9 @@ def part_s(code: str) -> tuple[float, float]:
     """Seconds the part took in a fresh process, and the CPU seconds that process and the
     children it waited for used (user and system)."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=600
+    )
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if done.returncode != 0:
         raise SystemExit(done.stderr[-2000:])
@@ -110,8 +112,14 @@ def fresh_caches() -> Iterator[tuple[dict[str, str], Path]]:
     with tempfile.TemporaryDirectory() as cache, tempfile.TemporaryDirectory() as pyc:
         if (real_cache / "mnist.npz").exists():
             os.symlink(real_cache / "mnist.npz", Path(cache) / "mnist.npz")
-        yield ({**{k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"},
-                "STREAMTRAIN_CACHE_DIR": cache, "PYTHONPYCACHEPREFIX": pyc}, Path(cache))
+        yield (
+            {
+                **{k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"},
+                "STREAMTRAIN_CACHE_DIR": cache,
+                "PYTHONPYCACHEPREFIX": pyc,
+            },
+            Path(cache),
+        )
 
 
 def await_class_archive(cache: Path, timeout_s: float = 600) -> bool:
@@ -132,10 +140,22 @@ def run_once(env: dict[str, str], *, sample: bool = False) -> tuple[float, int, 
     start-up would have had: timed runs do not sample)."""
     with tempfile.TemporaryDirectory() as tmp:
         # A small first batch: the line comes when the batch is trained, and start-up is what is timed.
-        cmd = [sys.executable, "-m", "pipeline", "run", "--max-batches", "1", "--max-offsets-per-trigger", "1000",
-               "--out", str(Path(tmp) / "run")]
+        cmd = [
+            sys.executable,
+            "-m",
+            "pipeline",
+            "run",
+            "--max-batches",
+            "1",
+            "--max-offsets-per-trigger",
+            "1000",
+            "--out",
+            str(Path(tmp) / "run"),
+        ]
         started = time.monotonic()
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        proc = subprocess.Popen(
+            cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+        )
         peak = [0, 0]
 
         def sampler_loop() -> None:
@@ -165,29 +185,60 @@ def main() -> None:
     timed = {name: [part_s(code) for _ in range(2)] for name, code in PARTS.items()}
     parts = {name: statistics.median(s for s, _ in runs) for name, runs in timed.items()}
     cpu = {name: statistics.median(c for _, c in runs) for name, runs in timed.items()}
-    print("parts: " + " ".join(f"{k}={v:.1f}s" for k, v in parts.items())
-          + " (CPU, whole processes: " + " ".join(f"{k}={v:.1f}s" for k, v in cpu.items()) + ")", flush=True)
+    print(
+        "parts: "
+        + " ".join(f"{k}={v:.1f}s" for k, v in parts.items())
+        + " (CPU, whole processes: "
+        + " ".join(f"{k}={v:.1f}s" for k, v in cpu.items())
+        + ")",
+        flush=True,
+    )
     floor = max(parts.values())
 
     with fresh_caches() as (env, cache):
         dropped = _drop_page_cache()
         cold, _, _ = run_once(env)
-        print(f"cold: {cold:.1f} s (page cache {'dropped' if dropped else 'kept: not allowed here'})", flush=True)
+        print(
+            f"cold: {cold:.1f} s (page cache {'dropped' if dropped else 'kept: not allowed here'})",
+            flush=True,
+        )
         if not await_class_archive(Path(cache)):
-            print("the class archive was not built within 10 minutes: warm runs start without it", flush=True)
+            print(
+                "the class archive was not built within 10 minutes: warm runs start without it",
+                flush=True,
+            )
         warm_runs = [run_once(env)[0] for _ in range(args.repeat)]
         print("warm: " + ", ".join(f"{s:.1f} s" for s in warm_runs), flush=True)
         _, pss, rss = run_once(env, sample=True)
-        print(f"memory (one more warm run): peak PSS {pss / 1e9:.2f} GB, peak RSS {rss / 1e9:.2f} GB", flush=True)
+        print(
+            f"memory (one more warm run): peak PSS {pss / 1e9:.2f} GB, peak RSS {rss / 1e9:.2f} GB",
+            flush=True,
+        )
         # What the zygote saves: the same warm run with every process importing its own.
         unshared = run_once({**env, "STREAMTRAIN_PRELOAD": "false"})
         _, unshared_pss, _ = run_once({**env, "STREAMTRAIN_PRELOAD": "false"}, sample=True)
-        print(f"warm without the zygote: {unshared[0]:.1f} s, peak PSS {unshared_pss / 1e9:.2f} GB", flush=True)
+        print(
+            f"warm without the zygote: {unshared[0]:.1f} s, peak PSS {unshared_pss / 1e9:.2f} GB",
+            flush=True,
+        )
     warm = statistics.median(warm_runs)
-    print(json.dumps({"parts": parts, "parts_cpu_s": cpu, "cores": os.cpu_count(), "cold": cold, "warm": warm_runs,
-                      "warm_without_zygote": unshared[0], "pss_without_zygote_gb": round(unshared_pss / 1e9, 2)}))
-    print(f"startup cold_s={cold:.1f} warm_s={warm:.1f} floor_s={floor:.1f} warm_ratio_vs_floor={warm / floor:.2f} "
-          f"peak_pss_gb={pss / 1e9:.2f} peak_rss_gb={rss / 1e9:.2f}")
+    print(
+        json.dumps(
+            {
+                "parts": parts,
+                "parts_cpu_s": cpu,
+                "cores": os.cpu_count(),
+                "cold": cold,
+                "warm": warm_runs,
+                "warm_without_zygote": unshared[0],
+                "pss_without_zygote_gb": round(unshared_pss / 1e9, 2),
+            }
+        )
+    )
+    print(
+        f"startup cold_s={cold:.1f} warm_s={warm:.1f} floor_s={floor:.1f} warm_ratio_vs_floor={warm / floor:.2f} "
+        f"peak_pss_gb={pss / 1e9:.2f} peak_rss_gb={rss / 1e9:.2f}"
+    )
 
 
 if __name__ == "__main__":

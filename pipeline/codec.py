@@ -42,8 +42,17 @@ VERSION = 1
 HEADER_BYTES = 8
 
 #: Reject reasons, in the order they are checked; the index is the stored code.
-REASONS = ("wrong_length", "unknown_version", "wrong_schema", "label_out_of_range", "non_finite", "not_an_instance")
-_WRONG_LENGTH, _UNKNOWN_VERSION, _WRONG_SCHEMA, _LABEL_RANGE, _NON_FINITE, _NOT_AN_INSTANCE = range(len(REASONS))
+REASONS = (
+    "wrong_length",
+    "unknown_version",
+    "wrong_schema",
+    "label_out_of_range",
+    "non_finite",
+    "not_an_instance",
+)
+_WRONG_LENGTH, _UNKNOWN_VERSION, _WRONG_SCHEMA, _LABEL_RANGE, _NON_FINITE, _NOT_AN_INSTANCE = range(
+    len(REASONS)
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,8 +133,16 @@ def generic(n_features: int, num_classes: int) -> Schema:
 def table(name: str, schema: Any) -> Schema:
     """The layout of a user's table: its encoded width, its classes (0 for a numeric target),
     its records decoded by ``schema`` (a :class:`pipeline.table.TableSchema`)."""
-    return Schema(name, _TABLE_ID, "float32", schema.width, schema.num_classes, (schema.width,),
-                  encoding=schema.format, table=schema)
+    return Schema(
+        name,
+        _TABLE_ID,
+        "float32",
+        schema.width,
+        schema.num_classes,
+        (schema.width,),
+        encoding=schema.format,
+        table=schema,
+    )
 
 
 def held_out(keys: Sequence[bytes | None], offsets: np.ndarray, share: float) -> np.ndarray:
@@ -140,8 +157,13 @@ def held_out(keys: Sequence[bytes | None], offsets: np.ndarray, share: float) ->
     if share <= 0:
         return np.zeros(len(keys), bool)
     cut = round(share * 10_000)
-    return np.array([zlib.crc32(k if k is not None else int(o).to_bytes(8, "big")) % 10_000 < cut
-                     for k, o in zip(keys, offsets.tolist(), strict=True)], bool)
+    return np.array(
+        [
+            zlib.crc32(k if k is not None else int(o).to_bytes(8, "big")) % 10_000 < cut
+            for k, o in zip(keys, offsets.tolist(), strict=True)
+        ],
+        bool,
+    )
 
 
 def encode_block(features: np.ndarray, labels: np.ndarray, schema: Schema) -> np.ndarray:
@@ -305,9 +327,18 @@ def _decode_json(values: Any, schema: Schema) -> Decoded:
     ok = [i for i, v in enumerate(parsed) if not isinstance(v, int)]
     bad = [i for i, v in enumerate(parsed) if isinstance(v, int)]
     rows = [parsed[i] for i in ok]
-    x = np.stack(rows).astype(schema.dtype) if rows else np.empty((0, schema.n_features), schema.dtype)
-    return Decoded(x=x, y=np.zeros(len(ok), np.int32), accepted=np.array(ok, np.int64),
-                   rejected=np.array(bad, np.int64), reasons=np.array([parsed[i] for i in bad], np.uint8))
+    x = (
+        np.stack(rows).astype(schema.dtype)
+        if rows
+        else np.empty((0, schema.n_features), schema.dtype)
+    )
+    return Decoded(
+        x=x,
+        y=np.zeros(len(ok), np.int32),
+        accepted=np.array(ok, np.int64),
+        rejected=np.array(bad, np.int64),
+        reasons=np.array([parsed[i] for i in bad], np.uint8),
+    )
 
 
 def decode(values: Any, schema: Schema) -> Decoded:

@@ -28,7 +28,9 @@ class RateLimiter:
         sleep: Callable[[float], object] = time.sleep,
     ) -> None:
         if rate is not None and rate <= 0:
-            raise ConfigError(f"Expected --rate > 0 records/s (or none for full speed). Received: {rate}")
+            raise ConfigError(
+                f"Expected --rate > 0 records/s (or none for full speed). Received: {rate}"
+            )
         self.rate = rate
         self._clock, self._sleep = clock, sleep
         self._start = clock()

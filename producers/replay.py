@@ -78,7 +78,9 @@ class Replay:
         on_malformed: Callable[[MalformedSoFar], None] | None = None,
     ) -> None:
         if max_malformed is not None and max_malformed < 0:
-            raise ConfigError(f"Expected --max-malformed >= 0 (a count, or a fraction below 1). Received: {max_malformed}")
+            raise ConfigError(
+                f"Expected --max-malformed >= 0 (a count, or a fraction below 1). Received: {max_malformed}"
+            )
         if limit is not None and limit < 0:
             raise ConfigError(f"Expected --limit >= 0. Received: {limit}")
         if epochs is not None and epochs < 1:
@@ -105,8 +107,15 @@ class Replay:
         self.on_malformed = on_malformed
         self.producer_config = {**PRODUCER_DEFAULTS, **(producer_config or {})}
         self.progress = progress
-        self._sender = Sender(bootstrap=self.bootstrap, topic=topic, labels=(topic, dataset.name), meters=self.metrics,
-                              producer_config=self.producer_config, stopping=self.stopping, conf=self.conf)
+        self._sender = Sender(
+            bootstrap=self.bootstrap,
+            topic=topic,
+            labels=(topic, dataset.name),
+            meters=self.metrics,
+            producer_config=self.producer_config,
+            stopping=self.stopping,
+            conf=self.conf,
+        )
         #: Resuming: records of each partition already in the topic (this replay's order is
         #: deterministic, so they are the first that many bound for it); None: send all.
         self.resume = resume
@@ -136,7 +145,9 @@ class Replay:
         if self.stopping.is_set():
             return self._interrupted_before_start(report, started)
         client.check_reachable(self.bootstrap, conf=self.conf)
-        partitions = client.ensure_topic(self.bootstrap, self.topic, partitions=self.partitions, conf=self.conf)
+        partitions = client.ensure_topic(
+            self.bootstrap, self.topic, partitions=self.partitions, conf=self.conf
+        )
         if self.resume:
             self._skip = self._already_there(partitions)
             report.resumed_after = int(self._skip.sum())
@@ -150,7 +161,9 @@ class Replay:
         bar = _progress_bar(total, self.topic) if self.progress else None
         try:
             self._send(partitions, report, bar)
-        except KeyboardInterrupt:  # no signal handler installed (a library caller): the default Ctrl-C
+        except (
+            KeyboardInterrupt
+        ):  # no signal handler installed (a library caller): the default Ctrl-C
             report.interrupted = True
         finally:
             self._sender.drain(report, within_s=FINAL_FLUSH_S)
@@ -184,7 +197,10 @@ class Replay:
 
     def _finish(self, report: ReplayReport) -> None:
         data = self.dataset
-        report.malformed, report.malformed_by_reason = data.malformed, dict(data.malformed_by_reason)
+        report.malformed, report.malformed_by_reason = (
+            data.malformed,
+            dict(data.malformed_by_reason),
+        )
         report.malformed_examples = list(data.malformed_examples)
         self._count_malformed()
 
@@ -203,7 +219,11 @@ class Replay:
         step = self.limiter.slice_size()
         for chunk in self._chunks(report):
             # A table's rows come in its own format; a built-in dataset's are encoded here.
-            values = chunk.values if chunk.values is not None else codec.encode(chunk.x, chunk.y, self.dataset.schema)
+            values = (
+                chunk.values
+                if chunk.values is not None
+                else codec.encode(chunk.x, chunk.y, self.dataset.schema)
+            )
             keys = codec.encode_keys(chunk.ids)
             parts_array = (chunk.ids % np.uint64(partitions)).astype(np.int64)
             n = len(values) if self.limit is None else min(len(values), self.limit - handed)
@@ -240,8 +260,14 @@ class Replay:
                 self.metrics.malformed_rows.labels(data.name, reason).inc(new)
                 self._malformed_counted[reason] = n
         if news and self.on_malformed is not None:
-            self.on_malformed(MalformedSoFar(data.rows_read, data.malformed, dict(data.malformed_by_reason),
-                                             list(data.malformed_examples)))
+            self.on_malformed(
+                MalformedSoFar(
+                    data.rows_read,
+                    data.malformed,
+                    dict(data.malformed_by_reason),
+                    list(data.malformed_examples),
+                )
+            )
 
     def _check_malformed(self, *, final: bool) -> None:
         """Fail once the malformed rows pass ``max_malformed``."""
@@ -251,19 +277,25 @@ class Replay:
         if limit >= 1:
             failed, allowed = data.malformed > limit, f"{limit:g} rows"
         else:
-            failed = (final or data.rows_read >= 1000) and data.malformed > limit * max(1, data.rows_read)
+            failed = (final or data.rows_read >= 1000) and data.malformed > limit * max(
+                1, data.rows_read
+            )
             allowed = f"{limit:.0%} of the rows"
         if failed:
             detail = malformed_detail(data.malformed, data.malformed_examples)
-            raise DataError(f"Expected at most {allowed} of {data.name} to be malformed (--max-malformed). "
-                            f"Received: {data.malformed} of {data.rows_read} rows read{detail}. Fix the file, "
-                            "or raise --max-malformed.")
+            raise DataError(
+                f"Expected at most {allowed} of {data.name} to be malformed (--max-malformed). "
+                f"Received: {data.malformed} of {data.rows_read} rows read{detail}. Fix the file, "
+                "or raise --max-malformed."
+            )
 
 
 def _progress_bar(total: int | None, topic: str) -> Any:
     from tqdm import tqdm
 
-    return tqdm(total=total, unit="rec", unit_scale=True, desc=f"→ {topic}", smoothing=0.1, mininterval=0.5)
+    return tqdm(
+        total=total, unit="rec", unit_scale=True, desc=f"→ {topic}", smoothing=0.1, mininterval=0.5
+    )
 
 
 def skip_mask(parts: np.ndarray, remaining: np.ndarray) -> np.ndarray:
@@ -282,8 +314,9 @@ def skip_mask(parts: np.ndarray, remaining: np.ndarray) -> np.ndarray:
     return keep
 
 
-def replay_with_metrics(dataset: Dataset, *, metrics_host: str = "127.0.0.1", metrics_port: int = 0,
-                        **options: Any) -> ReplayReport:
+def replay_with_metrics(
+    dataset: Dataset, *, metrics_host: str = "127.0.0.1", metrics_port: int = 0, **options: Any
+) -> ReplayReport:
     """Run a :class:`Replay` of ``dataset`` (``options`` are its arguments) while serving its
     Prometheus ``/metrics`` on ``metrics_host:metrics_port``; return its report."""
     meters = metrics.producer_metrics()

@@ -16,7 +16,9 @@ class ReplayReport:
     send_errors: int = 0
     malformed: int = 0
     malformed_by_reason: dict[str, int] = dataclasses.field(default_factory=dict)
-    malformed_examples: list[tuple[int, str]] = dataclasses.field(default_factory=list)  # (line, reason)
+    malformed_examples: list[tuple[int, str]] = dataclasses.field(
+        default_factory=list
+    )  # (line, reason)
     epochs: int = 0
     seconds: float = 0.0
     interrupted: bool = False

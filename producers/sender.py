@@ -56,8 +56,14 @@ def _lost_sequence(error: BaseException | None) -> bool:
     """Whether the broker no longer knows the idempotent producer's sequence (it restarted)."""
     from kafka import errors
 
-    return isinstance(error, (errors.OutOfOrderSequenceNumberError, errors.UnknownProducerIdError,
-                              errors.InvalidProducerEpochError))
+    return isinstance(
+        error,
+        (
+            errors.OutOfOrderSequenceNumberError,
+            errors.UnknownProducerIdError,
+            errors.InvalidProducerEpochError,
+        ),
+    )
 
 
 #: A send in flight: (futures, (value, key, partition) of each, resends so far).
@@ -76,14 +82,25 @@ class Sender:
         conf: the Kafka client settings (TLS, SASL).
     """
 
-    def __init__(self, *, bootstrap: str, topic: str, labels: tuple[str, str], meters: metrics.ProducerMetrics,
-                 producer_config: dict[str, Any], stopping: threading.Event, conf: KafkaConf = PLAINTEXT) -> None:
+    def __init__(
+        self,
+        *,
+        bootstrap: str,
+        topic: str,
+        labels: tuple[str, str],
+        meters: metrics.ProducerMetrics,
+        producer_config: dict[str, Any],
+        stopping: threading.Event,
+        conf: KafkaConf = PLAINTEXT,
+    ) -> None:
         self.bootstrap, self.topic, self.labels, self.conf = bootstrap, topic, labels, conf
         self.metrics, self.producer_config, self.stopping = meters, producer_config, stopping
         self._pending: collections.deque[_Pending] = collections.deque()
         self._producer: Any = None
         self._renew = False  # a sequence error was seen: replace the producer before sending again
-        self._resend: collections.deque[tuple[list[tuple[bytes, bytes, int]], int]] = collections.deque()
+        self._resend: collections.deque[tuple[list[tuple[bytes, bytes, int]], int]] = (
+            collections.deque()
+        )
 
     def open(self) -> None:
         self._producer = self._new_producer()
@@ -107,16 +124,25 @@ class Sender:
             if not block and not (futures[-1].is_done and all(f.is_done for f in futures)):
                 return
             self._pending.popleft()
-            again = [rec for f, rec in zip(futures, records, strict=True)
-                     if f.failed() and tries < RESENDS and _worth_resending(f.exception)]
-            self._renew = self._renew or any(f.failed() and _lost_sequence(f.exception) for f in futures)
+            again = [
+                rec
+                for f, rec in zip(futures, records, strict=True)
+                if f.failed() and tries < RESENDS and _worth_resending(f.exception)
+            ]
+            self._renew = self._renew or any(
+                f.failed() and _lost_sequence(f.exception) for f in futures
+            )
             if again:
                 self._resend.append((again, tries + 1))
             # After a flush that timed out, a send still unfinished is not acknowledged.
             failed = sum(1 for f in futures if f.failed() or not f.is_done) - len(again)
             ok = len(futures) - failed - len(again)
             report.records_sent += ok
-            size = sum(len(rec[0]) for f, rec in zip(futures, records, strict=True) if f.is_done and not f.failed())
+            size = sum(
+                len(rec[0])
+                for f, rec in zip(futures, records, strict=True)
+                if f.is_done and not f.failed()
+            )
             report.bytes_sent += size
             report.send_errors += failed
             self.metrics.records_sent.labels(*labels).inc(ok)
@@ -124,8 +150,12 @@ class Sender:
             if failed or again:
                 first = next((f for f in futures if f.failed()), None)
                 self.metrics.send_errors.labels(*labels).inc(failed)
-                log.warning("%d records not acknowledged by Kafka (%d to send again): %s", failed + len(again),
-                            len(again), first.exception if first is not None else "no answer in time")
+                log.warning(
+                    "%d records not acknowledged by Kafka (%d to send again): %s",
+                    failed + len(again),
+                    len(again),
+                    first.exception if first is not None else "no answer in time",
+                )
 
     def send_again(self) -> None:
         """Send the records whose sends failed for a reason worth retrying, after a short wait
@@ -137,14 +167,18 @@ class Sender:
         """
         if self._renew:
             old, self._producer = self._producer, self._new_producer()
-            _close(old, timeout_s=10)  # what it still had in flight settles (and may come back here)
+            _close(
+                old, timeout_s=10
+            )  # what it still had in flight settles (and may come back here)
             self._renew = False
         producer = self._producer
         if self._resend:  # one wait for all: a broker restart fails what was in flight at once
             self.stopping.wait(min(5.0, 0.2 * 2 ** max(tries for _, tries in self._resend)))
         while self._resend:
             records, tries = self._resend.popleft()
-            futures = [producer.send(self.topic, value, key, None, part) for value, key, part in records]
+            futures = [
+                producer.send(self.topic, value, key, None, part) for value, key, part in records
+            ]
             self._pending.append((futures, records, tries))
 
     def drain(self, report: ReplayReport, *, within_s: float) -> None:
@@ -171,7 +205,6 @@ class Sender:
 
     def _new_producer(self) -> Any:
         return client.producer(self.bootstrap, conf=self.conf, **self.producer_config)
-
 
     def close(self, *, timeout_s: float) -> None:
         _close(self._producer, timeout_s=timeout_s)

@@ -37,7 +37,9 @@ def topic(request: pytest.FixtureRequest) -> str:
 @pytest.fixture(scope="session")
 def data_dir() -> Path:
     """The data folder the tests read: the HIGGS sample that travels with the repository."""
-    assert config.data_dir() == SAMPLES and (SAMPLES / "higgs").is_dir(), f"no HIGGS sample under {SAMPLES}"
+    assert config.data_dir() == SAMPLES and (SAMPLES / "higgs").is_dir(), (
+        f"no HIGGS sample under {SAMPLES}"
+    )
     return SAMPLES
 
 
@@ -53,7 +55,9 @@ def mnist():  # type: ignore[no-untyped-def]
 def consume(broker: EmbeddedBroker) -> Callable[..., list]:  # type: ignore[type-arg]
     """consume(topic, n) -> the first n records of every partition, in partition/offset order."""
 
-    def _consume(topic: str, n: int, *, bootstrap: str | None = None, timeout_s: float = 30.0) -> list:  # type: ignore[type-arg]
+    def _consume(
+        topic: str, n: int, *, bootstrap: str | None = None, timeout_s: float = 30.0
+    ) -> list:  # type: ignore[type-arg]
         from kafka import TopicPartition
 
         c = client.consumer(bootstrap or broker.bootstrap, max_partition_fetch_bytes=8 << 20)
@@ -101,7 +105,9 @@ def _need(binary: str) -> str:
     path = shutil.which(binary)
     if path is None:
         if os.environ.get("CI"):
-            pytest.fail(f"{binary} is not installed; tests/run.sh installs Debian's prometheus package in CI")
+            pytest.fail(
+                f"{binary} is not installed; tests/run.sh installs Debian's prometheus package in CI"
+            )
         pytest.skip(f"{binary} not installed (apt-get install prometheus, as root)")
     return path
 
@@ -120,15 +126,28 @@ class Prometheus:
 
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        jobs = [{"job_name": job, "static_configs": [{"targets": addrs}]} for job, addrs in targets.items()]
-        cfg = {"global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-               "rule_files": [str(r) for r in rule_files], "scrape_configs": jobs}
+        jobs = [
+            {"job_name": job, "static_configs": [{"targets": addrs}]}
+            for job, addrs in targets.items()
+        ]
+        cfg = {
+            "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+            "rule_files": [str(r) for r in rule_files],
+            "scrape_configs": jobs,
+        }
         (folder / "prometheus.yml").write_text(json.dumps(cfg))  # JSON is YAML
         self.log = open(folder / "prometheus.log", "w")  # noqa: SIM115
         self.proc = subprocess.Popen(
-            [_need("prometheus"), f"--config.file={folder / 'prometheus.yml'}", f"--storage.tsdb.path={folder / 'tsdb'}",
-             f"--web.listen-address=127.0.0.1:{self.port}", "--web.enable-lifecycle"],
-            stdout=self.log, stderr=subprocess.STDOUT)
+            [
+                _need("prometheus"),
+                f"--config.file={folder / 'prometheus.yml'}",
+                f"--storage.tsdb.path={folder / 'tsdb'}",
+                f"--web.listen-address=127.0.0.1:{self.port}",
+                "--web.enable-lifecycle",
+            ],
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )
         self._wait_ready()
 
     def _wait_ready(self, timeout_s: float = 30.0) -> None:
@@ -191,4 +210,5 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     if _left_out:
         terminalreporter.write_line(
             f"quick tier: left out {len(_left_out)} slow tests (full runs, clusters, soak-like); "
-            "`bash tests/run.sh` runs them all")
+            "`bash tests/run.sh` runs them all"
+        )

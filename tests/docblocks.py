@@ -19,8 +19,10 @@ ROOT = Path(__file__).resolve().parents[1]
 #: Info strings of blocks that hold commands for a shell.
 SHELL = frozenset({"bash", "sh", "shell", "console", "zsh"})
 #: The first line of an untagged block that holds commands.
-_COMMAND = re.compile(r"^(\$ |streamtrain\b|curl\b|docker\b|bash\b|python3?\b|pip\b|\.venv/|export\b|chmod\b"
-                      r"|sudo\b|git\b|[A-Z][A-Z0-9_]*=\S*\s)")
+_COMMAND = re.compile(
+    r"^(\$ |streamtrain\b|curl\b|docker\b|bash\b|python3?\b|pip\b|\.venv/|export\b|chmod\b"
+    r"|sudo\b|git\b|[A-Z][A-Z0-9_]*=\S*\s)"
+)
 _MARKER = re.compile(r"^<!--\s*(run:\s*(?P<test>\S+)|(?P<illustrative>illustrative))\s*-->\s*$")
 _FENCE = re.compile(r"^(?P<fence>```+|~~~+)\s*(?P<info>[^`\s]*)")
 
@@ -59,7 +61,10 @@ class Block:
         """Whether this is a command block: tagged as a shell's, or untagged with a command first."""
         if self.info in SHELL:
             return True
-        first = next((line for line in self.text.splitlines() if line.strip() and not line.startswith("#")), "")
+        first = next(
+            (line for line in self.text.splitlines() if line.strip() and not line.startswith("#")),
+            "",
+        )
         return self.info == "" and bool(_COMMAND.match(first))
 
 
@@ -84,8 +89,14 @@ def blocks(doc: str) -> list[Block]:
         marker = None
         if above.startswith("<!--"):
             match = _MARKER.match(above)
-            marker = (f"run: {match.group('test')}" if match.group("test") else "illustrative") if match else above
-        found.append(Block(doc, i + 1, opening.group("info"), "\n".join(lines[i + 1:end]), marker))
+            marker = (
+                (f"run: {match.group('test')}" if match.group("test") else "illustrative")
+                if match
+                else above
+            )
+        found.append(
+            Block(doc, i + 1, opening.group("info"), "\n".join(lines[i + 1 : end]), marker)
+        )
         i = end + 1
     return found
 
@@ -99,7 +110,9 @@ def run_block(doc: str, test_file: str | Path) -> Block:
     test = Path(test_file).resolve().relative_to(ROOT).as_posix()
     mine = [b for b in blocks(doc) if b.run_by == test]
     if len(mine) != 1:
-        raise LookupError(f"Expected one block of {doc} marked <!-- run: {test} -->, found {len(mine)}.")
+        raise LookupError(
+            f"Expected one block of {doc} marked <!-- run: {test} -->, found {len(mine)}."
+        )
     return mine[0]
 
 

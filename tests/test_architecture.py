@@ -21,18 +21,54 @@ ALLOWED = {
     "pipeline.table": {"pipeline.errors", "pipeline.codec"},
     "pipeline.cluster": {"pipeline.errors", "pipeline.config"},
     "pipeline.observe": {"pipeline.errors", "pipeline.exports", "pipeline.config"},
-    "pipeline.ingest": {"pipeline.errors", "pipeline.exports", "pipeline.config", "pipeline.codec", "pipeline.cluster"},
-    "producers": {"pipeline.errors", "pipeline.config", "pipeline.codec", "pipeline.table", "pipeline.ingest.kafka",
-                  "pipeline.observe.metrics"},
-    "pipeline.train": {"pipeline.errors", "pipeline.exports", "pipeline.config", "pipeline.codec", "pipeline.table",
-                       "pipeline.cluster",
-                       "pipeline.ingest"},
-    "pipeline.serve": {"pipeline.errors", "pipeline.exports", "pipeline.config", "pipeline.codec", "pipeline.table",
-                       "pipeline.cluster",
-                       "pipeline.ingest", "pipeline.train", "pipeline.observe"},
-    "pipeline.jobs": {"pipeline.errors", "pipeline.exports", "pipeline.config", "pipeline.codec", "pipeline.table",
-                      "pipeline.cluster",
-                      "pipeline.ingest", "pipeline.train", "pipeline.observe", "pipeline.serve", "producers"},
+    "pipeline.ingest": {
+        "pipeline.errors",
+        "pipeline.exports",
+        "pipeline.config",
+        "pipeline.codec",
+        "pipeline.cluster",
+    },
+    "producers": {
+        "pipeline.errors",
+        "pipeline.config",
+        "pipeline.codec",
+        "pipeline.table",
+        "pipeline.ingest.kafka",
+        "pipeline.observe.metrics",
+    },
+    "pipeline.train": {
+        "pipeline.errors",
+        "pipeline.exports",
+        "pipeline.config",
+        "pipeline.codec",
+        "pipeline.table",
+        "pipeline.cluster",
+        "pipeline.ingest",
+    },
+    "pipeline.serve": {
+        "pipeline.errors",
+        "pipeline.exports",
+        "pipeline.config",
+        "pipeline.codec",
+        "pipeline.table",
+        "pipeline.cluster",
+        "pipeline.ingest",
+        "pipeline.train",
+        "pipeline.observe",
+    },
+    "pipeline.jobs": {
+        "pipeline.errors",
+        "pipeline.exports",
+        "pipeline.config",
+        "pipeline.codec",
+        "pipeline.table",
+        "pipeline.cluster",
+        "pipeline.ingest",
+        "pipeline.train",
+        "pipeline.observe",
+        "pipeline.serve",
+        "producers",
+    },
     "pipeline.cli": {"pipeline", "producers"},  # the edge: anything but itself
 }
 
@@ -59,7 +95,10 @@ READS_ENVIRONMENT = {
 
 #: Modules that import TensorFlow or Keras: they run in executors and child processes only.
 TENSORFLOW_MODULES = {
-    "pipeline.train.model", "pipeline.train.zoo", "pipeline.train.replica", "pipeline.train.probe",
+    "pipeline.train.model",
+    "pipeline.train.zoo",
+    "pipeline.train.replica",
+    "pipeline.train.probe",
     "pipeline.serve.predictor",
 }
 
@@ -102,7 +141,9 @@ def _modules() -> list[tuple[str, Path]]:
     out = []
     for folder in ("pipeline", "producers"):
         for path in sorted((ROOT / folder).rglob("*.py")):
-            module = ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+            module = ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(
+                ".__init__"
+            )
             out.append((module, path))
     return out
 
@@ -134,7 +175,9 @@ def test_the_check_itself_sees_imports() -> None:
     assert "pipeline.ingest.microbatch" in _imports(modules["pipeline.jobs.online"])
     assert "pipeline.train.driver.TrainDriver" in _imports(modules["pipeline.jobs.trainer"])
     assert _part("pipeline.train.ps.server") == "pipeline.train"
-    assert ("config.settings", "pipeline.jobs.online") in {(c, m) for m, p in _modules() for c, _ in _calls(p)}
+    assert ("config.settings", "pipeline.jobs.online") in {
+        (c, m) for m, p in _modules() for c, _ in _calls(p)
+    }
 
 
 def test_only_the_config_module_reads_the_environment() -> None:
@@ -143,21 +186,35 @@ def test_only_the_config_module_reads_the_environment() -> None:
         if module in READS_ENVIRONMENT:
             continue
         for node in ast.walk(ast.parse(path.read_text())):
-            called = isinstance(node, ast.Call) and ast.unparse(node.func) in ("os.getenv", "os.environ.get")
-            indexed = (isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load)
-                       and ast.unparse(node.value) == "os.environ")
+            called = isinstance(node, ast.Call) and ast.unparse(node.func) in (
+                "os.getenv",
+                "os.environ.get",
+            )
+            indexed = (
+                isinstance(node, ast.Subscript)
+                and isinstance(node.ctx, ast.Load)
+                and ast.unparse(node.value) == "os.environ"
+            )
             if called or indexed:
                 wrong.append(f"{module}:{getattr(node, 'lineno', 0)} {ast.unparse(node)}")
             elif isinstance(node, ast.keyword) and node.arg in ("envvar", "auto_envvar_prefix"):
-                wrong.append(f"{module}:{node.value.lineno} click reads {ast.unparse(node.value)} itself")
+                wrong.append(
+                    f"{module}:{node.value.lineno} click reads {ast.unparse(node.value)} itself"
+                )
     assert not wrong, "\n".join(wrong)
 
 
 def test_settings_are_read_at_the_edges_only() -> None:
-    wrong = [f"{module}:{call.lineno}" for module, path in _modules() if not _within(module, READS_SETTINGS)
-             and module != "pipeline.config" for callee, call in _calls(path) if callee.endswith("settings")
-             and callee in ("config.settings", "settings")]
-    assert not wrong, "config.settings() below the edge (pass a keyword argument instead):\n" + "\n".join(wrong)
+    wrong = [
+        f"{module}:{call.lineno}"
+        for module, path in _modules()
+        if not _within(module, READS_SETTINGS) and module != "pipeline.config"
+        for callee, call in _calls(path)
+        if callee.endswith("settings") and callee in ("config.settings", "settings")
+    ]
+    assert not wrong, (
+        "config.settings() below the edge (pass a keyword argument instead):\n" + "\n".join(wrong)
+    )
 
 
 def test_no_module_over_400_lines_and_no_class_over_250() -> None:
@@ -205,7 +262,11 @@ def test_every_package_re_exports_its_public_names() -> None:
         if listed is None:
             wrong.append(f"{module}: no __all__")
         else:
-            wrong.extend(f"{module}: {name} in __all__ but not defined" for name in listed if name not in defined)
+            wrong.extend(
+                f"{module}: {name} in __all__ but not defined"
+                for name in listed
+                if name not in defined
+            )
     assert not wrong, "\n".join(wrong)
 
 
@@ -216,40 +277,64 @@ def test_no_lazy_export_is_shadowed_by_a_module_of_the_same_name() -> None:
     for module, path in _modules():
         if path.name == "__init__.py":
             lazy = _lazy_exports(path)
-            wrong.extend(f"{module}.{name}" for name in lazy
-                         if (path.parent / f"{name}.py").is_file() or (path.parent / name / "__init__.py").is_file())
+            wrong.extend(
+                f"{module}.{name}"
+                for name in lazy
+                if (path.parent / f"{name}.py").is_file()
+                or (path.parent / name / "__init__.py").is_file()
+            )
     assert not wrong, "lazy exports named like a module beside them: " + ", ".join(wrong)
 
 
 def _lazy_exports(path: Path) -> set[str]:
     """The names a package's ``__init__`` looks up lazily (its ``_EXPORTS``)."""
     for node in ast.parse(path.read_text()).body:
-        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "_EXPORTS" for t in node.targets):
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == "_EXPORTS" for t in node.targets
+        ):
             return set(ast.literal_eval(node.value))
     return set()
 
 
 def test_importing_a_package_starts_neither_spark_nor_tensorflow() -> None:
     packages = [m for m, p in _modules() if p.name == "__init__.py"]
-    script = (f"import sys\nfor p in {packages!r}: __import__(p)\n"
-              "print(sorted(m for m in ('pyspark', 'tensorflow', 'keras') if m in sys.modules))")
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    script = (
+        f"import sys\nfor p in {packages!r}: __import__(p)\n"
+        "print(sorted(m for m in ('pyspark', 'tensorflow', 'keras') if m in sys.modules))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=ROOT
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "[]", done.stdout
 
 
 def test_tensorflow_is_imported_only_where_executors_and_children_run() -> None:
-    wrong = [f"{module} imports {m}" for module, path in _modules() if module not in TENSORFLOW_MODULES
-             for m in _all_imports(path) if m.split(".")[0] in ("tensorflow", "keras")]
+    wrong = [
+        f"{module} imports {m}"
+        for module, path in _modules()
+        if module not in TENSORFLOW_MODULES
+        for m in _all_imports(path)
+        if m.split(".")[0] in ("tensorflow", "keras")
+    ]
     assert not wrong, "\n".join(wrong)
 
 
 def test_producers_and_the_parameter_server_know_neither_spark_nor_tensorflow() -> None:
-    wrong = [f"{module} imports {m}" for module, path in _modules()
-             if module.startswith("producers") or _within(module, {"pipeline.train.ps"})
-             for m in _all_imports(path) if m.split(".")[0] in ("pyspark", "tensorflow", "keras")]
-    wrong += [f"{module} imports {m}" for module, path in _modules() if _within(module, {"pipeline.train.ps"})
-              for m in _imports(path) if not _within(m, {"pipeline.train.ps", "pipeline.errors"})]
+    wrong = [
+        f"{module} imports {m}"
+        for module, path in _modules()
+        if module.startswith("producers") or _within(module, {"pipeline.train.ps"})
+        for m in _all_imports(path)
+        if m.split(".")[0] in ("pyspark", "tensorflow", "keras")
+    ]
+    wrong += [
+        f"{module} imports {m}"
+        for module, path in _modules()
+        if _within(module, {"pipeline.train.ps"})
+        for m in _imports(path)
+        if not _within(m, {"pipeline.train.ps", "pipeline.errors"})
+    ]
     assert not wrong, "\n".join(wrong)
 
 
@@ -257,24 +342,39 @@ def test_loggers_are_named_after_their_module() -> None:
     wrong = []
     for module, path in _modules():
         for node in ast.parse(path.read_text()).body:
-            if (isinstance(node, ast.Assign) and isinstance(node.value, ast.Call)
-                    and ast.unparse(node.value.func) == "logging.getLogger"
-                    and ast.unparse(node.value) != "logging.getLogger(__name__)"):
+            if (
+                isinstance(node, ast.Assign)
+                and isinstance(node.value, ast.Call)
+                and ast.unparse(node.value.func) == "logging.getLogger"
+                and ast.unparse(node.value) != "logging.getLogger(__name__)"
+            ):
                 wrong.append(f"{module}: {ast.unparse(node)}")
     assert not wrong, "\n".join(wrong)
 
 
 def test_metrics_are_declared_in_one_module() -> None:
     declared = {"Counter", "Gauge", "Histogram", "Summary", "Info", "Enum"}
-    wrong = [f"{module} imports {m}" for module, path in _modules() if module != "pipeline.observe.metrics"
-             for m in _all_imports(path) if m.startswith("prometheus_client.") and m.split(".")[-1] in declared]
+    wrong = [
+        f"{module} imports {m}"
+        for module, path in _modules()
+        if module != "pipeline.observe.metrics"
+        for m in _all_imports(path)
+        if m.startswith("prometheus_client.") and m.split(".")[-1] in declared
+    ]
     assert not wrong, "\n".join(wrong)
 
 
 def test_only_the_train_driver_saves_the_checkpoint() -> None:
-    wrong = [f"{module}:{call.lineno}" for module, path in _modules() if module != "pipeline.train.driver"
-             for callee, call in _calls(path) if callee == "checkpoint.save"]
-    assert not wrong, "the exactly-once protocol lives in pipeline/train/driver.py:\n" + "\n".join(wrong)
+    wrong = [
+        f"{module}:{call.lineno}"
+        for module, path in _modules()
+        if module != "pipeline.train.driver"
+        for callee, call in _calls(path)
+        if callee == "checkpoint.save"
+    ]
+    assert not wrong, "the exactly-once protocol lives in pipeline/train/driver.py:\n" + "\n".join(
+        wrong
+    )
 
 
 def test_a_batch_s_figures_are_typed_from_task_to_report() -> None:
@@ -282,21 +382,44 @@ def test_a_batch_s_figures_are_typed_from_task_to_report() -> None:
     from pipeline.train.partition import TaskResult
     from pipeline.train.rows import BatchRow, TaskRow
 
-    wrong = [f"{cls.__name__}.{f.name}: {f.type}" for cls in (TaskResult, TaskRow, BatchRow)
-             for f in dataclasses.fields(cls) if "Any" in str(f.type)]
+    wrong = [
+        f"{cls.__name__}.{f.name}: {f.type}"
+        for cls in (TaskResult, TaskRow, BatchRow)
+        for f in dataclasses.fields(cls)
+        if "Any" in str(f.type)
+    ]
     assert not wrong, "string-keyed dicts or Any where a dataclass belongs:\n" + "\n".join(wrong)
     assert {f.name: str(f.type) for f in dataclasses.fields(BatchRow)}["tasks"] == "list[TaskRow]"
-    assert {f.name: str(f.type) for f in dataclasses.fields(RunReport)}["batches"] == "list[BatchRow]"
+    assert {f.name: str(f.type) for f in dataclasses.fields(RunReport)}[
+        "batches"
+    ] == "list[BatchRow]"
 
 
 def test_kafka_clients_are_built_in_one_module() -> None:
     """Every client is secured the same way only if one module builds them all (issue 38)."""
-    clients = {"KafkaProducer", "KafkaConsumer", "KafkaAdminClient", "Producer", "Consumer", "AdminClient"}
-    wrong = [f"{module}:{call.lineno}: {callee}" for module, path in _modules()
-             if module != "pipeline.ingest.kafka.client"
-             for callee, call in _calls(path) if callee.rpartition(".")[2] in clients]
+    clients = {
+        "KafkaProducer",
+        "KafkaConsumer",
+        "KafkaAdminClient",
+        "Producer",
+        "Consumer",
+        "AdminClient",
+    }
+    wrong = [
+        f"{module}:{call.lineno}: {callee}"
+        for module, path in _modules()
+        if module != "pipeline.ingest.kafka.client"
+        for callee, call in _calls(path)
+        if callee.rpartition(".")[2] in clients
+    ]
     assert not wrong, "build Kafka clients with pipeline.ingest.kafka.client:\n" + "\n".join(wrong)
-    sockets = [module for module, path in _modules() if "socket.create_connection" in path.read_text()
-               and module.startswith("pipeline.ingest.kafka") and module not in ("pipeline.ingest.kafka.wire",
-                                                                                  "pipeline.ingest.kafka.broker")]
-    assert not sockets, f"Kafka connections are opened by pipeline.ingest.kafka.wire alone: {sockets}"
+    sockets = [
+        module
+        for module, path in _modules()
+        if "socket.create_connection" in path.read_text()
+        and module.startswith("pipeline.ingest.kafka")
+        and module not in ("pipeline.ingest.kafka.wire", "pipeline.ingest.kafka.broker")
+    ]
+    assert not sockets, (
+        f"Kafka connections are opened by pipeline.ingest.kafka.wire alone: {sockets}"
+    )

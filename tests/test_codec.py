@@ -23,8 +23,13 @@ def test_mnist_round_trip_is_exact(n: int, seed: int) -> None:
 
 
 @settings(max_examples=50, deadline=None)
-@given(x=hnp.arrays(np.float32, st.tuples(st.integers(1, 30), st.just(28)),
-                    elements=st.floats(allow_nan=False, allow_infinity=False, width=32)))
+@given(
+    x=hnp.arrays(
+        np.float32,
+        st.tuples(st.integers(1, 30), st.just(28)),
+        elements=st.floats(allow_nan=False, allow_infinity=False, width=32),
+    )
+)
 def test_higgs_round_trip_is_bit_exact(x: np.ndarray) -> None:
     y = np.arange(len(x)) % 2
     out = codec.decode(pa.array(codec.encode(x, y, codec.HIGGS), pa.binary()), codec.HIGGS)
@@ -37,15 +42,37 @@ def test_every_reject_reason_is_named_and_good_records_survive() -> None:
     inf = codec.encode(np.array([[1, np.inf, 0]], np.float32), np.array([0]), schema)[0]
     higgs_record = codec.encode(np.ones((1, 28), np.float32), np.array([1]), codec.HIGGS)[0]
     wrong_schema = bytes([1, 3]) + good[2:]
-    values = [good, b"", good[:-1], b"\x07" + good[1:], wrong_schema,
-              codec.encode(np.ones((1, 3), np.float32), np.array([4]), schema)[0],
-              codec.encode(np.ones((1, 3), np.float32), np.array([-1]), schema)[0], inf, higgs_record, good]
+    values = [
+        good,
+        b"",
+        good[:-1],
+        b"\x07" + good[1:],
+        wrong_schema,
+        codec.encode(np.ones((1, 3), np.float32), np.array([4]), schema)[0],
+        codec.encode(np.ones((1, 3), np.float32), np.array([-1]), schema)[0],
+        inf,
+        higgs_record,
+        good,
+    ]
     out = codec.decode(values, schema)
     assert out.accepted.tolist() == [0, 9]
-    assert out.reason_names() == ["wrong_length", "wrong_length", "unknown_version", "wrong_schema",
-                                  "label_out_of_range", "label_out_of_range", "non_finite", "wrong_length"]
-    assert out.reject_counts() == {"wrong_length": 3, "unknown_version": 1, "wrong_schema": 1,
-                                   "label_out_of_range": 2, "non_finite": 1}
+    assert out.reason_names() == [
+        "wrong_length",
+        "wrong_length",
+        "unknown_version",
+        "wrong_schema",
+        "label_out_of_range",
+        "label_out_of_range",
+        "non_finite",
+        "wrong_length",
+    ]
+    assert out.reject_counts() == {
+        "wrong_length": 3,
+        "unknown_version": 1,
+        "wrong_schema": 1,
+        "label_out_of_range": 2,
+        "non_finite": 1,
+    }
     assert out.x.tolist() == [[1, 1, 1], [1, 1, 1]]
 
 

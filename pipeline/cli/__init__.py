@@ -23,7 +23,15 @@ from pipeline.cli import train as _train
 from pipeline.cli.base import cli
 from pipeline.errors import StreamtrainError
 
-_COMMANDS = (_cluster, _dashboards, _data, _kafka, _schema, _serve, _train)  # imported for the commands they add to `cli`
+_COMMANDS = (
+    _cluster,
+    _dashboards,
+    _data,
+    _kafka,
+    _schema,
+    _serve,
+    _train,
+)  # imported for the commands they add to `cli`
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -42,8 +50,11 @@ def main(argv: list[str] | None = None) -> None:
     except pydantic.ValidationError as e:  # a setting from the environment (pipeline.config)
         first = e.errors()[0]
         name = "STREAMTRAIN_" + "_".join(str(part) for part in first["loc"]).upper()
-        click.echo(f"streamtrain: error: Expected {name}: {first['msg'].lower()}. Received: {first.get('input')!r}. "
-                   f"Set it so, or unset it for the default.", err=True)
+        click.echo(
+            f"streamtrain: error: Expected {name}: {first['msg'].lower()}. Received: {first.get('input')!r}. "
+            f"Set it so, or unset it for the default.",
+            err=True,
+        )
         sys.exit(2)
     except KeyboardInterrupt:
         click.echo("interrupted", err=True)

@@ -13,23 +13,28 @@ from pipeline.errors import ConfigError
 
 #: ``--bootstrap``, for the commands that talk to Kafka.
 bootstrap_option = click.option(
-    "--bootstrap", metavar="HOST:PORT",
+    "--bootstrap",
+    metavar="HOST:PORT",
     help="Use this Kafka instead of the embedded broker (env STREAMTRAIN_BOOTSTRAP).",
 )
 
 
 #: ``--kafka-conf``, for the commands that talk to Kafka.
 kafka_conf_option = click.option(
-    "--kafka-conf", metavar="FILE", type=click.Path(dir_okay=False),
+    "--kafka-conf",
+    metavar="FILE",
+    type=click.Path(dir_okay=False),
     help="A Kafka client properties file (security.protocol, sasl.mechanism, sasl.username, sasl.password, ssl.*), "
-         "as librdkafka and the Java client read it; env STREAMTRAIN_KAFKA_CONF. docs/kafka.md: Secured clusters.",
+    "as librdkafka and the Java client read it; env STREAMTRAIN_KAFKA_CONF. docs/kafka.md: Secured clusters.",
 )
 
 
 def _setup_logging(verbose: bool) -> None:
     logging.basicConfig(
         level=logging.DEBUG if verbose else logging.INFO,
-        format="%(asctime)s %(levelname).1s %(name)s: %(message)s", datefmt="%H:%M:%S", stream=sys.stderr,
+        format="%(asctime)s %(levelname).1s %(name)s: %(message)s",
+        datefmt="%H:%M:%S",
+        stream=sys.stderr,
     )
     # kafka-python logs every reconnect attempt at WARNING/ERROR; our own errors say it once.
     logging.getLogger("kafka").setLevel(logging.CRITICAL if not verbose else logging.INFO)
@@ -61,13 +66,15 @@ def resolve_bootstrap(bootstrap: str | None, kafka_conf: str | None = None) -> s
     client file, else a running `streamtrain broker`."""
     from pipeline.ingest.kafka import broker, client, conf
 
-    chosen = (bootstrap or config.settings().bootstrap or conf.load(kafka_conf).bootstrap
-              or broker.running_bootstrap())
+    chosen = (
+        bootstrap
+        or config.settings().bootstrap
+        or conf.load(kafka_conf).bootstrap
+        or broker.running_bootstrap()
+    )
     if not chosen:
         raise ConfigError(
             "No Kafka to send to: no --bootstrap, no STREAMTRAIN_BOOTSTRAP and no running embedded broker. "
             "Start one with `streamtrain broker` in another terminal, or pass --bootstrap HOST:PORT."
         )
     return client.parse_bootstrap(chosen)
-
-

@@ -29,7 +29,11 @@ def data_sample(name: str, folder: str) -> None:
 
 @data.command("fetch")
 @click.argument("dataset", type=click.Choice(["mnist", "higgs"]))
-@click.option("--data-dir", type=click.Path(file_okay=False), help="Where to put HIGGS (default: the data folder).")
+@click.option(
+    "--data-dir",
+    type=click.Path(file_okay=False),
+    help="Where to put HIGGS (default: the data folder).",
+)
 def data_fetch(dataset: str, data_dir: str | None) -> None:
     """Download DATASET once (MNIST into the cache, HIGGS.csv.gz into the data folder)."""
     if dataset == "mnist":

@@ -22,8 +22,12 @@ from pipeline.errors import ConfigError
 @click.argument("run_dir", type=click.Path(file_okay=False))
 @click.option("--port", default=8501, show_default=True, help="Port to listen on (0: a free one).")
 @click.option("--name", help="The model's name in the URLs (default: the run's dataset).")
-@click.option("--max-age", "max_age_s", type=float,
-              help="Refuse to predict with a checkpoint older than this many seconds (default: any age).")
+@click.option(
+    "--max-age",
+    "max_age_s",
+    type=float,
+    help="Refuse to predict with a checkpoint older than this many seconds (default: any age).",
+)
 def serve(run_dir: str, port: int, name: str | None, max_age_s: float | None) -> None:
     """Serve the model of RUN_DIR over TensorFlow Serving's REST API until Ctrl-C.
 
@@ -37,27 +41,49 @@ def serve(run_dir: str, port: int, name: str | None, max_age_s: float | None) ->
 
     folder = Path(run_dir)
     if not (folder / checkpoint.FILENAME).is_file():
-        raise ConfigError(f"Expected a run folder with a checkpoint ({checkpoint.FILENAME}). Received: {run_dir}; "
-                          "pass the --out folder of a run that trained at least one micro-batch.")
+        raise ConfigError(
+            f"Expected a run folder with a checkpoint ({checkpoint.FILENAME}). Received: {run_dir}; "
+            "pass the --out folder of a run that trained at least one micro-batch."
+        )
     host, token = process.host_and_token(config.settings())
     process.check_serving(port, max_age_s, host=host)
     with scratch.scratch():  # TensorFlow's traced functions with it, gone when it stops
-        process.serve_folder(folder, host=host, port=port, name=name, token=token, max_age_s=max_age_s,
-                             hosts=process.allowed_hosts(config.settings()))
+        process.serve_folder(
+            folder,
+            host=host,
+            port=port,
+            name=name,
+            token=token,
+            max_age_s=max_age_s,
+            hosts=process.allowed_hosts(config.settings()),
+        )
 
 
 @cli.command()
-@click.option("--run", "run_dir", required=True, type=click.Path(file_okay=False),
-              help="The run whose model scores (its checkpoint, reloaded as the run writes new ones).")
+@click.option(
+    "--run",
+    "run_dir",
+    required=True,
+    type=click.Path(file_okay=False),
+    help="The run whose model scores (its checkpoint, reloaded as the run writes new ones).",
+)
 @click.option("--topic", required=True, help="The topic of records to score.")
 @click.option("--output-topic", help="Where predictions go (default: TOPIC.predictions).")
-@click.option("--input-format", type=click.Choice(["wire", "json"]), default="wire", show_default=True,
-              help="wire: records as `streamtrain produce` writes them; json: each value one JSON instance "
-                   '(a list of numbers, or {"instances": [one]}) in the same units.')
+@click.option(
+    "--input-format",
+    type=click.Choice(["wire", "json"]),
+    default="wire",
+    show_default=True,
+    help="wire: records as `streamtrain produce` writes them; json: each value one JSON instance "
+    '(a list of numbers, or {"instances": [one]}) in the same units.',
+)
 @bootstrap_option
 @kafka_conf_option
-@click.option("--checkpoint", type=click.Path(file_okay=False),
-              help="The query's checkpoint: a restart continues after it (default: RUN/predict-TOPIC).")
+@click.option(
+    "--checkpoint",
+    type=click.Path(file_okay=False),
+    help="The query's checkpoint: a restart continues after it (default: RUN/predict-TOPIC).",
+)
 @click.option("--available-now", is_flag=True, help="Score what the topic holds now, then stop.")
 @click.option("--max-batches", type=int, help="Stop after this many micro-batches.")
 @click.option("--timeout", "timeout_s", type=float, help="Stop after this many seconds.")
@@ -71,6 +97,9 @@ def predict(bootstrap: str | None, kafka_conf: str | None, **options: Any) -> No
 
     kafka_conf = resolve_kafka_conf(kafka_conf)
     with scratch.scratch():  # its temporary files and its Spark's, gone when it stops
-        summary = predict_job.run(predict_job.PredictConfig(bootstrap=resolve_bootstrap(bootstrap, kafka_conf),
-                                                            kafka_conf=kafka_conf, **options))
+        summary = predict_job.run(
+            predict_job.PredictConfig(
+                bootstrap=resolve_bootstrap(bootstrap, kafka_conf), kafka_conf=kafka_conf, **options
+            )
+        )
     click.echo(summary.summary())

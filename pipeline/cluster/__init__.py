@@ -13,5 +13,15 @@ from pipeline.cluster.executors import driver_host, local_slots, run_on_executor
 from pipeline.cluster.processes import ChildProcess, die_with_parent, stop_on_signals
 from pipeline.cluster.session import quiet_query_failure, session, stop
 
-__all__ = ["ChildProcess", "die_with_parent", "driver_host", "local_slots", "quiet_query_failure",
-           "run_on_executors", "session", "stop", "stop_on_signals", "task_threads"]
+__all__ = [
+    "ChildProcess",
+    "die_with_parent",
+    "driver_host",
+    "local_slots",
+    "quiet_query_failure",
+    "run_on_executors",
+    "session",
+    "stop",
+    "stop_on_signals",
+    "task_threads",
+]

@@ -9,7 +9,9 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 
-def run_on_executors(spark: Any, items: Sequence[T], fn: Callable[[T], R], *, description: str) -> list[R]:
+def run_on_executors(
+    spark: Any, items: Sequence[T], fn: Callable[[T], R], *, description: str
+) -> list[R]:
     """``[fn(item) for item in items]``, each call in its own Spark task, in order.
 
     ``fn`` and ``items`` travel to the executors with the tasks, so keep both small
@@ -53,14 +55,22 @@ def local_slots(master: str, workers: int, cores: int) -> tuple[str, str | None]
     """
     if not master.startswith("local"):
         return master, None
-    inner = master[len("local["):-1] if master.startswith("local[") else "1"
-    slots = cores if inner == "*" else int(inner.split(",")[0]) if inner.split(",")[0].isdigit() else cores
+    inner = master[len("local[") : -1] if master.startswith("local[") else "1"
+    slots = (
+        cores
+        if inner == "*"
+        else int(inner.split(",")[0])
+        if inner.split(",")[0].isdigit()
+        else cores
+    )
     if slots >= workers:
         return master, None
     if inner == "*":
         return f"local[{workers}]", None
-    return master, (f"{master} has {slots} task slots for {workers} workers: only {slots} replicas train at a "
-                    f"time (pass --master local[{workers}])")
+    return master, (
+        f"{master} has {slots} task slots for {workers} workers: only {slots} replicas train at a "
+        f"time (pass --master local[{workers}])"
+    )
 
 
 def task_threads(spark: Any, workers: int) -> int:

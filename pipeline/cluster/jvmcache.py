@@ -85,10 +85,23 @@ def after_stop(gateway: object) -> None:
     argfile.write_text(f'-cp "{classpath}"\n')
     with open(archive.with_suffix(".log"), "a") as out:
         subprocess.Popen(
-            [sys.executable, "-m", "pipeline.cluster.jvmcache", str(classlist), str(archive), java, str(argfile)],
-            stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            [
+                sys.executable,
+                "-m",
+                "pipeline.cluster.jvmcache",
+                str(classlist),
+                str(archive),
+                java,
+                str(argfile),
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
-    log.info("building Spark's class archive in the background, so that later runs start sooner (once)")
+    log.info(
+        "building Spark's class archive in the background, so that later runs start sooner (once)"
+    )
 
 
 def build(classlist: Path, archive: Path, java: str, argfile: Path) -> int:
@@ -108,9 +121,16 @@ def build(classlist: Path, archive: Path, java: str, argfile: Path) -> int:
             if archive.is_file():
                 return 0
             done = subprocess.run(
-                [java, "-Xshare:dump", f"-XX:SharedClassListFile={classlist}",
-                 f"-XX:SharedArchiveFile={partial}", "-XX:+VerifySharedSpaces", f"@{argfile}"],
-                stdin=subprocess.DEVNULL, check=False,
+                [
+                    java,
+                    "-Xshare:dump",
+                    f"-XX:SharedClassListFile={classlist}",
+                    f"-XX:SharedArchiveFile={partial}",
+                    "-XX:+VerifySharedSpaces",
+                    f"@{argfile}",
+                ],
+                stdin=subprocess.DEVNULL,
+                check=False,
             )
             if done.returncode == 0 and partial.is_file() and partial.stat().st_size:
                 os.replace(partial, archive)
@@ -139,18 +159,26 @@ def check_java() -> None:
         return
     home = config.settings().java_home
     if home is not None:
-        raise ConfigError(f"Expected a Java for Spark at $JAVA_HOME/bin/java. Received: JAVA_HOME={home}, which has "
-                          "none; set JAVA_HOME to a JDK's folder (Java 17 or later), or unset it to use the java on "
-                          "PATH.")
-    raise ConfigError("Expected a Java for Spark (Java 17 or later). Received: no JAVA_HOME and no java on PATH; "
-                      "install one (apt-get install openjdk-17-jre-headless) or set JAVA_HOME.")
+        raise ConfigError(
+            f"Expected a Java for Spark at $JAVA_HOME/bin/java. Received: JAVA_HOME={home}, which has "
+            "none; set JAVA_HOME to a JDK's folder (Java 17 or later), or unset it to use the java on "
+            "PATH."
+        )
+    raise ConfigError(
+        "Expected a Java for Spark (Java 17 or later). Received: no JAVA_HOME and no java on PATH; "
+        "install one (apt-get install openjdk-17-jre-headless) or set JAVA_HOME."
+    )
 
 
 def java_binary() -> str | None:
     """The java Spark's launcher runs: ``$JAVA_HOME/bin/java``, else the one on PATH."""
     home = config.settings().java_home
     found = str(home / "bin" / "java") if home else shutil.which("java")
-    return os.path.realpath(found) if found and os.path.isfile(found) and os.access(found, os.X_OK) else None
+    return (
+        os.path.realpath(found)
+        if found and os.path.isfile(found) and os.access(found, os.X_OK)
+        else None
+    )
 
 
 if __name__ == "__main__":

@@ -51,8 +51,9 @@ def die_with_parent(parent: int | None = None) -> None:
 
 
 @contextlib.contextmanager
-def stop_on_signals(stop: threading.Event, *, again_exits: bool = True,
-                    received: list[int] | None = None) -> Iterator[threading.Event]:
+def stop_on_signals(
+    stop: threading.Event, *, again_exits: bool = True, received: list[int] | None = None
+) -> Iterator[threading.Event]:
     """While inside, SIGINT and SIGTERM set ``stop`` rather than raise KeyboardInterrupt;
     with ``again_exits``, a second one exits at once (status 130) without cleaning up.
     ``received`` gets each signal's number (a caller's exit status may depend on which).
@@ -98,7 +99,9 @@ def stop_gracefully(request: Callable[[str], None]) -> Iterator[None]:
     def handle(signum: int, _frame: Any) -> None:
         name = signal.Signals(signum).name
         if seen:
-            sys.stderr.write(f"{name} again: stopping at once (the last checkpoint stands; resume from it)\n")
+            sys.stderr.write(
+                f"{name} again: stopping at once (the last checkpoint stands; resume from it)\n"
+            )
             sys.stderr.flush()
             os._exit(128 + signum)
         seen.append(signum)
@@ -146,8 +149,12 @@ def _child(main: Main, what: str, job: dict[str, Any], report: Any, log_path: st
     with open(log_path, "a") as f:  # stdout and stderr, C libraries' included
         os.dup2(f.fileno(), 1)
         os.dup2(f.fileno(), 2)
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s %(levelname).1s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    logging.basicConfig(
+        level=logging.INFO,
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname).1s %(name)s: %(message)s",
+        datefmt="%H:%M:%S",
+    )
     job = dict(job)
     parent = job.pop("parent", None)
     global _parent_pipe
@@ -175,8 +182,16 @@ class ChildProcess:
         stop_signal: what :meth:`stop` sends first (it kills the child 10 s later).
     """
 
-    def __init__(self, main: Main, job: dict[str, Any], *, name: str, what: str, log_path: Path,
-                 stop_signal: int = signal.SIGTERM) -> None:
+    def __init__(
+        self,
+        main: Main,
+        job: dict[str, Any],
+        *,
+        name: str,
+        what: str,
+        log_path: Path,
+        stop_signal: int = signal.SIGTERM,
+    ) -> None:
         self.main, self.job, self.name, self.what, self.log_path = main, job, name, what, log_path
         self.stop_signal = stop_signal
         self._process: Any = None
@@ -184,10 +199,21 @@ class ChildProcess:
 
     def start(self) -> ChildProcess:
         ctx = multiprocessing.get_context("spawn")
-        self._answers, child_end = ctx.Pipe()  # both ways: the child answers, and may be sent work later
+        self._answers, child_end = (
+            ctx.Pipe()
+        )  # both ways: the child answers, and may be sent work later
         self._process = ctx.Process(
-            target=_child, args=(self.main, self.what, {**self.job, "parent": os.getpid()}, child_end,
-                                 str(self.log_path)), name=self.name, daemon=True)
+            target=_child,
+            args=(
+                self.main,
+                self.what,
+                {**self.job, "parent": os.getpid()},
+                child_end,
+                str(self.log_path),
+            ),
+            name=self.name,
+            daemon=True,
+        )
         self._process.start()
         child_end.close()
         return self

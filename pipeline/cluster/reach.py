@@ -25,7 +25,7 @@ def master_address(master: str) -> tuple[str, int]:
     >>> master_address("spark://10.0.0.1:7077"), master_address("spark://m")
     (('10.0.0.1', 7077), ('m', 7077))
     """
-    first = master[len("spark://"):].split(",")[0]
+    first = master[len("spark://") :].split(",")[0]
     host, _, port = first.rpartition(":") if ":" in first else (first, "", "7077")
     return host, int(port or 7077)
 
@@ -47,7 +47,8 @@ def check_master(master: str, *, wait_s: float = 60.0) -> None:
         time.sleep(1.0)
     raise ConfigError(
         f"Cannot reach Spark's master at {master} from this host within {wait_s:g} s ({reason}). Start it there "
-        f"(streamtrain spark-master --host {host}), check the address, and open port {port} from this host.")
+        f"(streamtrain spark-master --host {host}), check the address, and open port {port} from this host."
+    )
 
 
 def driver_address(master: str, local_ip: str | None) -> str:
@@ -57,7 +58,9 @@ def driver_address(master: str, local_ip: str | None) -> str:
     if local_ip:
         return local_ip
     host, port = master_address(master)
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:  # no packet: connect() only picks the route
+    with socket.socket(
+        socket.AF_INET, socket.SOCK_DGRAM
+    ) as s:  # no packet: connect() only picks the route
         try:
             s.connect((host, port))
             return str(s.getsockname()[0])
@@ -84,7 +87,9 @@ def await_executors(spark: Any, master: str, *, timeout_s: float) -> int:
     sc = spark.sparkContext
     deadline = time.monotonic() + timeout_s
     while True:
-        registered = int(sc._jsc.sc().getExecutorMemoryStatus().size()) - 1  # the driver counts itself
+        registered = (
+            int(sc._jsc.sc().getExecutorMemoryStatus().size()) - 1
+        )  # the driver counts itself
         if registered > 0:
             return registered
         if time.monotonic() >= deadline:
@@ -96,7 +101,9 @@ def await_executors(spark: Any, master: str, *, timeout_s: float) -> int:
         where = f"the master at {master} has no alive worker: start one (streamtrain spark-worker {master} ...)"
     else:
         on = f" (alive: {', '.join(workers)})" if workers else ""
-        where = (f"the workers{on} started none that reached this driver at {driver}: set SPARK_LOCAL_IP to "
-                 "this host's address the workers reach, open spark.driver.port and spark.blockManager.port "
-                 "to them, and see an executor's stderr in the worker's work folder")
+        where = (
+            f"the workers{on} started none that reached this driver at {driver}: set SPARK_LOCAL_IP to "
+            "this host's address the workers reach, open spark.driver.port and spark.blockManager.port "
+            "to them, and see an executor's stderr in the worker's work folder"
+        )
     raise StreamtrainError(f"No Spark executor registered within {timeout_s:g} s: {where}.")

@@ -10,7 +10,9 @@ import re
 import signal
 
 #: The lines of Spark's log that say what the ready line needs.
-_STARTED = re.compile(r"Starting Spark (?:master|worker) (\S+?)(?::(\d+))? with (\d+) cores?, (.+?) RAM")
+_STARTED = re.compile(
+    r"Starting Spark (?:master|worker) (\S+?)(?::(\d+))? with (\d+) cores?, (.+?) RAM"
+)
 _MASTER_AT = re.compile(r"Starting Spark master at (spark://\S+)")
 _WEBUI = re.compile(r"Bound (?:Master|Worker)WebUI to (\S+), and started at https?://[^\s:]+:(\d+)")
 _LEADER = "I have been elected leader"
@@ -59,9 +61,15 @@ class Ready:
         registered = _REGISTERED.search(line)
         if self.role == "worker" and registered:
             self.said = True
-            what = f", {seen['started3']} cores and {seen['started4']} for executors" if "started" in seen else ""
-            return (f"spark worker ready at {seen.get('started1', '?')}:{seen.get('started2', '?')}: registered with "
-                    f"{registered.group(1)}{what}{f' ({ui})' if ui else ''}")
+            what = (
+                f", {seen['started3']} cores and {seen['started4']} for executors"
+                if "started" in seen
+                else ""
+            )
+            return (
+                f"spark worker ready at {seen.get('started1', '?')}:{seen.get('started2', '?')}: registered with "
+                f"{registered.group(1)}{what}{f' ({ui})' if ui else ''}"
+            )
         return None
 
 

@@ -41,9 +41,11 @@ def base(parent: str | os.PathLike[str] | None = None) -> Path:
         folder.mkdir(mode=0o700)
     info = folder.lstat()
     if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
-        raise ConfigError(f"Expected {folder} to be a folder of this user's alone, for runs' temporary files. "
-                          f"Received: {'a link or file' if not stat.S_ISDIR(info.st_mode) else 'one others can use'}. "
-                          "Remove it, or point TMPDIR at a folder of your own.")
+        raise ConfigError(
+            f"Expected {folder} to be a folder of this user's alone, for runs' temporary files. "
+            f"Received: {'a link or file' if not stat.S_ISDIR(info.st_mode) else 'one others can use'}. "
+            "Remove it, or point TMPDIR at a folder of your own."
+        )
     return folder
 
 
@@ -96,8 +98,11 @@ def scratch(parent: str | os.PathLike[str] | None = None) -> Iterator[Path]:
     fcntl.flock(lock, fcntl.LOCK_EX)
     before = {name: os.environ.get(name) for name in _VARIABLES}
     cached = tempfile.tempdir
-    os.environ.update(TMPDIR=str(own), SPARK_LOCAL_DIRS=str(own),
-                      SPARK_SUBMIT_OPTS=f"{before['SPARK_SUBMIT_OPTS'] or ''} -Djava.io.tmpdir={own}".strip())
+    os.environ.update(
+        TMPDIR=str(own),
+        SPARK_LOCAL_DIRS=str(own),
+        SPARK_SUBMIT_OPTS=f"{before['SPARK_SUBMIT_OPTS'] or ''} -Djava.io.tmpdir={own}".strip(),
+    )
     tempfile.tempdir = str(own)
     try:
         yield own

@@ -41,8 +41,10 @@ def read_properties(path: str | Path) -> dict[str, str]:
     try:
         text = path.read_text()
     except OSError as e:
-        raise ConfigError(f"Expected a readable Spark properties file for --spark-conf. Received: {path} "
-                          f"({e.strerror})") from None
+        raise ConfigError(
+            f"Expected a readable Spark properties file for --spark-conf. Received: {path} "
+            f"({e.strerror})"
+        ) from None
     props = {}
     for n, line in enumerate(text.splitlines(), start=1):
         line = line.strip()
@@ -50,7 +52,9 @@ def read_properties(path: str | Path) -> dict[str, str]:
             continue
         key, sep, value = _split(line)
         if not sep or not key.startswith("spark."):
-            raise ConfigError(f"Expected 'spark.KEY VALUE' on line {n} of {path}. Received: {line[:60]!r}")
+            raise ConfigError(
+                f"Expected 'spark.KEY VALUE' on line {n} of {path}. Received: {line[:60]!r}"
+            )
         props[key] = value
     return props
 
@@ -59,7 +63,7 @@ def _split(line: str) -> tuple[str, str, str]:
     """A line's key, separator and value (the first '=' or run of spaces separates)."""
     for i, ch in enumerate(line):
         if ch == "=" or ch.isspace():
-            return line[:i].strip(), ch, line[i + 1:].strip().lstrip("=").strip()
+            return line[:i].strip(), ch, line[i + 1 :].strip().lstrip("=").strip()
     return line, "", ""
 
 
@@ -71,7 +75,7 @@ def master_host(master: str) -> str | None:
     """
     if not master.startswith("spark://"):
         return None
-    return master[len("spark://"):].split(",")[0].rsplit(":", 1)[0]
+    return master[len("spark://") :].split(",")[0].rsplit(":", 1)[0]
 
 
 def on_loopback(master: str) -> bool:
@@ -102,12 +106,15 @@ def spark_conf(master: str, path: str | None, *, option: str = "--spark-conf") -
         raise ConfigError(
             f"Expected {option} FILE with {', '.join(missing)} for the cluster at {master} (the tasks carry the "
             f"parameter server's secret). Received: {path or 'no file'}. Write one with: streamtrain cluster-conf "
-            "FILE; start the master and workers with --properties-file FILE, and train with --spark-conf FILE.")
+            "FILE; start the master and workers with --properties-file FILE, and train with --spark-conf FILE."
+        )
     assert path is not None
     mode = stat.S_IMODE(os.stat(path).st_mode)
     if mode & (stat.S_IRWXG | stat.S_IRWXO):
-        raise ConfigError(f"Expected {path} readable by its owner only: it holds the cluster's secret. "
-                          f"Received: mode {mode:o}. Run: chmod 600 {path}")
+        raise ConfigError(
+            f"Expected {path} readable by its owner only: it holds the cluster's secret. "
+            f"Received: mode {mode:o}. Run: chmod 600 {path}"
+        )
     return props
 
 
@@ -117,16 +124,24 @@ def write_conf(path: str | Path) -> Path:
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     except FileExistsError:
-        raise ConfigError(f"{path} exists; pass a new file name (or remove it to make a new secret).") from None
+        raise ConfigError(
+            f"{path} exists; pass a new file name (or remove it to make a new secret)."
+        ) from None
     except OSError as e:
         raise ConfigError(f"Cannot write {path} ({e.strerror}).") from None
-    lines = [f"{k} {v}" for k, v in REQUIRED.items()] + [f"spark.authenticate.secret {secrets.token_hex(32)}"]
+    lines = [f"{k} {v}" for k, v in REQUIRED.items()] + [
+        f"spark.authenticate.secret {secrets.token_hex(32)}"
+    ]
     with os.fdopen(fd, "w") as f:
         f.write("# streamtrain: Spark RPC authentication and encryption. Keep this file secret.\n")
         f.write("\n".join(lines) + "\n")
-        f.write("# The driver's ports the workers connect to (open them from the workers to the driver).\n")
+        f.write(
+            "# The driver's ports the workers connect to (open them from the workers to the driver).\n"
+        )
         f.write("".join(f"{k} {v}\n" for k, v in FIXED_PORTS.items()))
-        f.write("# Your own Spark settings go below, one 'spark.KEY VALUE' a line (e.g. spark.executor.memory 6g).\n")
+        f.write(
+            "# Your own Spark settings go below, one 'spark.KEY VALUE' a line (e.g. spark.executor.memory 6g).\n"
+        )
     return path
 
 

@@ -14,8 +14,15 @@ if TYPE_CHECKING:
     from pipeline.cluster.zygote import Zygote
 
 
-def session(master: str = "local[*]", *, app: str = "streamtrain", conf: dict[str, str] | None = None,
-            zygote: Zygote | None = None, local_ip: str | None = None, executor_wait_s: float = 120.0) -> Any:
+def session(
+    master: str = "local[*]",
+    *,
+    app: str = "streamtrain",
+    conf: dict[str, str] | None = None,
+    zygote: Zygote | None = None,
+    local_ip: str | None = None,
+    executor_wait_s: float = 120.0,
+) -> Any:
     """Get or create a SparkSession for streamtrain; stop it with :func:`stop`.
 
     * Python workers run this interpreter, or they start a Python without our packages.
@@ -65,7 +72,8 @@ def session(master: str = "local[*]", *, app: str = "streamtrain", conf: dict[st
         java += jvmcache.options()
     java += [conf.pop("spark.driver.extraJavaOptions", "")]
     builder = (
-        SparkSession.builder.master(master).appName(app)
+        SparkSession.builder.master(master)
+        .appName(app)
         .config("spark.driver.extraJavaOptions", " ".join(o for o in java if o))
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
         .config("spark.sql.shuffle.partitions", "2")
@@ -74,12 +82,16 @@ def session(master: str = "local[*]", *, app: str = "streamtrain", conf: dict[st
         .config("spark.ui.showConsoleProgress", "false")  # our own status line says more
     )
     if loopback:
-        builder = builder.config("spark.driver.bindAddress", "127.0.0.1").config("spark.driver.host", "127.0.0.1")
+        builder = builder.config("spark.driver.bindAddress", "127.0.0.1").config(
+            "spark.driver.host", "127.0.0.1"
+        )
     elif master.startswith("spark://"):
         from pipeline.cluster import reach
 
         address = reach.driver_address(master, local_ip)
-        builder = builder.config("spark.driver.bindAddress", address).config("spark.driver.host", address)
+        builder = builder.config("spark.driver.bindAddress", address).config(
+            "spark.driver.host", address
+        )
     for key, value in conf.items():
         builder = builder.config(key, value)
     # The context takes its Pythons from the environment when it is created, and keeps them
@@ -106,9 +118,11 @@ def session(master: str = "local[*]", *, app: str = "streamtrain", conf: dict[st
     # each stream start says adaptive execution is off for streams (it stays on for batch).
     jvm: Any = spark.sparkContext._jvm
     log4j = jvm.org.apache.logging.log4j
-    for logger in ("org.apache.spark.scheduler.DAGScheduler",
-                   "org.apache.spark.sql.execution.streaming.runtime.ResolveWriteToStream",  # Spark 4.1+
-                   "org.apache.spark.sql.execution.streaming.ResolveWriteToStream"):
+    for logger in (
+        "org.apache.spark.scheduler.DAGScheduler",
+        "org.apache.spark.sql.execution.streaming.runtime.ResolveWriteToStream",  # Spark 4.1+
+        "org.apache.spark.sql.execution.streaming.ResolveWriteToStream",
+    ):
         log4j.core.config.Configurator.setLevel(logger, log4j.Level.ERROR)
     return spark
 
@@ -136,7 +150,9 @@ def _properties_file(props: dict[str, str]) -> Iterator[None]:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as f:
             f.write("".join(f"{k} {v}\n" for k, v in props.items()))
-        os.environ["PYSPARK_SUBMIT_ARGS"] = f"--properties-file {shlex.quote(path)} {before or 'pyspark-shell'}"
+        os.environ["PYSPARK_SUBMIT_ARGS"] = (
+            f"--properties-file {shlex.quote(path)} {before or 'pyspark-shell'}"
+        )
         try:
             yield
         finally:
@@ -153,8 +169,10 @@ def quiet_query_failure(spark: Any) -> None:
     inside, ahead of that line."""
     jvm: Any = spark.sparkContext._jvm
     log4j = jvm.org.apache.logging.log4j
-    for logger in ("org.apache.spark.sql.execution.streaming.runtime.MicroBatchExecution",  # Spark 4.1+
-                   "org.apache.spark.sql.execution.streaming.MicroBatchExecution"):
+    for logger in (
+        "org.apache.spark.sql.execution.streaming.runtime.MicroBatchExecution",  # Spark 4.1+
+        "org.apache.spark.sql.execution.streaming.MicroBatchExecution",
+    ):
         log4j.core.config.Configurator.setLevel(logger, log4j.Level.OFF)
 
 

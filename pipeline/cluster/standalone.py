@@ -32,9 +32,18 @@ def worker_folder(work_dir: str | None) -> Path:
     return folder.resolve()
 
 
-def command(role: str, *, host: str, port: int, properties: str | None, master: str | None = None,
-            cores: int | None = None, memory: str | None = None, work_dir: str | None = None,
-            webui_port: int | None = None) -> list[str]:
+def command(
+    role: str,
+    *,
+    host: str,
+    port: int,
+    properties: str | None,
+    master: str | None = None,
+    cores: int | None = None,
+    memory: str | None = None,
+    work_dir: str | None = None,
+    webui_port: int | None = None,
+) -> list[str]:
     """The ``spark-class`` command line of a master or a worker (``role``), after checking
     that a cluster beyond loopback authenticates and encrypts its RPC.
 
@@ -43,17 +52,32 @@ def command(role: str, *, host: str, port: int, properties: str | None, master: 
     """
     target = master or f"spark://{host}:{port}"
     if not security.on_loopback(f"spark://{host}:0") or not security.on_loopback(target):
-        security.spark_conf(f"spark://{host}:{port}" if role == "master" else target, properties,
-                            option="--properties-file")
+        security.spark_conf(
+            f"spark://{host}:{port}" if role == "master" else target,
+            properties,
+            option="--properties-file",
+        )
     elif properties:
         security.read_properties(properties)
     args = [str(spark_home() / "bin" / "spark-class")]
     if role == "master":
-        args += ["org.apache.spark.deploy.master.Master", "--host", host, "--port", str(port),
-                 "--webui-port", str(8080 if webui_port is None else webui_port)]
+        args += [
+            "org.apache.spark.deploy.master.Master",
+            "--host",
+            host,
+            "--port",
+            str(port),
+            "--webui-port",
+            str(8080 if webui_port is None else webui_port),
+        ]
     else:
-        args += ["org.apache.spark.deploy.worker.Worker", "--host", host,
-                 "--webui-port", str(8081 if webui_port is None else webui_port)]
+        args += [
+            "org.apache.spark.deploy.worker.Worker",
+            "--host",
+            host,
+            "--webui-port",
+            str(8081 if webui_port is None else webui_port),
+        ]
         args += ["--port", str(port)] if port else []
         args += ["--cores", str(cores)] if cores else []
         args += ["--memory", memory] if memory else []
@@ -86,9 +110,13 @@ def exec_(args: list[str], host: str, *, webui_host: str = WEBUI_HOST) -> None:
     try:
         socket.gethostbyname(host)
     except OSError:
-        raise ConfigError(f"Expected --host to be this machine's address or a name for it. Received: {host!r} "
-                          "(it does not resolve).") from None
+        raise ConfigError(
+            f"Expected --host to be this machine's address or a name for it. Received: {host!r} "
+            "(it does not resolve)."
+        ) from None
     # The master's and the workers' RPC bind --host; their web UIs bind SPARK_LOCAL_IP alone.
     env["SPARK_LOCAL_IP"] = webui_host
-    readiness.watch_stderr("master" if "org.apache.spark.deploy.master.Master" in args else "worker")
+    readiness.watch_stderr(
+        "master" if "org.apache.spark.deploy.master.Master" in args else "worker"
+    )
     os.execve(args[0], args, env)

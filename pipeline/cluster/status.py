@@ -52,12 +52,16 @@ def describe(master: str, url: str) -> list[str]:
     try:
         state = read(url)
     except (OSError, ValueError) as e:
-        raise ConfigError(f"Cannot read the master's web UI at {url} ({e}). Run this on the master's machine, or "
-                          f"through an SSH tunnel to it (ssh -N -L 8080:127.0.0.1:8080 MASTER_HOST), or pass "
-                          "--webui URL.") from None
+        raise ConfigError(
+            f"Cannot read the master's web UI at {url} ({e}). Run this on the master's machine, or "
+            f"through an SSH tunnel to it (ssh -N -L 8080:127.0.0.1:8080 MASTER_HOST), or pass "
+            "--webui URL."
+        ) from None
     if state.get("url") != master:
-        raise ConfigError(f"Expected the web UI of {master}. Received: {url} serves {state.get('url')!r}. Pass "
-                          "--webui URL of that master's UI.")
+        raise ConfigError(
+            f"Expected the web UI of {master}. Received: {url} serves {state.get('url')!r}. Pass "
+            "--webui URL of that master's UI."
+        )
     return lines(state)
 
 
@@ -72,10 +76,14 @@ def lines(state: dict[str, Any]) -> list[str]:
     """
     alive = int(state.get("aliveworkers", 0))
     apps = len(state.get("activeapps", []))
-    out = [f"{state.get('url')}: {state.get('status')}, {alive} worker{'s' * (alive != 1)} alive with "
-           f"{state.get('cores', 0)} cores ({state.get('coresused', 0)} in use), {apps} application"
-           f"{'s' * (apps != 1)} running"]
+    out = [
+        f"{state.get('url')}: {state.get('status')}, {alive} worker{'s' * (alive != 1)} alive with "
+        f"{state.get('cores', 0)} cores ({state.get('coresused', 0)} in use), {apps} application"
+        f"{'s' * (apps != 1)} running"
+    ]
     for w in state.get("workers", []):
-        out.append(f"  {w.get('host')}:{w.get('port')}  {w.get('state')}  {w.get('cores')} cores "
-                   f"({w.get('coresused', 0)} in use), {int(w.get('memory', 0)) / 1024:.1f} GiB for executors")
+        out.append(
+            f"  {w.get('host')}:{w.get('port')}  {w.get('state')}  {w.get('cores')} cores "
+            f"({w.get('coresused', 0)} in use), {int(w.get('memory', 0)) / 1024:.1f} GiB for executors"
+        )
     return out

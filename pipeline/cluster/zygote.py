@@ -78,12 +78,27 @@ class Zygote:
         log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
         try:
             self._proc = subprocess.Popen(
-                [sys.executable, "-m", "pipeline.cluster.zygote", "serve", str(listener.fileno()), *self.preload],
-                stdin=subprocess.PIPE, stdout=log, stderr=log, pass_fds=(listener.fileno(),),
+                [
+                    sys.executable,
+                    "-m",
+                    "pipeline.cluster.zygote",
+                    "serve",
+                    str(listener.fileno()),
+                    *self.preload,
+                ],
+                stdin=subprocess.PIPE,
+                stdout=log,
+                stderr=log,
+                pass_fds=(listener.fileno(),),
                 # Its own process group: a Ctrl-C reaches the run, which stops it by pid.
                 # PySpark refuses workers whose string hashing is random: its children hash alike.
-                process_group=0, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2",
-                                      "PYTHONHASHSEED": os.environ.get("PYTHONHASHSEED", "0")})
+                process_group=0,
+                env={
+                    **os.environ,
+                    "TF_CPP_MIN_LOG_LEVEL": "2",
+                    "PYTHONHASHSEED": os.environ.get("PYTHONHASHSEED", "0"),
+                },
+            )
         finally:
             listener.close()
             if log is not subprocess.DEVNULL:
@@ -99,19 +114,36 @@ class Zygote:
         is asked to run are forked from this zygote."""
         script = self.folder / "python"
         if not script.exists():
-            script.write_text(f"#!/bin/sh\nexec {_quote(sys.executable)} -I -S {_quote(__file__)} launch "
-                              f"{_quote(self.path)} \"$@\"\n")
+            script.write_text(
+                f"#!/bin/sh\nexec {_quote(sys.executable)} -I -S {_quote(__file__)} launch "
+                f'{_quote(self.path)} "$@"\n'
+            )
             script.chmod(0o700)
         return str(script)
 
-    def run(self, module: str, argv: Sequence[str], *, stdout: int, stderr: int,
-            env: dict[str, str] | None = None) -> Child:
+    def run(
+        self,
+        module: str,
+        argv: Sequence[str],
+        *,
+        stdout: int,
+        stderr: int,
+        env: dict[str, str] | None = None,
+    ) -> Child:
         """Run ``module`` as ``python -m module *argv`` would, in a child forked from the
         zygote, its output to the given descriptors; the :class:`Child` waits for its status."""
         stdin = os.open(os.devnull, os.O_RDONLY)
         try:
-            return Child(self.path, {"module": module, "argv": list(argv), "env": {**os.environ, **(env or {})},
-                                     "cwd": os.getcwd()}, (stdin, stdout, stderr))
+            return Child(
+                self.path,
+                {
+                    "module": module,
+                    "argv": list(argv),
+                    "env": {**os.environ, **(env or {})},
+                    "cwd": os.getcwd(),
+                },
+                (stdin, stdout, stderr),
+            )
         finally:
             os.close(stdin)  # the zygote received its own copy
 
@@ -219,8 +251,17 @@ def launch(path: str, args: list[str]) -> None:
         # the child keeps that, and only a SIGINT this process would act on is passed on.
         ignored = signal.getsignal(signal.SIGINT) == signal.SIG_IGN
         try:
-            child = Child(path, {"module": args[1], "argv": args[2:], "env": dict(os.environ), "cwd": os.getcwd(),
-                                 "sigint": "ignore" if ignored else "default"}, (0, 1, 2))
+            child = Child(
+                path,
+                {
+                    "module": args[1],
+                    "argv": args[2:],
+                    "env": dict(os.environ),
+                    "cwd": os.getcwd(),
+                    "sigint": "ignore" if ignored else "default",
+                },
+                (0, 1, 2),
+            )
             child.pid  # noqa: B018  (forked: the zygote took the request)
         except ZygoteError:
             pass  # the zygote is gone or refused: run as Spark would have
@@ -247,7 +288,10 @@ def _preload(modules: Sequence[str]) -> None:
             try:
                 importlib.import_module(name)
             except Exception as e:  # children import it themselves, and fail there if they must
-                print(f"streamtrain zygote: {name} not preloaded: {type(e).__name__}: {e}", file=sys.stderr)
+                print(
+                    f"streamtrain zygote: {name} not preloaded: {type(e).__name__}: {e}",
+                    file=sys.stderr,
+                )
     finally:
         sys.stdout = stdout
 
@@ -273,7 +317,9 @@ def _serve(listener: socket.socket) -> None:
 
 def _accept(conn: socket.socket, listener: socket.socket) -> None:
     conn.settimeout(10)
-    _, uid, _ = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+    _, uid, _ = struct.unpack(
+        "3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    )
     head, fds, _, _ = socket.recv_fds(conn, 4 + _MAX_HEADER, 3)
     try:
         size = struct.unpack("!I", head[:4])[0] if len(head) >= 4 else -1
@@ -311,7 +357,10 @@ def _child(conn: socket.socket, header: dict[str, Any], fds: list[int]) -> int:
 
     conn.settimeout(None)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-    signal.signal(signal.SIGINT, signal.SIG_IGN if header.get("sigint") == "ignore" else signal.default_int_handler)
+    signal.signal(
+        signal.SIGINT,
+        signal.SIG_IGN if header.get("sigint") == "ignore" else signal.default_int_handler,
+    )
     for target, fd in enumerate(fds):
         os.dup2(fd, target)
     for fd in fds:
@@ -351,7 +400,9 @@ def _child(conn: socket.socket, header: dict[str, Any], fds: list[int]) -> int:
 
 def serve(fd: int, modules: Sequence[str]) -> None:
     listener = socket.socket(fileno=fd)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the run stops it; a Ctrl-C is the run's to handle
+    signal.signal(
+        signal.SIGINT, signal.SIG_IGN
+    )  # the run stops it; a Ctrl-C is the run's to handle
     _preload(modules)
     # What the imports made is kept for good: a child's collections then never walk (and so
     # never copy) the pages it shares with its siblings.

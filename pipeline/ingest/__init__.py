@@ -26,9 +26,12 @@ if TYPE_CHECKING:
     from pipeline.ingest.offsets import OffsetRange
 
 _EXPORTS = {
-    "BatchFigures": "pipeline.ingest.microbatch", "Handler": "pipeline.ingest.microbatch",
-    "StreamJob": "pipeline.ingest.microbatch", "Block": "pipeline.ingest.decode",
-    "TaskFigures": "pipeline.ingest.decode", "OffsetRange": "pipeline.ingest.offsets",
+    "BatchFigures": "pipeline.ingest.microbatch",
+    "Handler": "pipeline.ingest.microbatch",
+    "StreamJob": "pipeline.ingest.microbatch",
+    "Block": "pipeline.ingest.decode",
+    "TaskFigures": "pipeline.ingest.decode",
+    "OffsetRange": "pipeline.ingest.offsets",
 }
 
 

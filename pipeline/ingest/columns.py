@@ -22,8 +22,13 @@ def arrow_schema() -> Any:
     """The columns as a ``pyarrow.Schema`` (what executors build record batches with)."""
     import pyarrow as pa
 
-    types = {"binary": pa.binary(), "string": pa.string(), "int32": pa.int32(), "int64": pa.int64(),
-             "timestamp[us, UTC]": pa.timestamp("us", tz="UTC")}
+    types = {
+        "binary": pa.binary(),
+        "string": pa.string(),
+        "int32": pa.int32(),
+        "int64": pa.int64(),
+        "timestamp[us, UTC]": pa.timestamp("us", tz="UTC"),
+    }
     return pa.schema([(name, types[arrow]) for name, arrow, _ in _COLUMNS])
 
 

@@ -26,8 +26,13 @@ class Target(NamedTuple):
     kafka_conf: str | None = None
 
 
-def send(target: Target, records: dict[str, list[Any]], reasons: list[str], *,
-         extra: list[list[tuple[str, bytes]]] | None = None) -> None:
+def send(
+    target: Target,
+    records: dict[str, list[Any]],
+    reasons: list[str],
+    *,
+    extra: list[list[tuple[str, bytes]]] | None = None,
+) -> None:
     """Send rejected records, original bytes and key, with the reason and origin as headers.
 
     Args:
@@ -45,36 +50,60 @@ def send(target: Target, records: dict[str, list[Any]], reasons: list[str], *,
     producer = _PRODUCERS.get(key)
     if producer is None:
         producer = _PRODUCERS[key] = client.producer(
-            target.bootstrap, conf=conf.load(target.kafka_conf), acks="all", enable_idempotence=True, linger_ms=5,
-            delivery_timeout_ms=30_000, request_timeout_ms=10_000)
+            target.bootstrap,
+            conf=conf.load(target.kafka_conf),
+            acks="all",
+            enable_idempotence=True,
+            linger_ms=5,
+            delivery_timeout_ms=30_000,
+            request_timeout_ms=10_000,
+        )
 
     futures, errors = [], []
     for i, reason in enumerate(reasons):
         origin = {k: str(records[k][i]).encode() for k in ("topic", "partition", "offset")}
-        headers = [("streamtrain.reason", reason.encode())] + [(f"streamtrain.{k}", v) for k, v in origin.items()]
+        headers = [("streamtrain.reason", reason.encode())] + [
+            (f"streamtrain.{k}", v) for k, v in origin.items()
+        ]
         headers += extra[i] if extra else []
         try:
-            futures.append(producer.send(topic, value=records["value"][i], key=records["key"][i], headers=headers))
+            futures.append(
+                producer.send(
+                    topic, value=records["value"][i], key=records["key"][i], headers=headers
+                )
+            )
         except KafkaError as e:  # refused before sending (too large, no metadata in time)
             errors.append(e)
     # Before the batch commits: a record is never both untrained and out of the dead-letter topic.
     producer.flush()
     errors += [f.exception for f in futures if f.failed()]
     if errors:
-        raise BrokerError(f"{len(errors)} of {len(reasons)} rejected records could not be set aside to {topic} "
-                          f"({errors[0]}); the micro-batch fails and is replayed, so none is lost.")
+        raise BrokerError(
+            f"{len(errors)} of {len(reasons)} rejected records could not be set aside to {topic} "
+            f"({errors[0]}); the micro-batch fails and is replayed, so none is lost."
+        )
 
 
 def send_poison(target: Target, batches: list[PassedOver]) -> None:
     """Set aside a note of each unreadable batch passed over (``--on-poison skip``): no value
     (its bytes could not be read), the reason ``poison``, its origin (the first offset), and
     ``streamtrain.last`` and ``streamtrain.cause`` headers."""
-    records: dict[str, list[Any]] = {"key": [None] * len(batches), "value": [b""] * len(batches),
-                                     "topic": [b.topic for b in batches], "partition": [b.partition for b in batches],
-                                     "offset": [b.first for b in batches]}
-    send(target, records, ["poison"] * len(batches),
-         extra=[[("streamtrain.last", str(b.last).encode()), ("streamtrain.cause", b.cause.encode())]
-                for b in batches])
+    records: dict[str, list[Any]] = {
+        "key": [None] * len(batches),
+        "value": [b""] * len(batches),
+        "topic": [b.topic for b in batches],
+        "partition": [b.partition for b in batches],
+        "offset": [b.first for b in batches],
+    }
+    send(
+        target,
+        records,
+        ["poison"] * len(batches),
+        extra=[
+            [("streamtrain.last", str(b.last).encode()), ("streamtrain.cause", b.cause.encode())]
+            for b in batches
+        ],
+    )
 
 
 def close() -> None:

@@ -85,19 +85,31 @@ class TaskFigures:
         result = self.result
         if dataclasses.is_dataclass(result) and not isinstance(result, type):
             result = dataclasses.asdict(result)
-        return json.dumps({**dataclasses.asdict(self), "range": dataclasses.astuple(self.range), "result": result})
+        return json.dumps(
+            {**dataclasses.asdict(self), "range": dataclasses.astuple(self.range), "result": result}
+        )
 
     @classmethod
     def from_json(cls, text: str, result_type: type | None = None) -> TaskFigures:
         """Read :meth:`to_json` back; the result as ``result_type(**result)`` when given."""
         d = json.loads(text)
         result = d.pop("result")
-        return cls(**{**d, "range": OffsetRange(*d["range"]), "poison": [PassedOver(**p) for p in d["poison"]],
-                      "result": result_type(**result) if result_type and result is not None else result})
+        return cls(
+            **{
+                **d,
+                "range": OffsetRange(*d["range"]),
+                "poison": [PassedOver(**p) for p in d["poison"]],
+                "result": result_type(**result) if result_type and result is not None else result,
+            }
+        )
 
 
 def decode_range(
-    batches: Iterator[Any], *, schema: codec.Schema, handler: Handler, planned: OffsetRange | None,
+    batches: Iterator[Any],
+    *,
+    schema: codec.Schema,
+    handler: Handler,
+    planned: OffsetRange | None,
     dead_letter: dead_letters.Target | None,
 ) -> TaskFigures:
     """Decode one task's Arrow batches (one Kafka partition's range), dead-letter the rejects,
@@ -122,8 +134,12 @@ def decode_range(
     offsets = table.column("offset").to_numpy()
     ok = decoded.accepted
     x, y = decoded.x, decoded.y
-    if schema.holdout and len(ok):  # the held-out share of a topic's keys scores the model, never trains it
-        keep = ~codec.held_out(table.column("key").take(pa.array(ok)).to_pylist(), offsets[ok], schema.holdout)
+    if schema.holdout and len(
+        ok
+    ):  # the held-out share of a topic's keys scores the model, never trains it
+        keep = ~codec.held_out(
+            table.column("key").take(pa.array(ok)).to_pylist(), offsets[ok], schema.holdout
+        )
         ok, x, y = ok[keep], x[keep], y[keep]
     ids = codec.decode_key_array(table.column("key").combine_chunks())
     if ids is None:  # records produced by someone else, without 8-byte ids: use offsets
@@ -131,10 +147,14 @@ def decode_range(
     stamps = table.column("timestamp").cast(pa.int64()).to_numpy() // 1000
     covered = planned or _covered(table, offsets)
     if decoded.rejected.size and dead_letter is not None:
-        dead_letters.send(dead_letter, table.take(pa.array(decoded.rejected)).to_pydict(), decoded.reason_names())
+        dead_letters.send(
+            dead_letter, table.take(pa.array(decoded.rejected)).to_pydict(), decoded.reason_names()
+        )
     decode_s = time.perf_counter() - started
     keys = table.column("key").take(pa.array(ok)).to_pylist() if handler.wants_keys else None
-    block = Block(covered.topic, covered.partition, x, y, ids[ok], offsets[ok], stamps[ok], schema, keys)
+    block = Block(
+        covered.topic, covered.partition, x, y, ids[ok], offsets[ok], stamps[ok], schema, keys
+    )
     started = time.perf_counter()
     result = handler.process(block)
     handler_s = time.perf_counter() - started
@@ -142,13 +162,26 @@ def decode_range(
     # applied the center holds everything the range had to teach, up to that time.
     newest = int(stamps.max()) if len(stamps) else None
     nbytes = int(pa.compute.sum(pa.compute.binary_length(values)).as_py() or 0)
-    return TaskFigures(covered, len(table), nbytes, len(ok), decoded.reject_counts(), decode_s, handler_s,
-                        newest, result)
+    return TaskFigures(
+        covered,
+        len(table),
+        nbytes,
+        len(ok),
+        decoded.reject_counts(),
+        decode_s,
+        handler_s,
+        newest,
+        result,
+    )
 
 
 def _covered(table: Any, offsets: np.ndarray) -> OffsetRange:
     """The range a task's records span, where no plan says it (Spark's JVM source)."""
     if not len(offsets):
         return OffsetRange("", -1, 0, 0)
-    return OffsetRange(table.column("topic")[0].as_py(), table.column("partition")[0].as_py(),
-                       int(offsets.min()), int(offsets.max()) + 1)
+    return OffsetRange(
+        table.column("topic")[0].as_py(),
+        table.column("partition")[0].as_py(),
+        int(offsets.min()),
+        int(offsets.max()) + 1,
+    )

@@ -25,9 +25,15 @@ class LagMonitor:
         kafka_conf: the Kafka client properties file (TLS, SASL), by path.
     """
 
-    def __init__(self, bootstrap: str, topics: list[str], interval_s: float = 1.0,
-                 on_refresh: Callable[[], None] | None = None, isolation_level: str = "read_committed",
-                 kafka_conf: str | None = None) -> None:
+    def __init__(
+        self,
+        bootstrap: str,
+        topics: list[str],
+        interval_s: float = 1.0,
+        on_refresh: Callable[[], None] | None = None,
+        isolation_level: str = "read_committed",
+        kafka_conf: str | None = None,
+    ) -> None:
         self.bootstrap, self.topics, self.interval_s = bootstrap, topics, interval_s
         self.conf = conf.load(kafka_conf)
         self.isolation_level = isolation_level
@@ -49,9 +55,15 @@ class LagMonitor:
             # A fresh consumer each time, as the source's planner uses (see spark_source._edges).
             c = None
             try:
-                c = client.consumer(self.bootstrap, conf=self.conf)  # fails while the broker restarts: tried again
-                tps = [TopicPartition(t, p) for t in self.topics for p in client.partitions_for(c, t)]
-                found = client.end_offsets(c, tps, timeout_s=5, isolation_level=self.isolation_level, conf=self.conf)
+                c = client.consumer(
+                    self.bootstrap, conf=self.conf
+                )  # fails while the broker restarts: tried again
+                tps = [
+                    TopicPartition(t, p) for t in self.topics for p in client.partitions_for(c, t)
+                ]
+                found = client.end_offsets(
+                    c, tps, timeout_s=5, isolation_level=self.isolation_level, conf=self.conf
+                )
                 self.ends = {(tp.topic, tp.partition): n for tp, n in found.items()}
                 if self.on_refresh is not None:
                     self.on_refresh()
@@ -65,13 +77,20 @@ class LagMonitor:
     def lag(self, ranges: list[OffsetRange]) -> dict[TopicPartition, int]:
         """Log end minus each range's end, per topic partition whose end is known."""
         ends = self.ends
-        return {r.topic_partition: max(0, ends[r.topic_partition] - r.end) for r in ranges if r.topic_partition in ends}
+        return {
+            r.topic_partition: max(0, ends[r.topic_partition] - r.end)
+            for r in ranges
+            if r.topic_partition in ends
+        }
 
     def unread(self, ranges: list[OffsetRange]) -> dict[TopicPartition, int]:
         """Log end minus each range's start: the lag a batch that could not be read leaves
         (the range's end where the log end is not known yet)."""
         ends = self.ends
-        return {r.topic_partition: max(ends.get(r.topic_partition, r.end), r.end) - r.start for r in ranges}
+        return {
+            r.topic_partition: max(ends.get(r.topic_partition, r.end), r.end) - r.start
+            for r in ranges
+        }
 
     def stop(self) -> None:
         self._stop.set()

@@ -86,20 +86,28 @@ class BatchFigures:
     rejects: dict[str, int] = dataclasses.field(default_factory=dict)
     aborted: int = 0
     poisoned: int = 0
-    poison: list[PassedOver] = dataclasses.field(default_factory=list)  # unreadable batches passed over
+    poison: list[PassedOver] = dataclasses.field(
+        default_factory=list
+    )  # unreadable batches passed over
     decode_s: float = 0.0
     handler_s: float = 0.0
     batch_s: float = 0.0
     lag: dict[TopicPartition, int] = dataclasses.field(default_factory=dict)
     trigger_to_handler_s: float | None = None
     results: list[Any] = dataclasses.field(default_factory=list)
-    newest_ms: dict[TopicPartition, int] = dataclasses.field(default_factory=dict)  # per partition, for freshness
+    newest_ms: dict[TopicPartition, int] = dataclasses.field(
+        default_factory=dict
+    )  # per partition, for freshness
     started_at: float = 0.0  # time.monotonic() when the batch reached the driver
 
     @classmethod
-    def gather(cls, batch_id: int, figures: list[TaskFigures], *, started_at: float) -> BatchFigures:
+    def gather(
+        cls, batch_id: int, figures: list[TaskFigures], *, started_at: float
+    ) -> BatchFigures:
         """Add up the tasks' figures."""
-        info = cls(batch_id, offsets.merge_ranges([f.range for f in figures]), started_at=started_at)
+        info = cls(
+            batch_id, offsets.merge_ranges([f.range for f in figures]), started_at=started_at
+        )
         for f in figures:
             info.rows += f.rows
             info.bytes += f.bytes
@@ -180,7 +188,8 @@ class StreamJob:
         dead_letter_topic: str | None = None,
         on_lag: Callable[[dict[TopicPartition, int]], None] | None = None,
         isolation_level: str = "read_committed",
-        on_unreadable: Callable[[UnreadableRange, dict[TopicPartition, int]], None] | None = None, on_poison: str = "fail",
+        on_unreadable: Callable[[UnreadableRange, dict[TopicPartition, int]], None] | None = None,
+        on_poison: str = "fail",
         kafka_conf: str | None = None,
         sizing: Sizing | None = None,
     ) -> None:
@@ -194,26 +203,46 @@ class StreamJob:
         self.source_kind = sources.choose(spark, source, sized=sizing is not None)
         self.sizing = sizing
         self.trigger_s, self.available_now = trigger_s, available_now
-        self.max_offsets_per_trigger, self.min_partitions = max_offsets_per_trigger, min_partitions or 0
+        self.max_offsets_per_trigger, self.min_partitions = (
+            max_offsets_per_trigger,
+            min_partitions or 0,
+        )
         self.starting_offsets = starting_offsets
-        self.dead_letter_topic = f"{topics[0]}.dlq" if dead_letter_topic is None else dead_letter_topic
-        self._tasks = BatchTasks(spark, bootstrap=bootstrap, schema=schema, handler=self.handler,
-                                 checkpoint=self.checkpoint, python_source=self.source_kind == "python",
-                                 min_partitions=self.min_partitions, dead_letter_topic=self.dead_letter_topic,
-                                 isolation_level=isolation_level, on_poison=on_poison, kafka_conf=kafka_conf)
+        self.dead_letter_topic = (
+            f"{topics[0]}.dlq" if dead_letter_topic is None else dead_letter_topic
+        )
+        self._tasks = BatchTasks(
+            spark,
+            bootstrap=bootstrap,
+            schema=schema,
+            handler=self.handler,
+            checkpoint=self.checkpoint,
+            python_source=self.source_kind == "python",
+            min_partitions=self.min_partitions,
+            dead_letter_topic=self.dead_letter_topic,
+            isolation_level=isolation_level,
+            on_poison=on_poison,
+            kafka_conf=kafka_conf,
+        )
         self.on_lag, self.on_unreadable = on_lag, on_unreadable
-        logging.getLogger("py4j.clientserver").addFilter(_PY4J_FILTER)  # once: a filter is added only once
+        logging.getLogger("py4j.clientserver").addFilter(
+            _PY4J_FILTER
+        )  # once: a filter is added only once
         #: The figures of the last :data:`KEEP_BATCHES` batches handled (a job that never stops
         #: keeps a window, not every batch); :attr:`handled` counts them all.
         self.batches: collections.deque[BatchFigures] = collections.deque(maxlen=KEEP_BATCHES)
         self.handled = 0
-        self._failure: StreamtrainError | None = None  # what a batch raised, for run() to raise as it was
+        self._failure: StreamtrainError | None = (
+            None  # what a batch raised, for run() to raise as it was
+        )
         self._stop_requested = threading.Event()
         self._in_batch = threading.Event()
         self._prepared = threading.Event()
         self._prepared.set()
         self._lag: LagMonitor | None = None
-        self._handled: dict[TopicPartition, OffsetRange] = {}  # the last handled range per partition
+        self._handled: dict[
+            TopicPartition, OffsetRange
+        ] = {}  # the last handled range per partition
 
     def use(self, handler: Handler) -> None:
         """Feed the batches to ``handler`` from now on: a job can start its query before its
@@ -231,21 +260,32 @@ class StreamJob:
         self._in_batch.set()
         try:
             planned = self._tasks.plan(batch_id)  # Spark's offset log, read once for the batch
-            if self.handler.skip(batch_id, None if planned is None else offsets.merge_ranges(planned)):
+            if self.handler.skip(
+                batch_id, None if planned is None else offsets.merge_ranges(planned)
+            ):
                 log.info("batch %d was applied before a restart: skipped", batch_id)
                 return
             started, started_at = time.perf_counter(), time.monotonic()
-            info = BatchFigures.gather(batch_id, self._tasks.run(df, batch_id, planned), started_at=started_at)
+            info = BatchFigures.gather(
+                batch_id, self._tasks.run(df, batch_id, planned), started_at=started_at
+            )
             info.lag = self._lag.lag(info.ranges) if self._lag else {}
             info.batch_s = time.perf_counter() - started
             self.handler.on_batch(info)
             self.batches.append(info)
             self.handled += 1
             self._handled.update((r.topic_partition, r) for r in info.ranges)
-            log.debug("batch %d: %d records (%d rejected) in %.2f s", batch_id, info.rows, info.rows - info.accepted,
-                      info.batch_s)
+            log.debug(
+                "batch %d: %d records (%d rejected) in %.2f s",
+                batch_id,
+                info.rows,
+                info.rows - info.accepted,
+                info.batch_s,
+            )
         except StreamtrainError as e:
-            if isinstance(e, UnreadableRange) and self.on_unreadable is not None:  # its records count as lag
+            if (
+                isinstance(e, UnreadableRange) and self.on_unreadable is not None
+            ):  # its records count as lag
                 self.on_unreadable(e, self._lag.unread(planned or []) if self._lag else {})
             self._failure = e  # Spark wraps it in layers of its own; run() raises it as it was
             _quiet(self.spark)
@@ -259,21 +299,42 @@ class StreamJob:
         """Start the streaming query (non-blocking); :meth:`run` wraps it."""
         isolation = self._tasks.isolation_level
         df = sources.read_stream(
-            self.spark, bootstrap=self.bootstrap, topics=self.topics, source=self.source_kind,
-            starting_offsets=self.starting_offsets, max_offsets_per_trigger=self.max_offsets_per_trigger,
-            min_partitions=self.min_partitions, checkpoint=self.checkpoint, isolation_level=isolation,
-            kafka_conf=self._tasks.kafka_conf, sizing=self.sizing)
-        writer = df.writeStream.foreachBatch(self._on_batch).option("checkpointLocation", self.checkpoint)
+            self.spark,
+            bootstrap=self.bootstrap,
+            topics=self.topics,
+            source=self.source_kind,
+            starting_offsets=self.starting_offsets,
+            max_offsets_per_trigger=self.max_offsets_per_trigger,
+            min_partitions=self.min_partitions,
+            checkpoint=self.checkpoint,
+            isolation_level=isolation,
+            kafka_conf=self._tasks.kafka_conf,
+            sizing=self.sizing,
+        )
+        writer = df.writeStream.foreachBatch(self._on_batch).option(
+            "checkpointLocation", self.checkpoint
+        )
         if self.available_now:
             writer = writer.trigger(availableNow=True)
         else:
             writer = writer.trigger(processingTime=f"{int(self.trigger_s * 1000)} milliseconds")
-        self._lag = LagMonitor(self.bootstrap, self.topics, on_refresh=self._report_lag, isolation_level=isolation,
-                               kafka_conf=self._tasks.kafka_conf).start()
+        self._lag = LagMonitor(
+            self.bootstrap,
+            self.topics,
+            on_refresh=self._report_lag,
+            isolation_level=isolation,
+            kafka_conf=self._tasks.kafka_conf,
+        ).start()
         return writer.start()
 
-    def run(self, *, max_batches: int | None = None, timeout_s: float | None = None,
-            until: Callable[[], bool] | None = None, prepare: Callable[[], None] | None = None) -> list[BatchFigures]:
+    def run(
+        self,
+        *,
+        max_batches: int | None = None,
+        timeout_s: float | None = None,
+        until: Callable[[], bool] | None = None,
+        prepare: Callable[[], None] | None = None,
+    ) -> list[BatchFigures]:
         """Run until ``max_batches`` more batches are done, ``timeout_s`` passes, ``until()``
         is true, or (with ``available_now``) the data at start is drained; return the
         batches' figures.
@@ -290,8 +351,11 @@ class StreamJob:
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
 
         def done() -> bool:
-            return ((max_batches is not None and self.handled - first >= max_batches)
-                    or (deadline is not None and time.monotonic() > deadline) or (until is not None and until()))
+            return (
+                (max_batches is not None and self.handled - first >= max_batches)
+                or (deadline is not None and time.monotonic() > deadline)
+                or (until is not None and until())
+            )
 
         try:
             while query.isActive:
@@ -314,7 +378,9 @@ class StreamJob:
                 self._lag.stop()
             self._stop_requested.clear()
         _attach_progress(query, self.batches)
-        return list(self.batches)[len(self.batches) - min(len(self.batches), self.handled - first):]
+        return list(self.batches)[
+            len(self.batches) - min(len(self.batches), self.handled - first) :
+        ]
 
     def _start_while(self, prepare: Callable[[], None] | None) -> Any:
         """Start the query in a thread while ``prepare`` runs in this one; raise what either raised.
@@ -389,7 +455,9 @@ def _attach_progress(query: Any, batches: Iterable[BatchFigures]) -> None:
     by_id = {}
     for p in query.recentProgress:
         d = p.durationMs or {}
-        before = sum(d.get(k, 0) for k in ("latestOffset", "queryPlanning", "getBatch", "walCommit"))
+        before = sum(
+            d.get(k, 0) for k in ("latestOffset", "queryPlanning", "getBatch", "walCommit")
+        )
         by_id[p.batchId] = before / 1000
     for info in batches:
         if info.trigger_to_handler_s is None:

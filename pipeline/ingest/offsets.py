@@ -62,8 +62,11 @@ def plan(start: Offsets, end: Offsets, *, min_partitions: int = 0) -> list[Offse
     >>> plan({"t": {"0": 3}}, {"t": {"0": 3, "1": 2}})
     [OffsetRange(topic='t', partition=1, start=0, end=2)]
     """
-    ranges = [OffsetRange(topic, int(p), int(start.get(topic, {}).get(p, 0)), int(e))
-              for topic, parts in end.items() for p, e in parts.items()]
+    ranges = [
+        OffsetRange(topic, int(p), int(start.get(topic, {}).get(p, 0)), int(e))
+        for topic, parts in end.items()
+        for p, e in parts.items()
+    ]
     return split_ranges([r for r in ranges if r.count > 0], min_partitions)
 
 
@@ -93,7 +96,11 @@ def merge_ranges(ranges: list[OffsetRange]) -> list[OffsetRange]:
     out: list[OffsetRange] = []
     for r in sorted(ranges, key=lambda r: (r.topic, r.partition, r.start)):
         last = out[-1] if out else None
-        if last is not None and (last.topic, last.partition) == (r.topic, r.partition) and last.end == r.start:
+        if (
+            last is not None
+            and (last.topic, last.partition) == (r.topic, r.partition)
+            and last.end == r.start
+        ):
             out[-1] = dataclasses.replace(last, end=r.end)
         else:
             out.append(r)
@@ -107,7 +114,9 @@ def cap_offsets(start: Offsets, end: Offsets, max_rows: int) -> Offsets:
     >>> cap_offsets({"t": {"0": 0, "1": 0}}, {"t": {"0": 300, "1": 100}}, 100)
     {'t': {'0': 75, '1': 25}}
     """
-    pending = {(t, p): e - start.get(t, {}).get(p, 0) for t, parts in end.items() for p, e in parts.items()}
+    pending = {
+        (t, p): e - start.get(t, {}).get(p, 0) for t, parts in end.items() for p, e in parts.items()
+    }
     total = sum(n for n in pending.values() if n > 0)
     if total <= max_rows:
         return end
@@ -122,5 +131,7 @@ def cap_offsets(start: Offsets, end: Offsets, max_rows: int) -> Offsets:
             left -= 1
     capped: Offsets = {}
     for (t, p), n in share.items():
-        capped.setdefault(t, {})[p] = start.get(t, {}).get(p, 0) + n if pending[(t, p)] > 0 else end[t][p]
+        capped.setdefault(t, {})[p] = (
+            start.get(t, {}).get(p, 0) + n if pending[(t, p)] > 0 else end[t][p]
+        )
     return capped

@@ -46,13 +46,23 @@ def gone(topic: str, partition: int, first: int, last: int | None = None) -> Bro
     'Records 5..9 of t-0 are gone from Kafka (retention or compaction). Set failOnDataLoss=false to skip them.'
     """
     which = f"from {first}" if last is None else f"{first}..{last}"
-    return BrokerError(f"Records {which} of {topic}-{partition} are gone from Kafka (retention or compaction). "
-                       "Set failOnDataLoss=false to skip them.")
+    return BrokerError(
+        f"Records {which} of {topic}-{partition} are gone from Kafka (retention or compaction). "
+        "Set failOnDataLoss=false to skip them."
+    )
 
 
-def read_range(bootstrap: str, r: OffsetRange, *, fail_on_data_loss: bool = True, timeout_s: float = 60.0,
-               isolation_level: str = "read_committed", skipped: Skipped | None = None,
-               on_poison: str = "fail", kafka_conf: str | None = None) -> Iterator[Any]:
+def read_range(
+    bootstrap: str,
+    r: OffsetRange,
+    *,
+    fail_on_data_loss: bool = True,
+    timeout_s: float = 60.0,
+    isolation_level: str = "read_committed",
+    skipped: Skipped | None = None,
+    on_poison: str = "fail",
+    kafka_conf: str | None = None,
+) -> Iterator[Any]:
     """Yield Arrow record batches (:data:`pipeline.ingest.columns.NAMES`) holding exactly
     the records ``[r.start, r.end)`` that a consumer of ``isolation_level`` reads (with
     ``read_committed``, none of an aborted transaction's). The raw reader adds to
@@ -64,20 +74,32 @@ def read_range(bootstrap: str, r: OffsetRange, *, fail_on_data_loss: bool = True
     from pipeline.ingest.kafka.fetch import OffsetOutOfRange, RangeReader
 
     if config.settings().kafka_reader == "consumer":
-        yield from _read_with_consumer(bootstrap, r, fail_on_data_loss=fail_on_data_loss, timeout_s=timeout_s,
-                                       isolation_level=isolation_level, kafka_conf=kafka_conf)
+        yield from _read_with_consumer(
+            bootstrap,
+            r,
+            fail_on_data_loss=fail_on_data_loss,
+            timeout_s=timeout_s,
+            isolation_level=isolation_level,
+            kafka_conf=kafka_conf,
+        )
         return
     key = (bootstrap, isolation_level, kafka_conf)
     reader = _READERS.get(key)
     if reader is None or reader.timeout_s != timeout_s:
         if reader is not None:
             reader.close()
-        reader = _READERS[key] = RangeReader(bootstrap, timeout_s=timeout_s, isolation_level=isolation_level,
-                                             conf=conf.load(kafka_conf))
+        reader = _READERS[key] = RangeReader(
+            bootstrap,
+            timeout_s=timeout_s,
+            isolation_level=isolation_level,
+            conf=conf.load(kafka_conf),
+        )
     skipped = skipped if skipped is not None else Skipped()
     position = r.start
     try:
-        for records in reader.read(r.topic, r.partition, r.start, r.end, skipped=skipped, on_poison=on_poison):
+        for records in reader.read(
+            r.topic, r.partition, r.start, r.end, skipped=skipped, on_poison=on_poison
+        ):
             # Only the range's head: gaps inside it are compaction or transaction markers.
             # The first batch the range reached says where its head is, aborted or not.
             first = skipped.first if skipped.first is not None else int(records.offsets[0])
@@ -89,8 +111,14 @@ def read_range(bootstrap: str, r: OffsetRange, *, fail_on_data_loss: bool = True
         if fail_on_data_loss:
             raise gone(r.topic, r.partition, position) from None
         rest = dataclasses.replace(r, start=position)
-        yield from _read_with_consumer(bootstrap, rest, fail_on_data_loss=False, timeout_s=timeout_s,
-                                       isolation_level=isolation_level, kafka_conf=kafka_conf)
+        yield from _read_with_consumer(
+            bootstrap,
+            rest,
+            fail_on_data_loss=False,
+            timeout_s=timeout_s,
+            isolation_level=isolation_level,
+            kafka_conf=kafka_conf,
+        )
 
 
 def _arrow(records: Any, r: OffsetRange) -> Any:
@@ -103,17 +131,21 @@ def _arrow(records: Any, r: OffsetRange) -> Any:
     def binary(offsets: Any, data: Any, valid: Any) -> Any:
         nulls = n - int(valid.sum())
         bitmap = pa.py_buffer(np.packbits(valid, bitorder="little")) if nulls else None
-        return pa.Array.from_buffers(pa.binary(), n, [bitmap, pa.py_buffer(offsets), pa.py_buffer(data)],
-                                     null_count=nulls)
+        return pa.Array.from_buffers(
+            pa.binary(), n, [bitmap, pa.py_buffer(offsets), pa.py_buffer(data)], null_count=nulls
+        )
 
-    return pa.RecordBatch.from_arrays([
-        binary(records.key_offsets, records.key_data, records.key_valid),
-        binary(records.value_offsets, records.value_data, records.value_valid),
-        pa.array([r.topic], pa.string()).take(pa.array(np.zeros(n, np.int32))),
-        pa.array(np.full(n, r.partition, np.int32)),
-        pa.array(records.offsets, pa.int64()),
-        pa.array(records.timestamps_ms * 1000, pa.timestamp("us", tz="UTC")),
-    ], schema=arrow_schema())
+    return pa.RecordBatch.from_arrays(
+        [
+            binary(records.key_offsets, records.key_data, records.key_valid),
+            binary(records.value_offsets, records.value_data, records.value_valid),
+            pa.array([r.topic], pa.string()).take(pa.array(np.zeros(n, np.int32))),
+            pa.array(np.full(n, r.partition, np.int32)),
+            pa.array(records.offsets, pa.int64()),
+            pa.array(records.timestamps_ms * 1000, pa.timestamp("us", tz="UTC")),
+        ],
+        schema=arrow_schema(),
+    )
 
 
 def _consumer(bootstrap: str, isolation_level: str, kafka_conf: str | None) -> Any:
@@ -122,15 +154,26 @@ def _consumer(bootstrap: str, isolation_level: str, kafka_conf: str | None) -> A
     c = _CONSUMERS.get((bootstrap, isolation_level, kafka_conf))
     if c is None:
         c = _CONSUMERS[(bootstrap, isolation_level, kafka_conf)] = client.consumer(
-            bootstrap, conf=conf.load(kafka_conf), max_partition_fetch_bytes=16 << 20, fetch_max_bytes=64 << 20, max_poll_records=100_000,
-            receive_buffer_bytes=4 << 20, isolation_level=isolation_level,
+            bootstrap,
+            conf=conf.load(kafka_conf),
+            max_partition_fetch_bytes=16 << 20,
+            fetch_max_bytes=64 << 20,
+            max_poll_records=100_000,
+            receive_buffer_bytes=4 << 20,
+            isolation_level=isolation_level,
         )
     return c
 
 
-def _read_with_consumer(bootstrap: str, r: OffsetRange, *, fail_on_data_loss: bool = True,
-                        timeout_s: float = 60.0, isolation_level: str = "read_committed",
-                        kafka_conf: str | None = None) -> Iterator[Any]:
+def _read_with_consumer(
+    bootstrap: str,
+    r: OffsetRange,
+    *,
+    fail_on_data_loss: bool = True,
+    timeout_s: float = 60.0,
+    isolation_level: str = "read_committed",
+    kafka_conf: str | None = None,
+) -> Iterator[Any]:
     """:func:`read_range` with kafka-python's consumer (per-record Python objects)."""
     import pyarrow as pa
     from kafka import TopicPartition
@@ -152,11 +195,17 @@ def _read_with_consumer(bootstrap: str, r: OffsetRange, *, fail_on_data_loss: bo
 
     def flush() -> Any:
         n = len(offsets)
-        batch = pa.RecordBatch.from_arrays([
-            pa.array(keys, pa.binary()), pa.array(values, pa.binary()),
-            pa.array([r.topic] * n, pa.string()), pa.array([r.partition] * n, pa.int32()),
-            pa.array(offsets, pa.int64()), pa.array([s * 1000 for s in stamps], pa.timestamp("us", tz="UTC")),
-        ], schema=arrow_schema())
+        batch = pa.RecordBatch.from_arrays(
+            [
+                pa.array(keys, pa.binary()),
+                pa.array(values, pa.binary()),
+                pa.array([r.topic] * n, pa.string()),
+                pa.array([r.partition] * n, pa.int32()),
+                pa.array(offsets, pa.int64()),
+                pa.array([s * 1000 for s in stamps], pa.timestamp("us", tz="UTC")),
+            ],
+            schema=arrow_schema(),
+        )
         for column in (keys, values, offsets, stamps):
             column.clear()
         return batch
@@ -164,16 +213,23 @@ def _read_with_consumer(bootstrap: str, r: OffsetRange, *, fail_on_data_loss: bo
     while position < r.end:
         try:
             got = c.poll(timeout_ms=200, max_records=min(100_000, r.end - position)).get(tp, [])
-        except Exception as e:  # a batch kafka-python cannot read (its codec's own error, or a KafkaError)
+        except (
+            Exception
+        ) as e:  # a batch kafka-python cannot read (its codec's own error, or a KafkaError)
             at = c.position(tp)
-            raise UnreadableRange(r.topic, r.partition, UnreadableBatch(position if at is None else at,
-                                                                        f"{type(e).__name__}: {e}")) from None
+            raise UnreadableRange(
+                r.topic,
+                r.partition,
+                UnreadableBatch(position if at is None else at, f"{type(e).__name__}: {e}"),
+            ) from None
         if not got:
             if c.position(tp) is not None and c.position(tp) >= r.end:
                 break  # the rest of the range was aborted records or markers (read_committed)
             if time.monotonic() > deadline:
-                raise BrokerError(f"Kafka returned nothing for {r.topic}-{r.partition} at offset {position} "
-                                  f"(wanted up to {r.end}) within {timeout_s:g} s.")
+                raise BrokerError(
+                    f"Kafka returned nothing for {r.topic}-{r.partition} at offset {position} "
+                    f"(wanted up to {r.end}) within {timeout_s:g} s."
+                )
             continue
         deadline = time.monotonic() + timeout_s
         for rec in got:

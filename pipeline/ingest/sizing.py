@@ -59,11 +59,15 @@ class Sizing:
 
     def __post_init__(self) -> None:
         if not self.target_s > 0:
-            raise ConfigError(f"Expected --freshness-target > 0 seconds. Received: {self.target_s}. Pass how fresh the "
-                              "model should stay, or leave it out for fixed-size batches.")
+            raise ConfigError(
+                f"Expected --freshness-target > 0 seconds. Received: {self.target_s}. Pass how fresh the "
+                "model should stay, or leave it out for fixed-size batches."
+            )
         if not 1 <= self.min_rows <= self.max_rows:
-            raise ConfigError(f"Expected 1 <= --min-offsets-per-trigger <= --max-offsets-per-trigger. Received: "
-                              f"{self.min_rows} and {self.max_rows}. Pass a lower bound from 1 up to the upper bound.")
+            raise ConfigError(
+                f"Expected 1 <= --min-offsets-per-trigger <= --max-offsets-per-trigger. Received: "
+                f"{self.min_rows} and {self.max_rows}. Pass a lower bound from 1 up to the upper bound."
+            )
         if not 0 < self.share <= 1:
             raise ConfigError(f"Expected a share of the target in (0, 1]. Received: {self.share}")
 
@@ -73,8 +77,12 @@ class Sizing:
         >>> Sizing(2.0, 500, 20_000).options()
         {'freshnessTarget': '2.0', 'freshnessMinOffsets': '500', 'freshnessShare': '0.5', 'maxOffsetsPerTrigger': '20000'}
         """
-        return {"freshnessTarget": str(self.target_s), "freshnessMinOffsets": str(self.min_rows),
-                "freshnessShare": str(self.share), "maxOffsetsPerTrigger": str(self.max_rows)}
+        return {
+            "freshnessTarget": str(self.target_s),
+            "freshnessMinOffsets": str(self.min_rows),
+            "freshnessShare": str(self.share),
+            "maxOffsetsPerTrigger": str(self.max_rows),
+        }
 
     @classmethod
     def from_options(cls, options: Mapping[str, str]) -> Sizing | None:
@@ -87,8 +95,12 @@ class Sizing:
         target = options.get("freshnessTarget")
         if not target:
             return None
-        return cls(float(target), int(options.get("freshnessMinOffsets") or 1),
-                   int(options.get("maxOffsetsPerTrigger") or 20_000), float(options.get("freshnessShare") or 0.5))
+        return cls(
+            float(target),
+            int(options.get("freshnessMinOffsets") or 1),
+            int(options.get("maxOffsetsPerTrigger") or 20_000),
+            float(options.get("freshnessShare") or 0.5),
+        )
 
 
 class TriggerSizer:
@@ -103,7 +115,9 @@ class TriggerSizer:
         self.sizing, self.smoothing = sizing, smoothing
         self.rate: float | None = None  # records/s over a cycle, per-batch costs included
         self.size = sizing.max_rows
-        self._last: tuple[float, int, bool] | None = None  # the last batch: when, records, whether full
+        self._last: tuple[float, int, bool] | None = (
+            None  # the last batch: when, records, whether full
+        )
 
     def plan(self, *, now: float, pending: int) -> int:
         """The records this trigger plans at most, at monotonic time ``now`` with ``pending``
@@ -113,14 +127,19 @@ class TriggerSizer:
             at, n, full = self._last
             measured = n / max(now - at, 1e-3)
             if self.rate is None or full:
-                self.rate = measured if self.rate is None else (
-                    self.smoothing * measured + (1 - self.smoothing) * self.rate)
+                self.rate = (
+                    measured
+                    if self.rate is None
+                    else (self.smoothing * measured + (1 - self.smoothing) * self.rate)
+                )
             else:  # it took all there was: the trainer is at least this fast
                 self.rate = max(self.rate, measured)
         if self.rate is not None:
             base = self.rate * s.share * s.target_s
             behind = pending > self.size
-            self.size = round(min(self.size * 2, s.max_rows) if behind else max(base, self.size / 2))
+            self.size = round(
+                min(self.size * 2, s.max_rows) if behind else max(base, self.size / 2)
+            )
             self.size = max(s.min_rows, min(s.max_rows, self.size))
         planned = min(self.size, pending)
         # An empty trigger runs no batch: the idle time until the next one is no cycle.

@@ -24,7 +24,9 @@ COLUMNS = columns.NAMES
 def jvm_available(spark: Any) -> bool:
     """Whether Spark's Kafka source classes are on the driver's classpath."""
     try:
-        spark.sparkContext._jvm.java.lang.Class.forName("org.apache.spark.sql.kafka010.KafkaSourceProvider")
+        spark.sparkContext._jvm.java.lang.Class.forName(
+            "org.apache.spark.sql.kafka010.KafkaSourceProvider"
+        )
     except Exception:  # py4j wraps ClassNotFoundException in its own error type
         return False
     return True
@@ -37,15 +39,21 @@ def choose(spark: Any, source: str, *, sized: bool = False) -> str:
     if source not in SOURCES:
         raise ConfigError(f"Expected source in {SOURCES}. Received: source={source!r}")
     if sized and source == "jvm":
-        raise ConfigError("--freshness-target sizes batches in streamtrain's Python source; Spark's own (source=jvm) "
-                          "plans a fixed maxOffsetsPerTrigger. Use source=python (or auto), or drop the target.")
+        raise ConfigError(
+            "--freshness-target sizes batches in streamtrain's Python source; Spark's own (source=jvm) "
+            "plans a fixed maxOffsetsPerTrigger. Use source=python (or auto), or drop the target."
+        )
     if sized:
-        log.info("Kafka source: streamtrain's Python source (it sizes batches for the freshness target)")
+        log.info(
+            "Kafka source: streamtrain's Python source (it sizes batches for the freshness target)"
+        )
         return "python"
     if source != "auto":
         if source == "jvm" and not jvm_available(spark):
-            raise ConfigError("source=jvm needs the spark-sql-kafka jar on Spark's classpath; it is not there. "
-                              "Use source=python (or auto).")
+            raise ConfigError(
+                "source=jvm needs the spark-sql-kafka jar on Spark's classpath; it is not there. "
+                "Use source=python (or auto)."
+            )
         return source
     if jvm_available(spark):
         log.info("Kafka source: Spark's own (spark-sql-kafka found)")
@@ -84,9 +92,15 @@ def read_stream(
     if bool(topics) == bool(pattern):
         raise ConfigError("Expected topics or a pattern to subscribe to (exactly one).")
     kind = choose(spark, source, sized=sizing is not None)
-    options = {"kafka.bootstrap.servers": bootstrap, "startingOffsets": starting_offsets,
-               "failOnDataLoss": str(fail_on_data_loss).lower(), "kafka.isolation.level": isolation_level}
-    options["subscribe" if topics else "subscribePattern"] = ",".join(topics) if topics else str(pattern)
+    options = {
+        "kafka.bootstrap.servers": bootstrap,
+        "startingOffsets": starting_offsets,
+        "failOnDataLoss": str(fail_on_data_loss).lower(),
+        "kafka.isolation.level": isolation_level,
+    }
+    options["subscribe" if topics else "subscribePattern"] = (
+        ",".join(topics) if topics else str(pattern)
+    )
     if max_offsets_per_trigger:
         options["maxOffsetsPerTrigger"] = str(max_offsets_per_trigger)
     if min_partitions:

@@ -62,7 +62,9 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             raise ConfigError("The Kafka source needs option kafka.bootstrap.servers (HOST:PORT).")
         topics, pattern = options.get("subscribe"), options.get("subscribePattern")
         if bool(topics) == bool(pattern):
-            raise ConfigError("The Kafka source needs exactly one of the options subscribe or subscribePattern.")
+            raise ConfigError(
+                "The Kafka source needs exactly one of the options subscribe or subscribePattern."
+            )
         self.topics = [t.strip() for t in topics.split(",") if t.strip()] if topics else []
         self.pattern = re.compile(pattern) if pattern else None
         self.starting = options.get("startingOffsets", "earliest")
@@ -109,10 +111,21 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
         c = client.consumer(self.bootstrap, conf=self.conf)
         try:
-            topics = self.topics or sorted(t for t in c.topics() if self.pattern and self.pattern.fullmatch(t))
-            tps = [TopicPartition(t, p) for t in topics for p in sorted(c.partitions_for_topic(t) or [])]
-            found = (c.beginning_offsets(tps) if which == "earliest"
-                     else client.end_offsets(c, tps, isolation_level=self.isolation_level, conf=self.conf))
+            topics = self.topics or sorted(
+                t for t in c.topics() if self.pattern and self.pattern.fullmatch(t)
+            )
+            tps = [
+                TopicPartition(t, p)
+                for t in topics
+                for p in sorted(c.partitions_for_topic(t) or [])
+            ]
+            found = (
+                c.beginning_offsets(tps)
+                if which == "earliest"
+                else client.end_offsets(
+                    c, tps, isolation_level=self.isolation_level, conf=self.conf
+                )
+            )
         finally:
             c.close()
         out: Offsets = {}
@@ -143,7 +156,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             given = json.loads(self.starting)
         except json.JSONDecodeError:
             raise ConfigError(
-                f"Expected startingOffsets earliest, latest or JSON like {{\"topic\": {{\"0\": 42}}}}. "
+                f'Expected startingOffsets earliest, latest or JSON like {{"topic": {{"0": 42}}}}. '
                 f"Received: {self.starting!r}"
             ) from None
         earliest, latest = self._edges("earliest"), self._edges("latest")
@@ -151,7 +164,9 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         for topic, parts in earliest.items():
             for p, low in parts.items():
                 chosen = int(given.get(topic, {}).get(p, -2))
-                out.setdefault(topic, {})[p] = low if chosen == -2 else latest[topic][p] if chosen == -1 else chosen
+                out.setdefault(topic, {})[p] = (
+                    low if chosen == -2 else latest[topic][p] if chosen == -1 else chosen
+                )
         return out
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
@@ -162,7 +177,9 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 end = self._edges("latest")
             except (KafkaError, OSError, ConnectionLost) as e:
                 return self._waiting(start, f"{type(e).__name__}: {e}")
-            missing = [f"{t}-{p}" for t, parts in start.items() for p in parts if p not in end.get(t, {})]
+            missing = [
+                f"{t}-{p}" for t, parts in start.items() for p in parts if p not in end.get(t, {})
+            ]
             if missing:  # a broker still loading its log after a restart lists no partitions yet
                 return self._waiting(start, f"partitions {', '.join(missing)} not listed")
         self._outage_since = None
@@ -173,10 +190,17 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 if p not in start.get(topic, {}):
                     earliest = earliest or self._edges("earliest")
                     start = {**start, topic: {**start.get(topic, {}), p: earliest[topic][p]}}
-        end = {t: {p: max(o, start.get(t, {}).get(p, 0)) for p, o in parts.items()} for t, parts in end.items()}
+        end = {
+            t: {p: max(o, start.get(t, {}).get(p, 0)) for p, o in parts.items()}
+            for t, parts in end.items()
+        }
         if self.sizer is not None:  # before the cap: the sizer must see the whole backlog to grow
-            pending = sum(o - start.get(t, {}).get(p, 0) for t, parts in end.items() for p, o in parts.items())
-            end = offsets.cap_offsets(start, end, self.sizer.plan(now=time.monotonic(), pending=pending))
+            pending = sum(
+                o - start.get(t, {}).get(p, 0) for t, parts in end.items() for p, o in parts.items()
+            )
+            end = offsets.cap_offsets(
+                start, end, self.sizer.plan(now=time.monotonic(), pending=pending)
+            )
         if isinstance(limit, ReadMaxRows):
             end = offsets.cap_offsets(start, end, limit.max_rows)
         return end
@@ -189,8 +213,12 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             self._outage_since, self._outage_logged = now, 0.0
         if now - self._outage_logged >= 30:
             self._outage_logged = now
-            log.warning("Kafka at %s unavailable for %.0f s (%s); the stream waits for it",
-                        self.bootstrap, now - self._outage_since, why)
+            log.warning(
+                "Kafka at %s unavailable for %.0f s (%s); the stream waits for it",
+                self.bootstrap,
+                now - self._outage_since,
+                why,
+            )
         self._latest = start
         return start
 
@@ -214,9 +242,14 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         assert isinstance(partition, OffsetRange)
-        yield from read_range(self.bootstrap, partition, fail_on_data_loss=self.fail_on_data_loss,
-                              timeout_s=self.fetch_timeout_s, isolation_level=self.isolation_level,
-                              kafka_conf=self.kafka_conf)
+        yield from read_range(
+            self.bootstrap,
+            partition,
+            fail_on_data_loss=self.fail_on_data_loss,
+            timeout_s=self.fetch_timeout_s,
+            isolation_level=self.isolation_level,
+            kafka_conf=self.kafka_conf,
+        )
 
 
 class KafkaDataSource(DataSource):

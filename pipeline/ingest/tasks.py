@@ -87,8 +87,10 @@ def query_failure(error: str, checkpoint: str) -> StreamtrainError:
     'The streaming query could not write its checkpoint /out/ckpt: no space left on device. Free space there, then resume (the batch it was writing is replayed, nothing is lost).'
     """
     if "No space left on device" in error or "Disk quota exceeded" in error:
-        return StreamtrainError(f"The streaming query could not write its checkpoint {checkpoint}: no space left on "
-                                "device. Free space there, then resume (the batch it was writing is replayed, nothing is lost).")
+        return StreamtrainError(
+            f"The streaming query could not write its checkpoint {checkpoint}: no space left on "
+            "device. Free space there, then resume (the batch it was writing is replayed, nothing is lost)."
+        )
     return StreamtrainError(f"The streaming query failed: {error.splitlines()[0]}")
 
 
@@ -110,19 +112,39 @@ class BatchTasks:
             is passed over: its offsets and cause counted, and sent to the dead-letter topic).
     """
 
-    def __init__(self, spark: Any, *, bootstrap: str, schema: codec.Schema, handler: Handler, checkpoint: str,
-                 python_source: bool, min_partitions: int, dead_letter_topic: str,
-                 isolation_level: str = "read_committed", on_poison: str = "fail",
-                 kafka_conf: str | None = None) -> None:
+    def __init__(
+        self,
+        spark: Any,
+        *,
+        bootstrap: str,
+        schema: codec.Schema,
+        handler: Handler,
+        checkpoint: str,
+        python_source: bool,
+        min_partitions: int,
+        dead_letter_topic: str,
+        isolation_level: str = "read_committed",
+        on_poison: str = "fail",
+        kafka_conf: str | None = None,
+    ) -> None:
         self.kafka_conf = kafka_conf
         self.spark, self.bootstrap, self.schema, self.handler = spark, bootstrap, schema, handler
         self.on_poison = on_poison
         self.isolation_level = isolation_level
         isolation_id(isolation_level)  # a bad value fails here, not in a task
-        self.checkpoint, self.python_source, self.min_partitions = checkpoint, python_source, min_partitions
-        self.dead_letter = (dead_letters.Target(bootstrap, dead_letter_topic, kafka_conf) if dead_letter_topic
-                            else None)
-        self._last_end: tuple[int, offsets.Offsets] | None = None  # the last batch planned, and its end
+        self.checkpoint, self.python_source, self.min_partitions = (
+            checkpoint,
+            python_source,
+            min_partitions,
+        )
+        self.dead_letter = (
+            dead_letters.Target(bootstrap, dead_letter_topic, kafka_conf)
+            if dead_letter_topic
+            else None
+        )
+        self._last_end: tuple[int, offsets.Offsets] | None = (
+            None  # the last batch planned, and its end
+        )
 
     def plan(self, batch_id: int) -> list[OffsetRange] | None:
         """The tasks' ranges of ``batch_id``, as the Python source planned them from the
@@ -131,10 +153,16 @@ class BatchTasks:
             return None
         end = logged_offsets(self.checkpoint, batch_id)
         if end is None:
-            raise StreamtrainError(f"No offsets logged for batch {batch_id} in {self.checkpoint}/offsets.")
+            raise StreamtrainError(
+                f"No offsets logged for batch {batch_id} in {self.checkpoint}/offsets."
+            )
         # A batch starts where the one before ended: read from the log once, when that one ran here.
         last = self._last_end
-        start = last[1] if last is not None and last[0] == batch_id - 1 else logged_offsets(self.checkpoint, batch_id - 1)
+        start = (
+            last[1]
+            if last is not None and last[0] == batch_id - 1
+            else logged_offsets(self.checkpoint, batch_id - 1)
+        )
         self._last_end = (batch_id, end)
         return offsets.plan(start or {}, end, min_partitions=self.min_partitions)
 
@@ -151,15 +179,28 @@ class BatchTasks:
             def task(r: OffsetRange) -> TaskFigures:
                 skipped = Skipped()
                 try:
-                    figures = decode_range(read_range(bootstrap, r, isolation_level=isolation, skipped=skipped,
-                                                      on_poison=on_poison, kafka_conf=kafka_conf),
-                                           schema=schema, handler=handler, planned=r, dead_letter=dead)
+                    figures = decode_range(
+                        read_range(
+                            bootstrap,
+                            r,
+                            isolation_level=isolation,
+                            skipped=skipped,
+                            on_poison=on_poison,
+                            kafka_conf=kafka_conf,
+                        ),
+                        schema=schema,
+                        handler=handler,
+                        planned=r,
+                        dead_letter=dead,
+                    )
                 except UnreadableRange as e:
                     # The batch stops at this range; the handler still sees the task, empty,
                     # so that a synchronous round stops waiting for it (else every round of
                     # the other tasks waits out its timeout before the stop).
                     with contextlib.suppress(StreamtrainError, OSError):
-                        decode_range(iter(()), schema=schema, handler=handler, planned=r, dead_letter=None)
+                        decode_range(
+                            iter(()), schema=schema, handler=handler, planned=r, dead_letter=None
+                        )
                     return TaskFigures(r, 0, 0, 0, {}, 0.0, 0.0, None, None, unreadable=str(e))
                 figures.aborted, figures.poisoned = skipped.aborted, skipped.poisoned
                 figures.poison = [PassedOver(r.topic, r.partition, *p) for p in skipped.poison]
@@ -168,18 +209,24 @@ class BatchTasks:
                 return figures
 
             try:
-                done = cluster.run_on_executors(self.spark, ranges, task, description=f"streamtrain batch {batch_id}")
+                done = cluster.run_on_executors(
+                    self.spark, ranges, task, description=f"streamtrain batch {batch_id}"
+                )
             except Exception as e:
                 raise executor_error(e) or e from None
             for f in done:
                 if f.unreadable is not None:
-                    raise UnreadableRange.from_message(f.unreadable) or StreamtrainError(f.unreadable)
+                    raise UnreadableRange.from_message(f.unreadable) or StreamtrainError(
+                        f.unreadable
+                    )
             return done
 
         def arrow_task(batches: Iterator[Any]) -> Iterator[Any]:
             import pyarrow as pa
 
-            figures = decode_range(batches, schema=schema, handler=handler, planned=None, dead_letter=dead)
+            figures = decode_range(
+                batches, schema=schema, handler=handler, planned=None, dead_letter=dead
+            )
             yield pa.RecordBatch.from_pylist([{"figures": figures.to_json()}])
 
         rows = df.mapInArrow(arrow_task, "figures string").collect()

@@ -30,8 +30,16 @@ class Display:
         rejects: the run's tally of records set aside (shown in each status line).
     """
 
-    def __init__(self, *, history: History, metrics: RunMetrics, eval_every: int, until_accuracy: float | None,
-                 started: float, rejects: Rejects | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        history: History,
+        metrics: RunMetrics,
+        eval_every: int,
+        until_accuracy: float | None,
+        started: float,
+        rejects: Rejects | None = None,
+    ) -> None:
         self.history, self.metrics = history, metrics
         self.rejects = rejects or Rejects()
         #: A numeric target: the loss the status line shows (its root for a squared error).
@@ -47,8 +55,11 @@ class Display:
     def stop_requested(self, signal_name: str) -> None:
         """A SIGTERM or Ctrl-C: the run ends after the batch in flight, as at its own end."""
         self.stop_reason = f"{signal_name}: stopped after the batch in flight was committed"
-        print(f"{signal_name}: stopping after the batch in flight (its checkpoint and commit), then the model and "
-              f"the report; again to stop at once", flush=True)
+        print(
+            f"{signal_name}: stopping after the batch in flight (its checkpoint and commit), then the model and "
+            f"the report; again to stop at once",
+            flush=True,
+        )
 
     def startup(self, what: str) -> None:
         """A start-up milestone (the first run on a machine waits a minute or more here:
@@ -69,7 +80,11 @@ class Display:
             history.first_trained_at = time.monotonic()
             self.startup(f"first micro-batch trained ({row.trained:,} records)")
         # A model that has trained nothing has no score worth showing (it is its initial weights').
-        if (history.count + 1) % self.eval_every == 0 and self.trained() and self.evaluation.can_score:
+        if (
+            (history.count + 1) % self.eval_every == 0
+            and self.trained()
+            and self.evaluation.can_score
+        ):
             began = time.monotonic()
             row.heldout = self.evaluation.score(weights)
             history.eval_s += time.monotonic() - began
@@ -80,8 +95,12 @@ class Display:
         self.metrics.on_batch(info, row)
         self.rejects.add_stream(row.rejected, trained=row.trained)
         elapsed = max(1e-9, time.monotonic() - history.first_batch_at)
-        line = row.status(total=self.trained(), per_s=history.trained() / elapsed, loss=self.regression_loss)
+        line = row.status(
+            total=self.trained(), per_s=history.trained() / elapsed, loss=self.regression_loss
+        )
         print(" | ".join(p for p in (line, self.rejects.line()) if p), flush=True)
         held = (row.heldout or {}).get("accuracy")
         if self.until_accuracy is not None and held is not None and held >= self.until_accuracy:
-            self.stop_reason = f"held-out accuracy {held:.4f} reached --until-accuracy {self.until_accuracy}"
+            self.stop_reason = (
+                f"held-out accuracy {held:.4f} reached --until-accuracy {self.until_accuracy}"
+            )

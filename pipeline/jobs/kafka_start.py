@@ -26,8 +26,17 @@ class Kafka:
     replay: ReplayProcess | None
 
 
-def start(stack: contextlib.ExitStack, cfg: RunConfig, *, out: Path, topic: str, display: Any, replay_job: Any,
-          data_dir: Path, metrics_host: str) -> Kafka:
+def start(
+    stack: contextlib.ExitStack,
+    cfg: RunConfig,
+    *,
+    out: Path,
+    topic: str,
+    display: Any,
+    replay_job: Any,
+    data_dir: Path,
+    metrics_host: str,
+) -> Kafka:
     """Start what the run needs of Kafka; each part is stopped by ``stack``."""
     from pipeline.ingest.kafka import EmbeddedBroker, client, conf
 
@@ -36,10 +45,14 @@ def start(stack: contextlib.ExitStack, cfg: RunConfig, *, out: Path, topic: str,
     if cfg.bootstrap:
         bootstrap = client.parse_bootstrap(cfg.bootstrap)
     else:
-        embedded = stack.enter_context(EmbeddedBroker(engine=cfg.broker_engine, log_path=out / "broker.log"))
+        embedded = stack.enter_context(
+            EmbeddedBroker(engine=cfg.broker_engine, log_path=out / "broker.log")
+        )
         bootstrap = embedded.bootstrap
         log.info("embedded Kafka at %s", bootstrap)
-    display.startup(f"Kafka ready at {bootstrap}" + (f" ({secured.describe()})" if cfg.kafka_conf else ""))
+    display.startup(
+        f"Kafka ready at {bootstrap}" + (f" ({secured.describe()})" if cfg.kafka_conf else "")
+    )
     client.ensure_topic(bootstrap, topic, partitions=cfg.workers, conf=secured)
     releaser = replay = None
     if embedded is not None and embedded.engine == "noida":
@@ -47,8 +60,17 @@ def start(stack: contextlib.ExitStack, cfg: RunConfig, *, out: Path, topic: str,
         # are released, so a replay that never stops does not grow it (Tansu never frees).
         releaser = Releaser(bootstrap, topic, conf=secured)
         stack.callback(releaser.close)
-    if not (cfg.topic and cfg.bootstrap):  # the run's own replay: a resumed one sends what the topic lacks
-        replay = ReplayProcess.for_run(cfg, table=replay_job, data_dir=data_dir, bootstrap=bootstrap, topic=topic,
-                                       out=out, metrics_host=metrics_host).start()
+    if not (
+        cfg.topic and cfg.bootstrap
+    ):  # the run's own replay: a resumed one sends what the topic lacks
+        replay = ReplayProcess.for_run(
+            cfg,
+            table=replay_job,
+            data_dir=data_dir,
+            bootstrap=bootstrap,
+            topic=topic,
+            out=out,
+            metrics_host=metrics_host,
+        ).start()
         stack.callback(replay.stop)
     return Kafka(bootstrap, releaser, replay)

@@ -21,10 +21,21 @@ log = logging.getLogger(__name__)
 #: What the zygote imports for the processes it forks: the model's describer, Spark's
 #: Python workers (TensorFlow and Keras, the training path, PySpark's worker and daemon)
 #: and the helpers the query's Python source starts (PySpark SQL, pandas, Arrow).
-_PRELOAD = ("tensorflow", "keras", "pipeline.train.handler", "pipeline.train.probe", "pipeline.train.evaluation",
-            "pipeline.ingest.reader", "pipeline.ingest.spark_source", "pyspark.daemon", "pyspark.worker",
-            "pyspark.sql.worker.lookup_data_sources", "pyspark.sql.worker.create_data_source",
-            "pyspark.sql.worker.plan_data_source_read", "pyspark.sql.streaming.python_streaming_source_runner")
+_PRELOAD = (
+    "tensorflow",
+    "keras",
+    "pipeline.train.handler",
+    "pipeline.train.probe",
+    "pipeline.train.evaluation",
+    "pipeline.ingest.reader",
+    "pipeline.ingest.spark_source",
+    "pyspark.daemon",
+    "pyspark.worker",
+    "pyspark.sql.worker.lookup_data_sources",
+    "pyspark.sql.worker.create_data_source",
+    "pyspark.sql.worker.plan_data_source_read",
+    "pyspark.sql.streaming.python_streaming_source_runner",
+)
 
 
 def start_zygote(stack: contextlib.ExitStack, out: Path) -> Zygote:
@@ -35,16 +46,25 @@ def start_zygote(stack: contextlib.ExitStack, out: Path) -> Zygote:
     return zygote
 
 
-def describe(cfg: RunConfig, algorithm: Any, schema: Any, stack: contextlib.ExitStack, zygote: Zygote | None) -> Probe:
+def describe(
+    cfg: RunConfig, algorithm: Any, schema: Any, stack: contextlib.ExitStack, zygote: Zygote | None
+) -> Probe:
     """Start describing the model (the user's, or the data's default) and checking its contract."""
     default = cfg.dataset
     if schema.table is not None:
         label = schema.table.label
         default = f"table:{schema.n_features}:{schema.num_classes}" + (
-            f":{label.scale[0]}:{label.scale[1]}" if schema.regression else "")
-    probe = Probe(cfg.model, default, optimizer=algorithm.worker_optimizer, loss=algorithm.loss,
-                  folder=Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="streamtrain-model-"))),
-                  zygote=zygote, expect=user_data.contract(schema))
+            f":{label.scale[0]}:{label.scale[1]}" if schema.regression else ""
+        )
+    probe = Probe(
+        cfg.model,
+        default,
+        optimizer=algorithm.worker_optimizer,
+        loss=algorithm.loss,
+        folder=Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="streamtrain-model-"))),
+        zygote=zygote,
+        expect=user_data.contract(schema),
+    )
     stack.callback(probe.cancel)
     return probe
 
@@ -59,7 +79,11 @@ def use_compiled(algo: Any, spec: Any) -> bool:
 
             optimizers.get(spec.optimizer, 0)
     except ConfigError as e:
-        log.warning("the model's compiled optimizer is not used: %s; training with %s", e, algo.worker_optimizer)
+        log.warning(
+            "the model's compiled optimizer is not used: %s; training with %s",
+            e,
+            algo.worker_optimizer,
+        )
         return False
     algo.worker_optimizer, algo.loss = spec.optimizer, spec.loss
     return True

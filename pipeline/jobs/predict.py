@@ -41,15 +41,23 @@ class PredictConfig:
         folder = Path(self.run_dir)
         read_description(folder)  # a clear error for a folder that is no run
         if not (folder / checkpoint.FILENAME).is_file():
-            raise ConfigError(f"Expected a checkpoint ({checkpoint.FILENAME}) in {folder}: the run has not trained "
-                              "a micro-batch yet. Wait for one, or pass another run's folder.")
+            raise ConfigError(
+                f"Expected a checkpoint ({checkpoint.FILENAME}) in {folder}: the run has not trained "
+                "a micro-batch yet. Wait for one, or pass another run's folder."
+            )
         if self.output_topic == self.topic:
-            raise ConfigError(f"Expected --output-topic to differ from --topic ({self.topic}): predictions written "
-                              "into the input would be read back as records.")
+            raise ConfigError(
+                f"Expected --output-topic to differ from --topic ({self.topic}): predictions written "
+                "into the input would be read back as records."
+            )
         if self.input_format not in ("wire", "json"):
-            raise ConfigError(f"Expected --input-format wire or json. Received: {self.input_format!r}")
+            raise ConfigError(
+                f"Expected --input-format wire or json. Received: {self.input_format!r}"
+            )
         if self.max_offsets_per_trigger < 1:
-            raise ConfigError(f"Expected --max-offsets-per-trigger >= 1. Received: {self.max_offsets_per_trigger}")
+            raise ConfigError(
+                f"Expected --max-offsets-per-trigger >= 1. Received: {self.max_offsets_per_trigger}"
+            )
 
 
 @dataclasses.dataclass
@@ -60,8 +68,10 @@ class PredictSummary:
     newest_version: int
 
     def summary(self) -> str:
-        return (f"wrote {self.written:,} predictions to {self.output_topic} in {self.batches} micro-batches "
-                f"(newest weights: version {self.newest_version})")
+        return (
+            f"wrote {self.written:,} predictions to {self.output_topic} in {self.batches} micro-batches "
+            f"(newest weights: version {self.newest_version})"
+        )
 
 
 def run(cfg: PredictConfig) -> PredictSummary:
@@ -75,15 +85,21 @@ def run(cfg: PredictConfig) -> PredictSummary:
         schema = codec.json_instances(schema)
     output = cfg.output_topic or f"{cfg.topic}.predictions"
     secured = conf.load(cfg.kafka_conf)
-    client.check_reachable(cfg.bootstrap, conf=secured)  # a refused password: one line, before Spark starts
+    client.check_reachable(
+        cfg.bootstrap, conf=secured
+    )  # a refused password: one line, before Spark starts
     partitions = client.partitions_for(cfg.bootstrap, cfg.topic, conf=secured)
     if not partitions:
-        raise ConfigError(f"Expected topic {cfg.topic} at {cfg.bootstrap}. It does not exist; produce into it first.")
+        raise ConfigError(
+            f"Expected topic {cfg.topic} at {cfg.bootstrap}. It does not exist; produce into it first."
+        )
     client.ensure_topic(cfg.bootstrap, output, partitions=len(partitions), conf=secured)
     meters = metrics.serving_metrics(name)
     served = None
     if cfg.metrics_port is not None:
-        served = metrics.serve(meters.registry, host=config.settings().metrics_host, port=cfg.metrics_port)
+        served = metrics.serve(
+            meters.registry, host=config.settings().metrics_host, port=cfg.metrics_port
+        )
         log.info("metrics at %s", served.url)
     figures = {"batches": 0, "written": 0, "version": -1}
 
@@ -92,19 +108,35 @@ def run(cfg: PredictConfig) -> PredictSummary:
         figures["written"] += n
         figures["version"] = max(figures["version"], version)
         meters.predictions_written.labels(output).inc(n)
-        print(f"batch {figures['batches']}: {n:,} predictions (weights version {version}) -> {output}", flush=True)
+        print(
+            f"batch {figures['batches']}: {n:,} predictions (weights version {version}) -> {output}",
+            flush=True,
+        )
 
     spark = cluster.session(cfg.master, app=f"streamtrain-predict-{cfg.topic}")
     try:
-        handler = PredictHandler(run_dir=str(folder), spec=spec, bootstrap=cfg.bootstrap, output_topic=output,
-                                 kafka_conf=cfg.kafka_conf,
-                                 job=job_id(str(folder)), threads=cluster.task_threads(spark, len(partitions)),
-                                 on_written=on_written)
+        handler = PredictHandler(
+            run_dir=str(folder),
+            spec=spec,
+            bootstrap=cfg.bootstrap,
+            output_topic=output,
+            kafka_conf=cfg.kafka_conf,
+            job=job_id(str(folder)),
+            threads=cluster.task_threads(spark, len(partitions)),
+            on_written=on_written,
+        )
         job = microbatch.StreamJob(
-            spark, bootstrap=cfg.bootstrap, topics=[cfg.topic], schema=schema, handler=handler,
+            spark,
+            bootstrap=cfg.bootstrap,
+            topics=[cfg.topic],
+            schema=schema,
+            handler=handler,
             checkpoint=cfg.checkpoint or folder / f"predict-{cfg.topic}",
-            available_now=cfg.available_now, max_offsets_per_trigger=cfg.max_offsets_per_trigger,
-            dead_letter_topic=f"{output}.dlq", kafka_conf=cfg.kafka_conf)
+            available_now=cfg.available_now,
+            max_offsets_per_trigger=cfg.max_offsets_per_trigger,
+            dead_letter_topic=f"{output}.dlq",
+            kafka_conf=cfg.kafka_conf,
+        )
         started = time.monotonic()
         job.run(max_batches=cfg.max_batches, timeout_s=cfg.timeout_s)
         log.info("predict stream stopped after %.1f s", time.monotonic() - started)

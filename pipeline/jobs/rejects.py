@@ -28,7 +28,7 @@ CHECK_FROM = 1000
 #: What to do about a reason whose fix is one word.
 HINTS = {
     "confluent_framed": 'the records carry the Confluent wire format: add "wire": "confluent" to the schema file '
-                        "(or pass --schema-registry URL)",
+    "(or pass --schema-registry URL)",
     "not_confluent_avro": 'the records are plain Avro bodies: remove "wire": "confluent" from the schema file',
 }
 
@@ -57,7 +57,9 @@ class Rejects:
             return {}
         before = self.replay.by_reason if self.replay is not None else {}
         self.replay = so_far
-        return {k: n - before.get(k, 0) for k, n in so_far.by_reason.items() if n > before.get(k, 0)}
+        return {
+            k: n - before.get(k, 0) for k, n in so_far.by_reason.items() if n > before.get(k, 0)
+        }
 
     def by_reason(self) -> dict[str, int]:
         """Every rejected record by reason, the most frequent first."""
@@ -93,14 +95,21 @@ class Rejects:
         if not total or (seen < CHECK_FROM and not final) or total <= self.limit * seen:
             return None
         examples = self.replay.examples[:3] if self.replay is not None else []
-        shown = "; " + ", ".join(f"line {line}: {why}" for line, why in examples) if examples else ""
+        shown = (
+            "; " + ", ".join(f"line {line}: {why}" for line, why in examples) if examples else ""
+        )
         hints = [HINTS[k] for k in self.by_reason() if k in HINTS]
         hint = f" Hint: {hints[0]}." if hints else ""
-        return DataError(f"Expected at most {self.limit:.0%} of the records rejected (--max-rejected {self.limit:g}). "
-                        f"Received: {total:,} of {seen:,} ({self._top()}{shown}).{hint} Fix the data or the schema, "
-                        "or raise --max-rejected.")
+        return DataError(
+            f"Expected at most {self.limit:.0%} of the records rejected (--max-rejected {self.limit:g}). "
+            f"Received: {total:,} of {seen:,} ({self._top()}{shown}).{hint} Fix the data or the schema, "
+            "or raise --max-rejected."
+        )
 
     def to_dict(self) -> dict[str, object]:
         """What the report keeps: counts by reason, and the replay's first rows set aside."""
-        return {"by_reason": self.by_reason(), "replay_rows": self.replay.malformed if self.replay else 0,
-                "examples": [list(e) for e in self.replay.examples] if self.replay else []}
+        return {
+            "by_reason": self.by_reason(),
+            "replay_rows": self.replay.malformed if self.replay else 0,
+            "examples": [list(e) for e in self.replay.examples] if self.replay else [],
+        }

@@ -40,8 +40,12 @@ def _replay(job: dict[str, Any], answer: Any, stop: threading.Event) -> None:
     if table is not None:  # a user's file, by the run's schema
         from pipeline.table import TableSchema
 
-        data: datasets.Dataset = datasets.Table(table["path"], schema=TableSchema.from_dict(table["schema"]),
-                                                holdout=table["holdout"], name=table["name"])
+        data: datasets.Dataset = datasets.Table(
+            table["path"],
+            schema=TableSchema.from_dict(table["schema"]),
+            holdout=table["holdout"],
+            name=table["name"],
+        )
         job.pop("dataset"), job.pop("data_dir")
     else:
         data = datasets.get(job.pop("dataset"), data_dir=Path(job.pop("data_dir")))
@@ -67,44 +71,101 @@ class ReplayProcess:
         log_path: the child's output.
     """
 
-    def __init__(self, *, dataset: str, data_dir: Path, bootstrap: str, topic: str, epochs: int,
-                 rate: float | None, partitions: int, metrics_host: str, metrics_port: int, log_path: Path,
-                 table: dict[str, Any] | None = None, resume: bool = False, kafka_conf: str | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        dataset: str,
+        data_dir: Path,
+        bootstrap: str,
+        topic: str,
+        epochs: int,
+        rate: float | None,
+        partitions: int,
+        metrics_host: str,
+        metrics_port: int,
+        log_path: Path,
+        table: dict[str, Any] | None = None,
+        resume: bool = False,
+        kafka_conf: str | None = None,
+    ) -> None:
         self.job: dict[str, Any] = {
-            "dataset": dataset, "data_dir": str(data_dir), "table": table, "bootstrap": bootstrap, "topic": topic,
+            "dataset": dataset,
+            "data_dir": str(data_dir),
+            "table": table,
+            "bootstrap": bootstrap,
+            "topic": topic,
             "kafka_conf": kafka_conf,
-            "epochs": epochs, "rate": rate, "partitions": partitions, "metrics_host": metrics_host,
-            "metrics_port": metrics_port, "resume": resume,
+            "epochs": epochs,
+            "rate": rate,
+            "partitions": partitions,
+            "metrics_host": metrics_host,
+            "metrics_port": metrics_port,
+            "resume": resume,
         }
         self.log_path = log_path
         self.report: ReplayReport | None = None  # once the replay is over
         self.malformed: MalformedSoFar | None = None  # the rows it set aside so far (None: none)
         # SIGINT, as Ctrl-C would: the replay flushes what it handed to Kafka.
-        self._child = ChildProcess(_replay, self.job, name="streamtrain-replay", what="the replay", log_path=log_path,
-                                   stop_signal=signal.SIGINT)
+        self._child = ChildProcess(
+            _replay,
+            self.job,
+            name="streamtrain-replay",
+            what="the replay",
+            log_path=log_path,
+            stop_signal=signal.SIGINT,
+        )
 
     @classmethod
-    def for_run(cls, cfg: Any, *, table: dict[str, Any] | None, data_dir: Path, bootstrap: str, topic: str,
-                out: Path, metrics_host: str) -> ReplayProcess:
+    def for_run(
+        cls,
+        cfg: Any,
+        *,
+        table: dict[str, Any] | None,
+        data_dir: Path,
+        bootstrap: str,
+        topic: str,
+        out: Path,
+        metrics_host: str,
+    ) -> ReplayProcess:
         """The replay of a run's data (``cfg``: its :class:`~pipeline.jobs.run_config.RunConfig`),
         its output in ``out/producer.log``; a resumed run's sends what the topic lacks."""
-        return cls(dataset=cfg.dataset, data_dir=data_dir, table=table, bootstrap=bootstrap, topic=topic,
-                   kafka_conf=cfg.kafka_conf, epochs=cfg.epochs, rate=cfg.rate, partitions=cfg.workers,
-                   metrics_host=metrics_host, metrics_port=cfg.producer_metrics_port, log_path=out / "producer.log",
-                   resume=cfg.resume)
+        return cls(
+            dataset=cfg.dataset,
+            data_dir=data_dir,
+            table=table,
+            bootstrap=bootstrap,
+            topic=topic,
+            kafka_conf=cfg.kafka_conf,
+            epochs=cfg.epochs,
+            rate=cfg.rate,
+            partitions=cfg.workers,
+            metrics_host=metrics_host,
+            metrics_port=cfg.producer_metrics_port,
+            log_path=out / "producer.log",
+            resume=cfg.resume,
+        )
 
     @property
     def sent(self) -> int | None:
         """Records of the replay in the topic, once it is over: those Kafka acknowledged, and
         (resumed) those an earlier session's replay had sent."""
-        return self.report.records_sent + self.report.resumed_after if self.report is not None else None
+        return (
+            self.report.records_sent + self.report.resumed_after
+            if self.report is not None
+            else None
+        )
 
     def start(self) -> ReplayProcess:
         self._child.start()
         rate = self.job["rate"]
         what = self.job["table"]["path"] if self.job["table"] else self.job["dataset"]
-        log.info("replaying %s x%d into %s (%s)", what, self.job["epochs"], self.job["topic"],
-                 f"{rate:g}/s" if rate else "full speed")
+        log.info(
+            "replaying %s x%d into %s (%s)",
+            what,
+            self.job["epochs"],
+            self.job["topic"],
+            f"{rate:g}/s" if rate else "full speed",
+        )
         return self
 
     def done(self) -> bool:
@@ -115,22 +176,27 @@ class ReplayProcess:
         while self.report is None:
             if not self._child.ready():
                 if self._child.exitcode not in (None, 0):
-                    raise StreamtrainError(f"The replay producer died (exit {self._child.exitcode}); "
-                                           f"see {self.log_path}.")
+                    raise StreamtrainError(
+                        f"The replay producer died (exit {self._child.exitcode}); "
+                        f"see {self.log_path}."
+                    )
                 return False
             try:
                 answer = self._child.receive()
             except EOFError:  # it exited without a report
-                raise StreamtrainError(f"The replay producer died (exit {self._child.exitcode}); "
-                                       f"see {self.log_path}.") from None
+                raise StreamtrainError(
+                    f"The replay producer died (exit {self._child.exitcode}); see {self.log_path}."
+                ) from None
             if isinstance(answer, MalformedSoFar):
                 self.malformed = answer
                 continue
             if isinstance(answer, ChildFailed):
                 raise StreamtrainError(f"The replay producer failed: {answer.error}")
             if answer.send_errors:
-                raise StreamtrainError(f"The replay producer failed: {answer.send_errors} records were not "
-                                       f"acknowledged by Kafka (see {self.log_path}).")
+                raise StreamtrainError(
+                    f"The replay producer failed: {answer.send_errors} records were not "
+                    f"acknowledged by Kafka (see {self.log_path})."
+                )
             self.report = answer
         return True
 

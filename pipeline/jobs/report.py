@@ -64,9 +64,15 @@ class History:
         self._rejected += sum(row.rejected.values())
         self._aborted += row.aborted
         self.poison += row.poison
-        self.breakdown.add(batch_s=row.batch_s, commit_s=row.commit_s, read_decode_s=row.read_decode_s,
-                           compute_s=row.compute_s, exchange_s=row.exchange_s, task_s=row.task_s,
-                           checkpoint_s=row.checkpoint_ms / 1000)
+        self.breakdown.add(
+            batch_s=row.batch_s,
+            commit_s=row.commit_s,
+            read_decode_s=row.read_decode_s,
+            compute_s=row.compute_s,
+            exchange_s=row.exchange_s,
+            task_s=row.task_s,
+            checkpoint_s=row.checkpoint_ms / 1000,
+        )
         self.last_batch_at = ended_at
         if self.path is not None:
             with open(self.path, "a") as f:
@@ -93,7 +99,9 @@ class History:
         return self.last_batch_at - self.first_batch_at if self.first_batch_at is not None else 0.0
 
 
-def read_rows(path: str | os.PathLike[str], *, tail_bytes: int | None = None) -> list[dict[str, Any]]:
+def read_rows(
+    path: str | os.PathLike[str], *, tail_bytes: int | None = None
+) -> list[dict[str, Any]]:
     """The rows a run appended to ``path`` (``batches.jsonl``), every session's, oldest first.
 
     With ``tail_bytes``, only the whole lines among its last bytes (a resumed run wants its
@@ -154,11 +162,15 @@ class RunReport:
     batches: list[BatchRow]
     ledger: list[list[Any]]
     parameter_server: dict[str, Any]  # how workers connected, and any request refused
-    parallelism: dict[str, int]  # workers asked for, Spark's task slots, replicas that trained at once
+    parallelism: dict[
+        str, int
+    ]  # workers asked for, Spark's task slots, replicas that trained at once
     plots: str | None = None
     batches_file: str | None = None
     aborted_records: int = 0  # records of aborted transactions left unread (read_committed)
-    poison: list[PassedOver] = dataclasses.field(default_factory=list)  # unreadable batches passed over
+    poison: list[PassedOver] = dataclasses.field(
+        default_factory=list
+    )  # unreadable batches passed over
     #: Each task slot's streaming time by part (:mod:`pipeline.train.breakdown`), and the seconds behind it.
     time_shares: dict[str, float] = dataclasses.field(default_factory=dict)
     time_seconds: dict[str, Any] = dataclasses.field(default_factory=dict)
@@ -168,27 +180,73 @@ class RunReport:
     drifts: list[Drift] = dataclasses.field(default_factory=list)
 
     @classmethod
-    def of_run(cls, *, settings: dict[str, Any], algorithm: dict[str, Any], topic: str, out: Path, startup_s: float,
-               trained: int, history: History, stopped_because: str, final: dict[str, float], ledger: list[list[Any]],
-               ps_stats: dict[str, Any], workers: int, slots: int, rejects: Rejects,
-               drifts: Sequence[Drift] = ()) -> RunReport:
+    def of_run(
+        cls,
+        *,
+        settings: dict[str, Any],
+        algorithm: dict[str, Any],
+        topic: str,
+        out: Path,
+        startup_s: float,
+        trained: int,
+        history: History,
+        stopped_because: str,
+        final: dict[str, float],
+        ledger: list[list[Any]],
+        ps_stats: dict[str, Any],
+        workers: int,
+        slots: int,
+        rejects: Rejects,
+        drifts: Sequence[Drift] = (),
+    ) -> RunReport:
         """The report of a run that streamed ``history``, ``trained`` records across its
         sessions, and set aside what ``rejects`` counts."""
         here, span = history.trained(), history.span_s()
         return cls(
-            settings=settings, algorithm=algorithm, topic=topic, out=str(out), startup_s=round(startup_s, 2),
-            trained_records=trained, trained_this_session=here, rejected_records=rejects.total,
-            train_seconds=round(span, 2), records_per_s=round(here / span, 1) if span else 0.0,
-            records_per_s_excluding_eval=round(here / (span - history.eval_s), 1) if span > history.eval_s else 0.0,
-            stopped_because=stopped_because, final=final, batches=list(history.rows),
-            batches_file=str(out / BATCHES_FILE), ledger=ledger,
-            parameter_server={**{k: ps_stats.get(k) for k in ("ops", "shared_memory", "refused", "broken_connections",
-                                                                   "short_rounds")},
-                              "shards": len(ps_stats.get("shards", ())) or 1},
-            parallelism={"workers": workers, "task_slots": slots, "concurrent_replicas": min(workers, slots)},
-            aborted_records=history.aborted(), poison=history.poison, rejected=rejects.to_dict(),
-            time_shares=history.breakdown.shares(slots=min(workers, slots), wall_s=span, eval_s=history.eval_s),
-            time_seconds=history.breakdown.state(), drifts=list(drifts),
+            settings=settings,
+            algorithm=algorithm,
+            topic=topic,
+            out=str(out),
+            startup_s=round(startup_s, 2),
+            trained_records=trained,
+            trained_this_session=here,
+            rejected_records=rejects.total,
+            train_seconds=round(span, 2),
+            records_per_s=round(here / span, 1) if span else 0.0,
+            records_per_s_excluding_eval=round(here / (span - history.eval_s), 1)
+            if span > history.eval_s
+            else 0.0,
+            stopped_because=stopped_because,
+            final=final,
+            batches=list(history.rows),
+            batches_file=str(out / BATCHES_FILE),
+            ledger=ledger,
+            parameter_server={
+                **{
+                    k: ps_stats.get(k)
+                    for k in (
+                        "ops",
+                        "shared_memory",
+                        "refused",
+                        "broken_connections",
+                        "short_rounds",
+                    )
+                },
+                "shards": len(ps_stats.get("shards", ())) or 1,
+            },
+            parallelism={
+                "workers": workers,
+                "task_slots": slots,
+                "concurrent_replicas": min(workers, slots),
+            },
+            aborted_records=history.aborted(),
+            poison=history.poison,
+            rejected=rejects.to_dict(),
+            time_shares=history.breakdown.shares(
+                slots=min(workers, slots), wall_s=span, eval_s=history.eval_s
+            ),
+            time_seconds=history.breakdown.state(),
+            drifts=list(drifts),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -209,16 +267,29 @@ class RunReport:
         >>> r.summary()
         'trained 91,304 records in 388.0 s (235/s after 13.1 s start-up), 462,384 in the whole run; held-out accuracy 0.5000; stopped: SIGTERM'
         """
-        final = ("held-out " + " ".join(f"{k} {v:.4f}" for k, v in self.final.items()) if self.final else
-                 "no held-out score" + ("" if self.trained_records else " (nothing trained)"))
+        final = (
+            "held-out " + " ".join(f"{k} {v:.4f}" for k, v in self.final.items())
+            if self.final
+            else "no held-out score" + ("" if self.trained_records else " (nothing trained)")
+        )
         reasons = list((self.rejected.get("by_reason") or {}).items())[:3]
-        rejected = (f"; rejected {self.rejected_records:,} (" + ", ".join(f"{k} {n:,}" for k, n in reasons) + ")"
-                    if self.rejected_records and reasons else "")
-        run = (f", {self.trained_records:,} in the whole run" if self.trained_records != self.trained_this_session
-               else "")
-        return (f"trained {self.trained_this_session:,} records in {self.train_seconds:.1f} s "
-                f"({self.records_per_s:.0f}/s after {self.startup_s:.1f} s start-up){run}{rejected}; "
-                f"{final}; stopped: {self.stopped_because}")
+        rejected = (
+            f"; rejected {self.rejected_records:,} ("
+            + ", ".join(f"{k} {n:,}" for k, n in reasons)
+            + ")"
+            if self.rejected_records and reasons
+            else ""
+        )
+        run = (
+            f", {self.trained_records:,} in the whole run"
+            if self.trained_records != self.trained_this_session
+            else ""
+        )
+        return (
+            f"trained {self.trained_this_session:,} records in {self.train_seconds:.1f} s "
+            f"({self.records_per_s:.0f}/s after {self.startup_s:.1f} s start-up){run}{rejected}; "
+            f"{final}; stopped: {self.stopped_because}"
+        )
 
     def draw(self, out: Path, *, name: str, eval_every: int, eval_records: int) -> None:
         """Draw ``out/report.png`` from every session's rows in ``out/batches.jsonl``, and
@@ -232,8 +303,13 @@ class RunReport:
         settings = self.settings
         try:
             report_plot.report_plots(
-                rows, path, final=self.final.get("accuracy"), eval_every=eval_every, eval_records=eval_records,
-                title=f"{name} with {settings.get('algorithm')}, {settings.get('workers')} workers ({out.name})")
+                rows,
+                path,
+                final=self.final.get("accuracy"),
+                eval_every=eval_every,
+                eval_records=eval_records,
+                title=f"{name} with {settings.get('algorithm')}, {settings.get('workers')} workers ({out.name})",
+            )
             self.plots = str(path)
         except Exception as e:  # the model and the report matter more than a picture
             log.warning("could not draw the report plots: %s: %s", type(e).__name__, e)
@@ -245,4 +321,6 @@ class RunReport:
         ...           time_shares={"compute": 0.9, "exchange": 0.05, "commit": 0.0}).time_line()
         'time per task slot: compute 90%, exchange 5%, commit 0%'
         """
-        return "time per task slot: " + ", ".join(f"{k.replace('_', ' ')} {v:.0%}" for k, v in self.time_shares.items())
+        return "time per task slot: " + ", ".join(
+            f"{k.replace('_', ' ')} {v:.0%}" for k, v in self.time_shares.items()
+        )

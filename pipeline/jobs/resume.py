@@ -19,20 +19,28 @@ def check_out(cfg: RunConfig, out: Path) -> checkpoint.State | None:
     from pipeline.ingest.kafka import client, conf
 
     if cfg.generation is not None:
-        prior: checkpoint.State | None = checkpoint.rewind(out, cfg.generation, out / "spark-checkpoint")
+        prior: checkpoint.State | None = checkpoint.rewind(
+            out, cfg.generation, out / "spark-checkpoint"
+        )
     else:
         prior = checkpoint.load(out) if cfg.resume else None
     if cfg.resume and prior is None:
         raise ConfigError(f"Nothing to resume in {out}: no {checkpoint.FILENAME} there.")
     if cfg.resume and not cfg.bootstrap:
-        raise ConfigError(f"The run in {out} read the embedded broker, which kept its records in memory: they went "
-                          "with it, so it cannot be continued. Start a new run with another --out (runs to resume "
-                          "need a Kafka that outlives them: --bootstrap).")
+        raise ConfigError(
+            f"The run in {out} read the embedded broker, which kept its records in memory: they went "
+            "with it, so it cannot be continued. Start a new run with another --out (runs to resume "
+            "need a Kafka that outlives them: --bootstrap)."
+        )
     if not cfg.resume and (out / checkpoint.FILENAME).exists():
-        raise ConfigError(f"{out} holds a previous run; pass --resume to continue it, or another --out.")
+        raise ConfigError(
+            f"{out} holds a previous run; pass --resume to continue it, or another --out."
+        )
     if cfg.bootstrap:
         # Before anything starts: a refused password or certificate is one line here.
-        client.check_reachable(client.parse_bootstrap(cfg.bootstrap), conf=conf.load(cfg.kafka_conf))
+        client.check_reachable(
+            client.parse_bootstrap(cfg.bootstrap), conf=conf.load(cfg.kafka_conf)
+        )
     return prior
 
 
@@ -53,13 +61,18 @@ def describe(prior: checkpoint.State | None, spark_checkpoint: Path | None = Non
     if prior is None:
         return ""
     head = f"resuming after batch {prior.last_batch_id} ({int(prior.extra.get('trained', 0)):,} records trained; "
-    planned, committed = (_last_logged(spark_checkpoint / log) if spark_checkpoint else -1
-                          for log in ("offsets", "commits"))
+    planned, committed = (
+        _last_logged(spark_checkpoint / log) if spark_checkpoint else -1
+        for log in ("offsets", "commits")
+    )
     if planned <= committed:  # a clean stop: both logs end at the same batch
         return head + f"Spark starts with batch {committed + 1}); "
     if planned <= prior.last_batch_id:  # saved, then stopped before Spark's commit
-        return head + f"Spark replays batch {planned}, which it had not committed: the checkpoint holds it, so it is " \
-                      "skipped); "
+        return (
+            head
+            + f"Spark replays batch {planned}, which it had not committed: the checkpoint holds it, so it is "
+            "skipped); "
+        )
     return head + f"Spark runs batch {planned} with the offsets it had planned before the stop); "
 
 

@@ -31,44 +31,74 @@ class RunConfig:
     max_batches: int | None = None
     timeout_s: float | None = None
     bootstrap: str | None = None
-    kafka_conf: str | None = None  # a Kafka client properties file (TLS, SASL): only its path is kept
+    kafka_conf: str | None = (
+        None  # a Kafka client properties file (TLS, SASL): only its path is kept
+    )
     broker_engine: str | None = None  # None: $STREAMTRAIN_BROKER_ENGINE, else tansu
     topic: str | None = None
-    own_topic: str | None = None  # the topic of the run's own replay into a --bootstrap Kafka (named at its start)
+    own_topic: str | None = (
+        None  # the topic of the run's own replay into a --bootstrap Kafka (named at its start)
+    )
     master: str = "local[*]"
-    spark_conf: str | None = None  # a Spark properties file (the cluster's security settings, and any other)
+    spark_conf: str | None = (
+        None  # a Spark properties file (the cluster's security settings, and any other)
+    )
     model: str | None = None
     out: str | None = None
     resume: bool = False
     generation: int | None = None  # with resume: go back to this kept checkpoint (its batch id)
     keep_checkpoints: int = 3  # checkpoint generations kept beside state.npz
-    max_offsets_per_trigger: int = 20_000  # a batch's size; with a freshness target, its upper bound
-    freshness_target_s: float | None = None  # size each batch for the model to stay this fresh (None: fixed size)
-    min_offsets_per_trigger: int | None = None  # with a freshness target, a batch's lower bound (None: 1,000 or less)
+    max_offsets_per_trigger: int = (
+        20_000  # a batch's size; with a freshness target, its upper bound
+    )
+    freshness_target_s: float | None = (
+        None  # size each batch for the model to stay this fresh (None: fixed size)
+    )
+    min_offsets_per_trigger: int | None = (
+        None  # with a freshness target, a batch's lower bound (None: 1,000 or less)
+    )
     on_poison: str = "fail"  # a batch the reader cannot read: stop (fail) or pass over it (skip)
     divergence_check: bool = True  # stop a run whose held-out score collapses
-    wire_dtype: str = "float32"  # deltas and weights on TCP: float32, bfloat16 or float16 (half the bytes)
-    ps_shards: int = 1  # parameter-server processes, each serving a slice of the weights (1: one, in the driver)
-    isolation_level: str = "read_committed"  # Kafka's; read_uncommitted also trains aborted transactions
+    wire_dtype: str = (
+        "float32"  # deltas and weights on TCP: float32, bfloat16 or float16 (half the bytes)
+    )
+    ps_shards: int = (
+        1  # parameter-server processes, each serving a slice of the weights (1: one, in the driver)
+    )
+    isolation_level: str = (
+        "read_committed"  # Kafka's; read_uncommitted also trains aborted transactions
+    )
     eval_every: int = 5
     eval_max: int = 10_000
     metrics_port: int = 0
     producer_metrics_port: int = 0
     data_dir: str | None = None
     seed: int | None = None
-    serve_port: int | None = None  # serve predictions from the live weights on this port (0: a free one)
+    serve_port: int | None = (
+        None  # serve predictions from the live weights on this port (0: a free one)
+    )
     serve_max_age_s: float = 1.0  # refuse to predict with weights older than this
     # A user's data (issue "your data"): a file, or a topic fed by someone else, by a schema.
-    data: str | None = None  # a CSV, JSON lines or Parquet file to replay instead of a built-in dataset
+    data: str | None = (
+        None  # a CSV, JSON lines or Parquet file to replay instead of a built-in dataset
+    )
     label: str | None = None  # the target column (to infer a schema)
     schema: str | None = None  # a schema file (streamtrain schema infer writes one)
-    format: str | None = None  # the records' format on the topic: binary (built-in), json, csv, avro
+    format: str | None = (
+        None  # the records' format on the topic: binary (built-in), json, csv, avro
+    )
     holdout: float | None = None  # the share held out for scores (a file's rows; a topic's keys)
     eval_data: str | None = None  # a file of held-out records instead
     schema_registry: str | None = None  # Avro in the Confluent wire format: the registry's URL
-    max_rejected: float | None = None  # the share of records rejected that stops the run (None: REJECTED_SHARE)
-    on_drift: str = "alert"  # when the stream drifts: say so (alert), or say so and adapt (docs/drift.md)
-    drift: str | None = None  # the drift signals' settings, KEY=VALUE,... (pipeline.train.drift.DriftSettings)
+    max_rejected: float | None = (
+        None  # the share of records rejected that stops the run (None: REJECTED_SHARE)
+    )
+    on_drift: str = (
+        "alert"  # when the stream drifts: say so (alert), or say so and adapt (docs/drift.md)
+    )
+    drift: str | None = (
+        None  # the drift signals' settings, KEY=VALUE,... (pipeline.train.drift.DriftSettings)
+    )
 
     @property
     def table(self) -> bool:
@@ -126,33 +156,52 @@ class RunConfig:
         if self.dataset not in names:
             raise ConfigError(f"Expected --dataset in {names}. Received: {self.dataset!r}")
         self._check_table()
-        for name in ("workers", "batch_size", "communication_window", "epochs", "max_offsets_per_trigger", "eval_every",
-                     "ps_shards"):
+        for name in (
+            "workers",
+            "batch_size",
+            "communication_window",
+            "epochs",
+            "max_offsets_per_trigger",
+            "eval_every",
+            "ps_shards",
+        ):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ConfigError(f"Expected --{name.replace('_', '-')} >= 1. Received: {value}")
         if self.freshness_target_s is not None:
             self.sizing  # noqa: B018 - a target and bounds that cannot work: one line now, before anything starts
         if self.sync_overlap and self.algorithm != "sync":
-            raise ConfigError(f"--sync-overlap is synchronous SGD's alone (--algorithm sync). Received: --algorithm "
-                              f"{self.algorithm}. Drop --sync-overlap.")
+            raise ConfigError(
+                f"--sync-overlap is synchronous SGD's alone (--algorithm sync). Received: --algorithm "
+                f"{self.algorithm}. Drop --sync-overlap."
+            )
         if self.on_drift not in ("alert", "adapt"):
-            raise ConfigError(f"Expected --on-drift alert or adapt. Received: {self.on_drift!r}. See docs/drift.md.")
+            raise ConfigError(
+                f"Expected --on-drift alert or adapt. Received: {self.on_drift!r}. See docs/drift.md."
+            )
         from pipeline.train.drift import DriftSettings
 
         DriftSettings.parse(self.drift)
         if self.wire_dtype not in ("float32", "bfloat16", "float16"):
-            raise ConfigError(f"Expected --wire-dtype float32, bfloat16 or float16. Received: {self.wire_dtype!r}")
+            raise ConfigError(
+                f"Expected --wire-dtype float32, bfloat16 or float16. Received: {self.wire_dtype!r}"
+            )
         if self.max_rejected is not None and not 0 <= self.max_rejected <= 1:
-            raise ConfigError(f"Expected --max-rejected in [0, 1] (a share of the records read). "
-                              f"Received: {self.max_rejected}")
+            raise ConfigError(
+                f"Expected --max-rejected in [0, 1] (a share of the records read). "
+                f"Received: {self.max_rejected}"
+            )
         if self.on_poison not in ("fail", "skip"):
             raise ConfigError(f"Expected --on-poison fail or skip. Received: {self.on_poison!r}")
         if self.isolation_level not in ("read_committed", "read_uncommitted"):
-            raise ConfigError("Expected --isolation-level read_committed or read_uncommitted. "
-                              f"Received: {self.isolation_level!r}")
+            raise ConfigError(
+                "Expected --isolation-level read_committed or read_uncommitted. "
+                f"Received: {self.isolation_level!r}"
+            )
         if self.until_accuracy is not None and not 0 < self.until_accuracy <= 1:
-            raise ConfigError(f"Expected --until-accuracy in (0, 1]. Received: {self.until_accuracy}")
+            raise ConfigError(
+                f"Expected --until-accuracy in (0, 1]. Received: {self.until_accuracy}"
+            )
         if self.serve_port is not None:
             from pipeline import config
             from pipeline.serve.process import check_serving, host_and_token
@@ -161,8 +210,10 @@ class RunConfig:
             check_serving(self.serve_port, self.serve_max_age_s, host=host)
         if self.kafka_conf:
             if not self.bootstrap:
-                raise ConfigError("Expected --bootstrap HOST:PORT (or bootstrap.servers in the file) with --kafka-conf "
-                                  f"{self.kafka_conf}: the embedded broker is PLAINTEXT on loopback and needs none.")
+                raise ConfigError(
+                    "Expected --bootstrap HOST:PORT (or bootstrap.servers in the file) with --kafka-conf "
+                    f"{self.kafka_conf}: the embedded broker is PLAINTEXT on loopback and needs none."
+                )
             from pipeline.ingest.kafka import conf
 
             conf.load(self.kafka_conf)  # a bad file is one line now, not a failed task later
@@ -174,9 +225,13 @@ class RunConfig:
         if self.resume and not self.out:
             raise ConfigError("--resume needs the run's output folder.")
         if self.generation is not None and not self.resume:
-            raise ConfigError(f"--generation {self.generation} needs --resume DIR, the run to go back in.")
+            raise ConfigError(
+                f"--generation {self.generation} needs --resume DIR, the run to go back in."
+            )
         if self.keep_checkpoints < 1:
-            raise ConfigError(f"Expected --keep-checkpoints >= 1. Received: {self.keep_checkpoints}")
+            raise ConfigError(
+                f"Expected --keep-checkpoints >= 1. Received: {self.keep_checkpoints}"
+            )
         if self.model is not None:
             from pipeline.train.probe import check_source
 
@@ -185,26 +240,42 @@ class RunConfig:
     def _check_table(self) -> None:
         """A user's data: a file, or a topic someone else feeds, and how to read it."""
         if self.format not in (None, "binary", "json", "csv", "avro"):
-            raise ConfigError(f"Expected --format binary, json, csv or avro. Received: {self.format!r}")
+            raise ConfigError(
+                f"Expected --format binary, json, csv or avro. Received: {self.format!r}"
+            )
         if self.holdout is not None and not 0 <= self.holdout < 1:
             raise ConfigError(f"Expected --holdout in [0, 1). Received: {self.holdout}")
         if not self.table:
             return
         if self.data and self.topic and self.bootstrap:
-            raise ConfigError("Pass --data (a file to replay) or --topic with --bootstrap (a topic fed by someone "
-                              "else), not both.")
+            raise ConfigError(
+                "Pass --data (a file to replay) or --topic with --bootstrap (a topic fed by someone "
+                "else), not both."
+            )
         if not self.data and not (self.topic and self.bootstrap):
-            raise ConfigError("Expected --data FILE, or --topic T with --bootstrap B, for --label/--schema/--format "
-                              "(a built-in dataset takes none of them).")
+            raise ConfigError(
+                "Expected --data FILE, or --topic T with --bootstrap B, for --label/--schema/--format "
+                "(a built-in dataset takes none of them)."
+            )
         if not self.schema and not self.label:
-            raise ConfigError("Expected --label COLUMN (the target, to infer a schema) or --schema FILE.")
-        for path, option in ((self.data, "--data"), (self.schema, "--schema"), (self.eval_data, "--eval-data")):
+            raise ConfigError(
+                "Expected --label COLUMN (the target, to infer a schema) or --schema FILE."
+            )
+        for path, option in (
+            (self.data, "--data"),
+            (self.schema, "--schema"),
+            (self.eval_data, "--eval-data"),
+        ):
             if path and not Path(path).is_file():
-                raise ConfigError(f"Expected a file for {option}. Received: {path}, which does not exist.")
+                raise ConfigError(
+                    f"Expected a file for {option}. Received: {path}, which does not exist."
+                )
         if self.schema_registry:
             from pipeline.table.registry import check_reachable
 
-            check_reachable(self.schema_registry)  # one line in seconds, before Kafka and Spark start
+            check_reachable(
+                self.schema_registry
+            )  # one line in seconds, before Kafka and Spark start
 
     def _check_cluster(self) -> None:
         """A standalone cluster: its security settings, and a Kafka its executors can reach."""
@@ -212,7 +283,11 @@ class RunConfig:
         from pipeline.cluster import reach, security
 
         security.spark_conf(self.master, self.spark_conf)
-        reach.check_master(self.master, wait_s=config.settings().master_wait_s)  # before the broker and the replay
+        reach.check_master(
+            self.master, wait_s=config.settings().master_wait_s
+        )  # before the broker and the replay
         if not self.bootstrap and not security.on_loopback(self.master):
-            raise ConfigError(f"Expected --bootstrap HOST:PORT for the cluster at {self.master}: its executors read "
-                              "Kafka, and the embedded broker listens on this machine's loopback only.")
+            raise ConfigError(
+                f"Expected --bootstrap HOST:PORT for the cluster at {self.master}: its executors read "
+                "Kafka, and the embedded broker listens on this machine's loopback only."
+            )

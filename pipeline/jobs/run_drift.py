@@ -39,11 +39,21 @@ def watch(run: Any, *, handler: Any, schema: Any) -> DriftResponse:
         display.on_drift(drifts)
 
     found = driver.state.extra.get("drift", []) if driver.state is not None else []
-    signals = DriftWatch(classes=0 if schema.regression else schema.num_classes, columns=columns(schema),
-                         settings=DriftSettings.parse(cfg.drift), found=found)
-    response = DriftResponse(signals, cfg.on_drift, handler=handler, batch_size=run.algorithm.worker_batch_size,
-                             window=min(cfg.eval_max, WINDOW), on_drift=on_drift,
-                             algorithm=run.algorithm if cfg.ps_shards == 1 else None)
+    signals = DriftWatch(
+        classes=0 if schema.regression else schema.num_classes,
+        columns=columns(schema),
+        settings=DriftSettings.parse(cfg.drift),
+        found=found,
+    )
+    response = DriftResponse(
+        signals,
+        cfg.on_drift,
+        handler=handler,
+        batch_size=run.algorithm.worker_batch_size,
+        window=min(cfg.eval_max, WINDOW),
+        on_drift=on_drift,
+        algorithm=run.algorithm if cfg.ps_shards == 1 else None,
+    )
     response.evaluation, response.regression = run._evaluation, schema.regression
     if found:  # a resumed run after a drift: its held-out score is on records after it again
         response.resumed(driver)

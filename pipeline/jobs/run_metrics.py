@@ -51,12 +51,21 @@ class RunMetrics:
     are the run's and which this process's: :class:`~pipeline.observe.metrics.TrainingMetrics`.
     """
 
-    def __init__(self, *, dataset: str, algorithm: str, topic: str, workers: int, clock: int = 0) -> None:
+    def __init__(
+        self, *, dataset: str, algorithm: str, topic: str, workers: int, clock: int = 0
+    ) -> None:
         self.meters = m = metrics.training_metrics()
         self.topic = topic
         m.info.labels(dataset, algorithm, topic, str(workers)).set(1)
-        for gauge in (m.prequential_loss, m.prequential_accuracy, m.heldout_accuracy, m.heldout_time,
-                      m.last_batch_time, m.last_batch_duration, m.drift_time):
+        for gauge in (
+            m.prequential_loss,
+            m.prequential_accuracy,
+            m.heldout_accuracy,
+            m.heldout_time,
+            m.last_batch_time,
+            m.last_batch_duration,
+            m.drift_time,
+        ):
             gauge.set(float("nan"))
         m.records_ingested.labels(topic)
         m.records_trained.labels(topic)
@@ -100,13 +109,19 @@ class RunMetrics:
         self.on_drift([Drift.from_dict(d) for d in state.extra.get("drift", [])])
         self.meters.records_trained.labels(self.topic).inc(int(state.extra.get("trained", 0)))
         self.meters.batches.inc(state.last_batch_id + 1)
-        for path in (checkpoint.generation_path(folder, state.last_batch_id), Path(folder) / checkpoint.FILENAME):
+        for path in (
+            checkpoint.generation_path(folder, state.last_batch_id),
+            Path(folder) / checkpoint.FILENAME,
+        ):
             if path.is_file():
                 self.meters.last_batch_time.set(path.stat().st_mtime)
                 break
         # The rows up to the checkpoint's batch (a rewound run's later rows are not its weights').
-        rows = [r for r in read_rows(Path(folder) / BATCHES_FILE, tail_bytes=_TAIL_BYTES)
-                if r.get("batch_id", -1) <= state.last_batch_id]
+        rows = [
+            r
+            for r in read_rows(Path(folder) / BATCHES_FILE, tail_bytes=_TAIL_BYTES)
+            if r.get("batch_id", -1) <= state.last_batch_id
+        ]
         m = self.meters
         if rows:
             m.last_batch_duration.set(rows[-1]["batch_s"])
@@ -116,7 +131,11 @@ class RunMetrics:
             m.prequential_loss.set(preq[-1]["prequential_loss"])
         # The last score measured: a scored batch's, or the final one of a session that ended
         # at the checkpoint's batch (report.json's); a row of an older version has no time.
-        scored = [(r["at"], r["heldout"]["accuracy"]) for r in rows if "accuracy" in r.get("heldout", {}) and r.get("at")]
+        scored = [
+            (r["at"], r["heldout"]["accuracy"])
+            for r in rows
+            if "accuracy" in r.get("heldout", {}) and r.get("at")
+        ]
         last = max([*scored, *_final_score(Path(folder), state.last_batch_id)], default=None)
         if last is not None:
             m.heldout_time.set(last[0])
@@ -136,7 +155,10 @@ class RunMetrics:
 
     def on_ps_event(self, name: str) -> None:
         """A short synchronous round or a worker's broken connection."""
-        counter = {"short_round": self.meters.ps_short_rounds, "broken": self.meters.ps_broken_connections}.get(name)
+        counter = {
+            "short_round": self.meters.ps_short_rounds,
+            "broken": self.meters.ps_broken_connections,
+        }.get(name)
         if counter is not None:
             counter.inc()
 

@@ -91,8 +91,12 @@ _NOT_LISTED = ("out", "resume", "eval_max")
 #: Settings that name files, recorded as absolute paths.
 _PATHS = ("data_dir", "spark_conf", "kafka_conf")
 #: The options whose name is not their field's.
-_OPTION = {"communication_window": "window", "timeout_s": "timeout", "serve_max_age_s": "serve-max-age",
-           "freshness_target_s": "freshness-target"}
+_OPTION = {
+    "communication_window": "window",
+    "timeout_s": "timeout",
+    "serve_max_age_s": "serve-max-age",
+    "freshness_target_s": "freshness-target",
+}
 
 
 def option(field: str) -> str:
@@ -106,7 +110,9 @@ def option(field: str) -> str:
 
 def may_change() -> str:
     """The options a resumed run may be given differently, for ``--help``."""
-    return ", ".join(option(f) for f, role in ROLES.items() if role != DEFINES and f not in _NOT_LISTED)
+    return ", ".join(
+        option(f) for f, role in ROLES.items() if role != DEFINES and f not in _NOT_LISTED
+    )
 
 
 def model_source(source: str | None) -> str | None:
@@ -134,7 +140,9 @@ def read(folder: Path) -> dict[str, Any] | None:
     except FileNotFoundError:
         return None
     except (ValueError, KeyError, TypeError) as e:
-        raise ConfigError(f"{path} is unreadable ({e}); restore it, or start a new run with another --out.") from None
+        raise ConfigError(
+            f"{path} is unreadable ({e}); restore it, or start a new run with another --out."
+        ) from None
     return record
 
 
@@ -169,7 +177,8 @@ def describe_model(folder: Path, *, spec: Any, schema: Any, name: str) -> None:
         raise ConfigError(
             f"The model differs from the one the run in {folder} trained: recorded fingerprint {recorded} "
             f"({record.get('weights', 0):,} weights), now {spec.fingerprint} ({spec.size:,} weights). Restore "
-            "that model (its code or file), or start a new run with another --out.")
+            "that model (its code or file), or start a new run with another --out."
+        )
     record.update(description(spec, schema, name), fingerprint=spec.fingerprint, weights=spec.size)
     _write(folder, record)
 
@@ -188,8 +197,12 @@ def resume_options(folder: Path, options: dict[str, Any], given: set[str]) -> di
     """
     record = read(folder)
     if record is None:
-        log.warning("%s has no %s (a run started before runs recorded their options): resuming with the options "
-                    "given, which must be the ones it started with", folder, RECORD_FILE)
+        log.warning(
+            "%s has no %s (a run started before runs recorded their options): resuming with the options "
+            "given, which must be the ones it started with",
+            folder,
+            RECORD_FILE,
+        )
         return _older_options(folder, options, given)
     merged = dict(options)
     conflicts = []
@@ -199,14 +212,20 @@ def resume_options(folder: Path, options: dict[str, Any], given: set[str]) -> di
         if name not in given:
             merged[name] = value
         elif ROLES[name] == DEFINES and _normal(name, options.get(name)) != _normal(name, value):
-            conflicts.append(f"recorded {option(name)} {_shown(value)}, given {_shown(options.get(name))}")
+            conflicts.append(
+                f"recorded {option(name)} {_shown(value)}, given {_shown(options.get(name))}"
+            )
     if conflicts:
-        raise ConfigError(f"The run in {folder} {'; '.join(conflicts)}: drop those options to continue it as "
-                          "recorded, or start a new run with another --out.")
+        raise ConfigError(
+            f"The run in {folder} {'; '.join(conflicts)}: drop those options to continue it as "
+            "recorded, or start a new run with another --out."
+        )
     digest = record.get("model_digest")
     if digest is not None and model_digest(merged.get("model")) != digest:
-        raise ConfigError(f"The model file of the run in {folder} changed since it started ({merged['model']}, "
-                          "recorded by its SHA-256): restore it, or start a new run with another --out.")
+        raise ConfigError(
+            f"The model file of the run in {folder} changed since it started ({merged['model']}, "
+            "recorded by its SHA-256): restore it, or start a new run with another --out."
+        )
     return merged
 
 
@@ -224,16 +243,22 @@ def _older_options(folder: Path, options: dict[str, Any], given: set[str]) -> di
     except FileNotFoundError:
         return options  # nothing to read the data off: the options given must be the run's
     except (ValueError, KeyError, TypeError) as e:
-        raise ConfigError(f"{path} is unreadable ({e}); restore it, or start a new run with another --out.") from None
+        raise ConfigError(
+            f"{path} is unreadable ({e}); restore it, or start a new run with another --out."
+        ) from None
     if schema.get("table") is not None:
         if not (options.get("data") or options.get("topic")):
-            raise ConfigError(f"The run in {folder} trained a table of yours ({name}, by {path.name}) and recorded "
-                              f"no options ({RECORD_FILE}): pass its --data FILE (or --topic) and --schema again to "
-                              "continue it.")
+            raise ConfigError(
+                f"The run in {folder} trained a table of yours ({name}, by {path.name}) and recorded "
+                f"no options ({RECORD_FILE}): pass its --data FILE (or --topic) and --schema again to "
+                "continue it."
+            )
         return options
     if "dataset" in given and options.get("dataset") != name:
-        raise ConfigError(f"The run in {folder} trained {name} ({path.name}), given --dataset {options.get('dataset')}: "
-                          "drop --dataset to continue it, or start a new run with another --out.")
+        raise ConfigError(
+            f"The run in {folder} trained {name} ({path.name}), given --dataset {options.get('dataset')}: "
+            "drop --dataset to continue it, or start a new run with another --out."
+        )
     log.info("%s: the run trained %s (%s)", folder, name, path.name)
     return {**options, "dataset": name}
 

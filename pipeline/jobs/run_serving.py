@@ -20,8 +20,13 @@ from pipeline.train import checkpoint
 log = logging.getLogger(__name__)
 
 
-def start_early(stack: contextlib.ExitStack, cfg: RunConfig, settings: Any, out: Path,
-                prior: checkpoint.State | None) -> Any:
+def start_early(
+    stack: contextlib.ExitStack,
+    cfg: RunConfig,
+    settings: Any,
+    out: Path,
+    prior: checkpoint.State | None,
+) -> Any:
     """A restarted run's model server, answering from its checkpoint at once; None for a
     new run, without --serve-port, or for a folder that records no model (an older run's:
     its server starts with the parameter server, as a new run's)."""
@@ -36,15 +41,30 @@ def start_early(stack: contextlib.ExitStack, cfg: RunConfig, settings: Any, out:
         log.info("the model server starts with the parameter server: %s", e)
         return None
     host, token = host_and_token(settings)
-    serving = ServingProcess.for_restart(run_dir=out, name=cfg.name, host=host, port=cfg.serve_port, token=token,
-                                         max_age_s=cfg.serve_max_age_s, log_path=out / "serve.log",
-                                         hosts=allowed_hosts(settings)).start()
+    serving = ServingProcess.for_restart(
+        run_dir=out,
+        name=cfg.name,
+        host=host,
+        port=cfg.serve_port,
+        token=token,
+        max_age_s=cfg.serve_max_age_s,
+        log_path=out / "serve.log",
+        hosts=allowed_hosts(settings),
+    ).start()
     stack.callback(serving.stop)
     return serving
 
 
-def start(stack: contextlib.ExitStack, cfg: RunConfig, settings: Any, out: Path, spec: Any, schema: Any,
-          server: Any, early: Any) -> Any:
+def start(
+    stack: contextlib.ExitStack,
+    cfg: RunConfig,
+    settings: Any,
+    out: Path,
+    spec: Any,
+    schema: Any,
+    server: Any,
+    early: Any,
+) -> Any:
     """The run's model server on the parameter ``server``'s live center: ``early`` (from
     :func:`start_early`) told to follow it, or a new server's process (it imports
     TensorFlow while the workers warm up); None without --serve-port."""
@@ -55,8 +75,18 @@ def start(stack: contextlib.ExitStack, cfg: RunConfig, settings: Any, out: Path,
     if cfg.serve_port is None:
         return None
     host, token = host_and_token(settings)
-    serving = ServingProcess.for_run(name=cfg.name, spec=spec, schema=schema, server=server, host=host,
-                                     port=cfg.serve_port, token=token, max_age_s=cfg.serve_max_age_s,
-                                     log_path=out / "serve.log", hosts=allowed_hosts(settings), run_dir=out).start()
+    serving = ServingProcess.for_run(
+        name=cfg.name,
+        spec=spec,
+        schema=schema,
+        server=server,
+        host=host,
+        port=cfg.serve_port,
+        token=token,
+        max_age_s=cfg.serve_max_age_s,
+        log_path=out / "serve.log",
+        hosts=allowed_hosts(settings),
+        run_dir=out,
+    ).start()
     stack.callback(serving.stop)
     return serving

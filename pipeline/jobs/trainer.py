@@ -78,8 +78,10 @@ def check_finite(values: np.ndarray, what: str) -> None:
     bad = ~np.isfinite(np.asarray(values, np.float64))
     if bad.any():
         row = int(np.argwhere(bad)[0][0])
-        raise ConfigError(f"Expected finite {what}. Received {int(bad.sum())} NaN or infinite value(s), the first in "
-                          f"row {row}; fill or drop them (a table's schema does: streamtrain schema infer).")
+        raise ConfigError(
+            f"Expected finite {what}. Received {int(bad.sum())} NaN or infinite value(s), the first in "
+            f"row {row}; fill or drop them (a table's schema does: streamtrain schema infer)."
+        )
 
 
 class Trainer:
@@ -127,35 +129,61 @@ class Trainer:
         ps_shards: int = 1,
         **algorithm_settings: Any,
     ) -> None:
-        given = {"num_workers": num_workers, "batch_size": batch_size, "communication_window": communication_window,
-                 "worker_optimizer": worker_optimizer, "loss": loss, "seed": seed, **algorithm_settings}
-        self.algorithm = algorithms.get(algorithm, **{k: v for k, v in given.items() if v is not None})
+        given = {
+            "num_workers": num_workers,
+            "batch_size": batch_size,
+            "communication_window": communication_window,
+            "worker_optimizer": worker_optimizer,
+            "loss": loss,
+            "seed": seed,
+            **algorithm_settings,
+        }
+        self.algorithm = algorithms.get(
+            algorithm, **{k: v for k, v in given.items() if v is not None}
+        )
         if num_epoch < 1:
-            raise ConfigError(f"Received an invalid value for `num_epoch`, expected a positive integer. "
-                              f"Received: num_epoch={num_epoch}")
+            raise ConfigError(
+                f"Received an invalid value for `num_epoch`, expected a positive integer. "
+                f"Received: num_epoch={num_epoch}"
+            )
         self.model = model
         self.num_epoch = num_epoch
         self.features_col, self.label_col = features_col, label_col
         self.host = host
         if wire_dtype not in ("float32", "bfloat16", "float16"):
-            raise ConfigError(f"Expected wire_dtype float32, bfloat16 or float16. Received: {wire_dtype!r}")
+            raise ConfigError(
+                f"Expected wire_dtype float32, bfloat16 or float16. Received: {wire_dtype!r}"
+            )
         self.wire_dtype, self.shared_memory = wire_dtype, shared_memory
         if not isinstance(ps_shards, int) or ps_shards < 1:
-            raise ConfigError(f"Received an invalid value for `ps_shards`, expected a positive integer. "
-                              f"Received: ps_shards={ps_shards!r}")
+            raise ConfigError(
+                f"Received an invalid value for `ps_shards`, expected a positive integer. "
+                f"Received: ps_shards={ps_shards!r}"
+            )
         self.ps_shards = ps_shards
-        self.spec = ModelSpec.from_model(model, optimizer=self.algorithm.worker_optimizer, loss=self.algorithm.loss)
+        self.spec = ModelSpec.from_model(
+            model, optimizer=self.algorithm.worker_optimizer, loss=self.algorithm.loss
+        )
         self.results: list[TaskResult] = []
         self.server_stats: dict[str, Any] = {}
 
     def _server(self, host: str) -> Server:
         # A round waits 10 s at most for a worker whose partition ran out of steps.
-        return parameter_server(self.algorithm, self.spec, get_flat(self.model), host=host, sync_timeout_s=10.0,
-                                shared_memory=self.shared_memory, shards=self.ps_shards)
+        return parameter_server(
+            self.algorithm,
+            self.spec,
+            get_flat(self.model),
+            host=host,
+            sync_timeout_s=10.0,
+            shared_memory=self.shared_memory,
+            shards=self.ps_shards,
+        )
 
     def _finish(self, server: Server, results: list[TaskResult]) -> Any:
         self.results = sorted(results, key=lambda r: r.worker)
-        TrainDriver(server).check_applied(self.results)  # Spark may have run a task twice: the server's count decides
+        TrainDriver(server).check_applied(
+            self.results
+        )  # Spark may have run a task twice: the server's count decides
         self.server_stats = server.stats()
         set_flat(self.model, server.weights(), self.spec.shapes)
         if getattr(self.model, "optimizer", None) is None:
@@ -164,10 +192,16 @@ class Trainer:
         return self.model
 
     def _task(self, server: Server, worker: int, job: str, threads: int) -> dict[str, Any]:
-        return {"spec": self.spec, "algorithm": algorithms.serialize(self.algorithm),
-                "server": ServerInfo.of(server, self.wire_dtype), "worker": worker,
-                "job": job,
-                "epochs": self.num_epoch, "threads": threads, "seed": self.algorithm.seed}
+        return {
+            "spec": self.spec,
+            "algorithm": algorithms.serialize(self.algorithm),
+            "server": ServerInfo.of(server, self.wire_dtype),
+            "worker": worker,
+            "job": job,
+            "epochs": self.num_epoch,
+            "threads": threads,
+            "seed": self.algorithm.seed,
+        }
 
     def train(self, data: Any, labels: np.ndarray | None = None) -> Any:
         """Train on a Spark DataFrame, or on arrays ``data`` (features) and ``labels``; return the model."""
@@ -175,12 +209,16 @@ class Trainer:
             return self._train_arrays(np.asarray(data), np.asarray(labels))
         if hasattr(data, "sparkSession") and hasattr(data, "mapInArrow"):
             return self._train_dataframe(data)
-        raise ConfigError("Expected train(dataframe) with a Spark DataFrame, or train(x, y) with numpy arrays. "
-                          f"Received: {type(data).__name__}")
+        raise ConfigError(
+            "Expected train(dataframe) with a Spark DataFrame, or train(x, y) with numpy arrays. "
+            f"Received: {type(data).__name__}"
+        )
 
     def _train_arrays(self, x: np.ndarray, y: np.ndarray) -> Any:
         if len(x) != len(y):
-            raise ConfigError(f"Expected as many labels as examples. Received: {len(x)} examples, {len(y)} labels")
+            raise ConfigError(
+                f"Expected as many labels as examples. Received: {len(x)} examples, {len(y)} labels"
+            )
         check_finite(x, "features")
         if np.issubdtype(y.dtype, np.floating):
             check_finite(y, "labels")
@@ -190,8 +228,12 @@ class Trainer:
         with self._server(self.host or "127.0.0.1") as server:
             pool = _local_pool(workers)
             shards = zip(np.array_split(x, workers), np.array_split(y, workers), strict=True)
-            futures = [pool.submit(_train_in_process, {"x": xs, "y": ys, **self._task(server, w, job, threads)})
-                       for w, (xs, ys) in enumerate(shards)]
+            futures = [
+                pool.submit(
+                    _train_in_process, {"x": xs, "y": ys, **self._task(server, w, job, threads)}
+                )
+                for w, (xs, ys) in enumerate(shards)
+            ]
             results = [f.result() for f in futures]
             return self._finish(server, results)
 
@@ -202,15 +244,19 @@ class Trainer:
         spark = df.sparkSession
         missing = [c for c in (self.features_col, self.label_col) if c not in df.columns]
         if missing:
-            raise ConfigError(f"Expected columns {missing} in the DataFrame. Received columns: {df.columns}. "
-                              "Pass features_col= / label_col=.")
+            raise ConfigError(
+                f"Expected columns {missing} in the DataFrame. Received columns: {df.columns}. "
+                "Pass features_col= / label_col=."
+            )
         features = F.col(self.features_col)
         if "vector" in df.schema[self.features_col].dataType.simpleString().lower():
             from pyspark.ml.functions import vector_to_array
 
             features = vector_to_array(features, "float32")
         workers = self.algorithm.num_workers
-        frame = df.select(features.cast("array<float>").alias("x"), F.col(self.label_col).alias("y")).repartition(workers)
+        frame = df.select(
+            features.cast("array<float>").alias("x"), F.col(self.label_col).alias("y")
+        ).repartition(workers)
         host = self.host or cluster.driver_host(spark)
         threads = cluster.task_threads(spark, workers)
         job = uuid.uuid4().hex
@@ -224,7 +270,9 @@ class Trainer:
 
                 xs, ys = [], []
                 for b in batches:
-                    xs.append(np.asarray(b.column(0).flatten(), np.float32).reshape((len(b), *shape)))
+                    xs.append(
+                        np.asarray(b.column(0).flatten(), np.float32).reshape((len(b), *shape))
+                    )
                     ys.append(np.asarray(b.column(1)))
                 x = np.concatenate(xs) if xs else np.empty((0, *shape), np.float32)
                 y = np.concatenate(ys) if ys else np.empty(0, np.int64)
@@ -232,10 +280,20 @@ class Trainer:
                 part = ctx.partitionId() if ctx else 0
                 # Named by the job and partition, each attempt Spark makes at it draws the same
                 # mini-batches, and the server applies each exchange once (a retry skips ahead).
-                result = train_partition(x, y, **{**task, "worker": part, "task": task_key(job, part, 0),
-                                                  "attempt": ctx.attemptNumber() if ctx else 0,
-                                                  "seed": (task["seed"] or int(job[:8], 16), part)})
-                yield pa.RecordBatch.from_pylist([{"result": json.dumps(dataclasses.asdict(result))}])
+                result = train_partition(
+                    x,
+                    y,
+                    **{
+                        **task,
+                        "worker": part,
+                        "task": task_key(job, part, 0),
+                        "attempt": ctx.attemptNumber() if ctx else 0,
+                        "seed": (task["seed"] or int(job[:8], 16), part),
+                    },
+                )
+                yield pa.RecordBatch.from_pylist(
+                    [{"result": json.dumps(dataclasses.asdict(result))}]
+                )
 
             rows = frame.mapInArrow(train_arrow, "result string").collect()
             results = [TaskResult(**json.loads(r["result"])) for r in rows]

@@ -54,11 +54,17 @@ def resolve(cfg: RunConfig, data_dir: Path) -> Any:
 
     if cfg.data:
         # With --eval-data every row of the file trains, and the other file's rows score.
-        table = datasets.Table(cfg.data, label=cfg.label, schema=cfg.schema,
-                               holdout=0.0 if cfg.eval_data else FILE_HOLDOUT if cfg.holdout is None else cfg.holdout,
-                               format=None if cfg.format in (None, "binary") else cfg.format)
+        table = datasets.Table(
+            cfg.data,
+            label=cfg.label,
+            schema=cfg.schema,
+            holdout=0.0 if cfg.eval_data else FILE_HOLDOUT if cfg.holdout is None else cfg.holdout,
+            format=None if cfg.format in (None, "binary") else cfg.format,
+        )
         if cfg.eval_data:
-            table.eval_rows = datasets.Table(cfg.eval_data, schema=table.table, holdout=0.0, name=table.name)
+            table.eval_rows = datasets.Table(
+                cfg.eval_data, schema=table.table, holdout=0.0, name=table.name
+            )
         return table
     if cfg.table:
         assert cfg.topic and cfg.bootstrap, "RunConfig.validate checks a table's source"
@@ -69,11 +75,21 @@ def resolve(cfg: RunConfig, data_dir: Path) -> Any:
 def contract(schema: Any) -> dict[str, Any]:
     """What the model must take and give for this data (checked when it is described)."""
     if schema.table is not None:
-        what = (f"{schema.name}'s numeric target ({schema.n_features} encoded columns)" if schema.regression else
-                f"{schema.name}'s {schema.num_classes} classes ({schema.n_features} encoded columns)")
-        return {"input": list(schema.input_shape), "outputs": max(1, schema.num_classes), "what": what}
-    return {"input": list(schema.input_shape), "outputs": schema.num_classes,
-            "what": f"{schema.name} ({schema.num_classes} classes)"}
+        what = (
+            f"{schema.name}'s numeric target ({schema.n_features} encoded columns)"
+            if schema.regression
+            else f"{schema.name}'s {schema.num_classes} classes ({schema.n_features} encoded columns)"
+        )
+        return {
+            "input": list(schema.input_shape),
+            "outputs": max(1, schema.num_classes),
+            "what": what,
+        }
+    return {
+        "input": list(schema.input_shape),
+        "outputs": schema.num_classes,
+        "what": f"{schema.name} ({schema.num_classes} classes)",
+    }
 
 
 def replay_job(data: Any) -> dict[str, Any] | None:
@@ -81,7 +97,12 @@ def replay_job(data: Any) -> dict[str, Any] | None:
     table = getattr(data, "table", None)
     if table is None or not hasattr(data, "path"):
         return None
-    return {"path": str(data.path), "schema": table.to_dict(), "holdout": data.holdout, "name": data.name}
+    return {
+        "path": str(data.path),
+        "schema": table.to_dict(),
+        "holdout": data.holdout,
+        "name": data.name,
+    }
 
 
 class TopicTable:
@@ -101,23 +122,38 @@ class TopicTable:
             table = TableSchema.load(cfg.schema)
             if fmt and fmt != table.format or cfg.schema_registry:
                 table = table.with_format(fmt or table.format, registry=cfg.schema_registry)
-            if table.registry and table.registry != cfg.schema_registry:  # the file's: checked as the option is
+            if (
+                table.registry and table.registry != cfg.schema_registry
+            ):  # the file's: checked as the option is
                 from pipeline.table.registry import check_reachable
 
                 check_reachable(table.registry)
         else:
             table = self._infer(fmt or "json")
         self.table = table
-        self.share = topic_share(0 if cfg.eval_data or cfg.holdout is not None else len(self._records()), cfg.holdout)
+        self.share = topic_share(
+            0 if cfg.eval_data or cfg.holdout is not None else len(self._records()), cfg.holdout
+        )
         if cfg.holdout is None and self.share > TOPIC_HOLDOUT:
-            log.info("holding out %.1f%% of %s's keys: %d records at its start, at least %d of them held out",
-                     100 * self.share, cfg.topic, len(self._records()), HELD_OUT_FLOOR)
-        self.schema = dataclasses.replace(codec.table(self.name, table), holdout=0.0 if cfg.eval_data else self.share)
+            log.info(
+                "holding out %.1f%% of %s's keys: %d records at its start, at least %d of them held out",
+                100 * self.share,
+                cfg.topic,
+                len(self._records()),
+                HELD_OUT_FLOOR,
+            )
+        self.schema = dataclasses.replace(
+            codec.table(self.name, table), holdout=0.0 if cfg.eval_data else self.share
+        )
 
     def _records(self) -> list[tuple[bytes | None, bytes | None, int]]:
         if self._sample is None:
-            self._sample = sample_topic(self.cfg.bootstrap or "", self.cfg.topic or "", SAMPLE_RECORDS,
-                                        kafka_conf=self.cfg.kafka_conf)
+            self._sample = sample_topic(
+                self.cfg.bootstrap or "",
+                self.cfg.topic or "",
+                SAMPLE_RECORDS,
+                kafka_conf=self.cfg.kafka_conf,
+            )
         return self._sample
 
     def _infer(self, fmt: str) -> Any:
@@ -125,15 +161,23 @@ class TopicTable:
         from pipeline.table.records import json_columns
 
         if fmt != "json":
-            raise ConfigError(f"Expected --schema FILE for {fmt} records: a run infers a schema from JSON records "
-                              f"only. Write one with `streamtrain schema infer --topic {self.cfg.topic} --bootstrap B "
-                              f"--format {fmt} --label COLUMN -o schema.json`"
-                              + (" (with --schema-registry URL, or --avro-schema WRITER.avsc)" if fmt == "avro" else "")
-                              + ", then pass --schema schema.json.")
+            raise ConfigError(
+                f"Expected --schema FILE for {fmt} records: a run infers a schema from JSON records "
+                f"only. Write one with `streamtrain schema infer --topic {self.cfg.topic} --bootstrap B "
+                f"--format {fmt} --label COLUMN -o schema.json`"
+                + (
+                    " (with --schema-registry URL, or --avro-schema WRITER.avsc)"
+                    if fmt == "avro"
+                    else ""
+                )
+                + ", then pass --schema schema.json."
+            )
         columns = json_columns([value for _, value, _ in self._records()[:10_000]])
         if not columns:
-            raise ConfigError(f"Expected JSON objects in topic {self.cfg.topic!r} to infer a schema from. Received "
-                              f"{len(self._records())} records, none of them one. Pass --schema FILE.")
+            raise ConfigError(
+                f"Expected JSON objects in topic {self.cfg.topic!r} to infer a schema from. Received "
+                f"{len(self._records())} records, none of them one. Pass --schema FILE."
+            )
         log.info("schema inferred from the first records of %s", self.cfg.topic)
         return infer(columns, label=self.cfg.label, format="json")
 
@@ -142,24 +186,42 @@ class TopicTable:
         from producers import datasets
 
         if self.cfg.eval_data:
-            return datasets.Table(self.cfg.eval_data, schema=self.table.with_format("json"), holdout=0.0,
-                                  name=self.name).load("train")
+            return datasets.Table(
+                self.cfg.eval_data,
+                schema=self.table.with_format("json"),
+                holdout=0.0,
+                name=self.name,
+            ).load("train")
         records = self._records()
         keys = [k for k, _, _ in records]
         offsets = np.array([o for _, _, o in records], np.int64)
         held = codec.held_out(keys, offsets, self.share)
         decoded = self.table.decode([v for (_, v, _), h in zip(records, held, strict=True) if h])
-        log.info("held-out scores on %d records of %s (the %.0f%% of keys never trained)", len(decoded.y),
-                 self.cfg.topic, 100 * self.share)
+        log.info(
+            "held-out scores on %d records of %s (the %.0f%% of keys never trained)",
+            len(decoded.y),
+            self.cfg.topic,
+            100 * self.share,
+        )
         return datasets.Chunk(np.arange(len(decoded.y), dtype=np.uint64), decoded.x, decoded.y)
 
     def describe(self) -> dict[str, Any]:
-        return {"topic": self.cfg.topic, "holdout": self.share, "eval_data": self.cfg.eval_data,
-                "schema": self.table.to_dict()}
+        return {
+            "topic": self.cfg.topic,
+            "holdout": self.share,
+            "eval_data": self.cfg.eval_data,
+            "schema": self.table.to_dict(),
+        }
 
 
-def sample_topic(bootstrap: str, topic: str, limit: int, *, timeout_s: float = 60.0,
-                 kafka_conf: str | None = None) -> list[tuple[bytes | None, bytes | None, int]]:
+def sample_topic(
+    bootstrap: str,
+    topic: str,
+    limit: int,
+    *,
+    timeout_s: float = 60.0,
+    kafka_conf: str | None = None,
+) -> list[tuple[bytes | None, bytes | None, int]]:
     """Up to ``limit`` records ``(key, value, offset)`` from the start of every partition of
     ``topic`` (a Kafka secured as the client properties file ``kafka_conf`` says)."""
     from kafka import TopicPartition
@@ -167,7 +229,9 @@ def sample_topic(bootstrap: str, topic: str, limit: int, *, timeout_s: float = 6
     from pipeline.ingest.kafka import client, conf
 
     secured = conf.load(kafka_conf)
-    client.check_reachable(bootstrap, conf=secured)  # a refused login is one line, not kafka-python's retries
+    client.check_reachable(
+        bootstrap, conf=secured
+    )  # a refused login is one line, not kafka-python's retries
     c = client.consumer(bootstrap, conf=secured)
     try:
         parts = [TopicPartition(topic, p) for p in client.partitions_for(c, topic)]
@@ -185,4 +249,3 @@ def sample_topic(bootstrap: str, topic: str, limit: int, *, timeout_s: float = 6
         return out[:limit]
     finally:
         c.close()
-

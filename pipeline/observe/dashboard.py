@@ -59,8 +59,16 @@ def build() -> dict[str, Any]:
     )
 
     source = DataSourceRef(type_val="prometheus", uid=DATASOURCE_UID)
-    board = (gd.Dashboard(TITLE).uid(DASHBOARD_UID).tags(["streamtrain"]).refresh("5s").time("now-30m", "now")
-             .timezone("browser").tooltip(DashboardCursorSync.CROSSHAIR).editable())
+    board = (
+        gd.Dashboard(TITLE)
+        .uid(DASHBOARD_UID)
+        .tags(["streamtrain"])
+        .refresh("5s")
+        .time("now-30m", "now")
+        .timezone("browser")
+        .tooltip(DashboardCursorSync.CROSSHAIR)
+        .editable()
+    )
     ids = iter(range(1, 1000))  # Grafana links and provisioning want stable, unique panel ids
     for row_title, specs in ROWS:
         row = gd.Row(row_title).id(next(ids))
@@ -70,10 +78,20 @@ def build() -> dict[str, Any]:
             if spec.kind == "stat":
                 panel = gs.Panel().height(4)
             else:
-                legend = gc.VizLegendOptions().show_legend(True).display_mode(LegendDisplayMode.LIST) \
+                legend = (
+                    gc.VizLegendOptions()
+                    .show_legend(True)
+                    .display_mode(LegendDisplayMode.LIST)
                     .placement(LegendPlacement.BOTTOM)
+                )
                 panel = gt.Panel().height(8).legend(legend).fill_opacity(10).line_width(1)
-            panel = panel.id(next(ids)).title(spec.title).unit(spec.unit).span(spec.width).datasource(source)
+            panel = (
+                panel.id(next(ids))
+                .title(spec.title)
+                .unit(spec.unit)
+                .span(spec.width)
+                .datasource(source)
+            )
             if spec.description:
                 panel = panel.description(spec.description)
             if any("rate(" in q.expr for q in spec.queries):
@@ -82,11 +100,17 @@ def build() -> dict[str, Any]:
                 panel = panel.no_value(spec.no_value)
             if spec.thresholds:
                 steps = [Threshold(None, spec.base), *(Threshold(v, c) for v, c in spec.thresholds)]
-                panel = panel.thresholds(gd.ThresholdsConfig().mode(ThresholdsMode.ABSOLUTE).steps(steps))
+                panel = panel.thresholds(
+                    gd.ThresholdsConfig().mode(ThresholdsMode.ABSOLUTE).steps(steps)
+                )
                 if spec.kind != "stat":
-                    panel = panel.thresholds_style(gc.GraphThresholdsStyleConfig().mode(GraphTresholdsStyleMode.DASHED))
+                    panel = panel.thresholds_style(
+                        gc.GraphThresholdsStyleConfig().mode(GraphTresholdsStyleMode.DASHED)
+                    )
             for i, q in enumerate(spec.queries):
-                panel = panel.with_target(gp.Dataquery().expr(q.expr).legend_format(q.legend).ref_id(chr(65 + i)))
+                panel = panel.with_target(
+                    gp.Dataquery().expr(q.expr).legend_format(q.legend).ref_id(chr(65 + i))
+                )
             made.append(panel)
         if row_title in COLLAPSED:  # its panels inside it: shown once someone opens the row
             for panel in made:
@@ -108,9 +132,13 @@ def validate(dashboard: dict[str, Any]) -> None:
     try:
         again = json.loads(json.dumps(Dashboard.from_json(dashboard), cls=JSONEncoder))
     except Exception as e:
-        raise ConfigError(f"The dashboard does not parse as a Grafana dashboard ({type(e).__name__}: {e}).") from None
+        raise ConfigError(
+            f"The dashboard does not parse as a Grafana dashboard ({type(e).__name__}: {e})."
+        ) from None
     if queries(again) != queries(dashboard):
-        raise ConfigError("The dashboard changed in a round trip through grafana-foundation-sdk's models.")
+        raise ConfigError(
+            "The dashboard changed in a round trip through grafana-foundation-sdk's models."
+        )
 
 
 def load(path: str | Path | None = None) -> dict[str, Any]:
@@ -144,8 +172,11 @@ def queries(dashboard: dict[str, Any]) -> list[tuple[str, str, str]]:
     >>> queries({"panels": [{"type": "stat", "title": "T", "targets": [{"expr": "up", "legendFormat": "u"}]}]})
     [('T', 'up', 'u')]
     """
-    return [(p.get("title", ""), t.get("expr", ""), t.get("legendFormat", ""))
-            for p in panels(dashboard) for t in p.get("targets", [])]
+    return [
+        (p.get("title", ""), t.get("expr", ""), t.get("legendFormat", ""))
+        for p in panels(dashboard)
+        for t in p.get("targets", [])
+    ]
 
 
 def rate_window(panel: dict[str, Any], scrape_s: float, step_s: float = 0.0) -> float:
@@ -182,7 +213,9 @@ def legend(template: str, labels: dict[str, str]) -> str:
 # --- Prometheus ---------------------------------------------------------------------------
 
 
-def query_range(prometheus: str, expr: str, start: float, end: float, step: float) -> list[dict[str, Any]]:
+def query_range(
+    prometheus: str, expr: str, start: float, end: float, step: float
+) -> list[dict[str, Any]]:
     """Evaluate ``expr`` over ``[start, end]`` with Prometheus's HTTP API; return its series
     (``{"metric": labels, "values": [[t, "v"], ...]}``)."""
     params = urllib.parse.urlencode({"query": expr, "start": start, "end": end, "step": step})
@@ -194,7 +227,9 @@ def query_range(prometheus: str, expr: str, start: float, end: float, step: floa
         detail = e.read().decode(errors="replace")[:300]
         raise StreamtrainError(f"Prometheus refused the query {expr!r}: {detail}") from None
     except (urllib.error.URLError, OSError) as e:
-        raise StreamtrainError(f"Cannot reach Prometheus at {prometheus} ({e}). Pass its URL with --prometheus.") from None
+        raise StreamtrainError(
+            f"Cannot reach Prometheus at {prometheus} ({e}). Pass its URL with --prometheus."
+        ) from None
     if body.get("status") != "success":
         raise StreamtrainError(f"Prometheus failed the query {expr!r}: {body.get('error')}")
     result: list[dict[str, Any]] = body["data"]["result"]
@@ -206,8 +241,15 @@ def query_range(prometheus: str, expr: str, start: float, end: float, step: floa
 
 def datasource(prometheus_url: str) -> dict[str, Any]:
     """The Prometheus datasource the dashboard expects (fixed uid)."""
-    return {"uid": DATASOURCE_UID, "name": "streamtrain Prometheus", "type": "prometheus", "access": "proxy",
-            "url": prometheus_url, "isDefault": False, "jsonData": {"timeInterval": "5s"}}
+    return {
+        "uid": DATASOURCE_UID,
+        "name": "streamtrain Prometheus",
+        "type": "prometheus",
+        "access": "proxy",
+        "url": prometheus_url,
+        "isDefault": False,
+        "jsonData": {"timeInterval": "5s"},
+    }
 
 
 def redact(url: str) -> str:
@@ -223,8 +265,14 @@ def redact(url: str) -> str:
     return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
 
 
-def push(grafana_url: str, prometheus_url: str, *, token: str | None = None, dashboard: dict[str, Any] | None = None,
-         folder: str = "streamtrain") -> str:
+def push(
+    grafana_url: str,
+    prometheus_url: str,
+    *,
+    token: str | None = None,
+    dashboard: dict[str, Any] | None = None,
+    folder: str = "streamtrain",
+) -> str:
     """Create or update the datasource, a folder and the dashboard in Grafana; return the
     dashboard's URL. Credentials: ``token`` (a service-account token), else the URL's
     ``user:password@``."""
@@ -250,11 +298,19 @@ def push(grafana_url: str, prometheus_url: str, *, token: str | None = None, das
             if getattr(e, "status_code", None) != 404:
                 raise
             api.folder.create_folder(folder, uid=folder)
-        answer = api.dashboard.update_dashboard({"dashboard": {**board, "id": None}, "folderUid": folder,
-                                                 "overwrite": True, "message": "streamtrain dashboards push"})
+        answer = api.dashboard.update_dashboard(
+            {
+                "dashboard": {**board, "id": None},
+                "folderUid": folder,
+                "overwrite": True,
+                "message": "streamtrain dashboards push",
+            }
+        )
     except GrafanaException as e:
         raise StreamtrainError(f"Grafana at {where} refused the upload: {e}") from None
     except Exception as e:  # connection errors come from niquests/urllib3 in several types
-        raise StreamtrainError(f"Cannot upload to Grafana at {where} ({type(e).__name__}: {e}).") from None
+        raise StreamtrainError(
+            f"Cannot upload to Grafana at {where} ({type(e).__name__}: {e})."
+        ) from None
     base = where.rstrip("/")
     return f"{base}{answer.get('url', '/d/' + DASHBOARD_UID)}"

@@ -35,24 +35,118 @@ _INSTANCE_BUCKETS = integer_buckets(1, 2, 3, 4, 5, 6, 8, 10, 16, 32, 64, 128, 25
 
 #: Micro-batch seconds: a second to an hour, tight where batches usually fall (4-30 s),
 #: so p50 of 8-17 s batches reads within their bucket and a 431 s batch reads as one.
-_BATCH_BUCKETS = (0.5, 1, 2, 4, 6, 8, 10, 12, 15, 20, 25, 30, 45, 60, 90, 120, 180, 300, 450, 600, 900, 1800, 3600)
+_BATCH_BUCKETS = (
+    0.5,
+    1,
+    2,
+    4,
+    6,
+    8,
+    10,
+    12,
+    15,
+    20,
+    25,
+    30,
+    45,
+    60,
+    90,
+    120,
+    180,
+    300,
+    450,
+    600,
+    900,
+    1800,
+    3600,
+)
 
 #: The model's freshness: a quarter second (a target of seconds) to an hour (a stalled run).
-_FRESHNESS_BUCKETS = (0.25, 0.5, 0.75, 1, 1.5, 2, 3, 4, 6, 8, 10, 15, 20, 30, 60, 120, 300, 600, 1800, 3600)
+_FRESHNESS_BUCKETS = (
+    0.25,
+    0.5,
+    0.75,
+    1,
+    1.5,
+    2,
+    3,
+    4,
+    6,
+    8,
+    10,
+    15,
+    20,
+    30,
+    60,
+    120,
+    300,
+    600,
+    1800,
+    3600,
+)
 
 #: Parameter-server request seconds: half a millisecond to a minute (a pull behind a
 #: synchronous round waits for the slowest worker).
-_PS_BUCKETS = (0.0005, 0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.064, 0.128, 0.25, 0.5, 1, 2, 5, 10, 30, 60)
+_PS_BUCKETS = (
+    0.0005,
+    0.001,
+    0.002,
+    0.004,
+    0.008,
+    0.016,
+    0.032,
+    0.064,
+    0.128,
+    0.25,
+    0.5,
+    1,
+    2,
+    5,
+    10,
+    30,
+    60,
+)
 
 #: Why a model server refuses a request (``serve_bad_requests_total``'s reasons, each a
 #: series from the start so that rate() sees the first refusal).
-SERVE_REFUSALS = ("bad_field", "bad_json", "busy", "content_type", "malformed", "no_features", "no_instances",
-                  "no_length", "not_numeric", "number_too_large", "out_of_range", "slow_body", "slow_head",
-                  "string_too_long", "too_deep", "too_large", "too_many_instances", "too_many_values", "unauthorized",
-                  "unknown_field", "wrong_host", "wrong_shape")
+SERVE_REFUSALS = (
+    "bad_field",
+    "bad_json",
+    "busy",
+    "content_type",
+    "malformed",
+    "no_features",
+    "no_instances",
+    "no_length",
+    "not_numeric",
+    "number_too_large",
+    "out_of_range",
+    "slow_body",
+    "slow_head",
+    "string_too_long",
+    "too_deep",
+    "too_large",
+    "too_many_instances",
+    "too_many_values",
+    "unauthorized",
+    "unknown_field",
+    "wrong_host",
+    "wrong_shape",
+)
 
 #: Why the parameter server refuses a connection or a request (each a series from the start).
-PS_REFUSALS = ("auth", "busy", "evicted", "frame", "handshake", "idle", "nonfinite", "order", "size", "truncated")
+PS_REFUSALS = (
+    "auth",
+    "busy",
+    "evicted",
+    "frame",
+    "handshake",
+    "idle",
+    "nonfinite",
+    "order",
+    "size",
+    "truncated",
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,19 +167,42 @@ def producer_metrics() -> ProducerMetrics:
     reg = CollectorRegistry()
     return ProducerMetrics(
         registry=reg,
-        records_sent=Counter("streamtrain_producer_records_sent_total",
-                             "Records acknowledged by Kafka.", ["topic", "dataset"], registry=reg),
-        bytes_sent=Counter("streamtrain_producer_bytes_sent_total",
-                           "Value bytes of acknowledged records.", ["topic", "dataset"], registry=reg),
-        send_errors=Counter("streamtrain_producer_send_errors_total",
-                            "Records Kafka did not acknowledge.", ["topic", "dataset"], registry=reg),
-        malformed_rows=Counter("streamtrain_producer_malformed_rows_total",
-                               "Input rows skipped because they could not be parsed or encoded, by reason.",
-                               ["dataset", "reason"], registry=reg),
-        target_rate=Gauge("streamtrain_producer_target_records_per_second",
-                          "The replay rate limit (0: unlimited).", ["topic"], registry=reg),
-        epochs=Counter("streamtrain_producer_epochs_total",
-                       "Complete passes over the dataset split.", ["topic", "dataset"], registry=reg),
+        records_sent=Counter(
+            "streamtrain_producer_records_sent_total",
+            "Records acknowledged by Kafka.",
+            ["topic", "dataset"],
+            registry=reg,
+        ),
+        bytes_sent=Counter(
+            "streamtrain_producer_bytes_sent_total",
+            "Value bytes of acknowledged records.",
+            ["topic", "dataset"],
+            registry=reg,
+        ),
+        send_errors=Counter(
+            "streamtrain_producer_send_errors_total",
+            "Records Kafka did not acknowledge.",
+            ["topic", "dataset"],
+            registry=reg,
+        ),
+        malformed_rows=Counter(
+            "streamtrain_producer_malformed_rows_total",
+            "Input rows skipped because they could not be parsed or encoded, by reason.",
+            ["dataset", "reason"],
+            registry=reg,
+        ),
+        target_rate=Gauge(
+            "streamtrain_producer_target_records_per_second",
+            "The replay rate limit (0: unlimited).",
+            ["topic"],
+            registry=reg,
+        ),
+        epochs=Counter(
+            "streamtrain_producer_epochs_total",
+            "Complete passes over the dataset split.",
+            ["topic", "dataset"],
+            registry=reg,
+        ),
     )
 
 
@@ -138,84 +255,174 @@ def training_metrics() -> TrainingMetrics:
     reg = CollectorRegistry()
     return TrainingMetrics(
         registry=reg,
-        records_ingested=Counter("streamtrain_stream_records_ingested_total",
-                                 "Records read from Kafka into micro-batches by this trainer process (from 0 at each "
-                                 "start).", ["topic"], registry=reg),
-        records_trained=Counter("streamtrain_train_records_total",
-                                "Records trained on, in the whole run (a resumed trainer goes on from its checkpoint).",
-                                ["topic"], registry=reg),
-        records_rejected=Counter("streamtrain_stream_records_rejected_total",
-                                 "Records set aside, by reason: rejected by the decoder (to the dead-letter topic), or rows of "
-                                 "a run's file its replay could not send.", ["reason"], registry=reg),
-        records_aborted=Counter("streamtrain_stream_records_aborted_total",
-                                "Records of aborted transactions left unread (read_committed).", ["topic"],
-                                registry=reg),
-        records_poisoned=Counter("streamtrain_stream_records_poisoned_total",
-                                 "Offsets of unreadable record batches passed over (--on-poison skip).", ["topic"],
-                                 registry=reg),
-        unreadable_batches=Counter("streamtrain_stream_unreadable_batches_total",
-                                   "Record batches the reader could not read (codec, record format, corrupt), "
-                                   "which stopped the stream.", ["topic", "partition"], registry=reg),
-        batches=Counter("streamtrain_stream_batches_total",
-                        "Micro-batches applied, in the whole run (a resumed trainer goes on from its checkpoint).",
-                        registry=reg),
-        batches_skipped=Counter("streamtrain_stream_batches_skipped_total",
-                                "Replayed micro-batches skipped because the checkpoint already holds them.",
-                                registry=reg),
-        batch_duration=Histogram("streamtrain_stream_batch_duration_seconds", "Wall time of a micro-batch.",
-                                 buckets=_BATCH_BUCKETS, registry=reg),
-        last_batch_duration=Gauge("streamtrain_stream_last_batch_duration_seconds",
-                                  "Wall time of the last micro-batch.", registry=reg),
-        consumer_lag=Gauge("streamtrain_stream_consumer_lag_records",
-                           "Records in Kafka not yet trained, per partition.", ["topic", "partition"], registry=reg),
-        staleness=Histogram("streamtrain_ps_staleness_updates", "Updates applied between a worker's pull and push.",
-                            buckets=_INTEGER_BUCKETS, registry=reg),
+        records_ingested=Counter(
+            "streamtrain_stream_records_ingested_total",
+            "Records read from Kafka into micro-batches by this trainer process (from 0 at each "
+            "start).",
+            ["topic"],
+            registry=reg,
+        ),
+        records_trained=Counter(
+            "streamtrain_train_records_total",
+            "Records trained on, in the whole run (a resumed trainer goes on from its checkpoint).",
+            ["topic"],
+            registry=reg,
+        ),
+        records_rejected=Counter(
+            "streamtrain_stream_records_rejected_total",
+            "Records set aside, by reason: rejected by the decoder (to the dead-letter topic), or rows of "
+            "a run's file its replay could not send.",
+            ["reason"],
+            registry=reg,
+        ),
+        records_aborted=Counter(
+            "streamtrain_stream_records_aborted_total",
+            "Records of aborted transactions left unread (read_committed).",
+            ["topic"],
+            registry=reg,
+        ),
+        records_poisoned=Counter(
+            "streamtrain_stream_records_poisoned_total",
+            "Offsets of unreadable record batches passed over (--on-poison skip).",
+            ["topic"],
+            registry=reg,
+        ),
+        unreadable_batches=Counter(
+            "streamtrain_stream_unreadable_batches_total",
+            "Record batches the reader could not read (codec, record format, corrupt), "
+            "which stopped the stream.",
+            ["topic", "partition"],
+            registry=reg,
+        ),
+        batches=Counter(
+            "streamtrain_stream_batches_total",
+            "Micro-batches applied, in the whole run (a resumed trainer goes on from its checkpoint).",
+            registry=reg,
+        ),
+        batches_skipped=Counter(
+            "streamtrain_stream_batches_skipped_total",
+            "Replayed micro-batches skipped because the checkpoint already holds them.",
+            registry=reg,
+        ),
+        batch_duration=Histogram(
+            "streamtrain_stream_batch_duration_seconds",
+            "Wall time of a micro-batch.",
+            buckets=_BATCH_BUCKETS,
+            registry=reg,
+        ),
+        last_batch_duration=Gauge(
+            "streamtrain_stream_last_batch_duration_seconds",
+            "Wall time of the last micro-batch.",
+            registry=reg,
+        ),
+        consumer_lag=Gauge(
+            "streamtrain_stream_consumer_lag_records",
+            "Records in Kafka not yet trained, per partition.",
+            ["topic", "partition"],
+            registry=reg,
+        ),
+        staleness=Histogram(
+            "streamtrain_ps_staleness_updates",
+            "Updates applied between a worker's pull and push.",
+            buckets=_INTEGER_BUCKETS,
+            registry=reg,
+        ),
         ps_request_duration=Histogram(
-            "streamtrain_ps_request_duration_seconds", "Parameter-server request time on the server, by operation.",
-            ["op"], buckets=_PS_BUCKETS, registry=reg),
-        ps_refusals=Counter("streamtrain_ps_refusals_total",
-                            "Connections and requests the parameter server refused, by reason.", ["reason"],
-                            registry=reg),
-        ps_broken_connections=Counter("streamtrain_ps_broken_connections_total",
-                                      "Authenticated workers' connections cut mid-exchange (a killed executor or "
-                                      "Python worker; no refusal).", registry=reg),
-        ps_short_rounds=Counter("streamtrain_ps_short_rounds_total",
-                                "Synchronous rounds closed without a straggler (its gradient joins a later round).",
-                                registry=reg),
-        updates_applied=Counter("streamtrain_ps_updates_total", "Updates the parameter server applied in this process.",
-                                registry=reg),
-        clock=Gauge("streamtrain_ps_clock_updates",
-                    "The parameter server's clock: updates applied since the run began (kept across resumes).",
-                    registry=reg),
-        freshness=Gauge("streamtrain_model_freshness_seconds",
-                        "Now minus the newest Kafka timestamp whose update the center holds (the oldest partition's).",
-                        registry=reg),
+            "streamtrain_ps_request_duration_seconds",
+            "Parameter-server request time on the server, by operation.",
+            ["op"],
+            buckets=_PS_BUCKETS,
+            registry=reg,
+        ),
+        ps_refusals=Counter(
+            "streamtrain_ps_refusals_total",
+            "Connections and requests the parameter server refused, by reason.",
+            ["reason"],
+            registry=reg,
+        ),
+        ps_broken_connections=Counter(
+            "streamtrain_ps_broken_connections_total",
+            "Authenticated workers' connections cut mid-exchange (a killed executor or "
+            "Python worker; no refusal).",
+            registry=reg,
+        ),
+        ps_short_rounds=Counter(
+            "streamtrain_ps_short_rounds_total",
+            "Synchronous rounds closed without a straggler (its gradient joins a later round).",
+            registry=reg,
+        ),
+        updates_applied=Counter(
+            "streamtrain_ps_updates_total",
+            "Updates the parameter server applied in this process.",
+            registry=reg,
+        ),
+        clock=Gauge(
+            "streamtrain_ps_clock_updates",
+            "The parameter server's clock: updates applied since the run began (kept across resumes).",
+            registry=reg,
+        ),
+        freshness=Gauge(
+            "streamtrain_model_freshness_seconds",
+            "Now minus the newest Kafka timestamp whose update the center holds (the oldest partition's).",
+            registry=reg,
+        ),
         # A family has one type: the histogram of the same figure takes a name of its own.
-        freshness_sampled=Histogram("streamtrain_model_freshness_sampled_seconds",
-                                    "The model's freshness, sampled about once a second (time-weighted).",
-                                    buckets=_FRESHNESS_BUCKETS, registry=reg),
-        prequential_loss=Gauge("streamtrain_train_prequential_loss",
-                               "Loss on each batch before training on it (test-then-train).", registry=reg),
-        prequential_accuracy=Gauge("streamtrain_train_prequential_accuracy",
-                                   "Accuracy on each batch before training on it.", registry=reg),
-        heldout_accuracy=Gauge("streamtrain_eval_heldout_accuracy",
-                               "Accuracy of the center weights on the held-out test split.", registry=reg),
-        heldout_time=Gauge("streamtrain_eval_heldout_timestamp_seconds",
-                           "Unix time when the held-out score was measured (a resumed run publishes its last "
-                           "score and this time at once).", registry=reg),
-        worker_seconds=Counter("streamtrain_worker_seconds_total",
-                               "Worker time by activity (compute: forward and backward; exchange: pull and push).",
-                               ["activity"], registry=reg),
-        last_batch_time=Gauge("streamtrain_train_last_batch_timestamp_seconds",
-                              "Unix time when the last micro-batch was trained and checkpointed.", registry=reg),
-        info=Gauge("streamtrain_run_info", "The run's settings, as labels (value 1).",
-                   ["dataset", "algorithm", "topic", "workers"], registry=reg),
+        freshness_sampled=Histogram(
+            "streamtrain_model_freshness_sampled_seconds",
+            "The model's freshness, sampled about once a second (time-weighted).",
+            buckets=_FRESHNESS_BUCKETS,
+            registry=reg,
+        ),
+        prequential_loss=Gauge(
+            "streamtrain_train_prequential_loss",
+            "Loss on each batch before training on it (test-then-train).",
+            registry=reg,
+        ),
+        prequential_accuracy=Gauge(
+            "streamtrain_train_prequential_accuracy",
+            "Accuracy on each batch before training on it.",
+            registry=reg,
+        ),
+        heldout_accuracy=Gauge(
+            "streamtrain_eval_heldout_accuracy",
+            "Accuracy of the center weights on the held-out test split.",
+            registry=reg,
+        ),
+        heldout_time=Gauge(
+            "streamtrain_eval_heldout_timestamp_seconds",
+            "Unix time when the held-out score was measured (a resumed run publishes its last "
+            "score and this time at once).",
+            registry=reg,
+        ),
+        worker_seconds=Counter(
+            "streamtrain_worker_seconds_total",
+            "Worker time by activity (compute: forward and backward; exchange: pull and push).",
+            ["activity"],
+            registry=reg,
+        ),
+        last_batch_time=Gauge(
+            "streamtrain_train_last_batch_timestamp_seconds",
+            "Unix time when the last micro-batch was trained and checkpointed.",
+            registry=reg,
+        ),
+        info=Gauge(
+            "streamtrain_run_info",
+            "The run's settings, as labels (value 1).",
+            ["dataset", "algorithm", "topic", "workers"],
+            registry=reg,
+        ),
         # The run's: a resumed run goes on from the drifts its checkpoint lists.
-        drift_detected=Counter("streamtrain_drift_detected_total",
-                               "Drifts found in the stream, by signal (loss, prior, feature; docs/drift.md).",
-                               ["signal"], registry=reg),
-        drift_time=Gauge("streamtrain_drift_last_timestamp_seconds",
-                         "Unix time when the last drift was found (NaN: none yet).", registry=reg),
+        drift_detected=Counter(
+            "streamtrain_drift_detected_total",
+            "Drifts found in the stream, by signal (loss, prior, feature; docs/drift.md).",
+            ["signal"],
+            registry=reg,
+        ),
+        drift_time=Gauge(
+            "streamtrain_drift_last_timestamp_seconds",
+            "Unix time when the last drift was found (NaN: none yet).",
+            registry=reg,
+        ),
     )
 
 
@@ -239,25 +446,51 @@ def serving_metrics(model: str) -> ServingMetrics:
     reg = CollectorRegistry()
     return ServingMetrics(
         registry=reg,
-        requests=Counter("streamtrain_serve_requests_total", "Prediction API requests answered, by HTTP status.",
-                         ["model", "code"], registry=reg),
-        bad_requests=Counter("streamtrain_serve_bad_requests_total",
-                             "Requests refused for their content (a 4xx), by reason.", ["model", "reason"],
-                             registry=reg),
-        latency=Histogram("streamtrain_serve_request_seconds", "Seconds from a request's arrival to its answer.",
-                          ["model"], registry=reg,
-                          buckets=(0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)),
-        instances=Histogram("streamtrain_serve_instances", "Instances per prediction request.", ["model"],
-                            registry=reg, buckets=_INSTANCE_BUCKETS),
-        weights_age=Gauge("streamtrain_serve_weights_age_seconds",
-                          "Age of the weights predictions use now (since the parameter server or the "
-                          "checkpoint held them).", ["model"], registry=reg),
-        model_version=Gauge("streamtrain_serve_model_version",
-                            "The parameter server's clock when the served weights were read.", ["model"],
-                            registry=reg),
-        predictions_written=Counter("streamtrain_predictions_written_total",
-                                    "Predictions the predict stream wrote to its output topic.", ["topic"],
-                                    registry=reg),
+        requests=Counter(
+            "streamtrain_serve_requests_total",
+            "Prediction API requests answered, by HTTP status.",
+            ["model", "code"],
+            registry=reg,
+        ),
+        bad_requests=Counter(
+            "streamtrain_serve_bad_requests_total",
+            "Requests refused for their content (a 4xx), by reason.",
+            ["model", "reason"],
+            registry=reg,
+        ),
+        latency=Histogram(
+            "streamtrain_serve_request_seconds",
+            "Seconds from a request's arrival to its answer.",
+            ["model"],
+            registry=reg,
+            buckets=(0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0),
+        ),
+        instances=Histogram(
+            "streamtrain_serve_instances",
+            "Instances per prediction request.",
+            ["model"],
+            registry=reg,
+            buckets=_INSTANCE_BUCKETS,
+        ),
+        weights_age=Gauge(
+            "streamtrain_serve_weights_age_seconds",
+            "Age of the weights predictions use now (since the parameter server or the "
+            "checkpoint held them).",
+            ["model"],
+            registry=reg,
+        ),
+        model_version=Gauge(
+            "streamtrain_serve_model_version",
+            "The parameter server's clock when the served weights were read.",
+            ["model"],
+            registry=reg,
+        ),
+        predictions_written=Counter(
+            "streamtrain_predictions_written_total",
+            "Predictions the predict stream wrote to its output topic.",
+            ["topic"],
+            registry=reg,
+        ),
     )
 
 

@@ -56,122 +56,286 @@ COLLAPSED = frozenset({PREDICT_ROW})
 
 
 ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
-    ("At a glance", (
-        Panel("Trained records/s", (Query(_rate("streamtrain_train_records_total"), "trained/s"),),
-              kind="stat", width=4, base="red", thresholds=((1, "green"),),
-              description="Over the last minute at least (several micro-batches); red: nothing trained."),
-        Panel("Consumer lag", (Query("sum(streamtrain_stream_consumer_lag_records)", "records"),),
-              kind="stat", width=3, thresholds=((10_000, "orange"), (100_000, "red")),
-              description="Records in Kafka not yet trained, all partitions (StreamtrainLagGrowing from "
-                          "10,000 and rising)."),
-        Panel("Held-out accuracy", (Query("max(streamtrain_eval_heldout_accuracy)", "accuracy"),),
-              unit="percentunit", kind="stat", width=4, base="red", thresholds=((0.5, "orange"), (0.8, "green")),
-              no_value="not scored yet",
-              description="The last score measured (a resumed trainer shows its last one at once; its age is "
-                          "beside it)."),
-        Panel("Held-out score age", (Query("time() - max(streamtrain_eval_heldout_timestamp_seconds) >= 0", "age"),),
-              unit="s", kind="stat", width=3, thresholds=((600, "orange"), (3600, "red")), no_value="not scored yet",
-              description="Seconds since the held-out score was measured (every --eval-every batches)."),
-        Panel("Staleness p99", (Query(_quantile(0.99, "streamtrain_ps_staleness_updates"), "updates"),),
-              kind="stat", width=3, thresholds=((16, "orange"), (32, "red")), no_value=_IDLE,
-              description="Red from 32, where StreamtrainStalenessHigh fires."),
-        Panel("Since last batch", (Query("time() - max(streamtrain_train_last_batch_timestamp_seconds) >= 0",
-                                         "age"),),
-              unit="s", kind="stat", width=4, thresholds=((60, "orange"), (120, "red")), no_value="no batch yet",
-              description="Seconds since a micro-batch was last trained (a resumed run: since its checkpoint "
-                          "was written)."),
-        Panel("Rejected records", (Query("sum(streamtrain_stream_records_rejected_total)", "rejected"),),
-              kind="stat", width=3, thresholds=((1, "orange"),),
-              description="Set aside to the dead-letter topic since this trainer started."),
-    )),
-    ("Is data flowing?", (
-        Panel("Records per second: produced, ingested, trained", (
-            Query(_rate("streamtrain_producer_records_sent_total", "topic"), "produced {{topic}}"),
-            Query(_rate("streamtrain_stream_records_ingested_total", "topic"), "ingested {{topic}}"),
-            Query(_rate("streamtrain_train_records_total", "topic"), "trained {{topic}}"),
-        ), unit="short", width=12),
-        Panel("Consumer lag per partition", (
-            Query("streamtrain_stream_consumer_lag_records", "{{topic}}-{{partition}}"),
-        ), unit="short", width=12, description="Log end offset minus the end of the last trained batch."),
-        Panel("Micro-batch duration", (
-            Query("streamtrain_stream_last_batch_duration_seconds", "last batch"),
-            Query(_quantile(0.5, "streamtrain_stream_batch_duration_seconds"), "p50"),
-            Query(_quantile(0.99, "streamtrain_stream_batch_duration_seconds"), "p99"),
-        ), unit="s", thresholds=((60, "orange"), (300, "red")),
-              description="The last batch's own duration, and quantiles over the batches of the last minute at "
-                          "least (buckets up to an hour)."),
-        Panel("Model freshness: age of the newest data it learned", (
-            Query("streamtrain_model_freshness_seconds", "now"),
-            Query(_quantile(0.99, "streamtrain_model_freshness_sampled_seconds"), "p99"),
-        ), unit="s", thresholds=((60, "orange"), (300, "red")),
-              description="Now minus the newest Kafka timestamp whose update the center holds, the oldest "
-                          "partition's; p99 of its samples (about one a second). Red at StreamtrainModelStale's "
-                          "default threshold."),
-        Panel("Parameter-server updates per second", (
-            Query(_rate("streamtrain_ps_updates_total"), "updates/s"),
-        ), unit="short"),
-    )),
-    ("Is training healthy?", (
-        Panel("Loss (prequential: each batch scored before training on it)", (
-            Query("streamtrain_train_prequential_loss", "loss"),
-        ), unit="short"),
-        Panel("Accuracy", (
-            Query("streamtrain_train_prequential_accuracy", "prequential"),
-            Query("streamtrain_eval_heldout_accuracy", "held-out"),
-            # A drift as a mark at the top of the axis (1 = 100%), where its window saw one.
-            Query(f"(sum by (signal) (increase(streamtrain_drift_detected_total{_RATE})) > 0) * 0 + 1",
-                  "drift ({{signal}})"),
-        ), unit="percentunit",
-              description="Prequential and held-out accuracy; a mark at 100% where a drift was found (its signal "
-                          "named). After a drift the held-out score is on records held out since (docs/drift.md)."),
-        Panel("Staleness of pushes (updates between pull and push)", (
-            Query(_quantile(0.5, "streamtrain_ps_staleness_updates"), "p50"),
-            Query(_quantile(0.99, "streamtrain_ps_staleness_updates"), "p99"),
-        ), unit="short", thresholds=((16, "orange"), (32, "red"))),
-        Panel("Parameter-server request latency", (
-            Query(_quantile(0.5, "streamtrain_ps_request_duration_seconds", "op"), "p50 {{op}}"),
-            Query(_quantile(0.99, "streamtrain_ps_request_duration_seconds", "op"), "p99 {{op}}"),
-        ), unit="s", width=12, thresholds=((0.5, "orange"), (2, "red"))),
-        Panel("Busy workers: compute vs exchange", (
-            Query(_rate("streamtrain_worker_seconds_total", "activity"), "{{activity}}"),
-        ), unit="short", width=12,
-              description="Worker-seconds per second in each activity, all workers: 2 is two workers busy all "
-                          "the time."),
-    )),
-    ("Serving", (
-        Panel("Prediction requests per second, by status", (
-            Query(_rate("streamtrain_serve_requests_total", "code"), "{{code}}"),
-        ), unit="reqps", width=8),
-        Panel("Prediction latency", (
-            Query(_quantile(0.5, "streamtrain_serve_request_seconds"), "p50"),
-            Query(_quantile(0.99, "streamtrain_serve_request_seconds"), "p99"),
-        ), unit="s", width=8, thresholds=((0.1, "orange"), (1, "red"))),
-        Panel("Served weights: age", (
-            Query("max(streamtrain_serve_weights_age_seconds)", "age"),
-        ), unit="s", width=8, thresholds=((5, "orange"), (60, "red")), description="Seconds since the served weights were the parameter server's center "
-                                          "(or since the checkpoint served was written)."),
-        Panel("Instances per request", (
-            Query(_quantile(0.5, "streamtrain_serve_instances"), "p50"),
-            Query(_quantile(0.99, "streamtrain_serve_instances"), "p99"),
-        ), unit="short", width=8),
-        Panel("Refused requests per second, by reason", (
-            Query(_rate("streamtrain_serve_bad_requests_total", "reason"), "{{reason}}"),
-        ), unit="reqps", width=8, thresholds=((1, "orange"),)),
-    )),
-    ("What was rejected, and why?", (
-        Panel("Rejected records per second, by reason", (
-            Query(_rate("streamtrain_stream_records_rejected_total", "reason"), "{{reason}}"),
-        ), unit="short", width=12, thresholds=((1, "orange"),)),
-        Panel("Producer problems per second", (
-            Query(_rate("streamtrain_producer_send_errors_total", "topic"), "send errors {{topic}}"),
-            Query(_rate("streamtrain_producer_malformed_rows_total", "dataset, reason"),
-                  "malformed rows {{dataset}} ({{reason}})"),
-        ), unit="short", width=12),
-    )),
-    (PREDICT_ROW, (
-        Panel("Predictions written per second (predict stream)", (
-            Query(_rate("streamtrain_predictions_written_total", "topic"), "{{topic}}"),
-        ), unit="short", width=12, description="Fed by `streamtrain predict`, a job of its own that the compose "
-                                               "stack does not run."),
-    )),
+    (
+        "At a glance",
+        (
+            Panel(
+                "Trained records/s",
+                (Query(_rate("streamtrain_train_records_total"), "trained/s"),),
+                kind="stat",
+                width=4,
+                base="red",
+                thresholds=((1, "green"),),
+                description="Over the last minute at least (several micro-batches); red: nothing trained.",
+            ),
+            Panel(
+                "Consumer lag",
+                (Query("sum(streamtrain_stream_consumer_lag_records)", "records"),),
+                kind="stat",
+                width=3,
+                thresholds=((10_000, "orange"), (100_000, "red")),
+                description="Records in Kafka not yet trained, all partitions (StreamtrainLagGrowing from "
+                "10,000 and rising).",
+            ),
+            Panel(
+                "Held-out accuracy",
+                (Query("max(streamtrain_eval_heldout_accuracy)", "accuracy"),),
+                unit="percentunit",
+                kind="stat",
+                width=4,
+                base="red",
+                thresholds=((0.5, "orange"), (0.8, "green")),
+                no_value="not scored yet",
+                description="The last score measured (a resumed trainer shows its last one at once; its age is "
+                "beside it).",
+            ),
+            Panel(
+                "Held-out score age",
+                (Query("time() - max(streamtrain_eval_heldout_timestamp_seconds) >= 0", "age"),),
+                unit="s",
+                kind="stat",
+                width=3,
+                thresholds=((600, "orange"), (3600, "red")),
+                no_value="not scored yet",
+                description="Seconds since the held-out score was measured (every --eval-every batches).",
+            ),
+            Panel(
+                "Staleness p99",
+                (Query(_quantile(0.99, "streamtrain_ps_staleness_updates"), "updates"),),
+                kind="stat",
+                width=3,
+                thresholds=((16, "orange"), (32, "red")),
+                no_value=_IDLE,
+                description="Red from 32, where StreamtrainStalenessHigh fires.",
+            ),
+            Panel(
+                "Since last batch",
+                (
+                    Query(
+                        "time() - max(streamtrain_train_last_batch_timestamp_seconds) >= 0", "age"
+                    ),
+                ),
+                unit="s",
+                kind="stat",
+                width=4,
+                thresholds=((60, "orange"), (120, "red")),
+                no_value="no batch yet",
+                description="Seconds since a micro-batch was last trained (a resumed run: since its checkpoint "
+                "was written).",
+            ),
+            Panel(
+                "Rejected records",
+                (Query("sum(streamtrain_stream_records_rejected_total)", "rejected"),),
+                kind="stat",
+                width=3,
+                thresholds=((1, "orange"),),
+                description="Set aside to the dead-letter topic since this trainer started.",
+            ),
+        ),
+    ),
+    (
+        "Is data flowing?",
+        (
+            Panel(
+                "Records per second: produced, ingested, trained",
+                (
+                    Query(
+                        _rate("streamtrain_producer_records_sent_total", "topic"),
+                        "produced {{topic}}",
+                    ),
+                    Query(
+                        _rate("streamtrain_stream_records_ingested_total", "topic"),
+                        "ingested {{topic}}",
+                    ),
+                    Query(_rate("streamtrain_train_records_total", "topic"), "trained {{topic}}"),
+                ),
+                unit="short",
+                width=12,
+            ),
+            Panel(
+                "Consumer lag per partition",
+                (Query("streamtrain_stream_consumer_lag_records", "{{topic}}-{{partition}}"),),
+                unit="short",
+                width=12,
+                description="Log end offset minus the end of the last trained batch.",
+            ),
+            Panel(
+                "Micro-batch duration",
+                (
+                    Query("streamtrain_stream_last_batch_duration_seconds", "last batch"),
+                    Query(_quantile(0.5, "streamtrain_stream_batch_duration_seconds"), "p50"),
+                    Query(_quantile(0.99, "streamtrain_stream_batch_duration_seconds"), "p99"),
+                ),
+                unit="s",
+                thresholds=((60, "orange"), (300, "red")),
+                description="The last batch's own duration, and quantiles over the batches of the last minute at "
+                "least (buckets up to an hour).",
+            ),
+            Panel(
+                "Model freshness: age of the newest data it learned",
+                (
+                    Query("streamtrain_model_freshness_seconds", "now"),
+                    Query(_quantile(0.99, "streamtrain_model_freshness_sampled_seconds"), "p99"),
+                ),
+                unit="s",
+                thresholds=((60, "orange"), (300, "red")),
+                description="Now minus the newest Kafka timestamp whose update the center holds, the oldest "
+                "partition's; p99 of its samples (about one a second). Red at StreamtrainModelStale's "
+                "default threshold.",
+            ),
+            Panel(
+                "Parameter-server updates per second",
+                (Query(_rate("streamtrain_ps_updates_total"), "updates/s"),),
+                unit="short",
+            ),
+        ),
+    ),
+    (
+        "Is training healthy?",
+        (
+            Panel(
+                "Loss (prequential: each batch scored before training on it)",
+                (Query("streamtrain_train_prequential_loss", "loss"),),
+                unit="short",
+            ),
+            Panel(
+                "Accuracy",
+                (
+                    Query("streamtrain_train_prequential_accuracy", "prequential"),
+                    Query("streamtrain_eval_heldout_accuracy", "held-out"),
+                    # A drift as a mark at the top of the axis (1 = 100%), where its window saw one.
+                    Query(
+                        f"(sum by (signal) (increase(streamtrain_drift_detected_total{_RATE})) > 0) * 0 + 1",
+                        "drift ({{signal}})",
+                    ),
+                ),
+                unit="percentunit",
+                description="Prequential and held-out accuracy; a mark at 100% where a drift was found (its signal "
+                "named). After a drift the held-out score is on records held out since (docs/drift.md).",
+            ),
+            Panel(
+                "Staleness of pushes (updates between pull and push)",
+                (
+                    Query(_quantile(0.5, "streamtrain_ps_staleness_updates"), "p50"),
+                    Query(_quantile(0.99, "streamtrain_ps_staleness_updates"), "p99"),
+                ),
+                unit="short",
+                thresholds=((16, "orange"), (32, "red")),
+            ),
+            Panel(
+                "Parameter-server request latency",
+                (
+                    Query(
+                        _quantile(0.5, "streamtrain_ps_request_duration_seconds", "op"),
+                        "p50 {{op}}",
+                    ),
+                    Query(
+                        _quantile(0.99, "streamtrain_ps_request_duration_seconds", "op"),
+                        "p99 {{op}}",
+                    ),
+                ),
+                unit="s",
+                width=12,
+                thresholds=((0.5, "orange"), (2, "red")),
+            ),
+            Panel(
+                "Busy workers: compute vs exchange",
+                (Query(_rate("streamtrain_worker_seconds_total", "activity"), "{{activity}}"),),
+                unit="short",
+                width=12,
+                description="Worker-seconds per second in each activity, all workers: 2 is two workers busy all "
+                "the time.",
+            ),
+        ),
+    ),
+    (
+        "Serving",
+        (
+            Panel(
+                "Prediction requests per second, by status",
+                (Query(_rate("streamtrain_serve_requests_total", "code"), "{{code}}"),),
+                unit="reqps",
+                width=8,
+            ),
+            Panel(
+                "Prediction latency",
+                (
+                    Query(_quantile(0.5, "streamtrain_serve_request_seconds"), "p50"),
+                    Query(_quantile(0.99, "streamtrain_serve_request_seconds"), "p99"),
+                ),
+                unit="s",
+                width=8,
+                thresholds=((0.1, "orange"), (1, "red")),
+            ),
+            Panel(
+                "Served weights: age",
+                (Query("max(streamtrain_serve_weights_age_seconds)", "age"),),
+                unit="s",
+                width=8,
+                thresholds=((5, "orange"), (60, "red")),
+                description="Seconds since the served weights were the parameter server's center "
+                "(or since the checkpoint served was written).",
+            ),
+            Panel(
+                "Instances per request",
+                (
+                    Query(_quantile(0.5, "streamtrain_serve_instances"), "p50"),
+                    Query(_quantile(0.99, "streamtrain_serve_instances"), "p99"),
+                ),
+                unit="short",
+                width=8,
+            ),
+            Panel(
+                "Refused requests per second, by reason",
+                (Query(_rate("streamtrain_serve_bad_requests_total", "reason"), "{{reason}}"),),
+                unit="reqps",
+                width=8,
+                thresholds=((1, "orange"),),
+            ),
+        ),
+    ),
+    (
+        "What was rejected, and why?",
+        (
+            Panel(
+                "Rejected records per second, by reason",
+                (
+                    Query(
+                        _rate("streamtrain_stream_records_rejected_total", "reason"), "{{reason}}"
+                    ),
+                ),
+                unit="short",
+                width=12,
+                thresholds=((1, "orange"),),
+            ),
+            Panel(
+                "Producer problems per second",
+                (
+                    Query(
+                        _rate("streamtrain_producer_send_errors_total", "topic"),
+                        "send errors {{topic}}",
+                    ),
+                    Query(
+                        _rate("streamtrain_producer_malformed_rows_total", "dataset, reason"),
+                        "malformed rows {{dataset}} ({{reason}})",
+                    ),
+                ),
+                unit="short",
+                width=12,
+            ),
+        ),
+    ),
+    (
+        PREDICT_ROW,
+        (
+            Panel(
+                "Predictions written per second (predict stream)",
+                (Query(_rate("streamtrain_predictions_written_total", "topic"), "{{topic}}"),),
+                unit="short",
+                width=12,
+                description="Fed by `streamtrain predict`, a job of its own that the compose "
+                "stack does not run.",
+            ),
+        ),
+    ),
 )

@@ -48,11 +48,21 @@ def parse_duration(text: str) -> float:
     try:
         return float(text[:-1]) * units[text[-1]]
     except (KeyError, ValueError, IndexError):
-        raise ConfigError(f"Expected a duration such as 90s, 30m, 2h or 1d. Received: {text!r}") from None
+        raise ConfigError(
+            f"Expected a duration such as 90s, 30m, 2h or 1d. Received: {text!r}"
+        ) from None
 
 
-def render(dashboard: dict[str, Any], prometheus: str, out: str | Path, *, since_s: float = 1800.0,
-           end: float | None = None, points: int = 240, scrape_s: float = 5.0) -> dict[str, int]:
+def render(
+    dashboard: dict[str, Any],
+    prometheus: str,
+    out: str | Path,
+    *,
+    since_s: float = 1800.0,
+    end: float | None = None,
+    points: int = 240,
+    scrape_s: float = 5.0,
+) -> dict[str, int]:
     """Draw every panel of ``dashboard`` from ``prometheus`` over the last ``since_s``
     seconds into one PNG laid out as Grafana lays it out (a collapsed row closed, as Grafana
     opens the dashboard); return the series found per panel title (0: the panel shows "no
@@ -71,8 +81,14 @@ def render(dashboard: dict[str, Any], prometheus: str, out: str | Path, *, since
     fig_w, fig_h = 24 * _UNIT_W, units_high * _UNIT_H + top_in
     fig = plt.figure(figsize=(fig_w, fig_h))
     stamp = f"{dt.datetime.fromtimestamp(start):%Y-%m-%d %H:%M:%S} to {dt.datetime.fromtimestamp(end):%H:%M:%S}"
-    fig.text(0.01, 1 - 0.35 / fig_h, f"{dashboard.get('title', 'dashboard')}    {stamp}    ({prometheus})",
-             fontsize=15, fontweight="bold", va="center")
+    fig.text(
+        0.01,
+        1 - 0.35 / fig_h,
+        f"{dashboard.get('title', 'dashboard')}    {stamp}    ({prometheus})",
+        fontsize=15,
+        fontweight="bold",
+        va="center",
+    )
 
     def box(g: dict[str, int], left: float, right: float, top: float, bottom: float) -> list[float]:
         """A grid position, inset by margins in inches, as a figure-fraction rectangle."""
@@ -86,10 +102,20 @@ def render(dashboard: dict[str, Any], prometheus: str, out: str | Path, *, since
     for p in items:
         g, title = p["gridPos"], p.get("title", "")
         if p.get("type") == "row":
-            left, bottom, _, height = box(g, 0.1, 0, 0.28, 0)  # the title's baseline, 0.28 in below the row's top
+            left, bottom, _, height = box(
+                g, 0.1, 0, 0.28, 0
+            )  # the title's baseline, 0.28 in below the row's top
             if p.get("collapsed"):  # as Grafana shows it: closed, its panels inside
                 title += f"  (collapsed: {len(p.get('panels', []))} panels)"
-            fig.text(left, bottom + height, title, fontsize=13, fontweight="bold", color="#333333", va="center")
+            fig.text(
+                left,
+                bottom + height,
+                title,
+                fontsize=13,
+                fontweight="bold",
+                color="#333333",
+                va="center",
+            )
             continue
         unit = p.get("fieldConfig", {}).get("defaults", {}).get("unit", "short")
         series = []
@@ -105,16 +131,34 @@ def render(dashboard: dict[str, Any], prometheus: str, out: str | Path, *, since
         frame.set_facecolor("#f7f7f7")
         for side in frame.spines.values():
             side.set_color("#cccccc")
-        frame.text(0.01, 0.97, title, transform=frame.transAxes, fontsize=10, fontweight="bold", va="top")
+        frame.text(
+            0.01, 0.97, title, transform=frame.transAxes, fontsize=10, fontweight="bold", va="top"
+        )
         if p.get("type") == "stat":
             # Grafana's default reduction: the last value that is not null.
             last = [v[np.isfinite(v[:, 1]), 1] for _, v in series]
             shown = next((float(x[-1]) for x in last if len(x)), float("nan"))
-            frame.text(0.5, 0.42, fmt(shown, unit), fontsize=24, ha="center", va="center", transform=frame.transAxes,
-                       color="#1f6f3f" if math.isfinite(shown) else "#888888")
+            frame.text(
+                0.5,
+                0.42,
+                fmt(shown, unit),
+                fontsize=24,
+                ha="center",
+                va="center",
+                transform=frame.transAxes,
+                color="#1f6f3f" if math.isfinite(shown) else "#888888",
+            )
             continue
         if not series:
-            frame.text(0.5, 0.5, "no data", ha="center", va="center", transform=frame.transAxes, color="#888888")
+            frame.text(
+                0.5,
+                0.5,
+                "no data",
+                ha="center",
+                va="center",
+                transform=frame.transAxes,
+                color="#888888",
+            )
             continue
         legend_in = 0.22 * math.ceil(len(series) / 3) if any(label for label, _ in series) else 0
         ax = fig.add_axes(box(g, 0.75, 0.2, 0.35, 0.4 + legend_in))
@@ -129,7 +173,9 @@ def render(dashboard: dict[str, Any], prometheus: str, out: str | Path, *, since
         ax.grid(alpha=0.3)
         ax.set_facecolor("white")
         if legend_in:
-            ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(0, -0.12), ncols=3, frameon=False)
+            ax.legend(
+                fontsize=8, loc="upper left", bbox_to_anchor=(0, -0.12), ncols=3, frameon=False
+            )
     fig.savefig(out, dpi=80, facecolor="white")
     plt.close(fig)
     return found

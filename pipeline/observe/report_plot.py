@@ -60,12 +60,20 @@ def accuracy_limits(prequential: Sequence[float], heldout: Sequence[float]) -> t
         return 0.0, 1.0
     low, high = min(settled), max(settled)
     pad = max(0.1 * (high - low), 0.005)
-    return max(0.0, math.floor((low - pad) * 200) / 200), min(1.0, math.ceil((high + pad) * 200) / 200)
+    return max(0.0, math.floor((low - pad) * 200) / 200), min(
+        1.0, math.ceil((high + pad) * 200) / 200
+    )
 
 
-def report_plots(history: list[dict[str, Any]], out: str | Path, *, title: str = "",
-                 final: float | None = None, eval_every: int | None = None,
-                 eval_records: int | None = None) -> dict[str, Any]:
+def report_plots(
+    history: list[dict[str, Any]],
+    out: str | Path,
+    *,
+    title: str = "",
+    final: float | None = None,
+    eval_every: int | None = None,
+    eval_records: int | None = None,
+) -> dict[str, Any]:
     """Accuracy, throughput, staleness and lag of a run, against time since its first batch.
 
     ``history`` is every session's rows (``batches.jsonl``), placed on one clock
@@ -87,29 +95,49 @@ def report_plots(history: list[dict[str, Any]], out: str | Path, *, title: str =
     (acc, thr), (stal, lag) = axes
 
     pre = [b.get("prequential_accuracy") for b in history]
-    held: list[float | None] = [b["heldout"]["accuracy"] if "accuracy" in b.get("heldout", {}) else None
-                                for b in history]
+    held: list[float | None] = [
+        b["heldout"]["accuracy"] if "accuracy" in b.get("heldout", {}) else None for b in history
+    ]
     if final is not None and len(t) and held[-1] is None:
         held[-1] = final  # the score after the last batch, at its end
     if any(v is not None for v in pre):
-        acc.plot(*tl.gapped(pre), label="prequential (batch scored before training)", linewidth=1, alpha=0.7)
+        acc.plot(
+            *tl.gapped(pre),
+            label="prequential (batch scored before training)",
+            linewidth=1,
+            alpha=0.7,
+        )
     scored = [(float(x), v) for x, v in zip(t, held, strict=True) if v is not None]
-    if final is not None and len(t) and held[-1] != final:  # the last batch was scored, and the final differs
+    if (
+        final is not None and len(t) and held[-1] != final
+    ):  # the last batch was scored, and the final differs
         scored.append((float(t[-1]), final))
     if scored:
         # A line joins the held-out scores of one stretch; a stop or an idle gap breaks it.
         xs, ys = tl.gapped(held)
         keep = ~np.isnan(ys) | np.isnan(xs)
         acc.plot(xs[keep], ys[keep], "-", color="tab:orange", linewidth=1.5)
-        acc.plot(*zip(*scored, strict=True), "o", color="tab:orange", label="held-out", markersize=4)
+        acc.plot(
+            *zip(*scored, strict=True), "o", color="tab:orange", label="held-out", markersize=4
+        )
     measured = ["prequential: every training step's batch, before it trains"]
     # Each drift where the batch that showed it ended: the scores after it are on the new concept.
-    drifts = [(float(x), d["signal"]) for x, b in zip(t, history, strict=True) for d in b.get("drifts", ())]
+    drifts = [
+        (float(x), d["signal"])
+        for x, b in zip(t, history, strict=True)
+        for d in b.get("drifts", ())
+    ]
     for i, (x, _) in enumerate(drifts):
-        acc.axvline(x, color="tab:red", linestyle=":", linewidth=1.4, label="drift" if i == 0 else None)
+        acc.axvline(
+            x, color="tab:red", linestyle=":", linewidth=1.4, label="drift" if i == 0 else None
+        )
     if drifts:
-        measured.append("dotted red: a drift found (" + ", ".join(sorted({s for _, s in drifts})) + "); held-out "
-                        "after it: records held out of training since")
+        measured.append(
+            "dotted red: a drift found ("
+            + ", ".join(sorted({s for _, s in drifts}))
+            + "); held-out "
+            "after it: records held out of training since"
+        )
     if eval_every is not None:
         split = f" on {eval_records:,} records" if eval_records else ""
         measured.append(f"held-out: every {eval_every} batches and at the end{split}")
@@ -124,14 +152,21 @@ def report_plots(history: list[dict[str, Any]], out: str | Path, *, title: str =
     trained = np.array([b["trained"] for b in history], dtype=float)
     spans = t - tl.start
     per_batch = np.divide(trained, spans, out=np.zeros_like(trained), where=spans > 0)
-    lines = {"per batch": tl.gapped(per_batch.tolist()), "lag": tl.gapped([b["lag"] for b in history])}
+    lines = {
+        "per batch": tl.gapped(per_batch.tolist()),
+        "lag": tl.gapped([b["lag"] for b in history]),
+    }
     thr.plot(*lines["per batch"], linewidth=0.8, alpha=0.5, label="per batch")
-    if len(t) >= 5:  # five batches' records over their span, inside one stretch: steadier than one batch
-        first = np.maximum.accumulate(np.where(tl.breaks | (np.arange(len(t)) == 0), np.arange(len(t)), 0))
+    if (
+        len(t) >= 5
+    ):  # five batches' records over their span, inside one stretch: steadier than one batch
+        first = np.maximum.accumulate(
+            np.where(tl.breaks | (np.arange(len(t)) == 0), np.arange(len(t)), 0)
+        )
         window = []
         for i in range(len(t)):
             j = max(first[i], i - 4)
-            window.append(trained[j:i + 1].sum() / max(1e-9, t[i] - tl.start[j]))
+            window.append(trained[j : i + 1].sum() / max(1e-9, t[i] - tl.start[j]))
         thr.plot(*tl.gapped(window), linewidth=1.6, label="over 5 batches")
     thr.set_title("Throughput (records trained per second)", loc="left")
     thr.set_ylim(0, max(1.0, float(per_batch.max(initial=0))) * 1.15)
@@ -155,30 +190,65 @@ def report_plots(history: list[dict[str, Any]], out: str | Path, *, title: str =
         ax.xaxis.set_major_formatter(FuncFormatter(duration_label))
         ax.set_xlabel("time since the run's first batch")
         ax.grid(alpha=0.3)
-        if ax.get_legend_handles_labels()[0] and ax is acc:  # above the plot, right of its title: off the data
-            ax.legend(fontsize=8, loc="lower right", bbox_to_anchor=(1.0, 1.0), ncol=2, frameon=False,
-                      borderaxespad=0.2)
+        if (
+            ax.get_legend_handles_labels()[0] and ax is acc
+        ):  # above the plot, right of its title: off the data
+            ax.legend(
+                fontsize=8,
+                loc="lower right",
+                bbox_to_anchor=(1.0, 1.0),
+                ncol=2,
+                frameon=False,
+                borderaxespad=0.2,
+            )
         elif ax.get_legend_handles_labels()[0]:  # the axis has a margin above the data for it
             ax.legend(fontsize=8, loc="upper right", ncol=2)
         if not len(t):
-            ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes, color="#888888")
+            ax.text(
+                0.5,
+                0.5,
+                "no data",
+                ha="center",
+                va="center",
+                transform=ax.transAxes,
+                color="#888888",
+            )
     if tl.sessions or tl.idle:
-        measured.append(f"{len(tl.sessions) + 1} sessions (dashed: a resumed trainer's first batch); "
-                        "shaded: the stream idle; no line crosses a stop or an idle gap")
-    acc.set_xlabel("time since the run's first batch\n" + "\n".join(measured), fontsize=8, color="#555555")
+        measured.append(
+            f"{len(tl.sessions) + 1} sessions (dashed: a resumed trainer's first batch); "
+            "shaded: the stream idle; no line crosses a stop or an idle gap"
+        )
+    acc.set_xlabel(
+        "time since the run's first batch\n" + "\n".join(measured), fontsize=8, color="#555555"
+    )
     fig.savefig(out, dpi=90)
     plt.close(fig)
-    return {"prequential": sum(v is not None for v in pre), "held-out": len(scored), "throughput": len(t),
-            "drifts": len(drifts),
-            "staleness": sum(v is not None for v in p50), "lag": len(t), "sessions": len(tl.sessions) + bool(len(t)),
-            "idle": tl.idle, "span_s": float(t[-1]) if len(t) else 0.0, "lines": lines}
+    return {
+        "prequential": sum(v is not None for v in pre),
+        "held-out": len(scored),
+        "throughput": len(t),
+        "drifts": len(drifts),
+        "staleness": sum(v is not None for v in p50),
+        "lag": len(t),
+        "sessions": len(tl.sessions) + bool(len(t)),
+        "idle": tl.idle,
+        "span_s": float(t[-1]) if len(t) else 0.0,
+        "lines": lines,
+    }
 
 
 def _mark(ax: Any, tl: Timeline) -> None:
     """A resumed session's start (a dashed line) and the stream's idle gaps (shaded)."""
     for i, x in enumerate(tl.sessions):
         ax.axvline(x, color="#555555", linestyle="--", linewidth=0.9)
-        ax.text(x, 1.0, f" session {i + 2}", transform=ax.get_xaxis_transform(), fontsize=7, color="#555555",
-                va="top")
+        ax.text(
+            x,
+            1.0,
+            f" session {i + 2}",
+            transform=ax.get_xaxis_transform(),
+            fontsize=7,
+            color="#555555",
+            va="top",
+        )
     for left, right in tl.idle:
         ax.axvspan(left, right, color="#cccccc", alpha=0.4, linewidth=0)

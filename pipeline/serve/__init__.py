@@ -29,4 +29,11 @@ _EXPORTS = {
 __getattr__ = exports.lazy(__name__, _EXPORTS)
 
 
-__all__ = ["CheckpointWeights", "LiveWeights", "ModelServer", "Predictor", "ServingProcess", "serve_folder"]
+__all__ = [
+    "CheckpointWeights",
+    "LiveWeights",
+    "ModelServer",
+    "Predictor",
+    "ServingProcess",
+    "serve_folder",
+]

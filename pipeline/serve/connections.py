@@ -35,21 +35,38 @@ if TYPE_CHECKING:
 def _raw(status: int, message: str) -> bytes:
     """A whole HTTP/1.1 answer that closes the connection, for a socket aiohttp is not parsing."""
     body = json.dumps({"error": message}).encode()
-    return (f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\nContent-Type: application/json\r\n"
-            f"Connection: close\r\nContent-Length: {len(body)}\r\n"
-            + ("Retry-After: 1\r\n" if status == 503 else "") + "\r\n").encode() + body
+    return (
+        f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\nContent-Type: application/json\r\n"
+        f"Connection: close\r\nContent-Length: {len(body)}\r\n"
+        + ("Retry-After: 1\r\n" if status == 503 else "")
+        + "\r\n"
+    ).encode() + body
 
 
 BUSY = _raw(503, "The server is at its connection limit; retry.")
-SLOW_HEAD = _raw(408, "Expected a request head sooner; the connection was closed for others waiting.")
+SLOW_HEAD = _raw(
+    408, "Expected a request head sooner; the connection was closed for others waiting."
+)
 
 
 class Gate:
     """Counts a server's connections, per client address, and decides who gets one."""
 
-    def __init__(self, *, max_connections: int, timeout_s: float, meters: ServingMetrics, name: str,
-                 max_per_client: int | None = None) -> None:
-        self.max_connections, self.timeout_s, self.meters, self.name = max_connections, timeout_s, meters, name
+    def __init__(
+        self,
+        *,
+        max_connections: int,
+        timeout_s: float,
+        meters: ServingMetrics,
+        name: str,
+        max_per_client: int | None = None,
+    ) -> None:
+        self.max_connections, self.timeout_s, self.meters, self.name = (
+            max_connections,
+            timeout_s,
+            meters,
+            name,
+        )
         self.max_per_client = max_per_client or max(1, max_connections // 4)
         self.open: dict[Handler, None] = {}  # insertion order: oldest first
         self.per_client: collections.Counter[str] = collections.Counter()
@@ -80,7 +97,9 @@ class Gate:
         if len(self.open) >= self.max_connections and not self.make_room():
             return Busy(self)
         handler = Handler(self, server, loop=server._loop, **server._kwargs)
-        self.open[handler] = None  # counted now: a burst's connections are all accepted before any is set up
+        self.open[handler] = (
+            None  # counted now: a burst's connections are all accepted before any is set up
+        )
         return handler
 
 
@@ -117,8 +136,13 @@ class Handler(RequestHandler):
     @property
     def idle(self) -> bool:
         """Waiting for a request head (none yet, or kept alive after an answer)."""
-        return (self.transport is not None and not self._request_in_progress and not self._messages
-                and not self._force_close and not self._close)
+        return (
+            self.transport is not None
+            and not self._request_in_progress
+            and not self._messages
+            and not self._force_close
+            and not self._close
+        )
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         peer = transport.get_extra_info("peername")
@@ -141,7 +165,9 @@ class Handler(RequestHandler):
         if self._keepalive_handle is not None:
             self._keepalive_handle.cancel()
             self._keepalive_handle = None
-        self._head_timer = asyncio.get_running_loop().call_later(gate.head_deadline(), self._head_due)
+        self._head_timer = asyncio.get_running_loop().call_later(
+            gate.head_deadline(), self._head_due
+        )
 
     def _head_due(self) -> None:
         self._head_timer = None
@@ -170,14 +196,24 @@ class Handler(RequestHandler):
             del self.gate.per_client[self.peer]
         super().connection_lost(exc)
 
-    def handle_error(self, request: BaseRequest, status: int = 500, exc: BaseException | None = None,
-                     message: str | None = None) -> web.StreamResponse:
+    def handle_error(
+        self,
+        request: BaseRequest,
+        status: int = 500,
+        exc: BaseException | None = None,
+        message: str | None = None,
+    ) -> web.StreamResponse:
         """aiohttp's answer to a request it could not parse or handle: the status and its
         phrase in JSON (its own page echoes part of the request)."""
         if request.writer.output_size > 0:
-            raise ConnectionError("Response is sent already, cannot send another response with the error message")
+            raise ConnectionError(
+                "Response is sent already, cannot send another response with the error message"
+            )
         phrase = HTTPStatus(status).phrase if status in HTTPStatus._value2member_map_ else "Error"
-        response = web.Response(status=status, body=json.dumps({"error": f"{status} {phrase}"}).encode(),
-                                content_type="application/json")
+        response = web.Response(
+            status=status,
+            body=json.dumps({"error": f"{status} {phrase}"}).encode(),
+            content_type="application/json",
+        )
         response.force_close()
         return response

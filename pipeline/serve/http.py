@@ -118,12 +118,28 @@ class ModelServer:
         allowed_hosts: more ``Host`` names a loopback server answers to (a proxy's).
     """
 
-    def __init__(self, predictor: Predictor, *, name: str, host: str = "127.0.0.1", port: int = 0,
-                 token: str | None = None, max_body_bytes: int = 16 << 20, max_instances: int = 1024,
-                 max_connections: int = 256, timeout_s: float = 10.0, backlog: int = 1024,
-                 meters: ServingMetrics | None = None, allowed_hosts: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self,
+        predictor: Predictor,
+        *,
+        name: str,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        token: str | None = None,
+        max_body_bytes: int = 16 << 20,
+        max_instances: int = 1024,
+        max_connections: int = 256,
+        timeout_s: float = 10.0,
+        backlog: int = 1024,
+        meters: ServingMetrics | None = None,
+        allowed_hosts: tuple[str, ...] = (),
+    ) -> None:
         self.predictor, self.name, self.token = predictor, name, token
-        self.max_body_bytes, self.max_instances, self.timeout_s = max_body_bytes, max_instances, timeout_s
+        self.max_body_bytes, self.max_instances, self.timeout_s = (
+            max_body_bytes,
+            max_instances,
+            timeout_s,
+        )
         self.max_connections, self.backlog = max_connections, backlog
         self.meters = meters or serving_metrics(name)
         self._prefix = f"/v1/models/{name}"
@@ -136,21 +152,30 @@ class ModelServer:
         try:
             self._sock = socket.create_server((host, port), backlog=backlog)
         except OSError as e:
-            raise ConfigError(f"Cannot serve predictions on {host}:{port} ({e.strerror}). "
-                              "Pass another --serve-port, or 0 for a free one.") from None
+            raise ConfigError(
+                f"Cannot serve predictions on {host}:{port} ({e.strerror}). "
+                "Pass another --serve-port, or 0 for a free one."
+            ) from None
         self.host, self.port = host, int(self._sock.getsockname()[1])
         loopback = host in ("127.0.0.1", "localhost", "::1")
         # Beyond loopback each client address has a quarter of the connections; on it, every
         # client is this machine's.
-        self.gate = Gate(max_connections=max_connections, timeout_s=timeout_s, meters=self.meters, name=name,
-                         max_per_client=max_connections if loopback else None)
+        self.gate = Gate(
+            max_connections=max_connections,
+            timeout_s=timeout_s,
+            meters=self.meters,
+            name=name,
+            max_per_client=max_connections if loopback else None,
+        )
         # Any host name may reach a server bound beyond loopback (it asks for a token instead).
         self._hosts = {h.lower() for h in (*LOOPBACK_HOSTS, *allowed_hosts)} if loopback else None
         # Parsing and predicting leave the event loop: one thread per core is plenty (the
         # predictor calls the model one request at a time).
         self._pool = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="serve")
         self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="serve-http", daemon=True)
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name="serve-http", daemon=True
+        )
         self._runner: web.AppRunner | None = None
         self._server: asyncio.AbstractServer | None = None
 
@@ -169,11 +194,21 @@ class ModelServer:
         counted = type("Counted", (_Counted,), {"app": self})  # aiohttp makes the logger itself
         # keepalive_timeout closes a connection whose next request head has not arrived
         # within it, from its start or the last answer: the head's deadline.
-        self._runner = web.AppRunner(app, access_log_class=counted, access_log=log, handle_signals=False,
-                                     keepalive_timeout=self.timeout_s, max_line_size=8190, max_field_size=8190,
-                                     max_headers=64, logger=_quiet)
+        self._runner = web.AppRunner(
+            app,
+            access_log_class=counted,
+            access_log=log,
+            handle_signals=False,
+            keepalive_timeout=self.timeout_s,
+            max_line_size=8190,
+            max_field_size=8190,
+            max_headers=64,
+            logger=_quiet,
+        )
         await self._runner.setup()
-        self._server = await self._loop.create_server(self._connection, sock=self._sock, backlog=self.backlog)
+        self._server = await self._loop.create_server(
+            self._connection, sock=self._sock, backlog=self.backlog
+        )
 
     def _connection(self) -> asyncio.BaseProtocol:
         assert self._runner is not None and self._runner.server is not None
@@ -218,19 +253,32 @@ class ModelServer:
         request[_ROUTED] = True
         path, method = request.path, request.method
         if self._hosts is not None and _host_name(request.host) not in self._hosts:
-            return self._refuse(BadRequest(f"Expected a request for this machine's loopback name ({', '.join(sorted(self._hosts))}). "
-                                           "Received another Host: a web page's DNS rebinding is refused.",
-                                           status=421, reason="wrong_host"))
+            return self._refuse(
+                BadRequest(
+                    f"Expected a request for this machine's loopback name ({', '.join(sorted(self._hosts))}). "
+                    "Received another Host: a web page's DNS rebinding is refused.",
+                    status=421,
+                    reason="wrong_host",
+                )
+            )
         if path == "/healthz" and method == "GET":
             return _answer(200, b'{"status": "ok"}')
         if path == "/metrics" and method == "GET":
-            return _answer(200, generate_latest(self.meters.registry), content_type=CONTENT_TYPE_LATEST)
+            return _answer(
+                200, generate_latest(self.meters.registry), content_type=CONTENT_TYPE_LATEST
+            )
         if not path.startswith(self._prefix):
             return _answer(404, _error(f"No such route: {path}. The model is at {self._prefix}."))
         if self.token is not None and not self._authorized(request):
-            return self._refuse(BadRequest("Expected an Authorization: Bearer <token> header with the server's token.",
-                                           status=401, reason="unauthorized"), {"WWW-Authenticate": "Bearer"})
-        rest = path[len(self._prefix):]
+            return self._refuse(
+                BadRequest(
+                    "Expected an Authorization: Bearer <token> header with the server's token.",
+                    status=401,
+                    reason="unauthorized",
+                ),
+                {"WWW-Authenticate": "Bearer"},
+            )
+        rest = path[len(self._prefix) :]
         if rest in ("", "/") and method == "GET":
             return self._status()
         if rest == "/metadata" and method == "GET":
@@ -242,62 +290,95 @@ class ModelServer:
             try:
                 return await self._predict(request)
             except BadRequest as e:
-                return self._refuse(e, {"Connection": "close"} if e.status in (408, 411, 413, 415, 503) else None)
+                return self._refuse(
+                    e, {"Connection": "close"} if e.status in (408, 411, 413, 415, 503) else None
+                )
         return _answer(404, _error(f"No such route: {path}. Try {self._prefix}:predict."))
 
     def _authorized(self, request: web.Request) -> bool:
         scheme, _, value = request.headers.get("Authorization", "").partition(" ")
         assert self.token is not None
-        return scheme.lower() == "bearer" and hmac.compare_digest(value.strip().encode(), self.token.encode())
+        return scheme.lower() == "bearer" and hmac.compare_digest(
+            value.strip().encode(), self.token.encode()
+        )
 
     def _status(self) -> web.Response:
         try:
             snap = self.predictor.snapshot()
-            state = {"version": str(snap.version), "state": "AVAILABLE", "status": {"error_code": "OK",
-                                                                                     "error_message": ""}}
+            state = {
+                "version": str(snap.version),
+                "state": "AVAILABLE",
+                "status": {"error_code": "OK", "error_message": ""},
+            }
             status = 200
         except Unavailable as e:
             latest = self.predictor.source.latest()
-            state = {"version": str(latest.version) if latest else "0", "state": "UNAVAILABLE",
-                     "status": {"error_code": "UNAVAILABLE", "error_message": str(e)}}
+            state = {
+                "version": str(latest.version) if latest else "0",
+                "state": "UNAVAILABLE",
+                "status": {"error_code": "UNAVAILABLE", "error_message": str(e)},
+            }
             status = 503
         return _answer(status, json.dumps({"model_version_status": [state]}).encode())
 
     def _metadata(self) -> web.Response:
         schema = self.predictor.schema
-        inputs = {"shape": [-1, *self.predictor.input_shape], "features": schema.n_features,
-                  "units": "pixel values 0-255" if schema.dtype == "uint8" else "numbers"}
-        outputs: dict[str, Any] = {"shape": [-1, schema.num_classes], "meaning": "class probabilities"}
-        if schema.table is not None:  # a table's fields by name and kind, its classes or its numeric target
+        inputs = {
+            "shape": [-1, *self.predictor.input_shape],
+            "features": schema.n_features,
+            "units": "pixel values 0-255" if schema.dtype == "uint8" else "numbers",
+        }
+        outputs: dict[str, Any] = {
+            "shape": [-1, schema.num_classes],
+            "meaning": "class probabilities",
+        }
+        if (
+            schema.table is not None
+        ):  # a table's fields by name and kind, its classes or its numeric target
             from pipeline.serve import table_instances
 
             described = table_instances.metadata(schema.table)
             inputs.update(described["inputs"], units="raw fields, transformed by the run's schema")
             outputs = described["outputs"]
-        body = {"model_spec": {"name": self.name}, "metadata": {"inputs": inputs, "outputs": outputs}}
+        body = {
+            "model_spec": {"name": self.name},
+            "metadata": {"inputs": inputs, "outputs": outputs},
+        }
         return _answer(200, json.dumps(body).encode())
 
     async def _predict(self, request: web.Request) -> web.Response:
         started = time.perf_counter()
         raw = await self._body(request)
         try:
-            out, snap, parsed, n = await self._loop.run_in_executor(self._pool, self._predict_sync, raw)
+            out, snap, parsed, n = await self._loop.run_in_executor(
+                self._pool, self._predict_sync, raw
+            )
         except Unavailable as e:
             return _answer(503, _error(str(e)), {"Retry-After": "1"})
         except BadRequest:
             raise
-        except Exception as e:  # one line in the log, a 500 to the client, never a dropped connection
+        except (
+            Exception
+        ) as e:  # one line in the log, a 500 to the client, never a dropped connection
             log.error("a prediction failed: %s: %s", type(e).__name__, e)
-            return _answer(500, _error(f"The prediction failed ({type(e).__name__}); see the server's log."))
+            return _answer(
+                500, _error(f"The prediction failed ({type(e).__name__}); see the server's log.")
+            )
         # The age when the answer leaves, checked against the bound as it is reported.
         age, bound = snap.age_s(), self.predictor.max_age_s
         if bound is not None and snap.bounded and age > bound:
-            return _answer(503, _error(f"The weights are {age:.3f} s old, over the bound of {bound:g} s."),
-                           {"Retry-After": "1"})
+            return _answer(
+                503,
+                _error(f"The weights are {age:.3f} s old, over the bound of {bound:g} s."),
+                {"Retry-After": "1"},
+            )
         self.meters.instances.labels(self.name).observe(n)
         self.meters.model_version.labels(self.name).set(snap.version)
-        answer: dict[str, Any] = {"outputs" if parsed.columnar else "predictions":
-                                  np.round(out.astype(np.float64), 6).tolist()}
+        answer: dict[str, Any] = {
+            "outputs" if parsed.columnar else "predictions": np.round(
+                out.astype(np.float64), 6
+            ).tolist()
+        }
         if parsed.filled is not None:  # what each instance lacked, and the schema's rule supplied
             answer["filled"] = parsed.filled
         body = json.dumps(answer)
@@ -321,30 +402,51 @@ class ModelServer:
         """The body, read before the deadline and within the budget of bodies in flight."""
         n = request.content_length
         if n is None and not request.body_exists:
-            raise BadRequest("Expected a Content-Length header with the body's size in bytes.", status=411,
-                             reason="no_length")
+            raise BadRequest(
+                "Expected a Content-Length header with the body's size in bytes.",
+                status=411,
+                reason="no_length",
+            )
         if n is None:  # chunked: read up to the limit (aiohttp answers 413 past it)
             n = self.max_body_bytes
         if n > self.max_body_bytes:
-            raise BadRequest(f"Expected a body of at most {self.max_body_bytes:,} bytes. Received a Content-Length "
-                             f"of {n:,}; split the request.", status=413, reason="too_large")
+            raise BadRequest(
+                f"Expected a body of at most {self.max_body_bytes:,} bytes. Received a Content-Length "
+                f"of {n:,}; split the request.",
+                status=413,
+                reason="too_large",
+            )
         if request.content_type != "application/json":
             # A cross-site form or fetch without a preflight can only send text/plain and forms.
-            raise BadRequest(f"Expected Content-Type: application/json. Received: {request.content_type or 'none'}.",
-                             status=415, reason="content_type")
+            raise BadRequest(
+                f"Expected Content-Type: application/json. Received: {request.content_type or 'none'}.",
+                status=415,
+                reason="content_type",
+            )
         if self._reading + n > 4 * self.max_body_bytes:
-            raise BadRequest("The server is reading as many bodies as it holds at once; retry shortly.", status=503,
-                             reason="busy")
+            raise BadRequest(
+                "The server is reading as many bodies as it holds at once; retry shortly.",
+                status=503,
+                reason="busy",
+            )
         self._reading += n  # the event loop's thread alone counts
         try:
             async with asyncio.timeout(self.timeout_s):
                 return await request.read()
         except web.HTTPRequestEntityTooLarge:
-            raise BadRequest(f"Expected a body of at most {self.max_body_bytes:,} bytes. Received more; split the "
-                             "request.", status=413, reason="too_large") from None
+            raise BadRequest(
+                f"Expected a body of at most {self.max_body_bytes:,} bytes. Received more; split the "
+                "request.",
+                status=413,
+                reason="too_large",
+            ) from None
         except TimeoutError:
-            raise BadRequest(f"Expected the body within {self.timeout_s:g} s of the request's head. Received part "
-                             "of it; send it at once.", status=408, reason="slow_body") from None
+            raise BadRequest(
+                f"Expected the body within {self.timeout_s:g} s of the request's head. Received part "
+                "of it; send it at once.",
+                status=408,
+                reason="slow_body",
+            ) from None
         finally:
             self._reading -= n
 
@@ -372,8 +474,12 @@ def _host_name(host: str) -> str:
     return host.rpartition(":")[0] if host.count(":") == 1 else host
 
 
-def _answer(status: int, body: bytes, headers: dict[str, str] | None = None,
-            content_type: str = "application/json") -> web.Response:
+def _answer(
+    status: int,
+    body: bytes,
+    headers: dict[str, str] | None = None,
+    content_type: str = "application/json",
+) -> web.Response:
     response = web.Response(status=status, body=body, headers=headers)
     response.content_type = content_type.split(";")[0]
     if ";" in content_type:

@@ -50,21 +50,30 @@ def _shape_text(schema: Schema) -> str:
 
 def _rows(body: Any) -> tuple[Any, bool]:
     if not isinstance(body, dict):
-        raise BadRequest(f'Expected a JSON object with "instances" or "inputs". Received: a JSON {type(body).__name__}.',
-                         reason="bad_json")
+        raise BadRequest(
+            f'Expected a JSON object with "instances" or "inputs". Received: a JSON {type(body).__name__}.',
+            reason="bad_json",
+        )
     keys = [k for k in ("instances", "inputs") if k in body]
     if len(keys) != 1:
-        raise BadRequest('Expected exactly one of "instances" or "inputs" in the request. '
-                         f"Received keys: {sorted(body)[:8]}.", reason="bad_json")
+        raise BadRequest(
+            'Expected exactly one of "instances" or "inputs" in the request. '
+            f"Received keys: {sorted(body)[:8]}.",
+            reason="bad_json",
+        )
     rows = body[keys[0]]
     if isinstance(rows, dict):  # one named input (this model has one)
         if len(rows) != 1:
-            raise BadRequest(f"Expected one named input (the model has one). Received {len(rows)}: {sorted(rows)[:8]}.",
-                             reason="bad_json")
+            raise BadRequest(
+                f"Expected one named input (the model has one). Received {len(rows)}: {sorted(rows)[:8]}.",
+                reason="bad_json",
+            )
         rows = next(iter(rows.values()))
     if not isinstance(rows, list):
-        raise BadRequest(f'Expected "{keys[0]}" to be a list of instances. Received: a JSON {type(rows).__name__}.',
-                         reason="bad_json")
+        raise BadRequest(
+            f'Expected "{keys[0]}" to be a list of instances. Received: a JSON {type(rows).__name__}.',
+            reason="bad_json",
+        )
     return rows, keys[0] == "inputs"
 
 
@@ -78,20 +87,33 @@ def _instance(row: Any, index: int, schema: Schema) -> np.ndarray:
             raise TypeError(x.dtype)
         x = x.astype(np.float64)
     except (TypeError, ValueError, OverflowError, RecursionError):
-        raise BadRequest(f"Expected instance {index} to hold only numbers (shape {_shape_text(schema)}); "
-                         "it holds something else (a string, null, or lists of unequal length).",
-                         reason="not_numeric") from None
+        raise BadRequest(
+            f"Expected instance {index} to hold only numbers (shape {_shape_text(schema)}); "
+            "it holds something else (a string, null, or lists of unequal length).",
+            reason="not_numeric",
+        ) from None
     if holds_bool(row):
-        raise BadRequest(f"Expected instance {index} to hold only numbers; it holds true or false.",
-                         reason="not_numeric")
+        raise BadRequest(
+            f"Expected instance {index} to hold only numbers; it holds true or false.",
+            reason="not_numeric",
+        )
     if x.size != schema.n_features:
-        raise BadRequest(f"Expected each instance to hold {schema.n_features} numbers (shape {_shape_text(schema)}); "
-                         f"instance {index} holds {x.size}.", reason="wrong_shape")
+        raise BadRequest(
+            f"Expected each instance to hold {schema.n_features} numbers (shape {_shape_text(schema)}); "
+            f"instance {index} holds {x.size}.",
+            reason="wrong_shape",
+        )
     if not np.isfinite(x).all():
-        raise BadRequest(f"Expected finite numbers; instance {index} holds NaN or infinity.", reason="not_numeric")
+        raise BadRequest(
+            f"Expected finite numbers; instance {index} holds NaN or infinity.",
+            reason="not_numeric",
+        )
     if schema.dtype == "uint8" and (x.min() < 0 or x.max() > 255):
-        raise BadRequest(f"Expected pixel values in [0, 255] (as the producer sends them); instance {index} holds "
-                         f"values in [{x.min():g}, {x.max():g}].", reason="out_of_range")
+        raise BadRequest(
+            f"Expected pixel values in [0, 255] (as the producer sends them); instance {index} holds "
+            f"values in [{x.min():g}, {x.max():g}].",
+            reason="out_of_range",
+        )
     return x.reshape(-1)
 
 
@@ -101,7 +123,9 @@ MAX_DIGITS = 40
 #: instances are numbers, the longest key ("instances", an input's name).
 MAX_STRING, MAX_KEY = 4096, 256
 #: A JSON string, escapes included: scanned left to right, a closing quote never opens one.
-_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')  # the unrolled loop: runs of plain bytes at C speed
+_STRING = re.compile(
+    rb'"[^"\\]*(?:\\.[^"\\]*)*"'
+)  # the unrolled loop: runs of plain bytes at C speed
 
 
 def _longest_string_over(raw: bytes, limit: int) -> int | None:
@@ -123,8 +147,11 @@ def _number(text: str) -> float:
     (255.0, -3.0)
     """
     if len(text.lstrip("-")) > MAX_DIGITS:
-        raise BadRequest(f"Expected numbers of at most {MAX_DIGITS} digits. Received an integer of "
-                         f"{len(text.lstrip('-'))} digits.", reason="number_too_large")
+        raise BadRequest(
+            f"Expected numbers of at most {MAX_DIGITS} digits. Received an integer of "
+            f"{len(text.lstrip('-'))} digits.",
+            reason="number_too_large",
+        )
     return float(text)
 
 
@@ -150,29 +177,48 @@ def parse_request(raw: bytes, schema: Schema, *, max_instances: int) -> Request:
     # (separators, one pass in C) before making them, against what the request may hold.
     most = max_instances * (schema.n_features + 1) + 16
     if raw.count(b",") > most:
-        raise BadRequest(f"Expected at most {max_instances} instances of {schema.n_features} numbers. Received a body "
-                         f"of more than {most:,} values; split the request.", status=413, reason="too_many_values")
+        raise BadRequest(
+            f"Expected at most {max_instances} instances of {schema.n_features} numbers. Received a body "
+            f"of more than {most:,} values; split the request.",
+            status=413,
+            reason="too_many_values",
+        )
     # A string costs up to 4 bytes a character as Python's, and again as numpy's: one long
     # enough to matter is no field of an instance (a name, a category), so it is refused
     # before the decoder builds it.
     longest = MAX_STRING if schema.table is not None else MAX_KEY
     if (found := _longest_string_over(raw, longest)) is not None:
-        raise BadRequest(f"Expected strings of at most {longest:,} bytes in an instance. Received one of "
-                         f"{found:,} bytes.", status=413, reason="string_too_long")
+        raise BadRequest(
+            f"Expected strings of at most {longest:,} bytes in an instance. Received one of "
+            f"{found:,} bytes.",
+            status=413,
+            reason="string_too_long",
+        )
     try:
         body = json.loads(raw, parse_constant=lambda c: math.nan, parse_int=_number)
     except (ValueError, UnicodeDecodeError) as e:
-        raise BadRequest(f"Expected a JSON body. Received bytes that are not JSON ({e}).", reason="bad_json") from None
+        raise BadRequest(
+            f"Expected a JSON body. Received bytes that are not JSON ({e}).", reason="bad_json"
+        ) from None
     except RecursionError:
-        raise BadRequest("Expected JSON nested a few levels deep (instances of numbers). Received JSON nested "
-                         "deeper than the decoder goes.", reason="too_deep") from None
+        raise BadRequest(
+            "Expected JSON nested a few levels deep (instances of numbers). Received JSON nested "
+            "deeper than the decoder goes.",
+            reason="too_deep",
+        ) from None
     rows, columnar = _rows(body)
     if not rows:
         raise BadRequest("Expected at least one instance. Received none.", reason="no_instances")
     if len(rows) > max_instances:
-        raise BadRequest(f"Expected at most {max_instances} instances per request. Received {len(rows)}; "
-                         "split the request.", status=413, reason="too_many_instances")
-    if schema.table is not None:  # raw fields, checked by name and kind, through the run's transform
+        raise BadRequest(
+            f"Expected at most {max_instances} instances per request. Received {len(rows)}; "
+            "split the request.",
+            status=413,
+            reason="too_many_instances",
+        )
+    if (
+        schema.table is not None
+    ):  # raw fields, checked by name and kind, through the run's transform
         from pipeline.serve import table_instances
 
         x, filled = table_instances.encode(rows, schema.table)

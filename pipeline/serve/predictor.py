@@ -46,9 +46,14 @@ def schema_dict(schema: codec.Schema) -> dict[str, Any]:
     >>> schema_from_dict(schema_dict(codec.MNIST)) == codec.MNIST
     True
     """
-    out = {"name": schema.name, "schema_id": schema.schema_id, "dtype": schema.dtype,
-           "n_features": schema.n_features, "num_classes": schema.num_classes,
-           "input_shape": list(schema.input_shape)}
+    out = {
+        "name": schema.name,
+        "schema_id": schema.schema_id,
+        "dtype": schema.dtype,
+        "n_features": schema.n_features,
+        "num_classes": schema.num_classes,
+        "input_shape": list(schema.input_shape),
+    }
     if schema.table is not None:
         out["table"] = schema.table.to_dict()
     return out
@@ -59,8 +64,14 @@ def schema_from_dict(d: dict[str, Any]) -> codec.Schema:
         from pipeline.table import TableSchema
 
         return codec.table(str(d["name"]), TableSchema.from_dict(d["table"]))
-    return codec.Schema(str(d["name"]), int(d["schema_id"]), str(d["dtype"]), int(d["n_features"]),
-                        int(d["num_classes"]), tuple(int(v) for v in d["input_shape"]))
+    return codec.Schema(
+        str(d["name"]),
+        int(d["schema_id"]),
+        str(d["dtype"]),
+        int(d["n_features"]),
+        int(d["num_classes"]),
+        tuple(int(v) for v in d["input_shape"]),
+    )
 
 
 def read_description(folder: Path) -> tuple[str, ModelSpec, codec.Schema]:
@@ -70,13 +81,21 @@ def read_description(folder: Path) -> tuple[str, ModelSpec, codec.Schema]:
         path = folder / MODEL_FILE  # a run older than the record
     try:
         d = json.loads(path.read_text())
-        return str(d["name"]), ModelSpec.from_json(json.dumps(d["spec"])), schema_from_dict(d["schema"])
+        return (
+            str(d["name"]),
+            ModelSpec.from_json(json.dumps(d["spec"])),
+            schema_from_dict(d["schema"]),
+        )
     except FileNotFoundError:
-        raise ConfigError(f"Expected a run folder with {RECORD_FILE} (written by streamtrain run once its model is "
-                          f"described). Received: {folder}, which has none; pass the folder a run wrote.") from None
+        raise ConfigError(
+            f"Expected a run folder with {RECORD_FILE} (written by streamtrain run once its model is "
+            f"described). Received: {folder}, which has none; pass the folder a run wrote."
+        ) from None
     except KeyError as e:
-        raise ConfigError(f"{path} does not describe the model yet (no {e}): the run stopped before its model was "
-                          "described; pass the folder of a run that trained.") from None
+        raise ConfigError(
+            f"{path} does not describe the model yet (no {e}): the run stopped before its model was "
+            "described; pass the folder of a run that trained."
+        ) from None
     except (ValueError, TypeError) as e:
         raise ConfigError(f"{path} is unreadable ({e}); pass the folder of a run.") from None
 
@@ -93,8 +112,15 @@ class Predictor:
         threads: TensorFlow threads.
     """
 
-    def __init__(self, spec: ModelSpec, schema: codec.Schema, source: WeightSource, *,
-                 max_age_s: float | None, threads: int = 2) -> None:
+    def __init__(
+        self,
+        spec: ModelSpec,
+        schema: codec.Schema,
+        source: WeightSource,
+        *,
+        max_age_s: float | None,
+        threads: int = 2,
+    ) -> None:
         from pipeline.train.replica import init_tensorflow
 
         init_tensorflow(threads)
@@ -105,11 +131,18 @@ class Predictor:
         self._weights = FlatWeights(self.model, spec.shapes)
         self._loaded: Snapshot | None = None
         self._lock = threading.Lock()
-        shape = tuple(int(d) for d in self.model.inputs[0].shape[1:]) if self.model.inputs else schema.input_shape
+        shape = (
+            tuple(int(d) for d in self.model.inputs[0].shape[1:])
+            if self.model.inputs
+            else schema.input_shape
+        )
         self.input_shape = shape
         model = self.model
-        self._call = tf.function(lambda x: model(x, training=False), reduce_retracing=True,
-                                 input_signature=[tf.TensorSpec([None, *shape], tf.float32)])
+        self._call = tf.function(
+            lambda x: model(x, training=False),
+            reduce_retracing=True,
+            input_signature=[tf.TensorSpec([None, *shape], tf.float32)],
+        )
         # Traced now, not on the first request: a server that says it listens answers at
         # once (the trace took seconds on a loaded 2-core machine).
         self._call(tf.zeros((1, *shape), tf.float32))
@@ -118,12 +151,16 @@ class Predictor:
         """The weights a prediction would use now; raises :class:`Unavailable`."""
         snap = self.source.latest()
         if snap is None:
-            raise Unavailable("No weights to serve yet: the first read of the parameter server or checkpoint "
-                              "has not finished.")
+            raise Unavailable(
+                "No weights to serve yet: the first read of the parameter server or checkpoint "
+                "has not finished."
+            )
         age = snap.age_s()
         if self.max_age_s is not None and snap.bounded and age > self.max_age_s:
-            raise Unavailable(f"The newest weights are {age:.1f} s old, over the bound of {self.max_age_s:g} s: "
-                              "the parameter server is not answering (see the server's log).")
+            raise Unavailable(
+                f"The newest weights are {age:.1f} s old, over the bound of {self.max_age_s:g} s: "
+                "the parameter server is not answering (see the server's log)."
+            )
         return snap
 
     def predict(self, x: np.ndarray) -> tuple[np.ndarray, Snapshot]:
@@ -131,7 +168,9 @@ class Predictor:
         the snapshot of the weights that produced them."""
         snap = self.snapshot()
         # The same scaling as training (pixels / 255), from the producer's units.
-        inputs = np.ascontiguousarray(self.schema.to_model_input(x)).reshape((len(x), *self.input_shape))
+        inputs = np.ascontiguousarray(self.schema.to_model_input(x)).reshape(
+            (len(x), *self.input_shape)
+        )
         with self._lock:  # one weight load and one call at a time: a call never sees half a load
             if self._loaded is not snap:
                 self._weights.set(snap.weights)

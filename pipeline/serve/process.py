@@ -42,14 +42,20 @@ def host_and_token(settings: Settings) -> tuple[str, str | None]:
         try:
             token = settings.serve_token_file.read_text().strip() or None
         except OSError as e:
-            raise ConfigError(f"Expected STREAMTRAIN_SERVE_TOKEN_FILE to be a readable file holding the token. "
-                              f"Received: {settings.serve_token_file} ({e.strerror}).") from None
+            raise ConfigError(
+                f"Expected STREAMTRAIN_SERVE_TOKEN_FILE to be a readable file holding the token. "
+                f"Received: {settings.serve_token_file} ({e.strerror})."
+            ) from None
         if token is None:
-            raise ConfigError(f"Expected a token in STREAMTRAIN_SERVE_TOKEN_FILE={settings.serve_token_file}. "
-                              "Received: an empty file. Write one with: streamtrain secrets --serve-token FILE")
+            raise ConfigError(
+                f"Expected a token in STREAMTRAIN_SERVE_TOKEN_FILE={settings.serve_token_file}. "
+                "Received: an empty file. Write one with: streamtrain secrets --serve-token FILE"
+            )
     if settings.serve_host not in LOOPBACK and not token:
-        raise ConfigError(f"STREAMTRAIN_SERVE_HOST={settings.serve_host} exposes the model beyond this machine: "
-                          "set STREAMTRAIN_SERVE_TOKEN too, or serve on 127.0.0.1.")
+        raise ConfigError(
+            f"STREAMTRAIN_SERVE_HOST={settings.serve_host} exposes the model beyond this machine: "
+            "set STREAMTRAIN_SERVE_TOKEN too, or serve on 127.0.0.1."
+        )
     return settings.serve_host, token
 
 
@@ -74,12 +80,22 @@ def check_serving(port: int, max_age_s: float | None, *, host: str) -> None:
             try:
                 s.bind((host, port))
             except OSError as e:
-                raise ConfigError(f"Cannot serve predictions on {host}:{port} ({e.strerror}). "
-                                  "Pass another --serve-port, or 0 for a free one.") from None
+                raise ConfigError(
+                    f"Cannot serve predictions on {host}:{port} ({e.strerror}). "
+                    "Pass another --serve-port, or 0 for a free one."
+                ) from None
 
 
-def serve_folder(run_dir: Path, *, host: str, port: int, name: str | None, token: str | None,
-                 max_age_s: float | None, hosts: tuple[str, ...] = ()) -> None:
+def serve_folder(
+    run_dir: Path,
+    *,
+    host: str,
+    port: int,
+    name: str | None,
+    token: str | None,
+    max_age_s: float | None,
+    hosts: tuple[str, ...] = (),
+) -> None:
     """Serve the model of the run in ``run_dir`` from its checkpoint (reloaded whenever the
     run writes one) until SIGINT or SIGTERM."""
     from pipeline.serve.http import ModelServer
@@ -91,10 +107,14 @@ def serve_folder(run_dir: Path, *, host: str, port: int, name: str | None, token
     source.start()
     try:
         predictor = Predictor(spec, schema, source, max_age_s=max_age_s)
-        server = ModelServer(predictor, name=name or recorded, host=host, port=port, token=token,
-                             allowed_hosts=hosts).start()
-        print(f"serving {name or recorded} from {run_dir} at {server.url}:predict; Ctrl-C stops it",
-              file=sys.stderr, flush=True)
+        server = ModelServer(
+            predictor, name=name or recorded, host=host, port=port, token=token, allowed_hosts=hosts
+        ).start()
+        print(
+            f"serving {name or recorded} from {run_dir} at {server.url}:predict; Ctrl-C stops it",
+            file=sys.stderr,
+            flush=True,
+        )
         with processes.stop_on_signals(threading.Event(), again_exits=False) as stop:
             processes.wait(stop)
         server.stop()
@@ -131,8 +151,14 @@ def serve_live(job: dict[str, Any], answer: Any, stop: threading.Event) -> None:
         source.start()
         # One TensorFlow thread: the cores belong to the training it runs beside.
         predictor = Predictor(spec, schema, source, max_age_s=job["max_age_s"], threads=1)
-        server = ModelServer(predictor, name=job["name"], host=job["host"], port=job["port"],
-                             token=job["token"], allowed_hosts=tuple(job.get("hosts", ()))).start()
+        server = ModelServer(
+            predictor,
+            name=job["name"],
+            host=job["host"],
+            port=job["port"],
+            token=job["token"],
+            allowed_hosts=tuple(job.get("hosts", ())),
+        ).start()
     except Exception:  # the child's entry point answers the error
         source.close()
         raise
@@ -152,8 +178,14 @@ def _live(job: dict[str, Any], refresh_s: float, run_dir: str | None) -> Any:
     whose checkpoint says how fresh its data is."""
     from pipeline.serve.weights import LiveWeights
 
-    return LiveWeights(job["address"], secret=job["secret"], size=job["size"], interval_s=refresh_s,
-                       shards=[tuple(s) for s in job.get("shards", ())], run_dir=run_dir)
+    return LiveWeights(
+        job["address"],
+        secret=job["secret"],
+        size=job["size"],
+        interval_s=refresh_s,
+        shards=[tuple(s) for s in job.get("shards", ())],
+        run_dir=run_dir,
+    )
 
 
 def _follow_when_told(source: Any, stop: threading.Event, refresh_s: float, run_dir: str) -> None:
@@ -172,8 +204,12 @@ def _follow_when_told(source: Any, stop: threading.Event, refresh_s: float, run_
 def _server_job(server: Any, size: int) -> dict[str, Any]:
     """How a model server reaches a run's parameter ``server`` (sent through the spawn pipe,
     never a command line or the environment: it holds the secret)."""
-    return {"address": f"{server.host}:{server.port}", "secret": server.secret, "size": size,
-            "shards": list(getattr(server, "shards", ()))}
+    return {
+        "address": f"{server.host}:{server.port}",
+        "secret": server.secret,
+        "size": size,
+        "shards": list(getattr(server, "shards", ())),
+    }
 
 
 class ServingProcess:
@@ -185,26 +221,72 @@ class ServingProcess:
     """
 
     @classmethod
-    def for_run(cls, *, name: str, spec: Any, schema: Any, server: Any, host: str, port: int, token: str | None,
-                max_age_s: float, log_path: Path, hosts: tuple[str, ...] = (),
-                run_dir: Path | None = None) -> ServingProcess:
+    def for_run(
+        cls,
+        *,
+        name: str,
+        spec: Any,
+        schema: Any,
+        server: Any,
+        host: str,
+        port: int,
+        token: str | None,
+        max_age_s: float,
+        log_path: Path,
+        hosts: tuple[str, ...] = (),
+        run_dir: Path | None = None,
+    ) -> ServingProcess:
         """The server for a run's parameter ``server`` (its address and secret) and model,
         listening on ``host:port`` (see :func:`host_and_token`); ``run_dir``: the run's
         folder, whose checkpoint says how fresh the served data is."""
         from pipeline.serve.predictor import schema_dict
 
-        return cls({"name": name, "spec": spec.to_json(), "schema": schema_dict(schema), **_server_job(server, spec.size),
-                    "host": host, "port": port, "token": token, "max_age_s": max_age_s, "hosts": list(hosts),
-                    "refresh_s": min(0.2, max_age_s / 4), "data_dir": str(run_dir) if run_dir else None}, log_path)
+        return cls(
+            {
+                "name": name,
+                "spec": spec.to_json(),
+                "schema": schema_dict(schema),
+                **_server_job(server, spec.size),
+                "host": host,
+                "port": port,
+                "token": token,
+                "max_age_s": max_age_s,
+                "hosts": list(hosts),
+                "refresh_s": min(0.2, max_age_s / 4),
+                "data_dir": str(run_dir) if run_dir else None,
+            },
+            log_path,
+        )
 
     @classmethod
-    def for_restart(cls, *, run_dir: Path, name: str, host: str, port: int, token: str | None, max_age_s: float,
-                    log_path: Path, hosts: tuple[str, ...] = ()) -> ServingProcess:
+    def for_restart(
+        cls,
+        *,
+        run_dir: Path,
+        name: str,
+        host: str,
+        port: int,
+        token: str | None,
+        max_age_s: float,
+        log_path: Path,
+        hosts: tuple[str, ...] = (),
+    ) -> ServingProcess:
         """The server for a run restarted from ``run_dir``: it answers from the checkpoint
         (the model the folder records) before Spark and the workers are up, and follows the
         parameter server once :meth:`follow` hands it over."""
-        return cls({"run_dir": str(run_dir), "name": name, "host": host, "port": port, "token": token,
-                    "max_age_s": max_age_s, "hosts": list(hosts), "refresh_s": min(0.2, max_age_s / 4)}, log_path)
+        return cls(
+            {
+                "run_dir": str(run_dir),
+                "name": name,
+                "host": host,
+                "port": port,
+                "token": token,
+                "max_age_s": max_age_s,
+                "hosts": list(hosts),
+                "refresh_s": min(0.2, max_age_s / 4),
+            },
+            log_path,
+        )
 
     def follow(self, server: Any, size: int) -> ServingProcess:
         """A restarted run's parameter ``server`` (of ``size`` weights) is up: serve its live center."""
@@ -214,8 +296,9 @@ class ServingProcess:
     def __init__(self, job: dict[str, Any], log_path: Path) -> None:
         self.job, self.log_path = job, log_path
         self.url: str | None = None
-        self._child = processes.ChildProcess(serve_live, job, name="streamtrain-serve", what="the model server",
-                                             log_path=log_path)
+        self._child = processes.ChildProcess(
+            serve_live, job, name="streamtrain-serve", what="the model server", log_path=log_path
+        )
 
     def start(self) -> ServingProcess:
         """Start the child; it imports TensorFlow and builds the model while the caller goes
@@ -228,11 +311,15 @@ class ServingProcess:
         if self.url is not None:
             return self.url
         if not self._child.ready(timeout_s):
-            raise StreamtrainError(f"The model server did not start within {timeout_s:.0f} s; see {self.log_path}.")
+            raise StreamtrainError(
+                f"The model server did not start within {timeout_s:.0f} s; see {self.log_path}."
+            )
         try:
             answer = self._child.receive()
         except EOFError:
-            raise StreamtrainError(f"The model server died while starting; see {self.log_path}.") from None
+            raise StreamtrainError(
+                f"The model server died while starting; see {self.log_path}."
+            ) from None
         if isinstance(answer, processes.ChildFailed):
             raise StreamtrainError(f"The model server failed to start: {answer.error}")
         self.url = answer.url

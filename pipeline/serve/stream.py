@@ -56,7 +56,11 @@ def _weights(run_dir: str) -> tuple[np.ndarray, int]:
     if cached is None or cached[0] != stamp:
         state = checkpoint.load(run_dir)
         assert state is not None
-        cached = _WEIGHTS[run_dir] = (stamp, np.asarray(state.weights, np.float32), int(state.clock))
+        cached = _WEIGHTS[run_dir] = (
+            stamp,
+            np.asarray(state.weights, np.float32),
+            int(state.clock),
+        )
     return cached[1], cached[2]
 
 
@@ -66,8 +70,13 @@ def _producer(bootstrap: str, kafka_conf: str | None) -> Any:
     producer = _PRODUCERS.get((bootstrap, kafka_conf))
     if producer is None:
         producer = _PRODUCERS[(bootstrap, kafka_conf)] = client.producer(
-            bootstrap, conf=conf.load(kafka_conf), acks="all", enable_idempotence=True, linger_ms=5,
-            batch_size=1 << 20)
+            bootstrap,
+            conf=conf.load(kafka_conf),
+            acks="all",
+            enable_idempotence=True,
+            linger_ms=5,
+            batch_size=1 << 20,
+        )
     return producer
 
 
@@ -82,11 +91,19 @@ def prediction_values(block: Block, probs: np.ndarray, version: int) -> list[byt
     out = []
     for i in range(len(block.offsets)):
         p = probs[i]
-        out.append(json.dumps({
-            "topic": block.topic, "partition": block.partition, "offset": int(block.offsets[i]),
-            "id": int(block.ids[i]), "version": version, "class": int(np.argmax(p)),
-            "probabilities": [round(float(v), 6) for v in p],
-        }).encode())
+        out.append(
+            json.dumps(
+                {
+                    "topic": block.topic,
+                    "partition": block.partition,
+                    "offset": int(block.offsets[i]),
+                    "id": int(block.ids[i]),
+                    "version": version,
+                    "class": int(np.argmax(p)),
+                    "probabilities": [round(float(v), 6) for v in p],
+                }
+            ).encode()
+        )
     return out
 
 
@@ -123,16 +140,25 @@ class PredictHandler(Handler):
             return Predicted(0, -1)
         weights, version = _weights(self.run_dir)
         # block.schema scales features as training did (a JSON encoding has the same units).
-        probs = predict(self.spec, weights, block.schema.to_model_input(block.x), job=self.job,
-                        threads=self.threads)
+        probs = predict(
+            self.spec,
+            weights,
+            block.schema.to_model_input(block.x),
+            job=self.job,
+            threads=self.threads,
+        )
         producer = _producer(self.bootstrap, self.kafka_conf)
         keys = block.keys if block.keys is not None else codec.encode_keys(block.ids)
-        futures = [producer.send(self.output_topic, value=v, key=k)
-                   for k, v in zip(keys, prediction_values(block, probs, version), strict=True)]
+        futures = [
+            producer.send(self.output_topic, value=v, key=k)
+            for k, v in zip(keys, prediction_values(block, probs, version), strict=True)
+        ]
         producer.flush()
         failed = [f for f in futures if f.failed()]
         if failed:  # fails the task, so the batch is not committed and is replayed
-            raise RuntimeError(f"{len(failed)} predictions were not acknowledged by Kafka: {failed[0].exception}")
+            raise RuntimeError(
+                f"{len(failed)} predictions were not acknowledged by Kafka: {failed[0].exception}"
+            )
         return Predicted(len(futures), version)
 
     def __getstate__(self) -> dict[str, Any]:
@@ -143,7 +169,9 @@ class PredictHandler(Handler):
     def on_batch(self, info: BatchFigures) -> None:
         results: list[Predicted] = [r for r in info.results if isinstance(r, Predicted)]
         if self.on_written is not None:
-            self.on_written(sum(r.written for r in results), max((r.version for r in results), default=-1))
+            self.on_written(
+                sum(r.written for r in results), max((r.version for r in results), default=-1)
+            )
 
 
 def job_id(run_dir: str) -> str:

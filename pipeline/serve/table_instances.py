@@ -34,8 +34,11 @@ from pipeline.table.transform import text
 
 
 def _is_gap(value: Any) -> bool:
-    return value is None or (isinstance(value, float) and math.isnan(value)) or (
-        isinstance(value, str) and text(value) is None)
+    return (
+        value is None
+        or (isinstance(value, float) and math.isnan(value))
+        or (isinstance(value, str) and text(value) is None)
+    )
 
 
 def _check_category(f: Feature, value: Any, index: int) -> None:
@@ -43,19 +46,33 @@ def _check_category(f: Feature, value: Any, index: int) -> None:
     (a vocabulary of codes such as "5"); booleans and NaN never are."""
     if isinstance(value, str) or value is None:
         return
-    known = isinstance(value, (int, float)) and not isinstance(value, bool) and not (
-        isinstance(value, float) and math.isnan(value)) and text(value) in f.vocabulary
+    known = (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and not (isinstance(value, float) and math.isnan(value))
+        and text(value) in f.vocabulary
+    )
     if not known:
-        shown = "NaN" if isinstance(value, float) and math.isnan(value) else str(value).lower() if isinstance(
-            value, bool) else repr(value)
-        raise BadRequest(f"Expected text for the category {f.name!r} (one of {list(f.vocabulary)[:20]}, or null for a "
-                         f"gap) in instance {index}. Received: {shown}.", reason="bad_field")
+        shown = (
+            "NaN"
+            if isinstance(value, float) and math.isnan(value)
+            else str(value).lower()
+            if isinstance(value, bool)
+            else repr(value)
+        )
+        raise BadRequest(
+            f"Expected text for the category {f.name!r} (one of {list(f.vocabulary)[:20]}, or null for a "
+            f"gap) in instance {index}. Received: {shown}.",
+            reason="bad_field",
+        )
 
 
 def _check_number(f: Feature, value: Any, index: int) -> None:
     if isinstance(value, (bool, dict, list)):
-        raise BadRequest(f"Expected a number for {f.name!r} in instance {index}. Received: {str(value).lower()}.",
-                         reason="bad_field")
+        raise BadRequest(
+            f"Expected a number for {f.name!r} in instance {index}. Received: {str(value).lower()}.",
+            reason="bad_field",
+        )
 
 
 def encode(rows: list[Any], schema: TableSchema) -> tuple[np.ndarray, list[list[str]]]:
@@ -66,15 +83,24 @@ def encode(rows: list[Any], schema: TableSchema) -> tuple[np.ndarray, list[list[
     filled: list[list[str]] = []
     for i, row in enumerate(rows):
         if not isinstance(row, dict):
-            raise BadRequest(f"Expected each instance to be an object of the fields {names}; instance {i} is a JSON "
-                             f"{type(row).__name__}.", reason="wrong_shape")
+            raise BadRequest(
+                f"Expected each instance to be an object of the fields {names}; instance {i} is a JSON "
+                f"{type(row).__name__}.",
+                reason="wrong_shape",
+            )
         unknown = [k for k in row if k not in known]
         if unknown:
-            raise BadRequest(f"Expected only the schema's fields {names}. Received unknown ones in instance {i}: "
-                             f"{unknown[:20]}.", reason="unknown_field")
+            raise BadRequest(
+                f"Expected only the schema's fields {names}. Received unknown ones in instance {i}: "
+                f"{unknown[:20]}.",
+                reason="unknown_field",
+            )
         if not row:
-            raise BadRequest(f"Expected instance {i} to hold at least one of the schema's fields {names}. Received "
-                             "none.", reason="no_features")
+            raise BadRequest(
+                f"Expected instance {i} to hold at least one of the schema's fields {names}. Received "
+                "none.",
+                reason="no_features",
+            )
         gaps = []
         for f in features:
             value = row.get(f.name)
@@ -86,11 +112,18 @@ def encode(rows: list[Any], schema: TableSchema) -> tuple[np.ndarray, list[list[
                 gaps.append(f.name)
         filled.append(gaps)
     # NaN is a gap to the transform as null is (the JSON parser reads the NaN constant).
-    clean = [{k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in row.items()} for row in rows]
+    clean = [
+        {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in row.items()}
+        for row in rows
+    ]
     try:
         return encode_rows(clean, schema).astype(np.float64), filled
-    except ValueError as e:  # names the instance and the field: "instance 2: not_a_number:bill_length_mm"
-        raise BadRequest(f"Expected instances the run's schema can encode. Received {e}.", reason="bad_field") from None
+    except (
+        ValueError
+    ) as e:  # names the instance and the field: "instance 2: not_a_number:bill_length_mm"
+        raise BadRequest(
+            f"Expected instances the run's schema can encode. Received {e}.", reason="bad_field"
+        ) from None
 
 
 def metadata(schema: TableSchema) -> dict[str, Any]:
@@ -107,14 +140,23 @@ def metadata(schema: TableSchema) -> dict[str, Any]:
         if f.vocabulary:
             d["values"] = list(f.vocabulary)
         fields.append(d)
-    inputs = {"fields": fields, "instance": "an object of these fields, raw (strings and gaps as in the data)"}
+    inputs = {
+        "fields": fields,
+        "instance": "an object of these fields, raw (strings and gaps as in the data)",
+    }
     label = schema.label
     if label is not None and label.regression:
-        outputs: dict[str, Any] = {"shape": [-1, 1], "meaning": f"the predicted value of {label.name!r} (a numeric "
-                                   "target: regression)"}
+        outputs: dict[str, Any] = {
+            "shape": [-1, 1],
+            "meaning": f"the predicted value of {label.name!r} (a numeric target: regression)",
+        }
     else:
         classes = list(label.classes) if label is not None else []
-        outputs = {"shape": [-1, len(classes)], "meaning": "class probabilities", "classes": classes}
+        outputs = {
+            "shape": [-1, len(classes)],
+            "meaning": "class probabilities",
+            "classes": classes,
+        }
         if label is not None:
             outputs["label"] = label.name
     return {"inputs": inputs, "outputs": outputs}

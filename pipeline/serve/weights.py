@@ -112,8 +112,16 @@ class LiveWeights(_Refresher):
             so the figure errs on the stale side by at most the batch in flight. None: unknown.
     """
 
-    def __init__(self, address: str, *, secret: bytes, size: int, interval_s: float = 0.2,
-                 shards: list[Shard] | None = None, run_dir: str | os.PathLike[str] | None = None) -> None:
+    def __init__(
+        self,
+        address: str,
+        *,
+        secret: bytes,
+        size: int,
+        interval_s: float = 0.2,
+        shards: list[Shard] | None = None,
+        run_dir: str | os.PathLike[str] | None = None,
+    ) -> None:
         super().__init__(interval_s)
         self.address, self._secret, self.size = address, secret, size
         self.shards = shards or []
@@ -125,8 +133,14 @@ class LiveWeights(_Refresher):
         data_as_of = self._data.read() if self._data is not None else None
         if self._client is None:
             # Worker id 0xFFFFFFFF: no training worker has it; a peek is no pull anyway.
-            self._client = connect(parse_address(self.address), self.shards, secret=self._secret,
-                                   worker=0xFFFFFFFF, size=self.size, timeout_s=10.0)
+            self._client = connect(
+                parse_address(self.address),
+                self.shards,
+                secret=self._secret,
+                worker=0xFFFFFFFF,
+                size=self.size,
+                timeout_s=10.0,
+            )
         client = self._client
         try:
             weights = client.peek().copy()
@@ -162,8 +176,12 @@ class CheckpointWeights(_Refresher):
             return None
         self._seen = stamp
         as_of = (state.extra.get("freshness") or {}).get("as_of")
-        return Snapshot(np.asarray(state.weights, np.float32), int(state.clock), stat.st_mtime,
-                        data_as_of=None if as_of is None else float(as_of))
+        return Snapshot(
+            np.asarray(state.weights, np.float32),
+            int(state.clock),
+            stat.st_mtime,
+            data_as_of=None if as_of is None else float(as_of),
+        )
 
 
 class _DataTime:

@@ -39,11 +39,15 @@ def _arrow_schema(schema: TableSchema) -> Any:
     kinds = {"numeric": pa.float64(), "categorical": pa.string(), "boolean": pa.bool_()}
     fields = [pa.field(f.name, kinds[f.kind]) for f in schema.features]
     if schema.label is not None:
-        fields.append(pa.field(schema.label.name, pa.float64() if schema.label.regression else pa.string()))
+        fields.append(
+            pa.field(schema.label.name, pa.float64() if schema.label.regression else pa.string())
+        )
     return pa.schema(fields)
 
 
-def columns(raw: Sequence[bytes | None], schema: TableSchema, *, min_records: int = MIN_RECORDS) -> dict[str, Any] | None:
+def columns(
+    raw: Sequence[bytes | None], schema: TableSchema, *, min_records: int = MIN_RECORDS
+) -> dict[str, Any] | None:
     """The records' fields by column (numbers as float64 arrays, gaps NaN; the rest as
     Python lists, gaps None), or None where Arrow cannot read the block exactly."""
     import pyarrow as pa
@@ -52,15 +56,23 @@ def columns(raw: Sequence[bytes | None], schema: TableSchema, *, min_records: in
     if len(raw) < min_records or not all(raw):
         return None
     data = b"\n".join(raw)  # type: ignore[arg-type]
-    if data.count(b"\n") != len(raw) - 1:  # a record holding a line break: lines would not be records
+    if (
+        data.count(b"\n") != len(raw) - 1
+    ):  # a record holding a line break: lines would not be records
         return None
-    if b"NaN" in data or b"Infinity" in data:  # Arrow reads these constants; JSON has none (they are not_json)
+    if (
+        b"NaN" in data or b"Infinity" in data
+    ):  # Arrow reads these constants; JSON has none (they are not_json)
         return None
     arrow_schema = _arrow_schema(schema)
     try:
-        table = pj.read_json(io.BytesIO(data), read_options=pj.ReadOptions(use_threads=False, block_size=len(data) + 1),
-                             parse_options=pj.ParseOptions(explicit_schema=arrow_schema,
-                                                           unexpected_field_behavior="ignore"))
+        table = pj.read_json(
+            io.BytesIO(data),
+            read_options=pj.ReadOptions(use_threads=False, block_size=len(data) + 1),
+            parse_options=pj.ParseOptions(
+                explicit_schema=arrow_schema, unexpected_field_behavior="ignore"
+            ),
+        )
     except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
         return None
     if table.num_rows != len(raw):
@@ -68,6 +80,9 @@ def columns(raw: Sequence[bytes | None], schema: TableSchema, *, min_records: in
     out: dict[str, Any] = {}
     for field in arrow_schema:
         column = table.column(field.name).combine_chunks()
-        out[field.name] = (column.to_numpy(zero_copy_only=False) if pa.types.is_floating(field.type)
-                           else column.to_pylist())
+        out[field.name] = (
+            column.to_numpy(zero_copy_only=False)
+            if pa.types.is_floating(field.type)
+            else column.to_pylist()
+        )
     return out

@@ -48,7 +48,9 @@ def _looks_framed(v: bytes | None) -> bool:
     return v is not None and len(v) >= 5 and v[0] == CONFLUENT_MAGIC
 
 
-def read(values: Sequence[bytes | None], *, writer: dict[str, Any] | None = None, registry: Any = None) -> AvroSample:
+def read(
+    values: Sequence[bytes | None], *, writer: dict[str, Any] | None = None, registry: Any = None
+) -> AvroSample:
     """Decode a sample of Avro values by ``writer`` (an Avro schema as JSON) or through
     ``registry`` (a :class:`~pipeline.table.registry.Registry`, for framed records)."""
     from fastavro import schemaless_reader
@@ -58,30 +60,44 @@ def read(values: Sequence[bytes | None], *, writer: dict[str, Any] | None = None
         raise ConfigError("Expected Avro records to read a schema from. Received none.")
     ids = [int.from_bytes(v[1:5], "big") for v in present if _looks_framed(v)]
     if writer is None and registry is None:
-        what = (f"the records carry Confluent's framing (schema id {ids[0]}): pass --schema-registry URL, or the "
-                "writer's schema as --avro-schema FILE.avsc" if len(ids) >= MOST * len(present) else
-                "pass the writer's schema as --avro-schema FILE.avsc (the .avsc the producer writes with)")
+        what = (
+            f"the records carry Confluent's framing (schema id {ids[0]}): pass --schema-registry URL, or the "
+            "writer's schema as --avro-schema FILE.avsc"
+            if len(ids) >= MOST * len(present)
+            else "pass the writer's schema as --avro-schema FILE.avsc (the .avsc the producer writes with)"
+        )
         raise ConfigError(f"Expected a writer's schema to read Avro records: {what}.")
     parsed = _parsed(writer) if writer is not None else None
-    plain = [_avro_record(v, parsed, schemaless_reader) for v in present] if parsed is not None else []
-    framed = len(ids) >= MOST * len(present) and sum(d is not None for d in plain) < MOST * len(present)
+    plain = (
+        [_avro_record(v, parsed, schemaless_reader) for v in present] if parsed is not None else []
+    )
+    framed = len(ids) >= MOST * len(present) and sum(d is not None for d in plain) < MOST * len(
+        present
+    )
     rows: list[Any]
     if framed:
         rows = []
         for v in present:
             sid = int.from_bytes(v[1:5], "big")
             found = registry.writer_schema(sid) if registry is not None else parsed
-            rows.append(_avro_record(v[5:], found, schemaless_reader) if found is not None and _looks_framed(v)
-                        else None)
+            rows.append(
+                _avro_record(v[5:], found, schemaless_reader)
+                if found is not None and _looks_framed(v)
+                else None
+            )
     else:
         if parsed is None:
-            raise ConfigError("Expected Confluent-framed records for --schema-registry. Received plain Avro bodies: "
-                              "pass the writer's schema as --avro-schema FILE.avsc instead.")
+            raise ConfigError(
+                "Expected Confluent-framed records for --schema-registry. Received plain Avro bodies: "
+                "pass the writer's schema as --avro-schema FILE.avsc instead."
+            )
         rows = plain
     good = [r for r in rows if isinstance(r, dict)]
     if len(good) < MOST * len(present):
-        raise ConfigError(f"Expected Avro records of the writer's schema. Received {len(present) - len(good)} of "
-                          f"{len(present)} that do not read by it: check --avro-schema (or the registry's schema).")
+        raise ConfigError(
+            f"Expected Avro records of the writer's schema. Received {len(present) - len(good)} of "
+            f"{len(present)} that do not read by it: check --avro-schema (or the registry's schema)."
+        )
     names = list(dict.fromkeys(k for r in good for k in r))
     columns = {n: [r.get(n) for r in good] for n in names}
     one_id = ids[0] if framed and ids and len(set(ids)) == 1 else None

@@ -48,8 +48,15 @@ MAX_NOT_NUMBERS = 0.02
 MOSTLY_NUMBERS = 0.5
 
 
-def infer(columns: Mapping[str, Sequence[Any]], *, label: str | None, regression: bool | None = None,
-          ignore: Sequence[str] = (), format: str = "json", numeric: Sequence[str] = ()) -> TableSchema:
+def infer(
+    columns: Mapping[str, Sequence[Any]],
+    *,
+    label: str | None,
+    regression: bool | None = None,
+    ignore: Sequence[str] = (),
+    format: str = "json",
+    numeric: Sequence[str] = (),
+) -> TableSchema:
     """A schema for ``columns`` (name -> sample values), ``label`` the target column.
 
     Args:
@@ -63,19 +70,30 @@ def infer(columns: Mapping[str, Sequence[Any]], *, label: str | None, regression
             is then a reject, ``not_a_number:COLUMN``).
     """
     if label is not None and label not in columns:
-        raise ConfigError(f"Expected the label column {label!r} among the columns. Received: {list(columns)[:20]}. "
-                          "Pass --label with one of them.")
+        raise ConfigError(
+            f"Expected the label column {label!r} among the columns. Received: {list(columns)[:20]}. "
+            "Pass --label with one of them."
+        )
     unknown = [c for c in ignore if c not in columns]
     if unknown:
-        raise ConfigError(f"Expected --ignore to name columns. Received: {unknown}; the columns are {list(columns)[:20]}.")
+        raise ConfigError(
+            f"Expected --ignore to name columns. Received: {unknown}; the columns are {list(columns)[:20]}."
+        )
     unknown = [c for c in numeric if c not in columns or c == label]
     if unknown:
-        raise ConfigError(f"Expected --numeric to name feature columns. Received: {unknown}; the columns are "
-                          f"{list(columns)[:20]}.")
-    features = tuple(_feature(name, values, numeric=name in numeric) for name, values in columns.items()
-                     if name != label and name not in ignore)
+        raise ConfigError(
+            f"Expected --numeric to name feature columns. Received: {unknown}; the columns are "
+            f"{list(columns)[:20]}."
+        )
+    features = tuple(
+        _feature(name, values, numeric=name in numeric)
+        for name, values in columns.items()
+        if name != label and name not in ignore
+    )
     if not features:
-        raise ConfigError(f"Expected at least one feature column besides the label {label!r}. Received: {list(columns)}.")
+        raise ConfigError(
+            f"Expected at least one feature column besides the label {label!r}. Received: {list(columns)}."
+        )
     target = _label(label, columns[label], regression) if label is not None else None
     schema = TableSchema(features, target)
     return schema.with_format(format) if format != "json" else schema
@@ -84,9 +102,11 @@ def infer(columns: Mapping[str, Sequence[Any]], *, label: str | None, regression
 def _feature(name: str, values: Sequence[Any], *, numeric: bool = False) -> Feature:
     nested = next((v for v in values if isinstance(v, (list, dict, tuple))), None)
     if nested is not None:
-        raise ConfigError(f"Expected flat values (numbers, strings, booleans) in column {name!r}. Received a "
-                          f"{type(nested).__name__}: {str(nested)[:60]}. Flatten it into columns of its own, or leave "
-                          f"it out with --ignore {name}.")
+        raise ConfigError(
+            f"Expected flat values (numbers, strings, booleans) in column {name!r}. Received a "
+            f"{type(nested).__name__}: {str(nested)[:60]}. Flatten it into columns of its own, or leave "
+            f"it out with --ignore {name}."
+        )
     present = [v for v in values if text(v) is not None]
     if present and not numeric and all(_is_boolean(v) for v in present):
         return Feature(name, "boolean", fill=0.0)
@@ -94,7 +114,12 @@ def _feature(name: str, values: Sequence[Any], *, numeric: bool = False) -> Feat
     if (numeric or bad.sum() <= MAX_NOT_NUMBERS * max(1, len(present))) and np.isfinite(v).any():
         finite = v[np.isfinite(v)]
         mean, std = float(finite.mean()), float(finite.std())
-        return Feature(name, "numeric", fill=round(mean, 6), scale=(round(mean, 6), round(1.0 / std, 6) if std > 0 else 1.0))
+        return Feature(
+            name,
+            "numeric",
+            fill=round(mean, 6),
+            scale=(round(mean, 6), round(1.0 / std, 6) if std > 0 else 1.0),
+        )
     counts = Counter(t for t in (text(x) for x in values) if t is not None)
     if len(counts) <= MAX_VOCABULARY:
         return Feature(name, "categorical", vocabulary=tuple(sorted(counts)))
@@ -118,9 +143,11 @@ class MixedColumn:
     def line(self) -> str:
         """What ``schema infer`` says of it."""
         shown = ", ".join(repr(e) for e in self.examples)
-        return (f"column {self.name!r} taken as categorical: {self.share:.0%} of its values are not numbers (e.g. "
-                f"{shown}); to read it as numeric (those values then rejected, counted by name), add "
-                f"--numeric {self.name}")
+        return (
+            f"column {self.name!r} taken as categorical: {self.share:.0%} of its values are not numbers (e.g. "
+            f"{shown}); to read it as numeric (those values then rejected, counted by name), add "
+            f"--numeric {self.name}"
+        )
 
 
 def mixed_columns(columns: Mapping[str, Sequence[Any]], schema: TableSchema) -> list[MixedColumn]:
@@ -135,14 +162,23 @@ def mixed_columns(columns: Mapping[str, Sequence[Any]], schema: TableSchema) -> 
         if not bad.any() or present == 0 or (present - bad.sum()) < MOSTLY_NUMBERS * present:
             continue
         words = Counter(str(x).strip() for x, b in zip(values, bad, strict=True) if b)
-        out.append(MixedColumn(f.name, round(float(bad.sum()) / present, 4), tuple(w for w, _ in words.most_common(3))))
+        out.append(
+            MixedColumn(
+                f.name,
+                round(float(bad.sum()) / present, 4),
+                tuple(w for w, _ in words.most_common(3)),
+            )
+        )
     return out
 
 
 def _is_boolean(value: Any) -> bool:
     if isinstance(value, bool):
         return True
-    return isinstance(value, str) and value.strip().lower() in (set(_TRUE) | set(_FALSE)) - {"1", "0"}
+    return isinstance(value, str) and value.strip().lower() in (set(_TRUE) | set(_FALSE)) - {
+        "1",
+        "0",
+    }
 
 
 def _label(name: str, values: Sequence[Any], regression: bool | None) -> Label:
@@ -150,15 +186,25 @@ def _label(name: str, values: Sequence[Any], regression: bool | None) -> Label:
     finite = v[np.isfinite(v)]
     numeric = not bad.any() and finite.size > 0
     if regression is None:
-        regression = numeric and not (np.all(finite == np.round(finite)) and len(np.unique(finite)) <= MAX_CLASSES)
+        regression = numeric and not (
+            np.all(finite == np.round(finite)) and len(np.unique(finite)) <= MAX_CLASSES
+        )
     if regression:
         if not numeric:
-            raise ConfigError(f"Expected numbers in the label column {name!r} for a numeric target. "
-                              f"Received: {[x for x, b in zip(values, bad, strict=True) if b][:3]}.")
+            raise ConfigError(
+                f"Expected numbers in the label column {name!r} for a numeric target. "
+                f"Received: {[x for x, b in zip(values, bad, strict=True) if b][:3]}."
+            )
         spread = float(finite.std())
-        return Label(name, scale=(round(float(finite.mean()), 6), round(spread, 6) if spread > 0 else 1.0))
-    classes = sorted({t for t in (text(x) for x in values) if t is not None},
-                     key=lambda c: (float(c), c) if numeric else (0.0, c))
+        return Label(
+            name, scale=(round(float(finite.mean()), 6), round(spread, 6) if spread > 0 else 1.0)
+        )
+    classes = sorted(
+        {t for t in (text(x) for x in values) if t is not None},
+        key=lambda c: (float(c), c) if numeric else (0.0, c),
+    )
     if len(classes) < 2:
-        raise ConfigError(f"Expected at least two classes in the label column {name!r}. Received: {classes}.")
+        raise ConfigError(
+            f"Expected at least two classes in the label column {name!r}. Received: {classes}."
+        )
     return Label(name, tuple(classes))

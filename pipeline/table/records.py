@@ -37,6 +37,7 @@ PARSE_REASONS = ("not_json", "not_an_object", "not_csv", "not_avro")
 #: Confluent's wire format: a zero byte, the schema id (4 bytes, big-endian), the Avro body.
 CONFLUENT_MAGIC = 0
 
+
 @functools.lru_cache(maxsize=8)
 def _encoder(schema: TableSchema) -> Encoder:
     """The schema's encoder, its lookups built once per process: keyed by the schema's value,
@@ -67,8 +68,14 @@ def decode(values: Any, schema: TableSchema, *, registry: Any = None) -> codec.D
     rejected = np.concatenate([np.asarray(bad, np.int64), np.asarray(good, np.int64)[~ok]])
     codes = np.concatenate([np.asarray(why, np.int64), code[~ok]])
     order = np.argsort(rejected, kind="stable")
-    return codec.Decoded(x=np.ascontiguousarray(x[ok]), y=y[ok], accepted=accepted, rejected=rejected[order],
-                         reasons=codes[order].astype(np.int32), names=tuple(reasons.names))
+    return codec.Decoded(
+        x=np.ascontiguousarray(x[ok]),
+        y=y[ok],
+        accepted=accepted,
+        rejected=rejected[order],
+        reasons=codes[order].astype(np.int32),
+        names=tuple(reasons.names),
+    )
 
 
 Rows = tuple[dict[str, list[Any]], list[int], list[int], list[int]]
@@ -103,7 +110,9 @@ def _columns_of(dicts: list[dict[str, Any]], schema: TableSchema) -> dict[str, A
 def _json_rows(raw: list[bytes | None], schema: TableSchema, reasons: Reasons, _: Any) -> Rows:
     from pipeline.table import arrow_json
 
-    typed = arrow_json.columns(raw, schema)  # every record an object of the schema's types: Arrow's columns
+    typed = arrow_json.columns(
+        raw, schema
+    )  # every record an object of the schema's types: Arrow's columns
     if typed is not None:
         return typed, list(range(len(raw))), [], []
     loads = _json_loads()
@@ -184,7 +193,9 @@ def _csv_rows(raw: list[bytes | None], schema: TableSchema, reasons: Reasons, _:
     return columns, good, bad, why
 
 
-def _avro_rows(raw: list[bytes | None], schema: TableSchema, reasons: Reasons, registry: Any) -> Rows:
+def _avro_rows(
+    raw: list[bytes | None], schema: TableSchema, reasons: Reasons, registry: Any
+) -> Rows:
     from fastavro import schemaless_reader
 
     dicts, good, bad, why = [], [], [], []
@@ -220,8 +231,12 @@ def _avro_rows(raw: list[bytes | None], schema: TableSchema, reasons: Reasons, r
         if d is None:
             bad.append(i)
             # Framed records read as plain ones: say so, so that the fix is one word in the schema file.
-            looks_framed = (not framed and len(body) > 5 and body[0] == CONFLUENT_MAGIC
-                            and _avro_record(body[5:], writer, schemaless_reader) is not None)
+            looks_framed = (
+                not framed
+                and len(body) > 5
+                and body[0] == CONFLUENT_MAGIC
+                and _avro_record(body[5:], writer, schemaless_reader) is not None
+            )
             why.append(reasons.code("confluent_framed" if looks_framed else "not_avro"))
             continue
         if not isinstance(d, dict):

@@ -33,7 +33,9 @@ class Registry:
     def for_url(cls, url: str | None) -> Registry:
         """The registry at ``url``, one client per process."""
         if not url:
-            raise ConfigError("Expected --schema-registry URL for Avro records in the Confluent wire format.")
+            raise ConfigError(
+                "Expected --schema-registry URL for Avro records in the Confluent wire format."
+            )
         if url not in _BY_URL:
             _BY_URL[url] = cls(client(url))
         return _BY_URL[url]
@@ -71,9 +73,13 @@ def client(url: str) -> Any:
     try:
         from confluent_kafka.schema_registry import SchemaRegistryClient
     except ImportError:
-        raise ConfigError("Expected confluent-kafka's Schema Registry client for --schema-registry. "
-                          "Install it: pip install 'streamtrain[registry]'.") from None
-    return SchemaRegistryClient.new_client({"url": url, "timeout": REACH_TIMEOUT_S, "max.retries": 1})
+        raise ConfigError(
+            "Expected confluent-kafka's Schema Registry client for --schema-registry. "
+            "Install it: pip install 'streamtrain[registry]'."
+        ) from None
+    return SchemaRegistryClient.new_client(
+        {"url": url, "timeout": REACH_TIMEOUT_S, "max.retries": 1}
+    )
 
 
 def check_reachable(url: str, *, timeout_s: float = REACH_TIMEOUT_S) -> None:
@@ -100,6 +106,8 @@ def check_reachable(url: str, *, timeout_s: float = REACH_TIMEOUT_S) -> None:
         return  # it answered (a 401 is a registry that wants credentials: the client's affair)
     except (OSError, ValueError) as e:
         reason = getattr(e, "reason", e)
-        raise ConfigError(f"Expected a Schema Registry at {url}; none answered within "
-                          f"{time.monotonic() - started:.0f} s ({reason}). Check --schema-registry (or the schema "
-                          "file's \"registry\") and that the registry is up.") from None
+        raise ConfigError(
+            f"Expected a Schema Registry at {url}; none answered within "
+            f"{time.monotonic() - started:.0f} s ({reason}). Check --schema-registry (or the schema "
+            'file\'s "registry") and that the registry is up.'
+        ) from None

@@ -43,8 +43,10 @@ MISSING = ("fill", "reject")
 
 
 def _fail(where: str, expected: str, received: Any) -> ConfigError:
-    return ConfigError(f"Expected {expected} in the schema's {where}. Received: {received!r}. Edit the schema "
-                       "file, or write a fresh one with `streamtrain schema infer`.")
+    return ConfigError(
+        f"Expected {expected} in the schema's {where}. Received: {received!r}. Edit the schema "
+        "file, or write a fresh one with `streamtrain schema infer`."
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,7 +107,9 @@ class Feature:
             if len(set(self.vocabulary)) != len(self.vocabulary):
                 raise _fail(where, "a vocabulary without repeats", list(self.vocabulary))
         if self.kind == "numeric" and (len(self.scale) != 2 or self.scale[1] == 0):
-            raise _fail(where, "scale [center, factor] with a factor other than 0", list(self.scale))
+            raise _fail(
+                where, "scale [center, factor] with a factor other than 0", list(self.scale)
+            )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -163,15 +167,28 @@ class TableSchema:
         if self.format not in FORMATS:
             raise _fail("format", f"one of {FORMATS}", self.format)
         if self.format == "csv":
-            missing = [n for n in [*names, *([self.label.name] if self.label else [])] if n not in self.csv_columns]
+            missing = [
+                n
+                for n in [*names, *([self.label.name] if self.label else [])]
+                if n not in self.csv_columns
+            ]
             if missing:
-                raise _fail("csv_columns", f"every feature and the label among them ({missing} are not)",
-                            list(self.csv_columns))
+                raise _fail(
+                    "csv_columns",
+                    f"every feature and the label among them ({missing} are not)",
+                    list(self.csv_columns),
+                )
         if self.format == "avro" and self.avro is None and not self.registry:
-            raise _fail("avro", "the writer's Avro schema, or a Schema Registry (--schema-registry URL)", None)
+            raise _fail(
+                "avro",
+                "the writer's Avro schema, or a Schema Registry (--schema-registry URL)",
+                None,
+            )
         if self.wire not in WIRES:
             raise _fail("wire", f"one of {WIRES}", self.wire)
-        if self.schema_id is not None and (not isinstance(self.schema_id, int) or self.schema_id < 0):
+        if self.schema_id is not None and (
+            not isinstance(self.schema_id, int) or self.schema_id < 0
+        ):
             raise _fail("schema_id", "the writer schema's id, a whole number >= 0", self.schema_id)
 
     @property
@@ -210,11 +227,22 @@ class TableSchema:
 
     def with_format(self, format: str, *, registry: str | None = None) -> TableSchema:
         """The same table in another record format (``csv`` lines keep the features' order)."""
-        columns = self.csv_columns or tuple(f.name for f in self.features) + ((self.label.name,) if self.label else ())
+        columns = self.csv_columns or tuple(f.name for f in self.features) + (
+            (self.label.name,) if self.label else ()
+        )
         registry = registry or self.registry
-        avro = self.avro if self.avro is not None or format != "avro" or registry else avro_schema(self)
-        return dataclasses.replace(self, format=format, csv_columns=columns if format == "csv" else self.csv_columns,
-                                   registry=registry, avro=avro)
+        avro = (
+            self.avro
+            if self.avro is not None or format != "avro" or registry
+            else avro_schema(self)
+        )
+        return dataclasses.replace(
+            self,
+            format=format,
+            csv_columns=columns if format == "csv" else self.csv_columns,
+            registry=registry,
+            avro=avro,
+        )
 
     # --- files ---
 
@@ -226,14 +254,21 @@ class TableSchema:
                 d.update(missing=f.missing, fill=f.fill, scale=list(f.scale))
             elif f.kind == "categorical":
                 d.update(missing=f.missing, encoding=f.encoding)
-                d.update({"vocabulary": list(f.vocabulary)} if f.vocabulary else {"hash_buckets": f.hash_buckets})
+                d.update(
+                    {"vocabulary": list(f.vocabulary)}
+                    if f.vocabulary
+                    else {"hash_buckets": f.hash_buckets}
+                )
             else:
                 d.update(missing=f.missing, fill=f.fill)
             features.append(d)
         out: dict[str, Any] = {"format": self.format, "features": features}
         if self.label is not None:
-            out["label"] = ({"name": self.label.name, "classes": list(self.label.classes)} if self.label.classes
-                            else {"name": self.label.name, "kind": "numeric", "scale": list(self.label.scale)})
+            out["label"] = (
+                {"name": self.label.name, "classes": list(self.label.classes)}
+                if self.label.classes
+                else {"name": self.label.name, "kind": "numeric", "scale": list(self.label.scale)}
+            )
         if self.csv_columns:
             out["csv_columns"] = list(self.csv_columns)
         if self.avro is not None:
@@ -274,15 +309,27 @@ class TableSchema:
             if not isinstance(raw_label, dict) or not isinstance(raw_label.get("name"), str):
                 raise _fail("label", 'an object with a "name"', raw_label)
             classes = tuple(str(c) for c in raw_label.get("classes") or ())
-            if raw_label.get("kind", "numeric" if not classes else "class") == "numeric" and classes:
+            if (
+                raw_label.get("kind", "numeric" if not classes else "class") == "numeric"
+                and classes
+            ):
                 raise _fail("label", "classes, or kind numeric, not both", raw_label)
             scale = tuple(float(v) for v in raw_label.get("scale", (0.0, 1.0)))
             if len(scale) != 2 or scale[1] <= 0:
-                raise _fail("label", "scale [center, spread] with a spread above 0", raw_label.get("scale"))
+                raise _fail(
+                    "label", "scale [center, spread] with a spread above 0", raw_label.get("scale")
+                )
             label = Label(raw_label["name"], classes, scale)
-        return cls(tuple(features), label, format=d.get("format", "json"),
-                   csv_columns=tuple(d.get("csv_columns") or ()), avro=d.get("avro"), registry=d.get("registry"),
-                   wire=d.get("wire", "plain"), schema_id=d.get("schema_id"))
+        return cls(
+            tuple(features),
+            label,
+            format=d.get("format", "json"),
+            csv_columns=tuple(d.get("csv_columns") or ()),
+            avro=d.get("avro"),
+            registry=d.get("registry"),
+            wire=d.get("wire", "plain"),
+            schema_id=d.get("schema_id"),
+        )
 
     @classmethod
     def from_json(cls, text: str) -> TableSchema:
@@ -293,12 +340,16 @@ class TableSchema:
         """A schema file, with one line for a missing or malformed one."""
         p = Path(path)
         if not p.is_file():
-            raise ConfigError(f"Expected a schema file at {p}; there is none. Write one with "
-                              "`streamtrain schema infer DATA --label COLUMN -o schema.json`.")
+            raise ConfigError(
+                f"Expected a schema file at {p}; there is none. Write one with "
+                "`streamtrain schema infer DATA --label COLUMN -o schema.json`."
+            )
         try:
             return cls.from_json(p.read_text())
         except json.JSONDecodeError as e:
-            raise ConfigError(f"Expected JSON in the schema file {p}. Received: {e.msg} at line {e.lineno}.") from None
+            raise ConfigError(
+                f"Expected JSON in the schema file {p}. Received: {e.msg} at line {e.lineno}."
+            ) from None
         except (TypeError, ValueError) as e:  # a ConfigError too: say which file
             raise ConfigError(f"{p}: {e}") from None
 
@@ -311,7 +362,9 @@ def avro_schema(schema: TableSchema, *, name: str = "Record") -> dict[str, Any]:
     [{'name': 'a', 'type': ['null', 'double'], 'default': None}]
     """
     kinds = {"numeric": "double", "categorical": "string", "boolean": "boolean"}
-    fields = [{"name": f.name, "type": ["null", kinds[f.kind]], "default": None} for f in schema.features]
+    fields = [
+        {"name": f.name, "type": ["null", kinds[f.kind]], "default": None} for f in schema.features
+    ]
     if schema.label is not None:
         kind = "double" if schema.label.regression else "string"
         fields.append({"name": schema.label.name, "type": ["null", kind], "default": None})

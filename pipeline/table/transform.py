@@ -28,7 +28,9 @@ import numpy as np
 from pipeline.table.schema import Feature, TableSchema
 
 #: Strings that mean "no value" in a file (pandas's and R's usual ones).
-GAP_TOKENS = frozenset({"", "NA", "N/A", "NaN", "nan", "null", "NULL", "None", "none", "#N/A", "-", "?"})
+GAP_TOKENS = frozenset(
+    {"", "NA", "N/A", "NaN", "nan", "null", "NULL", "None", "none", "#N/A", "-", "?"}
+)
 _TRUE = {True: 1.0, "true": 1.0, "t": 1.0, "yes": 1.0, "y": 1.0, "1": 1.0}  # True == 1 as a key
 _FALSE = {False: 0.0, "false": 0.0, "f": 0.0, "no": 0.0, "n": 0.0, "0": 0.0}
 #: float32's largest finite value: anything beyond it would reach the model as infinity.
@@ -101,7 +103,9 @@ class _Column:
         if feature.vocabulary:
             self.lookup: dict[Any, int] = {v: i + 1 for i, v in enumerate(feature.vocabulary)}
 
-    def encode(self, values: Sequence[Any], out: np.ndarray, code: np.ndarray, reasons: Reasons) -> None:
+    def encode(
+        self, values: Sequence[Any], out: np.ndarray, code: np.ndarray, reasons: Reasons
+    ) -> None:
         f = self.f
         if f.kind == "numeric":
             v, bad = numbers(values)
@@ -140,7 +144,9 @@ class _Column:
         if f.vocabulary:
             found = self.lookup.get
             index = np.array([found(v, 0) if v.__class__ is str else -2 for v in values], np.int64)
-            for i in np.flatnonzero(index <= 0).tolist():  # not a known string as is: normalize, look again
+            for i in np.flatnonzero(
+                index <= 0
+            ).tolist():  # not a known string as is: normalize, look again
                 t = text(values[i])
                 index[i] = -1 if t is None else found(t, 0)
             return index
@@ -158,8 +164,11 @@ def _boolean(value: Any) -> float:
         return 1.0
     if key in _FALSE:
         return 0.0
-    if value is None or (isinstance(value, str) and value.strip() in GAP_TOKENS) or (
-            isinstance(value, float) and math.isnan(value)):
+    if (
+        value is None
+        or (isinstance(value, str) and value.strip() in GAP_TOKENS)
+        or (isinstance(value, float) and math.isnan(value))
+    ):
         return float("nan")
     return -1.0
 
@@ -180,10 +189,15 @@ class Encoder:
             self.columns.append(_Column(f, start))
             start += f.width
         label = schema.label
-        self._classes = {c: i for i, c in enumerate(label.classes)} if label is not None and label.classes else None
+        self._classes = (
+            {c: i for i, c in enumerate(label.classes)}
+            if label is not None and label.classes
+            else None
+        )
 
-    def encode(self, columns: Mapping[str, Sequence[Any]], n: int,
-               reasons: Reasons) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def encode(
+        self, columns: Mapping[str, Sequence[Any]], n: int, reasons: Reasons
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(x, y, code)`` of ``n`` records given as columns (a missing column is all gaps):
         x ``(n, width)`` float32, y int32 class indices or float32 targets (zeros without a
         label), and each record's reject code (-1: accepted)."""
@@ -193,10 +207,14 @@ class Encoder:
         for col in self.columns:
             col.encode(columns.get(col.f.name, gaps), x, code, reasons)
         y = self._labels(columns, n, code, reasons)
-        with np.errstate(over="ignore"):  # a rejected record's value may be beyond float32; it never trains
+        with np.errstate(
+            over="ignore"
+        ):  # a rejected record's value may be beyond float32; it never trains
             return x.astype(np.float32), y, code
 
-    def _labels(self, columns: Mapping[str, Sequence[Any]], n: int, code: np.ndarray, reasons: Reasons) -> np.ndarray:
+    def _labels(
+        self, columns: Mapping[str, Sequence[Any]], n: int, code: np.ndarray, reasons: Reasons
+    ) -> np.ndarray:
         label = self.schema.label
         if label is None:
             return np.zeros(n, np.int32)

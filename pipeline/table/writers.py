@@ -36,7 +36,9 @@ def _plain(v: Any) -> Any:
     return v
 
 
-def encode_values(rows: Sequence[dict[str, Any]], schema: TableSchema, *, schema_id: int | None = None) -> list[bytes]:
+def encode_values(
+    rows: Sequence[dict[str, Any]], schema: TableSchema, *, schema_id: int | None = None
+) -> list[bytes]:
     """Encode rows in ``schema.format``; Avro with ``schema_id`` gets the Confluent framing."""
     if schema.format == "json":
         import orjson
@@ -47,13 +49,16 @@ def encode_values(rows: Sequence[dict[str, Any]], schema: TableSchema, *, schema
         for row in rows:
             buf = io.StringIO()
             csv.writer(buf, lineterminator="").writerow(
-                ["" if (v := _plain(row.get(c))) is None else v for c in schema.csv_columns])
+                ["" if (v := _plain(row.get(c))) is None else v for c in schema.csv_columns]
+            )
             out.append(buf.getvalue().encode())
         return out
     return _avro_values(rows, schema, schema_id)
 
 
-def _avro_values(rows: Sequence[dict[str, Any]], schema: TableSchema, schema_id: int | None) -> list[bytes]:
+def _avro_values(
+    rows: Sequence[dict[str, Any]], schema: TableSchema, schema_id: int | None
+) -> list[bytes]:
     from fastavro import parse_schema, schemaless_writer
 
     writer: Any = parse_schema(schema.avro or avro_schema(schema))

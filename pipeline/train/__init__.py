@@ -32,11 +32,17 @@ if TYPE_CHECKING:
     from pipeline.train.server import parameter_server
 
 _EXPORTS = {
-    "parameter_server": "pipeline.train.server", "TrainDriver": "pipeline.train.driver",
-    "BatchRow": "pipeline.train.rows", "TaskRow": "pipeline.train.rows", "Evaluation": "pipeline.train.evaluation",
-    "roc_auc": "pipeline.train.evaluation", "scores": "pipeline.train.evaluation",
-    "TrainHandler": "pipeline.train.handler", "ModelSpec": "pipeline.train.model",
-    "TaskResult": "pipeline.train.partition", "ServerInfo": "pipeline.train.partition",
+    "parameter_server": "pipeline.train.server",
+    "TrainDriver": "pipeline.train.driver",
+    "BatchRow": "pipeline.train.rows",
+    "TaskRow": "pipeline.train.rows",
+    "Evaluation": "pipeline.train.evaluation",
+    "roc_auc": "pipeline.train.evaluation",
+    "scores": "pipeline.train.evaluation",
+    "TrainHandler": "pipeline.train.handler",
+    "ModelSpec": "pipeline.train.model",
+    "TaskResult": "pipeline.train.partition",
+    "ServerInfo": "pipeline.train.partition",
     "train_partition": "pipeline.train.partition",
 }
 
@@ -44,5 +50,17 @@ _EXPORTS = {
 __getattr__ = exports.lazy(__name__, _EXPORTS)
 
 
-__all__ = ["BatchRow", "Evaluation", "ModelSpec", "TaskResult", "ServerInfo", "TaskRow", "TrainDriver",
-           "TrainHandler", "parameter_server", "roc_auc", "scores", "train_partition"]
+__all__ = [
+    "BatchRow",
+    "Evaluation",
+    "ModelSpec",
+    "TaskResult",
+    "ServerInfo",
+    "TaskRow",
+    "TrainDriver",
+    "TrainHandler",
+    "parameter_server",
+    "roc_auc",
+    "scores",
+    "train_partition",
+]

@@ -49,8 +49,17 @@ class DriftResponse:
         on_drift: called with each batch's drifts (the metrics, the status line).
     """
 
-    def __init__(self, watch: DriftWatch, mode: str, *, handler: Any, batch_size: int, window: int = 2_000,
-                 on_drift: Callable[[list[Drift]], None] | None = None, algorithm: Any = None) -> None:
+    def __init__(
+        self,
+        watch: DriftWatch,
+        mode: str,
+        *,
+        handler: Any,
+        batch_size: int,
+        window: int = 2_000,
+        on_drift: Callable[[list[Drift]], None] | None = None,
+        algorithm: Any = None,
+    ) -> None:
         self.watch, self.mode, self.handler, self.window = watch, mode, handler, window
         self.batch_size, self.on_drift = batch_size, on_drift
         #: The algorithm whose server half runs in this process (its optimizer's rate is raised).
@@ -73,7 +82,9 @@ class DriftResponse:
     def on_batch(self, info: Any, row: Any, driver: Any) -> None:
         """Before the batch is saved: its drifts (on ``row.drifts``), the reaction, and the
         records its tasks held out (``row.held_out``; the held-out split when enough)."""
-        drifts = self.watch.observe(info.batch_id, info.results, offsets_of(info.ranges), batch_size=self.batch_size)
+        drifts = self.watch.observe(
+            info.batch_id, info.results, offsets_of(info.ranges), batch_size=self.batch_size
+        )
         for d in drifts:
             d.generation = driver.state.last_batch_id if driver.state is not None else -1
         row.drifts = list(drifts)

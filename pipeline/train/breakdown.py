@@ -26,7 +26,16 @@ from __future__ import annotations
 
 from typing import Any
 
-PARTS = ("compute", "exchange", "read_decode", "task_other", "in_batch_idle", "checkpoint", "commit", "trigger")
+PARTS = (
+    "compute",
+    "exchange",
+    "read_decode",
+    "task_other",
+    "in_batch_idle",
+    "checkpoint",
+    "commit",
+    "trigger",
+)
 
 
 class Breakdown:
@@ -45,19 +54,35 @@ class Breakdown:
 
     def __init__(self) -> None:
         self.batches = 0
-        self.seconds = dict.fromkeys(("compute", "exchange", "read_decode", "task", "batch", "commit", "checkpoint"),
-                                     0.0)
+        self.seconds = dict.fromkeys(
+            ("compute", "exchange", "read_decode", "task", "batch", "commit", "checkpoint"), 0.0
+        )
 
-    def add(self, *, batch_s: float, commit_s: float, read_decode_s: float, compute_s: float, exchange_s: float,
-            task_s: float, checkpoint_s: float = 0.0) -> None:
+    def add(
+        self,
+        *,
+        batch_s: float,
+        commit_s: float,
+        read_decode_s: float,
+        compute_s: float,
+        exchange_s: float,
+        task_s: float,
+        checkpoint_s: float = 0.0,
+    ) -> None:
         """One batch: its tasks' wall time on the driver and the driver's commit after them
         (``checkpoint_s`` of it writing the checkpoint); and summed over its tasks, their
         seconds reading and decoding, computing, exchanging, and in training (``task_s``:
         from the decoded block to the task's result)."""
         self.batches += 1
-        for key, seconds in (("batch", batch_s), ("commit", commit_s), ("read_decode", read_decode_s),
-                             ("compute", compute_s), ("exchange", exchange_s), ("task", task_s),
-                             ("checkpoint", min(checkpoint_s, commit_s))):
+        for key, seconds in (
+            ("batch", batch_s),
+            ("commit", commit_s),
+            ("read_decode", read_decode_s),
+            ("compute", compute_s),
+            ("exchange", exchange_s),
+            ("task", task_s),
+            ("checkpoint", min(checkpoint_s, commit_s)),
+        ):
             self.seconds[key] += seconds
 
     def shares(self, *, slots: int, wall_s: float, eval_s: float = 0.0) -> dict[str, float]:
@@ -68,9 +93,15 @@ class Breakdown:
         other = max(0.0, s["task"] - s["compute"] - s["exchange"])
         idle = max(0.0, max(1, slots) * s["batch"] - s["read_decode"] - s["task"])
         slot = max(1, slots)
-        parts = {"compute": s["compute"], "exchange": s["exchange"], "read_decode": s["read_decode"],
-                 "task_other": other, "in_batch_idle": idle, "checkpoint": slot * s["checkpoint"],
-                 "commit": slot * (s["commit"] - s["checkpoint"])}
+        parts = {
+            "compute": s["compute"],
+            "exchange": s["exchange"],
+            "read_decode": s["read_decode"],
+            "task_other": other,
+            "in_batch_idle": idle,
+            "checkpoint": slot * s["checkpoint"],
+            "commit": slot * (s["commit"] - s["checkpoint"]),
+        }
         parts["trigger"] = max(0.0, total - sum(parts.values()))
         return {k: round(v / total, 2) for k, v in parts.items()}
 

@@ -35,6 +35,7 @@ from pipeline.errors import ConfigError, DataError, StreamtrainError
 class CheckpointError(StreamtrainError):
     """The checkpoint could not be written (the batch stays uncommitted)."""
 
+
 FILENAME = "state.npz"
 #: Generations kept by default (``--keep-checkpoints``).
 KEEP = 3
@@ -76,18 +77,31 @@ def generations(folder: str | os.PathLike[str]) -> list[int]:
     return sorted(int(m.group(1)) for p in folder.iterdir() if (m := _GENERATION.match(p.name)))
 
 
-def save(folder: str | os.PathLike[str], state: State, *, keep: int = KEEP,
-         pinned: int | Sequence[int] | None = None) -> Path:
+def save(
+    folder: str | os.PathLike[str],
+    state: State,
+    *,
+    keep: int = KEEP,
+    pinned: int | Sequence[int] | None = None,
+) -> Path:
     """Write ``state`` to ``folder/state.npz`` atomically, and keep it as a generation
     (the ``keep`` newest stay, and those ``pinned``: the one with the best held-out score,
     those from just before a drift)."""
     pins = {pinned} if isinstance(pinned, int) else set(pinned or ())
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    meta = {"clock": state.clock, "last_batch_id": state.last_batch_id, "ledger": state.ledger, "extra": state.extra}
+    meta = {
+        "clock": state.clock,
+        "last_batch_id": state.last_batch_id,
+        "ledger": state.ledger,
+        "extra": state.extra,
+    }
     buf = io.BytesIO()
-    arrays = {"weights": state.weights, "meta": np.frombuffer(json.dumps(meta).encode(), np.uint8),
-              **{f"{_OPT}{k}": v for k, v in state.optimizer.items()}}
+    arrays = {
+        "weights": state.weights,
+        "meta": np.frombuffer(json.dumps(meta).encode(), np.uint8),
+        **{f"{_OPT}{k}": v for k, v in state.optimizer.items()},
+    }
     np.savez(buf, **arrays)  # type: ignore[arg-type]
     tmp, target = folder / f".{FILENAME}.tmp", folder / FILENAME
     try:
@@ -113,7 +127,8 @@ def save(folder: str | os.PathLike[str], state: State, *, keep: int = KEEP,
         raise CheckpointError(
             f"Could not write the checkpoint {target} ({e.strerror or e}): batch {state.last_batch_id} is not "
             f"committed, and the previous checkpoint is intact. Free space there (or fix the folder), then "
-            f"continue with: streamtrain run --resume {folder}") from None
+            f"continue with: streamtrain run --resume {folder}"
+        ) from None
     for old in generations(folder)[:-keep] if keep > 0 else []:
         if old in pins:
             continue
@@ -136,7 +151,8 @@ def check_fits(state: State, size: int, folder: str | os.PathLike[str]) -> None:
         raise ConfigError(
             f"The checkpoint {Path(folder) / FILENAME} holds {state.weights.size:,} weights, the model has {size:,}: "
             "another model wrote it. Resume with that model (the run's --dataset and --model), or start a new run "
-            "with another --out.")
+            "with another --out."
+        )
 
 
 def load(folder: str | os.PathLike[str], *, generation: int | None = None) -> State | None:
@@ -149,16 +165,25 @@ def load(folder: str | os.PathLike[str], *, generation: int | None = None) -> St
     folder = Path(folder)
     path = folder / FILENAME if generation is None else generation_path(folder, generation)
     if generation is not None and not path.is_file():
-        raise DataError(f"Expected generation {generation} of the checkpoint in {folder}. Received: "
-                        f"{_listing(folder)}. Pass one of those to --generation.")
+        raise DataError(
+            f"Expected generation {generation} of the checkpoint in {folder}. Received: "
+            f"{_listing(folder)}. Pass one of those to --generation."
+        )
     if not path.is_file():
         return None
     try:
         return _read(path)
     except DataError as e:
-        intact = [g for g in reversed(generations(folder)) if g != generation and _intact(generation_path(folder, g))]
-        way = (f"resume from the newest intact one with: streamtrain run --resume {folder} --generation {intact[0]}"
-               if intact else "no intact generation is kept; start a new run (another --out)")
+        intact = [
+            g
+            for g in reversed(generations(folder))
+            if g != generation and _intact(generation_path(folder, g))
+        ]
+        way = (
+            f"resume from the newest intact one with: streamtrain run --resume {folder} --generation {intact[0]}"
+            if intact
+            else "no intact generation is kept; start a new run (another --out)"
+        )
         raise DataError(f"{e}; {way}") from None
 
 
@@ -179,8 +204,15 @@ def _read(path: Path) -> State:
     try:
         with np.load(path, allow_pickle=False) as f:
             weights, meta = f["weights"], json.loads(f["meta"].tobytes())
-            optimizer = {k[len(_OPT):]: f[k] for k in f.files if k.startswith(_OPT)}
-        return State(weights, meta["clock"], meta["last_batch_id"], meta["ledger"], meta.get("extra", {}), optimizer)
+            optimizer = {k[len(_OPT) :]: f[k] for k in f.files if k.startswith(_OPT)}
+        return State(
+            weights,
+            meta["clock"],
+            meta["last_batch_id"],
+            meta["ledger"],
+            meta.get("extra", {}),
+            optimizer,
+        )
     except (zipfile.BadZipFile, EOFError) as e:
         what = "empty" if path.stat().st_size == 0 else f"truncated or corrupt ({e})"
         raise DataError(f"The checkpoint {path} is damaged: {what}") from None
@@ -201,7 +233,9 @@ def _listing(folder: Path) -> str:
     return f"generations {', '.join(map(str, kept))}" if kept else "no generation kept"
 
 
-def rewind(folder: str | os.PathLike[str], generation: int, spark_checkpoint: str | os.PathLike[str]) -> State:
+def rewind(
+    folder: str | os.PathLike[str], generation: int, spark_checkpoint: str | os.PathLike[str]
+) -> State:
     """Go back to a kept generation: it becomes ``state.npz``, the later generations are
     removed, and Spark's offset and commit logs forget the batches after it, so that Spark
     plans them again from that generation's offsets (every record trained once, counted
@@ -239,8 +273,10 @@ def lock(folder: str | os.PathLike[str]) -> Iterator[None]:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
-            raise ConfigError(f"Expected {folder} to be free. Received: a folder another run is writing (pid "
-                              f"{holder}). Stop that run, or pass another --out.") from None
+            raise ConfigError(
+                f"Expected {folder} to be free. Received: a folder another run is writing (pid "
+                f"{holder}). Stop that run, or pass another --out."
+            ) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         yield

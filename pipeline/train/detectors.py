@@ -80,8 +80,16 @@ class LossDrift:
         'prequential error 0.05155 -> 0.4131'
     """
 
-    def __init__(self, *, delta: float = 0.002, min_rise: float = 0.3, halflife: int = 5_000,
-                 warmup: int = 10_000, cooldown: int = 10_000, z: float = 6.0) -> None:
+    def __init__(
+        self,
+        *,
+        delta: float = 0.002,
+        min_rise: float = 0.3,
+        halflife: int = 5_000,
+        warmup: int = 10_000,
+        cooldown: int = 10_000,
+        z: float = 6.0,
+    ) -> None:
         from river import drift
 
         self._adwin_new = lambda: drift.ADWIN(delta=delta)
@@ -94,8 +102,9 @@ class LossDrift:
         self._error_n = 0.0  # the records behind it (at most two half-lives' worth)
         self.gate = _Gate(warmup, cooldown)
 
-    def update(self, losses: Sequence[float], *, size: int,
-               errors: Sequence[float] | None = None) -> tuple[float, str] | None:
+    def update(
+        self, losses: Sequence[float], *, size: int, errors: Sequence[float] | None = None
+    ) -> tuple[float, str] | None:
         """Feed one task's mini-batch losses (of about ``size`` records each), in order, and
         their error rates (1 - accuracy; None: a numeric target, ADWIN reads the losses);
         return ``(rise, detail)`` when the error (or the loss) rose beyond chance, else None."""
@@ -110,8 +119,11 @@ class LossDrift:
             self._adwin.update(value)
             self.gate.seen += size
             after = self._adwin.estimation
-            rose = (self._adwin.drift_detected and after > before * (1 + self.min_rise)
-                    and after - before > self.min_step)
+            rose = (
+                self._adwin.drift_detected
+                and after > before * (1 + self.min_rise)
+                and after - before > self.min_step
+            )
             if found is None and self.gate.open and rose:
                 found = (after / max(before, 1e-12), f"{what} {before:.4g} -> {after:.4g}")
         if errs is not None:
@@ -135,8 +147,15 @@ class LossDrift:
         if self.error is not None and self._error_n and self.gate.open and n >= MIN_TEST_RECORDS:
             pooled = (p * n + self.error * self._error_n) / (n + self._error_n)
             spread = math.sqrt(max(pooled * (1 - pooled), 1e-12) * (1 / n + 1 / self._error_n))
-            if (p - self.error) / spread >= self.z and p >= 1.5 * self.error and p - self.error >= 0.03:
-                found = (p / max(self.error, 1e-6), f"prequential error {self.error:.4g} -> {p:.4g}")
+            if (
+                (p - self.error) / spread >= self.z
+                and p >= 1.5 * self.error
+                and p - self.error >= 0.03
+            ):
+                found = (
+                    p / max(self.error, 1e-6),
+                    f"prequential error {self.error:.4g} -> {p:.4g}",
+                )
         forget = 1 - 0.5 ** (n / self.halflife)
         self.error = p if self.error is None else self.error + forget * (p - self.error)
         self._error_n = min(self._error_n + n, 2 * self.halflife)
@@ -157,8 +176,14 @@ class CountsDrift:
         True
     """
 
-    def __init__(self, *, threshold: float = 0.1, window: int = 2_000, warmup: int = 10_000,
-                 cooldown: int = 10_000) -> None:
+    def __init__(
+        self,
+        *,
+        threshold: float = 0.1,
+        window: int = 2_000,
+        warmup: int = 10_000,
+        cooldown: int = 10_000,
+    ) -> None:
         self.threshold, self.window = threshold, window
         self.gate = _Gate(warmup, cooldown)
         self.reference: np.ndarray | None = None
@@ -172,7 +197,11 @@ class CountsDrift:
         self.gate.seen += n
         if self.gate.seen <= self.gate.warmup:
             return None
-        self._counts = counts if self._counts is None or self._counts.shape != counts.shape else self._counts + counts
+        self._counts = (
+            counts
+            if self._counts is None or self._counts.shape != counts.shape
+            else self._counts + counts
+        )
         if self._counts[0].sum() < self.window:
             return None
         window, self._counts = self._counts, None
@@ -196,8 +225,16 @@ class FeatureDrift:
             for ``window``, in records for the others).
     """
 
-    def __init__(self, columns: Sequence[str], *, threshold: float = 0.2, window: int = 1_000,
-                 warmup: int = 10_000, cooldown: int = 10_000, bins: int = 10) -> None:
+    def __init__(
+        self,
+        columns: Sequence[str],
+        *,
+        threshold: float = 0.2,
+        window: int = 1_000,
+        warmup: int = 10_000,
+        cooldown: int = 10_000,
+        bins: int = 10,
+    ) -> None:
         self.columns, self.bins = list(columns), bins
         self.threshold, self.window = threshold, window
         self.gate = _Gate(warmup, cooldown)
@@ -235,4 +272,6 @@ class FeatureDrift:
 
     def _hist(self, i: int, values: np.ndarray) -> np.ndarray:
         assert self._edges is not None
-        return np.bincount(np.searchsorted(self._edges[i], values, side="right"), minlength=len(self._edges[i]) + 1)
+        return np.bincount(
+            np.searchsorted(self._edges[i], values, side="right"), minlength=len(self._edges[i]) + 1
+        )

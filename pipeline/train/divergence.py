@@ -98,11 +98,21 @@ class HeldoutWatch:
         """
         if regression:
             spread = float(np.std(np.asarray(y, np.float64)))
-            return cls("rmse", baseline=spread, lower_is_better=True, min_gain=0.1 * spread,
-                       loss_reference=max(spread**2, 1e-12), n=len(y))
+            return cls(
+                "rmse",
+                baseline=spread,
+                lower_is_better=True,
+                min_gain=0.1 * spread,
+                loss_reference=max(spread**2, 1e-12),
+                n=len(y),
+            )
         counts = np.bincount(np.asarray(y, np.int64))
-        return cls("accuracy", baseline=float(counts.max() / max(1, counts.sum())),
-                   loss_reference=math.log(max(2, len(counts))), n=len(y))
+        return cls(
+            "accuracy",
+            baseline=float(counts.max() / max(1, counts.sum())),
+            loss_reference=math.log(max(2, len(counts))),
+            n=len(y),
+        )
 
     @property
     def loss_bound(self) -> float:
@@ -127,7 +137,9 @@ class HeldoutWatch:
         if self.lower_is_better:
             return abs(score) / math.sqrt(2 * n)
         p = min(max(score, 0.0), 1.0)
-        return math.sqrt(max(p * (1 - p), 0.25 / n) / n)  # never 0: a perfect score on few records is still a sample
+        return math.sqrt(
+            max(p * (1 - p), 0.25 / n) / n
+        )  # never 0: a perfect score on few records is still a sample
 
     def _low_gain(self, score: float) -> float:
         """The gain of ``score``'s pessimistic bound (its lower one, for a score to maximise)."""
@@ -151,9 +163,13 @@ class HeldoutWatch:
         self.low += 1
         if self.low < self.patience:
             return None
-        trivial = "predicting the mean scores" if self.lower_is_better else "the majority class scores"
-        return (f"held-out {self.metric} {score:.4f} after {self.best:.4f} at batch {self.best_batch} "
-                f"({trivial} {self.baseline:.4f})")
+        trivial = (
+            "predicting the mean scores" if self.lower_is_better else "the majority class scores"
+        )
+        return (
+            f"held-out {self.metric} {score:.4f} after {self.best:.4f} at batch {self.best_batch} "
+            f"({trivial} {self.baseline:.4f})"
+        )
 
     def state(self) -> dict[str, Any]:
         """What a resumed run needs to go on watching (kept in the checkpoint)."""

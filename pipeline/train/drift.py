@@ -75,8 +75,10 @@ class Drift:
         >>> Drift("loss", 7, 60_000, 8.5, "prequential loss 0.1 -> 0.85").line()
         'drift at batch 7 (record 60,000): loss, prequential loss 0.1 -> 0.85 (statistic 8.5)'
         """
-        return (f"drift at batch {self.batch_id} (record {self.records:,}): {self.signal}, {self.detail} "
-                f"(statistic {self.statistic:.3g})")
+        return (
+            f"drift at batch {self.batch_id} (record {self.records:,}): {self.signal}, {self.detail} "
+            f"(statistic {self.statistic:.3g})"
+        )
 
 
 @dataclasses.dataclass
@@ -116,8 +118,10 @@ class DriftSettings:
             except ValueError:
                 number = -1
             if key not in fields or not number > 0:
-                raise ConfigError(f"Expected --drift KEY=VALUE pairs, KEY one of {', '.join(sorted(fields))}, VALUE a "
-                                  f"positive number. Received: {pair!r}. See docs/drift.md.")
+                raise ConfigError(
+                    f"Expected --drift KEY=VALUE pairs, KEY one of {', '.join(sorted(fields))}, VALUE a "
+                    f"positive number. Received: {pair!r}. See docs/drift.md."
+                )
             out[key] = number
         return cls(**out)
 
@@ -132,34 +136,81 @@ class DriftWatch:
         found: drifts a resumed run found before (its detectors start afresh, with a warm-up).
     """
 
-    def __init__(self, *, classes: int, columns: Sequence[str] | None, settings: DriftSettings | None = None,
-                 found: Sequence[dict[str, Any]] = ()) -> None:
+    def __init__(
+        self,
+        *,
+        classes: int,
+        columns: Sequence[str] | None,
+        settings: DriftSettings | None = None,
+        found: Sequence[dict[str, Any]] = (),
+    ) -> None:
         s = self.settings = settings or DriftSettings()
         self.classes = classes
-        self.loss = LossDrift(delta=s.loss_delta, min_rise=s.loss_min_rise, warmup=s.warmup, cooldown=s.cooldown,
-                              z=s.loss_z)
-        self.prior = (CountsDrift(threshold=s.prior_threshold, window=s.prior_window, warmup=s.warmup,
-                                  cooldown=s.cooldown) if classes > 1 else None)
-        self.feature = (FeatureDrift(columns, threshold=s.feature_threshold, window=s.feature_window,
-                                     warmup=s.warmup, cooldown=s.cooldown) if columns else None)
+        self.loss = LossDrift(
+            delta=s.loss_delta,
+            min_rise=s.loss_min_rise,
+            warmup=s.warmup,
+            cooldown=s.cooldown,
+            z=s.loss_z,
+        )
+        self.prior = (
+            CountsDrift(
+                threshold=s.prior_threshold,
+                window=s.prior_window,
+                warmup=s.warmup,
+                cooldown=s.cooldown,
+            )
+            if classes > 1
+            else None
+        )
+        self.feature = (
+            FeatureDrift(
+                columns,
+                threshold=s.feature_threshold,
+                window=s.feature_window,
+                warmup=s.warmup,
+                cooldown=s.cooldown,
+            )
+            if columns
+            else None
+        )
         self.found = [Drift.from_dict(d) for d in found]
         self.records = 0
 
-    def observe(self, batch_id: int, results: Sequence[Any], offsets: dict[str, list[int]], *,
-                batch_size: int) -> list[Drift]:
+    def observe(
+        self,
+        batch_id: int,
+        results: Sequence[Any],
+        offsets: dict[str, list[int]],
+        *,
+        batch_size: int,
+    ) -> list[Drift]:
         """Feed one batch's task results (ordered by topic and partition: stream order
         within each partition); return the drifts it showed (at most one per signal)."""
         records_before = self.records
         out: dict[str, Drift] = {}
 
         def found(signal: str, statistic: float, detail: str) -> None:
-            out.setdefault(signal, Drift(signal, batch_id, records_before, round(statistic, 4), detail, offsets,
-                                         round(time.time(), 3)))
+            out.setdefault(
+                signal,
+                Drift(
+                    signal,
+                    batch_id,
+                    records_before,
+                    round(statistic, 4),
+                    detail,
+                    offsets,
+                    round(time.time(), 3),
+                ),
+            )
 
         labels = np.zeros(max(self.classes, 1), np.int64)
         for r in results:
-            hit = self.loss.update(getattr(r, "preq_losses", ()), size=batch_size,
-                                   errors=getattr(r, "preq_errors", None))
+            hit = self.loss.update(
+                getattr(r, "preq_losses", ()),
+                size=batch_size,
+                errors=getattr(r, "preq_errors", None),
+            )
             if hit is not None:
                 found("loss", *hit)
             counts = getattr(r, "label_counts", None)

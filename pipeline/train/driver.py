@@ -70,10 +70,20 @@ class TrainDriver:
         keep: checkpoint generations kept (``--keep-checkpoints``).
     """
 
-    def __init__(self, server: Server, state: checkpoint.State | None = None, *,
-                 folder: Path | None = None, releaser: Releaser | None = None, sync_slots: int = 0,
-                 started: float | None = None, fault: str | None = None, on_row: OnRow | None = None,
-                 on_skip: Callable[[int], None] | None = None, keep: int = checkpoint.KEEP) -> None:
+    def __init__(
+        self,
+        server: Server,
+        state: checkpoint.State | None = None,
+        *,
+        folder: Path | None = None,
+        releaser: Releaser | None = None,
+        sync_slots: int = 0,
+        started: float | None = None,
+        fault: str | None = None,
+        on_row: OnRow | None = None,
+        on_skip: Callable[[int], None] | None = None,
+        keep: int = checkpoint.KEEP,
+    ) -> None:
         self.server, self.state, self.folder, self.releaser = server, state, folder, releaser
         self.sync_slots = sync_slots
         self.started = time.monotonic() if started is None else started
@@ -86,7 +96,9 @@ class TrainDriver:
         #: The drift signals and the run's reaction (:meth:`watch_drift`).
         self.drift: DriftResponse | None = None
         #: The newest data the center holds, per partition (a resumed run's from its checkpoint).
-        self.freshness = Freshness.from_state(state.extra.get("freshness") if state is not None else None)
+        self.freshness = Freshness.from_state(
+            state.extra.get("freshness") if state is not None else None
+        )
 
     def watch_heldout(self, y: np.ndarray, *, regression: bool) -> None:
         """Stop the run when its held-out score (on labels ``y``) collapses
@@ -106,18 +118,27 @@ class TrainDriver:
     @property
     def handled(self) -> int:
         """Records trained, and held out of training after a drift, across resumes."""
-        return self.trained + (int(self.state.extra.get("held_out", 0)) if self.state is not None else 0)
+        return self.trained + (
+            int(self.state.extra.get("held_out", 0)) if self.state is not None else 0
+        )
 
     def skip(self, batch_id: int, ranges: list[OffsetRange] | None) -> bool:
         """Whether ``batch_id`` is one the checkpoint holds (Spark replays it after a lost
         commit); ``ranges``: the batch's merged ranges as Spark logged them (None: unknown)."""
         self._batch = batch_id
-        self._fault("committed", batch_id - 1)  # Spark committed the previous batch and asks for this one
+        self._fault(
+            "committed", batch_id - 1
+        )  # Spark committed the previous batch and asks for this one
         state = self.state
         if state is None or batch_id > state.last_batch_id:
             return False
-        ledger.check_replay(state.ledger, batch_id=batch_id, last_batch_id=state.last_batch_id, ranges=ranges,
-                            where=str(self.folder))
+        ledger.check_replay(
+            state.ledger,
+            batch_id=batch_id,
+            last_batch_id=state.last_batch_id,
+            ranges=ranges,
+            where=str(self.folder),
+        )
         if self.on_skip is not None:
             self.on_skip(batch_id)
         return True
@@ -140,32 +161,53 @@ class TrainDriver:
             self._diverged(info.batch_id, diverged[0])
         row.tasks = self.check_applied(info.results, batch_id=info.batch_id)
         self.check_finite(info.batch_id, weights, row)
-        if self.drift is not None:  # before the save: the checkpoint holds the drifts and the held-out count
+        if (
+            self.drift is not None
+        ):  # before the save: the checkpoint holds the drifts and the held-out count
             self.drift.on_batch(info, row, self)
         began = time.perf_counter()
         state = self.state
-        state.weights, state.clock, state.last_batch_id, state.optimizer = weights, clock, info.batch_id, optimizer
+        state.weights, state.clock, state.last_batch_id, state.optimizer = (
+            weights,
+            clock,
+            info.batch_id,
+            optimizer,
+        )
         state.ledger = ledger.add(state.ledger, info.batch_id, info.ranges)
         # The batches passed over as unreadable (--on-poison skip) stay with the checkpoint:
         # their offsets are accounted for, as skipped, across resumes.
         poison = list(state.extra.get("poison", [])) + [
-            [info.batch_id, p.topic, p.partition, p.first, p.last, p.cause] for p in info.poison]
+            [info.batch_id, p.topic, p.partition, p.first, p.last, p.cause] for p in info.poison
+        ]
         self.freshness.learn(info.newest_ms, lag=info.lag)
         held_out = int(state.extra.get("held_out", 0)) + row.held_out
-        state.extra = {"trained": self.trained + row.trained, **({"poison": poison} if poison else {}),
-                       "freshness": self.freshness.state(),
-                       **({"heldout": self.watch.state()} if self.watch is not None else {}),
-                       **({"drift": self.drift.watch.state(), "held_out": held_out} if self.drift is not None else {})}
+        state.extra = {
+            "trained": self.trained + row.trained,
+            **({"poison": poison} if poison else {}),
+            "freshness": self.freshness.state(),
+            **({"heldout": self.watch.state()} if self.watch is not None else {}),
+            **(
+                {"drift": self.drift.watch.state(), "held_out": held_out}
+                if self.drift is not None
+                else {}
+            ),
+        }
         # The generation of the best score stays, however old, for a collapse to go back to;
         # so does each from just before a drift.
         pinned = [self.watch.best_batch] if self.watch is not None else []
-        checkpoint.save(self.folder, state, keep=self.keep,
-                        pinned=pinned + (self.drift.pinned() if self.drift is not None else []))
+        checkpoint.save(
+            self.folder,
+            state,
+            keep=self.keep,
+            pinned=pinned + (self.drift.pinned() if self.drift is not None else []),
+        )
         row.checkpoint_ms = round((time.perf_counter() - began) * 1000, 2)
         if self.releaser is not None:
             self.releaser.trained(info.ranges)
         row.commit_s = round(time.perf_counter() - committing, 4)
-        row.freshness_s = self.freshness.seconds(time.time())  # the moment the batch is saved (and served)
+        row.freshness_s = self.freshness.seconds(
+            time.time()
+        )  # the moment the batch is saved (and served)
         row.data_as_of = self.freshness.as_of
         if self.on_row is not None:
             self.on_row(info, row, weights)  # scores the held-out split when due
@@ -184,15 +226,23 @@ class TrainDriver:
             return
         if loss is not None and math.isfinite(loss) and loss > bound:
             assert self.watch is not None
-            what = (f"prequential loss {loss:.4g}, over {self.watch.loss_bound / self.watch.loss_reference:,.0f} times "
-                    f"what predicting without the features costs, {self.watch.loss_reference:.4g}")
+            what = (
+                f"prequential loss {loss:.4g}, over {self.watch.loss_bound / self.watch.loss_reference:,.0f} times "
+                f"what predicting without the features costs, {self.watch.loss_reference:.4g}"
+            )
         else:
-            what = f"prequential loss {loss}" if loss is not None and not math.isfinite(loss) else "weights not finite"
+            what = (
+                f"prequential loss {loss}"
+                if loss is not None and not math.isfinite(loss)
+                else "weights not finite"
+            )
         self._diverged(batch_id, what)
 
     def _diverged(self, batch_id: int, what: str) -> None:
-        raise StreamtrainError(f"Batch {batch_id}: the model diverged ({what}); the batch is not saved or committed. "
-                               f"Lower the learning rate (or check the data), then {self._way_back()}.")
+        raise StreamtrainError(
+            f"Batch {batch_id}: the model diverged ({what}); the batch is not saved or committed. "
+            f"Lower the learning rate (or check the data), then {self._way_back()}."
+        )
 
     def check_heldout(self, batch_id: int, scores: dict[str, float]) -> None:
         """Stop a model whose held-out score collapsed (:class:`HeldoutWatch`), before Spark
@@ -204,7 +254,8 @@ class TrainDriver:
         raise StreamtrainError(
             f"Batch {batch_id}: the model collapsed ({collapsed}); the batch is not committed. Check the data "
             f"(its labels) and the learning rate, then {self._way_back(self.watch.best_batch if self.watch else -1)} "
-            f"(or add --no-divergence-check to train on regardless).")
+            f"(or add --no-divergence-check to train on regardless)."
+        )
 
     def _way_back(self, sound: int = -1) -> str:
         """How to continue from a kept generation: ``sound`` if it is kept, else the newest."""
@@ -212,10 +263,14 @@ class TrainDriver:
         if not kept:
             return "start again (another --out)"
         pick = sound if sound in kept else kept[-1]
-        return (f"continue from batch {pick}'s checkpoint with: streamtrain run --resume {self.folder} --generation "
-                f"{pick} (kept: {', '.join(map(str, kept))})")
+        return (
+            f"continue from batch {pick}'s checkpoint with: streamtrain run --resume {self.folder} --generation "
+            f"{pick} (kept: {', '.join(map(str, kept))})"
+        )
 
-    def check_applied(self, results: list[TaskResult], *, batch_id: int | None = None) -> list[TaskRow]:
+    def check_applied(
+        self, results: list[TaskResult], *, batch_id: int | None = None
+    ) -> list[TaskRow]:
         """Each task's mini-batches against the parameter server's own count of those it
         applied; a difference (an update applied twice, or lost) raises, so that the batch
         is not committed and a resume trains it again from the last checkpoint.
@@ -231,12 +286,15 @@ class TrainDriver:
             if applied == r.steps_total:
                 continue
             if batch_id is None:
-                raise StreamtrainError(f"The parameter server applied {applied} of the {r.steps_total} "
-                                       f"mini-batches of worker {r.worker}; train again.")
+                raise StreamtrainError(
+                    f"The parameter server applied {applied} of the {r.steps_total} "
+                    f"mini-batches of worker {r.worker}; train again."
+                )
             raise StreamtrainError(
                 f"Batch {batch_id}: the parameter server applied {applied} of the {r.steps_total} "
                 f"mini-batches of worker {r.worker}'s range; the batch is not committed. Continue with: "
-                f"streamtrain run --resume {self.folder}")
+                f"streamtrain run --resume {self.folder}"
+            )
         return rows
 
     def _fault(self, point: str, batch_id: int) -> None:

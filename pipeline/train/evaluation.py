@@ -32,8 +32,18 @@ class Evaluation:
         shards: tasks per scoring.
     """
 
-    def __init__(self, spark: Any, spec: ModelSpec, *, schema: codec.Schema, x: np.ndarray, y: np.ndarray,
-                 job: str, threads: int, shards: int) -> None:
+    def __init__(
+        self,
+        spark: Any,
+        spec: ModelSpec,
+        *,
+        schema: codec.Schema,
+        x: np.ndarray,
+        y: np.ndarray,
+        job: str,
+        threads: int,
+        shards: int,
+    ) -> None:
         self.spark, self.spec, self.schema, self.y = spark, spec, schema, y
         self.job, self.threads, self.shards = job, threads, max(1, min(shards, len(y)))
         self._x = spark.sparkContext.broadcast(x)
@@ -45,15 +55,29 @@ class Evaluation:
 
     def predict(self, weights: np.ndarray) -> np.ndarray:
         """The model's outputs on the held-out records with ``weights``."""
-        spec, schema, job, threads, shards, records = self.spec, self.schema, self.job, self.threads, self.shards, self._x
+        spec, schema, job, threads, shards, records = (
+            self.spec,
+            self.schema,
+            self.job,
+            self.threads,
+            self.shards,
+            self._x,
+        )
 
         def task(i: int) -> np.ndarray:
             from pipeline.train.replica import predict
 
-            return predict(spec, weights, schema.to_model_input(records.value[i::shards]), job=job, threads=threads)
+            return predict(
+                spec,
+                weights,
+                schema.to_model_input(records.value[i::shards]),
+                job=job,
+                threads=threads,
+            )
 
-        parts = cluster.run_on_executors(self.spark, range(shards), task,
-                                         description="streamtrain: score the held-out split")
+        parts = cluster.run_on_executors(
+            self.spark, range(shards), task, description="streamtrain: score the held-out split"
+        )
         probs = np.empty((len(self.y), *parts[0].shape[1:]), parts[0].dtype)
         for i, part in enumerate(parts):
             probs[i::shards] = part
@@ -72,7 +96,9 @@ class Evaluation:
 
             return model_file(spec, weights)
 
-        [blob] = cluster.run_on_executors(self.spark, [0], task, description="streamtrain: save the model")
+        [blob] = cluster.run_on_executors(
+            self.spark, [0], task, description="streamtrain: save the model"
+        )
         tmp = path.with_name(f".{path.name}.tmp")
         tmp.write_bytes(blob)
         os.replace(tmp, path)

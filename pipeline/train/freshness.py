@@ -43,11 +43,15 @@ class Freshness:
         as_of: the bound (Unix seconds): every partition's learned data reaches at least it.
     """
 
-    def __init__(self, newest_ms: dict[TopicPartition, int] | None = None, as_of: float | None = None) -> None:
+    def __init__(
+        self, newest_ms: dict[TopicPartition, int] | None = None, as_of: float | None = None
+    ) -> None:
         self.newest_ms: dict[TopicPartition, int] = dict(newest_ms or {})
         self.as_of = as_of
 
-    def learn(self, newest_ms: dict[TopicPartition, int], *, lag: dict[TopicPartition, int]) -> None:
+    def learn(
+        self, newest_ms: dict[TopicPartition, int], *, lag: dict[TopicPartition, int]
+    ) -> None:
         """The center now holds a batch whose records' newest timestamps per partition are
         ``newest_ms``; ``lag``: the records left per partition when it ended (a partition
         missing from it counts as lagging: unknown is not caught up)."""
@@ -55,7 +59,9 @@ class Freshness:
             self.newest_ms[tp] = max(ms, self.newest_ms.get(tp, ms))
         if not self.newest_ms:
             return
-        bounding = [ms for tp, ms in self.newest_ms.items() if tp in newest_ms or lag.get(tp, 1) > 0]
+        bounding = [
+            ms for tp, ms in self.newest_ms.items() if tp in newest_ms or lag.get(tp, 1) > 0
+        ]
         self.as_of = (min(bounding) if bounding else max(self.newest_ms.values())) / 1000
 
     def seconds(self, now: float) -> float | None:
@@ -69,7 +75,10 @@ class Freshness:
 
     def state(self) -> dict[str, Any]:
         """What the checkpoint keeps (JSON: partitions as ``topic:partition``)."""
-        return {"as_of": self.as_of, "newest_ms": {f"{t}:{p}": ms for (t, p), ms in self.newest_ms.items()}}
+        return {
+            "as_of": self.as_of,
+            "newest_ms": {f"{t}:{p}": ms for (t, p), ms in self.newest_ms.items()},
+        }
 
     @classmethod
     def from_state(cls, state: dict[str, Any] | None) -> Freshness:

@@ -72,10 +72,19 @@ class TrainHandler(microbatch.Handler):
             mask = block.offsets % self.holdout_every == 0
             held, x, y = (x[mask], y[mask]), x[~mask], y[~mask]
         result = train_partition(
-            block.schema.to_model_input(x), y, spec=self.spec, algorithm=self.algorithm,
-            server=self.server, worker=worker, job=self.job, threads=self.threads,
-            seed=(seed, block.partition, first), task=task_key(block.topic, block.partition, first),
-            attempt=ctx.attemptNumber() if ctx else 0, after_exchange=_fault_after, lr_scale=self.lr_scale,
+            block.schema.to_model_input(x),
+            y,
+            spec=self.spec,
+            algorithm=self.algorithm,
+            server=self.server,
+            worker=worker,
+            job=self.job,
+            threads=self.threads,
+            seed=(seed, block.partition, first),
+            task=task_key(block.topic, block.partition, first),
+            attempt=ctx.attemptNumber() if ctx else 0,
+            after_exchange=_fault_after,
+            lr_scale=self.lr_scale,
         )
         _describe(result, block.schema, x, y, held)
         return result
@@ -92,12 +101,19 @@ class TrainHandler(microbatch.Handler):
         return bool(self.driver is not None and self.driver.skip(batch_id, ranges))
 
 
-def _describe(result: TaskResult, schema: Any, x: np.ndarray, y: np.ndarray,
-              held: tuple[np.ndarray, np.ndarray] | None) -> None:
+def _describe(
+    result: TaskResult,
+    schema: Any,
+    x: np.ndarray,
+    y: np.ndarray,
+    held: tuple[np.ndarray, np.ndarray] | None,
+) -> None:
     """What the driver's drift signals read besides the losses: the class counts, a sample
     of a table's features (images have no per-column meaning), the held-out records."""
     if schema.num_classes > 1 and not schema.regression and len(y):
-        result.label_counts = np.bincount(y.astype(np.int64), minlength=schema.num_classes)[: schema.num_classes].tolist()
+        result.label_counts = np.bincount(y.astype(np.int64), minlength=schema.num_classes)[
+            : schema.num_classes
+        ].tolist()
     if schema.dtype == "float32" and len(x):
         result.sample_x = x[:: max(1, len(x) // SAMPLE_ROWS)][:SAMPLE_ROWS]
     if held is not None and result.diverged is None:
@@ -133,4 +149,6 @@ def _executor_jvm() -> int:
             if b"CoarseGrainedExecutorBackend" in Path(f"/proc/{pid}/cmdline").read_bytes():
                 return pid
         pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-    raise RuntimeError("fault injection: no executor JVM above this Python worker (local mode has none)")
+    raise RuntimeError(
+        "fault injection: no executor JVM above this Python worker (local mode has none)"
+    )

@@ -28,7 +28,10 @@ def add(ledger: Ledger, batch_id: int, ranges: list[OffsetRange]) -> Ledger:
     >>> add([[0, "t", 0, 0, 5]], 1, [OffsetRange("t", 0, 5, 9)])
     [[0, 't', 0, 0, 5], [1, 't', 0, 5, 9]]
     """
-    return compact(ledger + [[batch_id, r.topic, r.partition, r.start, r.end] for r in ranges], keep_batch=batch_id)
+    return compact(
+        ledger + [[batch_id, r.topic, r.partition, r.start, r.end] for r in ranges],
+        keep_batch=batch_id,
+    )
 
 
 def ranges_of(ledger: Ledger, batch_id: int) -> list[OffsetRange]:
@@ -37,7 +40,11 @@ def ranges_of(ledger: Ledger, batch_id: int) -> list[OffsetRange]:
     >>> ranges_of([[0, "t", 0, 0, 5], [1, "t", 0, 5, 9]], 1)
     [OffsetRange(topic='t', partition=0, start=5, end=9)]
     """
-    return [OffsetRange(t, int(p), int(s), int(e)) for b, t, p, s, e in ledger if b == batch_id and e > s]
+    return [
+        OffsetRange(t, int(p), int(s), int(e))
+        for b, t, p, s, e in ledger
+        if b == batch_id and e > s
+    ]
 
 
 def check_ledger(ledger: Ledger) -> dict[tuple[str, int], int]:
@@ -54,8 +61,10 @@ def check_ledger(ledger: Ledger) -> dict[tuple[str, int], int]:
     for batch_id, topic, part, start, end in ledger:
         key = (topic, int(part))
         if key in ends and start != ends[key]:
-            raise DataError(f"ledger: {topic}-{part} batch {batch_id} starts at {start} "
-                            f"but the previous range ended at {ends[key]}")
+            raise DataError(
+                f"ledger: {topic}-{part} batch {batch_id} starts at {start} "
+                f"but the previous range ended at {ends[key]}"
+            )
         ends[key] = end
     return ends
 
@@ -74,7 +83,12 @@ def compact(ledger: Ledger, *, keep_batch: int) -> Ledger:
     for batch_id, topic, part, start, end in ledger:
         key = (topic, int(part))
         i = last.get(key)
-        if batch_id != keep_batch and i is not None and out[i][0] != keep_batch and out[i][4] == start:
+        if (
+            batch_id != keep_batch
+            and i is not None
+            and out[i][0] != keep_batch
+            and out[i][4] == start
+        ):
             out[i] = [batch_id, topic, part, out[i][3], end]
         else:
             out.append([batch_id, topic, part, start, end])
@@ -82,8 +96,14 @@ def compact(ledger: Ledger, *, keep_batch: int) -> Ledger:
     return out
 
 
-def check_replay(ledger: Ledger, *, batch_id: int, last_batch_id: int,
-                 ranges: list[OffsetRange] | None, where: str) -> None:
+def check_replay(
+    ledger: Ledger,
+    *,
+    batch_id: int,
+    last_batch_id: int,
+    ranges: list[OffsetRange] | None,
+    where: str,
+) -> None:
     """Refuse to skip a replayed batch the checkpoint did not apply as Spark now replays it.
 
     Spark replays at most the last batch whose commit it lost, with the offsets it logged:
@@ -98,17 +118,21 @@ def check_replay(ledger: Ledger, *, batch_id: int, last_batch_id: int,
     pipeline.errors.DataError: Spark replays batch 0, but the checkpoint in out holds batches up to 4: Spark's checkpoint (out/spark-checkpoint) does not belong with state.npz. Restore both from the same moment, or train into a new --out.
     """
     if batch_id < last_batch_id:
-        raise DataError(f"Spark replays batch {batch_id}, but the checkpoint in {where} holds batches up to "
-                        f"{last_batch_id}: Spark's checkpoint ({where}/spark-checkpoint) does not belong with "
-                        "state.npz. Restore both from the same moment, or train into a new --out.")
+        raise DataError(
+            f"Spark replays batch {batch_id}, but the checkpoint in {where} holds batches up to "
+            f"{last_batch_id}: Spark's checkpoint ({where}/spark-checkpoint) does not belong with "
+            "state.npz. Restore both from the same moment, or train into a new --out."
+        )
     if ranges is None:
         return
     applied = sorted(ranges_of(ledger, batch_id), key=_order)
     replayed = sorted((r for r in ranges if r.count > 0), key=_order)
     if applied != replayed:
-        raise DataError(f"Spark replays batch {batch_id} over {_ranges(replayed)}, but the checkpoint in {where} "
-                        f"applied batch {batch_id} over {_ranges(applied)}: Spark's checkpoint does not belong with "
-                        "state.npz. Restore both from the same moment, or train into a new --out.")
+        raise DataError(
+            f"Spark replays batch {batch_id} over {_ranges(replayed)}, but the checkpoint in {where} "
+            f"applied batch {batch_id} over {_ranges(applied)}: Spark's checkpoint does not belong with "
+            "state.npz. Restore both from the same moment, or train into a new --out."
+        )
 
 
 def _order(r: OffsetRange) -> tuple[str, int, int, int]:

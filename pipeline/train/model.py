@@ -17,7 +17,11 @@ import numpy as np
 from pipeline.errors import ConfigError
 
 #: Losses whose models get an accuracy metric.
-CLASSIFICATION_LOSSES = ("sparse_categorical_crossentropy", "categorical_crossentropy", "binary_crossentropy")
+CLASSIFICATION_LOSSES = (
+    "sparse_categorical_crossentropy",
+    "categorical_crossentropy",
+    "binary_crossentropy",
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,12 +78,16 @@ class ModelSpec:
                 shapes.append((hi - lo,))
                 trainable.append(self.trainable[i] if self.trainable else True)
             at += n
-        return dataclasses.replace(self, shapes=tuple(shapes), trainable=tuple(trainable) if self.trainable else ())
+        return dataclasses.replace(
+            self, shapes=tuple(shapes), trainable=tuple(trainable) if self.trainable else ()
+        )
 
     @property
     def fingerprint(self) -> str:
         """A digest of everything that makes two replicas interchangeable."""
-        blob = json.dumps([self.architecture, self.optimizer, self.loss], sort_keys=True, default=str)
+        blob = json.dumps(
+            [self.architecture, self.optimizer, self.loss], sort_keys=True, default=str
+        )
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
     def to_json(self) -> str:
@@ -94,14 +102,22 @@ class ModelSpec:
     @classmethod
     def from_json(cls, text: str) -> ModelSpec:
         d = json.loads(text)
-        return cls(d["architecture"], d["optimizer"], d["loss"], tuple(tuple(s) for s in d["shapes"]),
-                   tuple(d.get("imports", ())), tuple(bool(t) for t in d.get("trainable", ())))
+        return cls(
+            d["architecture"],
+            d["optimizer"],
+            d["loss"],
+            tuple(tuple(s) for s in d["shapes"]),
+            tuple(d.get("imports", ())),
+            tuple(bool(t) for t in d.get("trainable", ())),
+        )
 
     @classmethod
     def from_model(cls, model: Any, *, optimizer: str | dict[str, Any], loss: str) -> ModelSpec:
         """Describe a built Keras model (Sequential, functional, or subclassed with get_config)."""
         if not model.built or not model.weights:
-            raise ConfigError("Expected a built Keras model with weights (give it an Input, or call it on one batch). Received an unbuilt one.")
+            raise ConfigError(
+                "Expected a built Keras model with weights (give it an Input, or call it on one batch). Received an unbuilt one."
+            )
         try:
             architecture = model.to_json()
         except (NotImplementedError, TypeError, ValueError) as e:
@@ -114,7 +130,14 @@ class ModelSpec:
         imports = [m for m in imports if m.split(".")[0] not in ("keras", "tf_keras", "tensorflow")]
         shapes = tuple(tuple(w.shape) for w in model.get_weights())
         trainable = tuple(bool(w.trainable) for w in model.weights)  # the order of get_weights()
-        return cls(architecture, optimizer, loss, shapes, tuple(imports), () if all(trainable) else trainable)
+        return cls(
+            architecture,
+            optimizer,
+            loss,
+            shapes,
+            tuple(imports),
+            () if all(trainable) else trainable,
+        )
 
     def build(self, *, compile: bool = True) -> Any:
         """A replica with freshly initialized weights, compiled unless asked not to."""
@@ -131,7 +154,9 @@ class ModelSpec:
         # A classifier's accuracy comes with every training step's loss, computed in the
         # same forward pass (the prequential score).
         metrics = ["accuracy"] if self.loss in CLASSIFICATION_LOSSES else None
-        model.compile(optimizer=keras.optimizers.get(self.optimizer), loss=self.loss, metrics=metrics)
+        model.compile(
+            optimizer=keras.optimizers.get(self.optimizer), loss=self.loss, metrics=metrics
+        )
         return model
 
 
@@ -142,7 +167,9 @@ def input_shape(model: Any) -> tuple[int, ...]:
         return tuple(int(d) for d in inputs[0].shape[1:])
     built = (model.get_build_config() or {}).get("input_shape")
     if not built:
-        raise ConfigError("Cannot tell the model's input shape: call the model on one batch before training it.")
+        raise ConfigError(
+            "Cannot tell the model's input shape: call the model on one batch before training it."
+        )
     return tuple(int(d) for d in built[1:])
 
 
@@ -191,7 +218,9 @@ class FlatWeights:
         variables = [w.value for w in model.weights]  # the order of get_weights()
         sizes = [int(np.prod(s)) for s in shapes]
         if [int(np.prod(v.shape)) for v in variables] != sizes:
-            raise ConfigError(f"Expected weights of sizes {sizes}. Received: {[tuple(v.shape) for v in variables]}")
+            raise ConfigError(
+                f"Expected weights of sizes {sizes}. Received: {[tuple(v.shape) for v in variables]}"
+            )
 
         def read() -> Any:
             return tf.concat([tf.reshape(tf.cast(v, tf.float32), [-1]) for v in variables], 0)
@@ -244,7 +273,9 @@ class FlatGradients:
         if sparse:
             labels = tf.TensorSpec([None], tf.int32)
         else:
-            self._out = tuple(np.shape(model.predict_on_batch(np.zeros((1, *shape), np.float32)))[1:])
+            self._out = tuple(
+                np.shape(model.predict_on_batch(np.zeros((1, *shape), np.float32)))[1:]
+            )
             labels = tf.TensorSpec([None, *self._out], tf.float32)
         loss_name = spec.loss
 
@@ -268,11 +299,16 @@ class FlatGradients:
             parts = []
             for v, t in zip(variables, trainable, strict=True):
                 g = next(grads) if t else None
-                parts.append(tf.reshape(tf.cast(g, tf.float32), [-1]) if g is not None
-                             else tf.zeros([int(np.prod(v.shape))], tf.float32))
+                parts.append(
+                    tf.reshape(tf.cast(g, tf.float32), [-1])
+                    if g is not None
+                    else tf.zeros([int(np.prod(v.shape))], tf.float32)
+                )
             return tf.concat(parts, 0), loss, accuracy(y, pred)
 
-        self._step = tf.function(step, input_signature=[tf.TensorSpec([None, *shape], tf.float32), labels])
+        self._step = tf.function(
+            step, input_signature=[tf.TensorSpec([None, *shape], tf.float32), labels]
+        )
 
     def __call__(self, x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, float, float]:
         """The gradient on ``x``/``y`` at the replica's weights, the loss and the accuracy."""

@@ -30,7 +30,13 @@ class ServerInfo:
     @classmethod
     def of(cls, server: Any, wire_dtype: str = "float32") -> ServerInfo:
         """How workers reach ``server`` (one parameter server, or a sharded one)."""
-        return cls(server.host, server.port, server.secret, wire_dtype, tuple(getattr(server, "shards", ())))
+        return cls(
+            server.host,
+            server.port,
+            server.secret,
+            wire_dtype,
+            tuple(getattr(server, "shards", ())),
+        )
 
 
 @dataclasses.dataclass
@@ -139,7 +145,9 @@ def train_partition(
     """
     algo = algorithms.get(algorithm)
     entry, fresh = replica(spec, job=job, threads=threads, lr_scale=lr_scale)
-    y = _labels(spec.loss, y, spec.shapes[-1][-1])  # the output layer's bias: subclassed models have no .outputs
+    y = _labels(
+        spec.loss, y, spec.shapes[-1][-1]
+    )  # the output layer's bias: subclassed models have no .outputs
     shape = input_shape(entry.model)
     if x.shape[1:] != shape:
         x = x.reshape((len(x), *shape))
@@ -157,8 +165,15 @@ def train_partition(
     preq_errors: list[float] = []
     timer = _Timer()
     try:
-        with ps.connect((server.host, server.port), server.shards, secret=server.secret, worker=worker,
-                        size=spec.size, wire_dtype=server.wire_dtype, retry_s=CONNECT_RETRY_S) as client:
+        with ps.connect(
+            (server.host, server.port),
+            server.shards,
+            secret=server.secret,
+            worker=worker,
+            size=spec.size,
+            wire_dtype=server.wire_dtype,
+            retry_s=CONNECT_RETRY_S,
+        ) as client:
             with timer("exchange"):
                 done = client.begin(task, steps=total, window=window) if task else 0
                 pulled = client.pull().copy()
@@ -190,22 +205,50 @@ def train_partition(
         # would compute the same update), and the driver stops the batch before its save
         # with one line.
         last = losses[-1] if losses else float("nan")
-        why = (f"worker {worker}'s update after {len(losses)} mini-batches was not finite, last loss {last:.4g}"
-               if e.reason == "nonfinite" else f"worker {worker}: {e}")
+        why = (
+            f"worker {worker}'s update after {len(losses)} mini-batches was not finite, last loss {last:.4g}"
+            if e.reason == "nonfinite"
+            else f"worker {worker}: {e}"
+        )
         return TaskResult(
-            worker=worker, records=0, steps=0, exchanges=timer.exchanges, loss_first=float("nan"), loss_last=last,
-            staleness=[], compute_s=timer.seconds["compute"], exchange_s=timer.seconds["exchange"],
-            fresh_replica=fresh, task=task, attempt=attempt, diverged=why)
+            worker=worker,
+            records=0,
+            steps=0,
+            exchanges=timer.exchanges,
+            loss_first=float("nan"),
+            loss_last=last,
+            staleness=[],
+            compute_s=timer.seconds["compute"],
+            exchange_s=timer.seconds["exchange"],
+            fresh_replica=fresh,
+            task=task,
+            attempt=attempt,
+            diverged=why,
+        )
     head = losses[: min(10, len(losses))] or [float("nan")]
     tail = losses[-min(10, len(losses)) :] or [float("nan")]
     return TaskResult(
-        worker=worker, records=n * epochs, steps=len(losses), exchanges=timer.exchanges,
-        loss_first=float(np.mean(head)), loss_last=float(np.mean(tail)), staleness=half.staleness,
-        compute_s=timer.seconds["compute"], exchange_s=timer.seconds["exchange"], fresh_replica=fresh,
-        preq_n=int(preq[0]), preq_loss=float(preq[1] / preq[0]) if preq[0] else float("nan"),
+        worker=worker,
+        records=n * epochs,
+        steps=len(losses),
+        exchanges=timer.exchanges,
+        loss_first=float(np.mean(head)),
+        loss_last=float(np.mean(tail)),
+        staleness=half.staleness,
+        compute_s=timer.seconds["compute"],
+        exchange_s=timer.seconds["exchange"],
+        fresh_replica=fresh,
+        preq_n=int(preq[0]),
+        preq_loss=float(preq[1] / preq[0]) if preq[0] else float("nan"),
         preq_acc=float(preq[2] / preq[0]) if preq[0] else float("nan"),
-        task=task, steps_total=total, steps_skipped=skipped, repeats=client.repeats, attempt=attempt,
-        shared_memory=client.shared, wire_dtype=client.wire_dtype, preq_losses=preq_losses,
+        task=task,
+        steps_total=total,
+        steps_skipped=skipped,
+        repeats=client.repeats,
+        attempt=attempt,
+        shared_memory=client.shared,
+        wire_dtype=client.wire_dtype,
+        preq_losses=preq_losses,
         preq_errors=preq_errors,
     )
 

@@ -55,10 +55,27 @@ def check_source(source: str) -> None:
     try:
         tree = ast.parse(Path(path).read_text(), filename=path)
     except SyntaxError as e:
-        raise ConfigError(f"{path} failed to import (SyntaxError: {e.msg}, line {e.lineno}).") from None
-    defined = {n.name for n in tree.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)}
-    defined |= {t.id for n in tree.body if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)}
-    defined |= {a.asname or a.name for n in tree.body if isinstance(n, ast.ImportFrom | ast.Import) for a in n.names}
+        raise ConfigError(
+            f"{path} failed to import (SyntaxError: {e.msg}, line {e.lineno})."
+        ) from None
+    defined = {
+        n.name
+        for n in tree.body
+        if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
+    }
+    defined |= {
+        t.id
+        for n in tree.body
+        if isinstance(n, ast.Assign)
+        for t in n.targets
+        if isinstance(t, ast.Name)
+    }
+    defined |= {
+        a.asname or a.name
+        for n in tree.body
+        if isinstance(n, ast.ImportFrom | ast.Import)
+        for a in n.names
+    }
     if fn not in defined:
         raise ConfigError(f"{path} has no function {fn!r} to build the model.")
 
@@ -80,7 +97,9 @@ def load_model(source: str | None, dataset: str) -> Any:
             except Exception:
                 return keras.models.load_model(source, compile=False)
         except Exception as e:
-            raise ConfigError(f"{source} is not a loadable Keras model ({type(e).__name__}: {e}).") from None
+            raise ConfigError(
+                f"{source} is not a loadable Keras model ({type(e).__name__}: {e})."
+            ) from None
     path, _, fn = source.partition(":")
     if not path.endswith(".py") or not fn:
         raise ConfigError(f"Expected --model FILE.py:BUILD_FN or FILE.keras. Received: {source!r}")
@@ -109,11 +128,27 @@ class Probe:
     and skips the import.
     """
 
-    def __init__(self, source: str | None, dataset: str, *, optimizer: str | dict[str, Any], loss: str,
-                 folder: Path, zygote: Zygote | None = None, expect: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        source: str | None,
+        dataset: str,
+        *,
+        optimizer: str | dict[str, Any],
+        loss: str,
+        folder: Path,
+        zygote: Zygote | None = None,
+        expect: dict[str, Any] | None = None,
+    ) -> None:
         self.folder = folder
         folder.mkdir(parents=True, exist_ok=True)
-        args = [source or "", dataset, json.dumps(optimizer), loss, str(folder), json.dumps(expect or {})]
+        args = [
+            source or "",
+            dataset,
+            json.dumps(optimizer),
+            loss,
+            str(folder),
+            json.dumps(expect or {}),
+        ]
         env = {"TF_CPP_MIN_LOG_LEVEL": "2"}
         # Its output goes to a file: a pipe nobody reads until the end could fill and stall it.
         self._log = open(folder / "probe.log", "w+")  # noqa: SIM115
@@ -121,11 +156,21 @@ class Probe:
         try:
             if zygote is None:
                 raise ZygoteError("none")
-            self._proc = zygote.run("pipeline.train.probe", args, stdout=self._log.fileno(),
-                                    stderr=self._log.fileno(), env=env)
+            self._proc = zygote.run(
+                "pipeline.train.probe",
+                args,
+                stdout=self._log.fileno(),
+                stderr=self._log.fileno(),
+                env=env,
+            )
         except ZygoteError:
-            self._proc = subprocess.Popen([sys.executable, "-m", "pipeline.train.probe", *args], stdout=self._log,
-                                          stderr=subprocess.STDOUT, text=True, env={**os.environ, **env})
+            self._proc = subprocess.Popen(
+                [sys.executable, "-m", "pipeline.train.probe", *args],
+                stdout=self._log,
+                stderr=subprocess.STDOUT,
+                text=True,
+                env={**os.environ, **env},
+            )
 
     def result(self) -> tuple[ModelSpec, np.ndarray]:
         """The spec and the initial weights; a ConfigError with the child's message if it failed."""
@@ -136,8 +181,12 @@ class Probe:
         if self._proc.returncode != 0:
             # TensorFlow may log to stderr too: the message is the line with the marker.
             said = [line.removeprefix(_MARK) for line in err.splitlines() if line.startswith(_MARK)]
-            raise ConfigError(said[-1] if said else f"Describing the model failed (exit {self._proc.returncode}): "
-                              f"{(err.strip().splitlines() or ['no output'])[-1]}")
+            raise ConfigError(
+                said[-1]
+                if said
+                else f"Describing the model failed (exit {self._proc.returncode}): "
+                f"{(err.strip().splitlines() or ['no output'])[-1]}"
+            )
         spec = ModelSpec.from_json((self.folder / "spec.json").read_text())
         return spec, np.load(self.folder / "weights.npy", allow_pickle=False)
 
@@ -162,9 +211,11 @@ def check_contract(model: Any, expect: dict[str, Any]) -> None:
     want = tuple(expect["input"])
     outputs = int(np.shape(model(np.zeros((1, *shape), np.float32)))[-1])
     if int(np.prod(shape)) != int(np.prod(want)) or outputs != expect["outputs"]:
-        raise ConfigError(f"Expected a model with input {list(want)} and {expect['outputs']} output unit(s) for "
-                          f"{expect['what']}. Received: input {list(shape)} and {outputs} output unit(s). Change the "
-                          "model's Input or its last layer.")
+        raise ConfigError(
+            f"Expected a model with input {list(want)} and {expect['outputs']} output unit(s) for "
+            f"{expect['what']}. Received: input {list(shape)} and {outputs} output unit(s). Change the "
+            "model's Input or its last layer."
+        )
 
 
 def compiled_with(model: Any) -> tuple[dict[str, Any], str] | None:

@@ -34,7 +34,9 @@ class Replica:
     weights: FlatWeights
     spec: ModelSpec
     _gradients: FlatGradients | None = None
-    base_lr: float | None = None  # its optimizer's learning rate as compiled (--on-drift adapt scales it)
+    base_lr: float | None = (
+        None  # its optimizer's learning rate as compiled (--on-drift adapt scales it)
+    )
     lr_scale: float = 1.0
 
     @property
@@ -64,8 +66,15 @@ def init_tensorflow(threads: int) -> None:
         pass  # already initialized in this process: the first setting stays
 
 
-def replica(spec: ModelSpec, *, job: str, threads: int = 1, prime_batch: int = 0,
-            gradients: bool = False, lr_scale: float | None = None) -> tuple[Replica, bool]:
+def replica(
+    spec: ModelSpec,
+    *,
+    job: str,
+    threads: int = 1,
+    prime_batch: int = 0,
+    gradients: bool = False,
+    lr_scale: float | None = None,
+) -> tuple[Replica, bool]:
     """The cached compiled replica for ``spec`` (built if new); a new ``job`` resets its
     optimizer; ``lr_scale`` (None: leave as it is) multiplies its compiled learning rate.
 
@@ -77,7 +86,9 @@ def replica(spec: ModelSpec, *, job: str, threads: int = 1, prime_batch: int = 0
     entry = _REPLICAS.get(spec.fingerprint)
     if entry is None:
         model = spec.build()
-        entry = _REPLICAS[spec.fingerprint] = Replica(model, job, FlatWeights(model, spec.shapes), spec)
+        entry = _REPLICAS[spec.fingerprint] = Replica(
+            model, job, FlatWeights(model, spec.shapes), spec
+        )
         if prime_batch:
             prime(entry, prime_batch, gradients=gradients)
         _scale_lr(entry, lr_scale)
@@ -129,8 +140,15 @@ def prime(entry: Replica, batch: int, *, gradients: bool = False) -> None:
     reset_optimizer(model)
 
 
-def predict(spec: ModelSpec, weights: np.ndarray, x: np.ndarray, *, job: str, threads: int = 1,
-            chunk: int = 1000) -> np.ndarray:
+def predict(
+    spec: ModelSpec,
+    weights: np.ndarray,
+    x: np.ndarray,
+    *,
+    job: str,
+    threads: int = 1,
+    chunk: int = 1000,
+) -> np.ndarray:
     """The model's outputs on ``x`` with ``weights``, scored on this worker's resident replica.
 
     The replica's own weights are overwritten; its next partition starts with a pull
@@ -141,7 +159,9 @@ def predict(spec: ModelSpec, weights: np.ndarray, x: np.ndarray, *, job: str, th
     model = entry.model
     shape = input_shape(model)
     x = x.reshape((len(x), *shape))
-    return np.concatenate([np.asarray(model.predict_on_batch(x[i : i + chunk])) for i in range(0, len(x), chunk)])
+    return np.concatenate(
+        [np.asarray(model.predict_on_batch(x[i : i + chunk])) for i in range(0, len(x), chunk)]
+    )
 
 
 def model_file(spec: ModelSpec, weights: np.ndarray) -> bytes:
@@ -150,7 +170,9 @@ def model_file(spec: ModelSpec, weights: np.ndarray) -> bytes:
     import tempfile
 
     model = spec.build(compile=False)
-    set_flat(model, np.asarray(weights, np.float32), spec.shapes)  # once: not worth tracing a function
+    set_flat(
+        model, np.asarray(weights, np.float32), spec.shapes
+    )  # once: not worth tracing a function
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "model.keras")
         model.save(path)

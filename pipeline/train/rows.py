@@ -43,10 +43,20 @@ class TaskRow:
     @classmethod
     def of(cls, result: TaskResult, *, applied: int) -> TaskRow:
         """The row of a task's ``result``, of which the server applied ``applied`` mini-batches."""
-        return cls(worker=result.worker, records=result.records, steps=result.steps_total, applied=applied,
-                   skipped=result.steps_skipped, repeats=result.repeats, attempt=result.attempt,
-                   transport="shared memory" if result.shared_memory else
-                   "tcp" if result.wire_dtype == "float32" else f"tcp {result.wire_dtype}")
+        return cls(
+            worker=result.worker,
+            records=result.records,
+            steps=result.steps_total,
+            applied=applied,
+            skipped=result.steps_skipped,
+            repeats=result.repeats,
+            attempt=result.attempt,
+            transport="shared memory"
+            if result.shared_memory
+            else "tcp"
+            if result.wire_dtype == "float32"
+            else f"tcp {result.wire_dtype}",
+        )
 
 
 @dataclasses.dataclass
@@ -119,13 +129,23 @@ class BatchRow:
         scored = [r for r in results if r.preq_n]
         preq_n = sum(r.preq_n for r in scored)
         row = cls(
-            batch_id=info.batch_id, t=round(t, 3), rows=info.rows, trained=sum(r.records for r in results),
-            rejected=dict(info.rejects), batch_s=round(info.batch_s, 3), lag=sum(info.lag.values()),
+            batch_id=info.batch_id,
+            t=round(t, 3),
+            rows=info.rows,
+            trained=sum(r.records for r in results),
+            rejected=dict(info.rejects),
+            batch_s=round(info.batch_s, 3),
+            lag=sum(info.lag.values()),
             staleness_p50=float(np.percentile(staleness, 50)) if staleness else None,
             staleness_p99=float(np.percentile(staleness, 99)) if staleness else None,
-            clock=clock, compute_s=sum(r.compute_s for r in results), exchange_s=sum(r.exchange_s for r in results),
-            aborted=info.aborted, poison=list(info.poison), read_decode_s=round(info.decode_s, 3),
-            task_s=round(info.handler_s, 3), at=round(time.time(), 3),
+            clock=clock,
+            compute_s=sum(r.compute_s for r in results),
+            exchange_s=sum(r.exchange_s for r in results),
+            aborted=info.aborted,
+            poison=list(info.poison),
+            read_decode_s=round(info.decode_s, 3),
+            task_s=round(info.handler_s, 3),
+            at=round(time.time(), 3),
         )
         if preq_n:
             row.prequential_accuracy = sum(r.preq_acc * r.preq_n for r in scored) / preq_n
@@ -135,7 +155,13 @@ class BatchRow:
     def to_dict(self) -> dict[str, Any]:
         """The row as ``report.json`` has it (scores that were not measured are left out)."""
         d = dataclasses.asdict(self)
-        for key in ("prequential_accuracy", "prequential_loss", "heldout", "freshness_s", "data_as_of"):
+        for key in (
+            "prequential_accuracy",
+            "prequential_loss",
+            "heldout",
+            "freshness_s",
+            "data_as_of",
+        ):
             if d[key] is None:
                 del d[key]
         for key in ("poison", "drifts"):
@@ -155,14 +181,22 @@ class BatchRow:
         ...     total=40, per_s=20, loss="mean_squared_error").split(" | ")[-1]
         'prequential rmse 50'
         """
-        parts = [f"batch {self.batch_id:>4}", f"trained {total:>8,}", f"{per_s:>7,.0f}/s", f"lag {self.lag:>7,}"]
+        parts = [
+            f"batch {self.batch_id:>4}",
+            f"trained {total:>8,}",
+            f"{per_s:>7,.0f}/s",
+            f"lag {self.lag:>7,}",
+        ]
         if self.staleness_p50 is not None and self.staleness_p99 is not None:
             parts.append(f"staleness p50/p99 {self.staleness_p50:.0f}/{self.staleness_p99:.0f}")
         if loss is not None:
             if self.prequential_loss is not None and np.isfinite(self.prequential_loss):
                 rmse = loss in ("mean_squared_error", "mse")
-                parts.append(f"prequential rmse {np.sqrt(self.prequential_loss):.4g}" if rmse else
-                             f"prequential loss {self.prequential_loss:.4g}")
+                parts.append(
+                    f"prequential rmse {np.sqrt(self.prequential_loss):.4g}"
+                    if rmse
+                    else f"prequential loss {self.prequential_loss:.4g}"
+                )
         elif self.prequential_accuracy is not None:
             parts.append(f"prequential acc {self.prequential_accuracy:.3f}")
         if self.heldout is not None:

@@ -21,14 +21,24 @@ if TYPE_CHECKING:
 Server: TypeAlias = "ps.ParameterServer | ShardedServer"
 
 
-def parameter_server(algorithm: algorithms.Algorithm, spec: ModelSpec, weights: np.ndarray, *, host: str,
-                     port: int = 0, sync_timeout_s: float = 30.0, shared_memory: bool = True,
-                     on_request: Callable[[str, float], None] | None = None,
-                     on_refusal: Callable[[str], None] | None = None,
-                     on_event: Callable[[str], None] | None = None, straggler_wait: float = STRAGGLER_WAIT,
-                     clock: int = 0,
-                     optimizer: dict[str, np.ndarray] | None = None, secret: bytes | None = None,
-                     shards: int = 1) -> ps.ParameterServer | ShardedServer:
+def parameter_server(
+    algorithm: algorithms.Algorithm,
+    spec: ModelSpec,
+    weights: np.ndarray,
+    *,
+    host: str,
+    port: int = 0,
+    sync_timeout_s: float = 30.0,
+    shared_memory: bool = True,
+    on_request: Callable[[str, float], None] | None = None,
+    on_refusal: Callable[[str], None] | None = None,
+    on_event: Callable[[str], None] | None = None,
+    straggler_wait: float = STRAGGLER_WAIT,
+    clock: int = 0,
+    optimizer: dict[str, np.ndarray] | None = None,
+    secret: bytes | None = None,
+    shards: int = 1,
+) -> ps.ParameterServer | ShardedServer:
     """A parameter server (not yet started) that applies ``algorithm``'s rule to ``spec``'s
     weights, with a fresh secret (or ``secret``).
 
@@ -49,15 +59,37 @@ def parameter_server(algorithm: algorithms.Algorithm, spec: ModelSpec, weights: 
     if shards > 1:
         from pipeline.train.sharded import ShardedServer
 
-        return ShardedServer(algorithm, spec, weights, shards=shards, secret=secret, host=host, port=port,
-                             sync_timeout_s=sync_timeout_s, shared_memory=shared_memory, clock=clock,
-                             optimizer=optimizer, straggler_wait=straggler_wait)
+        return ShardedServer(
+            algorithm,
+            spec,
+            weights,
+            shards=shards,
+            secret=secret,
+            host=host,
+            port=port,
+            sync_timeout_s=sync_timeout_s,
+            shared_memory=shared_memory,
+            clock=clock,
+            optimizer=optimizer,
+            straggler_wait=straggler_wait,
+        )
     algorithm.bind(spec)
     if optimizer:
         algorithm.load_server_state(optimizer)
     return ps.ParameterServer(
-        weights, secret=secret, host=host, port=port, rule=algorithm.apply, keep_pulled=algorithm.keep_pulled,
-        sync_workers=algorithm.num_workers if algorithm.synchronous else 0, sync_timeout_s=sync_timeout_s,
-        straggler_wait=straggler_wait, on_request=on_request, on_refusal=on_refusal, on_event=on_event,
-        state=algorithm, shared_memory=shared_memory, clock=clock,
+        weights,
+        secret=secret,
+        host=host,
+        port=port,
+        rule=algorithm.apply,
+        keep_pulled=algorithm.keep_pulled,
+        sync_workers=algorithm.num_workers if algorithm.synchronous else 0,
+        sync_timeout_s=sync_timeout_s,
+        straggler_wait=straggler_wait,
+        on_request=on_request,
+        on_refusal=on_refusal,
+        on_event=on_event,
+        state=algorithm,
+        shared_memory=shared_memory,
+        clock=clock,
     )

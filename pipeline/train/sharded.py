@@ -63,22 +63,46 @@ class ShardedServer:
             :class:`~pipeline.train.ps.server.ParameterServer`.
     """
 
-    def __init__(self, algorithm: algorithms.Algorithm, spec: ModelSpec, weights: np.ndarray, *, shards: int,
-                 secret: bytes, host: str, port: int = 0, sync_timeout_s: float = 30.0, shared_memory: bool = True,
-                 clock: int = 0, optimizer: dict[str, np.ndarray] | None = None,
-                 straggler_wait: float = 0.0) -> None:
+    def __init__(
+        self,
+        algorithm: algorithms.Algorithm,
+        spec: ModelSpec,
+        weights: np.ndarray,
+        *,
+        shards: int,
+        secret: bytes,
+        host: str,
+        port: int = 0,
+        sync_timeout_s: float = 30.0,
+        shared_memory: bool = True,
+        clock: int = 0,
+        optimizer: dict[str, np.ndarray] | None = None,
+        straggler_wait: float = 0.0,
+    ) -> None:
         self.size, self.secret, self.host, self.port = spec.size, secret, host, port
         self.slices = plan([int(np.prod(s)) for s in spec.shapes], shards)
         flat = np.asarray(weights, np.float32).ravel()
         config = algorithms.serialize(algorithm)
-        self._jobs = [{"algorithm": config, "spec": spec.piece(a, b).to_json(), "weights": flat[a:b].copy(),
-                       "clock": clock, "optimizer": _slice_state(optimizer or {}, a, b, self.size),
-                       "secret": secret, "host": host, "port": port + i if port else 0,
-                       "sync_timeout_s": sync_timeout_s, "shared_memory": shared_memory,
-                       "straggler_wait": straggler_wait}
-                      for i, (a, b) in enumerate(self.slices)]
+        self._jobs = [
+            {
+                "algorithm": config,
+                "spec": spec.piece(a, b).to_json(),
+                "weights": flat[a:b].copy(),
+                "clock": clock,
+                "optimizer": _slice_state(optimizer or {}, a, b, self.size),
+                "secret": secret,
+                "host": host,
+                "port": port + i if port else 0,
+                "sync_timeout_s": sync_timeout_s,
+                "shared_memory": shared_memory,
+                "straggler_wait": straggler_wait,
+            }
+            for i, (a, b) in enumerate(self.slices)
+        ]
         self.shards: tuple[Shard, ...] = ()
-        self._children: list[tuple[subprocess.Popen[bytes], connection.Connection]] = []  # with the driver's end
+        self._children: list[
+            tuple[subprocess.Popen[bytes], connection.Connection]
+        ] = []  # with the driver's end
         self._lock = threading.Lock()
 
     @property
@@ -95,8 +119,11 @@ class ShardedServer:
                     # ``python -m``, not multiprocessing's spawn: that would run the user's main
                     # script again in the child. The settings (the secret among them) follow on
                     # the pair of sockets only this process holds, never in argv or the environment.
-                    proc = subprocess.Popen([sys.executable, "-m", "pipeline.train.sharded", str(theirs.fileno())],
-                                            pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL)
+                    proc = subprocess.Popen(
+                        [sys.executable, "-m", "pipeline.train.sharded", str(theirs.fileno())],
+                        pass_fds=[theirs.fileno()],
+                        stdin=subprocess.DEVNULL,
+                    )
                 conn = connection.Connection(ours.detach())
                 self._children.append((proc, conn))
                 conn.send({**job, "parent": os.getpid()})
@@ -105,10 +132,15 @@ class ShardedServer:
             self.stop()
             raise
         self.port = ports[0]
-        self.shards = tuple((self.host, port, a, b) for port, (a, b) in zip(ports, self.slices, strict=True))
+        self.shards = tuple(
+            (self.host, port, a, b) for port, (a, b) in zip(ports, self.slices, strict=True)
+        )
         atexit.register(self.stop)
-        log.info("parameter server: %d shards at %s", len(self.shards),
-                 ", ".join(f"{h}:{p} [{a}:{b}]" for h, p, a, b in self.shards))
+        log.info(
+            "parameter server: %d shards at %s",
+            len(self.shards),
+            ", ".join(f"{h}:{p} [{a}:{b}]" for h, p, a, b in self.shards),
+        )
         return self
 
     def stop(self) -> None:
@@ -129,7 +161,9 @@ class ShardedServer:
     def __enter__(self) -> ShardedServer:
         return self.start()
 
-    def __exit__(self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
+    def __exit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.stop()
 
     # --- requests to the shards ---
@@ -138,13 +172,17 @@ class ShardedServer:
         proc, conn = self._children[i]
         try:
             if timeout_s is not None and not conn.poll(timeout_s):
-                raise StreamtrainError(f"Parameter-server shard {i} did not start in {timeout_s:.0f} s.")
+                raise StreamtrainError(
+                    f"Parameter-server shard {i} did not start in {timeout_s:.0f} s."
+                )
             status, value = conn.recv()
         except (EOFError, OSError):
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(5)
-            raise StreamtrainError(f"Parameter-server shard {i} exited (status {proc.returncode}); "
-                                   "see the run's log for why, then resume the run.") from None
+            raise StreamtrainError(
+                f"Parameter-server shard {i} exited (status {proc.returncode}); "
+                "see the run's log for why, then resume the run."
+            ) from None
         if status != "ok":
             raise StreamtrainError(f"Parameter-server shard {i}: {value}")
         return value
@@ -180,18 +218,33 @@ class ShardedServer:
         parts = self._ask("checkpoint")
         pushes = [n for _, _, _, n in parts]
         if len(set(pushes)) > 1:
-            raise StreamtrainError(f"The parameter-server shards applied different pushes ({', '.join(map(str, pushes))}): "
-                                   "an update reached some shards and not others, so there is no consistent "
-                                   "checkpoint; the batch is not saved. Resume the run from its last checkpoint.")
-        return (np.concatenate([w for w, _, _, _ in parts]), max(c for _, c, _, _ in parts),
-                _join_states([s for _, _, s, _ in parts], self.slices))
+            raise StreamtrainError(
+                f"The parameter-server shards applied different pushes ({', '.join(map(str, pushes))}): "
+                "an update reached some shards and not others, so there is no consistent "
+                "checkpoint; the batch is not saved. Resume the run from its last checkpoint."
+            )
+        return (
+            np.concatenate([w for w, _, _, _ in parts]),
+            max(c for _, c, _, _ in parts),
+            _join_states([s for _, _, s, _ in parts], self.slices),
+        )
 
-    def restore(self, weights: np.ndarray, clock: int, state: dict[str, np.ndarray] | None = None) -> None:
+    def restore(
+        self, weights: np.ndarray, clock: int, state: dict[str, np.ndarray] | None = None
+    ) -> None:
         """Replace every shard's slice of the center, the clock and the rule's state."""
         flat = np.asarray(weights, np.float32).ravel()
         if flat.size != self.size:
-            raise StreamtrainError(f"Expected {self.size} weights to restore. Received: {flat.size}")
-        self._ask("restore", [(flat[a:b], clock, _slice_state(state or {}, a, b, self.size)) for a, b in self.slices])
+            raise StreamtrainError(
+                f"Expected {self.size} weights to restore. Received: {flat.size}"
+            )
+        self._ask(
+            "restore",
+            [
+                (flat[a:b], clock, _slice_state(state or {}, a, b, self.size))
+                for a, b in self.slices
+            ],
+        )
 
     def expect_workers(self, n: int) -> None:
         """How many workers the next synchronous rounds wait for, on every shard."""
@@ -202,9 +255,11 @@ class ShardedServer:
         every shard, or an error that names the shards' counts."""
         counts = self._ask("applied", [task] * len(self.slices))
         if len(set(counts)) > 1:
-            raise StreamtrainError(f"The parameter-server shards applied different exchanges of one task "
-                                   f"({', '.join(f'{e} exchanges, {s} mini-batches' for e, s in counts)}); "
-                                   "the batch is not committed. Resume the run from its last checkpoint.")
+            raise StreamtrainError(
+                f"The parameter-server shards applied different exchanges of one task "
+                f"({', '.join(f'{e} exchanges, {s} mini-batches' for e, s in counts)}); "
+                "the batch is not committed. Resume the run from its last checkpoint."
+            )
         return counts[0][0], counts[0][1]
 
     def stats(self) -> dict[str, Any]:
@@ -216,26 +271,38 @@ class ShardedServer:
         for s in each:
             for reason, n in s["refused"].items():
                 refused[reason] = refused.get(reason, 0) + n
-        return {**each[0], "clock": min(s["clock"] for s in each), "size": self.size, "refused": refused,
-                "repeats_dropped": max(s["repeats_dropped"] for s in each), "shards": each}
+        return {
+            **each[0],
+            "clock": min(s["clock"] for s in each),
+            "size": self.size,
+            "refused": refused,
+            "repeats_dropped": max(s["repeats_dropped"] for s in each),
+            "shards": each,
+        }
 
 
-def _slice_state(state: dict[str, np.ndarray], start: int, stop: int, size: int) -> dict[str, np.ndarray]:
+def _slice_state(
+    state: dict[str, np.ndarray], start: int, stop: int, size: int
+) -> dict[str, np.ndarray]:
     """A rule's full-size state cut to one slice: arrays of one value per weight are cut,
     the rest (an optimizer's step count) kept whole.
 
     >>> _slice_state({"m": np.arange(4.0), "iterations": np.array(3)}, 1, 3, 4)
     {'m': array([1., 2.]), 'iterations': array(3)}
     """
-    return {k: (np.asarray(v)[start:stop] if np.ndim(v) == 1 and len(v) == size else np.asarray(v))
-            for k, v in state.items()}
+    return {
+        k: (np.asarray(v)[start:stop] if np.ndim(v) == 1 and len(v) == size else np.asarray(v))
+        for k, v in state.items()
+    }
 
 
 #: The rule state that counts the optimizer's steps (Keras's name, kept by the server's optimizers).
 STEP_COUNT = "iterations"
 
 
-def _join_states(states: list[dict[str, np.ndarray]], slices: list[tuple[int, int]]) -> dict[str, np.ndarray]:
+def _join_states(
+    states: list[dict[str, np.ndarray]], slices: list[tuple[int, int]]
+) -> dict[str, np.ndarray]:
     """The shards' states of the rule joined into the full-size one: per-weight arrays
     concatenated, the rest the same on every shard (else there is no consistent cut),
     except the optimizer's step count: synchronous rounds close on each shard as its
@@ -257,8 +324,10 @@ def _join_states(states: list[dict[str, np.ndarray]], slices: list[tuple[int, in
         elif key == STEP_COUNT and all(p.ndim == 0 for p in parts):
             joined[key] = max(parts, key=int)
         else:
-            raise StreamtrainError(f"The parameter-server shards' rule state {key!r} disagrees between shards: "
-                                   "there is no consistent checkpoint. Resume the run from its last checkpoint.")
+            raise StreamtrainError(
+                f"The parameter-server shards' rule state {key!r} disagrees between shards: "
+                "there is no consistent checkpoint. Resume the run from its last checkpoint."
+            )
     return joined
 
 
@@ -273,10 +342,19 @@ def serve_shard(fd: int) -> None:
     processes.leave_terminal_group()  # a Ctrl-C in the terminal reaches the driver, which stops the shards
     processes.die_with_parent(job["parent"])
     try:
-        server = parameter_server(algorithms.get(job["algorithm"]), ModelSpec.from_json(job["spec"]), job["weights"],
-                                  secret=job["secret"], host=job["host"], port=job["port"],
-                                  sync_timeout_s=job["sync_timeout_s"], shared_memory=job["shared_memory"],
-                                  straggler_wait=job["straggler_wait"], clock=job["clock"], optimizer=job["optimizer"]).start()
+        server = parameter_server(
+            algorithms.get(job["algorithm"]),
+            ModelSpec.from_json(job["spec"]),
+            job["weights"],
+            secret=job["secret"],
+            host=job["host"],
+            port=job["port"],
+            sync_timeout_s=job["sync_timeout_s"],
+            shared_memory=job["shared_memory"],
+            straggler_wait=job["straggler_wait"],
+            clock=job["clock"],
+            optimizer=job["optimizer"],
+        ).start()
     except Exception as e:
         conn.send(("error", f"{type(e).__name__}: {e}"))
         return
@@ -316,5 +394,7 @@ def _answer(server: Any, op: str, arg: Any) -> Any:
 
 
 if __name__ == "__main__":
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname).1s ps-shard %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.WARNING, format="%(asctime)s %(levelname).1s ps-shard %(name)s: %(message)s"
+    )
     serve_shard(int(sys.argv[1]))

@@ -14,8 +14,16 @@ from pipeline.train.model import ModelSpec
 log = logging.getLogger(__name__)
 
 
-def warm_up(spark: Any, spec: ModelSpec, job: str, *, workers: int, threads: int, batch: int,
-            gradients: bool = False) -> None:
+def warm_up(
+    spark: Any,
+    spec: ModelSpec,
+    job: str,
+    *,
+    workers: int,
+    threads: int,
+    batch: int,
+    gradients: bool = False,
+) -> None:
     """Import TensorFlow, build the replica and trace its functions in each executor
     Python worker before the first batch, so that it trains at full speed."""
 
@@ -32,7 +40,13 @@ def warm_up(spark: Any, spec: ModelSpec, job: str, *, workers: int, threads: int
         return os.getpid(), imported - began, built - imported
 
     started = time.monotonic()
-    done = cluster.run_on_executors(spark, range(workers), build, description="streamtrain: warm up the workers")
-    log.info("replicas ready in %d worker processes in %.1f s (TensorFlow import %s s, build and trace %s s)",
-             len({pid for pid, _, _ in done}), time.monotonic() - started,
-             "/".join(f"{i:.1f}" for _, i, _ in done), "/".join(f"{b:.1f}" for _, _, b in done))
+    done = cluster.run_on_executors(
+        spark, range(workers), build, description="streamtrain: warm up the workers"
+    )
+    log.info(
+        "replicas ready in %d worker processes in %.1f s (TensorFlow import %s s, build and trace %s s)",
+        len({pid for pid, _, _ in done}),
+        time.monotonic() - started,
+        "/".join(f"{i:.1f}" for _, i, _ in done),
+        "/".join(f"{b:.1f}" for _, _, b in done),
+    )

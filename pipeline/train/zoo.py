@@ -17,32 +17,42 @@ def mnist_cnn() -> Any:
     """dist-keras's MNIST CNN (1,048,853 weights), from the Keras MNIST example."""
     import keras
 
-    return keras.Sequential([
-        keras.Input((28, 28, 1)),
-        keras.layers.Conv2D(32, (3, 3), activation="relu"),
-        keras.layers.Conv2D(32, (3, 3), activation="relu"),
-        keras.layers.MaxPooling2D((2, 2)),
-        keras.layers.Flatten(),
-        keras.layers.Dense(225, activation="relu"),
-        keras.layers.Dense(10, activation="softmax"),
-    ], name="mnist_cnn")
+    return keras.Sequential(
+        [
+            keras.Input((28, 28, 1)),
+            keras.layers.Conv2D(32, (3, 3), activation="relu"),
+            keras.layers.Conv2D(32, (3, 3), activation="relu"),
+            keras.layers.MaxPooling2D((2, 2)),
+            keras.layers.Flatten(),
+            keras.layers.Dense(225, activation="relu"),
+            keras.layers.Dense(10, activation="softmax"),
+        ],
+        name="mnist_cnn",
+    )
 
 
 def higgs_mlp() -> Any:
     """A HIGGS classifier: 28 features, three hidden layers, 2 classes."""
     import keras
 
-    return keras.Sequential([
-        keras.Input((28,)),
-        keras.layers.Dense(300, activation="relu"),
-        keras.layers.Dense(300, activation="relu"),
-        keras.layers.Dense(300, activation="relu"),
-        keras.layers.Dense(2, activation="softmax"),
-    ], name="higgs_mlp")
+    return keras.Sequential(
+        [
+            keras.Input((28,)),
+            keras.layers.Dense(300, activation="relu"),
+            keras.layers.Dense(300, activation="relu"),
+            keras.layers.Dense(300, activation="relu"),
+            keras.layers.Dense(2, activation="softmax"),
+        ],
+        name="higgs_mlp",
+    )
 
 
 #: dataset name -> the function that builds its default model.
-DEFAULTS: dict[str, Callable[[], Any]] = {"mnist": mnist_cnn, "fashion-mnist": mnist_cnn, "higgs": higgs_mlp}
+DEFAULTS: dict[str, Callable[[], Any]] = {
+    "mnist": mnist_cnn,
+    "fashion-mnist": mnist_cnn,
+    "higgs": higgs_mlp,
+}
 
 
 def table_mlp(width: int, classes: int, center: float = 0.0, spread: float = 1.0) -> Any:
@@ -52,14 +62,20 @@ def table_mlp(width: int, classes: int, center: float = 0.0, spread: float = 1.0
     import keras
 
     hidden = min(256, max(32, 4 * width))
-    head = ([keras.layers.Dense(classes, activation="softmax")] if classes else
-            [keras.layers.Dense(1), keras.layers.Rescaling(scale=spread, offset=center)])
-    return keras.Sequential([
-        keras.Input((width,)),
-        keras.layers.Dense(hidden, activation="relu"),
-        keras.layers.Dense(max(16, hidden // 2), activation="relu"),
-        *head,
-    ], name="table_mlp")
+    head = (
+        [keras.layers.Dense(classes, activation="softmax")]
+        if classes
+        else [keras.layers.Dense(1), keras.layers.Rescaling(scale=spread, offset=center)]
+    )
+    return keras.Sequential(
+        [
+            keras.Input((width,)),
+            keras.layers.Dense(hidden, activation="relu"),
+            keras.layers.Dense(max(16, hidden // 2), activation="relu"),
+            *head,
+        ],
+        name="table_mlp",
+    )
 
 
 def for_dataset(name: str) -> Any:
@@ -71,5 +87,7 @@ def for_dataset(name: str) -> Any:
     try:
         return DEFAULTS[name]()
     except KeyError:
-        raise ConfigError(f"No built-in model for dataset {name!r}; expected one of {sorted(DEFAULTS)}, "
-                          "or pass --model FILE.py:BUILD_FN / FILE.keras.") from None
+        raise ConfigError(
+            f"No built-in model for dataset {name!r}; expected one of {sorted(DEFAULTS)}, "
+            "or pass --model FILE.py:BUILD_FN / FILE.keras."
+        ) from None

@@ -24,7 +24,12 @@ from producers.datasets.table import Table
 from producers.datasets.tabular import Npz
 
 _REGISTRY: dict[str, type[Dataset]] = {
-    "mnist": Mnist, "fashion-mnist": FashionMnist, "higgs": Higgs, "csv": Table, "jsonl": Table, "parquet": Table,
+    "mnist": Mnist,
+    "fashion-mnist": FashionMnist,
+    "higgs": Higgs,
+    "csv": Table,
+    "jsonl": Table,
+    "parquet": Table,
     "npz": Npz,
 }
 #: Every dataset's name, and those built in (no PATH: read from the data folder).
@@ -51,5 +56,17 @@ def get(name: str | Dataset, path: str | Path | None = None, **options: Any) -> 
     return cls(path, **options)  # type: ignore[call-arg]
 
 
-__all__ = ["BUILTIN", "NAMES", "SPLITS", "Chunk", "Dataset", "FashionMnist", "Higgs", "Mnist", "Npz", "Table", "get",
-           "options"]
+__all__ = [
+    "BUILTIN",
+    "NAMES",
+    "SPLITS",
+    "Chunk",
+    "Dataset",
+    "FashionMnist",
+    "Higgs",
+    "Mnist",
+    "Npz",
+    "Table",
+    "get",
+    "options",
+]

@@ -16,7 +16,9 @@ from pipeline.errors import DataError
 def open_text(path: Path) -> io.TextIOBase:
     """Open a ``.csv`` or ``.csv.gz`` for reading text, with a clear error when missing."""
     if not path.is_file():
-        raise DataError(f"Expected a CSV file at {path}, found nothing there. Check the path or --data-dir.")
+        raise DataError(
+            f"Expected a CSV file at {path}, found nothing there. Check the path or --data-dir."
+        )
     if path.suffix == ".gz":
         return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8", errors="replace")
     return open(path, encoding="utf-8", errors="replace")  # noqa: SIM115
@@ -42,7 +44,9 @@ def read_header(first_line: str) -> list[str] | None:
     return None if all(_is_number(f) for f in fields if f) else fields
 
 
-def _parse_rows(lines: list[str], n_cols: int) -> tuple[np.ndarray, np.ndarray, list[tuple[int, str]]]:
+def _parse_rows(
+    lines: list[str], n_cols: int
+) -> tuple[np.ndarray, np.ndarray, list[tuple[int, str]]]:
     """Parse lines into a float64 ``(n, n_cols)`` array; return it, the index of each parsed
     line, and ``(index, reason)`` of each bad one (``wrong_field_count``, ``not_a_number``).
 
@@ -126,13 +130,19 @@ def iter_numeric_rows(
             lines = [(n, line) for n, line in lines if line.strip()]
             # Apply the row window on data lines, so train/test splits of one file are exact.
             start = max(0, skip_rows - seen)
-            stop = len(lines) if max_rows is None else max(0, min(len(lines), skip_rows + max_rows - seen))
+            stop = (
+                len(lines)
+                if max_rows is None
+                else max(0, min(len(lines), skip_rows + max_rows - seen))
+            )
             seen += len(lines)
             window = lines[start:stop]
             if window:
                 numbers = np.array([n for n, _ in window], np.int64)
                 rows, good, bad = _parse_rows([line for _, line in window], n_cols)
-                yield RowBlock(rows, numbers[good], [(int(numbers[i]), why) for i, why in bad], header)
+                yield RowBlock(
+                    rows, numbers[good], [(int(numbers[i]), why) for i, why in bad], header
+                )
             if max_rows is not None and seen >= skip_rows + max_rows:
                 return
 
@@ -148,7 +158,11 @@ def finite_rows(rows: np.ndarray) -> np.ndarray:
 def check_columns(header: list[str] | None, wanted: str, path: Path) -> int:
     """Index of column ``wanted`` in ``header``, or a clear error."""
     if header is None:
-        raise DataError(f"Expected a header row in {path} naming a {wanted!r} column. Received: no header.")
+        raise DataError(
+            f"Expected a header row in {path} naming a {wanted!r} column. Received: no header."
+        )
     if wanted not in header:
-        raise DataError(f"Expected a column {wanted!r} in {path}. Received columns: {header}. Pass --label-column.")
+        raise DataError(
+            f"Expected a column {wanted!r} in {path}. Received columns: {header}. Pass --label-column."
+        )
     return header.index(wanted)

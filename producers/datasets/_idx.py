@@ -20,12 +20,16 @@ def read_idx(path: Path) -> np.ndarray:
     """Read one IDX file of unsigned bytes into an array of its declared shape."""
     raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
     if len(raw) < 4 or raw[:2] != b"\x00\x00" or raw[2] != 0x08:
-        raise DataError(f"Expected an IDX file of unsigned bytes at {path}. Received a file that is not one.")
+        raise DataError(
+            f"Expected an IDX file of unsigned bytes at {path}. Received a file that is not one."
+        )
     ndim = raw[3]
     dims = np.frombuffer(raw, ">u4", count=ndim, offset=4).astype(int)
     body = np.frombuffer(raw, np.uint8, offset=4 + 4 * ndim)
     if body.size != int(np.prod(dims)):
-        raise DataError(f"{path} declares shape {tuple(dims)} but holds {body.size} values; the file is truncated.")
+        raise DataError(
+            f"{path} declares shape {tuple(dims)} but holds {body.size} values; the file is truncated."
+        )
     return body.reshape(tuple(dims))
 
 
@@ -45,8 +49,12 @@ def load_idx_split(folder: Path, split: str) -> tuple[np.ndarray, np.ndarray]:
     """Images ``(n, 784)`` uint8 and labels ``(n,)`` of one split."""
     files = find_idx(folder, split)
     if files is None:
-        raise DataError(f"Expected IDX files {STEMS[split]} (optionally .gz) in {folder}; they are not there.")
+        raise DataError(
+            f"Expected IDX files {STEMS[split]} (optionally .gz) in {folder}; they are not there."
+        )
     images, labels = (read_idx(p) for p in files)
     if len(images) != len(labels):
-        raise DataError(f"{files[0]} has {len(images)} images but {files[1]} has {len(labels)} labels.")
+        raise DataError(
+            f"{files[0]} has {len(images)} images but {files[1]} has {len(labels)} labels."
+        )
     return images.reshape(len(images), -1), labels.astype(np.int32)

@@ -72,8 +72,13 @@ class Dataset(abc.ABC):
             if len(self.malformed_examples) < self.EXAMPLES:
                 self.malformed_examples.append((int(line), reason))
 
-    def check_rows(self, lines: np.ndarray, ok: np.ndarray, reasons: list[tuple[np.ndarray, str]],
-                   unparsed: Sequence[tuple[int, str]] = ()) -> None:
+    def check_rows(
+        self,
+        lines: np.ndarray,
+        ok: np.ndarray,
+        reasons: list[tuple[np.ndarray, str]],
+        unparsed: Sequence[tuple[int, str]] = (),
+    ) -> None:
         """Count a block: ``lines`` of its parsed rows, ``ok`` those kept, for each reason the
         mask of rows it rejects (the first that applies counts), and ``unparsed`` lines."""
         self.rows_read += len(lines) + len(unparsed)
@@ -109,8 +114,14 @@ def check_split(split: str) -> str:
     return split
 
 
-def chunk_arrays(x: np.ndarray, y: np.ndarray, chunk_rows: int, *, first_id: int = 0) -> Iterator[Chunk]:
+def chunk_arrays(
+    x: np.ndarray, y: np.ndarray, chunk_rows: int, *, first_id: int = 0
+) -> Iterator[Chunk]:
     """Cut in-memory arrays into chunks with consecutive ids."""
     for start in range(0, len(y), chunk_rows):
         stop = min(start + chunk_rows, len(y))
-        yield Chunk(np.arange(first_id + start, first_id + stop, dtype=np.uint64), x[start:stop], y[start:stop])
+        yield Chunk(
+            np.arange(first_id + start, first_id + stop, dtype=np.uint64),
+            x[start:stop],
+            y[start:stop],
+        )

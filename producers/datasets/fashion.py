@@ -28,7 +28,11 @@ class FashionMnist(Dataset):
 
     def __init__(self, path: str | Path | None = None, *, data_dir: Path | None = None) -> None:
         super().__init__()
-        candidates = [Path(path)] if path else [p for p in (data_dir and data_dir / "fashion-mnist", DEBIAN_DIR) if p]
+        candidates = (
+            [Path(path)]
+            if path
+            else [p for p in (data_dir and data_dir / "fashion-mnist", DEBIAN_DIR) if p]
+        )
         folder = next((c for c in candidates if _idx.find_idx(c, "train")), None)
         if folder is None:
             raise DataError(

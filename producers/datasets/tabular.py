@@ -24,7 +24,14 @@ class Npz(Dataset):
     name = "npz"
     options = ("num_classes",)
 
-    def __init__(self, path: str | Path, *, x_key: str = "x", y_key: str = "y", num_classes: int | None = None) -> None:
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        x_key: str = "x",
+        y_key: str = "y",
+        num_classes: int | None = None,
+    ) -> None:
         super().__init__()
         path = Path(path)
         if not path.is_file():
@@ -53,7 +60,9 @@ class Npz(Dataset):
         finite, label_ok = np.isfinite(x).all(axis=1), _label_ok(y, self.num_classes)
         ok = finite & label_ok
         # Rows are numbered from 1, as lines are in a CSV.
-        self.check_rows(np.arange(1, len(y) + 1), ok, [(~finite, "non_finite"), (~label_ok, "bad_label")])
+        self.check_rows(
+            np.arange(1, len(y) + 1), ok, [(~finite, "non_finite"), (~label_ok, "bad_label")]
+        )
         yield from chunk_arrays(x[ok], y[ok].astype(np.int32), chunk_rows)
 
     def num_rows(self, split: str = "train") -> int | None:

@@ -30,16 +30,24 @@ class Cluster:
     def __init__(self, hosts: netns.Hosts, folder: Path, cores: int = 1) -> None:
         self.hosts, self.folder = hosts, folder
         folder.mkdir(parents=True, exist_ok=True)
-        self.spark = Standalone(folder / "spark", security.write_conf(folder / "auth.conf"),
-                                host=hosts.address["driver"],
-                                worker_hosts=[hosts.address["worker-a"], hosts.address["worker-b"]], cores=cores,
-                                prefixes=[hosts.run("driver"), hosts.run("worker-a"), hosts.run("worker-b")])
+        self.spark = Standalone(
+            folder / "spark",
+            security.write_conf(folder / "auth.conf"),
+            host=hosts.address["driver"],
+            worker_hosts=[hosts.address["worker-a"], hosts.address["worker-b"]],
+            cores=cores,
+            prefixes=[hosts.run("driver"), hosts.run("worker-a"), hosts.run("worker-b")],
+        )
         cache = folder / "cache"
         cache.mkdir(exist_ok=True)
         (cache / "mnist.npz").symlink_to(datasets.mnist.fetch())
         # No class archive for the JVM: its background build would compete for the cores.
-        self.env = {**os.environ, "STREAMTRAIN_CACHE_DIR": str(cache), "PYTHONPATH": str(ROOT),
-                    "STREAMTRAIN_JVM_CLASS_CACHE": "false"}
+        self.env = {
+            **os.environ,
+            "STREAMTRAIN_CACHE_DIR": str(cache),
+            "PYTHONPATH": str(ROOT),
+            "STREAMTRAIN_JVM_CLASS_CACHE": "false",
+        }
         self.bootstrap = f"{hosts.address['driver']}:{KAFKA_PORT}"
         self._broker: subprocess.Popen[bytes] | None = None
 
@@ -47,20 +55,51 @@ class Cluster:
         """``streamtrain ARGS`` on ``host``, its output in ``log``."""
         env = {**self.env, "SPARK_LOCAL_IP": self.hosts.address[host]}
         with open(log, "wb") as f:
-            return subprocess.Popen([*self.hosts.run(host), sys.executable, "-m", "pipeline", *args], cwd=ROOT,
-                                    env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+            return subprocess.Popen(
+                [*self.hosts.run(host), sys.executable, "-m", "pipeline", *args],
+                cwd=ROOT,
+                env=env,
+                stdout=f,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
 
     def produce(self, dataset: str, topic: str, limit: int) -> None:
         """Replay ``limit`` records of ``dataset`` into ``topic``, from the driver's host."""
-        done = subprocess.run([*self.hosts.run("driver"), sys.executable, "-m", "pipeline", "produce", dataset,
-                               "--bootstrap", self.bootstrap, "--topic", topic, "--limit", str(limit)],
-                              cwd=ROOT, env=self.env, capture_output=True, text=True, timeout=600)
+        done = subprocess.run(
+            [
+                *self.hosts.run("driver"),
+                sys.executable,
+                "-m",
+                "pipeline",
+                "produce",
+                dataset,
+                "--bootstrap",
+                self.bootstrap,
+                "--topic",
+                topic,
+                "--limit",
+                str(limit),
+            ],
+            cwd=ROOT,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         assert done.returncode == 0, done.stderr[-3000:]
 
     def start(self) -> Cluster:
         log = self.folder / "broker.log"
-        self._broker = self.streamtrain("driver", "broker", "--host", self.hosts.address["driver"],
-                                        "--port", str(KAFKA_PORT), log=log)
+        self._broker = self.streamtrain(
+            "driver",
+            "broker",
+            "--host",
+            self.hosts.address["driver"],
+            "--port",
+            str(KAFKA_PORT),
+            log=log,
+        )
         wait_for(log, "Ctrl-C stops it", self._broker, 60)
         self.spark.start()
         return self
@@ -87,7 +126,9 @@ def wait_for(log: Path, text: str, proc: subprocess.Popen[bytes], timeout_s: flo
     deadline = time.monotonic() + timeout_s
     while text not in log.read_text(errors="replace"):
         assert proc.poll() is None, log.read_text(errors="replace")[-3000:]
-        assert time.monotonic() < deadline, f"no {text!r} within {timeout_s:.0f} s: {log.read_text()[-3000:]}"
+        assert time.monotonic() < deadline, (
+            f"no {text!r} within {timeout_s:.0f} s: {log.read_text()[-3000:]}"
+        )
         time.sleep(0.2)
 
 

@@ -67,7 +67,20 @@ class Hosts:
             _ip("netns", "add", ns)
             self._created.append(ns)
             # Both ends are created in their namespaces: the root namespace never holds them.
-            _ip("link", "add", "eth0", "netns", ns, "type", "veth", "peer", "name", f"port{i}", "netns", self._switch)
+            _ip(
+                "link",
+                "add",
+                "eth0",
+                "netns",
+                ns,
+                "type",
+                "veth",
+                "peer",
+                "name",
+                f"port{i}",
+                "netns",
+                self._switch,
+            )
             _ip("-n", self._switch, "link", "set", f"port{i}", "master", "br0", "up")
             _ip("-n", ns, "addr", "add", f"{self.address[name]}/24", "dev", "eth0")
             _ip("-n", ns, "link", "set", "eth0", "up")

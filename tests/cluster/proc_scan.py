@@ -24,7 +24,11 @@ def carriers(secret: str, *, environment: bool = True) -> dict[int, str]:
         if where:
             command = cmdline.replace(b"\0", b" ").decode(errors="replace")
             # An executor's Python daemon outlives a killed executor (then its parent is init).
-            tag = " [executor]" if under(int(entry.name), "CoarseGrainedExecutorBackend", "pyspark.daemon") else ""
+            tag = (
+                " [executor]"
+                if under(int(entry.name), "CoarseGrainedExecutorBackend", "pyspark.daemon")
+                else ""
+            )
             found[int(entry.name)] = f"{'+'.join(where)}{tag}: {command}"
     return found
 

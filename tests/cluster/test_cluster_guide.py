@@ -27,18 +27,33 @@ ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 _CANNOT = netns.missing()
 #: What the test adds to the guide's `run`, and only that: a short run on this machine's cores.
-SHORT = ["--workers", "2", "--max-batches", "1", "--max-offsets-per-trigger", "1500", "--eval-every", "1"]
+SHORT = [
+    "--workers",
+    "2",
+    "--max-batches",
+    "1",
+    "--max-offsets-per-trigger",
+    "1500",
+    "--eval-every",
+    "1",
+]
 
 
 def guide_commands() -> list[list[str]]:
     """The commands of the cluster guide's block (tests/docblocks.py), continuation lines
     joined, comments left out; each as argv with its ``VAR=value`` prefixes."""
-    return [shlex.split(line) for line in docblocks.commands(docblocks.run_block("docs/cluster.md", __file__))]
+    return [
+        shlex.split(line)
+        for line in docblocks.commands(docblocks.run_block("docs/cluster.md", __file__))
+    ]
 
 
 def test_the_guide_names_the_broker_the_driver_address_and_closed_6066() -> None:
     commands = guide_commands()
-    assert commands[0] == ["export", "PATH=/opt/streamtrain/bin:$PATH"]  # the install's bin/, as it says above
+    assert commands[0] == [
+        "export",
+        "PATH=/opt/streamtrain/bin:$PATH",
+    ]  # the install's bin/, as it says above
     assert [c[0] for c in commands[1:] if "=" not in c[0]][:3] == ["streamtrain"] * 3
     assert ["streamtrain", "cluster-status", "spark://10.0.0.1:7077"] in commands
     assert next(c[1:4] for c in commands if "broker" in c) == ["broker", "--host", "10.0.0.1"]
@@ -60,11 +75,17 @@ def test_the_guides_cluster_commands_run_as_written_on_three_hosts(tmp_path: Pat
         cache = tmp_path / "cache"
         cache.mkdir()
         (cache / "mnist.npz").symlink_to(datasets.mnist.fetch())
-        base = {**os.environ, "STREAMTRAIN_CACHE_DIR": str(cache), "PYTHONPATH": str(ROOT),
-                "STREAMTRAIN_JVM_CLASS_CACHE": "false"}
+        base = {
+            **os.environ,
+            "STREAMTRAIN_CACHE_DIR": str(cache),
+            "PYTHONPATH": str(ROOT),
+            "STREAMTRAIN_JVM_CLASS_CACHE": "false",
+        }
         started: list[subprocess.Popen[bytes]] = []
 
-        def start(host: str, argv: list[str], name: str, ready: str | None) -> subprocess.Popen[bytes]:
+        def start(
+            host: str, argv: list[str], name: str, ready: str | None
+        ) -> subprocess.Popen[bytes]:
             env = dict(base)
             while "=" in argv[0]:  # VAR=value prefixes, as the shell takes them
                 key, _, value = argv.pop(0).partition("=")
@@ -72,8 +93,14 @@ def test_the_guides_cluster_commands_run_as_written_on_three_hosts(tmp_path: Pat
             assert argv[0] == "streamtrain", argv
             log = tmp_path / f"{name}.log"
             with open(log, "wb") as f:
-                proc = subprocess.Popen([*hosts.run(host), *argv], cwd=tmp_path, env=env, stdout=f,
-                                        stderr=subprocess.STDOUT, start_new_session=True)
+                proc = subprocess.Popen(
+                    [*hosts.run(host), *argv],
+                    cwd=tmp_path,
+                    env=env,
+                    stdout=f,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
             started.append(proc)
             if ready:
                 multihost.wait_for(log, ready, proc, 180)
@@ -84,30 +111,53 @@ def test_the_guides_cluster_commands_run_as_written_on_three_hosts(tmp_path: Pat
                 argv = [a.replace("10.0.0.1", hosts.address["driver"]) for a in argv]
                 if argv[0] == "export":  # this install's bin/ in /opt/streamtrain/bin's place
                     key, _, value = argv[1].partition("=")
-                    base[key] = value.replace("/opt/streamtrain/bin", str(BIN)).replace("$PATH", base["PATH"])
+                    base[key] = value.replace("/opt/streamtrain/bin", str(BIN)).replace(
+                        "$PATH", base["PATH"]
+                    )
                     continue
                 verb = next(a for a in argv if a != "streamtrain" and "=" not in a)
                 if verb == "cluster-conf":
-                    done = subprocess.run(argv, cwd=tmp_path, env=base, capture_output=True, text=True, timeout=60)
+                    done = subprocess.run(
+                        argv, cwd=tmp_path, env=base, capture_output=True, text=True, timeout=60
+                    )
                     assert done.returncode == 0, done.stderr
                 elif verb == "broker":
                     start("driver", argv, "broker", f"ready at {hosts.address['driver']}:9092")
                 elif verb == "spark-master":
-                    start("driver", argv, "master", f"spark master ready at spark://{hosts.address['driver']}:7077")
+                    start(
+                        "driver",
+                        argv,
+                        "master",
+                        f"spark master ready at spark://{hosts.address['driver']}:7077",
+                    )
                 elif verb == "spark-worker":
                     for worker, address in (("worker-a", "10.0.0.2"), ("worker-b", "10.0.0.3")):
-                        start(worker, place(list(argv), "10.0.0.2", address), worker,
-                              f"spark worker ready at {hosts.address[worker]}:")
+                        start(
+                            worker,
+                            place(list(argv), "10.0.0.2", address),
+                            worker,
+                            f"spark worker ready at {hosts.address[worker]}:",
+                        )
                     _check_web_uis_closed(hosts)
                 elif verb == "cluster-status":
-                    done = subprocess.run([*hosts.run("driver"), *argv], cwd=tmp_path, env=base, capture_output=True,
-                                          text=True, timeout=60)
+                    done = subprocess.run(
+                        [*hosts.run("driver"), *argv],
+                        cwd=tmp_path,
+                        env=base,
+                        capture_output=True,
+                        text=True,
+                        timeout=60,
+                    )
                     assert done.returncode == 0, done.stderr
                     status = done.stdout
                 else:
                     assert verb == "run", argv
-                    run = start("driver", [*argv, *SHORT, "--out", str(tmp_path / "run")], "run", None)
-                    assert run.wait(600) == 0, (tmp_path / "run.log").read_text(errors="replace")[-4000:]
+                    run = start(
+                        "driver", [*argv, *SHORT, "--out", str(tmp_path / "run")], "run", None
+                    )
+                    assert run.wait(600) == 0, (tmp_path / "run.log").read_text(errors="replace")[
+                        -4000:
+                    ]
         finally:
             for proc in reversed(started):
                 multihost.stop(proc)
@@ -117,16 +167,26 @@ def test_the_guides_cluster_commands_run_as_written_on_three_hosts(tmp_path: Pat
     report = json.loads((tmp_path / "run" / "report.json").read_text())
     assert report["trained_records"] > 0
     assert {t["transport"] for row in report["batches"] for t in row["tasks"]} == {"tcp"}
-    assert (cache / "spark-work").is_dir()  # the workers' folders in the user's cache, as the guide says
-    executors = " ".join(p.read_text(errors="replace") for p in (cache / "spark-work").glob("app-*/*/stderr"))
-    assert f"@{hosts.address['driver']}:7078" in executors  # the driver's fixed port, from cluster-conf
+    assert (
+        cache / "spark-work"
+    ).is_dir()  # the workers' folders in the user's cache, as the guide says
+    executors = " ".join(
+        p.read_text(errors="replace") for p in (cache / "spark-work").glob("app-*/*/stderr")
+    )
+    assert (
+        f"@{hosts.address['driver']}:7078" in executors
+    )  # the driver's fixed port, from cluster-conf
 
 
 def _probe(hosts: netns.Hosts, host: str, address: str, port: int) -> str:
     """From ``host``: "open" if ``address:port`` accepts a connection, else the error's name."""
-    code = (f"import socket\ntry:\n socket.create_connection(({address!r}, {port}), timeout=5).close(); print('open')\n"
-            "except OSError as e:\n print(type(e).__name__)")
-    done = subprocess.run([*hosts.run(host), sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    code = (
+        f"import socket\ntry:\n socket.create_connection(({address!r}, {port}), timeout=5).close(); print('open')\n"
+        "except OSError as e:\n print(type(e).__name__)"
+    )
+    done = subprocess.run(
+        [*hosts.run(host), sys.executable, "-c", code], capture_output=True, text=True, timeout=60
+    )
     return done.stdout.strip() or done.stderr[-500:]
 
 

@@ -33,8 +33,14 @@ def _compose(*profile: str) -> dict[str, Any]:
     import compose
 
     binary = Path(compose.__file__).parent / "docker-compose"
-    done = subprocess.run([str(binary), "-f", "docker-compose.yml", *profile, "config", "--format", "json"],
-                          cwd=ROOT, capture_output=True, text=True, check=True, timeout=60)
+    done = subprocess.run(
+        [str(binary), "-f", "docker-compose.yml", *profile, "config", "--format", "json"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
     model: dict[str, Any] = json.loads(done.stdout)
     return model
 
@@ -69,22 +75,33 @@ def _order(services: dict[str, Any]) -> list[str]:
 class Stack:
     """A compose model's services run as processes, one namespace each."""
 
-    def __init__(self, model: dict[str, Any], folder: Path, hosts: netns.Hosts, env: dict[str, str]) -> None:
+    def __init__(
+        self, model: dict[str, Any], folder: Path, hosts: netns.Hosts, env: dict[str, str]
+    ) -> None:
         self.services = {n: s for n, s in model["services"].items() if n not in LEFT_OUT}
         self.folder, self.hosts, self.extra_env = folder, hosts, env
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         cache = folder / "cache"
         cache.mkdir()
         (cache / "mnist.npz").symlink_to(datasets.mnist.fetch())
-        self.base_env = {**os.environ, **_image_env(), "PYTHONPATH": str(ROOT), "STREAMTRAIN_CACHE_DIR": str(cache),
-                         "STREAMTRAIN_JVM_CLASS_CACHE": "false"}
+        self.base_env = {
+            **os.environ,
+            **_image_env(),
+            "PYTHONPATH": str(ROOT),
+            "STREAMTRAIN_CACHE_DIR": str(cache),
+            "STREAMTRAIN_JVM_CLASS_CACHE": "false",
+        }
 
     def path(self, service: str, value: str) -> str:
         """``value`` (``PATH`` or ``--flag=PATH``) with a mount's path inside the container
         replaced by its folder here."""
         mounts = {}
         for mount in self.services[service].get("volumes", []):
-            source = mount["source"] if mount["type"] == "bind" else str(self.folder / "volumes" / mount["source"])
+            source = (
+                mount["source"]
+                if mount["type"] == "bind"
+                else str(self.folder / "volumes" / mount["source"])
+            )
             Path(source).mkdir(parents=True, exist_ok=True)
             mounts[mount["target"]] = source
         if not mounts:
@@ -105,13 +122,26 @@ class Stack:
 
     def start(self, name: str) -> None:
         service = self.services[name]
-        env = {**self.base_env, **{k: self.path(name, v) for k, v in (service.get("environment") or {}).items()},
-               **self.extra_env}
+        env = {
+            **self.base_env,
+            **{k: self.path(name, v) for k, v in (service.get("environment") or {}).items()},
+            **self.extra_env,
+        }
         with open(self.folder / f"{name}.log", "wb") as f:
-            self.procs[name] = subprocess.Popen([*self.hosts.run(name), *self.command(name)], cwd=ROOT, env=env,
-                                                stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
-        conditions = {dep.get("condition") for s in self.services.values()
-                      for d, dep in (s.get("depends_on") or {}).items() if d == name}
+            self.procs[name] = subprocess.Popen(
+                [*self.hosts.run(name), *self.command(name)],
+                cwd=ROOT,
+                env=env,
+                stdout=f,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        conditions = {
+            dep.get("condition")
+            for s in self.services.values()
+            for d, dep in (s.get("depends_on") or {}).items()
+            if d == name
+        }
         if "service_completed_successfully" in conditions:
             assert self.procs[name].wait(120) == 0, self.log(name)
         elif name == "kafka":
@@ -123,9 +153,17 @@ class Stack:
     def prometheus_targets(self) -> list[dict[str, Any]]:
         """Prometheus's active targets, asked from inside its namespace."""
         url = f"http://{self.hosts.address['prometheus']}:9090/api/v1/targets"
-        done = subprocess.run([*self.hosts.run("prometheus"), sys.executable, "-c",
-                               f"import urllib.request; print(urllib.request.urlopen({url!r}, timeout=5).read().decode())"],
-                              capture_output=True, text=True, timeout=30)
+        done = subprocess.run(
+            [
+                *self.hosts.run("prometheus"),
+                sys.executable,
+                "-c",
+                f"import urllib.request; print(urllib.request.urlopen({url!r}, timeout=5).read().decode())",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         if done.returncode != 0:
             return []
         targets: list[dict[str, Any]] = json.loads(done.stdout)["data"]["activeTargets"]
@@ -161,16 +199,24 @@ def test_the_stack_trains_and_prometheus_finds_every_target_up(stack: Stack) -> 
     targets: list[dict[str, Any]] = []
     while True:
         for name, proc in stack.procs.items():
-            assert proc.poll() is None or name == "spark-secret", f"{name} exited: {stack.log(name)}"
+            assert proc.poll() is None or name == "spark-secret", (
+                f"{name} exited: {stack.log(name)}"
+            )
         targets = stack.prometheus_targets()
         up = bool(targets) and all(t["health"] == "up" for t in targets)
         if up and rows_file.is_file() and rows_file.read_text().strip():
             break
-        assert time.monotonic() < deadline, (f"trained: {rows_file.is_file()}, targets: "
-                                             f"{[(t['scrapeUrl'], t['health'], t['lastError']) for t in targets]}\n"
-                                             f"{stack.log('trainer')}")
+        assert time.monotonic() < deadline, (
+            f"trained: {rows_file.is_file()}, targets: "
+            f"{[(t['scrapeUrl'], t['health'], t['lastError']) for t in targets]}\n"
+            f"{stack.log('trainer')}"
+        )
         time.sleep(1)
-    assert {t["labels"]["job"] for t in targets} == {"streamtrain", "streamtrain-serve", "streamtrain-producer"}
+    assert {t["labels"]["job"] for t in targets} == {
+        "streamtrain",
+        "streamtrain-serve",
+        "streamtrain-producer",
+    }
     row = json.loads(rows_file.read_text().splitlines()[0])
     assert row["trained"] > 0 and all(t["applied"] == t["steps"] for t in row["tasks"])
     cluster = "spark-master" in stack.services

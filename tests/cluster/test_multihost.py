@@ -29,17 +29,37 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[multihost.Clus
         yield c
 
 
-def _train(cluster: multihost.Cluster, folder: Path, topic: str, *args: str,
-           conf: Path | None = None) -> dict[str, Any]:
+def _train(
+    cluster: multihost.Cluster, folder: Path, topic: str, *args: str, conf: Path | None = None
+) -> dict[str, Any]:
     """Produce 6,000 MNIST records to ``topic`` and train them on the cluster from the
     driver's host; the run's report, after checking every task exchanged over TCP."""
     cluster.produce("mnist", topic, PRODUCED)
     out, log = folder / "run", folder / "run.log"
     run = cluster.streamtrain(
-        "driver", "run", "--dataset", "mnist", "--master", cluster.spark.master,
-        "--spark-conf", str(conf or cluster.spark.conf), "--bootstrap", cluster.bootstrap, "--topic", topic,
-        "--max-offsets-per-trigger", "3000", "--max-batches", "2", "--eval-every", "2", "--out", str(out), *args,
-        log=log)
+        "driver",
+        "run",
+        "--dataset",
+        "mnist",
+        "--master",
+        cluster.spark.master,
+        "--spark-conf",
+        str(conf or cluster.spark.conf),
+        "--bootstrap",
+        cluster.bootstrap,
+        "--topic",
+        topic,
+        "--max-offsets-per-trigger",
+        "3000",
+        "--max-batches",
+        "2",
+        "--eval-every",
+        "2",
+        "--out",
+        str(out),
+        *args,
+        log=log,
+    )
     try:
         assert run.wait(600) == 0, log.read_text(errors="replace")[-4000:]
     finally:
@@ -50,8 +70,9 @@ def _train(cluster: multihost.Cluster, folder: Path, topic: str, *args: str,
     return report
 
 
-def test_mnist_trains_once_across_hosts_over_tcp_through_an_executor_kill(cluster: multihost.Cluster,
-                                                                         tmp_path: Path) -> None:
+def test_mnist_trains_once_across_hosts_over_tcp_through_an_executor_kill(
+    cluster: multihost.Cluster, tmp_path: Path
+) -> None:
     """Proves: `streamtrain run --master spark://DRIVER:7077` with the workers on two other
     hosts: the executors read Kafka and reach the parameter server over the network (TCP,
     as the report says for every task); an executor JVM SIGKILLed (by pid, inside its host)
@@ -61,8 +82,10 @@ def test_mnist_trains_once_across_hosts_over_tcp_through_an_executor_kill(cluste
     as two shard processes (``--ps-shards 2``): the retried task is applied once on both."""
     marker = tmp_path / "killed"
     conf = tmp_path / "driver.conf"
-    conf.write_text(cluster.spark.conf.read_text() + "spark.task.maxFailures 4\n"
-                    f"spark.executorEnv.STREAMTRAIN_FAULT exchange:2:executor:{marker}\n")
+    conf.write_text(
+        cluster.spark.conf.read_text() + "spark.task.maxFailures 4\n"
+        f"spark.executorEnv.STREAMTRAIN_FAULT exchange:2:executor:{marker}\n"
+    )
     conf.chmod(0o600)
     secret = security.read_properties(conf)["spark.authenticate.secret"]
     with proc_scan.Watch(secret) as watch:
@@ -73,7 +96,9 @@ def test_mnist_trains_once_across_hosts_over_tcp_through_an_executor_kill(cluste
     # Spark's worker hands each executor the secret in its environment (_SPARK_AUTH_SECRET,
     # readable by its owner only); nothing else carries it, and no command line does.
     assert {pid: w for pid, w in watch.found.items() if not _executor_environment(w)} == {}
-    retried = assert_applied_once(report, tmp_path / "run", PRODUCED, batch_size=64)  # sync: 128 over 2 workers
+    retried = assert_applied_once(
+        report, tmp_path / "run", PRODUCED, batch_size=64
+    )  # sync: 128 over 2 workers
     assert retried, report["batches"]
     assert report["final"]["accuracy"] > 0.5  # chance is 0.1
 
@@ -97,6 +122,20 @@ for port in map(int, sys.argv[2:]):
 def test_the_master_takes_no_rest_submission_from_another_host(cluster: multihost.Cluster) -> None:
     """Proves: from worker-a's host, the master's RPC port (7077) accepts a connection and
     its REST submission port (6066, unauthenticated) is closed."""
-    done = subprocess.run([*cluster.hosts.run("worker-a"), sys.executable, "-c", _PROBE,
-                           cluster.hosts.address["driver"], "7077", "6066"], capture_output=True, text=True, timeout=60)
-    assert done.stdout.split("\n")[:2] == ["7077 open", "6066 ConnectionRefusedError"], done.stderr[-2000:]
+    done = subprocess.run(
+        [
+            *cluster.hosts.run("worker-a"),
+            sys.executable,
+            "-c",
+            _PROBE,
+            cluster.hosts.address["driver"],
+            "7077",
+            "6066",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.stdout.split("\n")[:2] == ["7077 open", "6066 ConnectionRefusedError"], done.stderr[
+        -2000:
+    ]

@@ -19,11 +19,28 @@ from tests.cluster.standalone import Standalone
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _run(*args: str, env: dict[str, str] | None = None, timeout_s: float) -> tuple[subprocess.CompletedProcess[str],
-                                                                                  float]:
+def _run(
+    *args: str, env: dict[str, str] | None = None, timeout_s: float
+) -> tuple[subprocess.CompletedProcess[str], float]:
     began = time.monotonic()
-    done = subprocess.run([sys.executable, "-m", "pipeline", "run", "--dataset", "higgs", "--max-batches", "1", *args],
-                          capture_output=True, text=True, timeout=timeout_s, cwd=ROOT, env={**os.environ, **(env or {})})
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pipeline",
+            "run",
+            "--dataset",
+            "higgs",
+            "--max-batches",
+            "1",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        cwd=ROOT,
+        env={**os.environ, **(env or {})},
+    )
     return done, time.monotonic() - began
 
 
@@ -43,8 +60,14 @@ def test_an_unreachable_master_is_one_line_before_anything_starts(tmp_path: Path
     """Proves: a master nobody listens on stops the run in one line naming it, before the
     broker starts (Spark alone retries for a minute, then fails in a traceback)."""
     master = f"spark://127.0.0.1:{free_port('127.0.0.1')}"
-    done, took = _run("--master", master, "--out", str(tmp_path / "run"), env={"STREAMTRAIN_MASTER_WAIT_S": "3"},
-                      timeout_s=60)
+    done, took = _run(
+        "--master",
+        master,
+        "--out",
+        str(tmp_path / "run"),
+        env={"STREAMTRAIN_MASTER_WAIT_S": "3"},
+        timeout_s=60,
+    )
     assert done.returncode == 2, done.stderr[-3000:]
     assert f"Cannot reach Spark's master at {master} from this host within 3 s" in _one_error(done)
     assert took < 30 and "embedded Kafka at" not in done.stderr
@@ -59,13 +82,25 @@ def test_a_driver_its_executors_cannot_reach_stops_in_one_line(tmp_path: Path) -
     spark = Standalone(tmp_path / "spark", conf, worker_hosts=["127.0.0.1"]).start()
     try:
         driver_conf = tmp_path / "driver.conf"
-        driver_conf.write_text(conf.read_text() + "spark.driver.host 127.0.0.3\n")  # bound to 127.0.0.1 only
+        driver_conf.write_text(
+            conf.read_text() + "spark.driver.host 127.0.0.3\n"
+        )  # bound to 127.0.0.1 only
         driver_conf.chmod(0o600)
-        done, took = _run("--master", spark.master, "--spark-conf", str(driver_conf), "--out", str(tmp_path / "run"),
-                          env={"STREAMTRAIN_EXECUTOR_WAIT_S": "15"}, timeout_s=300)
+        done, took = _run(
+            "--master",
+            spark.master,
+            "--spark-conf",
+            str(driver_conf),
+            "--out",
+            str(tmp_path / "run"),
+            env={"STREAMTRAIN_EXECUTOR_WAIT_S": "15"},
+            timeout_s=300,
+        )
     finally:
         spark.stop()
     assert done.returncode != 0
     line = _one_error(done)
-    assert "No Spark executor registered within 15 s" in line and "this driver at 127.0.0.3:" in line, line
+    assert (
+        "No Spark executor registered within 15 s" in line and "this driver at 127.0.0.3:" in line
+    ), line
     assert "SPARK_LOCAL_IP" in line

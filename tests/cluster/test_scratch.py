@@ -19,12 +19,14 @@ from pipeline.errors import ConfigError
 from tests.conftest import ROOT
 
 #: A process that holds a run's folder, writes a file there as TensorFlow would, and says where.
-_HOLD = ("import sys, tempfile, time\n"
-         "from pipeline.cluster import scratch\n"
-         "with scratch.scratch(sys.argv[1]) as folder:\n"
-         "    tempfile.NamedTemporaryFile(prefix='__autograph_generated_file', suffix='.py', delete=False).close()\n"
-         "    print(folder, flush=True)\n"
-         "    time.sleep(120)\n")
+_HOLD = (
+    "import sys, tempfile, time\n"
+    "from pipeline.cluster import scratch\n"
+    "with scratch.scratch(sys.argv[1]) as folder:\n"
+    "    tempfile.NamedTemporaryFile(prefix='__autograph_generated_file', suffix='.py', delete=False).close()\n"
+    "    print(folder, flush=True)\n"
+    "    time.sleep(120)\n"
+)
 
 
 @pytest.fixture
@@ -35,8 +37,13 @@ def parent() -> Iterator[Path]:
 
 
 def _hold(parent: Path) -> tuple[subprocess.Popen[str], Path]:
-    proc = subprocess.Popen([sys.executable, "-c", _HOLD, str(parent)], cwd=ROOT, stdout=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _HOLD, str(parent)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert proc.stdout is not None
     return proc, Path(proc.stdout.readline().strip())
 
@@ -53,9 +60,20 @@ def test_a_killed_runs_folder_goes_at_the_next_start_and_a_live_ones_stays(paren
         assert left.is_dir()  # a kill cleans nothing up
         with scratch.scratch(parent) as mine:
             assert not left.exists() and held.is_dir() and mine.is_dir()
-            assert tempfile.gettempdir() == str(mine) == os.environ["TMPDIR"] == os.environ["SPARK_LOCAL_DIRS"]
-            assert os.environ["SPARK_SUBMIT_OPTS"].endswith(f"-Djava.io.tmpdir={mine}")  # Spark's JVM
-        assert not mine.exists() and tempfile.gettempdir() != str(mine) and os.environ.get("TMPDIR") != str(mine)
+            assert (
+                tempfile.gettempdir()
+                == str(mine)
+                == os.environ["TMPDIR"]
+                == os.environ["SPARK_LOCAL_DIRS"]
+            )
+            assert os.environ["SPARK_SUBMIT_OPTS"].endswith(
+                f"-Djava.io.tmpdir={mine}"
+            )  # Spark's JVM
+        assert (
+            not mine.exists()
+            and tempfile.gettempdir() != str(mine)
+            and os.environ.get("TMPDIR") != str(mine)
+        )
     finally:
         for proc in (killed, live):
             if proc.poll() is None:

@@ -36,8 +36,15 @@ def test_the_driver_jvm_gets_the_secret_through_a_file_not_its_command_line(tmp_
     reads it from its stdin); the properties file it came through is gone."""
     secret = secrets.token_hex(16)
     env = {**os.environ, "STREAMTRAIN_JVM_CLASS_CACHE": "false", "TMPDIR": str(tmp_path)}
-    proc = subprocess.Popen([sys.executable, "-c", _START], cwd=ROOT, env=env, stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _START],
+        cwd=ROOT,
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert proc.stdout is not None and proc.stdin is not None
         proc.stdin.write(secret + "\n")
@@ -55,18 +62,40 @@ def test_the_driver_jvm_gets_the_secret_through_a_file_not_its_command_line(tmp_
             proc.wait()
 
 
-def test_the_master_opens_no_rest_submission_port_and_its_ui_stays_on_its_host(tmp_path: Path) -> None:
+def test_the_master_opens_no_rest_submission_port_and_its_ui_stays_on_its_host(
+    tmp_path: Path,
+) -> None:
     """Proves: ``streamtrain spark-master`` (as the cluster guide and compose start it) runs no REST
     submission server, which would run unauthenticated jobs, even with its port set: nothing
     listens there once the master leads, while its RPC port accepts; its web UI is bound to
     the address given as --host."""
     port, rest = free_port("127.0.0.1"), free_port("127.0.0.1")
     log = tmp_path / "master.log"
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "SPARK_MASTER_OPTS": f"-Dspark.master.rest.port={rest}"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "SPARK_MASTER_OPTS": f"-Dspark.master.rest.port={rest}",
+    }
     with open(log, "wb") as f:
-        master = subprocess.Popen([sys.executable, "-m", "pipeline", "spark-master", "--host", "127.0.0.1", "--port",
-                                   str(port), "--webui-port", "0"], cwd=ROOT, env=env, stdout=f,
-                                  stderr=subprocess.STDOUT, start_new_session=True)
+        master = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "pipeline",
+                "spark-master",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--webui-port",
+                "0",
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     try:
         wait_for(log, "I have been elected leader", master, 120)
         socket.create_connection(("127.0.0.1", port), timeout=5).close()  # the probe can succeed

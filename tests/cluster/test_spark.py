@@ -24,8 +24,14 @@ cluster.stop(s)
 
 def _start(cache: Path, java_options: str = "") -> None:
     env = {**os.environ, "STREAMTRAIN_CACHE_DIR": str(cache)}
-    done = subprocess.run([sys.executable, "-c", _START, java_options], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-c", _START, java_options],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
 
 
@@ -34,7 +40,9 @@ def _built_archive(cache: Path) -> Path:
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
         files = sorted(p.name for p in (cache / "jvm").iterdir())
-        if not any(name.endswith(".part") for name in files) and any(n.endswith(".jsa") for n in files):
+        if not any(name.endswith(".part") for name in files) and any(
+            n.endswith(".jsa") for n in files
+        ):
             break
         time.sleep(1)
     [archive] = (cache / "jvm").glob("*.jsa")
@@ -52,7 +60,9 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.mark.slow  # Spark's JVM twice, and the archive's build at nice 19
-def test_the_first_session_records_the_class_archive_and_the_next_maps_it(recorded: Path, tmp_path: Path) -> None:
+def test_the_first_session_records_the_class_archive_and_the_next_maps_it(
+    recorded: Path, tmp_path: Path
+) -> None:
     cache = tmp_path / "cache"
     shutil.copytree(recorded, cache)
     [archive] = (cache / "jvm").glob("*.jsa")
@@ -68,7 +78,9 @@ def test_the_first_session_records_the_class_archive_and_the_next_maps_it(record
 
 
 @pytest.mark.slow  # Spark's JVM twice, and the archive's build at nice 19
-def test_a_damaged_archive_is_refused_and_spark_starts_without_it(recorded: Path, tmp_path: Path) -> None:
+def test_a_damaged_archive_is_refused_and_spark_starts_without_it(
+    recorded: Path, tmp_path: Path
+) -> None:
     cache = tmp_path / "cache"
     shutil.copytree(recorded, cache)
     [archive] = (cache / "jvm").glob("*.jsa")
@@ -78,12 +90,22 @@ def test_a_damaged_archive_is_refused_and_spark_starts_without_it(recorded: Path
 
     loaded = tmp_path / "classes.log"
     _start(cache, f"-Xlog:class+load=info:file={loaded}")
-    spark_context = [line for line in loaded.read_text().splitlines() if " org.apache.spark.SparkContext " in line]
+    spark_context = [
+        line
+        for line in loaded.read_text().splitlines()
+        if " org.apache.spark.SparkContext " in line
+    ]
     assert spark_context and "shared objects file" not in spark_context[0], spark_context
 
 
 def test_the_class_archive_can_be_turned_off(tmp_path: Path) -> None:
-    env = {**os.environ, "STREAMTRAIN_CACHE_DIR": str(tmp_path), "STREAMTRAIN_JVM_CLASS_CACHE": "false"}
+    env = {
+        **os.environ,
+        "STREAMTRAIN_CACHE_DIR": str(tmp_path),
+        "STREAMTRAIN_JVM_CLASS_CACHE": "false",
+    }
     code = "from pipeline.cluster import jvmcache; print(jvmcache.options())"
-    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True
+    )
     assert done.stdout.strip() == "[]" and not (tmp_path / "jvm").exists(), done.stderr

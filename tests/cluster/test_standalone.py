@@ -22,17 +22,31 @@ def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
 
 
 def test_a_worker_without_a_properties_file_is_told_its_own_option(cache: Path) -> None:
-    with pytest.raises(ConfigError, match="^Expected --properties-file FILE with spark.authenticate true"):
-        standalone.command("worker", host="127.0.0.1", port=0, properties=None, master="spark://10.0.0.1:7077")
+    with pytest.raises(
+        ConfigError, match="^Expected --properties-file FILE with spark.authenticate true"
+    ):
+        standalone.command(
+            "worker", host="127.0.0.1", port=0, properties=None, master="spark://10.0.0.1:7077"
+        )
 
 
-def test_a_workers_folders_default_to_the_users_cache_not_the_pyspark_package(cache: Path, tmp_path: Path) -> None:
-    args = standalone.command("worker", host="127.0.0.1", port=0, properties=None, master="spark://127.0.0.1:7077")
+def test_a_workers_folders_default_to_the_users_cache_not_the_pyspark_package(
+    cache: Path, tmp_path: Path
+) -> None:
+    args = standalone.command(
+        "worker", host="127.0.0.1", port=0, properties=None, master="spark://127.0.0.1:7077"
+    )
     work = Path(args[args.index("--work-dir") + 1])
     assert work == (cache / "spark-work").resolve() and work.is_dir()
     assert standalone.spark_home().resolve() not in work.parents
-    given = standalone.command("worker", host="127.0.0.1", port=0, properties=None, master="spark://127.0.0.1:7077",
-                               work_dir=str(tmp_path / "w"))
+    given = standalone.command(
+        "worker",
+        host="127.0.0.1",
+        port=0,
+        properties=None,
+        master="spark://127.0.0.1:7077",
+        work_dir=str(tmp_path / "w"),
+    )
     assert given[given.index("--work-dir") + 1] == str((tmp_path / "w").resolve())
 
 
@@ -56,8 +70,23 @@ def test_cluster_status_of_a_master_it_cannot_read_is_one_line(tmp_path: Path) -
     from pipeline.ingest.kafka.broker import free_port
 
     url = f"http://127.0.0.1:{free_port('127.0.0.1')}"
-    done = subprocess.run([sys.executable, "-m", "pipeline", "cluster-status", "spark://127.0.0.1:7077", "--webui", url],
-                          env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pipeline",
+            "cluster-status",
+            "spark://127.0.0.1:7077",
+            "--webui",
+            url,
+        ],
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
-    assert f"Cannot read the master's web UI at {url}" in done.stderr and "ssh -N -L 8080" in done.stderr
+    assert (
+        f"Cannot read the master's web UI at {url}" in done.stderr
+        and "ssh -N -L 8080" in done.stderr
+    )

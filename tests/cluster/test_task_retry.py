@@ -25,20 +25,27 @@ ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow  # full runs whose workers are killed, and a standalone cluster
 
 
-def run_with_fault(out: Path, fault: str, *args: str, env: dict[str, str] | None = None,
-                   timeout_s: float = 300) -> dict[str, Any]:
+def run_with_fault(
+    out: Path, fault: str, *args: str, env: dict[str, str] | None = None, timeout_s: float = 300
+) -> dict[str, Any]:
     """``streamtrain run ARGS`` with ``STREAMTRAIN_FAULT=fault``; its report, after checking
     that it exited 0."""
-    done = subprocess.run([sys.executable, "-m", "pipeline", "run", *args, "--out", str(out)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=timeout_s,
-                          env={**os.environ, **(env or {}), "STREAMTRAIN_FAULT": fault})
+    done = subprocess.run(
+        [sys.executable, "-m", "pipeline", "run", *args, "--out", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        env={**os.environ, **(env or {}), "STREAMTRAIN_FAULT": fault},
+    )
     assert done.returncode == 0, done.stderr[-4000:]
     report: dict[str, Any] = json.loads((out / "report.json").read_text())
     return report
 
 
-def assert_applied_once(report: dict[str, Any], out: Path, produced: int, batch_size: int,
-                        window: int | None = None) -> list[dict[str, int]]:
+def assert_applied_once(
+    report: dict[str, Any], out: Path, produced: int, batch_size: int, window: int | None = None
+) -> list[dict[str, int]]:
     """Every task's mini-batches were applied once by the server's own count, every record
     trained once by the ledger; with an asynchronous algorithm's ``window``, the server's
     clock rose by exactly the exchanges of each batch. Returns the retried attempts' tasks."""
@@ -47,7 +54,9 @@ def assert_applied_once(report: dict[str, Any], out: Path, produced: int, batch_
         assert t["applied"] == t["steps"] == math.ceil(t["records"] / batch_size), t
     clock = 0
     for row in report["batches"] if window else []:
-        assert row["clock"] - clock == sum(math.ceil(t["steps"] / window) for t in row["tasks"]), row
+        assert row["clock"] - clock == sum(math.ceil(t["steps"] / window) for t in row["tasks"]), (
+            row
+        )
         clock = row["clock"]
     state = checkpoint.load(out)
     assert state is not None
@@ -55,26 +64,56 @@ def assert_applied_once(report: dict[str, Any], out: Path, produced: int, batch_
     return [t for t in tasks if t["attempt"] > 0]
 
 
-@pytest.mark.parametrize(("algorithm", "batch_size", "window"), [
-    ("sync", 64, 1),  # synchronous rounds; 128 split over 2 workers, an exchange per mini-batch
-    ("downpour", 128, 5),  # asynchronous deltas, an exchange every 5 mini-batches
-])
+@pytest.mark.parametrize(
+    ("algorithm", "batch_size", "window"),
+    [
+        ("sync", 64, 1),  # synchronous rounds; 128 split over 2 workers, an exchange per mini-batch
+        ("downpour", 128, 5),  # asynchronous deltas, an exchange every 5 mini-batches
+    ],
+)
 def test_a_python_worker_killed_mid_partition_trains_each_minibatch_once(  # type: ignore[no-untyped-def]
-        broker, topic: str, data_dir: Path, tmp_path: Path, algorithm: str, batch_size: int, window: int) -> None:
+    broker, topic: str, data_dir: Path, tmp_path: Path, algorithm: str, batch_size: int, window: int
+) -> None:
     """Proves: with Spark's task retries on (local[2,4]: up to 4 attempts), the Python worker
     training a partition is SIGKILLed after its second exchange; Spark runs the task again,
     the retry skips the mini-batches of the two exchanges the server had applied, and every
     mini-batch of every range is applied exactly once (none twice, none lost) while every
     record is trained once."""
-    produced = Replay(datasets.get("higgs", data_dir=data_dir), bootstrap=broker.bootstrap, topic=topic,
-                      partitions=2).run().records_sent
+    produced = (
+        Replay(
+            datasets.get("higgs", data_dir=data_dir),
+            bootstrap=broker.bootstrap,
+            topic=topic,
+            partitions=2,
+        )
+        .run()
+        .records_sent
+    )
     out, marker = tmp_path / "run", tmp_path / "killed"
-    report = run_with_fault(out, f"exchange:2:python:{marker}", "--dataset", "higgs", "--bootstrap", broker.bootstrap,
-                            "--topic", topic, "--algorithm", algorithm, "--master", "local[2,4]",
-                            "--max-offsets-per-trigger", "3500", "--max-batches", "2", "--eval-every", "1000")
+    report = run_with_fault(
+        out,
+        f"exchange:2:python:{marker}",
+        "--dataset",
+        "higgs",
+        "--bootstrap",
+        broker.bootstrap,
+        "--topic",
+        topic,
+        "--algorithm",
+        algorithm,
+        "--master",
+        "local[2,4]",
+        "--max-offsets-per-trigger",
+        "3500",
+        "--max-batches",
+        "2",
+        "--eval-every",
+        "1000",
+    )
     assert marker.is_file()  # the fault fired: a worker died mid-partition
-    retried = assert_applied_once(report, out, produced, batch_size=batch_size,
-                                  window=None if algorithm == "sync" else window)
+    retried = assert_applied_once(
+        report, out, produced, batch_size=batch_size, window=None if algorithm == "sync" else window
+    )
     # The kill comes right after the second exchange returned, so the server has applied
     # both (with --sync-overlap the second's push could still be in flight: one or two).
     assert retried and window <= retried[0]["skipped"] <= 2 * window, retried
@@ -101,22 +140,58 @@ def _driver_conf(cluster: Standalone, path: Path, settings: dict[str, str]) -> P
 
 
 def test_with_speculation_on_a_standalone_cluster_a_killed_worker_trains_each_minibatch_once(  # type: ignore[no-untyped-def]
-        standalone: Standalone, broker, topic: str, data_dir: Path, tmp_path: Path) -> None:
+    standalone: Standalone, broker, topic: str, data_dir: Path, tmp_path: Path
+) -> None:
     """Proves: on Spark's standalone cluster (authenticated, encrypted RPC) with speculation
     on (a copy of any task running longer than half the finished one's time), a Python
     worker SIGKILLed mid-partition: Spark runs the task again, and the server applies every
     mini-batch of every range once, by its own count (and the clock rose by exactly the
     exchanges); every record is trained once. (An executor JVM killed: test_multihost.)"""
-    produced = Replay(datasets.get("higgs", data_dir=data_dir), bootstrap=broker.bootstrap, topic=topic,
-                      partitions=2).run().records_sent
+    produced = (
+        Replay(
+            datasets.get("higgs", data_dir=data_dir),
+            bootstrap=broker.bootstrap,
+            topic=topic,
+            partitions=2,
+        )
+        .run()
+        .records_sent
+    )
     out, marker = tmp_path / "run", tmp_path / "killed"
-    conf = _driver_conf(standalone, tmp_path / "driver.conf", {
-        "spark.task.maxFailures": "4", "spark.executorEnv.STREAMTRAIN_FAULT": f"exchange:2:python:{marker}",
-        "spark.speculation": "true", "spark.speculation.multiplier": "0.5", "spark.speculation.quantile": "0.5",
-        "spark.speculation.interval": "200ms"})
-    report = run_with_fault(out, "", "--dataset", "higgs", "--bootstrap", broker.bootstrap, "--topic", topic,
-                            "--algorithm", "downpour", "--master", standalone.master, "--spark-conf", str(conf),
-                            "--max-offsets-per-trigger", "3500", "--max-batches", "2", "--eval-every", "1000")
+    conf = _driver_conf(
+        standalone,
+        tmp_path / "driver.conf",
+        {
+            "spark.task.maxFailures": "4",
+            "spark.executorEnv.STREAMTRAIN_FAULT": f"exchange:2:python:{marker}",
+            "spark.speculation": "true",
+            "spark.speculation.multiplier": "0.5",
+            "spark.speculation.quantile": "0.5",
+            "spark.speculation.interval": "200ms",
+        },
+    )
+    report = run_with_fault(
+        out,
+        "",
+        "--dataset",
+        "higgs",
+        "--bootstrap",
+        broker.bootstrap,
+        "--topic",
+        topic,
+        "--algorithm",
+        "downpour",
+        "--master",
+        standalone.master,
+        "--spark-conf",
+        str(conf),
+        "--max-offsets-per-trigger",
+        "3500",
+        "--max-batches",
+        "2",
+        "--eval-every",
+        "1000",
+    )
     assert marker.is_file()
     retried = assert_applied_once(report, out, produced, batch_size=128, window=5)
     assert retried and retried[0]["skipped"] == 10, report["batches"]

@@ -31,7 +31,9 @@ class Script:
 
     steps: list[tuple[str, list[tuple[bytes, bytes]]]] = dataclasses.field(default_factory=list)
     open_at: int | None = None
-    finish: list[Callable[[], None]] = dataclasses.field(default_factory=list)  # aborts what is still open
+    finish: list[Callable[[], None]] = dataclasses.field(
+        default_factory=list
+    )  # aborts what is still open
 
     def values(self, *kinds: str) -> list[bytes]:
         return [v for kind, records in self.steps if kind in kinds for _, v in records]
@@ -49,7 +51,10 @@ class Script:
 def payloads(label: str, n: int) -> list[tuple[bytes, bytes]]:
     """``n`` records whose value names the step they belong to (text with no newline or
     colon, so that kcat's delimiters can carry it)."""
-    return [(f"{label}-k{i}".encode(), f"{label}-v{i}-".encode() + b"x" * (40 + 7 * i)) for i in range(n)]
+    return [
+        (f"{label}-k{i}".encode(), f"{label}-v{i}-".encode() + b"x" * (40 + 7 * i))
+        for i in range(n)
+    ]
 
 
 # --- one writer per client: send(records) outside a transaction, or begin/send/end one ---
@@ -59,8 +64,12 @@ class _KafkaPython:
     def __init__(self, bootstrap: str, codec: str, transactional: bool) -> None:
         from kafka import KafkaProducer
 
-        config: dict[str, Any] = {"bootstrap_servers": bootstrap, "enable_idempotence": True, "linger_ms": 5,
-                                  "compression_type": None if codec == "none" else codec}
+        config: dict[str, Any] = {
+            "bootstrap_servers": bootstrap,
+            "enable_idempotence": True,
+            "linger_ms": 5,
+            "compression_type": None if codec == "none" else codec,
+        }
         if transactional:
             config["transactional_id"] = f"kp-{uuid.uuid4().hex[:8]}"
         self.p = KafkaProducer(**config)
@@ -86,8 +95,12 @@ class _Confluent:
     def __init__(self, bootstrap: str, codec: str, transactional: bool) -> None:
         from confluent_kafka import Producer
 
-        config: dict[str, Any] = {"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 5,
-                                  "compression.type": codec}
+        config: dict[str, Any] = {
+            "bootstrap.servers": bootstrap,
+            "enable.idempotence": True,
+            "linger.ms": 5,
+            "compression.type": codec,
+        }
         if transactional:
             config["transactional.id"] = f"ck-{uuid.uuid4().hex[:8]}"
         self.p = Producer(config)
@@ -97,8 +110,13 @@ class _Confluent:
 
     def send(self, topic: str, records: list[tuple[bytes, bytes]]) -> None:
         for key, value in records:
-            self.p.produce(topic, value=value, key=key, partition=0,
-                           on_delivery=lambda err, _m: err and self.errors.append(err))
+            self.p.produce(
+                topic,
+                value=value,
+                key=key,
+                partition=0,
+                on_delivery=lambda err, _m: err and self.errors.append(err),
+            )
         assert self.p.flush(30) == 0, "confluent-kafka could not deliver every record within 30 s"
         assert not self.errors, self.errors[:3]
 
@@ -112,23 +130,58 @@ class _Confluent:
         self.p.flush(10)
 
 
-def _kcat_send(bootstrap: str, topic: str, codec: str, records: list[tuple[bytes, bytes]], *extra: str) -> None:
+def _kcat_send(
+    bootstrap: str, topic: str, codec: str, records: list[tuple[bytes, bytes]], *extra: str
+) -> None:
     # Delimiters that no record holds, so that binary keys and values pass through kcat.
-    key_end, record_end = b"|k-" + uuid.uuid4().hex.encode() + b"|", b"|r-" + uuid.uuid4().hex.encode() + b"|"
+    key_end, record_end = (
+        b"|k-" + uuid.uuid4().hex.encode() + b"|",
+        b"|r-" + uuid.uuid4().hex.encode() + b"|",
+    )
     assert not any(key_end in k + v or record_end in k + v for k, v in records)
     lines = b"".join(k + key_end + v + record_end for k, v in records)
-    out = subprocess.run(["kcat", "-b", bootstrap, "-P", "-t", topic, "-p", "0", "-K", key_end.decode(),
-                          "-D", record_end.decode(), "-X", f"compression.codec={codec}",
-                          "-X", "enable.idempotence=true", *extra],
-                         input=lines, capture_output=True, timeout=60)
+    out = subprocess.run(
+        [
+            "kcat",
+            "-b",
+            bootstrap,
+            "-P",
+            "-t",
+            topic,
+            "-p",
+            "0",
+            "-K",
+            key_end.decode(),
+            "-D",
+            record_end.decode(),
+            "-X",
+            f"compression.codec={codec}",
+            "-X",
+            "enable.idempotence=true",
+            *extra,
+        ],
+        input=lines,
+        capture_output=True,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr.decode()[-800:]
 
 
-WRITERS: dict[str, Callable[[str, str, bool], Any]] = {"kafka-python": _KafkaPython, "confluent-kafka": _Confluent}
+WRITERS: dict[str, Callable[[str, str, bool], Any]] = {
+    "kafka-python": _KafkaPython,
+    "confluent-kafka": _Confluent,
+}
 
 
-def write_step(script: Script, producer: str, bootstrap: str, topic: str, codec: str, step: str,
-               records: list[tuple[bytes, bytes]]) -> None:
+def write_step(
+    script: Script,
+    producer: str,
+    bootstrap: str,
+    topic: str,
+    codec: str,
+    step: str,
+    records: list[tuple[bytes, bytes]],
+) -> None:
     """Write one step (from :data:`STEPS`) of ``records`` to partition 0 of ``topic`` with
     ``producer`` and ``codec``, and add it to ``script``."""
     offset = _log_end(bootstrap, topic)
@@ -153,11 +206,21 @@ def write_step(script: Script, producer: str, bootstrap: str, topic: str, codec:
     script.steps.append((step, records))
 
 
-def write(producer: str, bootstrap: str, topic: str, codec: str, steps: list[str], *, n: int = 6) -> Script:
+def write(
+    producer: str, bootstrap: str, topic: str, codec: str, steps: list[str], *, n: int = 6
+) -> Script:
     """Write ``steps`` ("open" last, if at all) with one producer and codec, ``n`` records each."""
     script = Script()
     for i, step in enumerate(steps):
-        write_step(script, producer, bootstrap, topic, codec, step, payloads(f"{producer}.{codec}.{step}{i}", n))
+        write_step(
+            script,
+            producer,
+            bootstrap,
+            topic,
+            codec,
+            step,
+            payloads(f"{producer}.{codec}.{step}{i}", n),
+        )
     return script
 
 

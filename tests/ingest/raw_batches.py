@@ -23,7 +23,9 @@ def _varint(n: int) -> bytes:
             return out
 
 
-def records_body(records: list[tuple[bytes | None, bytes | None]], deltas_ms: list[int] | None = None) -> bytes:
+def records_body(
+    records: list[tuple[bytes | None, bytes | None]], deltas_ms: list[int] | None = None
+) -> bytes:
     """The records of a v2 batch, uncompressed (no headers); ``deltas_ms``: each record's
     timestamp after the batch's first (all 0 where not given)."""
     body = b""
@@ -36,19 +38,47 @@ def records_body(records: list[tuple[bytes | None, bytes | None]], deltas_ms: li
     return body
 
 
-def batch(records: list[tuple[bytes | None, bytes | None]], *, codec: int = 0, payload: bytes | None = None,
-          base_offset: int = 0, magic: int = 2, producer_id: int = -1, attributes: int = 0,
-          first_ms: int | None = None, deltas_ms: list[int] | None = None, max_ms: int | None = None) -> bytes:
+def batch(
+    records: list[tuple[bytes | None, bytes | None]],
+    *,
+    codec: int = 0,
+    payload: bytes | None = None,
+    base_offset: int = 0,
+    magic: int = 2,
+    producer_id: int = -1,
+    attributes: int = 0,
+    first_ms: int | None = None,
+    deltas_ms: list[int] | None = None,
+    max_ms: int | None = None,
+) -> bytes:
     """One record batch of ``records`` compressed with ``codec`` (``payload``: these bytes
     instead of the compressed records), with a valid CRC. Timestamps: the batch's first
     (``first_ms``, now where not given), each record's after it (``deltas_ms``), and the
     batch's maximum (``max_ms``: what every record reads with LogAppendTime, ``attributes``
     0x08; by default the newest record's)."""
-    body = payload if payload is not None else compression.deflate(codec, records_body(records, deltas_ms))
-    now_ms = int(time.time() * 1000) if first_ms is None else first_ms  # a broker with time retention keeps recent records only
+    body = (
+        payload
+        if payload is not None
+        else compression.deflate(codec, records_body(records, deltas_ms))
+    )
+    now_ms = (
+        int(time.time() * 1000) if first_ms is None else first_ms
+    )  # a broker with time retention keeps recent records only
     top_ms = max_ms if max_ms is not None else now_ms + max(deltas_ms or [0])
-    after_crc = (struct.pack(">hiqqqhii", attributes | codec, len(records) - 1, now_ms, top_ms, producer_id, -1, -1,
-                             len(records)) + body)
+    after_crc = (
+        struct.pack(
+            ">hiqqqhii",
+            attributes | codec,
+            len(records) - 1,
+            now_ms,
+            top_ms,
+            producer_id,
+            -1,
+            -1,
+            len(records),
+        )
+        + body
+    )
     crc = crc32c.crc32c(after_crc)
     after_length = struct.pack(">ibI", 0, magic, crc) + after_crc
     return struct.pack(">qi", base_offset, len(after_length)) + after_length
@@ -59,8 +89,15 @@ def produce(bootstrap: str, topic: str, partition: int, raw: bytes) -> int:
     host, _, port = bootstrap.rpartition(":")
     conn = _Connection(host, int(port), 10)
     try:
-        body = (_string(None) + struct.pack(">hi", 1, 10_000) + struct.pack(">i", 1) + _string(topic)
-                + struct.pack(">ii", 1, partition) + struct.pack(">i", len(raw)) + raw)
+        body = (
+            _string(None)
+            + struct.pack(">hi", 1, 10_000)
+            + struct.pack(">i", 1)
+            + _string(topic)
+            + struct.pack(">ii", 1, partition)
+            + struct.pack(">i", len(raw))
+            + raw
+        )
         r = conn.request(0, 3, body)
         r.take(">i")  # topics
         r.string()

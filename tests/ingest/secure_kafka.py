@@ -57,7 +57,12 @@ from typing import Any, Literal
 #: Every SASL mechanism the front can serve; a SecureKafka enables all of them by default.
 MECHANISMS = ("SCRAM-SHA-512", "SCRAM-SHA-256", "PLAIN")
 #: What each mode makes of the public endpoint (Kafka's ``security.protocol``).
-PROTOCOLS = {"sasl_ssl": "SASL_SSL", "sasl_plaintext": "SASL_PLAINTEXT", "ssl": "SSL", "mtls": "SSL"}
+PROTOCOLS = {
+    "sasl_ssl": "SASL_SSL",
+    "sasl_plaintext": "SASL_PLAINTEXT",
+    "ssl": "SSL",
+    "mtls": "SSL",
+}
 Mode = Literal["sasl_ssl", "sasl_plaintext", "ssl", "mtls"]
 ServerCert = Literal["good", "other_ca", "wrong_name", "expired"]
 
@@ -69,11 +74,24 @@ _SASL_AUTHENTICATION_FAILED = 58
 _PRODUCE, _METADATA, _FIND_COORDINATOR, _SASL_HANDSHAKE, _API_VERSIONS = 0, 3, 10, 17, 18
 _SASL_AUTHENTICATE, _DESCRIBE_CLUSTER = 36, 60
 #: First flexible (compact, tagged) version of each API whose frames the front parses.
-_FLEXIBLE_FROM = {_PRODUCE: 9, _METADATA: 9, _FIND_COORDINATOR: 3, _SASL_HANDSHAKE: 99,
-                  _API_VERSIONS: 3, _SASL_AUTHENTICATE: 2, _DESCRIBE_CLUSTER: 0}
+_FLEXIBLE_FROM = {
+    _PRODUCE: 9,
+    _METADATA: 9,
+    _FIND_COORDINATOR: 3,
+    _SASL_HANDSHAKE: 99,
+    _API_VERSIONS: 3,
+    _SASL_AUTHENTICATE: 2,
+    _DESCRIBE_CLUSTER: 0,
+}
 #: The newest version of each parsed API whose layout the front knows: ApiVersions caps the
 #: broker's offer there, so a client never sends a version the front would misread.
-_KNOWN_UP_TO = {_PRODUCE: 13, _METADATA: 13, _FIND_COORDINATOR: 6, _API_VERSIONS: 4, _DESCRIBE_CLUSTER: 2}
+_KNOWN_UP_TO = {
+    _PRODUCE: 13,
+    _METADATA: 13,
+    _FIND_COORDINATOR: 6,
+    _API_VERSIONS: 4,
+    _DESCRIBE_CLUSTER: 2,
+}
 #: Kafka's own limits: sasl.server.max.receive.size before a login, socket.request.max.bytes after.
 _MAX_SASL_FRAME = 512 * 1024
 _MAX_FRAME = 100 * 1024 * 1024
@@ -150,19 +168,36 @@ def make_pki(folder: str | os.PathLike[str]) -> Pki:
     ]
 
     def name(cn: str) -> x509.Name:
-        return x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "streamtrain tests"),
-                          x509.NameAttribute(NameOID.COMMON_NAME, cn)])
+        return x509.Name(
+            [
+                x509.NameAttribute(NameOID.ORGANIZATION_NAME, "streamtrain tests"),
+                x509.NameAttribute(NameOID.COMMON_NAME, cn),
+            ]
+        )
 
-    def save(stem: str, cert: x509.Certificate, key: ec.EllipticCurvePrivateKey) -> tuple[Path, Path]:
+    def save(
+        stem: str, cert: x509.Certificate, key: ec.EllipticCurvePrivateKey
+    ) -> tuple[Path, Path]:
         cert_path, key_path = out / f"{stem}.pem", out / f"{stem}.key"
         cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-        _write_private(key_path, key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                                   serialization.NoEncryption()))
+        _write_private(
+            key_path,
+            key.private_bytes(
+                serialization.Encoding.PEM,
+                serialization.PrivateFormat.PKCS8,
+                serialization.NoEncryption(),
+            ),
+        )
         return cert_path, key_path
 
-    def issue(subject: str, issuer: tuple[x509.Certificate, ec.EllipticCurvePrivateKey] | None, *,
-              sans: Sequence[x509.GeneralName] = (), client: bool = False, days: tuple[float, float] = (-1, 30),
-              ) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
+    def issue(
+        subject: str,
+        issuer: tuple[x509.Certificate, ec.EllipticCurvePrivateKey] | None,
+        *,
+        sans: Sequence[x509.GeneralName] = (),
+        client: bool = False,
+        days: tuple[float, float] = (-1, 30),
+    ) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
         key = ec.generate_private_key(ec.SECP256R1())
         ca = issuer is None
         signer_cert, signer_key = issuer if issuer else (None, key)
@@ -175,24 +210,40 @@ def make_pki(folder: str | os.PathLike[str]) -> Pki:
             .not_valid_before(now + datetime.timedelta(days=days[0]))
             .not_valid_after(now + datetime.timedelta(days=days[1]))
             .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
-            .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+            .add_extension(
+                x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False
+            )
         )
         if ca:
             builder = builder.add_extension(
-                x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True, content_commitment=False,
-                              key_encipherment=False, data_encipherment=False, key_agreement=False,
-                              encipher_only=False, decipher_only=False), critical=True)
+                x509.KeyUsage(
+                    digital_signature=True,
+                    key_cert_sign=True,
+                    crl_sign=True,
+                    content_commitment=False,
+                    key_encipherment=False,
+                    data_encipherment=False,
+                    key_agreement=False,
+                    encipher_only=False,
+                    decipher_only=False,
+                ),
+                critical=True,
+            )
         else:
             assert signer_cert is not None
             builder = builder.add_extension(
                 x509.AuthorityKeyIdentifier.from_issuer_public_key(signer_cert.public_key()),  # type: ignore[arg-type]
                 critical=False,
             ).add_extension(
-                x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH if client else ExtendedKeyUsageOID.SERVER_AUTH]),
+                x509.ExtendedKeyUsage(
+                    [ExtendedKeyUsageOID.CLIENT_AUTH if client else ExtendedKeyUsageOID.SERVER_AUTH]
+                ),
                 critical=False,
             )
             if sans:
-                builder = builder.add_extension(x509.SubjectAlternativeName(list(sans)), critical=False)
+                builder = builder.add_extension(
+                    x509.SubjectAlternativeName(list(sans)), critical=False
+                )
         return builder.sign(signer_key, hashes.SHA256()), key
 
     ca = issue("streamtrain test CA", None, days=(-1, 365))
@@ -205,7 +256,18 @@ def make_pki(folder: str | os.PathLike[str]) -> Pki:
     other_client = save("other-ca-client", *issue("streamtrain-test-client", other, client=True))
     wrong = save("wrong-name", *issue("wrong.example", ca, sans=[x509.DNSName("wrong.example")]))
     expired = save("expired", *issue("127.0.0.1", ca, sans=loopback, days=(-30, -1)))
-    return Pki(out, ca_cert, ca_key, *server, *client, other_ca, *other_server, *other_client, *wrong, *expired)
+    return Pki(
+        out,
+        ca_cert,
+        ca_key,
+        *server,
+        *client,
+        other_ca,
+        *other_server,
+        *other_client,
+        *wrong,
+        *expired,
+    )
 
 
 # ---------------------------------------------------------------- Kafka frames (the front's part)
@@ -226,7 +288,7 @@ class _Wire:
         if n < 0 or self.pos + n > len(self.data):
             raise _Malformed(f"frame too short: wanted {n} bytes at {self.pos} of {len(self.data)}")
         self.pos += n
-        return self.data[self.pos - n:self.pos]
+        return self.data[self.pos - n : self.pos]
 
     def int8(self) -> int:
         return int(struct.unpack(">b", self.take(1))[0])
@@ -314,7 +376,9 @@ def _response_body(frame: bytes, key: int, version: int) -> _Wire:
 
 def _response(corr: int, key: int, version: int, body: bytes) -> bytes:
     """A whole response frame (size prefix included) the front answers itself."""
-    header = struct.pack(">i", corr) + (b"\x00" if key != _API_VERSIONS and _flexible(key, version) else b"")
+    header = struct.pack(">i", corr) + (
+        b"\x00" if key != _API_VERSIONS and _flexible(key, version) else b""
+    )
     return struct.pack(">i", len(header) + len(body)) + header + body
 
 
@@ -336,14 +400,16 @@ class _Splice:
         self.parts: list[bytes] = []
 
     def replace(self, start: int, end: int, new: bytes) -> None:
-        self.parts += [self.data[self.mark:start], new]
+        self.parts += [self.data[self.mark : start], new]
         self.mark = end
 
     def result(self) -> bytes:
-        return b"".join([*self.parts, self.data[self.mark:]]) if self.parts else self.data
+        return b"".join([*self.parts, self.data[self.mark :]]) if self.parts else self.data
 
 
-def _address(w: _Wire, splice: _Splice, compact: bool, host: str, port: int, *, rewrite: bool = True) -> None:
+def _address(
+    w: _Wire, splice: _Splice, compact: bool, host: str, port: int, *, rewrite: bool = True
+) -> None:
     """Read a host and port at ``w`` and have ``splice`` write ``host:port`` in their place."""
     start = w.pos
     w.string(compact)
@@ -415,7 +481,7 @@ def rewrite_api_versions(frame: bytes, version: int, *, sasl: bool) -> bytes:
         if flex:
             w.tagged_fields()
         apis[api] = (low, high)
-    rest = frame[w.pos:]
+    rest = frame[w.pos :]
     apis.pop(_SASL_HANDSHAKE, None)
     apis.pop(_SASL_AUTHENTICATE, None)
     if sasl:
@@ -428,7 +494,9 @@ def rewrite_api_versions(frame: bytes, version: int, *, sasl: bool) -> bytes:
             else:
                 apis[api] = (low, min(high, newest))
     tags = b"\x00" if flex else b""
-    entries = b"".join(struct.pack(">hhh", a, lo, hi) + tags for a, (lo, hi) in sorted(apis.items()))
+    entries = b"".join(
+        struct.pack(">hhh", a, lo, hi) + tags for a, (lo, hi) in sorted(apis.items())
+    )
     count = _uvarint(len(apis) + 1) if flex else struct.pack(">i", len(apis))
     return frame[:4] + struct.pack(">h", 0) + count + entries + rest
 
@@ -452,12 +520,23 @@ class _FrontConfig:
     @classmethod
     def load(cls, path: str) -> _FrontConfig:
         raw = json.loads(Path(path).read_text())
-        users = {name: {mech: (bytes.fromhex(s), bytes.fromhex(k), bytes.fromhex(v), int(i))
-                        for mech, (s, k, v, i) in mechs.items()} for name, mechs in raw.pop("users").items()}
-        return cls(listen_host=str(raw["listen_host"]), listen_port=int(raw["listen_port"]),
-                   upstream=(str(raw["upstream"][0]), int(raw["upstream"][1])),
-                   advertise=(str(raw["advertise"][0]), int(raw["advertise"][1])), sasl=bool(raw["sasl"]),
-                   mechanisms=tuple(raw["mechanisms"]), users=users, session_lifetime_ms=raw["session_lifetime_ms"])
+        users = {
+            name: {
+                mech: (bytes.fromhex(s), bytes.fromhex(k), bytes.fromhex(v), int(i))
+                for mech, (s, k, v, i) in mechs.items()
+            }
+            for name, mechs in raw.pop("users").items()
+        }
+        return cls(
+            listen_host=str(raw["listen_host"]),
+            listen_port=int(raw["listen_port"]),
+            upstream=(str(raw["upstream"][0]), int(raw["upstream"][1])),
+            advertise=(str(raw["advertise"][0]), int(raw["advertise"][1])),
+            sasl=bool(raw["sasl"]),
+            mechanisms=tuple(raw["mechanisms"]),
+            users=users,
+            session_lifetime_ms=raw["session_lifetime_ms"],
+        )
 
 
 _CLOSE = object()  # the responder's last item: flush what came before it, then close
@@ -469,8 +548,13 @@ class _Connection:
     """One client: its requests are read in order, each either relayed to the broker or
     answered here (SASL); the answers go back in request order through one queue."""
 
-    def __init__(self, cfg: _FrontConfig, client: asyncio.StreamWriter, upstream_r: asyncio.StreamReader,
-                 upstream_w: asyncio.StreamWriter) -> None:
+    def __init__(
+        self,
+        cfg: _FrontConfig,
+        client: asyncio.StreamWriter,
+        upstream_r: asyncio.StreamReader,
+        upstream_w: asyncio.StreamWriter,
+    ) -> None:
         self.cfg, self.client, self.up_r, self.up_w = cfg, client, upstream_r, upstream_w
         self.pending: asyncio.Queue[Any] = asyncio.Queue(maxsize=4096)
         self.authenticated = not cfg.sasl
@@ -514,7 +598,9 @@ class _Connection:
             if not self.authenticated and key != _API_VERSIONS:
                 return self.log(f"api key {key} before a login: closed")
             if self.expires is not None and time.monotonic() > self.expires:
-                return self.log("session expired without re-authentication: closed")  # as Kafka (KIP-368)
+                return self.log(
+                    "session expired without re-authentication: closed"
+                )  # as Kafka (KIP-368)
             self.up_w.write(struct.pack(">i", len(frame)))
             self.up_w.write(frame)
             if _expects_response(frame, key, version):
@@ -544,7 +630,9 @@ class _Connection:
                 if frame is None:
                     return self.log("the broker closed the connection")
                 if len(frame) < 4 or struct.unpack(">i", frame[:4])[0] != corr:
-                    return self.log(f"the broker answered out of order (wanted correlation id {corr}): closed")
+                    return self.log(
+                        f"the broker answered out of order (wanted correlation id {corr}): closed"
+                    )
                 if key == _API_VERSIONS:
                     frame = rewrite_api_versions(frame, version, sasl=self.cfg.sasl)
                 elif key in (_METADATA, _FIND_COORDINATOR, _DESCRIBE_CLUSTER):
@@ -562,11 +650,15 @@ class _Connection:
             return False
         size, got = struct.unpack(">ii", head)
         if got != corr or not 4 <= size <= _MAX_FRAME:
-            self.log(f"the broker answered out of order or oversized (correlation id {got}, {size} bytes): closed")
+            self.log(
+                f"the broker answered out of order or oversized (correlation id {got}, {size} bytes): closed"
+            )
             return False
         self.client.write(head)
         left = size - 4
-        while left:  # bounded: each read takes at least one byte of the declared size, or raises at EOF
+        while (
+            left
+        ):  # bounded: each read takes at least one byte of the declared size, or raises at EOF
             chunk = await self.up_r.read(min(left, 1 << 20))
             if not chunk:
                 self.log("the broker closed the connection mid-answer")
@@ -587,28 +679,46 @@ class _Connection:
             listing = struct.pack(">i", len(self.cfg.mechanisms)) + offered
             # A login in progress, or a re-authentication (KIP-368) with v0: not allowed.
             if self.mechanism is not None or version > 1 or (self.authenticated and version == 0):
-                return _response(corr, key, version, struct.pack(">h", _ILLEGAL_SASL_STATE) + listing), False
+                return _response(
+                    corr, key, version, struct.pack(">h", _ILLEGAL_SASL_STATE) + listing
+                ), False
             if mechanism not in self.cfg.mechanisms:
                 self.log(f"mechanism {mechanism!r} refused")
-                return _response(corr, key, version, struct.pack(">h", _UNSUPPORTED_SASL_MECHANISM) + listing), False
+                return _response(
+                    corr, key, version, struct.pack(">h", _UNSUPPORTED_SASL_MECHANISM) + listing
+                ), False
             self.mechanism, self.raw_tokens = mechanism, version == 0
             return _response(corr, key, version, struct.pack(">h", 0) + listing), True
         flex = _flexible(key, version)
         if self.mechanism is None or version > 2:
-            return self.authenticate_response(corr, version, _ILLEGAL_SASL_STATE, "SaslAuthenticate without a "
-                                              "SaslHandshake before it", b""), False
+            return self.authenticate_response(
+                corr,
+                version,
+                _ILLEGAL_SASL_STATE,
+                "SaslAuthenticate without a SaslHandshake before it",
+                b"",
+            ), False
         token = _request_body(frame, key, version).blob(flex)
         outcome = self.step(token)
         if outcome is None:
-            return self.authenticate_response(corr, version, _SASL_AUTHENTICATION_FAILED, self.failure(), b""), False
+            return self.authenticate_response(
+                corr, version, _SASL_AUTHENTICATION_FAILED, self.failure(), b""
+            ), False
         reply, done = outcome
         lifetime = 0
         if done:
             lifetime = self.logged_in()
         return self.authenticate_response(corr, version, 0, None, reply, lifetime), True
 
-    def authenticate_response(self, corr: int, version: int, error: int, message: str | None, token: bytes,
-                              lifetime_ms: int = 0) -> bytes:
+    def authenticate_response(
+        self,
+        corr: int,
+        version: int,
+        error: int,
+        message: str | None,
+        token: bytes,
+        lifetime_ms: int = 0,
+    ) -> bytes:
         flex = _flexible(_SASL_AUTHENTICATE, version)
         body = struct.pack(">h", error) + _string(message, flex) + _blob(token, flex)
         if version >= 1:
@@ -617,8 +727,10 @@ class _Connection:
 
     def failure(self) -> str:
         # Kafka's own words, so that clients and tests see what a real broker says.
-        return f"Authentication failed during authentication due to invalid credentials with SASL mechanism " \
-               f"{self.mechanism}"
+        return (
+            f"Authentication failed during authentication due to invalid credentials with SASL mechanism "
+            f"{self.mechanism}"
+        )
 
     def logged_in(self) -> int:
         """Mark the login done; the session lifetime to announce (0: none)."""
@@ -783,7 +895,9 @@ def _scram_users(users: Mapping[str, str]) -> dict[str, dict[str, list[Any]]]:
     for user, password in users.items():
         out[user] = {}
         for mech in ("SCRAM-SHA-256", "SCRAM-SHA-512"):
-            salt, stored, server, iterations = scramp.ScramMechanism(mech).make_auth_info(password, _SCRAM_ITERATIONS)
+            salt, stored, server, iterations = scramp.ScramMechanism(mech).make_auth_info(
+                password, _SCRAM_ITERATIONS
+            )
             out[user][mech] = [salt.hex(), stored.hex(), server.hex(), iterations]
     return out
 
@@ -864,7 +978,9 @@ class SecureKafka:
         self.mechanisms = tuple(mechanisms)
         unknown = set(self.mechanisms) - set(MECHANISMS)
         if unknown or not self.mechanisms:
-            raise ValueError(f"mechanisms {sorted(unknown)}: expected some of {', '.join(MECHANISMS)}")
+            raise ValueError(
+                f"mechanisms {sorted(unknown)}: expected some of {', '.join(MECHANISMS)}"
+            )
         self.folder = Path(folder)
         self.mode = mode
         self.username = username or f"user-{secrets.token_hex(4)}"
@@ -910,10 +1026,16 @@ class SecureKafka:
             out["broker"] = self._broker.pid
         return out
 
-    def client_properties(self, *, mechanism: str | None = None, username: str | None = None,
-                          password: str | None = None, client_cert: bool | tuple[str | os.PathLike[str],
-                          str | os.PathLike[str]] | None = None, ca: str | os.PathLike[str] | None = None,
-                          verify_hostname: bool = True) -> dict[str, str]:
+    def client_properties(
+        self,
+        *,
+        mechanism: str | None = None,
+        username: str | None = None,
+        password: str | None = None,
+        client_cert: bool | tuple[str | os.PathLike[str], str | os.PathLike[str]] | None = None,
+        ca: str | os.PathLike[str] | None = None,
+        verify_hostname: bool = True,
+    ) -> dict[str, str]:
         """Client settings in Kafka's property names (librdkafka takes them as they are).
 
         ``client_cert``: True for ``pki.client_*``, False for none, or a (cert, key) pair;
@@ -921,11 +1043,13 @@ class SecureKafka:
         ``pki.ca``). A wrong ``password``/``username`` makes a login fail, as tests want."""
         props = {"bootstrap.servers": self.bootstrap, "security.protocol": self.protocol}
         if self.sasl:
-            props.update({
-                "sasl.mechanism": mechanism or self.mechanisms[0],
-                "sasl.username": self.username if username is None else username,
-                "sasl.password": self.password if password is None else password,
-            })
+            props.update(
+                {
+                    "sasl.mechanism": mechanism or self.mechanisms[0],
+                    "sasl.username": self.username if username is None else username,
+                    "sasl.password": self.password if password is None else password,
+                }
+            )
         if self.tls:
             props["ssl.ca.location"] = str(ca or self.pki.ca)
             props["ssl.endpoint.identification.algorithm"] = "https" if verify_hostname else "none"
@@ -934,19 +1058,25 @@ class SecureKafka:
                 props["ssl.certificate.location"], props["ssl.key.location"] = map(str, pair)
         return props
 
-    def _client_pair(self, client_cert: bool | tuple[str | os.PathLike[str], str | os.PathLike[str]] | None,
-                     ) -> tuple[str | os.PathLike[str], str | os.PathLike[str]] | None:
+    def _client_pair(
+        self,
+        client_cert: bool | tuple[str | os.PathLike[str], str | os.PathLike[str]] | None,
+    ) -> tuple[str | os.PathLike[str], str | os.PathLike[str]] | None:
         if client_cert is None:
             client_cert = self.mode == "mtls"
         if client_cert is True:
             return self.pki.client_cert, self.pki.client_key
         return client_cert or None
 
-    def write_client_properties(self, path: str | os.PathLike[str] | None = None, **settings: Any) -> Path:
+    def write_client_properties(
+        self, path: str | os.PathLike[str] | None = None, **settings: Any
+    ) -> Path:
         """Write :meth:`client_properties` as a Java-style properties file (mode 0600: it
         holds a password) and return its path (default ``folder/client.properties``)."""
         target = Path(path) if path is not None else self.folder / "client.properties"
-        lines = [f"{k}={_escape_property(v)}" for k, v in self.client_properties(**settings).items()]
+        lines = [
+            f"{k}={_escape_property(v)}" for k, v in self.client_properties(**settings).items()
+        ]
         _write_private(target, ("\n".join(lines) + "\n").encode())
         return target
 
@@ -956,16 +1086,27 @@ class SecureKafka:
         extra = settings.pop("extra", None) or {}
         return {**self.client_properties(**settings), **extra}
 
-    def kafka_python_kwargs(self, *, mechanism: str | None = None, username: str | None = None,
-                            password: str | None = None, client_cert: bool | tuple[str | os.PathLike[str],
-                            str | os.PathLike[str]] | None = None, ca: str | os.PathLike[str] | None = None,
-                            verify_hostname: bool = True) -> dict[str, Any]:
+    def kafka_python_kwargs(
+        self,
+        *,
+        mechanism: str | None = None,
+        username: str | None = None,
+        password: str | None = None,
+        client_cert: bool | tuple[str | os.PathLike[str], str | os.PathLike[str]] | None = None,
+        ca: str | os.PathLike[str] | None = None,
+        verify_hostname: bool = True,
+    ) -> dict[str, Any]:
         """The same settings for kafka-python's KafkaProducer/KafkaConsumer/KafkaAdminClient."""
-        kw: dict[str, Any] = {"bootstrap_servers": self.bootstrap, "security_protocol": self.protocol}
+        kw: dict[str, Any] = {
+            "bootstrap_servers": self.bootstrap,
+            "security_protocol": self.protocol,
+        }
         if self.sasl:
-            kw.update(sasl_mechanism=mechanism or self.mechanisms[0],
-                      sasl_plain_username=self.username if username is None else username,
-                      sasl_plain_password=self.password if password is None else password)
+            kw.update(
+                sasl_mechanism=mechanism or self.mechanisms[0],
+                sasl_plain_username=self.username if username is None else username,
+                sasl_plain_password=self.password if password is None else password,
+            )
         if self.tls:
             kw.update(ssl_cafile=str(ca or self.pki.ca), ssl_check_hostname=verify_hostname)
             pair = self._client_pair(client_cert)
@@ -996,7 +1137,9 @@ class SecureKafka:
             _ = self.pki  # certificates first: they are not timed as startup
             began = time.monotonic()
         try:
-            self._broker = EmbeddedBroker(engine=self.engine, log_path=self.folder / "broker.log").start(timeout_s)
+            self._broker = EmbeddedBroker(
+                engine=self.engine, log_path=self.folder / "broker.log"
+            ).start(timeout_s)
             self.plain_bootstrap = self._broker.bootstrap
             # A port probed free can be taken before stunnel binds it; it is advertised by the
             # front, so a new try restarts both.
@@ -1018,9 +1161,14 @@ class SecureKafka:
         public = _free_port() if self.tls else 0
         broker_host, broker_port = self.plain_bootstrap.rsplit(":", 1)
         config = {
-            "listen_host": "127.0.0.1", "listen_port": 0, "upstream": [broker_host, int(broker_port)],
-            "advertise": ["127.0.0.1", public], "sasl": self.sasl, "mechanisms": list(self.mechanisms),
-            "users": _scram_users(self.users) if self.sasl else {}, "session_lifetime_ms": self.session_lifetime_ms,
+            "listen_host": "127.0.0.1",
+            "listen_port": 0,
+            "upstream": [broker_host, int(broker_port)],
+            "advertise": ["127.0.0.1", public],
+            "sasl": self.sasl,
+            "mechanisms": list(self.mechanisms),
+            "users": _scram_users(self.users) if self.sasl else {},
+            "session_lifetime_ms": self.session_lifetime_ms,
         }
         front_port = self._spawn_front(config, deadline)
         if not self.tls:
@@ -1028,20 +1176,38 @@ class SecureKafka:
             self.bootstrap = self.front_bootstrap = f"127.0.0.1:{front_port}"
             return self._probe_until(deadline, tls=False)
         self.front_bootstrap = f"127.0.0.1:{front_port}"
-        cert, key = self.pki.server_pair(self.server_cert) if isinstance(self.server_cert, str) else self.server_cert
+        cert, key = (
+            self.pki.server_pair(self.server_cert)
+            if isinstance(self.server_cert, str)
+            else self.server_cert
+        )
         lines = [
-            "foreground = yes", "pid =", "syslog = no", "debug = notice", "",
-            "[kafka]", f"accept = 127.0.0.1:{public}", f"connect = {self.front_bootstrap}",
-            f"cert = {cert}", f"key = {key}", "sslVersionMin = TLSv1.2",
-            "socket = l:TCP_NODELAY=1", "socket = r:TCP_NODELAY=1",
+            "foreground = yes",
+            "pid =",
+            "syslog = no",
+            "debug = notice",
+            "",
+            "[kafka]",
+            f"accept = 127.0.0.1:{public}",
+            f"connect = {self.front_bootstrap}",
+            f"cert = {cert}",
+            f"key = {key}",
+            "sslVersionMin = TLSv1.2",
+            "socket = l:TCP_NODELAY=1",
+            "socket = r:TCP_NODELAY=1",
         ]
         if self.mode == "mtls":
             lines += ["verifyChain = yes", "requireCert = yes", f"CAfile = {self.pki.ca}"]
         conf = self.folder / f"stunnel-{attempt}.conf"
         conf.write_text("\n".join(lines) + "\n")
         with open(self.folder / "stunnel.log", "ab") as log:
-            self._tls = subprocess.Popen(["stunnel4", str(conf)], stdin=subprocess.DEVNULL, stdout=log,
-                                         stderr=subprocess.STDOUT, preexec_fn=_child_setup)
+            self._tls = subprocess.Popen(
+                ["stunnel4", str(conf)],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                preexec_fn=_child_setup,
+            )
         self.bootstrap = f"127.0.0.1:{public}"
         return self._probe_until(deadline, tls=True)
 
@@ -1050,13 +1216,21 @@ class SecureKafka:
         path = self.folder / "front.json"
         _write_private(path, json.dumps(config).encode())  # it holds the users' SCRAM keys
         with open(self.folder / "front.log", "ab") as log:
-            self._front = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "front", str(path)],
-                                           stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log,
-                                           preexec_fn=_child_setup)
+            self._front = subprocess.Popen(
+                [sys.executable, str(Path(__file__).resolve()), "front", str(path)],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=log,
+                preexec_fn=_child_setup,
+            )
         assert self._front.stdout is not None
         line = b""
-        while not line.endswith(b"\n") and time.monotonic() < deadline and self._front.poll() is None:
-            ready, _, _ = select.select([self._front.stdout], [], [], max(0.0, deadline - time.monotonic()))
+        while (
+            not line.endswith(b"\n") and time.monotonic() < deadline and self._front.poll() is None
+        ):
+            ready, _, _ = select.select(
+                [self._front.stdout], [], [], max(0.0, deadline - time.monotonic())
+            )
             if ready:
                 chunk = os.read(self._front.stdout.fileno(), 256)
                 if not chunk:
@@ -1101,8 +1275,12 @@ class SecureKafka:
     def __enter__(self) -> SecureKafka:
         return self.start()
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         self.stop()
 
 
@@ -1111,7 +1289,9 @@ def _escape_property(value: str) -> str:
     return value.replace("\\", "\\\\").replace("\n", "\\n").replace("=", "\\=").replace(":", "\\:")
 
 
-def _api_versions_probe(host: str, port: int, ctx: ssl.SSLContext | None, timeout_s: float = 2.0) -> None:
+def _api_versions_probe(
+    host: str, port: int, ctx: ssl.SSLContext | None, timeout_s: float = 2.0
+) -> None:
     """One ApiVersions v0 request and its answer; raises OSError if the chain is not up."""
     client_id = b"secure-kafka-probe"
     request = struct.pack(">hhih", _API_VERSIONS, 0, 7, len(client_id)) + client_id

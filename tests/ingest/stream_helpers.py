@@ -32,14 +32,27 @@ class Recording(stream.Handler):
         self.hang_on_batch = hang_on_batch
 
     def process(self, block: stream.Block) -> dict[str, Any]:
-        return {"ids": block.ids.tolist(), "offsets": block.offsets.tolist(), "partition": block.partition,
-                "labels": block.y.tolist()}
+        return {
+            "ids": block.ids.tolist(),
+            "offsets": block.offsets.tolist(),
+            "partition": block.partition,
+            "labels": block.y.tolist(),
+        }
 
     def on_batch(self, info: stream.BatchFigures) -> None:
         if self.ledger:
             with open(self.ledger, "a") as f:
-                f.write(json.dumps({"batch_id": info.batch_id, "ranges": [dataclasses.astuple(r) for r in info.ranges], "rows": info.rows,
-                                    "pid": os.getpid()}) + "\n")
+                f.write(
+                    json.dumps(
+                        {
+                            "batch_id": info.batch_id,
+                            "ranges": [dataclasses.astuple(r) for r in info.ranges],
+                            "rows": info.rows,
+                            "pid": os.getpid(),
+                        }
+                    )
+                    + "\n"
+                )
                 f.flush()
                 os.fsync(f.fileno())
         if self.hang_on_batch is not None and info.batch_id == self.hang_on_batch:
@@ -52,9 +65,16 @@ def child(bootstrap: str, topic: str, checkpoint: str, ledger: str, hang_on_batc
 
     register()
     spark = cluster.session("local[2]", app="streamtrain-child")
-    job = stream.StreamJob(spark, bootstrap=bootstrap, topics=[topic], schema=codec.HIGGS,
-                           handler=Recording(ledger, hang_on_batch), checkpoint=checkpoint, source="python",
-                           max_offsets_per_trigger=1000)
+    job = stream.StreamJob(
+        spark,
+        bootstrap=bootstrap,
+        topics=[topic],
+        schema=codec.HIGGS,
+        handler=Recording(ledger, hang_on_batch),
+        checkpoint=checkpoint,
+        source="python",
+        max_offsets_per_trigger=1000,
+    )
     job.run(timeout_s=300)
 
 

@@ -73,8 +73,12 @@ def test_no_orphan_when_the_owner_is_killed(tmp_path: Path) -> None:
 
 
 def test_interpreter_exit_stops_the_broker() -> None:
-    script = "from pipeline.ingest.kafka import EmbeddedBroker\nprint(EmbeddedBroker().start().pid)\n"
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    script = (
+        "from pipeline.ingest.kafka import EmbeddedBroker\nprint(EmbeddedBroker().start().pid)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 0, done.stderr
     assert _wait_dead(int(done.stdout))
 
@@ -101,7 +105,9 @@ def _produce(bootstrap: str, topic: str, per_partition: list[int]) -> None:
     p.close()
 
 
-def test_list_offsets_latest_is_wrong_on_tansu_and_end_offsets_is_right(broker: EmbeddedBroker, topic: str) -> None:
+def test_list_offsets_latest_is_wrong_on_tansu_and_end_offsets_is_right(
+    broker: EmbeddedBroker, topic: str
+) -> None:
     if broker.engine != "tansu":
         pytest.skip("a Tansu quirk; this suite's broker is " + broker.engine)
     _produce(broker.bootstrap, topic, [500, 1, 0])
@@ -118,10 +124,14 @@ def test_list_offsets_latest_is_wrong_on_tansu_and_end_offsets_is_right(broker: 
     assert [true[tp] for tp in tps] == [500, 1, 0]
 
 
-def _first_records_after(bootstrap: str, topic: str, group: str, patience_s: float, **settings: object) -> float | None:
+def _first_records_after(
+    bootstrap: str, topic: str, group: str, patience_s: float, **settings: object
+) -> float | None:
     from kafka import KafkaConsumer
 
-    c = KafkaConsumer(topic, bootstrap_servers=bootstrap, group_id=group, auto_offset_reset="earliest", **settings)
+    c = KafkaConsumer(
+        topic, bootstrap_servers=bootstrap, group_id=group, auto_offset_reset="earliest", **settings
+    )
     started = time.monotonic()
     try:
         while time.monotonic() - started < patience_s:
@@ -133,14 +143,18 @@ def _first_records_after(bootstrap: str, topic: str, group: str, patience_s: flo
 
 
 @pytest.mark.slow
-def test_group_join_needs_a_short_session_timeout_on_tansu(broker: EmbeddedBroker, topic: str) -> None:
+def test_group_join_needs_a_short_session_timeout_on_tansu(
+    broker: EmbeddedBroker, topic: str
+) -> None:
     if broker.engine != "tansu":
         pytest.skip("a Tansu quirk; this suite's broker is " + broker.engine)
     _produce(broker.bootstrap, topic, [10])
     # Kafka's default session timeout: no records within 10 s (the join takes ~23 s).
     assert _first_records_after(broker.bootstrap, topic, topic + "-default", 10.0) is None
     # Our group defaults: records within seconds.
-    joined = _first_records_after(broker.bootstrap, topic, topic + "-fast", 10.0, **client.GROUP_DEFAULTS)
+    joined = _first_records_after(
+        broker.bootstrap, topic, topic + "-fast", 10.0, **client.GROUP_DEFAULTS
+    )
     assert joined is not None
 
 
@@ -153,7 +167,9 @@ def test_noida_keeps_its_records_across_a_restart(tmp_path: Path) -> None:
     with EmbeddedBroker(engine="noida", storage=str(folder)) as b:
         c = client.consumer(b.bootstrap)
         try:
-            assert client.end_offsets(c, [TopicPartition("kept", 0)]) == {TopicPartition("kept", 0): 30}
+            assert client.end_offsets(c, [TopicPartition("kept", 0)]) == {
+                TopicPartition("kept", 0): 30
+            }
         finally:
             c.close()
     scratch = EmbeddedBroker(engine="noida").start()
@@ -164,21 +180,33 @@ def test_noida_keeps_its_records_across_a_restart(tmp_path: Path) -> None:
 
 
 def test_unknown_engine_is_a_clear_error() -> None:
-    with pytest.raises(BrokerError, match="Unknown broker engine 'kafka': expected one of tansu, noida"):
+    with pytest.raises(
+        BrokerError, match="Unknown broker engine 'kafka': expected one of tansu, noida"
+    ):
         EmbeddedBroker(engine="kafka")
 
 
 def test_cli_broker_is_found_by_produce_and_stops_on_sigterm(tmp_path: Path) -> None:
     env = {**os.environ, "STREAMTRAIN_CACHE_DIR": str(tmp_path)}
     cli = [sys.executable, "-m", "pipeline"]
-    proc = subprocess.Popen([*cli, "broker", "--port", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=env)
+    proc = subprocess.Popen(
+        [*cli, "broker", "--port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     try:
         bootstrap = proc.stdout.readline().strip()  # type: ignore[union-attr]
         assert bootstrap.startswith("127.0.0.1:")
         assert (tmp_path / "broker.json").is_file()
-        sent = subprocess.run([*cli, "produce", "higgs", "--limit", "50", "--topic", "h"],
-                              capture_output=True, text=True, env=env, timeout=120)
+        sent = subprocess.run(
+            [*cli, "produce", "higgs", "--limit", "50", "--topic", "h"],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+        )
         assert sent.returncode == 0, sent.stderr
         assert "sent 50 records" in sent.stdout
     finally:

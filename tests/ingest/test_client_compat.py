@@ -40,22 +40,38 @@ Record = tuple[int, bytes, bytes]  # offset, key, value
 
 #: (engine, client, check) known not to work ("*": every check), and why.
 UNSUPPORTED = {
-    ("tansu", "kcat", "*"): "Tansu sends ApiVersions v3's tagged fields even at their defaults (Kafka omits "
-                            "them), and librdkafka before 2.1 misreads a tagged field longer than one byte: "
-                            "'Read underflow', before any request",
-    ("tansu", "confluent-kafka", "offsets"): "Tansu answers ListOffsets(LATEST) with the last batch's first "
-                                             "offset + 1, not the log end (the project's own readers take the "
-                                             "end from a Fetch's high watermark instead)",
-    **{("tansu", producer, "transactions"): "Tansu 0.6 lists no aborted transaction in its Fetch responses "
-                                            "(it does give the last stable offset), so a read_committed reader "
-                                            "gets an aborted transaction's records as if committed"
-       for producer in ("kafka-python", "confluent-kafka")},
+    (
+        "tansu",
+        "kcat",
+        "*",
+    ): "Tansu sends ApiVersions v3's tagged fields even at their defaults (Kafka omits "
+    "them), and librdkafka before 2.1 misreads a tagged field longer than one byte: "
+    "'Read underflow', before any request",
+    (
+        "tansu",
+        "confluent-kafka",
+        "offsets",
+    ): "Tansu answers ListOffsets(LATEST) with the last batch's first "
+    "offset + 1, not the log end (the project's own readers take the "
+    "end from a Fetch's high watermark instead)",
+    **{
+        (
+            "tansu",
+            producer,
+            "transactions",
+        ): "Tansu 0.6 lists no aborted transaction in its Fetch responses "
+        "(it does give the last stable offset), so a read_committed reader "
+        "gets an aborted transaction's records as if committed"
+        for producer in ("kafka-python", "confluent-kafka")
+    },
 }
 CLIENTS = ("kafka-python", "confluent-kafka", "kcat", "fetch-reader")
 
 
 @pytest.fixture(scope="module", params=list(ENGINES))
-def engine_broker(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedBroker]:
+def engine_broker(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[EmbeddedBroker]:
     log = tmp_path_factory.mktemp(f"broker-{request.param}") / "broker.log"
     with EmbeddedBroker(engine=request.param, log_path=log) as b:
         yield b
@@ -72,11 +88,15 @@ def _expect(request: pytest.FixtureRequest, engine: str, name: str, check: str) 
 
 def _payload(i: int) -> tuple[bytes, bytes]:
     # Text with no newline or colon, so that kcat's line and key delimiters can carry it.
-    return f"k{i:03d}".encode(), f"v{i:03d}-".encode() + np.random.default_rng(i).bytes(24).hex().encode()
+    return f"k{i:03d}".encode(), f"v{i:03d}-".encode() + np.random.default_rng(i).bytes(
+        24
+    ).hex().encode()
 
 
 def _kcat(bootstrap: str, *args: str, stdin: bytes | None = None) -> str:
-    out = subprocess.run(["kcat", "-b", bootstrap, "-m", "10", *args], input=stdin, capture_output=True, timeout=60)
+    out = subprocess.run(
+        ["kcat", "-b", bootstrap, "-m", "10", *args], input=stdin, capture_output=True, timeout=60
+    )
     assert out.returncode == 0, out.stderr.decode()[-800:]
     return out.stdout.decode()
 
@@ -125,7 +145,13 @@ def _ck_produce(bootstrap: str, topic: str, records: list[tuple[bytes, bytes]]) 
     errors: list[object] = []
     p = Producer({"bootstrap.servers": bootstrap})
     for key, value in records:
-        p.produce(topic, value=value, key=key, partition=0, on_delivery=lambda err, _m: err and errors.append(err))
+        p.produce(
+            topic,
+            value=value,
+            key=key,
+            partition=0,
+            on_delivery=lambda err, _m: err and errors.append(err),
+        )
     assert p.flush(30) == 0, "confluent-kafka could not deliver every record within 30 s"
     assert not errors, errors[:3]
 
@@ -133,7 +159,9 @@ def _ck_produce(bootstrap: str, topic: str, records: list[tuple[bytes, bytes]]) 
 def _ck_read(bootstrap: str, topic: str, n: int) -> list[Record]:
     from confluent_kafka import Consumer, TopicPartition
 
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "compat", "enable.auto.commit": False})
+    c = Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": "compat", "enable.auto.commit": False}
+    )
     c.assign([TopicPartition(topic, 0, 0)])
     out: list[Record] = []
     deadline = time.monotonic() + 30
@@ -161,14 +189,18 @@ def _kcat_produce(bootstrap: str, topic: str, records: list[tuple[bytes, bytes]]
 
 
 def _kcat_read(bootstrap: str, topic: str, n: int) -> list[Record]:
-    out = _kcat(bootstrap, "-C", "-t", topic, "-p", "0", "-o", "beginning", "-c", str(n), "-e", "-J")
+    out = _kcat(
+        bootstrap, "-C", "-t", topic, "-p", "0", "-o", "beginning", "-c", str(n), "-e", "-J"
+    )
     rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     return [(r["offset"], r["key"].encode(), r["payload"].encode()) for r in rows]
 
 
 def _kcat_meta(bootstrap: str, topic: str) -> tuple[list[int], int]:
     meta = json.loads(_kcat(bootstrap, "-L", "-J", "-t", topic))
-    parts = sorted(p["partition"] for t in meta["topics"] if t["topic"] == topic for p in t["partitions"])
+    parts = sorted(
+        p["partition"] for t in meta["topics"] if t["topic"] == topic for p in t["partitions"]
+    )
     # -Q with timestamp -1 asks ListOffsets for the partition's end.
     line = _kcat(bootstrap, "-Q", "-t", f"{topic}:0:-1")  # "<topic> [0] offset <n>"
     return parts, int(line.split()[-1])
@@ -179,21 +211,28 @@ def _fetch_read(bootstrap: str, topic: str, n: int) -> list[Record]:
     out: list[Record] = []
     for rec in reader.read(topic, 0, 0, n):
         for i in range(len(rec)):
-            key = bytes(rec.key_data[rec.key_offsets[i]:rec.key_offsets[i + 1]])
-            value = bytes(rec.value_data[rec.value_offsets[i]:rec.value_offsets[i + 1]])
+            key = bytes(rec.key_data[rec.key_offsets[i] : rec.key_offsets[i + 1]])
+            value = bytes(rec.value_data[rec.value_offsets[i] : rec.value_offsets[i + 1]])
             out.append((int(rec.offsets[i]), key, value))
     reader.close()
     return out
 
 
 PRODUCE: dict[str, Callable[[str, str, list[tuple[bytes, bytes]]], None]] = {
-    "kafka-python": _kp_produce, "confluent-kafka": _ck_produce, "kcat": _kcat_produce,
+    "kafka-python": _kp_produce,
+    "confluent-kafka": _ck_produce,
+    "kcat": _kcat_produce,
 }
 READ: dict[str, Callable[[str, str, int], list[Record]]] = {
-    "kafka-python": _kp_read, "confluent-kafka": _ck_read, "kcat": _kcat_read, "fetch-reader": _fetch_read,
+    "kafka-python": _kp_read,
+    "confluent-kafka": _ck_read,
+    "kcat": _kcat_read,
+    "fetch-reader": _fetch_read,
 }
 META: dict[str, Callable[[str, str], tuple[list[int], int]]] = {
-    "kafka-python": _kp_meta, "confluent-kafka": _ck_meta, "kcat": _kcat_meta,
+    "kafka-python": _kp_meta,
+    "confluent-kafka": _ck_meta,
+    "kcat": _kcat_meta,
 }
 
 
@@ -235,7 +274,9 @@ def test_produce(request, engine_broker, topic, name) -> None:  # type: ignore[n
     assert _fetch_read(engine_broker.bootstrap, topic, N) == expected
 
 
-def test_spark_source_reads_what_both_python_clients_sent(spark, engine_broker, topic, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_spark_source_reads_what_both_python_clients_sent(
+    spark, engine_broker, topic, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
     """Records in the wire format, half sent by kafka-python and half by confluent-kafka,
     reach the handler through the Spark source exactly once each."""
     stream_helpers.register()
@@ -243,13 +284,22 @@ def test_spark_source_reads_what_both_python_clients_sent(spark, engine_broker, 
     client.ensure_topic(bootstrap, topic, partitions=1)
     rng = np.random.default_rng(3)
     ids = np.arange(200, dtype=np.uint64)
-    values = codec.encode(rng.normal(size=(200, 28)).astype(np.float32), rng.integers(0, 2, 200), codec.HIGGS)
+    values = codec.encode(
+        rng.normal(size=(200, 28)).astype(np.float32), rng.integers(0, 2, 200), codec.HIGGS
+    )
     records = list(zip(codec.encode_keys(ids), values, strict=True))
     _kp_produce(bootstrap, topic, records[:100])
     _ck_produce(bootstrap, topic, records[100:])
-    job = stream.StreamJob(spark, bootstrap=bootstrap, topics=[topic], schema=codec.HIGGS,
-                           handler=stream_helpers.Recording(), checkpoint=tmp_path / "ckpt", source="python",
-                           available_now=True)
+    job = stream.StreamJob(
+        spark,
+        bootstrap=bootstrap,
+        topics=[topic],
+        schema=codec.HIGGS,
+        handler=stream_helpers.Recording(),
+        checkpoint=tmp_path / "ckpt",
+        source="python",
+        available_now=True,
+    )
     batches = job.run(timeout_s=120)
     seen = sorted(i for b in batches for r in b.results for i in r["ids"])
     assert seen == ids.tolist()
@@ -258,8 +308,11 @@ def test_spark_source_reads_what_both_python_clients_sent(spark, engine_broker, 
 def test_every_unsupported_pair_names_a_real_engine_and_client() -> None:
     """The table above stays in step with the engines and clients it describes."""
     for engine, name, check in UNSUPPORTED:
-        assert engine in ENGINES and name in CLIENTS and check in ("*", "offsets", "fetch", "produce",
-                                                                    "transactions")
+        assert (
+            engine in ENGINES
+            and name in CLIENTS
+            and check in ("*", "offsets", "fetch", "produce", "transactions")
+        )
 
 
 # --- what producers in the wild write: producer x codec x transactions, by the Fetch reader ---
@@ -279,39 +332,57 @@ def written(engine_broker: EmbeddedBroker) -> Iterator[dict[tuple[str, str], tup
         script.close()
 
 
-def _written(written: dict[tuple[str, str], tuple[str, Script]], broker: EmbeddedBroker, producer: str,
-             codec: str) -> tuple[str, Script]:
+def _written(
+    written: dict[tuple[str, str], tuple[str, Script]],
+    broker: EmbeddedBroker,
+    producer: str,
+    codec: str,
+) -> tuple[str, Script]:
     if (producer, codec) not in written:
         topic = f"t-{producer}-{codec}-{time.monotonic_ns()}"
         client.ensure_topic(broker.bootstrap, topic, partitions=1)
         steps = [s for s in SCRIPT if s in kafka_writers.CAN[producer]]
-        written[(producer, codec)] = topic, kafka_writers.write(producer, broker.bootstrap, topic, codec, steps)
+        written[(producer, codec)] = (
+            topic,
+            kafka_writers.write(producer, broker.bootstrap, topic, codec, steps),
+        )
     return written[(producer, codec)]
 
 
-def _values(bootstrap: str, topic: str, end: int, isolation: str, skipped: Skipped | None = None) -> list[bytes]:
+def _values(
+    bootstrap: str, topic: str, end: int, isolation: str, skipped: Skipped | None = None
+) -> list[bytes]:
     reader = RangeReader(bootstrap, timeout_s=10, isolation_level=isolation)
     try:
-        return [bytes(rec.value_data[rec.value_offsets[i]:rec.value_offsets[i + 1]])
-                for rec in reader.read(topic, 0, 0, end, skipped=skipped) for i in range(len(rec))]
+        return [
+            bytes(rec.value_data[rec.value_offsets[i] : rec.value_offsets[i + 1]])
+            for rec in reader.read(topic, 0, 0, end, skipped=skipped)
+            for i in range(len(rec))
+        ]
     finally:
         reader.close()
 
 
 @pytest.mark.parametrize("codec", CODECS)
 @pytest.mark.parametrize("producer", PRODUCERS)
-def test_every_codec_of_every_producer_is_read(request, engine_broker, written, producer, codec) -> None:  # type: ignore[no-untyped-def]
+def test_every_codec_of_every_producer_is_read(
+    request, engine_broker, written, producer, codec
+) -> None:  # type: ignore[no-untyped-def]
     """read_uncommitted, the Fetch reader returns every record written, whatever the codec:
     committed, aborted and still open alike."""
     _expect(request, engine_broker.engine, producer, "produce")
     topic, script = _written(written, engine_broker, producer, codec)
     end = kafka_writers.offsets_written(script)
-    assert _values(engine_broker.bootstrap, topic, end, "read_uncommitted") == script.values(*SCRIPT)
+    assert _values(engine_broker.bootstrap, topic, end, "read_uncommitted") == script.values(
+        *SCRIPT
+    )
 
 
 @pytest.mark.parametrize("codec", CODECS)
 @pytest.mark.parametrize("producer", PRODUCERS)
-def test_read_committed_reads_committed_records_only(request, engine_broker, written, producer, codec) -> None:  # type: ignore[no-untyped-def]
+def test_read_committed_reads_committed_records_only(
+    request, engine_broker, written, producer, codec
+) -> None:  # type: ignore[no-untyped-def]
     """read_committed ends at the open transaction (the last stable offset), leaves out the
     aborted transaction's records and counts them, and skips every marker."""
     _expect(request, engine_broker.engine, producer, "transactions")
@@ -320,13 +391,17 @@ def test_read_committed_reads_committed_records_only(request, engine_broker, wri
     end = kafka_writers.wait_for_stable_end(engine_broker.bootstrap, topic, stable)
     assert end == stable
     skipped = Skipped()
-    assert _values(engine_broker.bootstrap, topic, end, "read_committed", skipped) == script.committed
+    assert (
+        _values(engine_broker.bootstrap, topic, end, "read_committed", skipped) == script.committed
+    )
     assert skipped.aborted == len(script.values("abort"))
     assert skipped.control == sum(step in ("commit", "abort") for step, _ in script.steps)
 
 
 @pytest.mark.parametrize("codec", CODECS)
-def test_the_consumer_fallback_reads_every_codec_committed_only(request, engine_broker, written, codec) -> None:  # type: ignore[no-untyped-def]
+def test_the_consumer_fallback_reads_every_codec_committed_only(
+    request, engine_broker, written, codec
+) -> None:  # type: ignore[no-untyped-def]
     """``STREAMTRAIN_KAFKA_READER=consumer`` (kafka-python, its codec extras declared) reads
     what confluent-kafka wrote in every codec, read_committed as the Fetch reader does."""
     import pyarrow as pa
@@ -338,7 +413,11 @@ def test_the_consumer_fallback_reads_every_codec_committed_only(request, engine_
     topic, script = _written(written, engine_broker, "confluent-kafka", codec)
     assert script.open_at is not None
     end = kafka_writers.wait_for_stable_end(engine_broker.bootstrap, topic, script.open_at)
-    batches = list(reader._read_with_consumer(engine_broker.bootstrap, OffsetRange(topic, 0, 0, end), timeout_s=10))
+    batches = list(
+        reader._read_with_consumer(
+            engine_broker.bootstrap, OffsetRange(topic, 0, 0, end), timeout_s=10
+        )
+    )
     assert pa.Table.from_batches(batches).column("value").to_pylist() == script.committed
 
 
@@ -356,10 +435,17 @@ def test_read_committed_waits_at_an_open_transaction_and_says_so(engine_broker, 
 
 #: (producer, codec, step): several producers and codecs in one partition, committed,
 #: aborted and an open transaction at the end. kcat cannot reach Tansu: left out there.
-MIXED = [("kafka-python", "gzip", "idempotent"), ("confluent-kafka", "zstd", "commit"),
-         ("confluent-kafka", "lz4", "abort"), ("kcat", "snappy", "commit"), ("kafka-python", "snappy", "commit"),
-         ("kafka-python", "zstd", "abort"), ("confluent-kafka", "none", "idempotent"),
-         ("kcat", "zstd", "idempotent"), ("confluent-kafka", "lz4", "open")]
+MIXED = [
+    ("kafka-python", "gzip", "idempotent"),
+    ("confluent-kafka", "zstd", "commit"),
+    ("confluent-kafka", "lz4", "abort"),
+    ("kcat", "snappy", "commit"),
+    ("kafka-python", "snappy", "commit"),
+    ("kafka-python", "zstd", "abort"),
+    ("confluent-kafka", "none", "idempotent"),
+    ("kcat", "zstd", "idempotent"),
+    ("confluent-kafka", "lz4", "open"),
+]
 
 
 @pytest.fixture(scope="module")
@@ -374,11 +460,25 @@ def mixed(engine_broker: EmbeddedBroker) -> Iterator[tuple[str, Script, dict[str
         if producer == "kcat" and engine_broker.engine == "tansu":
             continue
         batch_ids = np.arange(i * n, (i + 1) * n, dtype=np.uint64)
-        values = codec.encode(rng.normal(size=(n, 28)).astype(np.float32), rng.integers(0, 2, n), codec.HIGGS)
-        kafka_writers.write_step(script, producer, bootstrap, topic, codec_name, step,
-                                 list(zip(codec.encode_keys(batch_ids), values, strict=True)))
-        ids["committed" if step in ("idempotent", "commit") else "aborted" if step == "abort" else "open"] += (
-            batch_ids.tolist())
+        values = codec.encode(
+            rng.normal(size=(n, 28)).astype(np.float32), rng.integers(0, 2, n), codec.HIGGS
+        )
+        kafka_writers.write_step(
+            script,
+            producer,
+            bootstrap,
+            topic,
+            codec_name,
+            step,
+            list(zip(codec.encode_keys(batch_ids), values, strict=True)),
+        )
+        ids[
+            "committed"
+            if step in ("idempotent", "commit")
+            else "aborted"
+            if step == "abort"
+            else "open"
+        ] += batch_ids.tolist()
     assert script.open_at is not None
     assert kafka_writers.wait_for_stable_end(bootstrap, topic, script.open_at) == script.open_at
     yield topic, script, ids
@@ -390,31 +490,54 @@ def _lists_aborted(engine: str) -> bool:
     return ("tansu", "confluent-kafka", "transactions") not in UNSUPPORTED or engine != "tansu"
 
 
-def test_spark_source_reads_the_mixed_topic_as_its_isolation_level_says(spark, engine_broker, mixed,  # type: ignore[no-untyped-def]
-                                                                         tmp_path) -> None:
+def test_spark_source_reads_the_mixed_topic_as_its_isolation_level_says(
+    spark,
+    engine_broker,
+    mixed,  # type: ignore[no-untyped-def]
+    tmp_path,
+) -> None:
     """The Spark source with read_committed: every committed record once, no aborted one,
     nothing of the open transaction; the aborted ones counted. With read_uncommitted:
     every record written, once."""
     stream_helpers.register()
     topic, script, ids = mixed
-    job = stream.StreamJob(spark, bootstrap=engine_broker.bootstrap, topics=[topic], schema=codec.HIGGS,
-                           handler=stream_helpers.Recording(), checkpoint=tmp_path / "ckpt", source="python",
-                           available_now=True, min_partitions=3)  # ranges that start inside transactions
+    job = stream.StreamJob(
+        spark,
+        bootstrap=engine_broker.bootstrap,
+        topics=[topic],
+        schema=codec.HIGGS,
+        handler=stream_helpers.Recording(),
+        checkpoint=tmp_path / "ckpt",
+        source="python",
+        available_now=True,
+        min_partitions=3,
+    )  # ranges that start inside transactions
     batches = job.run(timeout_s=120)
     seen = sorted(i for b in batches for r in b.results for i in r["ids"])
     assert offsets.merge_ranges([r for b in batches for r in b.ranges]) == [
-        offsets.OffsetRange(topic, 0, 0, script.open_at)]
+        offsets.OffsetRange(topic, 0, 0, script.open_at)
+    ]
     if _lists_aborted(engine_broker.engine):
         assert seen == sorted(ids["committed"])
         assert sum(b.aborted for b in batches) == len(ids["aborted"])
     else:  # see UNSUPPORTED: Tansu's aborted records come back as committed ones
         assert seen == sorted(ids["committed"] + ids["aborted"])
     # read_uncommitted: everything written, the open transaction's records included.
-    job = stream.StreamJob(spark, bootstrap=engine_broker.bootstrap, topics=[topic], schema=codec.HIGGS,
-                           handler=stream_helpers.Recording(), checkpoint=tmp_path / "ckpt-all", source="python",
-                           available_now=True, isolation_level="read_uncommitted")
+    job = stream.StreamJob(
+        spark,
+        bootstrap=engine_broker.bootstrap,
+        topics=[topic],
+        schema=codec.HIGGS,
+        handler=stream_helpers.Recording(),
+        checkpoint=tmp_path / "ckpt-all",
+        source="python",
+        available_now=True,
+        isolation_level="read_uncommitted",
+    )
     batches = job.run(timeout_s=120)
-    assert sorted(i for b in batches for r in b.results for i in r["ids"]) == sorted(sum(ids.values(), []))
+    assert sorted(i for b in batches for r in b.results for i in r["ids"]) == sorted(
+        sum(ids.values(), [])
+    )
     assert sum(b.aborted for b in batches) == 0
 
 
@@ -428,15 +551,38 @@ def test_a_run_trains_the_mixed_topic_committed_only(engine_broker, mixed, tmp_p
 
     topic, script, ids = mixed
     out = tmp_path / "run"
-    done = subprocess.run([sys.executable, "-m", "pipeline", "run", "--dataset", "higgs", "--bootstrap",
-                           engine_broker.bootstrap, "--topic", topic, "--out", str(out), "--max-batches", "1",
-                           "--eval-every", "100"], capture_output=True, text=True, timeout=400, cwd=ROOT)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pipeline",
+            "run",
+            "--dataset",
+            "higgs",
+            "--bootstrap",
+            engine_broker.bootstrap,
+            "--topic",
+            topic,
+            "--out",
+            str(out),
+            "--max-batches",
+            "1",
+            "--eval-every",
+            "100",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=400,
+        cwd=ROOT,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads((out / "report.json").read_text())
     state = checkpoint.load(out)
     assert state is not None
     assert check_ledger(state.ledger) == {(topic, 0): script.open_at}
-    expected = len(ids["committed"]) + (0 if _lists_aborted(engine_broker.engine) else len(ids["aborted"]))
+    expected = len(ids["committed"]) + (
+        0 if _lists_aborted(engine_broker.engine) else len(ids["aborted"])
+    )
     assert report["trained_records"] == state.extra["trained"] == expected
     if _lists_aborted(engine_broker.engine):
         assert report["aborted_records"] == len(ids["aborted"])

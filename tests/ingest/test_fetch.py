@@ -26,7 +26,11 @@ def _produce(bootstrap: str, topic: str, n: int, **config: object) -> None:
     # Tansu does not), deletes records older than a week at its next clean-up.
     base_ms = int(time.time() * 1000) - 3_600_000
     for i in range(n):
-        value = None if i % 11 == 5 else bytes(rng.integers(0, 256, int(rng.integers(0, 900)), dtype=np.uint8))
+        value = (
+            None
+            if i % 11 == 5
+            else bytes(rng.integers(0, 256, int(rng.integers(0, 900)), dtype=np.uint8))
+        )
         key = None if i % 7 == 0 and value is not None else f"k{i}".encode()
         headers = [("h", b"x")] if i % 5 == 0 else None
         p.send(topic, key=key, value=value, headers=headers, timestamp_ms=base_ms + 37 * i)
@@ -36,7 +40,9 @@ def _produce(bootstrap: str, topic: str, n: int, **config: object) -> None:
     p.close()
 
 
-def _expected(bootstrap: str, topic: str, start: int, end: int) -> list[tuple[int, bytes | None, bytes | None, int]]:
+def _expected(
+    bootstrap: str, topic: str, start: int, end: int
+) -> list[tuple[int, bytes | None, bytes | None, int]]:
     c = client.consumer(bootstrap)
     tp = TopicPartition(topic, 0)
     c.assign([tp])
@@ -51,12 +57,22 @@ def _expected(bootstrap: str, topic: str, start: int, end: int) -> list[tuple[in
     return out
 
 
-def _read(reader: RangeReader, topic: str, start: int, end: int) -> list[tuple[int, bytes | None, bytes | None, int]]:
+def _read(
+    reader: RangeReader, topic: str, start: int, end: int
+) -> list[tuple[int, bytes | None, bytes | None, int]]:
     out = []
     for rec in reader.read(topic, 0, start, end):
         for i in range(len(rec)):
-            key = bytes(rec.key_data[rec.key_offsets[i]:rec.key_offsets[i + 1]]) if rec.key_valid[i] else None
-            value = bytes(rec.value_data[rec.value_offsets[i]:rec.value_offsets[i + 1]]) if rec.value_valid[i] else None
+            key = (
+                bytes(rec.key_data[rec.key_offsets[i] : rec.key_offsets[i + 1]])
+                if rec.key_valid[i]
+                else None
+            )
+            value = (
+                bytes(rec.value_data[rec.value_offsets[i] : rec.value_offsets[i + 1]])
+                if rec.value_valid[i]
+                else None
+            )
             out.append((int(rec.offsets[i]), key, value, int(rec.timestamps_ms[i])))
     return out
 
@@ -88,7 +104,9 @@ def test_whole_log_equals_the_consumers_view(broker, topics, reader, codec) -> N
     assert got == _expected(broker.bootstrap, topics[codec], 0, N)
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(data=st.data())
 def test_any_range_equals_the_consumers_view(broker, topics, reader, data) -> None:  # type: ignore[no-untyped-def]
     start = data.draw(st.integers(0, N - 1))
@@ -100,7 +118,9 @@ def test_any_range_equals_the_consumers_view(broker, topics, reader, data) -> No
 
 
 def test_a_range_beyond_the_log_end_times_out_clearly(topics, reader) -> None:  # type: ignore[no-untyped-def]
-    with pytest.raises(BrokerError, match=rf"returned nothing for {topics['plain']}-0 at offset {N}"):
+    with pytest.raises(
+        BrokerError, match=rf"returned nothing for {topics['plain']}-0 at offset {N}"
+    ):
         list(reader.read(topics["plain"], 0, N - 10, N + 5))
 
 
@@ -145,7 +165,9 @@ def test_leaders_of_every_partition_of_a_long_named_topic(broker) -> None:  # ty
     r = RangeReader(broker.bootstrap, timeout_s=5)
     r._refresh(topic)
     host, port = broker.bootstrap.rsplit(":", 1)
-    assert {k: v for k, v in r._leaders.items() if k[0] == topic} == {(topic, p): (host, int(port)) for p in range(3)}
+    assert {k: v for k, v in r._leaders.items() if k[0] == topic} == {
+        (topic, p): (host, int(port)) for p in range(3)
+    }
     r.close()
 
 
@@ -163,7 +185,10 @@ def _unreadable_topic(bootstrap: str, topic: str) -> None:
     """Three readable records, then a zstd batch of three whose payload is not zstd (its CRC
     valid: a broker stores it as it is)."""
     client.ensure_topic(bootstrap, topic, partitions=1)
-    assert raw_batches.produce(bootstrap, topic, 0, raw_batches.batch([(b"k", b"v")] * 3, codec=1)) == 0
+    assert (
+        raw_batches.produce(bootstrap, topic, 0, raw_batches.batch([(b"k", b"v")] * 3, codec=1))
+        == 0
+    )
     bad = raw_batches.batch([(b"k", b"v")] * 3, codec=4, payload=b"\x28\xb5\x2f\xfd not zstd")
     assert raw_batches.produce(bootstrap, topic, 0, bad) == 0
 
@@ -175,10 +200,17 @@ def test_an_unreadable_batch_names_topic_partition_offset_and_cause(broker, topi
     r = RangeReader(broker.bootstrap, timeout_s=30)
     assert sum(len(rec) for rec in r.read(topic, 0, 0, 3)) == 3
     started = time.monotonic()
-    with pytest.raises(UnreadableRange, match=rf"Cannot read {topic}-0 at offset 3: Cannot inflate a zstd batch: "
-                                              "corrupt data") as e:
+    with pytest.raises(
+        UnreadableRange,
+        match=rf"Cannot read {topic}-0 at offset 3: Cannot inflate a zstd batch: "
+        "corrupt data",
+    ) as e:
         list(r.read(topic, 0, 0, 6))
-    assert time.monotonic() - started < 5 and (e.value.topic, e.value.partition, e.value.offset) == (topic, 0, 3)
+    assert time.monotonic() - started < 5 and (
+        e.value.topic,
+        e.value.partition,
+        e.value.offset,
+    ) == (topic, 0, 3)
     r.close()
     c = client.consumer(broker.bootstrap)
     assert client.end_offsets(c, [TopicPartition(topic, 0)]) == {TopicPartition(topic, 0): 6}
@@ -191,4 +223,6 @@ def test_the_consumer_fallback_names_an_unreadable_batch_too(broker, topic) -> N
 
     _unreadable_topic(broker.bootstrap, topic)
     with pytest.raises(UnreadableRange, match=rf"Cannot read {topic}-0 at offset 3: ZstdError"):
-        list(reader._read_with_consumer(broker.bootstrap, OffsetRange(topic, 0, 0, 6), timeout_s=10))
+        list(
+            reader._read_with_consumer(broker.bootstrap, OffsetRange(topic, 0, 0, 6), timeout_s=10)
+        )

@@ -9,8 +9,11 @@ from hypothesis import strategies as st
 
 from pipeline.ingest.offsets import OffsetRange, cap_offsets, merge_ranges, plan, split_ranges
 
-_parts = st.dictionaries(st.sampled_from(["0", "1", "2", "3"]), st.tuples(st.integers(0, 500), st.integers(0, 500)),
-                         min_size=1)
+_parts = st.dictionaries(
+    st.sampled_from(["0", "1", "2", "3"]),
+    st.tuples(st.integers(0, 500), st.integers(0, 500)),
+    min_size=1,
+)
 
 
 def _offsets(parts: dict[str, tuple[int, int]]) -> tuple[dict, dict]:  # type: ignore[type-arg]
@@ -21,7 +24,10 @@ def _offsets(parts: dict[str, tuple[int, int]]) -> tuple[dict, dict]:  # type: i
 
 def test_a_partition_missing_from_the_start_is_read_from_zero() -> None:
     assert plan({"t": {"0": 4}}, {"t": {"0": 9, "1": 3}, "u": {"0": 2}}) == [
-        OffsetRange("t", 0, 4, 9), OffsetRange("t", 1, 0, 3), OffsetRange("u", 0, 0, 2)]
+        OffsetRange("t", 0, 4, 9),
+        OffsetRange("t", 1, 0, 3),
+        OffsetRange("u", 0, 0, 2),
+    ]
 
 
 def test_empty_ranges_are_dropped_and_nothing_is_split_below_two_records() -> None:
@@ -40,7 +46,9 @@ def test_a_plan_covers_each_partition_exactly_and_merges_back(parts, min_partiti
     # As many tasks as asked, unless the records run out first.
     assert len(ranges) >= min(min_partitions, total)
     assert merge_ranges(ranges) == whole
-    assert merge_ranges(list(reversed(ranges))) == whole  # the order tasks finish in does not matter
+    assert (
+        merge_ranges(list(reversed(ranges))) == whole
+    )  # the order tasks finish in does not matter
 
 
 @settings(max_examples=200, deadline=None)
@@ -59,7 +67,9 @@ def test_merging_keeps_gaps_and_partitions_apart() -> None:
     assert merge_ranges(ranges) == ranges
 
 
-def test_the_driver_plans_each_batch_from_spark_s_offset_log_reading_each_entry_once(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_the_driver_plans_each_batch_from_spark_s_offset_log_reading_each_entry_once(
+    tmp_path, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
     from pipeline import codec
     from pipeline.ingest import tasks
     from pipeline.ingest.microbatch import Handler
@@ -70,12 +80,40 @@ def test_the_driver_plans_each_batch_from_spark_s_offset_log_reading_each_entry_
         (log / str(batch)).write_text(f'v1\n{{"batchWatermarkMs":0}}\n{json.dumps(end)}\n')
     reads: list[int] = []
     read = tasks.logged_offsets
-    monkeypatch.setattr(tasks, "logged_offsets", lambda folder, batch: reads.append(batch) or read(folder, batch))
-    planner = tasks.BatchTasks(None, bootstrap="", schema=codec.HIGGS, handler=Handler(),
-                               checkpoint=str(tmp_path), python_source=True, min_partitions=3, dead_letter_topic="")
-    assert planner.plan(0) == [OffsetRange("t", 0, 0, 5), OffsetRange("t", 0, 5, 10), OffsetRange("t", 1, 0, 4)]
-    assert planner.plan(1) == [OffsetRange("t", 0, 10, 15), OffsetRange("t", 0, 15, 20), OffsetRange("t", 0, 20, 30)]
+    monkeypatch.setattr(
+        tasks, "logged_offsets", lambda folder, batch: reads.append(batch) or read(folder, batch)
+    )
+    planner = tasks.BatchTasks(
+        None,
+        bootstrap="",
+        schema=codec.HIGGS,
+        handler=Handler(),
+        checkpoint=str(tmp_path),
+        python_source=True,
+        min_partitions=3,
+        dead_letter_topic="",
+    )
+    assert planner.plan(0) == [
+        OffsetRange("t", 0, 0, 5),
+        OffsetRange("t", 0, 5, 10),
+        OffsetRange("t", 1, 0, 4),
+    ]
+    assert planner.plan(1) == [
+        OffsetRange("t", 0, 10, 15),
+        OffsetRange("t", 0, 15, 20),
+        OffsetRange("t", 0, 20, 30),
+    ]
     assert reads == [0, -1, 1]  # batch 1 starts where batch 0 ended, as read for batch 0
-    assert tasks.BatchTasks(None, bootstrap="", schema=codec.HIGGS, handler=Handler(),
-                            checkpoint=str(tmp_path), python_source=False, min_partitions=2,
-                            dead_letter_topic="").plan(1) is None  # Spark's JVM source: its DataFrame says
+    assert (
+        tasks.BatchTasks(
+            None,
+            bootstrap="",
+            schema=codec.HIGGS,
+            handler=Handler(),
+            checkpoint=str(tmp_path),
+            python_source=False,
+            min_partitions=2,
+            dead_letter_topic="",
+        ).plan(1)
+        is None
+    )  # Spark's JVM source: its DataFrame says

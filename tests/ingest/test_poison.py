@@ -24,10 +24,23 @@ TOPIC = "poison"
 
 def _metadata(port: int) -> bytes:
     """A Metadata v4 response: this peer leads partition 0 of TOPIC."""
-    return (struct.pack(">i", 0) + struct.pack(">i", 1) + struct.pack(">i", 1) + _string("127.0.0.1")
-            + struct.pack(">i", port) + _string(None) + _string(None) + struct.pack(">i", 1)
-            + struct.pack(">i", 1) + struct.pack(">h", 0) + _string(TOPIC) + b"\x00"
-            + struct.pack(">i", 1) + struct.pack(">hii", 0, 0, 1) + struct.pack(">ii", 0, 0))
+    return (
+        struct.pack(">i", 0)
+        + struct.pack(">i", 1)
+        + struct.pack(">i", 1)
+        + _string("127.0.0.1")
+        + struct.pack(">i", port)
+        + _string(None)
+        + _string(None)
+        + struct.pack(">i", 1)
+        + struct.pack(">i", 1)
+        + struct.pack(">h", 0)
+        + _string(TOPIC)
+        + b"\x00"
+        + struct.pack(">i", 1)
+        + struct.pack(">hii", 0, 0, 1)
+        + struct.pack(">ii", 0, 0)
+    )
 
 
 @contextlib.contextmanager
@@ -51,7 +64,11 @@ def _peer(fetch_reply: bytes) -> Iterator[int]:
                     body = correlation + _metadata(port)
                     conn.sendall(struct.pack(">i", len(body)) + body)
                 else:
-                    reply = fetch_reply[:4] + correlation + fetch_reply[8:] if len(fetch_reply) >= 8 else fetch_reply
+                    reply = (
+                        fetch_reply[:4] + correlation + fetch_reply[8:]
+                        if len(fetch_reply) >= 8
+                        else fetch_reply
+                    )
                     conn.sendall(reply)
 
     def accept() -> None:
@@ -73,14 +90,22 @@ def _peer(fetch_reply: bytes) -> Iterator[int]:
         listener.close()
 
 
-@pytest.mark.parametrize("reply, message", [
-    (struct.pack(">i", -1), "declares -1 bytes"),
-    (struct.pack(">i", 0x7FFFFFFF), "declares 2147483647 bytes"),
-    # A topic name longer than the response, then fields past its end.
-    (struct.pack(">i", 22) + bytes(4) + struct.pack(">ihiih", 0, 0, 0, 1, 30000) + b"x" * 2,
-     "Fetch response for poison-0 at offset 5 is malformed"),
-], ids=["negative", "2GiB", "garbage"])
-def test_a_peer_that_is_not_kafka_is_one_error_and_no_allocation(reply: bytes, message: str) -> None:
+@pytest.mark.parametrize(
+    "reply, message",
+    [
+        (struct.pack(">i", -1), "declares -1 bytes"),
+        (struct.pack(">i", 0x7FFFFFFF), "declares 2147483647 bytes"),
+        # A topic name longer than the response, then fields past its end.
+        (
+            struct.pack(">i", 22) + bytes(4) + struct.pack(">ihiih", 0, 0, 0, 1, 30000) + b"x" * 2,
+            "Fetch response for poison-0 at offset 5 is malformed",
+        ),
+    ],
+    ids=["negative", "2GiB", "garbage"],
+)
+def test_a_peer_that_is_not_kafka_is_one_error_and_no_allocation(
+    reply: bytes, message: str
+) -> None:
     """Proves: a response frame declaring a negative size or 2 GiB, and a Fetch response of
     garbage, are one BrokerError naming what is wrong (the partition and offset where it
     applies): no ValueError, no 2 GiB buffer."""
@@ -101,16 +126,22 @@ def test_a_batch_header_that_claims_more_records_than_its_bytes_hold_is_unreadab
     import crc32c
 
     struct.pack_into(">I", raw, 17, crc32c.crc32c(bytes(raw[21:])))
-    with pytest.raises(UnreadableBatch, match="batch at offset 3 .* declares 100,000,000 records in"):
+    with pytest.raises(
+        UnreadableBatch, match="batch at offset 3 .* declares 100,000,000 records in"
+    ):
         parse_batches(bytes(raw), start=0, end=1 << 40)
 
 
 def _log_with_poison() -> bytes:
     """Offsets 0-1 readable, 2-4 a zstd batch whose payload is not zstd (CRC valid), 5-6
     readable."""
-    return (raw_batches.batch([(b"k", b"a")] * 2, base_offset=0)
-            + raw_batches.batch([(b"k", b"b")] * 3, codec=4, payload=b"\x28\xb5\x2f\xfd not zstd", base_offset=2)
-            + raw_batches.batch([(b"k", b"c")] * 2, base_offset=5))
+    return (
+        raw_batches.batch([(b"k", b"a")] * 2, base_offset=0)
+        + raw_batches.batch(
+            [(b"k", b"b")] * 3, codec=4, payload=b"\x28\xb5\x2f\xfd not zstd", base_offset=2
+        )
+        + raw_batches.batch([(b"k", b"c")] * 2, base_offset=5)
+    )
 
 
 def test_skip_passes_over_an_unreadable_batch_and_counts_its_offsets_and_cause() -> None:
@@ -120,7 +151,9 @@ def test_skip_passes_over_an_unreadable_batch_and_counts_its_offsets_and_cause()
     from pipeline.ingest.kafka.record_batch import Skipped
 
     skipped = Skipped()
-    found, next_offset = parse_batches(_log_with_poison(), start=1, end=7, skipped=skipped, on_poison="skip")
+    found, next_offset = parse_batches(
+        _log_with_poison(), start=1, end=7, skipped=skipped, on_poison="skip"
+    )
     assert [int(o) for rec in found for o in rec.offsets] == [1, 5, 6] and next_offset == 7
     assert skipped.poisoned == 3 and [p[:2] for p in skipped.poison] == [(2, 4)]
     assert "zstd batch: corrupt data" in skipped.poison[0][2]
@@ -128,8 +161,13 @@ def test_skip_passes_over_an_unreadable_batch_and_counts_its_offsets_and_cause()
         parse_batches(_log_with_poison(), start=0, end=7)
 
 
-def test_a_stream_with_on_poison_skip_goes_on_and_sets_the_batch_aside(spark, broker, topic, tmp_path,  # type: ignore[no-untyped-def]
-                                                                     consume) -> None:
+def test_a_stream_with_on_poison_skip_goes_on_and_sets_the_batch_aside(
+    spark,
+    broker,
+    topic,
+    tmp_path,  # type: ignore[no-untyped-def]
+    consume,
+) -> None:
     """Proves: a real stream (Spark, the embedded broker) over a partition holding an
     unreadable batch goes on with --on-poison skip: the records around it are handled,
     the batch's figures carry its offsets and cause, and the dead-letter topic gets one
@@ -152,8 +190,12 @@ def test_a_stream_with_on_poison_skip_goes_on_and_sets_the_batch_aside(spark, br
     assert isinstance(passed, PassedOver) and "zstd batch: corrupt data" in passed.cause
     assert sum(b.poisoned for b in job.batches) == 3
     letters = consume(f"{topic}.dlq", 5)
-    notes = [dict(r.headers) for r in letters if dict(r.headers).get("streamtrain.reason") == b"poison"]
-    assert [(n["streamtrain.offset"], n["streamtrain.last"]) for n in notes] == [(b"2", b"4")], letters
+    notes = [
+        dict(r.headers) for r in letters if dict(r.headers).get("streamtrain.reason") == b"poison"
+    ]
+    assert [(n["streamtrain.offset"], n["streamtrain.last"]) for n in notes] == [(b"2", b"4")], (
+        letters
+    )
 
 
 def test_a_passed_over_batch_reaches_the_row_the_report_and_prometheus() -> None:
@@ -174,4 +216,9 @@ def test_a_passed_over_batch_reaches_the_row_the_report_and_prometheus() -> None
     assert history.poison == [passed]
     run = RunMetrics(dataset="mnist", algorithm="sync", topic=TOPIC, workers=1)
     run.on_batch(info, row)
-    assert run.meters.registry.get_sample_value("streamtrain_stream_records_poisoned_total", {"topic": TOPIC}) == 3
+    assert (
+        run.meters.registry.get_sample_value(
+            "streamtrain_stream_records_poisoned_total", {"topic": TOPIC}
+        )
+        == 3
+    )

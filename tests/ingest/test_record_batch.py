@@ -12,7 +12,10 @@ from pipeline.ingest.kafka import compression
 from pipeline.ingest.kafka.record_batch import Skipped, UnreadableBatch, parse_batches
 from tests.ingest import raw_batches
 
-RECORDS = [(f"k{i}".encode(), f"value {i} ".encode() * (i % 9)) for i in range(50)] + [(None, b"no key"), (b"k", None)]
+RECORDS = [(f"k{i}".encode(), f"value {i} ".encode() * (i % 9)) for i in range(50)] + [
+    (None, b"no key"),
+    (b"k", None),
+]
 
 
 def _read(raw: bytes, **kwargs: object) -> list[tuple[int, bytes | None, bytes | None]]:
@@ -20,22 +23,40 @@ def _read(raw: bytes, **kwargs: object) -> list[tuple[int, bytes | None, bytes |
     out = []
     for rec in found:
         for i in range(len(rec)):
-            key = bytes(rec.key_data[rec.key_offsets[i]:rec.key_offsets[i + 1]]) if rec.key_valid[i] else None
-            value = bytes(rec.value_data[rec.value_offsets[i]:rec.value_offsets[i + 1]]) if rec.value_valid[i] else None
+            key = (
+                bytes(rec.key_data[rec.key_offsets[i] : rec.key_offsets[i + 1]])
+                if rec.key_valid[i]
+                else None
+            )
+            value = (
+                bytes(rec.value_data[rec.value_offsets[i] : rec.value_offsets[i + 1]])
+                if rec.value_valid[i]
+                else None
+            )
             out.append((int(rec.offsets[i]), key, value))
     return out
 
 
 @pytest.mark.parametrize("codec", list(compression.CODECS))
 def test_every_codec_reads_back(codec: int) -> None:
-    assert _read(raw_batches.batch(RECORDS, codec=codec)) == [(i, k, v) for i, (k, v) in enumerate(RECORDS)]
+    assert _read(raw_batches.batch(RECORDS, codec=codec)) == [
+        (i, k, v) for i, (k, v) in enumerate(RECORDS)
+    ]
 
 
 def test_snappy_in_xerial_framing_as_the_java_client_writes_it() -> None:
     body = raw_batches.records_body(RECORDS)
-    blocks = [bytes(cramjam.snappy.compress_raw(body[i:i + 100])) for i in range(0, len(body), 100)]
-    framed = b"\x82SNAPPY\x00" + struct.pack(">ii", 1, 1) + b"".join(struct.pack(">i", len(b)) + b for b in blocks)
-    assert _read(raw_batches.batch(RECORDS, codec=2, payload=framed)) == [(i, k, v) for i, (k, v) in enumerate(RECORDS)]
+    blocks = [
+        bytes(cramjam.snappy.compress_raw(body[i : i + 100])) for i in range(0, len(body), 100)
+    ]
+    framed = (
+        b"\x82SNAPPY\x00"
+        + struct.pack(">ii", 1, 1)
+        + b"".join(struct.pack(">i", len(b)) + b for b in blocks)
+    )
+    assert _read(raw_batches.batch(RECORDS, codec=2, payload=framed)) == [
+        (i, k, v) for i, (k, v) in enumerate(RECORDS)
+    ]
 
 
 @pytest.mark.parametrize("codec", [1, 2, 3, 4])
@@ -45,22 +66,45 @@ def test_a_compression_bomb_stops_at_the_cap(codec: int) -> None:
     bomb = [(None, bytes(100_000))] * 100
     raw = raw_batches.batch(bomb, codec=codec, base_offset=7)
     assert len(raw) < 600_000
-    with pytest.raises(UnreadableBatch, match="batch at offset 7 .* more than the cap of 1000000 bytes"):
+    with pytest.raises(
+        UnreadableBatch, match="batch at offset 7 .* more than the cap of 1000000 bytes"
+    ):
         _read(raw, max_batch_bytes=1_000_000)
     assert len(_read(raw, max_batch_bytes=20_000_000)) == 100
 
 
-@pytest.mark.parametrize(("raw", "cause"), [
-    (raw_batches.batch(RECORDS, codec=4, payload=b"\x28\xb5\x2f\xfd not zstd at all"), "zstd batch: corrupt data"),
-    (raw_batches.batch(RECORDS, codec=3, payload=b"garbage"), "lz4 batch: corrupt data"),
-    (raw_batches.batch(RECORDS, codec=2, payload=b"\x0a\xff\xff\xff"), "snappy batch: corrupt data"),
-    (raw_batches.batch(RECORDS, codec=1, payload=b"\x1f\x8b\x08\x00 not gzip"), "gzip batch: corrupt data"),
-    (raw_batches.batch(RECORDS, codec=1, payload=compression.deflate(1, bytes(1000))[:20]), "gzip batch: corrupt data"),
-    (raw_batches.batch(RECORDS, codec=5, payload=b"x"), "unknown codec 5"),
-    (raw_batches.batch(RECORDS, magic=1), "record format v1"),
-    (raw_batches.batch(RECORDS)[:-40], None),  # cut short by the fetch's byte limit: left for the next fetch
-], ids=["zstd", "lz4", "snappy", "gzip", "gzip-cut-short", "codec-5", "v1", "partial"])
-def test_a_batch_that_cannot_be_read_names_its_offset_and_cause(raw: bytes, cause: str | None) -> None:
+@pytest.mark.parametrize(
+    ("raw", "cause"),
+    [
+        (
+            raw_batches.batch(RECORDS, codec=4, payload=b"\x28\xb5\x2f\xfd not zstd at all"),
+            "zstd batch: corrupt data",
+        ),
+        (raw_batches.batch(RECORDS, codec=3, payload=b"garbage"), "lz4 batch: corrupt data"),
+        (
+            raw_batches.batch(RECORDS, codec=2, payload=b"\x0a\xff\xff\xff"),
+            "snappy batch: corrupt data",
+        ),
+        (
+            raw_batches.batch(RECORDS, codec=1, payload=b"\x1f\x8b\x08\x00 not gzip"),
+            "gzip batch: corrupt data",
+        ),
+        (
+            raw_batches.batch(RECORDS, codec=1, payload=compression.deflate(1, bytes(1000))[:20]),
+            "gzip batch: corrupt data",
+        ),
+        (raw_batches.batch(RECORDS, codec=5, payload=b"x"), "unknown codec 5"),
+        (raw_batches.batch(RECORDS, magic=1), "record format v1"),
+        (
+            raw_batches.batch(RECORDS)[:-40],
+            None,
+        ),  # cut short by the fetch's byte limit: left for the next fetch
+    ],
+    ids=["zstd", "lz4", "snappy", "gzip", "gzip-cut-short", "codec-5", "v1", "partial"],
+)
+def test_a_batch_that_cannot_be_read_names_its_offset_and_cause(
+    raw: bytes, cause: str | None
+) -> None:
     if cause is None:
         assert _read(raw) == []
         return
@@ -70,25 +114,35 @@ def test_a_batch_that_cannot_be_read_names_its_offset_and_cause(raw: bytes, caus
 
 def test_records_that_overrun_their_batch_are_unreadable() -> None:
     body = raw_batches.records_body(RECORDS)
-    raw = raw_batches.batch(RECORDS + [(b"x", b"y")], payload=body)  # one record more than the batch holds
+    raw = raw_batches.batch(
+        RECORDS + [(b"x", b"y")], payload=body
+    )  # one record more than the batch holds
     with pytest.raises(UnreadableBatch, match="cut short|shorter than its records"):
         _read(raw)
 
 
 def _marker(offset: int, producer: int, abort: bool) -> bytes:
-    return raw_batches.batch([(struct.pack(">hh", 0, 0 if abort else 1), b"\x00\x00\x00\x00\x00\x00")],
-                             base_offset=offset, producer_id=producer, attributes=0x30)
+    return raw_batches.batch(
+        [(struct.pack(">hh", 0, 0 if abort else 1), b"\x00\x00\x00\x00\x00\x00")],
+        base_offset=offset,
+        producer_id=producer,
+        attributes=0x30,
+    )
 
 
 def test_read_committed_drops_aborted_transactions_and_markers() -> None:
     """Producer 7 aborts [0, 2) and commits [3, 5); producer 8 commits [2, 3) in between;
     a plain record ends the log. read_uncommitted keeps every data record."""
     txn = 0x10
-    log = (raw_batches.batch(RECORDS[:2], base_offset=0, producer_id=7, attributes=txn)
-           + raw_batches.batch(RECORDS[2:3], base_offset=2, producer_id=8, attributes=txn)
-           + _marker(3, 7, abort=True) + _marker(4, 8, abort=False)
-           + raw_batches.batch(RECORDS[3:5], base_offset=5, producer_id=7, attributes=txn)
-           + _marker(7, 7, abort=False) + raw_batches.batch(RECORDS[5:6], base_offset=8))
+    log = (
+        raw_batches.batch(RECORDS[:2], base_offset=0, producer_id=7, attributes=txn)
+        + raw_batches.batch(RECORDS[2:3], base_offset=2, producer_id=8, attributes=txn)
+        + _marker(3, 7, abort=True)
+        + _marker(4, 8, abort=False)
+        + raw_batches.batch(RECORDS[3:5], base_offset=5, producer_id=7, attributes=txn)
+        + _marker(7, 7, abort=False)
+        + raw_batches.batch(RECORDS[5:6], base_offset=8)
+    )
     skipped = Skipped()
     assert [o for o, _, _ in _read(log, aborted=[(7, 0)], skipped=skipped)] == [2, 5, 6, 8]
     assert (skipped.aborted, skipped.control, skipped.first) == (2, 3, 0)

@@ -45,8 +45,13 @@ def test_noida_releases_each_batch_once_the_next_is_saved() -> None:
         try:
             releaser.trained([OffsetRange("replayed", p, 0, 25) for p in (0, 1)])
             assert releaser.flush()
-            assert _earliest(broker.bootstrap, "replayed") == {0: 0, 1: 0}  # batch 0 may be replayed yet
-            releaser.trained([OffsetRange("replayed", p, 25, 50) for p in (0, 1)])  # Spark committed batch 0
+            assert _earliest(broker.bootstrap, "replayed") == {
+                0: 0,
+                1: 0,
+            }  # batch 0 may be replayed yet
+            releaser.trained(
+                [OffsetRange("replayed", p, 25, 50) for p in (0, 1)]
+            )  # Spark committed batch 0
             assert releaser.flush()
             assert _earliest(broker.bootstrap, "replayed") == {0: 25, 1: 25}
             assert releaser.released == {0: 25, 1: 25}
@@ -68,7 +73,9 @@ def test_with_trained_records_released_noidas_memory_stops_growing_with_the_repl
             for n in range(4):
                 _fill(broker.bootstrap, "replayed", per_round)
                 half = (n + 1) * per_round // 2
-                releaser.trained([OffsetRange("replayed", p, half - per_round // 2, half) for p in (0, 1)])
+                releaser.trained(
+                    [OffsetRange("replayed", p, half - per_round // 2, half) for p in (0, 1)]
+                )
                 releaser.trained([OffsetRange("replayed", p, half, half) for p in (0, 1)])
                 assert releaser.flush()
                 grown.append(_rss_mb(broker.pid))
@@ -82,7 +89,8 @@ def test_with_trained_records_released_noidas_memory_stops_growing_with_the_repl
         while _rss_mb(broker.pid) - empty >= 3 * 60:
             assert time.monotonic() < deadline, (
                 f"the broker's memory: {empty} MB empty, {grown} MB after each round, "
-                f"{_rss_mb(broker.pid)} MB a minute on")
+                f"{_rss_mb(broker.pid)} MB a minute on"
+            )
             time.sleep(0.5)
 
 
@@ -112,7 +120,13 @@ def test_only_the_runs_topic_is_released() -> None:
         releaser = Releaser(broker.bootstrap, "mine")
         try:
             for start in (0, 25):
-                releaser.trained([OffsetRange(t, p, start, start + 25) for t in ("mine", "mine.dlq") for p in (0, 1)])
+                releaser.trained(
+                    [
+                        OffsetRange(t, p, start, start + 25)
+                        for t in ("mine", "mine.dlq")
+                        for p in (0, 1)
+                    ]
+                )
             assert releaser.flush()
             assert _earliest(broker.bootstrap, "mine") == {0: 25, 1: 25}
             assert _earliest(broker.bootstrap, "mine.dlq") == {0: 0, 1: 0}

@@ -33,14 +33,18 @@ from tests.ingest.secure_kafka import SecureKafka
 
 ROOT = Path(__file__).resolve().parents[2]
 
-pytestmark = pytest.mark.skipif(shutil.which("stunnel4") is None and not __import__("os").environ.get("CI"),
-                                reason="stunnel4 (Debian) puts TLS in front of the test broker")
+pytestmark = pytest.mark.skipif(
+    shutil.which("stunnel4") is None and not __import__("os").environ.get("CI"),
+    reason="stunnel4 (Debian) puts TLS in front of the test broker",
+)
 
 
 @pytest.fixture(scope="module")
 def scram(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecureKafka]:
     """SASL_SSL, SCRAM-SHA-512 only: what a managed Kafka asks of a new client."""
-    with SecureKafka(tmp_path_factory.mktemp("scram"), mode="sasl_ssl", mechanisms=("SCRAM-SHA-512",)) as kafka:
+    with SecureKafka(
+        tmp_path_factory.mktemp("scram"), mode="sasl_ssl", mechanisms=("SCRAM-SHA-512",)
+    ) as kafka:
         yield kafka
 
 
@@ -57,12 +61,21 @@ def higgs_records(n: int) -> tuple[list[bytes], list[bytes]]:
     return codec.encode(chunk.x[:n], chunk.y[:n], codec.HIGGS), codec.encode_keys(chunk.ids[:n])
 
 
-def write_transaction(kafka: SecureKafka, topic: str, values: list[bytes], keys: list[bytes]) -> None:
+def write_transaction(
+    kafka: SecureKafka, topic: str, values: list[bytes], keys: list[bytes]
+) -> None:
     """librdkafka writes ``values`` to partition 0, zstd, in one committed transaction."""
     from confluent_kafka import Producer
 
-    producer = Producer(kafka.confluent_conf(extra={"transactional.id": f"tx-{uuid.uuid4().hex[:8]}",
-                                                    "compression.type": "zstd", "linger.ms": 5}))
+    producer = Producer(
+        kafka.confluent_conf(
+            extra={
+                "transactional.id": f"tx-{uuid.uuid4().hex[:8]}",
+                "compression.type": "zstd",
+                "linger.ms": 5,
+            }
+        )
+    )
     producer.init_transactions(15)
     producer.begin_transaction()
     for key, value in zip(keys, values, strict=True):
@@ -71,13 +84,18 @@ def write_transaction(kafka: SecureKafka, topic: str, values: list[bytes], keys:
 
 
 def _values(fetch: RangeReader, topic: str, end: int) -> list[bytes]:
-    return [bytes(rec.value_data[rec.value_offsets[i]:rec.value_offsets[i + 1]])
-            for rec in fetch.read(topic, 0, 0, end) for i in range(len(rec))]
+    return [
+        bytes(rec.value_data[rec.value_offsets[i] : rec.value_offsets[i + 1]])
+        for rec in fetch.read(topic, 0, 0, end)
+        for i in range(len(rec))
+    ]
 
 
 def _secured_topic(kafka: SecureKafka, path: Path, n: int) -> tuple[str, list[bytes]]:
     topic = f"secured-{uuid.uuid4().hex[:8]}"
-    client.ensure_topic(kafka.bootstrap, topic, partitions=1, conf=conf.load(path))  # kafka-python's admin
+    client.ensure_topic(
+        kafka.bootstrap, topic, partitions=1, conf=conf.load(path)
+    )  # kafka-python's admin
     values, keys = higgs_records(n)
     write_transaction(kafka, topic, values, keys)
     return topic, values
@@ -85,14 +103,19 @@ def _secured_topic(kafka: SecureKafka, path: Path, n: int) -> tuple[str, list[by
 
 @pytest.mark.parametrize("which", ["scram", "mtls"])
 def test_the_fetch_reader_and_the_fallback_read_a_transaction_through_tls_and_sasl(
-        which: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    which: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
     kafka: SecureKafka = request.getfixturevalue(which)
     path = kafka.write_client_properties(tmp_path / "client.properties")
     topic, values = _secured_topic(kafka, path, 500)
     secured = conf.load(path)
-    consumer = client.consumer(kafka.bootstrap, conf=secured)  # kafka-python, through the same TLS and SASL
+    consumer = client.consumer(
+        kafka.bootstrap, conf=secured
+    )  # kafka-python, through the same TLS and SASL
     try:
-        last = next(iter(client.end_offsets(consumer, [TopicPartition(topic, 0)], conf=secured).values()))
+        last = next(
+            iter(client.end_offsets(consumer, [TopicPartition(topic, 0)], conf=secured).values())
+        )
     finally:
         consumer.close()
     assert last == 501  # 500 records and the commit marker
@@ -103,15 +126,26 @@ def test_the_fetch_reader_and_the_fallback_read_a_transaction_through_tls_and_sa
         fetch.close()
     assert got == values
     r = OffsetRange(topic, 0, 0, last)
-    fallback = [v for batch in reader._read_with_consumer(kafka.bootstrap, r, timeout_s=20, kafka_conf=str(path))
-                for v in batch.column("value").to_pylist()]
+    fallback = [
+        v
+        for batch in reader._read_with_consumer(
+            kafka.bootstrap, r, timeout_s=20, kafka_conf=str(path)
+        )
+        for v in batch.column("value").to_pylist()
+    ]
     assert fallback == values
     # librdkafka from the same file: KafkaConf.librdkafka() is what a confluent-kafka client takes.
     from confluent_kafka import Consumer
     from confluent_kafka import TopicPartition as RdPartition
 
-    rd = Consumer({"bootstrap.servers": kafka.bootstrap, "group.id": f"g-{uuid.uuid4().hex[:6]}",
-                   "isolation.level": "read_committed", **secured.librdkafka()})
+    rd = Consumer(
+        {
+            "bootstrap.servers": kafka.bootstrap,
+            "group.id": f"g-{uuid.uuid4().hex[:6]}",
+            "isolation.level": "read_committed",
+            **secured.librdkafka(),
+        }
+    )
     try:
         rd.assign([RdPartition(topic, 0, 0)])
         got_rd: list[bytes] = []
@@ -140,13 +174,20 @@ def test_the_fetch_reader_authenticates_again_within_the_session_lifetime(tmp_pa
         finally:
             fetch.close()
     log = (tmp_path / "kafka" / "front.log").read_text()
-    assert log.count("logged in with SCRAM-SHA-512") >= 3 and "session expired" not in log, log[-2000:]
+    assert log.count("logged in with SCRAM-SHA-512") >= 3 and "session expired" not in log, log[
+        -2000:
+    ]
 
 
 def _run_cli(*args: str, timeout_s: float = 60) -> tuple[subprocess.CompletedProcess[str], float]:
     started = time.monotonic()
-    done = subprocess.run([sys.executable, "-m", "pipeline", *args], capture_output=True, text=True,
-                          timeout=timeout_s, cwd=ROOT)
+    done = subprocess.run(
+        [sys.executable, "-m", "pipeline", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        cwd=ROOT,
+    )
     return done, time.monotonic() - started
 
 
@@ -155,16 +196,41 @@ class Refusal:
     it and returns its one error line, having checked the exit status, the time, that no
     traceback was printed, no password shown and nothing left behind."""
 
-    def __init__(self, kafka: SecureKafka, tmp_path: Path, *, bootstrap: str | None = None,
-                 path: Path | None = None, **settings: Any) -> None:
+    def __init__(
+        self,
+        kafka: SecureKafka,
+        tmp_path: Path,
+        *,
+        bootstrap: str | None = None,
+        path: Path | None = None,
+        **settings: Any,
+    ) -> None:
         name = uuid.uuid4().hex[:6]
-        self.path = path or kafka.write_client_properties(tmp_path / f"c-{name}.properties", **settings)
+        self.path = path or kafka.write_client_properties(
+            tmp_path / f"c-{name}.properties", **settings
+        )
         self.out, self.secret = tmp_path / f"run-{name}", kafka.password
         self.started = time.monotonic()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "pipeline", "run", "--dataset", "higgs", "--bootstrap", bootstrap or kafka.bootstrap,
-             "--kafka-conf", str(self.path), "--out", str(self.out)],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+            [
+                sys.executable,
+                "-m",
+                "pipeline",
+                "run",
+                "--dataset",
+                "higgs",
+                "--bootstrap",
+                bootstrap or kafka.bootstrap,
+                "--kafka-conf",
+                str(self.path),
+                "--out",
+                str(self.out),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=ROOT,
+        )
         self.ended: float | None = None
 
     def done(self) -> bool:
@@ -176,7 +242,9 @@ class Refusal:
         stdout, stderr = self.proc.communicate(timeout=60)
         took = (self.ended or time.monotonic()) - self.started
         lines = stderr.strip().splitlines()
-        assert self.proc.returncode == 2 and lines and lines[-1].startswith("streamtrain: error: "), stderr[-3000:]
+        assert (
+            self.proc.returncode == 2 and lines and lines[-1].startswith("streamtrain: error: ")
+        ), stderr[-3000:]
         assert "Traceback" not in stderr, stderr[-3000:]
         assert took < 10, f"{took:.1f} s: {lines[-1]}"
         assert not self.out.exists()
@@ -184,21 +252,31 @@ class Refusal:
         return lines[-1]
 
 
-def test_every_wrong_setting_is_one_line_within_10_s(scram: SecureKafka, mtls: SecureKafka, tmp_path: Path) -> None:
+def test_every_wrong_setting_is_one_line_within_10_s(
+    scram: SecureKafka, mtls: SecureKafka, tmp_path: Path
+) -> None:
     """Each case is a `streamtrain run` of its own, all at once (each must end within 10 s)."""
     plain = tmp_path / "plain.properties"
     plain.write_text("security.protocol=PLAINTEXT\n")
     with contextlib.ExitStack() as stack:
-        bad_certs = {which: stack.enter_context(SecureKafka(tmp_path / which, mode="sasl_ssl", server_cert=which))
-                     for which in ("wrong_name", "expired")}
+        bad_certs = {
+            which: stack.enter_context(
+                SecureKafka(tmp_path / which, mode="sasl_ssl", server_cert=which)
+            )
+            for which in ("wrong_name", "expired")
+        }
         runs = {
             # First: it waits out the TLS handshake timeout (Tansu waits for more of a ClientHello).
             "TLS at plaintext": Refusal(scram, tmp_path, bootstrap=scram.plain_bootstrap),
             "password": Refusal(scram, tmp_path, password="not-the-password"),
-            "mechanism": Refusal(scram, tmp_path, mechanism="PLAIN"),  # the broker offers SCRAM-SHA-512 only
+            "mechanism": Refusal(
+                scram, tmp_path, mechanism="PLAIN"
+            ),  # the broker offers SCRAM-SHA-512 only
             "other CA": Refusal(scram, tmp_path, ca=scram.pki.other_ca),
             "no client certificate": Refusal(mtls, tmp_path, client_cert=False),
-            "plaintext at TLS": Refusal(mtls, tmp_path, path=plain),  # neither this nor the first hangs
+            "plaintext at TLS": Refusal(
+                mtls, tmp_path, path=plain
+            ),  # neither this nor the first hangs
             **{which: Refusal(kafka, tmp_path) for which, kafka in bad_certs.items()},
         }
         deadline = time.monotonic() + 60
@@ -208,9 +286,15 @@ def test_every_wrong_setting_is_one_line_within_10_s(scram: SecureKafka, mtls: S
     assert f"refused user {scram.username!r} with SASL SCRAM-SHA-512" in lines["password"], lines
     assert scram.bootstrap in lines["password"]
     assert "does not offer SASL PLAIN (it offers SCRAM-SHA-512)" in lines["mechanism"], lines
-    assert "certificate that does not verify" in lines["other CA"] and "ssl.ca.location" in lines["other CA"]
+    assert (
+        "certificate that does not verify" in lines["other CA"]
+        and "ssl.ca.location" in lines["other CA"]
+    )
     assert "client certificate" in lines["no client certificate"], lines
-    assert "does not speak TLS" in lines["TLS at plaintext"] or "TLS handshake" in lines["TLS at plaintext"], lines
+    assert (
+        "does not speak TLS" in lines["TLS at plaintext"]
+        or "TLS handshake" in lines["TLS at plaintext"]
+    ), lines
     assert "wants TLS" in lines["plaintext at TLS"], lines
     assert "must name the host" in lines["wrong_name"] and "expired" in lines["expired"], lines
 
@@ -226,22 +310,36 @@ def test_the_fetch_reader_never_retries_a_refused_login(scram: SecureKafka, tmp_
     assert isinstance(wire.AuthenticationError("x"), BrokerError)
 
 
-def test_the_stacks_generated_credentials_log_in_to_a_broker_that_requires_them(tmp_path: Path) -> None:
+def test_the_stacks_generated_credentials_log_in_to_a_broker_that_requires_them(
+    tmp_path: Path,
+) -> None:
     """`streamtrain secrets --kafka-broker --kafka-client` (the compose stack's secured variant):
     the broker's certificate verifies against the client file's CA for 127.0.0.1, and the
     SCRAM user's password the broker is given is the client's."""
     (tmp_path / "broker").mkdir()
     (tmp_path / "secrets").mkdir()
     client_file = tmp_path / "secrets" / "kafka-client.properties"
-    done, _ = _run_cli("secrets", "--kafka-broker", str(tmp_path / "broker"), "--kafka-client", str(client_file))
+    done, _ = _run_cli(
+        "secrets", "--kafka-broker", str(tmp_path / "broker"), "--kafka-client", str(client_file)
+    )
     assert done.returncode == 0 and "written" in done.stdout, done.stderr
     secured = conf.load(client_file)
     scram_line = (tmp_path / "broker" / "scram-user.properties").read_text()
     assert scram_line == f"SCRAM-SHA-512=[password={secured.password}]\n"
     assert oct(client_file.stat().st_mode & 0o777) == "0o600"
     pem = tmp_path / "broker" / "broker.pem"
-    with SecureKafka(tmp_path / "kafka", mode="sasl_ssl", mechanisms=("SCRAM-SHA-512",), username=secured.username,
-                     password=secured.password, server_cert=(pem, pem)) as kafka:
-        client.check_reachable(kafka.bootstrap, conf=secured)  # raises on a refused certificate or login
-    again, _ = _run_cli("secrets", "--kafka-broker", str(tmp_path / "broker"), "--kafka-client", str(client_file))
+    with SecureKafka(
+        tmp_path / "kafka",
+        mode="sasl_ssl",
+        mechanisms=("SCRAM-SHA-512",),
+        username=secured.username,
+        password=secured.password,
+        server_cert=(pem, pem),
+    ) as kafka:
+        client.check_reachable(
+            kafka.bootstrap, conf=secured
+        )  # raises on a refused certificate or login
+    again, _ = _run_cli(
+        "secrets", "--kafka-broker", str(tmp_path / "broker"), "--kafka-client", str(client_file)
+    )
     assert "kept" in again.stdout and conf.load(client_file).password == secured.password

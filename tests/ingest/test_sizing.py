@@ -15,8 +15,15 @@ from pipeline.ingest.sizing import Sizing, TriggerSizer
 TARGET = 2.0
 
 
-def _simulate(sizer: TriggerSizer | None, *, produce: list[tuple[float, float]], train: list[tuple[float, float]],
-              fixed_s: float = 0.4, max_rows: int = 20_000, step_s: float = 0.05) -> dict[str, np.ndarray]:
+def _simulate(
+    sizer: TriggerSizer | None,
+    *,
+    produce: list[tuple[float, float]],
+    train: list[tuple[float, float]],
+    fixed_s: float = 0.4,
+    max_rows: int = 20_000,
+    step_s: float = 0.05,
+) -> dict[str, np.ndarray]:
     """Run triggers back to back (an empty one polls again after ``step_s``) over phases of
     ``(seconds, records/s)`` produced, with the trainer's rate ``(from second, records/s)``;
     return the model's freshness sampled every ``step_s``, and each batch's start and size."""
@@ -39,7 +46,9 @@ def _simulate(sizer: TriggerSizer | None, *, produce: list[tuple[float, float]],
         n = min(size, pending)
         rate = [r for since, r in train if since <= t][-1]
         took = fixed_s + n / rate if n else step_s
-        for s in np.arange(t, t + took, step_s):  # the center holds the last batch's data until this one ends
+        for s in np.arange(
+            t, t + took, step_s
+        ):  # the center holds the last batch's data until this one ends
             samples.append(s - learned_at if learned_at is not None else np.nan)
         if n:
             starts.append(t)
@@ -47,13 +56,17 @@ def _simulate(sizer: TriggerSizer | None, *, produce: list[tuple[float, float]],
             done += n
             learned_at = written_at(done - 1)
         t += took
-    return {"freshness": np.array(samples), "starts": np.array(starts), "sizes": np.array(sizes),
-            "step": np.array(step_s)}
+    return {
+        "freshness": np.array(samples),
+        "starts": np.array(starts),
+        "sizes": np.array(sizes),
+        "step": np.array(step_s),
+    }
 
 
 def _window(run: dict[str, np.ndarray], start: float, end: float) -> np.ndarray:
     step = float(run["step"])
-    return run["freshness"][int(start / step):int(end / step)]
+    return run["freshness"][int(start / step) : int(end / step)]
 
 
 def _recovery_s(run: dict[str, np.ndarray], since: float, until: float) -> float:
@@ -69,7 +82,9 @@ def test_a_burst_grows_the_batches_and_they_shrink_back_after_it() -> None:
     its end, as soon as with fixed 20,000-record batches (sizing costs no throughput on a
     backlog), and the batches are small again after it."""
     phases = [(60.0, 2000.0), (30.0, 20_000.0), (120.0, 2000.0)]
-    sized = _simulate(TriggerSizer(Sizing(TARGET, 500, 20_000)), produce=phases, train=[(0.0, 12_000.0)])
+    sized = _simulate(
+        TriggerSizer(Sizing(TARGET, 500, 20_000)), produce=phases, train=[(0.0, 12_000.0)]
+    )
     fixed = _simulate(None, produce=phases, train=[(0.0, 12_000.0)])
     steady = np.concatenate([_window(sized, 10, 60), _window(sized, 160, 210)])
     assert np.nanpercentile(steady, 99) <= TARGET, np.nanpercentile(steady, 99)
@@ -92,17 +107,22 @@ def test_the_size_follows_a_trainer_that_slows_down_and_the_lag_stays_bounded() 
     assert run["sizes"][run["starts"] > 180].max() < 20_000
 
 
-@pytest.mark.parametrize(("target", "low", "high", "said"), [
-    (0.0, 1, 10, "--freshness-target > 0"),
-    (2.0, 0, 10, "1 <= --min-offsets-per-trigger <= --max-offsets-per-trigger"),
-    (2.0, 50, 10, "Received: 50 and 10"),
-])
+@pytest.mark.parametrize(
+    ("target", "low", "high", "said"),
+    [
+        (0.0, 1, 10, "--freshness-target > 0"),
+        (2.0, 0, 10, "1 <= --min-offsets-per-trigger <= --max-offsets-per-trigger"),
+        (2.0, 50, 10, "Received: 50 and 10"),
+    ],
+)
 def test_bad_bounds_are_one_line(target: float, low: int, high: int, said: str) -> None:
     with pytest.raises(ConfigError, match=said.replace("+", r"\+")):
         Sizing(target, low, high)
 
 
-def test_the_python_source_sizes_each_trigger_from_sparks_options(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_python_source_sizes_each_trigger_from_sparks_options(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Proves: the target reaches streamtrain's source through Spark's options (whose keys
     are case-insensitive), and each ``latestOffset`` plans at most the sizer's size, spread
     over the partitions: the upper bound on a backlog, half of it once caught up, back up
@@ -115,8 +135,13 @@ def test_the_python_source_sizes_each_trigger_from_sparks_options(monkeypatch: p
 
     clock = [0.0]
     monkeypatch.setattr(spark_source, "time", SimpleNamespace(monotonic=lambda: clock[0]))
-    options = CaseInsensitiveDict({"kafka.bootstrap.servers": "127.0.0.1:1", "subscribe": "t",
-                                   **Sizing(TARGET, 100, 1000).options()})
+    options = CaseInsensitiveDict(
+        {
+            "kafka.bootstrap.servers": "127.0.0.1:1",
+            "subscribe": "t",
+            **Sizing(TARGET, 100, 1000).options(),
+        }
+    )
     reader = spark_source.KafkaStreamReader(options)
     assert reader.sizer is not None and reader.sizer.sizing == Sizing(TARGET, 100, 1000)
     log_end = {"t": {"0": 10_000, "1": 10_000}}
@@ -128,7 +153,9 @@ def test_the_python_source_sizes_each_trigger_from_sparks_options(monkeypatch: p
         return end, sum(end["t"][p] - start["t"][p] for p in ("0", "1"))
 
     end, planned = trigger({"t": {"0": 0, "1": 0}}, 0.0)
-    assert planned == 1000 and end == {"t": {"0": 500, "1": 500}}  # nothing measured: the upper bound
+    assert planned == 1000 and end == {
+        "t": {"0": 500, "1": 500}
+    }  # nothing measured: the upper bound
     log_end = {"t": {"0": 550, "1": 550}}  # 100 waiting after 10 s: caught up, at 100 records/s
     end, planned = trigger(end, 10.0)
     assert planned == 100 and reader.sizer.size == 500

@@ -41,14 +41,24 @@ def higgs(data_dir):  # type: ignore[no-untyped-def]
 
 
 def _replay(broker, topic: str, data, *, limit: int | None = None, split: str = "train") -> int:  # type: ignore[no-untyped-def]
-    report = Replay(data, bootstrap=broker.bootstrap, topic=topic, partitions=3, limit=limit, split=split).run()
+    report = Replay(
+        data, bootstrap=broker.bootstrap, topic=topic, partitions=3, limit=limit, split=split
+    ).run()
     assert report.send_errors == 0
     return report.records_sent
 
 
 def _job(spark, broker, topic: str, checkpoint: Path, **kwargs):  # type: ignore[no-untyped-def]
-    return stream.StreamJob(spark, bootstrap=broker.bootstrap, topics=[topic], schema=codec.HIGGS,
-                            handler=stream_helpers.Recording(), checkpoint=checkpoint, source="python", **kwargs)
+    return stream.StreamJob(
+        spark,
+        bootstrap=broker.bootstrap,
+        topics=[topic],
+        schema=codec.HIGGS,
+        handler=stream_helpers.Recording(),
+        checkpoint=checkpoint,
+        source="python",
+        **kwargs,
+    )
 
 
 def _wait_until(predicate: Any, timeout_s: float, what: str) -> None:
@@ -68,7 +78,9 @@ def _assert_contiguous(batches: list[stream.BatchFigures]) -> dict[tuple[str, in
     for b in batches:
         for r in b.ranges:
             t, p, start, end = r.topic, r.partition, r.start, r.end
-            assert start == ends.get((t, p), 0), f"batch {b.batch_id}: {t}-{p} starts at {start}, not {ends.get((t, p), 0)}"
+            assert start == ends.get((t, p), 0), (
+                f"batch {b.batch_id}: {t}-{p} starts at {start}, not {ends.get((t, p), 0)}"
+            )
             assert end > start
             ends[(t, p)] = end
     return ends
@@ -91,7 +103,9 @@ def test_every_record_exactly_once_across_runs(spark, broker, topic, tmp_path, h
     feeder.join()
     produced += 500
     produced += _replay(broker, topic, higgs, limit=700)  # between runs
-    second = _job(spark, broker, topic, checkpoint, max_offsets_per_trigger=1000).run(timeout_s=60, max_batches=1)
+    second = _job(spark, broker, topic, checkpoint, max_offsets_per_trigger=1000).run(
+        timeout_s=60, max_batches=1
+    )
     batches = first + second
     assert [b.batch_id for b in batches] == list(range(len(batches)))
     assert all(b.rows <= 1000 for b in batches)
@@ -106,8 +120,9 @@ def test_every_record_exactly_once_across_runs(spark, broker, topic, tmp_path, h
 
 def test_available_now_drains_and_stops(spark, broker, topic, tmp_path, higgs) -> None:  # type: ignore[no-untyped-def]
     produced = _replay(broker, topic, higgs, limit=3500)
-    batches = _job(spark, broker, topic, tmp_path / "ckpt", available_now=True,
-                   max_offsets_per_trigger=1000).run(timeout_s=120)
+    batches = _job(
+        spark, broker, topic, tmp_path / "ckpt", available_now=True, max_offsets_per_trigger=1000
+    ).run(timeout_s=120)
     assert [b.rows for b in batches] == [1000, 1000, 1000, 500]
     assert sum(_assert_contiguous(batches).values()) == produced
 
@@ -122,11 +137,15 @@ def test_no_batch_starts_before_prepare_returns(spark, broker, topic, tmp_path, 
         _wait_until(lambda: (checkpoint / "offsets" / "0").is_file(), 60, "batch 0 planned")
         ready.append(time.monotonic())
 
-    [batch] = _job(spark, broker, topic, checkpoint).run(max_batches=1, timeout_s=60, prepare=prepare)
+    [batch] = _job(spark, broker, topic, checkpoint).run(
+        max_batches=1, timeout_s=60, prepare=prepare
+    )
     assert batch.rows == produced and batch.started_at >= ready[0]
 
 
-def test_a_failing_prepare_stops_the_query_and_commits_nothing(spark, broker, topic, tmp_path, higgs) -> None:  # type: ignore[no-untyped-def]
+def test_a_failing_prepare_stops_the_query_and_commits_nothing(
+    spark, broker, topic, tmp_path, higgs
+) -> None:  # type: ignore[no-untyped-def]
     produced = _replay(broker, topic, higgs, limit=800)
 
     def prepare() -> None:
@@ -144,8 +163,13 @@ def test_a_failing_prepare_stops_the_query_and_commits_nothing(spark, broker, to
 
 def test_figures_per_batch(spark, broker, topic, tmp_path, higgs) -> None:  # type: ignore[no-untyped-def]
     produced = _replay(broker, topic, higgs, limit=1200)
-    [batch] = _job(spark, broker, topic, tmp_path / "ckpt", min_partitions=6).run(max_batches=1, timeout_s=60)
-    assert batch.rows == batch.accepted == produced and batch.bytes == produced * codec.HIGGS.record_bytes
+    [batch] = _job(spark, broker, topic, tmp_path / "ckpt", min_partitions=6).run(
+        max_batches=1, timeout_s=60
+    )
+    assert (
+        batch.rows == batch.accepted == produced
+        and batch.bytes == produced * codec.HIGGS.record_bytes
+    )
     # Split into 6 tasks for parallelism, reported as one range per Kafka partition.
     assert len(batch.results) == 6 and len(batch.ranges) == 3
     assert batch.decode_s > 0 and batch.handler_s >= 0 and batch.trigger_to_handler_s is not None
@@ -153,12 +177,20 @@ def test_figures_per_batch(spark, broker, topic, tmp_path, higgs) -> None:  # ty
     assert sorted(labels) == sorted(higgs.load().y[:produced].tolist())
 
 
-def test_malformed_records_go_to_the_dead_letter_topic(spark, broker, topic, tmp_path, higgs, consume) -> None:  # type: ignore[no-untyped-def]
+def test_malformed_records_go_to_the_dead_letter_topic(
+    spark, broker, topic, tmp_path, higgs, consume
+) -> None:  # type: ignore[no-untyped-def]
     good = higgs.load("test")
     values = codec.encode(good.x[:10], good.y[:10], codec.HIGGS)
     nan = codec.encode(np.full((1, 28), np.nan, np.float32), np.array([1]), codec.HIGGS)[0]
     label = codec.encode(good.x[:1], np.array([7]), codec.HIGGS)[0]
-    bad = [b"junk", nan, label, values[0][:-4], codec.encode(np.zeros((1, 784), np.uint8), np.array([1]), codec.MNIST)[0]]
+    bad = [
+        b"junk",
+        nan,
+        label,
+        values[0][:-4],
+        codec.encode(np.zeros((1, 784), np.uint8), np.array([1]), codec.MNIST)[0],
+    ]
     client.ensure_topic(broker.bootstrap, topic, partitions=1)
     p = KafkaProducer(bootstrap_servers=broker.bootstrap)
     for v in values[:5] + bad + values[5:]:
@@ -171,16 +203,37 @@ def test_malformed_records_go_to_the_dead_letter_topic(spark, broker, topic, tmp
     dead = consume(f"{topic}.dlq", 5)
     assert [r.value for r in dead] == bad
     reasons = [dict(r.headers)["streamtrain.reason"].decode() for r in dead]
-    assert reasons == ["wrong_length", "non_finite", "label_out_of_range", "wrong_length", "wrong_length"]
+    assert reasons == [
+        "wrong_length",
+        "non_finite",
+        "label_out_of_range",
+        "wrong_length",
+        "wrong_length",
+    ]
     assert [int(dict(r.headers)["streamtrain.offset"]) for r in dead] == [5, 6, 7, 8, 9]
 
 
 @pytest.mark.slow
-def test_restart_after_sigkill_mid_batch_replays_the_same_batch(spark, broker, topic, tmp_path, higgs) -> None:  # type: ignore[no-untyped-def]
+def test_restart_after_sigkill_mid_batch_replays_the_same_batch(
+    spark, broker, topic, tmp_path, higgs
+) -> None:  # type: ignore[no-untyped-def]
     produced = _replay(broker, topic, higgs, limit=3000)
     checkpoint, ledger = tmp_path / "ckpt", tmp_path / "ledger.jsonl"
-    child = subprocess.Popen([sys.executable, "-m", "tests.ingest.stream_helpers", broker.bootstrap, topic, str(checkpoint),
-                              str(ledger), "1"], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tests.ingest.stream_helpers",
+            broker.bootstrap,
+            topic,
+            str(checkpoint),
+            str(ledger),
+            "1",
+        ],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and child.poll() is None:
         lines = ledger.read_text().splitlines() if ledger.exists() else []
@@ -206,13 +259,21 @@ def test_restart_after_sigkill_mid_batch_replays_the_same_batch(spark, broker, t
     assert sum(_assert_contiguous(all_batches).values()) == produced
 
 
-def test_both_sources_give_the_same_columns_and_auto_says_which(spark, broker, topic, tmp_path, caplog) -> None:  # type: ignore[no-untyped-def]
+def test_both_sources_give_the_same_columns_and_auto_says_which(
+    spark, broker, topic, tmp_path, caplog
+) -> None:  # type: ignore[no-untyped-def]
     client.ensure_topic(broker.bootstrap, topic, partitions=1)
     with caplog.at_level(logging.INFO, logger="pipeline.ingest.sources"):
         df = source.read_stream(spark, bootstrap=broker.bootstrap, topics=[topic], source="auto")
     assert tuple(df.columns) == source.COLUMNS
-    assert [f.dataType.simpleString() for f in df.schema.fields] == \
-        ["binary", "binary", "string", "int", "bigint", "timestamp"]
+    assert [f.dataType.simpleString() for f in df.schema.fields] == [
+        "binary",
+        "binary",
+        "string",
+        "int",
+        "bigint",
+        "timestamp",
+    ]
     if source.jvm_available(spark):
         jvm = source.read_stream(spark, bootstrap=broker.bootstrap, topics=[topic], source="jvm")
         assert jvm.schema == df.schema
@@ -222,8 +283,12 @@ def test_both_sources_give_the_same_columns_and_auto_says_which(spark, broker, t
             source.read_stream(spark, bootstrap=broker.bootstrap, topics=[topic], source="jvm")
 
 
-def test_an_unreadable_batch_stops_the_stream_with_its_line_counted_and_as_lag(spark, broker, topic,  # type: ignore[no-untyped-def]
-                                                                               tmp_path) -> None:
+def test_an_unreadable_batch_stops_the_stream_with_its_line_counted_and_as_lag(
+    spark,
+    broker,
+    topic,  # type: ignore[no-untyped-def]
+    tmp_path,
+) -> None:
     """A batch the reader cannot read ends the run with its one line (not 'Kafka unavailable',
     not a clean stop), calls on_unreadable, and its records count as lag."""
     from pipeline.errors import StreamtrainError
@@ -231,9 +296,19 @@ def test_an_unreadable_batch_stops_the_stream_with_its_line_counted_and_as_lag(s
 
     _unreadable_topic(broker.bootstrap, topic)
     seen: list[Any] = []
-    job = _job(spark, broker, topic, tmp_path / "ckpt", available_now=True,
-               on_unreadable=lambda error, lag: seen.append((error, lag)))
-    with pytest.raises(StreamtrainError, match=rf"^Cannot read {topic}-0 at offset 3: Cannot inflate a zstd batch"):
+    job = _job(
+        spark,
+        broker,
+        topic,
+        tmp_path / "ckpt",
+        available_now=True,
+        on_unreadable=lambda error, lag: seen.append((error, lag)),
+    )
+    with pytest.raises(
+        StreamtrainError, match=rf"^Cannot read {topic}-0 at offset 3: Cannot inflate a zstd batch"
+    ):
         job.run(timeout_s=120)
-    assert [(e.topic, e.partition, e.offset, lag) for e, lag in seen] == [(topic, 0, 3, {(topic, 0): 6})]
+    assert [(e.topic, e.partition, e.offset, lag) for e, lag in seen] == [
+        (topic, 0, 3, {(topic, 0): 6})
+    ]
     assert not job.batches  # nothing handled: nothing trained, nothing committed

@@ -11,5 +11,7 @@ def wrong_outputs() -> keras.Model:
 def compiled_frozen() -> keras.Model:
     """Compiled by its user with SGD at learning rate 0: the run must train with exactly that."""
     model = keras.Sequential([keras.Input((12,)), keras.layers.Dense(3, activation="softmax")])
-    model.compile(optimizer=keras.optimizers.SGD(learning_rate=0.0), loss="sparse_categorical_crossentropy")
+    model.compile(
+        optimizer=keras.optimizers.SGD(learning_rate=0.0), loss="sparse_categorical_crossentropy"
+    )
     return model

@@ -22,17 +22,29 @@ class _Metrics:
 def test_startup_ends_when_the_first_batch_is_trained_not_when_it_reached_the_driver() -> None:
     launched = time.monotonic() - 10.0
     history = History()
-    display = Display(history=history, metrics=_Metrics(), eval_every=1000, until_accuracy=None,  # type: ignore[arg-type]
-                      started=launched)
+    display = Display(
+        history=history,
+        metrics=_Metrics(),
+        eval_every=1000,
+        until_accuracy=None,  # type: ignore[arg-type]
+        started=launched,
+    )
     assert history.startup_s(launched) is None  # no batch trained yet
     # The batch reached the driver 4 s after the launch (as the workers finished warming up)
     # and was trained by now, 10 s after it.
     first = BatchFigures(batch_id=0, ranges=[], rows=10, started_at=launched + 4.0)
-    display.on_row(first, BatchRow(0, 10.0, 10, 10, {}, 6.0, 0, None, None, 1, 5.0, 0.1), np.zeros(1, np.float32))
+    display.on_row(
+        first,
+        BatchRow(0, 10.0, 10, 10, {}, 6.0, 0, None, None, 1, 5.0, 0.1),
+        np.zeros(1, np.float32),
+    )
     startup = history.startup_s(launched)
     assert startup is not None and 10.0 <= startup < 11.0
-    display.on_row(BatchFigures(batch_id=1, ranges=[], rows=10, started_at=launched + 11.0),
-                   BatchRow(1, 12.0, 10, 10, {}, 1.0, 0, None, None, 2, 0.9, 0.1), np.zeros(1, np.float32))
+    display.on_row(
+        BatchFigures(batch_id=1, ranges=[], rows=10, started_at=launched + 11.0),
+        BatchRow(1, 12.0, 10, 10, {}, 1.0, 0, None, None, 2, 0.9, 0.1),
+        np.zeros(1, np.float32),
+    )
     assert history.startup_s(launched) == startup  # the first batch's, once
 
 
@@ -55,28 +67,66 @@ def test_a_batch_that_trained_nothing_shows_no_first_batch_and_no_score(capsys: 
     from pipeline.jobs.report import RunReport
 
     history, evaluation = History(), _Evaluation()
-    display = Display(history=history, metrics=_Metrics(), eval_every=1, until_accuracy=None,  # type: ignore[arg-type]
-                      started=time.monotonic(), rejects=Rejects())
+    display = Display(
+        history=history,
+        metrics=_Metrics(),
+        eval_every=1,
+        until_accuracy=None,  # type: ignore[arg-type]
+        started=time.monotonic(),
+        rejects=Rejects(),
+    )
     display.evaluation = evaluation
     row = BatchRow(0, 1.0, 500, 0, {"not_avro": 500}, 1.0, 0, None, None, 0, 0.0, 0.0)
-    display.on_row(BatchFigures(batch_id=0, ranges=[], rows=500, started_at=time.monotonic()), row,
-                   np.zeros(1, np.float32))
+    display.on_row(
+        BatchFigures(batch_id=0, ranges=[], rows=500, started_at=time.monotonic()),
+        row,
+        np.zeros(1, np.float32),
+    )
     out = capsys.readouterr().out
     assert "first micro-batch trained" not in out and evaluation.scored == 0 and row.heldout is None
     assert "rejected 500 (100%: not_avro 500)" in out, out
-    report = RunReport({}, {}, "t", "o", 1.0, 0, 0, 500, 0.0, 0.0, 0.0, "done", {}, [], [], {}, {},
-                       rejected=display.rejects.to_dict())
-    assert "no held-out score (nothing trained)" in report.summary() and "rejected 500 (not_avro 500)" in report.summary()
+    report = RunReport(
+        {},
+        {},
+        "t",
+        "o",
+        1.0,
+        0,
+        0,
+        500,
+        0.0,
+        0.0,
+        0.0,
+        "done",
+        {},
+        [],
+        [],
+        {},
+        {},
+        rejected=display.rejects.to_dict(),
+    )
+    assert (
+        "no held-out score (nothing trained)" in report.summary()
+        and "rejected 500 (not_avro 500)" in report.summary()
+    )
 
 
 def test_a_numeric_targets_status_line_shows_its_rmse(capsys: Any) -> None:
     """Proves (issue 41, item 4): a regression's status line shows the prequential RMSE, not
     `prequential acc nan`."""
-    display = Display(history=History(), metrics=_Metrics(), eval_every=1000, until_accuracy=None,  # type: ignore[arg-type]
-                      started=time.monotonic())
+    display = Display(
+        history=History(),
+        metrics=_Metrics(),
+        eval_every=1000,
+        until_accuracy=None,  # type: ignore[arg-type]
+        started=time.monotonic(),
+    )
     display.regression_loss = "mean_squared_error"
     row = BatchRow(0, 1.0, 10, 10, {}, 1.0, 0, None, None, 1, 0.1, 0.0, float("nan"), 640_000.0)
-    display.on_row(BatchFigures(batch_id=0, ranges=[], rows=10, started_at=time.monotonic()), row,
-                   np.zeros(1, np.float32))
+    display.on_row(
+        BatchFigures(batch_id=0, ranges=[], rows=10, started_at=time.monotonic()),
+        row,
+        np.zeros(1, np.float32),
+    )
     out = capsys.readouterr().out
     assert "prequential rmse 800" in out and "acc" not in out, out

@@ -32,7 +32,9 @@ def _table(path: Path, rows: int, *, flip_after: int | None, seed: int) -> None:
 
 
 @pytest.mark.slow  # a run of up to 18 small micro-batches
-def test_a_run_whose_labels_flip_stops_at_the_collapse_and_names_the_sound_checkpoint(tmp_path: Path) -> None:
+def test_a_run_whose_labels_flip_stops_at_the_collapse_and_names_the_sound_checkpoint(
+    tmp_path: Path,
+) -> None:
     """Proves: the first 6,000 records teach the rule (held-out accuracy far above the
     majority class's), the next ones teach its opposite; the run stops with one line, exit
     non-zero, no traceback, before committing the batch that showed the collapse; the
@@ -43,13 +45,43 @@ def test_a_run_whose_labels_flip_stops_at_the_collapse_and_names_the_sound_check
     _table(tmp_path / "eval.csv", 1_000, flip_after=None, seed=2)
     out = tmp_path / "run"
     done = subprocess.run(
-        [sys.executable, "-m", "pipeline", "run", "--data", str(tmp_path / "train.csv"), "--label", "y",
-         "--eval-data", str(tmp_path / "eval.csv"), "--max-offsets-per-trigger", "1000", "--eval-every", "1",
-         "--workers", "1", "--seed", "3", "--out", str(out), "--timeout", "300"],
-        cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert done.returncode != 0 and "Traceback" not in done.stderr, (done.stdout[-2000:], done.stderr[-3000:])
+        [
+            sys.executable,
+            "-m",
+            "pipeline",
+            "run",
+            "--data",
+            str(tmp_path / "train.csv"),
+            "--label",
+            "y",
+            "--eval-data",
+            str(tmp_path / "eval.csv"),
+            "--max-offsets-per-trigger",
+            "1000",
+            "--eval-every",
+            "1",
+            "--workers",
+            "1",
+            "--seed",
+            "3",
+            "--out",
+            str(out),
+            "--timeout",
+            "300",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode != 0 and "Traceback" not in done.stderr, (
+        done.stdout[-2000:],
+        done.stderr[-3000:],
+    )
     errors = [line for line in done.stderr.splitlines() if line.startswith("streamtrain: error:")]
-    assert len(errors) == 1 and "the model collapsed (held-out accuracy" in errors[0], done.stderr[-3000:]
+    assert len(errors) == 1 and "the model collapsed (held-out accuracy" in errors[0], done.stderr[
+        -3000:
+    ]
     sound = int(re.search(r"--generation (\d+)", errors[0]).group(1))  # type: ignore[union-attr]
     assert sound in checkpoint.generations(out)
     state = checkpoint.load(out, generation=sound)
@@ -75,14 +107,38 @@ def test_a_model_whose_updates_leave_float32_stops_with_one_line(tmp_path: Path)
         "    m = keras.Sequential([keras.Input((28,)), keras.layers.Dense(64, activation='relu'),\n"
         "                          keras.layers.Dense(2, activation='softmax')])\n"
         "    m.compile(keras.optimizers.SGD(learning_rate=1e30), 'sparse_categorical_crossentropy')\n"
-        "    return m\n")
+        "    return m\n"
+    )
     out = tmp_path / "run"
     done = subprocess.run(
-        [sys.executable, "-m", "pipeline", "run", "--dataset", "higgs", "--model", f"{tmp_path / 'blowup.py'}:build",
-         "--max-offsets-per-trigger", "1000", "--out", str(out), "--timeout", "300"],
-        cwd=ROOT, capture_output=True, text=True, timeout=600)
+        [
+            sys.executable,
+            "-m",
+            "pipeline",
+            "run",
+            "--dataset",
+            "higgs",
+            "--model",
+            f"{tmp_path / 'blowup.py'}:build",
+            "--max-offsets-per-trigger",
+            "1000",
+            "--out",
+            str(out),
+            "--timeout",
+            "300",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr[-3000:]
     errors = [line for line in done.stderr.splitlines() if line.startswith("streamtrain: error:")]
-    assert len(errors) == 1 and re.search(r"Batch \d+: the model diverged \(worker \d+'s update after \d+ "
-                                          r"mini-batches was not finite", errors[0]), done.stderr[-3000:]
-    assert checkpoint.load(out) is None or checkpoint.load(out).last_batch_id < int(errors[0].split()[3][:-1])
+    assert len(errors) == 1 and re.search(
+        r"Batch \d+: the model diverged \(worker \d+'s update after \d+ "
+        r"mini-batches was not finite",
+        errors[0],
+    ), done.stderr[-3000:]
+    assert checkpoint.load(out) is None or checkpoint.load(out).last_batch_id < int(
+        errors[0].split()[3][:-1]
+    )

@@ -42,10 +42,35 @@ def test_a_flipped_concept_is_found_said_and_adapted_to(tmp_path: Path) -> None:
     _table(tmp_path / "old.jsonl", 1_000, change=None, seed=2)
     out = tmp_path / "run"
     done = subprocess.run(
-        [sys.executable, "-m", "pipeline", "run", "--data", str(tmp_path / "flip.jsonl"), "--label", "label",
-         "--eval-data", str(tmp_path / "old.jsonl"), "--out", str(out), "--on-drift", "adapt", "--seed", "1",
-         "--max-offsets-per-trigger", str(BATCH), "--eval-every", "2", "--drift", "warmup=2000,cooldown=4000"],
-        capture_output=True, text=True, timeout=600, cwd=ROOT)
+        [
+            sys.executable,
+            "-m",
+            "pipeline",
+            "run",
+            "--data",
+            str(tmp_path / "flip.jsonl"),
+            "--label",
+            "label",
+            "--eval-data",
+            str(tmp_path / "old.jsonl"),
+            "--out",
+            str(out),
+            "--on-drift",
+            "adapt",
+            "--seed",
+            "1",
+            "--max-offsets-per-trigger",
+            str(BATCH),
+            "--eval-every",
+            "2",
+            "--drift",
+            "warmup=2000,cooldown=4000",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads((out / "report.json").read_text())
     assert report["stopped_because"] == "all produced records trained"
@@ -53,10 +78,18 @@ def test_a_flipped_concept_is_found_said_and_adapted_to(tmp_path: Path) -> None:
     assert [d["signal"] for d in drifts] == ["loss"], drifts
     [d] = drifts
     assert CHANGE - BATCH <= d["records"] <= CHANGE + BATCH, d
-    assert d["statistic"] > 1.0 and sorted(d["offsets"]) == [f"{report['topic']}:0", f"{report['topic']}:1"]
+    assert d["statistic"] > 1.0 and sorted(d["offsets"]) == [
+        f"{report['topic']}:0",
+        f"{report['topic']}:1",
+    ]
     lines = [line for line in done.stdout.splitlines() if line.startswith("drift at batch")]
-    assert len(lines) == 1 and f"drift at batch {d['batch_id']} " in lines[0] and "loss" in lines[0], lines
-    assert checkpoint.generation_path(out, d["generation"]).is_file() and d["generation"] == d["batch_id"] - 1
+    assert (
+        len(lines) == 1 and f"drift at batch {d['batch_id']} " in lines[0] and "loss" in lines[0]
+    ), lines
+    assert (
+        checkpoint.generation_path(out, d["generation"]).is_file()
+        and d["generation"] == d["batch_id"] - 1
+    )
     rows = [json.loads(line) for line in (out / "batches.jsonl").read_text().splitlines()]
     after = [r for r in rows if r["batch_id"] > d["batch_id"]]
     assert after and all(r.get("held_out", 0) > 0 for r in after)

@@ -33,12 +33,19 @@ class Cli:
     Spark's chatter never fills a pipe and stalls the run)."""
 
     def __init__(self, *args: str) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-m", "pipeline", *args], cwd=ROOT, text=True,
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "pipeline", *args],
+            cwd=ROOT,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
         self.lines: list[str] = []
         self.err: list[str] = []
-        self._readers = [threading.Thread(target=self._drain, args=(pipe, into), daemon=True)
-                         for pipe, into in ((self.proc.stdout, self.lines), (self.proc.stderr, self.err))]
+        self._readers = [
+            threading.Thread(target=self._drain, args=(pipe, into), daemon=True)
+            for pipe, into in ((self.proc.stdout, self.lines), (self.proc.stderr, self.err))
+        ]
         for reader in self._readers:
             reader.start()
 
@@ -50,8 +57,12 @@ class Cli:
     def wait_for(self, text: str, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
         while not any(text in line for line in self.lines):
-            assert self.proc.poll() is None, f"exited {self.proc.returncode} before {text!r}: {self.stderr()[-3000:]}"
-            assert time.monotonic() < deadline, f"no {text!r} within {timeout_s:.0f} s: {''.join(self.lines)[-2000:]}"
+            assert self.proc.poll() is None, (
+                f"exited {self.proc.returncode} before {text!r}: {self.stderr()[-3000:]}"
+            )
+            assert time.monotonic() < deadline, (
+                f"no {text!r} within {timeout_s:.0f} s: {''.join(self.lines)[-2000:]}"
+            )
             time.sleep(0.1)
 
     def finish(self, timeout_s: float) -> int:
@@ -92,8 +103,21 @@ def test_a_broker_restart_mid_run_loses_nothing(tmp_path: Path) -> None:
     try:
         # 7,000 records at 150/s take 47 s: the replay is still sending at the first batch
         # (start-up takes 10-30 s on 2 busy cores).
-        run = Cli("run", "--dataset", "higgs", "--bootstrap", broker.bootstrap, "--rate", "150",
-                  "--max-offsets-per-trigger", "500", "--eval-every", "100", "--out", str(out))
+        run = Cli(
+            "run",
+            "--dataset",
+            "higgs",
+            "--bootstrap",
+            broker.bootstrap,
+            "--rate",
+            "150",
+            "--max-offsets-per-trigger",
+            "500",
+            "--eval-every",
+            "100",
+            "--out",
+            str(out),
+        )
         try:
             run.wait_for("batch    0 |", timeout_s=240)
             broker.stop()
@@ -111,7 +135,9 @@ def test_a_broker_restart_mid_run_loses_nothing(tmp_path: Path) -> None:
     finally:
         broker.stop()
     produced = (out / "producer.log").read_text()
-    assert f"sent {HIGGS_TRAIN} records" in produced and "0 send errors" in produced, produced[-2000:]
+    assert f"sent {HIGGS_TRAIN} records" in produced and "0 send errors" in produced, produced[
+        -2000:
+    ]
     assert "ECONNREFUSED" in produced  # the replay was sending when the broker went away
     report = json.loads((out / "report.json").read_text())
     _trained_once(out, report["topic"], HIGGS_TRAIN)  # the run's own topic
@@ -125,8 +151,12 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
         pytest.skip("mounting a size-limited filesystem needs root (CI runs as root)")
     where = tmp_path / "disk"
     where.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(where)],
-                             capture_output=True, text=True, check=False)
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(where)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
     try:
@@ -153,31 +183,59 @@ def _fill(folder: Path) -> Path:
     return filler
 
 
-def test_save_on_a_full_disk_raises_one_line_and_keeps_the_previous_checkpoint(small_disk: Path) -> None:
+def test_save_on_a_full_disk_raises_one_line_and_keeps_the_previous_checkpoint(
+    small_disk: Path,
+) -> None:
     """Proves: a checkpoint that cannot be written leaves the previous one whole and no
     temporary file behind, and says what to do."""
     import numpy as np
 
-    checkpoint.save(small_disk, checkpoint.State(np.arange(1000, dtype=np.float32), clock=3, last_batch_id=3))
+    checkpoint.save(
+        small_disk, checkpoint.State(np.arange(1000, dtype=np.float32), clock=3, last_batch_id=3)
+    )
     _fill(small_disk)
     with pytest.raises(checkpoint.CheckpointError, match="batch 4 is not committed.*--resume"):
-        checkpoint.save(small_disk, checkpoint.State(np.zeros(100_000, np.float32), clock=4, last_batch_id=4))
+        checkpoint.save(
+            small_disk, checkpoint.State(np.zeros(100_000, np.float32), clock=4, last_batch_id=4)
+        )
     kept = checkpoint.load(small_disk)
     assert kept is not None and kept.last_batch_id == 3 and kept.weights[999] == 999
     assert not list(small_disk.glob(".*.tmp"))
 
 
 @pytest.mark.slow
-def test_a_full_disk_stops_the_run_with_one_line_and_resume_loses_nothing(small_disk: Path, broker,  # type: ignore[no-untyped-def]
-                                                                          topic: str, data_dir: Path) -> None:
+def test_a_full_disk_stops_the_run_with_one_line_and_resume_loses_nothing(
+    small_disk: Path,
+    broker,  # type: ignore[no-untyped-def]
+    topic: str,
+    data_dir: Path,
+) -> None:
     """Proves: the disk under the run's folder fills mid-run; the run stops with one line and
     a non-zero exit, commits nothing it could not checkpoint, and once space returns,
     --resume trains every record exactly once."""
-    produced = Replay(datasets.get("higgs", data_dir=data_dir), bootstrap=broker.bootstrap, topic=topic,
-                      partitions=2).run().records_sent
+    produced = (
+        Replay(
+            datasets.get("higgs", data_dir=data_dir),
+            bootstrap=broker.bootstrap,
+            topic=topic,
+            partitions=2,
+        )
+        .run()
+        .records_sent
+    )
     out = small_disk / "run"
-    common = ["--dataset", "higgs", "--bootstrap", broker.bootstrap, "--topic", topic,
-              "--max-offsets-per-trigger", "250", "--eval-every", "1000"]
+    common = [
+        "--dataset",
+        "higgs",
+        "--bootstrap",
+        broker.bootstrap,
+        "--topic",
+        topic,
+        "--max-offsets-per-trigger",
+        "250",
+        "--eval-every",
+        "1000",
+    ]
     run = Cli("run", *common, "--out", str(out))
     try:
         run.wait_for("batch    1 |", timeout_s=240)
@@ -188,15 +246,22 @@ def test_a_full_disk_stops_the_run_with_one_line_and_resume_loses_nothing(small_
     err = run.stderr()
     assert rc == 2, err[-3000:]
     last = err.strip().splitlines()[-1]
-    assert last.startswith("streamtrain: error: ") and "no space left on device" in last.lower(), err[-3000:]
+    assert last.startswith("streamtrain: error: ") and "no space left on device" in last.lower(), (
+        err[-3000:]
+    )
     assert "Traceback" not in err, err[-3000:]
     stopped = checkpoint.load(out)
     assert stopped is not None and stopped.extra["trained"] < produced
 
     filler.unlink()
     (small_disk / "last").unlink(missing_ok=True)
-    done = subprocess.run([sys.executable, "-m", "pipeline", "run", *common, "--resume", str(out), "--timeout", "30"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=400)
+    done = subprocess.run(
+        [sys.executable, "-m", "pipeline", "run", *common, "--resume", str(out), "--timeout", "30"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     _trained_once(out, topic, produced)
     # Every batch's row went to batches.jsonl as it came, across the stop and the resume.

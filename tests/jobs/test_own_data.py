@@ -31,8 +31,13 @@ MODELS = Path(__file__).with_name("penguin_models.py")
 
 
 def _cli(*args: str, cwd: Path = ROOT, timeout: float = 400) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "pipeline", *args], capture_output=True, text=True, timeout=timeout,
-                          cwd=cwd)
+    return subprocess.run(
+        [sys.executable, "-m", "pipeline", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=cwd,
+    )
 
 
 def _guide_commands() -> list[str]:
@@ -58,29 +63,47 @@ def test_the_guides_own_data_commands_run_as_written(tmp_path: Path) -> None:
     folder (the port a free one); the served answer for a raw instance (strings included) is
     the saved model's on the schema's transform of it."""
     commands = _guide_commands()
-    assert [c.split()[:2] for c in commands[:4]] == [["streamtrain", "data"], ["streamtrain", "schema"],
-                                                     ["streamtrain", "run"], ["streamtrain", "serve"]]
+    assert [c.split()[:2] for c in commands[:4]] == [
+        ["streamtrain", "data"],
+        ["streamtrain", "schema"],
+        ["streamtrain", "run"],
+        ["streamtrain", "serve"],
+    ]
     assert commands[4].startswith("curl") and len(commands) == 5
     port = str(free_port())
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
     for line in commands[:3]:
-        done = subprocess.run(shlex.split(line), capture_output=True, text=True, timeout=400, cwd=tmp_path, env=env)
+        done = subprocess.run(
+            shlex.split(line), capture_output=True, text=True, timeout=400, cwd=tmp_path, env=env
+        )
         assert done.returncode == 0, done.stderr[-3000:]
-    assert (tmp_path / "penguins.csv").read_bytes() == PENGUINS.read_bytes()  # the sample, copied out
+    assert (
+        tmp_path / "penguins.csv"
+    ).read_bytes() == PENGUINS.read_bytes()  # the sample, copied out
     report = json.loads((tmp_path / "runs/penguins/report.json").read_text())
-    assert report["final"]["accuracy"] > 0.9 and report["trained_records"] > 0 and report["rejected_records"] == 0
+    assert (
+        report["final"]["accuracy"] > 0.9
+        and report["trained_records"] > 0
+        and report["rejected_records"] == 0
+    )
     serve = shlex.split(commands[3].rstrip("& ").replace("8501", port))
-    proc = subprocess.Popen(serve, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        serve, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
     try:
         _wait_http(f"http://127.0.0.1:{port}/v1/models/penguins", proc)
         curl = shlex.split(commands[4].replace("8501", port))
         body = json.loads(curl[curl.index("-d") + 1])
         if shutil.which("curl"):
-            answer = json.loads(subprocess.run(curl, capture_output=True, text=True, timeout=30, check=True).stdout)
+            answer = json.loads(
+                subprocess.run(curl, capture_output=True, text=True, timeout=30, check=True).stdout
+            )
         else:  # the same request without curl
-            request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/models/penguins:predict",
-                                             data=json.dumps(body).encode(),
-                                             headers={"Content-Type": "application/json"})
+            request = urllib.request.Request(
+                f"http://127.0.0.1:{port}/v1/models/penguins:predict",
+                data=json.dumps(body).encode(),
+                headers={"Content-Type": "application/json"},
+            )
             answer = json.loads(urllib.request.urlopen(request, timeout=30).read())
     finally:
         proc.send_signal(signal.SIGINT)
@@ -91,7 +114,9 @@ def test_the_guides_own_data_commands_run_as_written(tmp_path: Path) -> None:
     model = keras.models.load_model(tmp_path / "runs/penguins/model.keras", compile=False)
     expected = model.predict(encode_rows(body["instances"], schema), verbose=0)
     assert np.allclose(answer["predictions"], expected, atol=1e-5)
-    assert int(np.argmax(answer["predictions"][0])) == 2  # a heavy Biscoe male with a long bill: Gentoo
+    assert (
+        int(np.argmax(answer["predictions"][0])) == 2
+    )  # a heavy Biscoe male with a long bill: Gentoo
 
 
 @pytest.mark.slow
@@ -103,15 +128,28 @@ def test_a_numeric_target_trains_and_reports_rmse(tmp_path: Path) -> None:
     from pipeline.table import infer
     from producers.datasets.table import held_out, sample_columns
 
-    (tmp_path / "mass.json").write_text(infer(sample_columns(PENGUINS), label="body_mass_g").to_json())
+    (tmp_path / "mass.json").write_text(
+        infer(sample_columns(PENGUINS), label="body_mass_g").to_json()
+    )
     lines = PENGUINS.read_text().splitlines()
-    garbage = [i for i in range(len(lines) - 1) if i % 12 == 11]  # 28 rows of words: 8%, under the default 10%
+    garbage = [
+        i for i in range(len(lines) - 1) if i % 12 == 11
+    ]  # 28 rows of words: 8%, under the default 10%
     for i in garbage:
         lines[i + 1] = ",".join(["abc"] * len(lines[0].split(",")))
     (tmp_path / "dirty.csv").write_text("\n".join(lines) + "\n")
     epochs = 20
-    done = _cli("run", "--data", str(tmp_path / "dirty.csv"), "--schema", str(tmp_path / "mass.json"), "--epochs",
-                str(epochs), "--out", str(tmp_path / "mass"))
+    done = _cli(
+        "run",
+        "--data",
+        str(tmp_path / "dirty.csv"),
+        "--schema",
+        str(tmp_path / "mass.json"),
+        "--epochs",
+        str(epochs),
+        "--out",
+        str(tmp_path / "mass"),
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads((tmp_path / "mass/report.json").read_text())
     assert report["algorithm"]["config"]["loss"] == "mean_squared_error"
@@ -122,12 +160,21 @@ def test_a_numeric_target_trains_and_reports_rmse(tmp_path: Path) -> None:
     assert status and all("prequential acc" not in line for line in status), status[:3]
     assert any("prequential rmse" in line for line in status), status[:3]
     trained_garbage = sum(not h for h in held_out(np.array(garbage, np.uint64), 0.1))
-    by_reason = report["rejected"]["by_reason"]  # the file's own two rows without a mass, and the words
-    assert by_reason == {"not_a_number:bill_length_mm": epochs * trained_garbage, "missing:body_mass_g": epochs * 2}
+    by_reason = report["rejected"][
+        "by_reason"
+    ]  # the file's own two rows without a mass, and the words
+    assert by_reason == {
+        "not_a_number:bill_length_mm": epochs * trained_garbage,
+        "missing:body_mass_g": epochs * 2,
+    }
     assert report["rejected_records"] == sum(by_reason.values()), report["rejected"]
-    assert any("rejected " in line and "%: not_a_number:bill_length_mm" in line for line in status), status[-3:]
+    assert any(
+        "rejected " in line and "%: not_a_number:bill_length_mm" in line for line in status
+    ), status[-3:]
     assert f"rejected {report['rejected_records']:,} (not_a_number:" in done.stdout.splitlines()[-2]
-    assert report["settings"]["dataset"] is None and report["settings"]["data"].endswith("dirty.csv")
+    assert report["settings"]["dataset"] is None and report["settings"]["data"].endswith(
+        "dirty.csv"
+    )
 
 
 def _produce(bootstrap: str, topic: str, values: list[bytes]) -> None:
@@ -136,12 +183,16 @@ def _produce(bootstrap: str, topic: str, values: list[bytes]) -> None:
 
     producer = Producer({"bootstrap.servers": bootstrap, "compression.type": "lz4", "linger.ms": 5})
     for i, value in enumerate(values):
-        producer.produce(topic, value=value, key=f"penguin-{i % 344}".encode())  # a penguin's key, every time
+        producer.produce(
+            topic, value=value, key=f"penguin-{i % 344}".encode()
+        )  # a penguin's key, every time
     assert producer.flush(30) == 0
 
 
 @pytest.mark.slow
-def test_topics_of_json_and_avro_records_written_by_confluent_kafka(broker, topic, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_topics_of_json_and_avro_records_written_by_confluent_kafka(
+    broker, topic, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
     """Proves: a topic fed by someone else trains by a schema (inferred from its first JSON
     records, or given with the Avro writer's schema); the held-out share of keys scores
     the model and is never trained; a bad record goes to dead letters naming its field."""
@@ -151,51 +202,112 @@ def test_topics_of_json_and_avro_records_written_by_confluent_kafka(broker, topi
 
     table = infer(sample_columns(PENGUINS), label="species")
     bad = b'{"island": "Dream", "bill_length_mm": "long", "species": "Adelie"}'  # a word where a number goes
-    copies = 8  # the same 344 penguins 8 times over, same keys: one pass of a topic is enough to learn
+    copies = (
+        8  # the same 344 penguins 8 times over, same keys: one pass of a topic is enough to learn
+    )
     _produce(broker.bootstrap, topic, encode_values(rows, table) * copies + [bad])
-    done = _cli("run", "--bootstrap", broker.bootstrap, "--topic", topic, "--format", "json", "--label", "species",
-                "--holdout", "0.2", "--max-batches", "1", "--out", str(tmp_path / "json"))
+    done = _cli(
+        "run",
+        "--bootstrap",
+        broker.bootstrap,
+        "--topic",
+        topic,
+        "--format",
+        "json",
+        "--label",
+        "species",
+        "--holdout",
+        "0.2",
+        "--max-batches",
+        "1",
+        "--out",
+        str(tmp_path / "json"),
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads((tmp_path / "json/report.json").read_text())
     held = re.search(r"held-out scores on (\d+) records", done.stderr)
-    assert held and int(held.group(1)) % copies == 0 and 40 <= int(held.group(1)) // copies <= 100, done.stderr[-2000:]
-    assert report["trained_records"] == copies * 344 - int(held.group(1)) and report["rejected_records"] == 1
+    assert (
+        held and int(held.group(1)) % copies == 0 and 40 <= int(held.group(1)) // copies <= 100
+    ), done.stderr[-2000:]
+    assert (
+        report["trained_records"] == copies * 344 - int(held.group(1))
+        and report["rejected_records"] == 1
+    )
     assert report["batches"][0]["rejected"] == {"not_a_number:bill_length_mm": 1}
     assert report["final"]["accuracy"] > 0.6 and "auc" not in report["final"]
     avro = table.with_format("avro")
     (tmp_path / "avro.json").write_text(avro.to_json())
     _produce(broker.bootstrap, topic + "-avro", encode_values(rows, avro))
-    done = _cli("run", "--bootstrap", broker.bootstrap, "--topic", topic + "-avro", "--schema",
-                str(tmp_path / "avro.json"), "--max-batches", "1", "--out", str(tmp_path / "avro"))
+    done = _cli(
+        "run",
+        "--bootstrap",
+        broker.bootstrap,
+        "--topic",
+        topic + "-avro",
+        "--schema",
+        str(tmp_path / "avro.json"),
+        "--max-batches",
+        "1",
+        "--out",
+        str(tmp_path / "avro"),
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads((tmp_path / "avro/report.json").read_text())
-    assert report["trained_records"] + report["rejected_records"] < 344 and report["rejected_records"] == 0
+    assert (
+        report["trained_records"] + report["rejected_records"] < 344
+        and report["rejected_records"] == 0
+    )
     # Issue 41, item 2: Confluent-framed records read by a schema file that says nothing of the
     # framing: every record rejected, so the run stops in one line naming the fix, having
     # printed no "first micro-batch trained" and no score (it was a zero-size traceback).
     _produce(broker.bootstrap, topic + "-framed", encode_values(rows, avro, schema_id=5) * 4)
     eval_rows = tmp_path / "eval.csv"
     eval_rows.write_text("\n".join(PENGUINS.read_text().splitlines()[::4]) + "\n")
-    done = _cli("run", "--bootstrap", broker.bootstrap, "--topic", topic + "-framed", "--schema",
-                str(tmp_path / "avro.json"), "--eval-data", str(eval_rows), "--max-batches", "3",
-                "--out", str(tmp_path / "framed"))
+    done = _cli(
+        "run",
+        "--bootstrap",
+        broker.bootstrap,
+        "--topic",
+        topic + "-framed",
+        "--schema",
+        str(tmp_path / "avro.json"),
+        "--eval-data",
+        str(eval_rows),
+        "--max-batches",
+        "3",
+        "--out",
+        str(tmp_path / "framed"),
+    )
     assert done.returncode == 2, done.stderr[-3000:]
     last = done.stderr.strip().splitlines()[-1]
-    assert last.startswith("streamtrain: error: Expected at most 10% of the records rejected") and \
-        'Hint: the records carry the Confluent wire format: add "wire": "confluent"' in last, last
+    assert (
+        last.startswith("streamtrain: error: Expected at most 10% of the records rejected")
+        and 'Hint: the records carry the Confluent wire format: add "wire": "confluent"' in last
+    ), last
     assert "Traceback" not in done.stderr and "first micro-batch trained" not in done.stdout
     assert "held-out" not in done.stdout.replace("held-out set", ""), done.stdout[-2000:]
 
 
 @pytest.mark.slow  # starts a run that must stop as soon as the model is described
 def test_a_model_that_does_not_fit_the_table_is_refused_in_one_line(tmp_path: Path) -> None:
-    done = _cli("run", "--data", str(PENGUINS), "--label", "species", "--model", f"{MODELS}:wrong_outputs",
-                "--out", str(tmp_path / "bad"))
+    done = _cli(
+        "run",
+        "--data",
+        str(PENGUINS),
+        "--label",
+        "species",
+        "--model",
+        f"{MODELS}:wrong_outputs",
+        "--out",
+        str(tmp_path / "bad"),
+    )
     assert done.returncode == 2, done.stderr[-3000:]
     last = done.stderr.strip().splitlines()[-1]
-    assert last == ("streamtrain: error: Expected a model with input [12] and 3 output unit(s) for penguins's 3 "
-                    "classes (12 encoded columns). Received: input [12] and 5 output unit(s). Change the model's "
-                    "Input or its last layer."), last
+    assert last == (
+        "streamtrain: error: Expected a model with input [12] and 3 output unit(s) for penguins's 3 "
+        "classes (12 encoded columns). Received: input [12] and 5 output unit(s). Change the model's "
+        "Input or its last layer."
+    ), last
     assert "Traceback" not in done.stderr and not (tmp_path / "bad").exists()
 
 
@@ -203,12 +315,28 @@ def test_a_model_that_does_not_fit_the_table_is_refused_in_one_line(tmp_path: Pa
 def test_the_users_compile_is_kept(tmp_path: Path) -> None:
     """A model compiled with SGD at learning rate 0 trains with exactly that: the start-up
     says so, the report records it, and the weights do not move."""
-    done = _cli("run", "--data", str(PENGUINS), "--label", "species", "--model", f"{MODELS}:compiled_frozen",
-                "--epochs", "3", "--out", str(tmp_path / "frozen"))
+    done = _cli(
+        "run",
+        "--data",
+        str(PENGUINS),
+        "--label",
+        "species",
+        "--model",
+        f"{MODELS}:compiled_frozen",
+        "--epochs",
+        "3",
+        "--out",
+        str(tmp_path / "frozen"),
+    )
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "training with the model's own compile: optimizer SGD, loss sparse_categorical_crossentropy" in done.stdout
+    assert (
+        "training with the model's own compile: optimizer SGD, loss sparse_categorical_crossentropy"
+        in done.stdout
+    )
     report = json.loads((tmp_path / "frozen/report.json").read_text())
     optimizer = report["algorithm"]["config"]["worker_optimizer"]
     assert optimizer["class_name"] == "SGD" and optimizer["config"]["learning_rate"] == 0.0
-    accuracies = {b["heldout"]["accuracy"] for b in report["batches"] if b.get("heldout")} | {report["final"]["accuracy"]}
+    accuracies = {b["heldout"]["accuracy"] for b in report["batches"] if b.get("heldout")} | {
+        report["final"]["accuracy"]
+    }
     assert len(accuracies) == 1, accuracies

@@ -24,7 +24,9 @@ ROOT = Path(__file__).resolve().parents[2]
 def _quickstart_run() -> list[str]:
     """The arguments the quickstart gives `streamtrain run`, after it installs into .venv."""
     install, tests = docblocks.commands(docblocks.run_block("README.md", __file__))
-    assert tests == "bash tests/run.sh" and tests in (ROOT / ".ci" / "run").read_text()  # CI runs exactly this
+    assert (
+        tests == "bash tests/run.sh" and tests in (ROOT / ".ci" / "run").read_text()
+    )  # CI runs exactly this
     *steps, run = install.split(" && ")
     assert steps == ["python3 -m venv .venv", ".venv/bin/pip install -e ."], steps
     argv = shlex.split(run)
@@ -44,10 +46,18 @@ def test_streamtrain_run_on_its_embedded_default(tmp_path: Path) -> None:
     cache = tmp_path / "cache"
     cache.mkdir()
     (cache / "mnist.npz").symlink_to(datasets.mnist.fetch())
-    done = subprocess.run([sys.executable, "-m", "pipeline", "run", *args], capture_output=True, text=True, timeout=900,
-                          cwd=tmp_path, env={**os.environ, "STREAMTRAIN_CACHE_DIR": str(cache)})
+    done = subprocess.run(
+        [sys.executable, "-m", "pipeline", "run", *args],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=tmp_path,
+        env={**os.environ, "STREAMTRAIN_CACHE_DIR": str(cache)},
+    )
     assert done.returncode == 0, done.stderr[-3000:]
-    accuracy = float(re.search(r"held-out accuracy (\d\.\d+)", done.stdout.splitlines()[-2]).group(1))  # type: ignore[union-attr]
+    accuracy = float(
+        re.search(r"held-out accuracy (\d\.\d+)", done.stdout.splitlines()[-2]).group(1)
+    )  # type: ignore[union-attr]
     assert accuracy > 0.95  # one pass of MNIST through dist-keras's CNN
     [path] = list((tmp_path / "runs").glob("mnist-*/report.json"))
     report = json.loads(path.read_text())
@@ -67,8 +77,17 @@ def test_streamtrain_run_on_its_embedded_default(tmp_path: Path) -> None:
     assert not any(b.get("held_out") or b.get("drifts") for b in batches)
     assert "held-out accuracy" in done.stdout and f"batch {len(batches) - 1:4d} |" in done.stdout
     # Start-up shows its progress on the live display, in order, before the first batch's line.
-    steps = [line.split(": ", 1)[1] for line in done.stdout.splitlines() if line.startswith("start-up ")]
-    assert [s.split(" ")[0] for s in steps] == ["mnist", "Kafka", "Spark", "model", "workers", "first"], steps
+    steps = [
+        line.split(": ", 1)[1] for line in done.stdout.splitlines() if line.startswith("start-up ")
+    ]
+    assert [s.split(" ")[0] for s in steps] == [
+        "mnist",
+        "Kafka",
+        "Spark",
+        "model",
+        "workers",
+        "first",
+    ], steps
     assert done.stdout.index("first micro-batch") < done.stdout.index("batch    0 |")
     # In local mode every partition's worker exchanged through shared memory, one
     # connection per partition and batch, and the server refused nothing.
@@ -77,6 +96,9 @@ def test_streamtrain_run_on_its_embedded_default(tmp_path: Path) -> None:
     assert report["parameter_server"]["shared_memory"] == len(tasks), report["parameter_server"]
     assert report["parameter_server"]["refused"] == {}
     # Spark's warnings that a clean run has nothing to act on are kept quiet.
-    assert "ResolveWriteToStream" not in done.stderr and "Failed to cancel job group" not in done.stderr
+    assert (
+        "ResolveWriteToStream" not in done.stderr
+        and "Failed to cancel job group" not in done.stderr
+    )
     # The classes the JVM loaded went to the background build of the archive for later runs.
     assert list((cache / "jvm").glob("*.log")), sorted(p.name for p in (cache / "jvm").iterdir())

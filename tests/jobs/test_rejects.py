@@ -32,17 +32,29 @@ class _Replay:
 def _rejected(run: Run, reason: str) -> float:
     for metric in run.metrics.meters.registry.collect():
         for s in metric.samples:
-            if s.name == "streamtrain_stream_records_rejected_total" and s.labels.get("reason") == reason:
+            if (
+                s.name == "streamtrain_stream_records_rejected_total"
+                and s.labels.get("reason") == reason
+            ):
                 return float(s.value)
     return 0.0
 
 
 @pytest.mark.parametrize("limit, stops", [(None, True), (0.5, False)])
-def test_the_replays_rows_set_aside_are_counted_and_stop_the_run_past_the_limit(tmp_path: Path, limit: float | None,
-                                                                               stops: bool) -> None:
-    run = Run(RunConfig(data=str(PENGUINS), label="species", out=str(tmp_path / "r"), max_rejected=limit))
-    run.replay = _Replay(MalformedSoFar(1000, 400, {"not_a_number:bill_length_mm": 400},  # type: ignore[assignment]
-                                        [(7, "not_a_number:bill_length_mm")]))
+def test_the_replays_rows_set_aside_are_counted_and_stop_the_run_past_the_limit(
+    tmp_path: Path, limit: float | None, stops: bool
+) -> None:
+    run = Run(
+        RunConfig(data=str(PENGUINS), label="species", out=str(tmp_path / "r"), max_rejected=limit)
+    )
+    run.replay = _Replay(
+        MalformedSoFar(
+            1000,
+            400,
+            {"not_a_number:bill_length_mm": 400},  # type: ignore[assignment]
+            [(7, "not_a_number:bill_length_mm")],
+        )
+    )
     run.display.rejects.add_stream({}, trained=600)
     assert run._until() is stops
     assert _rejected(run, "not_a_number:bill_length_mm") == 400  # on /metrics as it happens
@@ -52,7 +64,8 @@ def test_the_replays_rows_set_aside_are_counted_and_stop_the_run_past_the_limit(
         assert str(run._failure) == (
             "Expected at most 10% of the records rejected (--max-rejected 0.1). Received: 400 of 1,000 "
             "(not_a_number:bill_length_mm 400; line 7: not_a_number:bill_length_mm). Fix the data or the schema, "
-            "or raise --max-rejected.")
+            "or raise --max-rejected."
+        )
     run._until()  # the same tally again counts nothing twice
     assert _rejected(run, "not_a_number:bill_length_mm") == 400
 

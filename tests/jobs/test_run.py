@@ -23,9 +23,17 @@ from producers import Replay, datasets
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _cli(*args: str, timeout: float = 400, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "pipeline", *args], capture_output=True, text=True, timeout=timeout,
-                          cwd=ROOT, env=None if env is None else {**os.environ, **env})
+def _cli(
+    *args: str, timeout: float = 400, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "pipeline", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+        env=None if env is None else {**os.environ, **env},
+    )
 
 
 def _ledger_total(ledger: list[list]) -> int:  # type: ignore[type-arg]
@@ -40,8 +48,12 @@ BOUNDARIES = (("batch", 2, 1), ("saved", 5, 5), ("committed", 8, 8))
 
 
 @pytest.mark.slow
-def test_a_driver_killed_at_each_boundary_of_a_batch_resumes_every_record_once(broker, topic, tmp_path,  # type: ignore[no-untyped-def]
-                                                                               data_dir) -> None:
+def test_a_driver_killed_at_each_boundary_of_a_batch_resumes_every_record_once(
+    broker,
+    topic,
+    tmp_path,  # type: ignore[no-untyped-def]
+    data_dir,
+) -> None:
     """Proves: SIGKILL of the driver inside a batch before its state is saved ("batch"),
     after the save and before Spark's commit ("saved"), and after the commit ("committed"),
     each followed by --resume (one run killed three times, so that the replays chain):
@@ -51,12 +63,30 @@ def test_a_driver_killed_at_each_boundary_of_a_batch_resumes_every_record_once(b
     starts with and why, and removes the temporary files the kill left. Then a Spark
     checkpoint reset beside the state is refused with one line instead of skipping batches it
     never ran."""
-    produced = Replay(datasets.get("higgs", data_dir=data_dir), bootstrap=broker.bootstrap, topic=topic,
-                      partitions=2).run().records_sent
+    produced = (
+        Replay(
+            datasets.get("higgs", data_dir=data_dir),
+            bootstrap=broker.bootstrap,
+            topic=topic,
+            partitions=2,
+        )
+        .run()
+        .records_sent
+    )
     out = tmp_path / "run"
     # 500 records a batch: 14 batches, so the last fault (after batch 8) falls mid-stream.
-    common = ["--dataset", "higgs", "--bootstrap", broker.bootstrap, "--topic", topic,
-              "--max-offsets-per-trigger", "500", "--eval-every", "100"]
+    common = [
+        "--dataset",
+        "higgs",
+        "--bootstrap",
+        broker.bootstrap,
+        "--topic",
+        topic,
+        "--max-offsets-per-trigger",
+        "500",
+        "--eval-every",
+        "100",
+    ]
     folder = ["--out", str(out)]  # the first run's; each resumed run names it with --resume
     previous_skip = None  # the batch the run before was killed after saving, if any
     killed_at = None
@@ -64,17 +94,27 @@ def test_a_driver_killed_at_each_boundary_of_a_batch_resumes_every_record_once(b
     temp = Path(tempfile.mkdtemp(prefix="st-kill-"))
     said = ""  # what Spark starts with, as the next run should say it
     for point, batch, saved in BOUNDARIES:
-        killed = _cli("run", *common, *folder, env={"STREAMTRAIN_FAULT": f"{point}:{batch}", "TMPDIR": str(temp)})
+        killed = _cli(
+            "run",
+            *common,
+            *folder,
+            env={"STREAMTRAIN_FAULT": f"{point}:{batch}", "TMPDIR": str(temp)},
+        )
         assert killed.returncode == -signal.SIGKILL, (point, killed.stderr[-3000:])
         assert f"fault injection: killed at {point}:{batch}" in killed.stdout
         assert said in killed.stdout, (said, killed.stdout[:600])
-        assert len(list(temp.glob("streamtrain-*/run-*"))) == 1  # its own, left by the kill; the one before is gone
+        assert (
+            len(list(temp.glob("streamtrain-*/run-*"))) == 1
+        )  # its own, left by the kill; the one before is gone
         # Killed inside a batch, Spark runs it with the offsets it planned; after its save, Spark
         # replays it and the checkpoint skips it; after Spark's commit (the next batch planned,
         # not begun), Spark runs the next.
-        said = {"batch": f"Spark runs batch {batch} with the offsets it had planned before the stop",
-                "saved": f"Spark replays batch {batch}, which it had not committed: the checkpoint holds it, so it is "
-                         "skipped", "committed": f"Spark runs batch {batch + 1} with the offsets it had planned before the stop"}[point]
+        said = {
+            "batch": f"Spark runs batch {batch} with the offsets it had planned before the stop",
+            "saved": f"Spark replays batch {batch}, which it had not committed: the checkpoint holds it, so it is "
+            "skipped",
+            "committed": f"Spark runs batch {batch + 1} with the offsets it had planned before the stop",
+        }[point]
         skipped = re.findall(r"batch (\d+) was applied before a restart: skipped", killed.stderr)
         assert skipped == ([] if previous_skip is None else [str(previous_skip)]), (point, skipped)
         previous_skip = batch if point == "saved" else None
@@ -104,7 +144,10 @@ def test_a_driver_killed_at_each_boundary_of_a_batch_resumes_every_record_once(b
     assert report["trained_records"] == produced
     assert report["trained_this_session"] == produced - killed_at.extra["trained"]
     # The default HIGGS model, as the workers saved it at the end.
-    assert keras_model_params(out / "model.keras") == 28 * 300 + 300 + 2 * (300 * 300 + 300) + 300 * 2 + 2
+    assert (
+        keras_model_params(out / "model.keras")
+        == 28 * 300 + 300 + 2 * (300 * 300 + 300) + 300 * 2 + 2
+    )
 
     shutil.rmtree(out / "spark-checkpoint")  # Spark would start over at batch 0
     again = _cli("run", *common, *folder, "--timeout", "25")
@@ -118,12 +161,16 @@ def test_a_user_model_file_trains_and_the_driver_never_imports_tensorflow(tmp_pa
     # TensorFlow costs a process half a gigabyte: the model is described in a child
     # process, and scored and saved on the workers. Four workers on a machine with fewer
     # cores: each still gets a task slot of its own.
-    script = ("import sys; from pipeline.jobs.online import Run, RunConfig; "
-              "r = Run(RunConfig(dataset='higgs', model='tests/jobs/user_model.py:build', workers=4, max_batches=2, "
-              f"max_offsets_per_trigger=3500, eval_every=1, out={str(tmp_path / 'run')!r})).execute(); "
-              "print('heldout', r.batches[-1].heldout['accuracy'], 'final', r.final['accuracy']); "
-              "print('tensorflow loaded:', 'tensorflow' in sys.modules, 'keras loaded:', 'keras' in sys.modules)")
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    script = (
+        "import sys; from pipeline.jobs.online import Run, RunConfig; "
+        "r = Run(RunConfig(dataset='higgs', model='tests/jobs/user_model.py:build', workers=4, max_batches=2, "
+        f"max_offsets_per_trigger=3500, eval_every=1, out={str(tmp_path / 'run')!r})).execute(); "
+        "print('heldout', r.batches[-1].heldout['accuracy'], 'final', r.final['accuracy']); "
+        "print('tensorflow loaded:', 'tensorflow' in sys.modules, 'keras loaded:', 'keras' in sys.modules)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=ROOT
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "tensorflow loaded: False keras loaded: False" in done.stdout
     # The held-out score after the last batch (one Spark job) is the final one (another).
@@ -141,19 +188,30 @@ def keras_model_params(path: Path) -> int:
     return int(keras.models.load_model(path).count_params())
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--model", "tests/jobs/user_model.py:nope"], "has no function 'nope'"),
-    (["--model", "tests/jobs/user_model.py:not_a_model"], "returned int, not a Keras model"),
-    (["--model", "tests/jobs/user_model.py:broken"], "Building the model failed (ValueError: no layer called Dense3000)"),
-    (["--model", "missing.keras"], "Expected a Keras model file at missing.keras"),
-    (["--model", "tests/jobs/user_model.py"], "Expected --model FILE.py:BUILD_FN or FILE.keras"),
-    (["--algorithm", "sgd9000"], "Unknown algorithm 'sgd9000'"),
-    (["--workers", "0"], "Expected --workers >= 1"),
-    (["--ps-shards", "0"], "Expected --ps-shards >= 1"),
-    (["--drift", "warmpu=1"], "Expected --drift KEY=VALUE pairs, KEY one of adapt_lr_scale"),
-    (["--bootstrap", "127.0.0.1:1"], "Cannot reach Kafka at 127.0.0.1:1"),
-])
-def test_bad_options_fail_fast_with_one_clear_line(args: list[str], message: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--model", "tests/jobs/user_model.py:nope"], "has no function 'nope'"),
+        (["--model", "tests/jobs/user_model.py:not_a_model"], "returned int, not a Keras model"),
+        (
+            ["--model", "tests/jobs/user_model.py:broken"],
+            "Building the model failed (ValueError: no layer called Dense3000)",
+        ),
+        (["--model", "missing.keras"], "Expected a Keras model file at missing.keras"),
+        (
+            ["--model", "tests/jobs/user_model.py"],
+            "Expected --model FILE.py:BUILD_FN or FILE.keras",
+        ),
+        (["--algorithm", "sgd9000"], "Unknown algorithm 'sgd9000'"),
+        (["--workers", "0"], "Expected --workers >= 1"),
+        (["--ps-shards", "0"], "Expected --ps-shards >= 1"),
+        (["--drift", "warmpu=1"], "Expected --drift KEY=VALUE pairs, KEY one of adapt_lr_scale"),
+        (["--bootstrap", "127.0.0.1:1"], "Cannot reach Kafka at 127.0.0.1:1"),
+    ],
+)
+def test_bad_options_fail_fast_with_one_clear_line(
+    args: list[str], message: str, tmp_path: Path
+) -> None:
     started = time.monotonic()
     done = _cli("run", "--dataset", "higgs", "--out", str(tmp_path / "run"), *args, timeout=120)
     assert done.returncode == 2, done.stderr[-2000:]
@@ -165,7 +223,9 @@ def test_bad_options_fail_fast_with_one_clear_line(args: list[str], message: str
     # no output folder is left behind.
     assert not (tmp_path / "run").exists()
     if "returned int" not in message and "Building the model failed" not in message:
-        assert "embedded Kafka at" not in done.stderr and "metrics at" not in done.stderr, done.stderr[-2000:]
+        assert "embedded Kafka at" not in done.stderr and "metrics at" not in done.stderr, (
+            done.stderr[-2000:]
+        )
 
 
 def test_a_finished_run_is_not_overwritten(tmp_path: Path) -> None:
@@ -219,16 +279,34 @@ def test_a_driver_killed_outright_leaves_no_replay_or_model_server(tmp_path: Pat
     and its model server: each asked the kernel to stop it when its parent dies."""
     log = tmp_path / "run.log"
     with open(log, "w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "pipeline", "run", "--dataset", "higgs", "--rate", "200",
-                                 "--serve-port", "0", "--out", str(tmp_path / "run")], cwd=ROOT, stdout=out,
-                                stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "pipeline",
+                "run",
+                "--dataset",
+                "higgs",
+                "--rate",
+                "200",
+                "--serve-port",
+                "0",
+                "--out",
+                str(tmp_path / "run"),
+            ],
+            cwd=ROOT,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     try:
         deadline = time.monotonic() + 300
         while "serving predictions at" not in log.read_text():
             assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
             time.sleep(0.2)
         spawned = [pid for pid in _children(proc.pid) if "multiprocessing" in _cmdline(pid)]
-        assert len(spawned) >= 2, [_cmdline(p) for p in _children(proc.pid)]  # the replay and the model server
+        assert len(spawned) >= 2, [
+            _cmdline(p) for p in _children(proc.pid)
+        ]  # the replay and the model server
     finally:
         proc.kill()
         proc.wait()
@@ -252,24 +330,48 @@ def _shard_processes() -> list[int]:
 
 
 @pytest.mark.slow  # two short runs
-def test_a_run_on_two_parameter_server_shards_resumes_on_one(broker, topic, tmp_path, data_dir) -> None:  # type: ignore[no-untyped-def]
+def test_a_run_on_two_parameter_server_shards_resumes_on_one(
+    broker, topic, tmp_path, data_dir
+) -> None:  # type: ignore[no-untyped-def]
     """Proves: `streamtrain run --ps-shards 2` trains through two shard processes (each
     batch's checkpoint one cut of both, every task's count agreed by both), and its
     checkpoint resumes on one server (--ps-shards may change between sessions): Adam's
     state goes on (a step per clock tick), every record is trained once, and no shard
     process outlives the run."""
-    produced = Replay(datasets.get("higgs", data_dir=data_dir), bootstrap=broker.bootstrap, topic=topic,
-                      partitions=2).run().records_sent
+    produced = (
+        Replay(
+            datasets.get("higgs", data_dir=data_dir),
+            bootstrap=broker.bootstrap,
+            topic=topic,
+            partitions=2,
+        )
+        .run()
+        .records_sent
+    )
     out = tmp_path / "run"
-    common = ["--dataset", "higgs", "--bootstrap", broker.bootstrap, "--topic", topic,
-              "--max-offsets-per-trigger", "1000", "--eval-every", "100"]
+    common = [
+        "--dataset",
+        "higgs",
+        "--bootstrap",
+        broker.bootstrap,
+        "--topic",
+        topic,
+        "--max-offsets-per-trigger",
+        "1000",
+        "--eval-every",
+        "100",
+    ]
     first = _cli("run", *common, "--out", str(out), "--ps-shards", "2", "--max-batches", "3")
     assert first.returncode == 0, first.stderr[-3000:]
     report = json.loads((out / "report.json").read_text())
     assert report["parameter_server"]["shards"] == 2 and report["trained_records"] == 3000
     assert json.loads((out / "run.json").read_text())["settings"]["ps_shards"] == 2
     saved = checkpoint.load(out)
-    assert saved is not None and saved.last_batch_id >= 2 and int(saved.optimizer["iterations"]) == saved.clock > 0
+    assert (
+        saved is not None
+        and saved.last_batch_id >= 2
+        and int(saved.optimizer["iterations"]) == saved.clock > 0
+    )
     assert saved.optimizer["m"].size == saved.weights.size  # the shards' slices joined
 
     done = _cli("run", *common, "--resume", str(out), "--ps-shards", "1", "--timeout", "30")

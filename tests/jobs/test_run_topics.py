@@ -17,8 +17,13 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "pipeline", *args], capture_output=True, text=True, timeout=400,
-                          cwd=ROOT)
+    return subprocess.run(
+        [sys.executable, "-m", "pipeline", *args],
+        capture_output=True,
+        text=True,
+        timeout=400,
+        cwd=ROOT,
+    )
 
 
 @pytest.mark.slow
@@ -26,12 +31,26 @@ def test_a_topic_that_cannot_be_read_is_an_error_not_an_outage(broker, topic, tm
     """One line naming topic, partition, offset and cause, exit status 2, no checkpoint:
     not 'Kafka unavailable', and not a clean stop with nothing trained."""
     _unreadable_topic(broker.bootstrap, topic)
-    done = _cli("run", "--dataset", "higgs", "--bootstrap", broker.bootstrap, "--topic", topic,
-                "--out", str(tmp_path / "run"), "--timeout", "120", "--eval-every", "100")
+    done = _cli(
+        "run",
+        "--dataset",
+        "higgs",
+        "--bootstrap",
+        broker.bootstrap,
+        "--topic",
+        topic,
+        "--out",
+        str(tmp_path / "run"),
+        "--timeout",
+        "120",
+        "--eval-every",
+        "100",
+    )
     assert done.returncode == 2, done.stderr[-3000:]
     last = done.stderr.strip().splitlines()[-1]
-    assert last.startswith(f"streamtrain: error: Cannot read {topic}-0 at offset 3: Cannot inflate a zstd batch: corrupt data"), (
-        done.stderr[-3000:])
+    assert last.startswith(
+        f"streamtrain: error: Cannot read {topic}-0 at offset 3: Cannot inflate a zstd batch: corrupt data"
+    ), done.stderr[-3000:]
     assert "unavailable" not in done.stderr
     assert not (tmp_path / "run" / "report.json").exists()
 
@@ -40,7 +59,8 @@ def test_a_bad_isolation_level_is_one_line(tmp_path) -> None:  # type: ignore[no
     done = _cli("run", "--isolation-level", "read_some", "--out", str(tmp_path / "run"))
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [
-        "streamtrain: error: Expected --isolation-level read_committed or read_uncommitted. Received: 'read_some'"]
+        "streamtrain: error: Expected --isolation-level read_committed or read_uncommitted. Received: 'read_some'"
+    ]
 
 
 @pytest.mark.slow  # two short runs
@@ -52,14 +72,31 @@ def test_two_runs_on_one_kafka_each_train_their_own_records(broker, tmp_path) ->
 
     reports = []
     for name in ("first", "second"):
-        done = _cli("run", "--dataset", "higgs", "--bootstrap", broker.bootstrap, "--max-offsets-per-trigger", "2000",
-                    "--eval-every", "100", "--out", str(tmp_path / name), "--timeout", "200")
+        done = _cli(
+            "run",
+            "--dataset",
+            "higgs",
+            "--bootstrap",
+            broker.bootstrap,
+            "--max-offsets-per-trigger",
+            "2000",
+            "--eval-every",
+            "100",
+            "--out",
+            str(tmp_path / name),
+            "--timeout",
+            "200",
+        )
         assert done.returncode == 0, done.stderr[-3000:]
         reports.append(json.loads((tmp_path / name / "report.json").read_text()))
     first, second = reports
-    assert first["topic"] != second["topic"] and all(r["topic"].startswith("streamtrain-higgs-") for r in reports)
+    assert first["topic"] != second["topic"] and all(
+        r["topic"].startswith("streamtrain-higgs-") for r in reports
+    )
     for r in reports:
-        assert r["trained_records"] == 7_000 and r["stopped_because"] == "all produced records trained", r
+        assert (
+            r["trained_records"] == 7_000 and r["stopped_because"] == "all produced records trained"
+        ), r
     again = _cli("run", "--resume", str(tmp_path / "second"), "--timeout", "15")
     assert again.returncode == 0, again.stderr[-3000:]
     assert json.loads((tmp_path / "second" / "report.json").read_text())["topic"] == second["topic"]

@@ -36,28 +36,58 @@ def _wait_for(path: Path, text: str, proc: subprocess.Popen[str], timeout_s: flo
 
 @pytest.mark.slow  # a run stopped after two batches, and (SIGTERM) its resume
 @pytest.mark.parametrize("how", ["SIGTERM", "Ctrl-C"])
-def test_a_stopped_run_leaves_its_report_and_model_and_resumes(how: str, broker, topic, tmp_path: Path,  # type: ignore[no-untyped-def]
-                                                               data_dir: Path) -> None:
+def test_a_stopped_run_leaves_its_report_and_model_and_resumes(
+    how: str,
+    broker,
+    topic,
+    tmp_path: Path,  # type: ignore[no-untyped-def]
+    data_dir: Path,
+) -> None:
     """Proves: the signal stops the run after the batch in flight, within a bound, exit 0,
     no traceback; report.json (saying why it stopped), report.png and model.keras are
     written and the report's count is the checkpoint's; the broker, a child of the run,
     outlived a terminal's Ctrl-C to the group until the run stopped it; no temporary file is
     left. After SIGTERM, --resume trains the rest, every record once, and from its start
     shows the run's totals and last score, serves the checkpoint, and says it truthfully."""
-    produced = Replay(datasets.get("higgs", data_dir=data_dir), bootstrap=broker.bootstrap, topic=topic,
-                      partitions=2).run().records_sent
+    produced = (
+        Replay(
+            datasets.get("higgs", data_dir=data_dir),
+            bootstrap=broker.bootstrap,
+            topic=topic,
+            partitions=2,
+        )
+        .run()
+        .records_sent
+    )
     out = tmp_path / "run"
     # A temp folder of the runs' own (short: the zygote's socket lives in it): every file they
     # and their processes make there (TensorFlow's traced functions too) is gone when they end.
     temp = Path(tempfile.mkdtemp(prefix="st-stop-"))
     env = {**os.environ, "TMPDIR": str(temp)}
-    common = ["--dataset", "higgs", "--bootstrap", broker.bootstrap, "--topic", topic,
-              "--max-offsets-per-trigger", "500", "--eval-every", "100"]
+    common = [
+        "--dataset",
+        "higgs",
+        "--bootstrap",
+        broker.bootstrap,
+        "--topic",
+        topic,
+        "--max-offsets-per-trigger",
+        "500",
+        "--eval-every",
+        "100",
+    ]
     stdout, stderr = tmp_path / "stdout", tmp_path / "stderr"
     with stdout.open("w") as o, stderr.open("w") as e:
         # Its own session: a Ctrl-C reaches a terminal's whole foreground group, as here.
-        proc = subprocess.Popen([sys.executable, "-m", "pipeline", "run", *common, "--out", str(out)], cwd=ROOT,
-                                stdout=o, stderr=e, text=True, start_new_session=True, env=env)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "pipeline", "run", *common, "--out", str(out)],
+            cwd=ROOT,
+            stdout=o,
+            stderr=e,
+            text=True,
+            start_new_session=True,
+            env=env,
+        )
     try:
         _wait_for(stdout, "batch    1 |", proc)
         stopped_at = time.monotonic()
@@ -75,7 +105,9 @@ def test_a_stopped_run_leaves_its_report_and_model_and_resumes(how: str, broker,
     assert took < 60, took
     name = "SIGTERM" if how == "SIGTERM" else "SIGINT"
     report = json.loads((out / "report.json").read_text())
-    assert report["stopped_because"].startswith(f"{name}: stopped after the batch in flight"), report["stopped_because"]
+    assert report["stopped_because"].startswith(f"{name}: stopped after the batch in flight"), (
+        report["stopped_because"]
+    )
     assert (out / "model.keras").stat().st_size > 0 and (out / "report.png").stat().st_size > 0
     state = checkpoint.load(out)
     assert state is not None and 0 < report["trained_records"] == state.extra["trained"] < produced
@@ -89,9 +121,26 @@ def test_a_stopped_run_leaves_its_report_and_model_and_resumes(how: str, broker,
     metrics_port, serve_port = free_port(), free_port()
     with stdout.open("w") as o:
         resumed = subprocess.Popen(
-            [sys.executable, "-m", "pipeline", "run", "--resume", str(out), "--timeout", "20",
-             "--metrics-port", str(metrics_port), "--serve-port", str(serve_port)],
-            cwd=ROOT, stdout=o, stderr=subprocess.PIPE, text=True, env=env)
+            [
+                sys.executable,
+                "-m",
+                "pipeline",
+                "run",
+                "--resume",
+                str(out),
+                "--timeout",
+                "20",
+                "--metrics-port",
+                str(metrics_port),
+                "--serve-port",
+                str(serve_port),
+            ],
+            cwd=ROOT,
+            stdout=o,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
     try:
         first_scrape = _poll(lambda: _get(f"http://127.0.0.1:{metrics_port}/metrics"), resumed)
         answered = _poll(lambda: _predict(serve_port), resumed)
@@ -104,14 +153,18 @@ def test_a_stopped_run_leaves_its_report_and_model_and_resumes(how: str, broker,
     assert resumed.returncode == 0, err[-3000:]
     assert _sample(first_scrape, "streamtrain_train_records_total") == state.extra["trained"]
     assert _sample(first_scrape, "streamtrain_stream_batches_total") == state.last_batch_id + 1
-    assert _sample(first_scrape, "streamtrain_eval_heldout_accuracy") == pytest.approx(report["final"]["accuracy"])
+    assert _sample(first_scrape, "streamtrain_eval_heldout_accuracy") == pytest.approx(
+        report["final"]["accuracy"]
+    )
     # Served during the start-up, with the checkpoint's version (from the checkpoint, or from a
     # parameter server already up on a slow machine: tests/serve/test_process.py tells them apart).
     assert before_first_batch and answered[0] == state.clock, (before_first_batch, answered)
     lines = stdout.read_text()
     # A clean stop leaves no batch saved and uncommitted: Spark starts the next one, planned or not.
-    starts = (f"Spark starts with batch {state.last_batch_id + 1})",
-              f"Spark runs batch {state.last_batch_id + 1} with the offsets it had planned before the stop)")
+    starts = (
+        f"Spark starts with batch {state.last_batch_id + 1})",
+        f"Spark runs batch {state.last_batch_id + 1} with the offsets it had planned before the stop)",
+    )
     assert any(s in lines for s in starts) and "replays" not in lines, lines[:600]
     final = checkpoint.load(out)
     assert final is not None
@@ -119,8 +172,10 @@ def test_a_stopped_run_leaves_its_report_and_model_and_resumes(how: str, broker,
     assert sum(ends.values()) == produced == final.extra["trained"]
     # The closing line: this session's records over this session's time, and the run's total beside them.
     session = json.loads((out / "report.json").read_text())
-    assert (f"trained {session['trained_this_session']:,} records in {session['train_seconds']:.1f} s"
-            f" ({session['records_per_s']:.0f}/s" in lines), lines[-600:]
+    assert (
+        f"trained {session['trained_this_session']:,} records in {session['train_seconds']:.1f} s"
+        f" ({session['records_per_s']:.0f}/s" in lines
+    ), lines[-600:]
     assert f", {produced:,} in the whole run;" in lines, lines[-600:]
     assert _litter(temp) == [], _litter(temp)
     shutil.rmtree(temp)
@@ -128,7 +183,9 @@ def test_a_stopped_run_leaves_its_report_and_model_and_resumes(how: str, broker,
 
 def _litter(temp: Path) -> list[str]:
     """What runs left in ``temp``: anything but their (empty) per-user folder."""
-    return sorted(str(p.relative_to(temp)) for p in temp.rglob("*") if p.name != f"streamtrain-{os.getuid()}")
+    return sorted(
+        str(p.relative_to(temp)) for p in temp.rglob("*") if p.name != f"streamtrain-{os.getuid()}"
+    )
 
 
 def _poll(ask, proc: subprocess.Popen[str], timeout_s: float = 180):  # type: ignore[no-untyped-def]
@@ -151,15 +208,21 @@ def _get(url: str) -> str:
 def _predict(port: int) -> tuple[int, float]:
     """The served weights' version and age, from a prediction's headers."""
     body = json.dumps({"instances": [[0.5] * 28]}).encode()
-    request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/models/higgs:predict", data=body,
-                                     headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/v1/models/higgs:predict",
+        data=body,
+        headers={"Content-Type": "application/json"},
+    )
     with urllib.request.urlopen(request, timeout=5) as r:
         return int(r.headers["X-Model-Version"]), float(r.headers["X-Weights-Age-Seconds"])
 
 
 def _sample(text: str, name: str) -> float:
     """The value of ``name`` (summed over its labels) in a /metrics page."""
-    values = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-              if line.startswith(name) and line[len(name)] in " {"]
+    values = [
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith(name) and line[len(name)] in " {"
+    ]
     assert values, f"no {name} in the first scrape"
     return sum(values)

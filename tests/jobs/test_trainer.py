@@ -25,12 +25,22 @@ def test_functional_and_subclassed_models_train(higgs) -> None:  # type: ignore[
 
     train, test = higgs
     inputs = keras.Input((28,))
-    functional = keras.Model(inputs, keras.layers.Dense(2, activation="softmax")(keras.layers.Dense(32, activation="relu")(inputs)))
+    functional = keras.Model(
+        inputs,
+        keras.layers.Dense(2, activation="softmax")(
+            keras.layers.Dense(32, activation="relu")(inputs)
+        ),
+    )
 
     subclassed = custom_model.Tiny()
     subclassed(np.zeros((1, 28), np.float32))
+
     def loss(net) -> float:  # type: ignore[no-untyped-def]
-        return float(keras.losses.sparse_categorical_crossentropy(train.y, net.predict(train.x, verbose=0)).numpy().mean())
+        return float(
+            keras.losses.sparse_categorical_crossentropy(train.y, net.predict(train.x, verbose=0))
+            .numpy()
+            .mean()
+        )
 
     for net in (functional, subclassed):
         before = loss(net)
@@ -45,8 +55,12 @@ def test_spark_dataframe_with_two_workers(spark, higgs) -> None:  # type: ignore
     import pandas as pd
 
     train, test = higgs
-    df = spark.createDataFrame(pd.DataFrame({"features": list(train.x), "label": train.y.astype(int)}))
-    t = Trainer(models.higgs_mlp(), algorithm="adag", num_workers=2, batch_size=64, num_epoch=3, seed=0)
+    df = spark.createDataFrame(
+        pd.DataFrame({"features": list(train.x), "label": train.y.astype(int)})
+    )
+    t = Trainer(
+        models.higgs_mlp(), algorithm="adag", num_workers=2, batch_size=64, num_epoch=3, seed=0
+    )
     trained = t.train(df)
     assert sorted(r.worker for r in t.results) == [0, 1]
     assert sum(r.records for r in t.results) == 3 * len(train.y)
@@ -74,9 +88,13 @@ def test_dist_keras_mnist_cnn_reaches_95_percent_with_two_workers(mnist) -> None
     train, test = mnist.load("train"), mnist.load("test")
     net = models.mnist_cnn()
     assert net.count_params() == 1_048_853
-    t = Trainer(net, algorithm="downpour", num_workers=2, batch_size=128, communication_window=5, seed=0)
+    t = Trainer(
+        net, algorithm="downpour", num_workers=2, batch_size=128, communication_window=5, seed=0
+    )
     trained = t.train(codec.MNIST.to_model_input(train.x), train.y)
-    accuracy = float((trained.predict(codec.MNIST.to_model_input(test.x), verbose=0).argmax(1) == test.y).mean())
+    accuracy = float(
+        (trained.predict(codec.MNIST.to_model_input(test.x), verbose=0).argmax(1) == test.y).mean()
+    )
     assert accuracy > 0.95, accuracy
 
 
@@ -89,5 +107,7 @@ def test_non_finite_features_are_refused_before_training() -> None:
     trainer = Trainer(model, num_workers=1)
     assert trainer.algorithm.name == "sync"
     x = np.array([[1.0, 2.0], [np.nan, 0.0]], np.float32)
-    with pytest.raises(ConfigError, match="Expected finite features. Received 1 NaN or infinite value"):
+    with pytest.raises(
+        ConfigError, match="Expected finite features. Received 1 NaN or infinite value"
+    ):
         trainer.train(x, np.array([0, 1]))

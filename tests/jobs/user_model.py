@@ -4,8 +4,13 @@ import keras
 
 
 def build() -> keras.Model:
-    return keras.Sequential([keras.Input((28,)), keras.layers.Dense(32, activation="relu"),
-                             keras.layers.Dense(2, activation="softmax")])
+    return keras.Sequential(
+        [
+            keras.Input((28,)),
+            keras.layers.Dense(32, activation="relu"),
+            keras.layers.Dense(2, activation="softmax"),
+        ]
+    )
 
 
 def not_a_model() -> int:

@@ -27,15 +27,24 @@ DEPLOY = ROOT / "deploy"
 def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     import os
 
-    return subprocess.run([sys.executable, "-m", "pipeline", *args], capture_output=True, text=True, timeout=120,
-                          cwd=ROOT, env={**os.environ, **(env or {})})
+    return subprocess.run(
+        [sys.executable, "-m", "pipeline", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        env={**os.environ, **(env or {})},
+    )
 
 
 def _exported_names() -> set[str]:
     """Every sample name streamtrain's registries expose (with _bucket, _count, ...)."""
     names = set()
-    for registry in (metrics.training_metrics().registry, metrics.producer_metrics().registry,
-                     metrics.serving_metrics("m").registry):
+    for registry in (
+        metrics.training_metrics().registry,
+        metrics.producer_metrics().registry,
+        metrics.serving_metrics("m").registry,
+    ):
         for family in registry.collect():
             names.add(family.name)
             names.update(s.name for s in family.samples)
@@ -49,7 +58,9 @@ def _exported_names() -> set[str]:
 
 def test_committed_dashboard_is_what_the_code_builds() -> None:
     committed = json.loads(dashboard.DEFAULT_FILE.read_text())
-    assert committed == dashboard.build(), "run `streamtrain dashboards build` and commit dashboards/streamtrain.json"
+    assert committed == dashboard.build(), (
+        "run `streamtrain dashboards build` and commit dashboards/streamtrain.json"
+    )
     dashboard.validate(committed)
 
 
@@ -71,8 +82,14 @@ def test_every_query_names_only_metrics_streamtrain_exports() -> None:
 def test_dashboard_answers_the_three_questions_with_one_datasource() -> None:
     board = dashboard.build()
     rows = [p["title"] for p in board["panels"] if p["type"] == "row"]
-    assert rows == ["At a glance", "Is data flowing?", "Is training healthy?", "Serving",
-                    "What was rejected, and why?", "Predict stream (streamtrain predict)"]
+    assert rows == [
+        "At a glance",
+        "Is data flowing?",
+        "Is training healthy?",
+        "Serving",
+        "What was rejected, and why?",
+        "Predict stream (streamtrain predict)",
+    ]
     panels = dashboard.panels(board)
     assert {p["datasource"]["uid"] for p in panels} == {dashboard.DATASOURCE_UID}
     assert len({p["id"] for p in board["panels"]}) == len(board["panels"])
@@ -81,14 +98,27 @@ def test_dashboard_answers_the_three_questions_with_one_datasource() -> None:
     for p in board["panels"]:
         g = p["gridPos"]
         assert g["x"] + g["w"] <= 24
-        mine = {(x, y) for x in range(g["x"], g["x"] + g["w"]) for y in range(g["y"], g["y"] + g["h"])}
+        mine = {
+            (x, y) for x in range(g["x"], g["x"] + g["w"]) for y in range(g["y"], g["y"] + g["h"])
+        }
         assert not cells & mine, p["title"]
         cells |= mine
 
 
 #: Which `streamtrain` command feeds each family of metrics.
-_FED_BY = {"producer": "produce", "stream": "run", "train": "run", "ps": "run", "eval": "run", "worker": "run",
-           "run": "run", "model": "run", "drift": "run", "serve": "--serve-port", "predictions": "predict"}
+_FED_BY = {
+    "producer": "produce",
+    "stream": "run",
+    "train": "run",
+    "ps": "run",
+    "eval": "run",
+    "worker": "run",
+    "run": "run",
+    "model": "run",
+    "drift": "run",
+    "serve": "--serve-port",
+    "predictions": "predict",
+}
 
 
 def test_an_open_row_shows_only_what_the_compose_stack_feeds() -> None:
@@ -96,9 +126,13 @@ def test_an_open_row_shows_only_what_the_compose_stack_feeds() -> None:
     the predict stream's (`streamtrain predict`, which the stack does not run) sits in a
     collapsed row, instead of an open panel that stays empty."""
     compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
-    commands = " ".join(" ".join(map(str, s.get("command", []))) for s in compose["services"].values())
+    commands = " ".join(
+        " ".join(map(str, s.get("command", []))) for s in compose["services"].values()
+    )
     board = dashboard.build()
-    open_panels = [p for p in board["panels"] if p["type"] != "row"]  # a collapsed row nests its own
+    open_panels = [
+        p for p in board["panels"] if p["type"] != "row"
+    ]  # a collapsed row nests its own
     assert open_panels
     unfed = set()
     for p in open_panels:
@@ -108,24 +142,35 @@ def test_an_open_row_shows_only_what_the_compose_stack_feeds() -> None:
                     unfed.add(p["title"])
     assert not unfed, unfed
     collapsed = [p for p in board["panels"] if p["type"] == "row" and p.get("collapsed")]
-    assert [q["title"] for r in collapsed for q in r["panels"]] == ["Predictions written per second (predict stream)"]
+    assert [q["title"] for r in collapsed for q in r["panels"]] == [
+        "Predictions written per second (predict stream)"
+    ]
 
 
 def test_grafana_provisioning_names_the_dashboards_datasource() -> None:
-    sources = yaml.safe_load((DEPLOY / "grafana" / "provisioning" / "datasources" / "streamtrain.yml").read_text())
+    sources = yaml.safe_load(
+        (DEPLOY / "grafana" / "provisioning" / "datasources" / "streamtrain.yml").read_text()
+    )
     assert [s["uid"] for s in sources["datasources"]] == [dashboard.DATASOURCE_UID]
     assert sources["datasources"][0]["type"] == "prometheus"
-    providers = yaml.safe_load((DEPLOY / "grafana" / "provisioning" / "dashboards" / "streamtrain.yml").read_text())
+    providers = yaml.safe_load(
+        (DEPLOY / "grafana" / "provisioning" / "dashboards" / "streamtrain.yml").read_text()
+    )
     assert providers["providers"][0]["options"]["path"] == "/var/lib/grafana/dashboards"
 
 
-@pytest.mark.parametrize("args", [
-    ["check", "config", str(DEPLOY / "prometheus" / "prometheus.yml")],
-    ["check", "rules", str(DEPLOY / "prometheus" / "alerts.yml")],
-    ["test", "rules", str(DEPLOY / "prometheus" / "alerts_test.yml")],
-])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["check", "config", str(DEPLOY / "prometheus" / "prometheus.yml")],
+        ["check", "rules", str(DEPLOY / "prometheus" / "alerts.yml")],
+        ["test", "rules", str(DEPLOY / "prometheus" / "alerts_test.yml")],
+    ],
+)
 def test_promtool_accepts_the_deployment(promtool: str, args: list[str]) -> None:
-    done = subprocess.run([promtool, *args], capture_output=True, text=True, cwd=DEPLOY / "prometheus")
+    done = subprocess.run(
+        [promtool, *args], capture_output=True, text=True, cwd=DEPLOY / "prometheus"
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "SUCCESS" in done.stdout + done.stderr
 
@@ -134,9 +179,12 @@ def test_promtool_test_rules_can_fail(promtool: str, tmp_path: Path) -> None:
     """The rule tests have teeth: a rule that never fires fails them."""
     rules = (DEPLOY / "prometheus" / "alerts.yml").read_text().replace("for: 3m", "for: 30m")
     (tmp_path / "alerts.yml").write_text(rules)
-    (tmp_path / "alerts_test.yml").write_text((DEPLOY / "prometheus" / "alerts_test.yml").read_text())
-    done = subprocess.run([promtool, "test", "rules", "alerts_test.yml"], capture_output=True, text=True,
-                          cwd=tmp_path)
+    (tmp_path / "alerts_test.yml").write_text(
+        (DEPLOY / "prometheus" / "alerts_test.yml").read_text()
+    )
+    done = subprocess.run(
+        [promtool, "test", "rules", "alerts_test.yml"], capture_output=True, text=True, cwd=tmp_path
+    )
     assert done.returncode != 0 and "StreamtrainTrainingStalled" in done.stdout + done.stderr
 
 
@@ -150,8 +198,14 @@ class _FakeGrafana(http.server.BaseHTTPRequestHandler):
     def _answer(self) -> None:
         length = int(self.headers.get("Content-Length") or 0)
         body = json.loads(self.rfile.read(length)) if length else None
-        self.requests.append({"method": self.command, "path": self.path, "auth": self.headers.get("Authorization"),
-                              "body": body})
+        self.requests.append(
+            {
+                "method": self.command,
+                "path": self.path,
+                "auth": self.headers.get("Authorization"),
+                "body": body,
+            }
+        )
         path = self.path.split("?")[0]
         status, answer = 200, {"message": "ok"}
         if self.command == "GET" and path not in self.existing:
@@ -161,7 +215,11 @@ class _FakeGrafana(http.server.BaseHTTPRequestHandler):
         elif self.command == "POST" and path == "/api/folders":
             self.existing.add(f"/api/folders/{body['uid']}")
         elif self.command == "POST" and path == "/api/dashboards/db":
-            answer = {"status": "success", "uid": body["dashboard"]["uid"], "url": "/d/streamtrain-overview/x"}
+            answer = {
+                "status": "success",
+                "uid": body["dashboard"]["uid"],
+                "url": "/d/streamtrain-overview/x",
+            }
         data = json.dumps(answer).encode()
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
@@ -184,10 +242,18 @@ def grafana() -> Iterator[tuple[str, list[dict[str, Any]]]]:
     server.shutdown()
 
 
-def test_push_uploads_datasource_folder_and_dashboard(grafana: tuple[str, list[dict[str, Any]]]) -> None:
+def test_push_uploads_datasource_folder_and_dashboard(
+    grafana: tuple[str, list[dict[str, Any]]],
+) -> None:
     address, seen = grafana
-    done = _cli("dashboards", "push", "--grafana-url", f"http://admin:s3cret@{address}",
-                "--prometheus-url", "http://prometheus:9090")
+    done = _cli(
+        "dashboards",
+        "push",
+        "--grafana-url",
+        f"http://admin:s3cret@{address}",
+        "--prometheus-url",
+        "http://prometheus:9090",
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert "s3cret" not in done.stdout + done.stderr
     assert f"http://admin:***@{address}/d/streamtrain-overview/x" in done.stdout
@@ -204,7 +270,9 @@ def test_push_uploads_datasource_folder_and_dashboard(grafana: tuple[str, list[d
 
     # A second push updates the datasource in place instead of creating another.
     seen.clear()
-    again = _cli("dashboards", "push", "--grafana-url", f"http://{address}", env={"GRAFANA_TOKEN": "tok-123"})
+    again = _cli(
+        "dashboards", "push", "--grafana-url", f"http://{address}", env={"GRAFANA_TOKEN": "tok-123"}
+    )
     assert again.returncode == 0, again.stderr[-2000:]
     calls = [(r["method"], r["path"]) for r in seen]
     assert ("PUT", f"/api/datasources/uid/{dashboard.DATASOURCE_UID}") in calls
@@ -213,13 +281,24 @@ def test_push_uploads_datasource_folder_and_dashboard(grafana: tuple[str, list[d
     assert "tok-123" not in again.stdout + again.stderr
 
 
-@pytest.mark.parametrize("args, message", [
-    (["dashboards", "push", "--grafana-url", "http://admin:pw@127.0.0.1:1"], "Cannot upload to Grafana at http://admin:***@127.0.0.1:1"),
-    (["dashboards", "render", "--prometheus", "http://127.0.0.1:1"], "Cannot reach Prometheus at http://127.0.0.1:1"),
-    (["dashboards", "render", "--since", "soon"], "Expected a duration such as 90s"),
-    (["dashboards", "push", "--grafana-url", "http://x", "--dashboard", "missing.json"],
-     "Expected a Grafana dashboard JSON file at missing.json"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (
+            ["dashboards", "push", "--grafana-url", "http://admin:pw@127.0.0.1:1"],
+            "Cannot upload to Grafana at http://admin:***@127.0.0.1:1",
+        ),
+        (
+            ["dashboards", "render", "--prometheus", "http://127.0.0.1:1"],
+            "Cannot reach Prometheus at http://127.0.0.1:1",
+        ),
+        (["dashboards", "render", "--since", "soon"], "Expected a duration such as 90s"),
+        (
+            ["dashboards", "push", "--grafana-url", "http://x", "--dashboard", "missing.json"],
+            "Expected a Grafana dashboard JSON file at missing.json",
+        ),
+    ],
+)
 def test_dashboard_commands_fail_with_one_clear_line(args: list[str], message: str) -> None:
     done = _cli(*args)
     assert done.returncode == 2, done.stderr[-2000:]
@@ -241,15 +320,20 @@ def test_the_operating_guide_names_every_alert_and_only_those() -> None:
     alerts = {r["alert"] for g in rules["groups"] for r in g["rules"] if "alert" in r}
     guide = (ROOT / "docs" / "operating.md").read_text()
     assert set(re.findall(r"`(Streamtrain[A-Za-z]+)`", guide)) == alerts
-    assert f"has {('no', 'one', 'two', 'three', 'four', 'five', 'six', 'seven', 'eight', 'nine', 'ten')[len(alerts)]} alerts" in guide
+    assert (
+        f"has {('no', 'one', 'two', 'three', 'four', 'five', 'six', 'seven', 'eight', 'nine', 'ten')[len(alerts)]} alerts"
+        in guide
+    )
 
 
 def test_every_panel_that_can_alarm_has_thresholds_and_every_rate_a_minute() -> None:
     """Proves: stat panels are coloured by thresholds (the alerts' own bounds where there is
     one), and every rate spans a minute at least (several micro-batches)."""
     panels = {p["title"]: p for p in dashboard.panels(dashboard.build())}
-    steps = {t: [s["value"] for s in p["fieldConfig"]["defaults"].get("thresholds", {}).get("steps", [])]
-             for t, p in panels.items()}
+    steps = {
+        t: [s["value"] for s in p["fieldConfig"]["defaults"].get("thresholds", {}).get("steps", [])]
+        for t, p in panels.items()
+    }
     assert all(len(steps[t]) >= 2 for t, p in panels.items() if p["type"] == "stat"), steps
     assert steps["Staleness p99"][-1] == 32 and steps["Consumer lag"][1] == 10_000
     for title, p in panels.items():
@@ -262,6 +346,7 @@ def test_every_refusal_reason_the_model_server_gives_is_declared() -> None:
     """Proves: SERVE_REFUSALS, which a model server creates at 0, holds every reason its
     code gives (tests/serve/test_http.py checks they exist before the first refusal)."""
     source = "".join(p.read_text() for p in (ROOT / "pipeline" / "serve").glob("*.py"))
-    given = set(re.findall(r'reason="([a-z_]+)"', source)) | set(re.findall(r'bad_requests\.labels\([^,]+, "([a-z_]+)"\)',
-                                                                             source))
+    given = set(re.findall(r'reason="([a-z_]+)"', source)) | set(
+        re.findall(r'bad_requests\.labels\([^,]+, "([a-z_]+)"\)', source)
+    )
     assert given and given <= set(metrics.SERVE_REFUSALS), given - set(metrics.SERVE_REFUSALS)

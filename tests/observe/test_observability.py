@@ -36,7 +36,9 @@ def _get(url: str) -> str:
         return r.read().decode()
 
 
-def _wait_for(predicate: Any, timeout_s: float, what: str, proc: subprocess.Popen[str] | None = None) -> None:
+def _wait_for(
+    predicate: Any, timeout_s: float, what: str, proc: subprocess.Popen[str] | None = None
+) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
@@ -70,21 +72,53 @@ def scraped(broker, prometheus, data_dir, tmp_path_factory) -> dict[str, Any]:  
     producer_meters = metrics.producer_metrics()
     producer_server = metrics.serve(producer_meters.registry)
     run_port, serve_port = free_port(), free_port()
-    prom = prometheus({"streamtrain": [f"127.0.0.1:{run_port}"],
-                       "streamtrain-producer": [f"127.0.0.1:{producer_server.port}"],
-                       "streamtrain-serve": [f"127.0.0.1:{serve_port}"]},
-                      [ROOT / "deploy" / "prometheus" / "alerts.yml"])
+    prom = prometheus(
+        {
+            "streamtrain": [f"127.0.0.1:{run_port}"],
+            "streamtrain-producer": [f"127.0.0.1:{producer_server.port}"],
+            "streamtrain-serve": [f"127.0.0.1:{serve_port}"],
+        },
+        [ROOT / "deploy" / "prometheus" / "alerts.yml"],
+    )
     out = tmp_path_factory.mktemp("observed") / "run"
     log = out.parent / "run.log"
     started = time.time()
     with open(log, "w") as log_file:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "pipeline", "run", "--dataset", "higgs", "--bootstrap", broker.bootstrap,
-             "--topic", topic, "--metrics-port", str(run_port), "--max-offsets-per-trigger", "400",
-             "--freshness-target", "2", "--min-offsets-per-trigger", "100",  # batches sized by the rate, <= 400
-             "--eval-every", "2", "--timeout", "30", "--serve-port", str(serve_port), "--out", str(out),
-             "--sync-overlap"],  # pushes one round late: the staleness histogram below reads 0s and 1s
-            cwd=ROOT, stdout=log_file, stderr=subprocess.STDOUT, text=True)
+            [
+                sys.executable,
+                "-m",
+                "pipeline",
+                "run",
+                "--dataset",
+                "higgs",
+                "--bootstrap",
+                broker.bootstrap,
+                "--topic",
+                topic,
+                "--metrics-port",
+                str(run_port),
+                "--max-offsets-per-trigger",
+                "400",
+                "--freshness-target",
+                "2",
+                "--min-offsets-per-trigger",
+                "100",  # batches sized by the rate, <= 400
+                "--eval-every",
+                "2",
+                "--timeout",
+                "30",
+                "--serve-port",
+                str(serve_port),
+                "--out",
+                str(out),
+                "--sync-overlap",
+            ],  # pushes one round late: the staleness histogram below reads 0s and 1s
+            cwd=ROOT,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         try:
             # Produce once the workers are warm, so the stream is live while Prometheus watches.
             _wait_for(lambda: "replicas ready" in log.read_text(), 240, "warm workers", proc)
@@ -93,14 +127,21 @@ def scraped(broker, prometheus, data_dir, tmp_path_factory) -> dict[str, Any]:  
                 bad.send(topic, key=f"bad-{i}".encode(), value=b"\x01broken")
             bad.flush()
             bad.close()
-            replay = Replay(datasets.get("higgs", data_dir=data_dir), bootstrap=broker.bootstrap, topic=topic,
-                            rate=500, meters=producer_meters)
+            replay = Replay(
+                datasets.get("higgs", data_dir=data_dir),
+                bootstrap=broker.bootstrap,
+                topic=topic,
+                rate=500,
+                meters=producer_meters,
+            )
             reports: list[Any] = []
             feeder = threading.Thread(target=lambda: reports.append(replay.run()))
             feeder.start()
             # Clients of the live model while it trains: good requests and bad ones.
             answered: list[dict[str, str]] = []
-            asking = threading.Thread(target=_ask_while_running, args=(serve_port, proc, answered), daemon=True)
+            asking = threading.Thread(
+                target=_ask_while_running, args=(serve_port, proc, answered), daemon=True
+            )
             asking.start()
             run_metrics: list[str] = []
 
@@ -118,21 +159,39 @@ def scraped(broker, prometheus, data_dir, tmp_path_factory) -> dict[str, Any]:  
                 proc.kill()
     # One more scrape of the producer once it is done, so its final counts are in Prometheus.
     finished = time.time()
-    _wait_for(lambda: _last_scrape(prom.url, "streamtrain-producer") > finished, 30, "a last producer scrape")
-    return {"prom": prom, "start": started, "end": time.time(), "out": out, "run_metrics": run_metrics[-1],
-            "producer_metrics": producer_text, "produced": reports[0].records_sent, "topic": topic,
-            "report": json.loads((out / "report.json").read_text()), "answered": answered}
+    _wait_for(
+        lambda: _last_scrape(prom.url, "streamtrain-producer") > finished,
+        30,
+        "a last producer scrape",
+    )
+    return {
+        "prom": prom,
+        "start": started,
+        "end": time.time(),
+        "out": out,
+        "run_metrics": run_metrics[-1],
+        "producer_metrics": producer_text,
+        "produced": reports[0].records_sent,
+        "topic": topic,
+        "report": json.loads((out / "report.json").read_text()),
+        "answered": answered,
+    }
 
 
-def _ask_while_running(port: int, proc: subprocess.Popen[str], answered: list[dict[str, str]]) -> None:
+def _ask_while_running(
+    port: int, proc: subprocess.Popen[str], answered: list[dict[str, str]]
+) -> None:
     """Ask the live model while the run lasts; ``answered`` gets each good answer's headers."""
     good = json.dumps({"instances": [[0.5] * 28, [1.0] * 28]}).encode()
     bad = json.dumps({"instances": [[1, 2]]}).encode()
     for i in range(2000):  # bounded: ~10 minutes at most
         if proc.poll() is not None:
             return
-        request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/models/higgs:predict",
-                                         data=bad if i % 4 == 3 else good, headers={"Content-Type": "application/json"})
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{port}/v1/models/higgs:predict",
+            data=bad if i % 4 == 3 else good,
+            headers={"Content-Type": "application/json"},
+        )
         # Not serving yet, a 4xx by design, or the run just ended: no answer to keep.
         with contextlib.suppress(OSError), urllib.request.urlopen(request, timeout=5) as r:
             r.read()
@@ -151,12 +210,17 @@ def test_every_dashboard_panel_query_returns_data(scraped: dict[str, Any]) -> No
     empty = []
     for title, expr, _ in dashboard.queries(board):
         # $__rate_interval as Grafana computes it for a 1 s scrape: four scrapes.
-        series = dashboard.query_range(scraped["prom"].url, dashboard.expand(expr, 4), scraped["start"],
-                                       scraped["end"], 1)
+        series = dashboard.query_range(
+            scraped["prom"].url, dashboard.expand(expr, 4), scraped["start"], scraped["end"], 1
+        )
         values = [float(v) for s in series for _, v in s["values"]]
         # The drift marks show only where a drift was found: a steady run must leave them empty.
         marks_drift = "streamtrain_drift_detected_total" in expr and ") > 0)" in expr
-        if not any(math.isfinite(v) for v in values) and title not in FED_ELSEWHERE and not marks_drift:
+        if (
+            not any(math.isfinite(v) for v in values)
+            and title not in FED_ELSEWHERE
+            and not marks_drift
+        ):
             empty.append(f"{title}: {expr}")
     assert len(dashboard.queries(board)) >= 20
     assert not empty, "panels without data:\n" + "\n".join(empty)
@@ -168,8 +232,14 @@ def test_prometheus_figures_agree_with_the_run(scraped: dict[str, Any]) -> None:
     assert report["rejected_records"] == N_BAD
     assert last('streamtrain_stream_records_rejected_total{reason="wrong_length"}') == N_BAD
     assert last('sum(streamtrain_stream_records_rejected_total{reason!="wrong_length"})') == 0
-    assert last("sum(streamtrain_train_records_total)") == report["trained_records"] == scraped["produced"]
-    assert last("sum(streamtrain_stream_records_ingested_total)") == report["trained_records"] + N_BAD
+    assert (
+        last("sum(streamtrain_train_records_total)")
+        == report["trained_records"]
+        == scraped["produced"]
+    )
+    assert (
+        last("sum(streamtrain_stream_records_ingested_total)") == report["trained_records"] + N_BAD
+    )
     assert last("sum(streamtrain_producer_records_sent_total)") == scraped["produced"] == 7000
     assert last("sum(streamtrain_stream_consumer_lag_records)") == 0  # all trained by the end
     assert last("streamtrain_ps_clock_updates") == report["batches"][-1]["clock"] > 0
@@ -184,7 +254,9 @@ def test_prometheus_figures_agree_with_the_run(scraped: dict[str, Any]) -> None:
     # counts; the quantiles must read whole updates, 0 or 1, never 0.5 between buckets.
     observed = last("sum(streamtrain_ps_staleness_updates_count)")
     zeros = last('sum(streamtrain_ps_staleness_updates_bucket{le="0.0"})')
-    assert observed > 0 and last('sum(streamtrain_ps_staleness_updates_bucket{le="1.0"})') == observed
+    assert (
+        observed > 0 and last('sum(streamtrain_ps_staleness_updates_bucket{le="1.0"})') == observed
+    )
     assert 0 < zeros < 0.99 * observed, (zeros, observed)
     for q, expected in ((0.5, 0.0 if zeros >= 0.5 * observed else 1.0), (0.99, 1.0)):
         quantile = f"histogram_quantile({q}, sum by (le) (streamtrain_ps_staleness_updates_bucket))"
@@ -197,37 +269,69 @@ def test_prometheus_figures_agree_with_the_run(scraped: dict[str, Any]) -> None:
         assert last(quantile) == pytest.approx(2.0, abs=0.01), q
 
 
-def test_the_models_freshness_is_in_the_report_on_metrics_and_in_every_answer(scraped: dict[str, Any]) -> None:
+def test_the_models_freshness_is_in_the_report_on_metrics_and_in_every_answer(
+    scraped: dict[str, Any],
+) -> None:
     """Proves: with --freshness-target, each batch's row says how fresh the saved model was
     (now minus the newest Kafka timestamp it learned) and the bound it held, batches stay
     within their bounds, Prometheus sampled the figure, and the model server answered with
     it (the run's checkpoint read beside the live center)."""
     rows = scraped["report"]["batches"]
     trained = [r for r in rows if r["trained"]]
-    assert trained and all(0 <= r["freshness_s"] < 60 and r["data_as_of"] <= r["at"] for r in trained), trained
+    assert trained and all(
+        0 <= r["freshness_s"] < 60 and r["data_as_of"] <= r["at"] for r in trained
+    ), trained
     assert max(r["rows"] for r in rows) <= 400
     url, end = scraped["prom"].url, scraped["end"]
-    assert _last(url, "last_over_time(sum(streamtrain_model_freshness_sampled_seconds_count)[1m:1s])", end) > 0
-    fresh = [float(h["X-Data-Freshness-Seconds"]) for h in scraped["answered"] if "X-Data-Freshness-Seconds" in h]
+    assert (
+        _last(
+            url,
+            "last_over_time(sum(streamtrain_model_freshness_sampled_seconds_count)[1m:1s])",
+            end,
+        )
+        > 0
+    )
+    fresh = [
+        float(h["X-Data-Freshness-Seconds"])
+        for h in scraped["answered"]
+        if "X-Data-Freshness-Seconds" in h
+    ]
     assert fresh and all(0 <= f < 60 for f in fresh), (len(scraped["answered"]), fresh[:5])
 
 
 def test_exposition_passes_promtool_check_metrics(scraped: dict[str, Any], promtool: str) -> None:
     for text in (scraped["run_metrics"], scraped["producer_metrics"]):
         assert "streamtrain_" in text
-        done = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True)
-        assert done.returncode == 0 and not done.stdout.strip() and not done.stderr.strip(), done.stdout + done.stderr
+        done = subprocess.run(
+            [promtool, "check", "metrics"], input=text, capture_output=True, text=True
+        )
+        assert done.returncode == 0 and not done.stdout.strip() and not done.stderr.strip(), (
+            done.stdout + done.stderr
+        )
 
 
-def test_alert_rules_evaluate_on_real_data_and_stay_quiet_on_a_healthy_run(scraped: dict[str, Any]) -> None:
+def test_alert_rules_evaluate_on_real_data_and_stay_quiet_on_a_healthy_run(
+    scraped: dict[str, Any],
+) -> None:
     groups = scraped["prom"].api("rules")["groups"]
     rules = {r["name"]: r for g in groups for r in g["rules"]}
-    assert set(rules) == {"StreamtrainDown", "StreamtrainTrainingStalled", "StreamtrainLagGrowing",
-                          "StreamtrainStalenessHigh", "StreamtrainRejectRateHigh", "StreamtrainServedWeightsStale",
-                          "StreamtrainModelStale", "StreamtrainDriftDetected",
-                          "streamtrain:model_stale_threshold_seconds"}
-    assert all(r["health"] == "ok" for r in rules.values()), {n: r.get("lastError") for n, r in rules.items()}
-    assert not [r for r in rules.values() if r.get("state") == "firing"]  # a recording rule has no state
+    assert set(rules) == {
+        "StreamtrainDown",
+        "StreamtrainTrainingStalled",
+        "StreamtrainLagGrowing",
+        "StreamtrainStalenessHigh",
+        "StreamtrainRejectRateHigh",
+        "StreamtrainServedWeightsStale",
+        "StreamtrainModelStale",
+        "StreamtrainDriftDetected",
+        "streamtrain:model_stale_threshold_seconds",
+    }
+    assert all(r["health"] == "ok" for r in rules.values()), {
+        n: r.get("lastError") for n, r in rules.items()
+    }
+    assert not [
+        r for r in rules.values() if r.get("state") == "firing"
+    ]  # a recording rule has no state
 
 
 def test_render_draws_every_panel_with_data(scraped: dict[str, Any], tmp_path: Path) -> None:
@@ -238,8 +342,14 @@ def test_render_draws_every_panel_with_data(scraped: dict[str, Any], tmp_path: P
     board = dashboard.load()
     found = render.render(board, scraped["prom"].url, out, since_s=since, scrape_s=1)
     # Every panel Grafana shows open (a collapsed row keeps its own inside it, closed).
-    assert len(found) == len([p for p in board["panels"] if p.get("targets")]) == len(dashboard.panels(board)) - 1
-    assert all(n for t, n in found.items() if t not in FED_ELSEWHERE), {t: n for t, n in found.items() if not n}
+    assert (
+        len(found)
+        == len([p for p in board["panels"] if p.get("targets")])
+        == len(dashboard.panels(board)) - 1
+    )
+    assert all(n for t, n in found.items() if t not in FED_ELSEWHERE), {
+        t: n for t, n in found.items() if not n
+    }
     height, width, _ = matplotlib.image.imread(out).shape
     assert width > 1500 and height > 1000
 

@@ -93,15 +93,28 @@ def test_higgs_uci_layout_single_gz_file_is_split_by_rows(tmp_path: Path, data_d
 
 def test_higgs_malformed_rows_are_counted_and_skipped(tmp_path: Path, data_dir: Path) -> None:
     src = (data_dir / "higgs" / "higgs_lgbm_test_500.csv").read_text().splitlines()
-    bad = [src[0], src[1], "1,2,3", src[2], ",".join(["x"] * 29), src[3], "2" + src[4][1:],
-           "0" + ",nan" * 28, src[5]]
+    bad = [
+        src[0],
+        src[1],
+        "1,2,3",
+        src[2],
+        ",".join(["x"] * 29),
+        src[3],
+        "2" + src[4][1:],
+        "0" + ",nan" * 28,
+        src[5],
+    ]
     path = tmp_path / "bad.csv"
     path.write_text("\n".join(bad) + "\n")
     h = higgs.Higgs(path)
     assert len(h.load("train").y) == 4 and h.malformed == 4
     # Lines 3 (3 fields), 5 (words), 7 (label 2), 8 (NaN features): each with its reason.
-    assert h.malformed_examples == [(3, "wrong_field_count"), (5, "not_a_number"), (7, "bad_label"),
-                                    (8, "non_finite")]
+    assert h.malformed_examples == [
+        (3, "wrong_field_count"),
+        (5, "not_a_number"),
+        (7, "bad_label"),
+        (8, "non_finite"),
+    ]
 
 
 def test_missing_higgs_says_what_to_do(tmp_path: Path) -> None:
@@ -110,7 +123,8 @@ def test_missing_higgs_says_what_to_do(tmp_path: Path) -> None:
 
 
 def test_the_users_higgs_comes_first_then_the_sample_shipped_with_the_package(
-        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     with caplog.at_level("INFO", logger=higgs.__name__):
         shipped = datasets.get("higgs", data_dir=tmp_path)  # nothing there: the package's sample
     assert shipped.train_file.parent == higgs.SAMPLE_DIR and len(shipped.load("test").y) == 500
@@ -129,20 +143,31 @@ def test_csv_table_by_a_schema_names_each_bad_row(tmp_path: Path) -> None:
     path = tmp_path / "d.csv"
     path.write_text("a,cls,b\n0.5,1,2\n1.5,0,3\nbad,1,2\n0.1,7,0\n2.5,2.5,1\n1,1,1,1\n")
     schema = tmp_path / "s.json"
-    schema.write_text('{"features": [{"name": "a"}, {"name": "b"}], "label": {"name": "cls", "classes": [0, 1, 2]}}')
+    schema.write_text(
+        '{"features": [{"name": "a"}, {"name": "b"}], "label": {"name": "cls", "classes": [0, 1, 2]}}'
+    )
     d = datasets.get("csv", path, schema=schema, holdout=0.0)
     chunk = d.load()
     assert chunk.x.tolist() == [[0.5, 2.0], [1.5, 3.0]] and chunk.y.tolist() == [1, 0]
     assert d.malformed == 4 and d.schema.n_features == 2
-    assert d.malformed_examples == [(4, "not_a_number:a"), (5, "unknown_class:cls"), (6, "unknown_class:cls"),
-                                    (7, "wrong_field_count:4")]
+    assert d.malformed_examples == [
+        (4, "not_a_number:a"),
+        (5, "unknown_class:cls"),
+        (6, "unknown_class:cls"),
+        (7, "wrong_field_count:4"),
+    ]
     with pytest.raises(ConfigError, match="Expected the label column 'label' among the columns"):
         datasets.get("csv", path, label="label")
 
 
 def test_npz_keras_layout_and_named_keys(tmp_path: Path) -> None:
-    np.savez(tmp_path / "k.npz", x_train=np.ones((4, 2, 2)), y_train=np.arange(4), x_test=np.zeros((2, 2, 2)),
-             y_test=np.array([0, 1]))
+    np.savez(
+        tmp_path / "k.npz",
+        x_train=np.ones((4, 2, 2)),
+        y_train=np.arange(4),
+        x_test=np.zeros((2, 2, 2)),
+        y_test=np.array([0, 1]),
+    )
     d = datasets.get("npz", tmp_path / "k.npz")
     assert d.load("train").x.shape == (4, 4) and d.load("test").y.tolist() == [0, 1]
     np.savez(tmp_path / "n.npz", features=np.ones((3, 5)), target=np.array([0, 1, 1]))
@@ -171,7 +196,9 @@ def test_csv_reader_streams_a_large_gz_in_blocks(tmp_path: Path, data_dir: Path)
     assert sizes == [1000] * 7
 
 
-def test_a_damaged_higgs_download_is_one_line_and_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_damaged_higgs_download_is_one_line_and_leaves_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Proves: the HIGGS archive's CRC-32 is checked as the file is extracted: a download
     with one byte changed is a DataError saying so and leaves no HIGGS.csv.gz; an intact one
     is saved (served from a file:// URL standing in for UCI's)."""

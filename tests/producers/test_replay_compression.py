@@ -31,10 +31,32 @@ def _codecs_of_batches(records: memoryview) -> set[int]:
 
 @pytest.mark.parametrize("codec", ["zstd", "snappy"])
 def test_produce_compresses_with_the_codec_asked_for(broker, topic, data_dir, codec) -> None:  # type: ignore[no-untyped-def]
-    done = subprocess.run([sys.executable, "-m", "pipeline", "produce", "higgs", "--topic", topic, "--limit", "500",
-                           "--partitions", "1", "--compression", codec, "--bootstrap", broker.bootstrap,
-                           "--data-dir", str(data_dir), "--no-progress"],
-                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pipeline",
+            "produce",
+            "higgs",
+            "--topic",
+            topic,
+            "--limit",
+            "500",
+            "--partitions",
+            "1",
+            "--compression",
+            codec,
+            "--bootstrap",
+            broker.bootstrap,
+            "--data-dir",
+            str(data_dir),
+            "--no-progress",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     reader = RangeReader(broker.bootstrap, timeout_s=10)
     fetched = reader._fetch(topic, 0, 0, 1 << 20).records

@@ -45,10 +45,14 @@ def live() -> Iterator[tuple[ParameterServer, Any]]:
 @contextlib.contextmanager
 def serving(live: tuple[ParameterServer, Any], **options: Any) -> Iterator[ModelServer]:
     server, spec = live
-    source = LiveWeights(f"{server.host}:{server.port}", secret=SECRET, size=server.size, interval_s=0.05)
+    source = LiveWeights(
+        f"{server.host}:{server.port}", secret=SECRET, size=server.size, interval_s=0.05
+    )
     source.start()
     try:
-        predictor = Predictor(spec, codec.MNIST, source, max_age_s=options.pop("max_age_s", 5.0), threads=1)
+        predictor = Predictor(
+            spec, codec.MNIST, source, max_age_s=options.pop("max_age_s", 5.0), threads=1
+        )
         deadline = time.monotonic() + 30
         while source.latest() is None:
             assert time.monotonic() < deadline, "no weights read"
@@ -62,10 +66,14 @@ def serving(live: tuple[ParameterServer, Any], **options: Any) -> Iterator[Model
         source.close()
 
 
-def _post(port: int, body: bytes, headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], Any]:
+def _post(
+    port: int, body: bytes, headers: dict[str, str] | None = None
+) -> tuple[int, dict[str, str], Any]:
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
     try:
-        conn.request("POST", PATH, body=body, headers={"Content-Type": "application/json", **(headers or {})})
+        conn.request(
+            "POST", PATH, body=body, headers={"Content-Type": "application/json", **(headers or {})}
+        )
         resp = conn.getresponse()
         text = resp.read()
         return resp.status, dict(resp.getheaders()), json.loads(text) if text[:1] == b"{" else text
@@ -89,7 +97,10 @@ def _metric(app: ModelServer, name: str, **labels: str) -> float:
     want = ",".join(f'{k}="{v}"' for k, v in sorted({"model": "m", **labels}.items()))
     for metric in app.meters.registry.collect():
         for s in metric.samples:
-            if s.name == name and ",".join(f'{k}="{v}"' for k, v in sorted(s.labels.items())) == want:
+            if (
+                s.name == name
+                and ",".join(f'{k}="{v}"' for k, v in sorted(s.labels.items())) == want
+            ):
                 return float(s.value)
     return 0.0
 
@@ -99,7 +110,12 @@ BAD = [
     ("deep JSON", b'{"instances": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", 400, "too_deep"),
     ("a 310-digit integer", b'{"instances": [[' + b"9" * 310 + b"]]}", 400, "number_too_large"),
     ("numbers as strings", json.dumps({"instances": [["1"] * 784]}).encode(), 400, "not_numeric"),
-    ("a cheap body of 8M values", b'{"instances": [[' + b"0," * (4 << 20) + b"0]]}", 413, "too_many_values"),
+    (
+        "a cheap body of 8M values",
+        b'{"instances": [[' + b"0," * (4 << 20) + b"0]]}",
+        413,
+        "too_many_values",
+    ),
 ]
 
 
@@ -109,12 +125,19 @@ def test_every_refusal_reason_is_a_series_from_the_start(live) -> None:  # type:
     with serving(live) as app:
         text = generate_latest(app.meters.registry).decode()
     for reason in metrics.SERVE_REFUSALS:
-        assert f'streamtrain_serve_bad_requests_total{{model="m",reason="{reason}"}} 0.0' in text, reason
+        assert f'streamtrain_serve_bad_requests_total{{model="m",reason="{reason}"}} 0.0' in text, (
+            reason
+        )
 
 
 @pytest.mark.parametrize("what, body, status, reason", BAD, ids=[b[0] for b in BAD])
-def test_bodies_that_break_decoders_get_a_status_and_a_count(live, what: str, body: bytes, status: int,  # type: ignore[no-untyped-def]
-                                                             reason: str) -> None:
+def test_bodies_that_break_decoders_get_a_status_and_a_count(
+    live,
+    what: str,
+    body: bytes,
+    status: int,  # type: ignore[no-untyped-def]
+    reason: str,
+) -> None:
     """Proves: JSON deeper than the decoder goes (RecursionError), an integer a float cannot
     hold (OverflowError), numeric strings as pixels and a body of millions of values (~30
     bytes of Python objects each) each get their status and are counted by reason; the
@@ -131,14 +154,27 @@ def test_malformed_heads_and_smuggled_requests_get_one_answer_each(live) -> None
     connection; a chunked body that carries a second request inside is the body, never a
     request of its own (one answer); a request with no length gets a 411."""
     with serving(live) as app:
-        answer = _raw(app.port, b"POST " + PATH.encode() + b" HTTP/1.1\r\nHost: localhost\r\nContent-Length: abc\r\n\r\n{}")
+        answer = _raw(
+            app.port,
+            b"POST "
+            + PATH.encode()
+            + b" HTTP/1.1\r\nHost: localhost\r\nContent-Length: abc\r\n\r\n{}",
+        )
         assert answer.split(b" ")[1] == b"400", answer[:200]
         assert _metric(app, "streamtrain_serve_bad_requests_total", reason="malformed") == 1
         smuggled = b"GET /v1/models/m HTTP/1.1\r\nHost: localhost\r\n\r\n"
         chunk = b'{"x": "' + smuggled + b'"}'
-        answer = _raw(app.port, b"POST " + PATH.encode() + b" HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding: chunked\r\n"
-                      b"Content-Type: application/json\r\n"
-                      b"Connection: close\r\n\r\n" + f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n0\r\n\r\n")
+        answer = _raw(
+            app.port,
+            b"POST "
+            + PATH.encode()
+            + b" HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding: chunked\r\n"
+            b"Content-Type: application/json\r\n"
+            b"Connection: close\r\n\r\n"
+            + f"{len(chunk):x}\r\n".encode()
+            + chunk
+            + b"\r\n0\r\n\r\n",
+        )
         assert answer.count(b"HTTP/1.1 ") == 1 and answer.startswith(b"HTTP/1.1 400"), answer[:300]
         answer = _raw(app.port, b"POST " + PATH.encode() + b" HTTP/1.1\r\nHost: localhost\r\n\r\n")
         assert answer.startswith(b"HTTP/1.1 411"), answer[:200]
@@ -155,21 +191,29 @@ def test_slow_clients_meet_deadlines_and_a_flood_meets_the_connection_limit(live
     with serving(live, timeout_s=1.0, max_connections=4) as app:
         idle = [socket.create_connection(("127.0.0.1", app.port), timeout=5) for _ in range(4)]
         time.sleep(0.05)  # accepted
-        got = _raw(app.port, b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
-        assert got.startswith(b"HTTP/1.1 200"), got[:100]  # an idle one made room (or its deadline had)
+        got = _raw(
+            app.port, b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+        )
+        assert got.startswith(b"HTTP/1.1 200"), got[
+            :100
+        ]  # an idle one made room (or its deadline had)
         for sock in idle:  # each one closed with a 408 at its deadline, or as it made room
             assert sock.recv(4096).startswith(b"HTTP/1.1 408")
             sock.close()
         assert _metric(app, "streamtrain_serve_bad_requests_total", reason="slow_head") == 4
-        head = (b"POST " + PATH.encode() + b" HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
-                b"Content-Length: 10\r\n")
+        head = (
+            b"POST "
+            + PATH.encode()
+            + b" HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 10\r\n"
+        )
         slow = [socket.create_connection(("127.0.0.1", app.port), timeout=5) for _ in range(4)]
         started, closed = time.monotonic(), set()
         for i in range(30):  # bounded: 6 s of trickle at most
             for k, sock in enumerate(slow):
                 if k not in closed:
                     try:
-                        sock.send(head[i:i + 1])
+                        sock.send(head[i : i + 1])
                         if not sock.recv(4096, socket.MSG_DONTWAIT):
                             closed.add(k)
                     except BlockingIOError:
@@ -188,7 +232,9 @@ def test_slow_clients_meet_deadlines_and_a_flood_meets_the_connection_limit(live
         for sock in busy:
             sock.sendall(head + b"\r\n{")  # 1 of 10 body bytes
         time.sleep(0.2)  # their heads are read
-        assert _raw(app.port, b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n").startswith(b"HTTP/1.1 503")
+        assert _raw(app.port, b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n").startswith(
+            b"HTTP/1.1 503"
+        )
         assert _metric(app, "streamtrain_serve_bad_requests_total", reason="busy") == 1
         for sock in busy:
             assert sock.recv(65536).startswith(b"HTTP/1.1 408")  # the body's deadline
@@ -207,7 +253,9 @@ def test_no_answer_is_older_than_the_max_age(live) -> None:  # type: ignore[no-u
     with serving(live, max_age_s=0.5) as app:
         predictor = app.predictor
         for _ in range(3):
-            source = LiveWeights(f"{server.host}:{server.port}", secret=SECRET, size=server.size, interval_s=0.05)
+            source = LiveWeights(
+                f"{server.host}:{server.port}", secret=SECRET, size=server.size, interval_s=0.05
+            )
             source.start()
             old, predictor.source = predictor.source, source
             old.close()
@@ -263,20 +311,36 @@ def test_browsers_cannot_reach_the_loopback_server(live) -> None:  # type: ignor
     to 127.0.0.1) gets a 421; a cross-site form's text/plain POST gets a 415; both counted;
     aiohttp's own 400 for a malformed head is short JSON, with nothing of the request in it."""
     with serving(live) as app:
-        rebound = _raw(app.port, b"GET /v1/models/m HTTP/1.1\r\nHost: attacker.example:8501\r\nConnection: close\r\n\r\n")
+        rebound = _raw(
+            app.port,
+            b"GET /v1/models/m HTTP/1.1\r\nHost: attacker.example:8501\r\nConnection: close\r\n\r\n",
+        )
         assert rebound.startswith(b"HTTP/1.1 421"), rebound[:200]
         status, _, answer = _post(app.port, ONE, {"Content-Type": "text/plain"})
         assert status == 415 and "application/json" in answer["error"], answer
         assert _metric(app, "streamtrain_serve_bad_requests_total", reason="wrong_host") == 1
         assert _metric(app, "streamtrain_serve_bad_requests_total", reason="content_type") == 1
         marker = b"SECRET-LOOKING-PAYLOAD"
-        answer_bytes = _raw(app.port, b"POST " + PATH.encode() + b" HTTP/1.1\r\nHost: localhost\r\nContent-Length: x"
-                            + marker + b"\r\n\r\n")
+        answer_bytes = _raw(
+            app.port,
+            b"POST "
+            + PATH.encode()
+            + b" HTTP/1.1\r\nHost: localhost\r\nContent-Length: x"
+            + marker
+            + b"\r\n\r\n",
+        )
         head, _, body = answer_bytes.partition(b"\r\n\r\n")
-        assert head.split(b" ")[1] == b"400" and marker not in body and json.loads(body) == {"error": "400 Bad Request"}
+        assert (
+            head.split(b" ")[1] == b"400"
+            and marker not in body
+            and json.loads(body) == {"error": "400 Bad Request"}
+        )
         assert _post(app.port, ONE)[0] == 200
     with serving(live, allowed_hosts=("proxy.internal",)) as app:  # STREAMTRAIN_SERVE_ALLOWED_HOSTS
-        named = _raw(app.port, b"GET /healthz HTTP/1.1\r\nHost: proxy.internal:80\r\nConnection: close\r\n\r\n")
+        named = _raw(
+            app.port,
+            b"GET /healthz HTTP/1.1\r\nHost: proxy.internal:80\r\nConnection: close\r\n\r\n",
+        )
         assert named.startswith(b"HTTP/1.1 200"), named[:200]
 
 
@@ -293,7 +357,10 @@ def test_long_strings_are_refused_before_they_are_built_and_memory_is_given_back
         assert _post(app.port, ONE)[0] == 200  # warmed up: the model and the pools exist
         before = rss_mb()
         results: list[int] = []
-        threads = [threading.Thread(target=lambda: results.append(_post(app.port, body)[0])) for _ in range(8)]
+        threads = [
+            threading.Thread(target=lambda: results.append(_post(app.port, body)[0]))
+            for _ in range(8)
+        ]
         for t in threads:
             t.start()
         for t in threads:
@@ -316,13 +383,21 @@ def test_a_tables_instances_are_checked_by_name_and_their_gaps_named(tmp_path) -
     from pipeline.train.model import ModelSpec, get_flat
 
     names = [f"x{i}" for i in range(9)]
-    table = TableSchema.from_dict({"features": [{"name": n} for n in names] + [
-        {"name": "color", "kind": "categorical", "vocabulary": ["red", "blue"]}],
-        "label": {"name": "kind", "classes": ["a", "b", "c"]}})
-    model = keras.Sequential([keras.Input((table.width,)), keras.layers.Dense(3, activation="softmax")])
+    table = TableSchema.from_dict(
+        {
+            "features": [{"name": n} for n in names]
+            + [{"name": "color", "kind": "categorical", "vocabulary": ["red", "blue"]}],
+            "label": {"name": "kind", "classes": ["a", "b", "c"]},
+        }
+    )
+    model = keras.Sequential(
+        [keras.Input((table.width,)), keras.layers.Dense(3, activation="softmax")]
+    )
     spec = ModelSpec.from_model(model, optimizer="sgd", loss="sparse_categorical_crossentropy")
     with ParameterServer(get_flat(model), secret=SECRET) as server:
-        source = LiveWeights(f"{server.host}:{server.port}", secret=SECRET, size=server.size, interval_s=0.05)
+        source = LiveWeights(
+            f"{server.host}:{server.port}", secret=SECRET, size=server.size, interval_s=0.05
+        )
         source.start()
         try:
             predictor = Predictor(spec, codec.table("t", table), source, max_age_s=5.0, threads=1)
@@ -333,15 +408,24 @@ def test_a_tables_instances_are_checked_by_name_and_their_gaps_named(tmp_path) -
             app = ModelServer(predictor, name="m").start()
             try:
                 full = {**{n: 1.0 for n in names}, "color": "red"}
-                status, _, answer = _post(app.port, json.dumps({"instances": [full, {"x0": 2, "color": None}]}).encode())
+                status, _, answer = _post(
+                    app.port, json.dumps({"instances": [full, {"x0": 2, "color": None}]}).encode()
+                )
                 assert status == 200 and len(answer["predictions"]) == 2, answer
                 assert answer["filled"] == [[], [*names[1:], "color"]]
                 for instance, reason, words in [
                     ({}, "no_features", "at least one of the schema's fields"),
-                    ({"x0": 1, "colour": "red"}, "unknown_field", "unknown ones in instance 0: ['colour']"),
-                    ({"color": 5}, "bad_field", "Received: 5."), ({"color": True}, "bad_field", "Received: true."),
+                    (
+                        {"x0": 1, "colour": "red"},
+                        "unknown_field",
+                        "unknown ones in instance 0: ['colour']",
+                    ),
+                    ({"color": 5}, "bad_field", "Received: 5."),
+                    ({"color": True}, "bad_field", "Received: true."),
                 ]:
-                    status, _, answer = _post(app.port, json.dumps({"instances": [instance]}).encode())
+                    status, _, answer = _post(
+                        app.port, json.dumps({"instances": [instance]}).encode()
+                    )
                     assert status == 400 and words in answer["error"], answer
                     assert _metric(app, "streamtrain_serve_bad_requests_total", reason=reason) >= 1
                     if reason == "unknown_field":
@@ -353,10 +437,18 @@ def test_a_tables_instances_are_checked_by_name_and_their_gaps_named(tmp_path) -
                 meta = json.loads(conn.getresponse().read())["metadata"]
                 conn.close()
                 assert [f["name"] for f in meta["inputs"]["fields"]] == [*names, "color"]
-                assert meta["inputs"]["fields"][-1] == {"name": "color", "kind": "categorical", "missing": "fill",
-                                                        "values": ["red", "blue"]}
-                assert meta["outputs"] == {"shape": [-1, 3], "meaning": "class probabilities",
-                                           "classes": ["a", "b", "c"], "label": "kind"}
+                assert meta["inputs"]["fields"][-1] == {
+                    "name": "color",
+                    "kind": "categorical",
+                    "missing": "fill",
+                    "values": ["red", "blue"],
+                }
+                assert meta["outputs"] == {
+                    "shape": [-1, 3],
+                    "meaning": "class probabilities",
+                    "classes": ["a", "b", "c"],
+                    "label": "kind",
+                }
             finally:
                 app.stop()
         finally:

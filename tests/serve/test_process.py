@@ -40,7 +40,9 @@ def test_a_port_in_time_wait_after_a_stop_can_serve_again() -> None:
     with socket.socket() as plain, pytest.raises(OSError):
         plain.bind(("127.0.0.1", port))  # the TIME_WAIT is there: a bind without SO_REUSEADDR fails
     check_serving(port, 1.0, host="127.0.0.1")
-    ThreadingHTTPServer(("127.0.0.1", port), BaseHTTPRequestHandler).server_close()  # as the model server binds
+    ThreadingHTTPServer(
+        ("127.0.0.1", port), BaseHTTPRequestHandler
+    ).server_close()  # as the model server binds
 
 
 def test_a_port_someone_listens_on_is_refused_in_one_line() -> None:
@@ -58,12 +60,16 @@ def _predict(url: str) -> tuple[int, float]:
     import urllib.request
 
     body = json.dumps({"instances": [[0.5] * 784]}).encode()
-    request = urllib.request.Request(f"{url}:predict", data=body, headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(
+        f"{url}:predict", data=body, headers={"Content-Type": "application/json"}
+    )
     with urllib.request.urlopen(request, timeout=10) as r:
         return int(r.headers["X-Model-Version"]), float(r.headers["X-Weights-Age-Seconds"])
 
 
-def test_a_restarted_runs_server_answers_from_its_checkpoint_then_follows_the_live_center(tmp_path: Path) -> None:
+def test_a_restarted_runs_server_answers_from_its_checkpoint_then_follows_the_live_center(
+    tmp_path: Path,
+) -> None:
     """Proves: a restarted run's model server answers before the run has a parameter server,
     from the checkpoint and the model the folder records, with their version and true age
     (a minute, past --serve-max-age: no newer weights exist while the run starts); handed the
@@ -85,8 +91,15 @@ def test_a_restarted_runs_server_answers_from_its_checkpoint_then_follows_the_li
     os.utime(saved, (a_minute_ago, a_minute_ago))
     with contextlib.ExitStack() as stack:
         stack.enter_context(scratch.scratch())  # the child's TensorFlow files, gone with it
-        serving = ServingProcess.for_restart(run_dir=tmp_path, name="m", host="127.0.0.1", port=0, token=None,
-                                             max_age_s=1.0, log_path=tmp_path / "serve.log").start()
+        serving = ServingProcess.for_restart(
+            run_dir=tmp_path,
+            name="m",
+            host="127.0.0.1",
+            port=0,
+            token=None,
+            max_age_s=1.0,
+            log_path=tmp_path / "serve.log",
+        ).start()
         stack.callback(serving.stop)
         url = serving.wait(180)
         version, age = _predict(url)

@@ -13,17 +13,29 @@ from pipeline.train import checkpoint
 
 
 def test_round_trip(tmp_path: Path) -> None:
-    state = checkpoint.State(np.arange(5, dtype=np.float32), clock=7, last_batch_id=3,
-                             ledger=[[3, "t", 0, 0, 10]], extra={"trained": 10},
-                             optimizer={"m": np.ones(5, np.float32)})
+    state = checkpoint.State(
+        np.arange(5, dtype=np.float32),
+        clock=7,
+        last_batch_id=3,
+        ledger=[[3, "t", 0, 0, 10]],
+        extra={"trained": 10},
+        optimizer={"m": np.ones(5, np.float32)},
+    )
     checkpoint.save(tmp_path, state)
     back = checkpoint.load(tmp_path)
-    assert back is not None and back.clock == 7 and back.last_batch_id == 3 and back.ledger == state.ledger
+    assert (
+        back is not None
+        and back.clock == 7
+        and back.last_batch_id == 3
+        and back.ledger == state.ledger
+    )
     np.testing.assert_array_equal(back.weights, state.weights)
     np.testing.assert_array_equal(back.optimizer["m"], state.optimizer["m"])
 
 
-def test_save_syncs_the_file_and_then_the_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_save_syncs_the_file_and_then_the_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Proves: the rename is made durable (the folder is fsynced after it), so a power cut
     after Spark's commit cannot bring back the previous checkpoint."""
     synced: list[str] = []

@@ -62,7 +62,9 @@ def test_loss_signal_sees_a_real_learner_meet_concept_drift() -> None:
     from river.datasets import synth
 
     def run(stream: Any) -> list[int]:
-        model = preprocessing.StandardScaler() | linear_model.LogisticRegression(optimizer=optim.SGD(0.05))
+        model = preprocessing.StandardScaler() | linear_model.LogisticRegression(
+            optimizer=optim.SGD(0.05)
+        )
         d, losses, errors, fired = detectors.LossDrift(warmup=5_000), [], [], []
         batch: list[tuple[float, float]] = []
         for i, (x, y) in enumerate(stream):
@@ -80,13 +82,17 @@ def test_loss_signal_sees_a_real_learner_meet_concept_drift() -> None:
         return fired
 
     # An abrupt switch chained by hand: River's ConceptDriftStream overflows math.exp at width 1.
-    drifting = itertools.chain(synth.SEA(variant=0, seed=1).take(30_000), synth.SEA(variant=3, seed=2).take(20_000))
+    drifting = itertools.chain(
+        synth.SEA(variant=0, seed=1).take(30_000), synth.SEA(variant=3, seed=2).take(20_000)
+    )
     fired = run(drifting)
     assert fired and 30_000 <= fired[0] <= 35_000, fired
     assert run(synth.SEA(variant=0, seed=1).take(50_000)) == []
 
 
-def _task_errors(rng: np.random.Generator, p: float, *, minibatches: int = 16, size: int = 64) -> list[float]:
+def _task_errors(
+    rng: np.random.Generator, p: float, *, minibatches: int = 16, size: int = 64
+) -> list[float]:
     """One task's mini-batch error rates when each record is wrong with probability ``p``."""
     return (rng.binomial(size, min(p, 1.0), minibatches) / size).tolist()
 
@@ -170,15 +176,22 @@ def test_watch_reports_batch_offsets_and_position() -> None:
     the batch's offsets per partition and its statistic; the watch's state keeps every drift
     and a watch made from it (a resumed run) goes on from them."""
     rng = np.random.default_rng(0)
-    w = drift.DriftWatch(classes=2, columns=None, settings=drift.DriftSettings(warmup=2_000, cooldown=2_000))
+    w = drift.DriftWatch(
+        classes=2, columns=None, settings=drift.DriftSettings(warmup=2_000, cooldown=2_000)
+    )
     found = []
     for batch in range(40):
         level = 0.2 if batch < 30 else 1.5
-        results = [_Result(1_000, (level + rng.normal(0, 0.03, 16)).tolist(), [500, 500]) for _ in range(2)]
+        results = [
+            _Result(1_000, (level + rng.normal(0, 0.03, 16)).tolist(), [500, 500]) for _ in range(2)
+        ]
         ranges = [OffsetRange("t", p, batch * 1_000, (batch + 1) * 1_000) for p in (0, 1)]
         found += w.observe(batch, results, drift.offsets_of(ranges), batch_size=64)
     assert [(d.signal, d.batch_id, d.records) for d in found] == [("loss", 30, 60_000)]
-    assert found[0].offsets == {"t:0": [30_000, 31_000], "t:1": [30_000, 31_000]} and found[0].statistic > 2
+    assert (
+        found[0].offsets == {"t:0": [30_000, 31_000], "t:1": [30_000, 31_000]}
+        and found[0].statistic > 2
+    )
     again = drift.DriftWatch(classes=2, columns=None, found=w.state())
     assert [d.batch_id for d in again.found] == [30]
 
@@ -233,35 +246,61 @@ class _Row:
 
 
 @pytest.mark.parametrize("mode", adapt.MODES)
-def test_response_holds_out_records_after_a_drift_and_adapt_raises_the_learning_rate(mode: str) -> None:
+def test_response_holds_out_records_after_a_drift_and_adapt_raises_the_learning_rate(
+    mode: str,
+) -> None:
     """Proves: on a drift, either mode stops scoring the split from before it, holds records
     out from then on, scores the newest window of them once there are enough, and re-arms
     the collapse check on them; only ``adapt`` raises the learning rate (the server's and the
     replicas'), for ``adapt_records`` records, then puts it back."""
     rng = np.random.default_rng(1)
     algorithm, handler, evaluation = _Algorithm(), _Handler(), _Evaluation()
-    settings = drift.DriftSettings(warmup=2_000, cooldown=50_000, adapt_lr_scale=4.0, adapt_records=5_000)
-    r = adapt.DriftResponse(drift.DriftWatch(classes=2, columns=None, settings=settings), mode, handler=handler,
-                            batch_size=64, window=300, algorithm=algorithm)
+    settings = drift.DriftSettings(
+        warmup=2_000, cooldown=50_000, adapt_lr_scale=4.0, adapt_records=5_000
+    )
+    r = adapt.DriftResponse(
+        drift.DriftWatch(classes=2, columns=None, settings=settings),
+        mode,
+        handler=handler,
+        batch_size=64,
+        window=300,
+        algorithm=algorithm,
+    )
     r.evaluation = evaluation
     driver, drifted, scales = _Driver(), [], []
     for batch in range(45):
         level = 0.2 if batch < 30 else 1.5
         held = bool(handler.holdout_every)  # the tasks hold records out once the handler says so
-        results = [_Result(1_000, (level + rng.normal(0, 0.03, 16)).tolist(), [500, 500],
-                           heldout_x=np.zeros((50, 2)) if held else None,
-                           heldout_y=np.zeros(50, np.int64) if held else None)]
+        results = [
+            _Result(
+                1_000,
+                (level + rng.normal(0, 0.03, 16)).tolist(),
+                [500, 500],
+                heldout_x=np.zeros((50, 2)) if held else None,
+                heldout_y=np.zeros(50, np.int64) if held else None,
+            )
+        ]
         row = _Row()
-        r.on_batch(_Info(batch, results, [OffsetRange("t", 0, batch * 1_000, (batch + 1) * 1_000)]), row, driver)
+        r.on_batch(
+            _Info(batch, results, [OffsetRange("t", 0, batch * 1_000, (batch + 1) * 1_000)]),
+            row,
+            driver,
+        )
         drifted += [batch] * len(row.drifts)
         scales.append(handler.lr_scale)
         assert row.held_out == (50 if held else 0)
     assert drifted in ([30], [31])
     assert handler.holdout_every == adapt.HOLDOUT_EVERY and evaluation.suspended == 1
-    assert evaluation.used and evaluation.used[0] == adapt.MIN_WINDOW and max(evaluation.used) == 300
+    assert (
+        evaluation.used and evaluation.used[0] == adapt.MIN_WINDOW and max(evaluation.used) == 300
+    )
     assert driver.watch is not None and driver.watch != "held-out watch"  # a fresh collapse check
-    if mode == "adapt":  # raised at the drift's batch, through the 5,000 records after it, then back
-        assert algorithm.scales == [4.0, 1.0] and scales.count(4.0) == 5 and scales[drifted[0]] == 4.0
+    if (
+        mode == "adapt"
+    ):  # raised at the drift's batch, through the 5,000 records after it, then back
+        assert (
+            algorithm.scales == [4.0, 1.0] and scales.count(4.0) == 5 and scales[drifted[0]] == 4.0
+        )
         assert scales[-1] == 1.0
     else:
         assert algorithm.scales == [] and set(scales) == {1.0}
@@ -288,14 +327,19 @@ def test_metrics_count_each_signal_from_zero_and_a_resume_goes_on() -> None:
 
     m = RunMetrics(dataset="d", algorithm="sync", topic="t", workers=2)
     text = scrape(m)
-    assert all(f'streamtrain_drift_detected_total{{signal="{s}"}} 0.0' in text for s in drift.SIGNALS)
+    assert all(
+        f'streamtrain_drift_detected_total{{signal="{s}"}} 0.0' in text for s in drift.SIGNALS
+    )
     assert "streamtrain_drift_last_timestamp_seconds NaN" in text
     found = drift.Drift("prior", 3, 6_000, 0.4, "class prior PSI 0.400", at=1_700_000_000.0)
     m.on_drift([found])
     assert 'streamtrain_drift_detected_total{signal="prior"} 1.0' in scrape(m)
     assert "streamtrain_drift_last_timestamp_seconds 1.7e+09" in scrape(m)
     resumed = RunMetrics(dataset="d", algorithm="sync", topic="t", workers=2)
-    resumed.restore(State(np.zeros(2, np.float32), last_batch_id=5, extra={"drift": [found.to_dict()] * 2}), "/nonexistent")
+    resumed.restore(
+        State(np.zeros(2, np.float32), last_batch_id=5, extra={"drift": [found.to_dict()] * 2}),
+        "/nonexistent",
+    )
     assert 'streamtrain_drift_detected_total{signal="prior"} 2.0' in scrape(resumed)
 
 
@@ -312,14 +356,20 @@ def test_tasks_describe_labels_a_table_sample_and_the_held_out_records() -> None
     x, y = np.random.default_rng(0).random((1_000, 28), dtype=np.float32), np.arange(1_000) % 2
     r = result()
     _describe(r, codec.HIGGS, x, y, (x[:5], y[:5]))
-    assert r.label_counts == [500, 500] and r.sample_x is not None and len(r.sample_x) == drift.SAMPLE_ROWS
+    assert (
+        r.label_counts == [500, 500]
+        and r.sample_x is not None
+        and len(r.sample_x) == drift.SAMPLE_ROWS
+    )
     assert r.held_out == 5 and r.heldout_x is not None and len(r.heldout_x) == 5
     images = result()
     _describe(images, codec.MNIST, np.zeros((10, 784), np.uint8), np.arange(10), None)
     assert images.sample_x is None and images.label_counts == [1] * 10 and images.held_out == 0
 
 
-def test_the_driver_saves_the_drifts_keeps_the_generation_before_and_counts_held_out_records(tmp_path: Any) -> None:
+def test_the_driver_saves_the_drifts_keeps_the_generation_before_and_counts_held_out_records(
+    tmp_path: Any,
+) -> None:
     """Proves, through a real parameter server and the exactly-once driver: the batch that
     shows a drift carries it on its row; the checkpoint records it (a resumed run's metrics
     and report go on from it) and keeps the generation from just before it however many
@@ -333,18 +383,43 @@ def test_the_driver_saves_the_drifts_keeps_the_generation_before_and_counts_held
 
     rng = np.random.default_rng(3)
     handler, rows = _Handler(), []
-    watch = drift.DriftWatch(classes=2, columns=None, settings=drift.DriftSettings(warmup=2_000, cooldown=50_000))
+    watch = drift.DriftWatch(
+        classes=2, columns=None, settings=drift.DriftSettings(warmup=2_000, cooldown=50_000)
+    )
     with ParameterServer(np.zeros(4, np.float32), secret=b"s") as server:
-        driver = TrainDriver(server, checkpoint.State(np.zeros(4, np.float32)), folder=tmp_path, keep=3,
-                             on_row=lambda info, row, weights: rows.append(row))
+        driver = TrainDriver(
+            server,
+            checkpoint.State(np.zeros(4, np.float32)),
+            folder=tmp_path,
+            keep=3,
+            on_row=lambda info, row, weights: rows.append(row),
+        )
         driver.watch_drift(adapt.DriftResponse(watch, "alert", handler=handler, batch_size=64))
         for b in range(40):
             held = 50 if handler.holdout_every else 0
-            result = TaskResult(0, 1_000 - held, 0, 0, 0.0, 0.0, [], 0.0, 0.0, False,
-                                preq_losses=((0.2 if b < 30 else 1.5) + rng.normal(0, 0.03, 16)).tolist(),
-                                heldout_x=np.zeros((held, 2)), heldout_y=np.zeros(held, np.int64), held_out=held)
-            driver.on_batch(BatchFigures(batch_id=b, ranges=[OffsetRange("t", 0, b * 1_000, (b + 1) * 1_000)],
-                                         results=[result]))
+            result = TaskResult(
+                0,
+                1_000 - held,
+                0,
+                0,
+                0.0,
+                0.0,
+                [],
+                0.0,
+                0.0,
+                False,
+                preq_losses=((0.2 if b < 30 else 1.5) + rng.normal(0, 0.03, 16)).tolist(),
+                heldout_x=np.zeros((held, 2)),
+                heldout_y=np.zeros(held, np.int64),
+                held_out=held,
+            )
+            driver.on_batch(
+                BatchFigures(
+                    batch_id=b,
+                    ranges=[OffsetRange("t", 0, b * 1_000, (b + 1) * 1_000)],
+                    results=[result],
+                )
+            )
     [found] = [(row.batch_id, d) for row in rows for d in row.drifts]
     assert found[0] in (30, 31) and found[1].generation == found[0] - 1
     state = checkpoint.load(tmp_path)

@@ -40,14 +40,27 @@ def _task(partition: int, start: int, deltas_ms: list[int], *, log_append_ms: in
     ``T0 + deltas_ms`` (CreateTime), or all ``log_append_ms`` (the broker's LogAppendTime)."""
     n = len(deltas_ms)
     rng = np.random.default_rng(partition)
-    values = codec.encode(rng.integers(0, 256, (n, 784), dtype=np.uint8), rng.integers(0, 10, n), codec.MNIST)
+    values = codec.encode(
+        rng.integers(0, 256, (n, 784), dtype=np.uint8), rng.integers(0, 10, n), codec.MNIST
+    )
     keys = codec.encode_keys(np.arange(start, start + n, dtype=np.uint64))
-    raw = raw_batches.batch(list(zip(keys, values, strict=True)), base_offset=start, first_ms=T0, deltas_ms=deltas_ms,
-                            attributes=0x08 if log_append_ms is not None else 0, max_ms=log_append_ms)
+    raw = raw_batches.batch(
+        list(zip(keys, values, strict=True)),
+        base_offset=start,
+        first_ms=T0,
+        deltas_ms=deltas_ms,
+        attributes=0x08 if log_append_ms is not None else 0,
+        max_ms=log_append_ms,
+    )
     found, _ = parse_batches(raw, start=start, end=start + n)
     planned = OffsetRange("t", partition, start, start + n)
-    return decode_range(iter([reader._arrow(found[0], planned)]), schema=codec.MNIST, handler=microbatch.Handler(),
-                        planned=planned, dead_letter=None)
+    return decode_range(
+        iter([reader._arrow(found[0], planned)]),
+        schema=codec.MNIST,
+        handler=microbatch.Handler(),
+        planned=planned,
+        dead_letter=None,
+    )
 
 
 def test_create_and_log_append_times_reach_the_task_and_bound_the_model_per_partition() -> None:
@@ -58,26 +71,40 @@ def test_create_and_log_append_times_reach_the_task_and_bound_the_model_per_part
     lags; one that had records in the batch does, its lag 0 or not."""
     first = _task(0, 0, [0, 1500, 700, 900])  # newest 1.5 s after T0, though not the last record
     second = _task(0, 4, [2000, 2100])
-    appended = _task(1, 0, [0, 5, 9], log_append_ms=T0 + 1200)  # the broker's time, not the producer's
-    assert (first.newest_ms, second.newest_ms, appended.newest_ms) == (T0 + 1500, T0 + 2100, T0 + 1200)
+    appended = _task(
+        1, 0, [0, 5, 9], log_append_ms=T0 + 1200
+    )  # the broker's time, not the producer's
+    assert (first.newest_ms, second.newest_ms, appended.newest_ms) == (
+        T0 + 1500,
+        T0 + 2100,
+        T0 + 1200,
+    )
     assert first.accepted == 4 and appended.accepted == 3  # the records decoded as well
 
     info = BatchFigures.gather(0, [first, second, appended], started_at=0.0)
     assert info.newest_ms == {("t", 0): T0 + 2100, ("t", 1): T0 + 1200}
     fresh = Freshness()
     fresh.learn(info.newest_ms, lag={("t", 0): 10, ("t", 1): 10})
-    assert fresh.seconds(now=T0 / 1000 + 4.0) == pytest.approx(2.8)  # partition 1 bounds it: 4.0 - 1.2
+    assert fresh.seconds(now=T0 / 1000 + 4.0) == pytest.approx(
+        2.8
+    )  # partition 1 bounds it: 4.0 - 1.2
     read_late = Freshness()
-    read_late.learn(info.newest_ms, lag={("t", 0): 10, ("t", 1): 0})  # its lag of 0 may be a second old
+    read_late.learn(
+        info.newest_ms, lag={("t", 0): 10, ("t", 1): 0}
+    )  # its lag of 0 may be a second old
     assert read_late.as_of == pytest.approx(T0 / 1000 + 1.2)
-    fresh.learn({}, lag={("t", 0): 10, ("t", 1): 0})  # partition 1 went quiet: partition 0 bounds it
+    fresh.learn(
+        {}, lag={("t", 0): 10, ("t", 1): 0}
+    )  # partition 1 went quiet: partition 0 bounds it
     assert fresh.seconds(now=T0 / 1000 + 4.0) == pytest.approx(1.9)
     # An older batch replayed into the figures never moves a partition back.
     fresh.learn({("t", 0): T0}, lag={("t", 0): 10, ("t", 1): 0})
     assert fresh.seconds(now=T0 / 1000 + 4.0) == pytest.approx(1.9)
 
 
-def test_the_driver_saves_freshness_with_the_batch_and_a_model_server_reads_it(tmp_path: Path) -> None:
+def test_the_driver_saves_freshness_with_the_batch_and_a_model_server_reads_it(
+    tmp_path: Path,
+) -> None:
     """Proves: the row of a saved batch carries the model's freshness, which /metrics reads
     live (gauge) and samples (histogram); the checkpoint keeps the bound (a resumed driver,
     a resumed run's metrics and a model server serving the folder read it back)."""
@@ -86,9 +113,14 @@ def test_the_driver_saves_freshness_with_the_batch_and_a_model_server_reads_it(t
         rows = []
         driver.on_row = lambda info, row, weights: rows.append(row)
         now_ms = int(time.time() * 1000)
-        driver.on_batch(BatchFigures(0, [OffsetRange("t", 0, 0, 10), OffsetRange("t", 1, 0, 10)],
-                                     newest_ms={("t", 0): now_ms - 3000, ("t", 1): now_ms - 1000},
-                                     lag={("t", 0): 5, ("t", 1): 5}))
+        driver.on_batch(
+            BatchFigures(
+                0,
+                [OffsetRange("t", 0, 0, 10), OffsetRange("t", 1, 0, 10)],
+                newest_ms={("t", 0): now_ms - 3000, ("t", 1): now_ms - 1000},
+                lag={("t", 0): 5, ("t", 1): 5},
+            )
+        )
         assert 3.0 <= rows[0].freshness_s < 4.0 and "freshness_s" in rows[0].to_dict()
         run = RunMetrics(dataset="mnist", algorithm="adag", topic="t", workers=2)
         assert math.isnan(run.freshness_s())  # nothing learned yet: a gap, not 0

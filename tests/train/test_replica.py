@@ -87,7 +87,9 @@ def test_prime_works_for_one_hot_targets() -> None:
 @pytest.mark.parametrize("build", [zoo.mnist_cnn, zoo.higgs_mlp])
 def test_flat_gradients_are_what_a_unit_sgd_step_subtracts(build) -> None:  # type: ignore[no-untyped-def]
     # SGD with learning rate 1 moves the weights by exactly minus the gradient.
-    model, spec = _compiled(build, optimizer={"class_name": "SGD", "config": {"learning_rate": 1.0}})
+    model, spec = _compiled(
+        build, optimizer={"class_name": "SGD", "config": {"learning_rate": 1.0}}
+    )
     twin = spec.build()
     twin.set_weights(model.get_weights())
     shape = model.inputs[0].shape[1:]
@@ -109,12 +111,29 @@ def test_flat_gradients_are_what_a_unit_sgd_step_subtracts(build) -> None:  # ty
 def test_weights_that_gradients_do_not_train_get_no_gradient() -> None:
     import keras
 
-    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8), keras.layers.BatchNormalization(),
-                              keras.layers.Dense(2, activation="softmax")])
+    model = keras.Sequential(
+        [
+            keras.Input((4,)),
+            keras.layers.Dense(8),
+            keras.layers.BatchNormalization(),
+            keras.layers.Dense(2, activation="softmax"),
+        ]
+    )
     spec = ModelSpec.from_model(model, optimizer="adam", loss="sparse_categorical_crossentropy")
-    assert spec.trainable == (True, True, True, True, False, False, True, True)  # BN's moving mean and variance
+    assert spec.trainable == (
+        True,
+        True,
+        True,
+        True,
+        False,
+        False,
+        True,
+        True,
+    )  # BN's moving mean and variance
     replica_model = spec.build()
-    grad, _, _ = FlatGradients(replica_model, spec)(np.ones((5, 4), np.float32), np.zeros(5, np.int32))
+    grad, _, _ = FlatGradients(replica_model, spec)(
+        np.ones((5, 4), np.float32), np.zeros(5, np.int32)
+    )
     sizes = [int(np.prod(s)) for s in spec.shapes]
     stats = slice(sum(sizes[:4]), sum(sizes[:6]))
     assert not np.any(grad[stats]) and np.any(grad[: stats.start])
@@ -133,19 +152,37 @@ def test_a_block_trains_shuffled_and_its_replay_trains_alike(mnist) -> None:  # 
     from pipeline.train.server import parameter_server
 
     keras.utils.set_random_seed(0)
-    model = keras.Sequential([keras.Input((784,)), keras.layers.Dense(32, activation="relu"),
-                              keras.layers.Dense(10, activation="softmax")])
+    model = keras.Sequential(
+        [
+            keras.Input((784,)),
+            keras.layers.Dense(32, activation="relu"),
+            keras.layers.Dense(10, activation="softmax"),
+        ]
+    )
     spec = ModelSpec.from_model(model, optimizer="adam", loss="sparse_categorical_crossentropy")
     start, train, n = get_flat(model), mnist.load("train"), 512
     algo = algorithms.get("downpour", num_workers=1, batch_size=64, communication_window=1000)
 
     def trained(first_offset: int) -> np.ndarray:
         """The center after one block of the same records, at Kafka offsets from ``first_offset``."""
-        block = stream.Block("t", 0, train.x[:n], train.y[:n], np.arange(n), np.arange(first_offset, first_offset + n),
-                             np.zeros(n), codec.MNIST)
+        block = stream.Block(
+            "t",
+            0,
+            train.x[:n],
+            train.y[:n],
+            np.arange(n),
+            np.arange(first_offset, first_offset + n),
+            np.zeros(n),
+            codec.MNIST,
+        )
         with parameter_server(algo, spec, start, host="127.0.0.1") as server:
-            handler = TrainHandler(spec=spec, algorithm=algorithms.serialize(algo), job=uuid.uuid4().hex,
-                                   server=ServerInfo(server.host, server.port, server.secret), seed=7)
+            handler = TrainHandler(
+                spec=spec,
+                algorithm=algorithms.serialize(algo),
+                job=uuid.uuid4().hex,
+                server=ServerInfo(server.host, server.port, server.secret),
+                seed=7,
+            )
             assert handler.process(block).records == n
             return server.snapshot()[0]
 

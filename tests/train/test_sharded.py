@@ -21,8 +21,11 @@ N = SPEC.size
 def _sync(workers: int = 1) -> algorithms.Algorithm:
     """Synchronous SGD: Adam on the server, whose state (per weight, and a step count) is
     cut between the shards."""
-    return algorithms.get("sync", num_workers=workers, worker_optimizer={"class_name": "Adam",
-                                                                       "config": {"learning_rate": 0.01}})
+    return algorithms.get(
+        "sync",
+        num_workers=workers,
+        worker_optimizer={"class_name": "Adam", "config": {"learning_rate": 0.01}},
+    )
 
 
 def _deltas(seed: int, n: int) -> list[np.ndarray]:
@@ -31,7 +34,9 @@ def _deltas(seed: int, n: int) -> list[np.ndarray]:
 
 
 def _push(server, deltas: list[np.ndarray]) -> np.ndarray:  # type: ignore[no-untyped-def]
-    with ps.connect(server.address, getattr(server, "shards", ()), secret=server.secret, worker=0, size=N) as c:
+    with ps.connect(
+        server.address, getattr(server, "shards", ()), secret=server.secret, worker=0, size=N
+    ) as c:
         c.pull()
         for d in deltas:
             center = c.push_pull(d)
@@ -60,8 +65,9 @@ def test_a_sharded_checkpoint_is_one_servers_and_resumes_exactly() -> None:
         restored = sharded.checkpoint()
         procs = [proc for proc, _ in sharded._children]
     assert all(proc.poll() is not None for proc in procs)  # stopped, by pid
-    with parameter_server(_sync(), SPEC, saved[0], host="127.0.0.1", shards=2, clock=saved[1],
-                          optimizer=saved[2]) as resumed:
+    with parameter_server(
+        _sync(), SPEC, saved[0], host="127.0.0.1", shards=2, clock=saved[1], optimizer=saved[2]
+    ) as resumed:
         _push(resumed, then)
         again = resumed.checkpoint()
     for got in (cut, saved):
@@ -80,14 +86,18 @@ def test_a_task_retried_across_shards_is_applied_once_on_every_shard() -> None:
     applies it, and each slice of the center holds each exchange once (and a model server
     reads that center from both shards)."""
     algo = algorithms.get("downpour")
-    with parameter_server(algo, SPEC, np.zeros(N, np.float32), host="127.0.0.1", shards=2) as server:
+    with parameter_server(
+        algo, SPEC, np.zeros(N, np.float32), host="127.0.0.1", shards=2
+    ) as server:
         (h0, p0, a, b), (h1, p1, _, _) = server.shards
         task = task_key("t", 0, 0)
         with ps.ShardedClient(server.shards, secret=server.secret, worker=0, size=N) as first:
             assert first.begin(task, steps=6, window=2) == 0
             first.pull()
             first.push(np.full(N, 1, np.float32))  # exchange 1, on both shards
-        with ps.Client((h0, p0), secret=server.secret, worker=0, size=b - a) as half:  # died after shard 0
+        with ps.Client(
+            (h0, p0), secret=server.secret, worker=0, size=b - a
+        ) as half:  # died after shard 0
             half.begin(task, steps=6, window=2)
             half.push(np.full(b - a, 10, np.float32))  # exchange 2, shard 0 only
         with pytest.raises(StreamtrainError, match="applied different pushes \\(2, 1\\)"):
@@ -110,7 +120,11 @@ def test_a_task_retried_across_shards_is_applied_once_on_every_shard() -> None:
         finally:
             live.close()
     assert np.array_equal(served.weights, center) and served.version == 3
-    assert clock == 3 and stats["repeats_dropped"] == 1 and [s["clock"] for s in stats["shards"]] == [3, 3]
+    assert (
+        clock == 3
+        and stats["repeats_dropped"] == 1
+        and [s["clock"] for s in stats["shards"]] == [3, 3]
+    )
     assert np.array_equal(center[a:b], np.full(b - a, 1 + 10 + 1000, np.float32))
     assert np.array_equal(center[b:], np.full(N - b, 1 + 100 + 1000, np.float32))
 
@@ -122,7 +136,9 @@ def test_shards_whose_rounds_grouped_one_push_differently_still_checkpoint_as_on
     step count) where shards that compared clocks refused it."""
     import threading
 
-    with parameter_server(_sync(2), SPEC, np.zeros(N, np.float32), host="127.0.0.1", shards=2) as server:
+    with parameter_server(
+        _sync(2), SPEC, np.zeros(N, np.float32), host="127.0.0.1", shards=2
+    ) as server:
         (h0, p0, a, b), (h1, p1, _, _) = server.shards
         server.expect_workers(1)
         task = task_key("t", 1, 0)
@@ -131,9 +147,13 @@ def test_shards_whose_rounds_grouped_one_push_differently_still_checkpoint_as_on
             with ps.Client((h0, p0), secret=server.secret, worker=1, size=b - a) as killed:
                 killed.begin(task, steps=1, window=1)
                 killed.pull()
-                pushed = threading.Thread(target=killed.push_pull, args=(np.ones(b - a, np.float32),))
+                pushed = threading.Thread(
+                    target=killed.push_pull, args=(np.ones(b - a, np.float32),)
+                )
                 pushed.start()  # shard 0's round waits for the steady worker, a member there
-                steady.push_pull(np.ones(N, np.float32))  # shard 0: a round of both; shard 1: its own
+                steady.push_pull(
+                    np.ones(N, np.float32)
+                )  # shard 0: a round of both; shard 1: its own
                 pushed.join(30)
                 assert not pushed.is_alive()
         with ps.Client((h1, p1), secret=server.secret, worker=1, size=N - b) as retry:
@@ -142,7 +162,11 @@ def test_shards_whose_rounds_grouped_one_push_differently_still_checkpoint_as_on
             retry.push_pull(np.ones(N - b, np.float32))
         stats = server.stats()
         _, clock, state = server.checkpoint()
-    assert [s["clock"] for s in stats["shards"]] == [1, 2] and clock == 2 and int(state["iterations"]) == 2
+    assert (
+        [s["clock"] for s in stats["shards"]] == [1, 2]
+        and clock == 2
+        and int(state["iterations"]) == 2
+    )
 
 
 def test_bad_shard_counts_are_one_clear_line() -> None:
@@ -151,5 +175,10 @@ def test_bad_shard_counts_are_one_clear_line() -> None:
     model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
     with pytest.raises(ConfigError, match="expected a positive integer. Received: ps_shards=0"):
         Trainer(model, algorithm="downpour", ps_shards=0)
-    with pytest.raises(ConfigError, match="Expected between 1 and 3 parameter-server shards for 3 weights. Received: 4"):
-        Trainer(model, algorithm="downpour", num_workers=1, ps_shards=4).train(np.zeros((4, 2)), np.zeros(4))
+    with pytest.raises(
+        ConfigError,
+        match="Expected between 1 and 3 parameter-server shards for 3 weights. Received: 4",
+    ):
+        Trainer(model, algorithm="downpour", num_workers=1, ps_shards=4).train(
+            np.zeros((4, 2)), np.zeros(4)
+        )

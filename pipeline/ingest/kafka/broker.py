@@ -56,7 +56,9 @@ def find_binary(engine: str) -> str:
     from pipeline import config
 
     if engine not in ENGINES:
-        raise BrokerError(f"Unknown broker engine {engine!r}: expected one of {', '.join(ENGINES)}.")
+        raise BrokerError(
+            f"Unknown broker engine {engine!r}: expected one of {', '.join(ENGINES)}."
+        )
     override = getattr(config.settings(), f"{engine}_bin")
     if override:
         if not os.access(override, os.X_OK):
@@ -139,7 +141,9 @@ class EmbeddedBroker:
         self.port = port
         self.engine = engine or config.settings().broker_engine
         if self.engine not in ENGINES:
-            raise BrokerError(f"Unknown broker engine {self.engine!r}: expected one of {', '.join(ENGINES)}.")
+            raise BrokerError(
+                f"Unknown broker engine {self.engine!r}: expected one of {', '.join(ENGINES)}."
+            )
         self.storage = storage
         self.log_path = log_path
         self._proc: subprocess.Popen[bytes] | None = None
@@ -150,11 +154,29 @@ class EmbeddedBroker:
             if self.storage is None:
                 self._scratch = self._scratch or tempfile.mkdtemp(prefix="streamtrain-noida-")
             folder = self.storage or self._scratch
-            return [binary, "start", "--only", "kafka", "--host", self.host, "--kafka-port", str(port),
-                    "--data-dir", str(folder)]
+            return [
+                binary,
+                "start",
+                "--only",
+                "kafka",
+                "--host",
+                self.host,
+                "--kafka-port",
+                str(port),
+                "--data-dir",
+                str(folder),
+            ]
         url = f"tcp://{self.host}:{port}"
-        return [binary, "broker", "--listener-url", url, "--advertised-listener-url", url,
-                "--storage-engine", self.storage or "memory://tansu/"]
+        return [
+            binary,
+            "broker",
+            "--listener-url",
+            url,
+            "--advertised-listener-url",
+            url,
+            "--storage-engine",
+            self.storage or "memory://tansu/",
+        ]
 
     @property
     def bootstrap(self) -> str:
@@ -191,7 +213,9 @@ class EmbeddedBroker:
             try:
                 self._proc = subprocess.Popen(
                     self._command(binary, port),
-                    stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
                     preexec_fn=_child_setup,
                 )
             finally:
@@ -247,15 +271,23 @@ class EmbeddedBroker:
         sending, lost the last ~70 ms of acknowledged records (about 10 at 150 records/s)."""
         folder = self.storage or self._scratch
         with contextlib.suppress(OSError, subprocess.SubprocessError):
-            subprocess.run([find_binary("noida"), "stop", "kafka", "--data-dir", str(folder)],
-                           stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                           timeout=15, check=False)
+            subprocess.run(
+                [find_binary("noida"), "stop", "kafka", "--data-dir", str(folder)],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                timeout=15,
+                check=False,
+            )
 
     def __enter__(self) -> EmbeddedBroker:
         return self.start()
 
     def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
     ) -> None:
         self.stop()
 
@@ -273,7 +305,9 @@ def state_path() -> Path:
 def write_state(broker: EmbeddedBroker) -> Path:
     path = state_path()
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"bootstrap": broker.bootstrap, "pid": broker.pid, "owner": os.getpid()}))
+    path.write_text(
+        json.dumps({"bootstrap": broker.bootstrap, "pid": broker.pid, "owner": os.getpid()})
+    )
     return path
 
 

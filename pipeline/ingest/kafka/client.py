@@ -41,7 +41,9 @@ def parse_bootstrap(bootstrap: str) -> str:
     for part in bootstrap.split(","):
         host, _, port = part.strip().rpartition(":")
         if not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise ConfigError(f"Expected --bootstrap as HOST:PORT[,HOST:PORT...]. Received: {bootstrap!r}")
+            raise ConfigError(
+                f"Expected --bootstrap as HOST:PORT[,HOST:PORT...]. Received: {bootstrap!r}"
+            )
     return bootstrap
 
 
@@ -59,7 +61,10 @@ def check_reachable(bootstrap: str, *, conf: KafkaConf = PLAINTEXT, timeout_s: f
     before anything starts."""
     from pipeline.ingest.kafka import wire
 
-    addresses = [(h, int(p)) for h, _, p in (b.strip().rpartition(":") for b in parse_bootstrap(bootstrap).split(","))]
+    addresses = [
+        (h, int(p))
+        for h, _, p in (b.strip().rpartition(":") for b in parse_bootstrap(bootstrap).split(","))
+    ]
     deadline = time.monotonic() + timeout_s
     why: object = "no answer"
     closed = 0
@@ -71,7 +76,9 @@ def check_reachable(bootstrap: str, *, conf: KafkaConf = PLAINTEXT, timeout_s: f
                 why = e
                 continue
             try:
-                conn.request(3, 4, struct.pack(">i", 0) + b"\x00")  # Metadata v4 of no topic: the brokers
+                conn.request(
+                    3, 4, struct.pack(">i", 0) + b"\x00"
+                )  # Metadata v4 of no topic: the brokers
                 return
             except wire.ConnectionLost as e:
                 why = e
@@ -82,7 +89,8 @@ def check_reachable(bootstrap: str, *, conf: KafkaConf = PLAINTEXT, timeout_s: f
                     raise wire.AuthenticationError(
                         f"The Kafka broker at {host}:{port} closed the connection at the first plaintext request: "
                         "its listener probably wants TLS (security.protocol SSL or SASL_SSL in a --kafka-conf "
-                        "file).") from None
+                        "file)."
+                    ) from None
             finally:
                 conn.close()
         if time.monotonic() > deadline:
@@ -104,8 +112,14 @@ def producer(bootstrap: str, *, conf: KafkaConf = PLAINTEXT, **settings: Any) ->
     return KafkaProducer(bootstrap_servers=bootstrap, **conf.kafka_python(), **settings)
 
 
-def ensure_topic(bootstrap: str, topic: str, *, partitions: int = 2, replication: int = 1,
-                 conf: KafkaConf = PLAINTEXT) -> int:
+def ensure_topic(
+    bootstrap: str,
+    topic: str,
+    *,
+    partitions: int = 2,
+    replication: int = 1,
+    conf: KafkaConf = PLAINTEXT,
+) -> int:
     """Create ``topic`` if it does not exist; return its partition count."""
     from kafka.admin import NewTopic
     from kafka.errors import TopicAlreadyExistsError
@@ -123,14 +137,21 @@ def ensure_topic(bootstrap: str, topic: str, *, partitions: int = 2, replication
             if parts:
                 return len(parts)
             if time.monotonic() > deadline:
-                raise BrokerError(f"Topic {topic!r} was created on {bootstrap} but has no partitions after 10 s.")
+                raise BrokerError(
+                    f"Topic {topic!r} was created on {bootstrap} but has no partitions after 10 s."
+                )
             time.sleep(0.05)
     finally:
         client.close()
 
 
-def consumer(bootstrap: str, *topics: str, group_id: str | None = None, conf: KafkaConf = PLAINTEXT,
-             **kwargs: Any) -> Any:
+def consumer(
+    bootstrap: str,
+    *topics: str,
+    group_id: str | None = None,
+    conf: KafkaConf = PLAINTEXT,
+    **kwargs: Any,
+) -> Any:
     """A ``KafkaConsumer`` with settings that work on Tansu and real Kafka alike, secured
     as ``conf`` says.
 
@@ -142,10 +163,14 @@ def consumer(bootstrap: str, *topics: str, group_id: str | None = None, conf: Ka
     if group_id is not None:
         settings.update(GROUP_DEFAULTS)
     settings.update(kwargs)
-    return KafkaConsumer(*topics, bootstrap_servers=bootstrap, group_id=group_id, **conf.kafka_python(), **settings)
+    return KafkaConsumer(
+        *topics, bootstrap_servers=bootstrap, group_id=group_id, **conf.kafka_python(), **settings
+    )
 
 
-def partitions_for(bootstrap_or_consumer: Any, topic: str, *, conf: KafkaConf = PLAINTEXT) -> list[int]:
+def partitions_for(
+    bootstrap_or_consumer: Any, topic: str, *, conf: KafkaConf = PLAINTEXT
+) -> list[int]:
     """Partition ids of ``topic`` (empty when it does not exist)."""
     own = isinstance(bootstrap_or_consumer, str)
     c = consumer(bootstrap_or_consumer, conf=conf) if own else bootstrap_or_consumer
@@ -156,8 +181,14 @@ def partitions_for(bootstrap_or_consumer: Any, topic: str, *, conf: KafkaConf = 
             c.close()
 
 
-def end_offsets(c: Any, partitions: Iterable[Any], *, timeout_s: float = 10.0,
-                isolation_level: str = "read_uncommitted", conf: KafkaConf = PLAINTEXT) -> dict[Any, int]:
+def end_offsets(
+    c: Any,
+    partitions: Iterable[Any],
+    *,
+    timeout_s: float = 10.0,
+    isolation_level: str = "read_uncommitted",
+    conf: KafkaConf = PLAINTEXT,
+) -> dict[Any, int]:
     """The true log-end offset of each partition, read from Fetch responses: the high
     watermark, or with ``read_committed`` the last stable offset (below any open
     transaction: where a read_committed reader stops).
@@ -179,6 +210,9 @@ def end_offsets(c: Any, partitions: Iterable[Any], *, timeout_s: float = 10.0,
     bootstrap = servers if isinstance(servers, str) else ",".join(servers)
     reader = RangeReader(bootstrap, timeout_s=timeout_s, isolation_level=isolation_level, conf=conf)
     try:
-        return {tp: reader.log_end(tp.topic, tp.partition, at=max(begin[tp], reported[tp] - 1)) for tp in tps}
+        return {
+            tp: reader.log_end(tp.topic, tp.partition, at=max(begin[tp], reported[tp] - 1))
+            for tp in tps
+        }
     finally:
         reader.close()

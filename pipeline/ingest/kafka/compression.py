@@ -58,7 +58,7 @@ def _xerial_blocks(payload: bytes | memoryview) -> list[memoryview]:
         (n,) = struct.unpack_from(">i", view, pos)
         if n < 0 or pos + 4 + n > len(view):
             raise CodecError("a xerial snappy block is longer than its batch")
-        blocks.append(view[pos + 4:pos + 4 + n])
+        blocks.append(view[pos + 4 : pos + 4 + n])
         pos += 4 + n
     return blocks
 
@@ -66,20 +66,28 @@ def _xerial_blocks(payload: bytes | memoryview) -> list[memoryview]:
 def _snappy(payload: bytes | memoryview, out: np.ndarray) -> int:
     import cramjam
 
-    raw = bytes(payload[:len(_XERIAL_MAGIC)]) != _XERIAL_MAGIC
+    raw = bytes(payload[: len(_XERIAL_MAGIC)]) != _XERIAL_MAGIC
     blocks = [memoryview(payload)] if raw else _xerial_blocks(payload)
     # Raw snappy states its inflated length first: the cap is checked before any work.
     sizes = [cramjam.snappy.decompress_raw_len(b) for b in blocks]
     if sum(sizes) > len(out) - 1:
-        raise CodecError(f"it inflates to {sum(sizes)} bytes, more than the cap of {len(out) - 1} bytes")
+        raise CodecError(
+            f"it inflates to {sum(sizes)} bytes, more than the cap of {len(out) - 1} bytes"
+        )
     pos = 0
     for block, size in zip(blocks, sizes, strict=True):
-        pos += cramjam.snappy.decompress_raw_into(block, out[pos:pos + size].data)
+        pos += cramjam.snappy.decompress_raw_into(block, out[pos : pos + size].data)
     return pos
 
 
-def inflate(codec: int, payload: bytes | memoryview, *, max_bytes: int = DEFAULT_MAX_BYTES,
-            pad: int = 0, out: np.ndarray | None = None) -> np.ndarray:
+def inflate(
+    codec: int,
+    payload: bytes | memoryview,
+    *,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+    pad: int = 0,
+    out: np.ndarray | None = None,
+) -> np.ndarray:
     """The records of a compressed batch (the bytes after its 61-byte header), as uint8.
 
     Args:
@@ -111,27 +119,36 @@ def inflate(codec: int, payload: bytes | memoryview, *, max_bytes: int = DEFAULT
     import cramjam
 
     name = codec_name(codec)
-    decoders: dict[int, Any] = {1: cramjam.gzip.decompress_into, 3: cramjam.lz4.decompress_into,
-                4: cramjam.zstd.decompress_into}
+    decoders: dict[int, Any] = {
+        1: cramjam.gzip.decompress_into,
+        3: cramjam.lz4.decompress_into,
+        4: cramjam.zstd.decompress_into,
+    }
     if codec not in decoders and codec != 2:
         raise CodecError(f"Cannot inflate a batch with {name}: Kafka defines codecs 1-4 only")
     # One byte beyond the cap: a payload that fills it is over the cap, whatever the
     # library says when it runs out of room.
     if out is None or len(out) < max_bytes + 1 + pad:
         out = np.empty(max_bytes + 1 + pad, np.uint8)
-    room = out[:max_bytes + 1]
+    room = out[: max_bytes + 1]
     try:
         n = _snappy(payload, room) if codec == 2 else decoders[codec](bytes(payload), room.data)
     except CodecError as e:
         raise CodecError(f"Cannot inflate a {name} batch: {e}") from None
     except Exception as e:  # cramjam's DecompressionError, for corrupt data or no room left
         full = "whole buffer" in str(e) or "smaller than required" in str(e)
-        why = f"it inflates to more than the cap of {max_bytes} bytes" if full else f"corrupt data ({e})"
+        why = (
+            f"it inflates to more than the cap of {max_bytes} bytes"
+            if full
+            else f"corrupt data ({e})"
+        )
         raise CodecError(f"Cannot inflate a {name} batch: {why}") from None
     if n > max_bytes:
-        raise CodecError(f"Cannot inflate a {name} batch: it inflates to more than the cap of {max_bytes} bytes")
-    out[n:n + pad] = 0
-    return out[:n + pad]
+        raise CodecError(
+            f"Cannot inflate a {name} batch: it inflates to more than the cap of {max_bytes} bytes"
+        )
+    out[n : n + pad] = 0
+    return out[: n + pad]
 
 
 def deflate(codec: int, data: bytes) -> bytes:
@@ -145,8 +162,12 @@ def deflate(codec: int, data: bytes) -> bytes:
 
     if codec == 0:
         return data
-    encoders: dict[int, Any] = {1: cramjam.gzip.compress, 2: cramjam.snappy.compress_raw, 3: cramjam.lz4.compress,
-                4: cramjam.zstd.compress}
+    encoders: dict[int, Any] = {
+        1: cramjam.gzip.compress,
+        2: cramjam.snappy.compress_raw,
+        3: cramjam.lz4.compress,
+        4: cramjam.zstd.compress,
+    }
     if codec not in encoders:
         raise CodecError(f"Cannot deflate with {codec_name(codec)}: Kafka defines codecs 0-4 only")
     return bytes(encoders[codec](data))

@@ -32,14 +32,30 @@ MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 
 #: The security settings read from the file, by their Kafka property name.
 _KEYS = {
-    "security.protocol", "sasl.mechanism", "sasl.username", "sasl.password", "ssl.ca.location",
-    "ssl.certificate.location", "ssl.key.location", "ssl.key.password", "ssl.endpoint.identification.algorithm",
+    "security.protocol",
+    "sasl.mechanism",
+    "sasl.username",
+    "sasl.password",
+    "ssl.ca.location",
+    "ssl.certificate.location",
+    "ssl.key.location",
+    "ssl.key.password",
+    "ssl.endpoint.identification.algorithm",
 }
 #: Other names users' files carry for the same settings (librdkafka's plural, the Java client's).
 _ALIASES = {"sasl.mechanisms": "sasl.mechanism", "ssl.truststore.location": "ssl.ca.location"}
 #: Settings of other concerns that a team's client file often holds: read (bootstrap) or left alone.
-_OTHER = ("bootstrap.servers", "client.id", "session.timeout.ms", "acks", "group.id", "request.timeout.ms",
-          "client.dns.lookup", "auto.offset.reset", "enable.auto.commit")
+_OTHER = (
+    "bootstrap.servers",
+    "client.id",
+    "session.timeout.ms",
+    "acks",
+    "group.id",
+    "request.timeout.ms",
+    "client.dns.lookup",
+    "auto.offset.reset",
+    "enable.auto.commit",
+)
 _JAAS = re.compile(r"""(username|password)\s*=\s*(?:"([^"]*)"|'([^']*)')""")
 
 
@@ -52,8 +68,11 @@ def _unescape(text: str) -> str:
     >>> _unescape(r"127.0.0.1\:9093"), _unescape(r"a\=b\\c\u0041")
     ('127.0.0.1:9093', 'a=b\\cA')
     """
-    return re.sub(r"\\(u[0-9a-fA-F]{4}|.)",
-                  lambda m: chr(int(m[1][1:], 16)) if len(m[1]) == 5 else _ESCAPES.get(m[1], m[1]), text)
+    return re.sub(
+        r"\\(u[0-9a-fA-F]{4}|.)",
+        lambda m: chr(int(m[1][1:], 16)) if len(m[1]) == 5 else _ESCAPES.get(m[1], m[1]),
+        text,
+    )
 
 
 def read_properties(path: str | Path) -> dict[str, str]:
@@ -72,8 +91,10 @@ def read_properties(path: str | Path) -> dict[str, str]:
     try:
         text = path.read_text()
     except OSError as e:
-        raise ConfigError(f"Expected a readable Kafka client properties file for --kafka-conf. Received: {path} "
-                          f"({e.strerror}).") from None
+        raise ConfigError(
+            f"Expected a readable Kafka client properties file for --kafka-conf. Received: {path} "
+            f"({e.strerror})."
+        ) from None
     props: dict[str, str] = {}
     logical: list[tuple[int, str]] = []
     pending: tuple[int, str] | None = None
@@ -94,7 +115,9 @@ def read_properties(path: str | Path) -> dict[str, str]:
         m = re.match(r"((?:\\.|[^=:\s\\])+)\s*(?:[=:]\s*|\s+)(.*)$", line, re.S)
         if m is None:
             # The line may hold a secret: name its number, never its text.
-            raise ConfigError(f"Expected 'key=value' on line {n} of {path}. Received a line without '=' there.")
+            raise ConfigError(
+                f"Expected 'key=value' on line {n} of {path}. Received a line without '=' there."
+            )
         props[_unescape(m[1])] = _unescape(m[2].rstrip())
     return props
 
@@ -160,7 +183,9 @@ class KafkaConf:
         certificate for mutual TLS."""
         if not self.tls:
             return None
-        return _context(self.ca, self.certificate, self.key, self.key_password, self.verify_hostname)
+        return _context(
+            self.ca, self.certificate, self.key, self.key_password, self.verify_hostname
+        )
 
     def kafka_python(self) -> dict[str, Any]:
         """kafka-python's keyword arguments (``KafkaProducer``, ``KafkaConsumer``, ``KafkaAdminClient``)."""
@@ -168,20 +193,34 @@ class KafkaConf:
         if self.tls:
             args.update(ssl_context=self.ssl_context(), ssl_check_hostname=self.verify_hostname)
         if self.sasl:
-            args.update(sasl_mechanism=self.mechanism, sasl_plain_username=self.username,
-                        sasl_plain_password=self.password)
+            args.update(
+                sasl_mechanism=self.mechanism,
+                sasl_plain_username=self.username,
+                sasl_plain_password=self.password,
+            )
         return args
 
     def librdkafka(self) -> dict[str, Any]:
         """confluent-kafka's (librdkafka's) configuration dict."""
         out: dict[str, Any] = {"security.protocol": self.protocol}
         if self.sasl:
-            out.update({"sasl.mechanism": self.mechanism, "sasl.username": self.username,
-                        "sasl.password": self.password})
+            out.update(
+                {
+                    "sasl.mechanism": self.mechanism,
+                    "sasl.username": self.username,
+                    "sasl.password": self.password,
+                }
+            )
         if self.tls:
-            out["ssl.endpoint.identification.algorithm"] = "https" if self.verify_hostname else "none"
-            for key, value in (("ssl.ca.location", self.ca), ("ssl.certificate.location", self.certificate),
-                               ("ssl.key.location", self.key), ("ssl.key.password", self.key_password)):
+            out["ssl.endpoint.identification.algorithm"] = (
+                "https" if self.verify_hostname else "none"
+            )
+            for key, value in (
+                ("ssl.ca.location", self.ca),
+                ("ssl.certificate.location", self.certificate),
+                ("ssl.key.location", self.key),
+                ("ssl.key.password", self.key_password),
+            ):
                 if value:
                     out[key] = value
         return out
@@ -200,26 +239,45 @@ class KafkaConf:
         if self.protocol == "PLAINTEXT":
             return out
         ref = functools.partial("${{file:{}:{}}}".format, self.path)
-        out.update({"kafka.config.providers": "file",
-                    "kafka.config.providers.file.class": "org.apache.kafka.common.config.provider.FileConfigProvider"})
+        out.update(
+            {
+                "kafka.config.providers": "file",
+                "kafka.config.providers.file.class": "org.apache.kafka.common.config.provider.FileConfigProvider",
+            }
+        )
         if self.sasl:
-            module = ("plain.PlainLoginModule" if self.mechanism == "PLAIN" else "scram.ScramLoginModule")
+            module = (
+                "plain.PlainLoginModule" if self.mechanism == "PLAIN" else "scram.ScramLoginModule"
+            )
             out["kafka.sasl.mechanism"] = self.mechanism or ""
-            out["kafka.sasl.jaas.config"] = (ref("sasl.jaas.config") if self.jaas else
-                                             f'org.apache.kafka.common.security.{module} required '
-                                             f'username="{ref("sasl.username")}" password="{ref("sasl.password")}";')
+            out["kafka.sasl.jaas.config"] = (
+                ref("sasl.jaas.config")
+                if self.jaas
+                else f"org.apache.kafka.common.security.{module} required "
+                f'username="{ref("sasl.username")}" password="{ref("sasl.password")}";'
+            )
         if self.tls:
-            out["kafka.ssl.endpoint.identification.algorithm"] = "https" if self.verify_hostname else ""
+            out["kafka.ssl.endpoint.identification.algorithm"] = (
+                "https" if self.verify_hostname else ""
+            )
             if self.ca:
-                out.update({"kafka.ssl.truststore.type": "PEM", "kafka.ssl.truststore.location": self.ca})
+                out.update(
+                    {"kafka.ssl.truststore.type": "PEM", "kafka.ssl.truststore.location": self.ca}
+                )
             if self.certificate:
                 if self.certificate != self.key:
                     raise ConfigError(
                         "Expected ssl.certificate.location and ssl.key.location to be one PEM file for Spark's own "
                         "Kafka source (its Java client reads a client certificate and key from one keystore). "
                         f"Received: {self.certificate} and {self.key}. Concatenate them into one file (cat CERT KEY "
-                        "> client.pem; chmod 600) and name it in both.")
-                out.update({"kafka.ssl.keystore.type": "PEM", "kafka.ssl.keystore.location": self.certificate})
+                        "> client.pem; chmod 600) and name it in both."
+                    )
+                out.update(
+                    {
+                        "kafka.ssl.keystore.type": "PEM",
+                        "kafka.ssl.keystore.location": self.certificate,
+                    }
+                )
                 if self.key_password:
                     out["kafka.ssl.key.password"] = ref("ssl.key.password")
         return out
@@ -229,8 +287,13 @@ PLAINTEXT = KafkaConf()
 
 
 @functools.lru_cache(maxsize=16)
-def _context(ca: str | None, certificate: str | None, key: str | None, key_password: str | None,
-             verify_hostname: bool) -> ssl.SSLContext:
+def _context(
+    ca: str | None,
+    certificate: str | None,
+    key: str | None,
+    key_password: str | None,
+    verify_hostname: bool,
+) -> ssl.SSLContext:
     ctx = ssl.create_default_context(cafile=ca)
     ctx.check_hostname = verify_hostname
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
@@ -242,14 +305,18 @@ def _context(ca: str | None, certificate: str | None, key: str | None, key_passw
 def _owner_only(path: str, what: str) -> None:
     mode = stat.S_IMODE(os.stat(path).st_mode)
     if mode & (stat.S_IRWXG | stat.S_IRWXO):
-        raise ConfigError(f"Expected {path} readable by its owner only: it holds {what}. Received: mode {mode:o}. "
-                          f"Run: chmod 600 {path}")
+        raise ConfigError(
+            f"Expected {path} readable by its owner only: it holds {what}. Received: mode {mode:o}. "
+            f"Run: chmod 600 {path}"
+        )
 
 
 def _readable(path: str, key: str, source: Path) -> str:
     if not os.access(path, os.R_OK) or not os.path.isfile(path):
-        raise ConfigError(f"Expected {key} in {source} to name a readable file. Received: {path}. Fix the path, "
-                          "or give this process read access to it.")
+        raise ConfigError(
+            f"Expected {key} in {source} to name a readable file. Received: {path}. Fix the path, "
+            "or give this process read access to it."
+        )
     return path
 
 
@@ -268,8 +335,10 @@ def _check_ca(path: str, source: Path) -> None:
     try:
         ssl.create_default_context().load_verify_locations(cafile=path)
     except (ssl.SSLError, OSError) as e:
-        raise ConfigError(f"Expected ssl.ca.location in {source} to hold PEM certificates. Received: {path} "
-                          f"({e}).") from None
+        raise ConfigError(
+            f"Expected ssl.ca.location in {source} to hold PEM certificates. Received: {path} "
+            f"({e})."
+        ) from None
 
 
 def parse(props: dict[str, str], source: str | Path = "the Kafka client properties") -> KafkaConf:
@@ -292,56 +361,86 @@ def parse(props: dict[str, str], source: str | Path = "the Kafka client properti
             props.setdefault(name, props.pop(alias))
     unknown = sorted(k for k in props if k not in _KEYS and k not in _OTHER)
     if unknown:
-        raise ConfigError(f"Expected Kafka client security properties in {source} ({', '.join(sorted(_KEYS))}). "
-                          f"Received: {', '.join(unknown)}. Remove the line(s), or fix the name.")
+        raise ConfigError(
+            f"Expected Kafka client security properties in {source} ({', '.join(sorted(_KEYS))}). "
+            f"Received: {', '.join(unknown)}. Remove the line(s), or fix the name."
+        )
     protocol = props.get("security.protocol", "PLAINTEXT").upper()
     if protocol not in PROTOCOLS:
-        raise ConfigError(f"Expected security.protocol {', '.join(PROTOCOLS[:-1])} or {PROTOCOLS[-1]} in {source}. "
-                          f"Received: {props['security.protocol']!r}.")
+        raise ConfigError(
+            f"Expected security.protocol {', '.join(PROTOCOLS[:-1])} or {PROTOCOLS[-1]} in {source}. "
+            f"Received: {props['security.protocol']!r}."
+        )
     sasl, tls = protocol.startswith("SASL_"), protocol.endswith("SSL")
     mechanism = props.get("sasl.mechanism", "").upper() or None
     if sasl:
         if mechanism not in MECHANISMS:
-            raise ConfigError(f"Expected sasl.mechanism PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512 in {source}. "
-                              f"Received: {props.get('sasl.mechanism')!r}. streamtrain's clients speak these three; "
-                              "ask the Kafka team for a SCRAM user.")
+            raise ConfigError(
+                f"Expected sasl.mechanism PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512 in {source}. "
+                f"Received: {props.get('sasl.mechanism')!r}. streamtrain's clients speak these three; "
+                "ask the Kafka team for a SCRAM user."
+            )
         missing = [k for k in ("sasl.username", "sasl.password") if not props.get(k)]
         if missing:
-            raise ConfigError(f"Expected {' and '.join(missing)} in {source} for security.protocol {protocol}. "
-                              "Received: none. Add the user's name and password to the file.")
+            raise ConfigError(
+                f"Expected {' and '.join(missing)} in {source} for security.protocol {protocol}. "
+                "Received: none. Add the user's name and password to the file."
+            )
     elif mechanism or props.get("sasl.username") or props.get("sasl.password"):
-        raise ConfigError(f"Expected security.protocol SASL_SSL or SASL_PLAINTEXT in {source} beside sasl.* "
-                          f"settings. Received: {protocol}. Without it the user and password would be unused.")
-    files = {k: props[k] for k in ("ssl.ca.location", "ssl.certificate.location", "ssl.key.location") if props.get(k)}
+        raise ConfigError(
+            f"Expected security.protocol SASL_SSL or SASL_PLAINTEXT in {source} beside sasl.* "
+            f"settings. Received: {protocol}. Without it the user and password would be unused."
+        )
+    files = {
+        k: props[k]
+        for k in ("ssl.ca.location", "ssl.certificate.location", "ssl.key.location")
+        if props.get(k)
+    }
     if files and not tls:
-        raise ConfigError(f"Expected security.protocol SSL or SASL_SSL in {source} beside {', '.join(files)}. "
-                          f"Received: {protocol}: the connection would not use TLS at all.")
+        raise ConfigError(
+            f"Expected security.protocol SSL or SASL_SSL in {source} beside {', '.join(files)}. "
+            f"Received: {protocol}: the connection would not use TLS at all."
+        )
     for name, path in files.items():
         _readable(path, name, source)
     if "ssl.ca.location" in files:
         _check_ca(files["ssl.ca.location"], source)
     cert, key = files.get("ssl.certificate.location"), files.get("ssl.key.location")
     if bool(cert) != bool(key) and not (cert and not key and _holds_key(cert)):
-        raise ConfigError(f"Expected ssl.certificate.location and ssl.key.location together in {source} (a client "
-                          f"certificate and its private key). Received: only {'the certificate' if cert else 'the key'}.")
+        raise ConfigError(
+            f"Expected ssl.certificate.location and ssl.key.location together in {source} (a client "
+            f"certificate and its private key). Received: only {'the certificate' if cert else 'the key'}."
+        )
     if key or cert:  # a key of its own, or one inside the certificate's file
         _owner_only(key or cert or "", "a private key")
     algorithm = props.get("ssl.endpoint.identification.algorithm", "https").strip().lower()
     if algorithm not in ("https", "", "none"):
-        raise ConfigError(f"Expected ssl.endpoint.identification.algorithm https (the default) or empty in {source}. "
-                          f"Received: {algorithm!r}.")
-    conf = KafkaConf(path=str(source), protocol=protocol, mechanism=mechanism if sasl else None,
-                     username=props.get("sasl.username") if sasl else None,
-                     password=props.get("sasl.password") if sasl else None, ca=files.get("ssl.ca.location"),
-                     certificate=cert, key=key or (cert if cert else None),
-                     key_password=props.get("ssl.key.password") or None, verify_hostname=algorithm == "https",
-                     bootstrap=props.get("bootstrap.servers") or None, jaas=jaas and sasl)
+        raise ConfigError(
+            f"Expected ssl.endpoint.identification.algorithm https (the default) or empty in {source}. "
+            f"Received: {algorithm!r}."
+        )
+    conf = KafkaConf(
+        path=str(source),
+        protocol=protocol,
+        mechanism=mechanism if sasl else None,
+        username=props.get("sasl.username") if sasl else None,
+        password=props.get("sasl.password") if sasl else None,
+        ca=files.get("ssl.ca.location"),
+        certificate=cert,
+        key=key or (cert if cert else None),
+        key_password=props.get("ssl.key.password") or None,
+        verify_hostname=algorithm == "https",
+        bootstrap=props.get("bootstrap.servers") or None,
+        jaas=jaas and sasl,
+    )
     if tls:
         try:
             conf.ssl_context()
         except (ssl.SSLError, OSError) as e:
-            raise ConfigError(f"Cannot use the client certificate {cert} with its key {key} from {source} ({e}). "
-                              "Check that they belong together and ssl.key.password is right.") from None
+            raise ConfigError(
+                f"Cannot use the client certificate {cert} with its key {key} from {source} ({e}). "
+                "Check that they belong together and ssl.key.password is right."
+            ) from None
     return conf
 
 
@@ -368,8 +467,10 @@ def load(path: str | Path | None) -> KafkaConf:
     try:
         st = path.stat()
     except OSError as e:
-        raise ConfigError(f"Expected a readable Kafka client properties file for --kafka-conf. Received: {path} "
-                          f"({e.strerror}).") from None
+        raise ConfigError(
+            f"Expected a readable Kafka client properties file for --kafka-conf. Received: {path} "
+            f"({e.strerror})."
+        ) from None
     return _load(str(path), st.st_ino, st.st_mtime_ns, st.st_ctime_ns)
 
 

@@ -75,32 +75,63 @@ def _certificates(days: int) -> tuple[bytes, bytes]:
 
     now = datetime.datetime.now(datetime.UTC)
     ca_key, key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"streamtrain kafka CA {uuid.uuid4().hex[:8]}")])
-    ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())
-          .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
-          .not_valid_after(now + datetime.timedelta(days=days))
-          .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-          .add_extension(x509.KeyUsage(digital_signature=False, content_commitment=False, key_encipherment=False,
-                                       data_encipherment=False, key_agreement=False, key_cert_sign=True,
-                                       crl_sign=True, encipher_only=False, decipher_only=False), critical=True)
-          .sign(ca_key, hashes.SHA256()))
+    ca_name = x509.Name(
+        [x509.NameAttribute(NameOID.COMMON_NAME, f"streamtrain kafka CA {uuid.uuid4().hex[:8]}")]
+    )
+    ca = (
+        x509.CertificateBuilder()
+        .subject_name(ca_name)
+        .issuer_name(ca_name)
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=days))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=False,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=True,
+                crl_sign=True,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
     names: list[x509.GeneralName] = [x509.DNSName(n) for n in BROKER_NAMES]
     names.append(x509.IPAddress(ipaddress.ip_address("127.0.0.1")))
-    broker = (x509.CertificateBuilder()
-              .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, BROKER_NAMES[0])]))
-              .issuer_name(ca_name).public_key(key.public_key()).serial_number(x509.random_serial_number())
-              .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=days))
-              .add_extension(x509.SubjectAlternativeName(names), critical=False)
-              .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-              .sign(ca_key, hashes.SHA256()))
+    broker = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, BROKER_NAMES[0])]))
+        .issuer_name(ca_name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=days))
+        .add_extension(x509.SubjectAlternativeName(names), critical=False)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
     pem = serialization.Encoding.PEM
     # PKCS#8, unencrypted: what Kafka's PEM keystore reads without ssl.key.password.
-    key_pem = key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    key_pem = key.private_bytes(
+        pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
     return ca.public_bytes(pem), key_pem + broker.public_bytes(pem)
 
 
-def write(broker_dir: str | Path, client_file: str | Path, *, ca_file: str | Path | None = None,
-          days: int = 825) -> bool:
+def write(
+    broker_dir: str | Path,
+    client_file: str | Path,
+    *,
+    ca_file: str | Path | None = None,
+    days: int = 825,
+) -> bool:
     """Write the broker's files into ``broker_dir`` and the client's into ``client_file``
     (and the CA's certificate beside it, or at ``ca_file``), unless they are there already;
     whether they were written.
@@ -116,18 +147,34 @@ def write(broker_dir: str | Path, client_file: str | Path, *, ca_file: str | Pat
         return False
     for folder in (broker_dir, client_file.parent, ca_file.parent):
         if not folder.is_dir():
-            raise ConfigError(f"Expected a folder for the Kafka credentials. Received: {folder}, which does not exist.")
+            raise ConfigError(
+                f"Expected a folder for the Kafka credentials. Received: {folder}, which does not exist."
+            )
     password = secrets.token_urlsafe(32)
     ca, broker = _certificates(days)
     _private(broker_dir / "broker.pem", broker, 0o644)
     _private(broker_dir / "ca.pem", ca, 0o644)
-    _private(broker_dir / "scram-user.properties", f"SCRAM-SHA-512=[password={password}]\n".encode(), 0o644)
+    _private(
+        broker_dir / "scram-user.properties",
+        f"SCRAM-SHA-512=[password={password}]\n".encode(),
+        0o644,
+    )
     # Kafka's cluster ids are a UUID's 16 bytes in URL-safe base64, unpadded (22 characters).
-    _private(broker_dir / "cluster-id", base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=") + b"\n", 0o644)
+    _private(
+        broker_dir / "cluster-id",
+        base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=") + b"\n",
+        0o644,
+    )
     _private(ca_file, ca, 0o644)
-    _private(client_file, (f"# streamtrain: the stack's Kafka (generated). Keep this file secret.\n"
-                           f"security.protocol=SASL_SSL\nsasl.mechanism=SCRAM-SHA-512\nsasl.username={USER}\n"
-                           f"sasl.password={password}\nssl.ca.location={ca_file}\n").encode(), 0o600)
+    _private(
+        client_file,
+        (
+            f"# streamtrain: the stack's Kafka (generated). Keep this file secret.\n"
+            f"security.protocol=SASL_SSL\nsasl.mechanism=SCRAM-SHA-512\nsasl.username={USER}\n"
+            f"sasl.password={password}\nssl.ca.location={ca_file}\n"
+        ).encode(),
+        0o600,
+    )
     # Last: its presence says the rest is written (a start killed half-way writes all again).
     _private(broker_dir / "server.properties", _SERVER.format(folder=broker_dir).encode(), 0o644)
     return True

@@ -35,9 +35,16 @@ from pipeline.ingest.kafka.wire import (
 )
 
 _FETCH, _METADATA = 1, 3
-_ERRORS = {1: "OFFSET_OUT_OF_RANGE", 3: "UNKNOWN_TOPIC_OR_PARTITION", 5: "LEADER_NOT_AVAILABLE",
-           6: "NOT_LEADER_OR_FOLLOWER", 35: "UNSUPPORTED_VERSION", 74: "FENCED_LEADER_EPOCH",
-           75: "UNKNOWN_LEADER_EPOCH", 76: "UNSUPPORTED_COMPRESSION_TYPE"}
+_ERRORS = {
+    1: "OFFSET_OUT_OF_RANGE",
+    3: "UNKNOWN_TOPIC_OR_PARTITION",
+    5: "LEADER_NOT_AVAILABLE",
+    6: "NOT_LEADER_OR_FOLLOWER",
+    35: "UNSUPPORTED_VERSION",
+    74: "FENCED_LEADER_EPOCH",
+    75: "UNKNOWN_LEADER_EPOCH",
+    76: "UNSUPPORTED_COMPRESSION_TYPE",
+}
 _STALE_LEADER = {3, 5, 6, 74, 75}
 
 #: Kafka's isolation levels, by the id a Fetch request carries.
@@ -55,7 +62,9 @@ def isolation_id(level: str) -> int:
     pipeline.errors.ConfigError: Expected --isolation-level read_committed or read_uncommitted. Received: 'committed'
     """
     if level not in ISOLATION_LEVELS:
-        raise ConfigError(f"Expected --isolation-level read_committed or read_uncommitted. Received: {level!r}")
+        raise ConfigError(
+            f"Expected --isolation-level read_committed or read_uncommitted. Received: {level!r}"
+        )
     return ISOLATION_LEVELS[level]
 
 
@@ -68,9 +77,16 @@ class UnreadableRange(BrokerError):
     the same way). One line: topic, partition, offset and cause."""
 
     def __init__(self, topic: str, partition: int, batch: UnreadableBatch) -> None:
-        super().__init__(f"Cannot read {topic}-{partition} at offset {batch.offset}: {batch.cause}. "
-                         "The stream stops before its micro-batch (docs/kafka.md: Record format).")
-        self.topic, self.partition, self.offset, self.cause = topic, partition, batch.offset, batch.cause
+        super().__init__(
+            f"Cannot read {topic}-{partition} at offset {batch.offset}: {batch.cause}. "
+            "The stream stops before its micro-batch (docs/kafka.md: Record format)."
+        )
+        self.topic, self.partition, self.offset, self.cause = (
+            topic,
+            partition,
+            batch.offset,
+            batch.cause,
+        )
 
     @classmethod
     def from_message(cls, message: str) -> UnreadableRange | None:
@@ -83,7 +99,9 @@ class UnreadableRange(BrokerError):
         """
         import re
 
-        m = re.match(r"Cannot read (.+)-(\d+) at offset (-?\d+): (.*)\. The stream stops before", message)
+        m = re.match(
+            r"Cannot read (.+)-(\d+) at offset (-?\d+): (.*)\. The stream stops before", message
+        )
         if m is None:
             return None
         return cls(m[1], int(m[2]), UnreadableBatch(int(m[3]), m[4]))
@@ -123,11 +141,20 @@ class RangeReader:
             print(len(records), records.offsets[:3])
     """
 
-    def __init__(self, bootstrap: str, *, timeout_s: float = 30.0, max_partition_bytes: int = 16 << 20,
-                 isolation_level: str = "read_committed",
-                 max_batch_bytes: int = compression.DEFAULT_MAX_BYTES, conf: KafkaConf = PLAINTEXT) -> None:
+    def __init__(
+        self,
+        bootstrap: str,
+        *,
+        timeout_s: float = 30.0,
+        max_partition_bytes: int = 16 << 20,
+        isolation_level: str = "read_committed",
+        max_batch_bytes: int = compression.DEFAULT_MAX_BYTES,
+        conf: KafkaConf = PLAINTEXT,
+    ) -> None:
         self.conf = conf
-        self.bootstrap = [(h, int(p)) for h, _, p in (b.strip().rpartition(":") for b in bootstrap.split(","))]
+        self.bootstrap = [
+            (h, int(p)) for h, _, p in (b.strip().rpartition(":") for b in bootstrap.split(","))
+        ]
         self.timeout_s = timeout_s
         self.max_partition_bytes = max_partition_bytes
         self.isolation_level = isolation_level
@@ -152,7 +179,9 @@ class RangeReader:
         errors = []
         for address in self.bootstrap:
             try:
-                r = self._conn(address).request(_METADATA, 4, struct.pack(">i", 1) + string(topic) + b"\x00")
+                r = self._conn(address).request(
+                    _METADATA, 4, struct.pack(">i", 1) + string(topic) + b"\x00"
+                )
             except AuthenticationError:
                 raise  # the same settings fail on every broker, now and later
             except (BrokerError, OSError) as e:
@@ -178,12 +207,18 @@ class RangeReader:
                     if leader in brokers and name is not None:
                         self._leaders[(name, partition)] = brokers[leader]
                 if error and name == topic:
-                    raise BrokerError(f"Kafka has no topic {topic!r} ({_ERRORS.get(error, error)}).")
+                    raise BrokerError(
+                        f"Kafka has no topic {topic!r} ({_ERRORS.get(error, error)})."
+                    )
             return
-        raise ConnectionLost(f"Cannot reach Kafka at {','.join(f'{h}:{p}' for h, p in self.bootstrap)}: "
-                          + "; ".join(errors))
+        raise ConnectionLost(
+            f"Cannot reach Kafka at {','.join(f'{h}:{p}' for h, p in self.bootstrap)}: "
+            + "; ".join(errors)
+        )
 
-    def _fetch(self, topic: str, partition: int, offset: int, max_bytes: int, *, wait_ms: int = 100) -> Fetched:
+    def _fetch(
+        self, topic: str, partition: int, offset: int, max_bytes: int, *, wait_ms: int = 100
+    ) -> Fetched:
         key = (topic, partition)
         if key not in self._leaders:
             self._refresh(topic)
@@ -192,13 +227,18 @@ class RangeReader:
         address = self._leaders[key]
         # Fetch v10 (no fetch session: id 0, epoch -1): Kafka refuses to send zstd batches
         # to a Fetch below v10 (UNSUPPORTED_COMPRESSION_TYPE), whatever the client can inflate.
-        body = (struct.pack(">iiiibii", -1, wait_ms, 1, max_bytes, self._isolation, 0, -1) + struct.pack(">i", 1)
-                + string(topic) + struct.pack(">iiiqqi", 1, partition, -1, offset, -1, max_bytes)
-                + struct.pack(">i", 0))
+        body = (
+            struct.pack(">iiiibii", -1, wait_ms, 1, max_bytes, self._isolation, 0, -1)
+            + struct.pack(">i", 1)
+            + string(topic)
+            + struct.pack(">iiiqqi", 1, partition, -1, offset, -1, max_bytes)
+            + struct.pack(">i", 0)
+        )
         try:
             # Kafka sends a first batch whole however large (KIP-74): up to the batch cap.
-            r = self._conn(address).request(_FETCH, 10, body,
-                                            most=max(max_bytes, self.max_batch_bytes) + _FETCH_OVERHEAD)
+            r = self._conn(address).request(
+                _FETCH, 10, body, most=max(max_bytes, self.max_batch_bytes) + _FETCH_OVERHEAD
+            )
         except (BrokerError, OSError):
             self._drop(address)
             self._leaders.pop(key, None)
@@ -207,20 +247,29 @@ class RangeReader:
             return self._fetched(r, topic, partition, offset)
         except (struct.error, ValueError, UnicodeDecodeError) as e:
             self._drop(address)  # out of step with the broker: a new connection
-            raise BrokerError(f"Kafka's Fetch response for {topic}-{partition} at offset {offset} is malformed "
-                              f"({e}).") from None
+            raise BrokerError(
+                f"Kafka's Fetch response for {topic}-{partition} at offset {offset} is malformed "
+                f"({e})."
+            ) from None
 
     def _fetched(self, r: Reader, topic: str, partition: int, offset: int) -> Fetched:
         """The partition's part of a Fetch response."""
         key = (topic, partition)
         r.take(">i")  # throttle
         if (error := r.take(">h")) != 0:
-            raise BrokerError(f"Kafka refused to fetch {topic}-{partition}: {_ERRORS.get(error, error)}.")
+            raise BrokerError(
+                f"Kafka refused to fetch {topic}-{partition}: {_ERRORS.get(error, error)}."
+            )
         r.take(">i")  # session id
         for _ in range(r.take(">i")):
             r.string()
             for _ in range(r.take(">i")):
-                _, error, high_watermark, last_stable = r.take(">i"), r.take(">h"), r.take(">q"), r.take(">q")
+                _, error, high_watermark, last_stable = (
+                    r.take(">i"),
+                    r.take(">h"),
+                    r.take(">q"),
+                    r.take(">q"),
+                )
                 r.take(">q")  # log start offset
                 aborted = [(r.take(">q"), r.take(">q")) for _ in range(max(r.take(">i"), 0))]
                 records = r.bytes_()
@@ -228,10 +277,14 @@ class RangeReader:
                     self._leaders.pop(key, None)
                     return Fetched(None, high_watermark, last_stable, aborted)
                 if error == 1:
-                    raise OffsetOutOfRange(f"Offset {offset} of {topic}-{partition} is out of range "
-                                           "(deleted by retention, or beyond the end of the log).")
+                    raise OffsetOutOfRange(
+                        f"Offset {offset} of {topic}-{partition} is out of range "
+                        "(deleted by retention, or beyond the end of the log)."
+                    )
                 if error:
-                    raise BrokerError(f"Kafka refused to fetch {topic}-{partition}: {_ERRORS.get(error, error)}.")
+                    raise BrokerError(
+                        f"Kafka refused to fetch {topic}-{partition}: {_ERRORS.get(error, error)}."
+                    )
                 return Fetched(records, high_watermark, last_stable, aborted)
         return Fetched(None, -1, -1, [])
 
@@ -256,11 +309,21 @@ class RangeReader:
                 stable = got.last_stable if got.last_stable >= 0 else got.high_watermark
                 return stable if self._isolation else got.high_watermark
             if time.monotonic() > deadline:
-                raise BrokerError(f"Kafka gave no log end for {topic}-{partition} within {self.timeout_s:g} s.")
+                raise BrokerError(
+                    f"Kafka gave no log end for {topic}-{partition} within {self.timeout_s:g} s."
+                )
             time.sleep(0.1)
 
-    def read(self, topic: str, partition: int, start: int, end: int, *,
-             skipped: Skipped | None = None, on_poison: str = "fail") -> Iterator[Records]:
+    def read(
+        self,
+        topic: str,
+        partition: int,
+        start: int,
+        end: int,
+        *,
+        skipped: Skipped | None = None,
+        on_poison: str = "fail",
+    ) -> Iterator[Records]:
         """Yield :class:`Records` covering ``[start, end)`` in order; raises :class:`BrokerError`
         if the range cannot be read within the timeout (:class:`OffsetOutOfRange` if its
         first records are gone, :class:`UnreadableRange` for a batch that cannot be read).
@@ -280,10 +343,19 @@ class RangeReader:
                 continue
             records, stable = got.records, got.last_stable
             try:
-                found, next_offset = parse_batches(
-                    records, start=position, end=end, aborted=got.aborted if committed else None,
-                    skipped=skipped, max_batch_bytes=self.max_batch_bytes,
-                    on_poison=on_poison) if records else ([], position)
+                found, next_offset = (
+                    parse_batches(
+                        records,
+                        start=position,
+                        end=end,
+                        aborted=got.aborted if committed else None,
+                        skipped=skipped,
+                        max_batch_bytes=self.max_batch_bytes,
+                        on_poison=on_poison,
+                    )
+                    if records
+                    else ([], position)
+                )
             except UnreadableBatch as e:
                 raise UnreadableRange(topic, partition, e) from None
             if found:
@@ -297,14 +369,25 @@ class RangeReader:
             elif records is not None and len(records) >= max_bytes:
                 # One batch is bigger than the limit: ask for more, up to the largest batch read.
                 if max_bytes >= self.max_batch_bytes + _FETCH_OVERHEAD:
-                    raise UnreadableRange(topic, partition, UnreadableBatch(
-                        position, f"a batch larger than {max_bytes:,} bytes (the cap is {self.max_batch_bytes:,})"))
+                    raise UnreadableRange(
+                        topic,
+                        partition,
+                        UnreadableBatch(
+                            position,
+                            f"a batch larger than {max_bytes:,} bytes (the cap is {self.max_batch_bytes:,})",
+                        ),
+                    )
                 max_bytes = min(2 * max_bytes, self.max_batch_bytes + _FETCH_OVERHEAD)
             elif time.monotonic() > deadline:
-                open_txn = (f"; a transaction still open at offset {stable} holds the rest back (read_committed)"
-                            if committed and 0 <= stable <= position else "")
-                raise BrokerError(f"Kafka returned nothing for {topic}-{partition} at offset {position} "
-                                  f"(wanted up to {end}) within {self.timeout_s:g} s{open_txn}.")
+                open_txn = (
+                    f"; a transaction still open at offset {stable} holds the rest back (read_committed)"
+                    if committed and 0 <= stable <= position
+                    else ""
+                )
+                raise BrokerError(
+                    f"Kafka returned nothing for {topic}-{partition} at offset {position} "
+                    f"(wanted up to {end}) within {self.timeout_s:g} s{open_txn}."
+                )
 
     def close(self) -> None:
         for address in list(self._conns):

@@ -169,7 +169,9 @@ def _is_abort_marker(data: bytes, first: int) -> bool:
     return bool(struct.unpack_from(">h", data, pos + size + 2)[0] == 0)
 
 
-def filter_aborted(batches: list[tuple[int, int, int, str]], aborted: list[tuple[int, int]]) -> list[bool]:
+def filter_aborted(
+    batches: list[tuple[int, int, int, str]], aborted: list[tuple[int, int]]
+) -> list[bool]:
     """Which batches a read_committed consumer keeps, decided as Kafka's Java consumer does.
 
     A producer's transactional batches are dropped from the first offset of one of its
@@ -211,10 +213,17 @@ def filter_aborted(batches: list[tuple[int, int, int, str]], aborted: list[tuple
 ON_POISON = ("fail", "skip")
 
 
-def parse_batches(records: bytes | memoryview, *, start: int, end: int, check_crc: bool = True,
-                  aborted: list[tuple[int, int]] | None = None, skipped: Skipped | None = None,
-                  max_batch_bytes: int = compression.DEFAULT_MAX_BYTES,
-                  on_poison: str = "fail") -> tuple[list[Records], int]:
+def parse_batches(
+    records: bytes | memoryview,
+    *,
+    start: int,
+    end: int,
+    check_crc: bool = True,
+    aborted: list[tuple[int, int]] | None = None,
+    skipped: Skipped | None = None,
+    max_batch_bytes: int = compression.DEFAULT_MAX_BYTES,
+    on_poison: str = "fail",
+) -> tuple[list[Records], int]:
     """Records with ``start <= offset < end`` from a Fetch response's record set, one
     :class:`Records` per record batch; also the offset to fetch next (after the last
     complete batch).
@@ -247,16 +256,21 @@ def parse_batches(records: bytes | memoryview, *, start: int, end: int, check_cr
         base, length = struct.unpack_from(">qi", data, pos)
         stop = pos + 12 + length
         if stop > size or length < _BATCH_HEADER - 12:
-            if length < _BATCH_HEADER - 12:  # a length that cannot be a batch: no boundary to go on from
+            if (
+                length < _BATCH_HEADER - 12
+            ):  # a length that cannot be a batch: no boundary to go on from
                 raise UnreadableBatch(base, f"corrupt batch: a length of {length} bytes")
             break
         magic = data[pos + 16]
         crc, attributes, last_delta = struct.unpack_from(">Ihi", data, pos + 17)
-        producer, count = struct.unpack_from(">q", data, pos + 43)[0], struct.unpack_from(">i", data, pos + 57)[0]
+        producer, count = (
+            struct.unpack_from(">q", data, pos + 43)[0],
+            struct.unpack_from(">i", data, pos + 57)[0],
+        )
         marker, bad = "", None
         if magic != 2:
             bad = f"record format v{magic}; streamtrain reads v2 (Kafka >= 0.11) only"
-        elif check_crc and crc32c.crc32c(view[pos + 21:stop]) != crc:
+        elif check_crc and crc32c.crc32c(view[pos + 21 : stop]) != crc:
             bad = "corrupt batch: it failed its CRC check"
         elif attributes & 0x20 and count:
             try:
@@ -274,14 +288,20 @@ def parse_batches(records: bytes | memoryview, *, start: int, end: int, check_cr
         headers.append((base + last_delta, producer, attributes, marker))
         next_offset = max(next_offset, base + last_delta + 1)
         pos = stop
-    keep = filter_aborted(headers, aborted) if aborted is not None else [not h[2] & 0x20 for h in headers]
+    keep = (
+        filter_aborted(headers, aborted)
+        if aborted is not None
+        else [not h[2] & 0x20 for h in headers]
+    )
     # A broker that filters aborted records itself (noida) leaves a gap where they were:
     # counted as aborted where the response lists an aborted transaction before it
     # (other gaps are compaction's, and not this reader's to count).
     abort_from = min((first for _, first in aborted), default=None) if aborted else None
     out: list[Records] = []
     expected = start
-    for i, ((pos, stop, base), (last, _, attributes, _), kept) in enumerate(zip(found, headers, keep, strict=True)):
+    for i, ((pos, stop, base), (last, _, attributes, _), kept) in enumerate(
+        zip(found, headers, keep, strict=True)
+    ):
         if i in poisoned:
             skipped.pass_over(base, last, start, end, poisoned[i])
             expected = max(expected, last + 1)
@@ -306,7 +326,9 @@ def parse_batches(records: bytes | memoryview, *, start: int, end: int, check_cr
         try:
             got = _read_batch(data, buf, pos, stop, count, attributes, start, end, max_batch_bytes)
         except (BrokerError, IndexError, ValueError) as e:
-            cause = str(e) if isinstance(e, BrokerError) else "corrupt batch: its records are cut short"
+            cause = (
+                str(e) if isinstance(e, BrokerError) else "corrupt batch: its records are cut short"
+            )
             if on_poison != "skip":
                 raise UnreadableBatch(base, cause) from None
             skipped.pass_over(base, last, start, end, cause)
@@ -330,23 +352,50 @@ def _scratch(size: int) -> np.ndarray:
     return buf
 
 
-def _read_batch(data: bytes, buf: np.ndarray, pos: int, stop: int, count: int, attributes: int, start: int,
-                end: int, max_batch_bytes: int) -> Records:
+def _read_batch(
+    data: bytes,
+    buf: np.ndarray,
+    pos: int,
+    stop: int,
+    count: int,
+    attributes: int,
+    start: int,
+    end: int,
+    max_batch_bytes: int,
+) -> Records:
     """The records of the batch at ``data[pos:stop]``, inflated where compressed."""
-    base, = struct.unpack_from(">q", data, pos)
+    (base,) = struct.unpack_from(">q", data, pos)
     base_ts, max_ts = struct.unpack_from(">qq", data, pos + 27)
     log_append_ts = max_ts if attributes & 0x08 else -1
     codec = attributes & 0x07
     if not codec:
-        return _parse_batch(data, buf, pos + _BATCH_HEADER, stop, count, base, base_ts, log_append_ts, start, end)
-    body = compression.inflate(codec, memoryview(data)[pos + _BATCH_HEADER:stop], max_bytes=max_batch_bytes,
-                               pad=_PAD, out=_scratch(max_batch_bytes + 1 + _PAD))
-    return _parse_batch(body.data, body, 0, len(body) - _PAD, count, base, base_ts, log_append_ts, start,
-                        end)
+        return _parse_batch(
+            data, buf, pos + _BATCH_HEADER, stop, count, base, base_ts, log_append_ts, start, end
+        )
+    body = compression.inflate(
+        codec,
+        memoryview(data)[pos + _BATCH_HEADER : stop],
+        max_bytes=max_batch_bytes,
+        pad=_PAD,
+        out=_scratch(max_batch_bytes + 1 + _PAD),
+    )
+    return _parse_batch(
+        body.data, body, 0, len(body) - _PAD, count, base, base_ts, log_append_ts, start, end
+    )
 
 
-def _parse_batch(data: bytes | memoryview, buf: np.ndarray, first: int, stop: int, count: int, base: int, base_ts: int,
-                 log_append_ts: int, start: int, end: int) -> Records:
+def _parse_batch(
+    data: bytes | memoryview,
+    buf: np.ndarray,
+    first: int,
+    stop: int,
+    count: int,
+    base: int,
+    base_ts: int,
+    log_append_ts: int,
+    start: int,
+    end: int,
+) -> Records:
     """The records of one batch, ``data[first:stop]`` after its header (``buf``: the same
     bytes as numpy, padded), whose offsets fall in ``[start, end)``."""
     # A record takes 7 bytes at least (its length, attributes, two deltas, key and value
@@ -370,8 +419,20 @@ def _parse_batch(data: bytes | memoryview, buf: np.ndarray, first: int, stop: in
     at += size
     if not keep.all():
         offsets, ts_delta, key_at, key_len, at, value_len = (
-            a[keep] for a in (offsets, ts_delta, key_at, key_len, at, value_len))
+            a[keep] for a in (offsets, ts_delta, key_at, key_len, at, value_len)
+        )
     key_offsets, key_data = _gather(buf, key_at, key_len)
     value_offsets, value_data = _gather(buf, at, value_len)
-    stamps = np.full(len(offsets), log_append_ts, np.int64) if log_append_ts >= 0 else base_ts + ts_delta
-    return Records(offsets, stamps, key_offsets, key_data, key_len >= 0, value_offsets, value_data, value_len >= 0)
+    stamps = (
+        np.full(len(offsets), log_append_ts, np.int64) if log_append_ts >= 0 else base_ts + ts_delta
+    )
+    return Records(
+        offsets,
+        stamps,
+        key_offsets,
+        key_data,
+        key_len >= 0,
+        value_offsets,
+        value_data,
+        value_len >= 0,
+    )

@@ -57,8 +57,9 @@ class Releaser:
     def flush(self, timeout_s: float = 10.0) -> bool:
         """Wait until every release asked for is done (or refused); False on timeout."""
         with self._lock:
-            return self._lock.wait_for(lambda: not self.supported or not (self._wanted or self._busy),
-                                       timeout=timeout_s)
+            return self._lock.wait_for(
+                lambda: not self.supported or not (self._wanted or self._busy), timeout=timeout_s
+            )
 
     def close(self) -> None:
         with self._lock:
@@ -92,8 +93,12 @@ class Releaser:
 
         try:
             if self._admin is None:
-                self._admin = client.admin(self.bootstrap, conf=self.conf, request_timeout_ms=10_000)
-            self._admin.delete_records({TopicPartition(self.topic, p): o for p, o in wanted.items()})
+                self._admin = client.admin(
+                    self.bootstrap, conf=self.conf, request_timeout_ms=10_000
+                )
+            self._admin.delete_records(
+                {TopicPartition(self.topic, p): o for p, o in wanted.items()}
+            )
             return True
         except (KafkaError, OSError) as e:
             # Tansu drops the connection: it has no DeleteRecords. Another error may pass;
@@ -101,8 +106,16 @@ class Releaser:
             if "disconnected" in str(e).lower() or "unsupported" in type(e).__name__.lower():
                 with self._lock:
                     self.supported = False
-                log.info("this broker keeps the records it was sent (it cannot delete them: %s): its memory "
-                         "grows with the replay", type(e).__name__)
+                log.info(
+                    "this broker keeps the records it was sent (it cannot delete them: %s): its memory "
+                    "grows with the replay",
+                    type(e).__name__,
+                )
             else:
-                log.warning("could not release trained records of %s: %s: %s", self.topic, type(e).__name__, e)
+                log.warning(
+                    "could not release trained records of %s: %s: %s",
+                    self.topic,
+                    type(e).__name__,
+                    e,
+                )
             return False

@@ -73,7 +73,7 @@ class Reader:
         n = self.take(">h")
         if n < 0:
             return None
-        value = self.data[self.pos:self.pos + n].decode()
+        value = self.data[self.pos : self.pos + n].decode()
         self.pos += n
         return value
 
@@ -83,7 +83,7 @@ class Reader:
             return None
         if self.pos + n > len(self.data):
             raise ValueError(f"a field of {n} bytes where {len(self.data) - self.pos} remain")
-        value = memoryview(self.data)[self.pos:self.pos + n]
+        value = memoryview(self.data)[self.pos : self.pos + n]
         self.pos += n
         return value
 
@@ -92,24 +92,41 @@ def _tls_failure(e: ssl.SSLError, where: str, conf: KafkaConf) -> Authentication
     """One line for a TLS handshake that failed, saying which side refused what."""
     if isinstance(e, ssl.SSLCertVerificationError):
         why = e.verify_message or str(e)
-        fix = ("ssl.ca.location must name the CA that signed the broker's certificate"
-               if "issuer" in why or "self-signed" in why or "self signed" in why else
-               "the broker's certificate must name the host in --bootstrap (or set "
-               "ssl.endpoint.identification.algorithm= to skip the name check, on a network you trust)"
-               if "hostname" in why or "IP address" in why else
-               "the broker's certificate must be renewed" if "expired" in why else "check ssl.ca.location")
-        return AuthenticationError(f"The Kafka broker at {where} presented a certificate that does not verify "
-                                   f"({why}): {fix}.")
+        fix = (
+            "ssl.ca.location must name the CA that signed the broker's certificate"
+            if "issuer" in why or "self-signed" in why or "self signed" in why
+            else "the broker's certificate must name the host in --bootstrap (or set "
+            "ssl.endpoint.identification.algorithm= to skip the name check, on a network you trust)"
+            if "hostname" in why or "IP address" in why
+            else "the broker's certificate must be renewed"
+            if "expired" in why
+            else "check ssl.ca.location"
+        )
+        return AuthenticationError(
+            f"The Kafka broker at {where} presented a certificate that does not verify "
+            f"({why}): {fix}."
+        )
     reason = e.reason or type(e).__name__
-    if reason in ("WRONG_VERSION_NUMBER", "UNEXPECTED_EOF_WHILE_READING", "RECORD_LAYER_FAILURE") or \
-            isinstance(e, ssl.SSLEOFError):
-        return AuthenticationError(f"The Kafka broker at {where} does not speak TLS ({reason}): its port is "
-                                   f"probably PLAINTEXT or SASL_PLAINTEXT, not {conf.protocol}. Check "
-                                   "security.protocol in --kafka-conf against the listener's.")
-    if "CERTIFICATE" in reason.upper() or "ALERT" in reason.upper() or "HANDSHAKE_FAILURE" in reason.upper():
-        return AuthenticationError(f"The Kafka broker at {where} refused this client's TLS handshake ({reason}): "
-                                   "it wants a client certificate it trusts (ssl.certificate.location and "
-                                   "ssl.key.location in --kafka-conf).")
+    if reason in (
+        "WRONG_VERSION_NUMBER",
+        "UNEXPECTED_EOF_WHILE_READING",
+        "RECORD_LAYER_FAILURE",
+    ) or isinstance(e, ssl.SSLEOFError):
+        return AuthenticationError(
+            f"The Kafka broker at {where} does not speak TLS ({reason}): its port is "
+            f"probably PLAINTEXT or SASL_PLAINTEXT, not {conf.protocol}. Check "
+            "security.protocol in --kafka-conf against the listener's."
+        )
+    if (
+        "CERTIFICATE" in reason.upper()
+        or "ALERT" in reason.upper()
+        or "HANDSHAKE_FAILURE" in reason.upper()
+    ):
+        return AuthenticationError(
+            f"The Kafka broker at {where} refused this client's TLS handshake ({reason}): "
+            "it wants a client certificate it trusts (ssl.certificate.location and "
+            "ssl.key.location in --kafka-conf)."
+        )
     return AuthenticationError(f"TLS with the Kafka broker at {where} failed ({reason}).")
 
 
@@ -125,9 +142,13 @@ class Connection:
     def __init__(self, host: str, port: int, timeout_s: float, conf: KafkaConf = PLAINTEXT) -> None:
         self.where, self.conf, self.timeout_s = f"{host}:{port}", conf, timeout_s
         try:
-            sock = socket.create_connection((host, port), timeout=min(timeout_s, HANDSHAKE_TIMEOUT_S))
+            sock = socket.create_connection(
+                (host, port), timeout=min(timeout_s, HANDSHAKE_TIMEOUT_S)
+            )
         except OSError as e:
-            raise ConnectionLost(f"Cannot connect to the Kafka broker at {host}:{port} ({e}).") from None
+            raise ConnectionLost(
+                f"Cannot connect to the Kafka broker at {host}:{port} ({e})."
+            ) from None
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
         self.sock: socket.socket = sock
@@ -141,14 +162,18 @@ class Connection:
                 except ssl.SSLError as e:
                     raise _tls_failure(e, self.where, conf) from None
                 except TimeoutError:
-                    raise AuthenticationError(f"The Kafka broker at {self.where} did not answer a TLS handshake "
-                                              f"within {min(timeout_s, HANDSHAKE_TIMEOUT_S):g} s: its port is "
-                                              "probably PLAINTEXT, not "
-                                              f"{conf.protocol}. Check security.protocol in --kafka-conf.") from None
+                    raise AuthenticationError(
+                        f"The Kafka broker at {self.where} did not answer a TLS handshake "
+                        f"within {min(timeout_s, HANDSHAKE_TIMEOUT_S):g} s: its port is "
+                        "probably PLAINTEXT, not "
+                        f"{conf.protocol}. Check security.protocol in --kafka-conf."
+                    ) from None
                 except OSError as e:  # reset while handshaking: a peer that does not speak TLS here
-                    raise AuthenticationError(f"The Kafka broker at {self.where} closed the TLS handshake ({e}): "
-                                              f"check security.protocol {conf.protocol} against the listener, and "
-                                              "the client certificate if the broker asks for one.") from None
+                    raise AuthenticationError(
+                        f"The Kafka broker at {self.where} closed the TLS handshake ({e}): "
+                        f"check security.protocol {conf.protocol} against the listener, and "
+                        "the client certificate if the broker asks for one."
+                    ) from None
             if conf.sasl:
                 self._authenticate()
             self.sock.settimeout(timeout_s)
@@ -156,7 +181,9 @@ class Connection:
             self.sock.close()
             raise
 
-    def request(self, api_key: int, version: int, body: bytes, *, most: int = MAX_RESPONSE_BYTES) -> Reader:
+    def request(
+        self, api_key: int, version: int, body: bytes, *, most: int = MAX_RESPONSE_BYTES
+    ) -> Reader:
         """Send a request; its response, which may be at most ``most`` bytes: a frame size
         decides no allocation beyond what the request asked for."""
         if time.monotonic() >= self._reauth_at:
@@ -165,7 +192,9 @@ class Connection:
             self.sock.settimeout(self.timeout_s)
         return self._request(api_key, version, body, most=most)
 
-    def _request(self, api_key: int, version: int, body: bytes, *, most: int = MAX_RESPONSE_BYTES) -> Reader:
+    def _request(
+        self, api_key: int, version: int, body: bytes, *, most: int = MAX_RESPONSE_BYTES
+    ) -> Reader:
         self.correlation += 1
         header = struct.pack(">hhi", api_key, version, self.correlation) + string("streamtrain")
         frame = header + body
@@ -173,19 +202,25 @@ class Connection:
             self.sock.sendall(struct.pack(">i", len(frame)) + frame)
             size = struct.unpack(">i", self._read(4))[0]
             if not 4 <= size <= most:
-                raise self._garbled(f"Kafka's response declares {size} bytes, outside 4 to {most:,} for what was "
-                                    "asked: the broker (or something between) does not speak Kafka's protocol here.")
+                raise self._garbled(
+                    f"Kafka's response declares {size} bytes, outside 4 to {most:,} for what was "
+                    "asked: the broker (or something between) does not speak Kafka's protocol here."
+                )
             data = self._read(size)
         except (ssl.SSLEOFError, ConnectionLost) as e:
             if self.correlation == 1 and self.conf.tls:
                 raise self._refused_after_handshake() from None
             raise ConnectionLost(f"Kafka request failed ({type(e).__name__}: {e}).") from None
-        except ssl.SSLError as e:  # TLS 1.3 sends a refused client certificate's alert after the handshake
+        except (
+            ssl.SSLError
+        ) as e:  # TLS 1.3 sends a refused client certificate's alert after the handshake
             raise _tls_failure(e, self.where, self.conf) from None
         except OSError as e:  # timeouts included
             raise ConnectionLost(f"Kafka request failed ({type(e).__name__}: {e}).") from None
         if struct.unpack_from(">i", data)[0] != self.correlation:
-            raise BrokerError("Kafka answered a different request than the one sent (correlation id mismatch).")
+            raise BrokerError(
+                "Kafka answered a different request than the one sent (correlation id mismatch)."
+            )
         reader = Reader(data)
         reader.pos = 4
         return reader
@@ -193,18 +228,25 @@ class Connection:
     def _refused_after_handshake(self) -> AuthenticationError:
         """A TLS listener that closes at the first request after the handshake: with TLS 1.3 a
         server checks the client's certificate after the client's handshake is done."""
-        which = ("refused the client certificate given" if self.conf.certificate else
-                 "probably requires a client certificate (ssl.certificate.location and ssl.key.location in "
-                 "--kafka-conf)")
-        return AuthenticationError(f"The Kafka broker at {self.where} closed the TLS connection at the first request: "
-                                   f"it {which}.")
+        which = (
+            "refused the client certificate given"
+            if self.conf.certificate
+            else "probably requires a client certificate (ssl.certificate.location and ssl.key.location in "
+            "--kafka-conf)"
+        )
+        return AuthenticationError(
+            f"The Kafka broker at {self.where} closed the TLS connection at the first request: "
+            f"it {which}."
+        )
 
     def _garbled(self, message: str) -> BrokerError:
         if self.conf.protocol == "PLAINTEXT" and self.correlation == 1:
             # A TLS listener answers a plaintext request with an alert (0x15 0x03 ...), read as a huge size.
-            return AuthenticationError(f"The Kafka broker at {self.where} did not answer in Kafka's plaintext "
-                                       "protocol: its port probably wants TLS (security.protocol SSL or "
-                                       "SASL_SSL in a --kafka-conf file).")
+            return AuthenticationError(
+                f"The Kafka broker at {self.where} did not answer in Kafka's plaintext "
+                "protocol: its port probably wants TLS (security.protocol SSL or "
+                "SASL_SSL in a --kafka-conf file)."
+            )
         return BrokerError(message)
 
     def _authenticate(self) -> None:
@@ -223,20 +265,29 @@ class Connection:
         except ConnectionLost:
             if not first:
                 raise
-            raise AuthenticationError(f"The Kafka broker at {self.where} closed the connection at the SASL "
-                                      f"handshake: its port is probably not {conf.protocol}. Check "
-                                      "security.protocol in --kafka-conf against the listener's.") from None
+            raise AuthenticationError(
+                f"The Kafka broker at {self.where} closed the connection at the SASL "
+                f"handshake: its port is probably not {conf.protocol}. Check "
+                "security.protocol in --kafka-conf against the listener's."
+            ) from None
         except (BrokerError, struct.error) as e:
-            raise AuthenticationError(f"The Kafka broker at {self.where} did not take a SASL handshake ({e}): its "
-                                      f"port is probably not {conf.protocol}. Check security.protocol in "
-                                      "--kafka-conf against the listener's.") from None
+            raise AuthenticationError(
+                f"The Kafka broker at {self.where} did not take a SASL handshake ({e}): its "
+                f"port is probably not {conf.protocol}. Check security.protocol in "
+                "--kafka-conf against the listener's."
+            ) from None
         if error:
-            raise AuthenticationError(f"The Kafka broker at {self.where} does not offer SASL {conf.mechanism} (it "
-                                      f"offers {', '.join(m for m in offered if m) or 'none'}). Set sasl.mechanism "
-                                      "in --kafka-conf to one of those.")
+            raise AuthenticationError(
+                f"The Kafka broker at {self.where} does not offer SASL {conf.mechanism} (it "
+                f"offers {', '.join(m for m in offered if m) or 'none'}). Set sasl.mechanism "
+                "in --kafka-conf to one of those."
+            )
         mechanism = get_sasl_mechanism(conf.mechanism)(
-            security_protocol=conf.protocol, sasl_mechanism=conf.mechanism, sasl_plain_username=conf.username,
-            sasl_plain_password=conf.password)
+            security_protocol=conf.protocol,
+            sasl_mechanism=conf.mechanism,
+            sasl_plain_username=conf.username,
+            sasl_plain_password=conf.password,
+        )
         lifetime_ms = 0
         while not mechanism.is_done():
             try:
@@ -246,19 +297,31 @@ class Connection:
             except ConnectionLost as e:
                 if not first:
                     raise
-                raise AuthenticationError(f"The Kafka broker at {self.where} closed the connection while "
-                                          f"authenticating {who} ({e}).") from None
+                raise AuthenticationError(
+                    f"The Kafka broker at {self.where} closed the connection while "
+                    f"authenticating {who} ({e})."
+                ) from None
             if error:
-                raise AuthenticationError(f"The Kafka broker at {self.where} refused {who}: {message or error}. "
-                                          "Check sasl.username and sasl.password in --kafka-conf.")
+                raise AuthenticationError(
+                    f"The Kafka broker at {self.where} refused {who}: {message or error}. "
+                    "Check sasl.username and sasl.password in --kafka-conf."
+                )
             try:
                 mechanism.receive(bytes(answer or b""))
             except ValueError as e:  # a SCRAM server whose proof does not verify
-                raise AuthenticationError(f"The Kafka broker at {self.where} failed SASL {conf.mechanism}'s check "
-                                          f"of the server ({e}): it may not be the broker you meant.") from None
+                raise AuthenticationError(
+                    f"The Kafka broker at {self.where} failed SASL {conf.mechanism}'s check "
+                    f"of the server ({e}): it may not be the broker you meant."
+                ) from None
         if not mechanism.is_authenticated():
-            raise AuthenticationError(f"The Kafka broker at {self.where} did not authenticate {who}.")
-        self._reauth_at = (time.monotonic() + _REAUTH_AT * lifetime_ms / 1000) if lifetime_ms > 0 else float("inf")
+            raise AuthenticationError(
+                f"The Kafka broker at {self.where} did not authenticate {who}."
+            )
+        self._reauth_at = (
+            (time.monotonic() + _REAUTH_AT * lifetime_ms / 1000)
+            if lifetime_ms > 0
+            else float("inf")
+        )
 
     def _read(self, n: int) -> bytearray:
         buf = bytearray(n)

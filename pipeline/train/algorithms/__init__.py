@@ -27,7 +27,8 @@ from pipeline.train.algorithms.single import Single
 from pipeline.train.algorithms.sync import SyncSGD
 
 _REGISTRY: dict[str, type[Algorithm]] = {
-    cls.name: cls for cls in (Single, SyncSGD, ModelAveraging, Downpour, AGN, ADAG, AEASGD, EAMSGD, DynSGD)
+    cls.name: cls
+    for cls in (Single, SyncSGD, ModelAveraging, Downpour, AGN, ADAG, AEASGD, EAMSGD, DynSGD)
 }
 NAMES = tuple(_REGISTRY)
 
@@ -46,8 +47,10 @@ def get(identifier: str | dict[str, Any] | Algorithm, **overrides: Any) -> Algor
     elif isinstance(identifier, dict) and "name" in identifier:
         name, config = identifier["name"], dict(identifier.get("config", {}))
     else:
-        raise ConfigError(f"Expected an algorithm name, a {{'name', 'config'}} dict or an Algorithm. "
-                          f"Received: {identifier!r}")
+        raise ConfigError(
+            f"Expected an algorithm name, a {{'name', 'config'}} dict or an Algorithm. "
+            f"Received: {identifier!r}"
+        )
     try:
         cls = _REGISTRY[name.lower()]
     except KeyError:
@@ -63,5 +66,19 @@ def serialize(algorithm: Algorithm) -> dict[str, Any]:
     return {"name": algorithm.name, "config": algorithm.get_config()}
 
 
-__all__ = ["ADAG", "AEASGD", "AGN", "EAMSGD", "NAMES", "Algorithm", "Downpour", "DynSGD", "ExchangeClient",
-           "ModelAveraging", "Single", "SyncSGD", "get", "serialize"]
+__all__ = [
+    "ADAG",
+    "AEASGD",
+    "AGN",
+    "EAMSGD",
+    "NAMES",
+    "Algorithm",
+    "Downpour",
+    "DynSGD",
+    "ExchangeClient",
+    "ModelAveraging",
+    "Single",
+    "SyncSGD",
+    "get",
+    "serialize",
+]

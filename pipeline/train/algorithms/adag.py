@@ -39,10 +39,18 @@ class ADAG(AGN):
     def __post_init__(self) -> None:
         super().__post_init__()
         if not self.learning_rate > 0:
-            raise ConfigError(f"Expected learning_rate > 0 for ADAG. Received: learning_rate={self.learning_rate}")
+            raise ConfigError(
+                f"Expected learning_rate > 0 for ADAG. Received: learning_rate={self.learning_rate}"
+            )
 
-    def apply(self, center: np.ndarray, delta: np.ndarray, *, staleness: int = 0,
-              pulled: np.ndarray | None = None) -> None:
+    def apply(
+        self,
+        center: np.ndarray,
+        delta: np.ndarray,
+        *,
+        staleness: int = 0,
+        pulled: np.ndarray | None = None,
+    ) -> None:
         if pulled is None:  # never pulled: nothing moved under it
             np.add(center, delta, out=center)
             return

@@ -35,8 +35,10 @@ class AEASGD(Algorithm):
     def __post_init__(self) -> None:
         super().__post_init__()
         if not 0 < self.alpha <= 1:
-            raise ConfigError(f"Expected 0 < learning_rate * rho <= 1 for elastic averaging. "
-                              f"Received: learning_rate={self.learning_rate}, rho={self.rho}")
+            raise ConfigError(
+                f"Expected 0 < learning_rate * rho <= 1 for elastic averaging. "
+                f"Received: learning_rate={self.learning_rate}, rho={self.rho}"
+            )
 
     @property
     def alpha(self) -> float:

@@ -75,8 +75,10 @@ class Algorithm(abc.ABC):
         for field in ("num_workers", "batch_size", "communication_window"):
             value = getattr(self, field)
             if not isinstance(value, int) or value < 1:
-                raise ConfigError(f"Received an invalid value for `{field}`, expected a positive integer. "
-                                  f"Received: {field}={value!r}")
+                raise ConfigError(
+                    f"Received an invalid value for `{field}`, expected a positive integer. "
+                    f"Received: {field}={value!r}"
+                )
 
     @property
     def worker_batch_size(self) -> int:
@@ -109,8 +111,14 @@ class Algorithm(abc.ABC):
 
     # --- server half ---
 
-    def apply(self, center: np.ndarray, delta: np.ndarray, *, staleness: int = 0,
-              pulled: np.ndarray | None = None) -> None:
+    def apply(
+        self,
+        center: np.ndarray,
+        delta: np.ndarray,
+        *,
+        staleness: int = 0,
+        pulled: np.ndarray | None = None,
+    ) -> None:
         """Change ``center`` in place from one pushed buffer. Default: center += delta."""
         add_delta(center, delta)
 

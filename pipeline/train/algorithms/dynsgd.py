@@ -27,6 +27,12 @@ class DynSGD(Algorithm):
 
     name = "dynsgd"
 
-    def apply(self, center: np.ndarray, delta: np.ndarray, *, staleness: int = 0,
-              pulled: np.ndarray | None = None) -> None:
+    def apply(
+        self,
+        center: np.ndarray,
+        delta: np.ndarray,
+        *,
+        staleness: int = 0,
+        pulled: np.ndarray | None = None,
+    ) -> None:
         center += delta * np.float32(1.0 / (staleness + 1))

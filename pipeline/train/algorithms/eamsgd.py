@@ -35,5 +35,11 @@ class EAMSGD(AEASGD):
 
     def local_optimizer(self) -> dict[str, Any]:
         """The Keras config of the workers' Nesterov-momentum SGD."""
-        return {"class_name": "SGD", "config": {"learning_rate": self.learning_rate, "momentum": self.momentum,
-                                                "nesterov": True}}
+        return {
+            "class_name": "SGD",
+            "config": {
+                "learning_rate": self.learning_rate,
+                "momentum": self.momentum,
+                "nesterov": True,
+            },
+        }

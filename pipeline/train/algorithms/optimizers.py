@@ -30,14 +30,19 @@ class ServerOptimizer:
 
     def state(self) -> dict[str, np.ndarray]:
         """Copies of everything :meth:`apply` depends on (for a checkpoint)."""
-        return {"iterations": np.array(self.iterations, np.int64), **{k: v.copy() for k, v in self._slots().items()}}
+        return {
+            "iterations": np.array(self.iterations, np.int64),
+            **{k: v.copy() for k, v in self._slots().items()},
+        }
 
     def load_state(self, state: dict[str, np.ndarray]) -> None:
         """Restore what :meth:`state` returned."""
         slots = self._slots()
         missing = [k for k in ("iterations", *slots) if k not in state]
         if missing:
-            raise ConfigError(f"Expected optimizer state with {sorted(['iterations', *slots])}. Missing: {missing}")
+            raise ConfigError(
+                f"Expected optimizer state with {sorted(['iterations', *slots])}. Missing: {missing}"
+            )
         for k, v in slots.items():
             np.copyto(v, np.asarray(state[k], np.float32).reshape(v.shape))
         self.iterations = int(state["iterations"])
@@ -56,10 +61,22 @@ class Adam(ServerOptimizer):
         [-0.1, 0.1]
     """
 
-    def __init__(self, size: int, *, learning_rate: float = 0.001, beta_1: float = 0.9, beta_2: float = 0.999,
-                 epsilon: float = 1e-7) -> None:
+    def __init__(
+        self,
+        size: int,
+        *,
+        learning_rate: float = 0.001,
+        beta_1: float = 0.9,
+        beta_2: float = 0.999,
+        epsilon: float = 1e-7,
+    ) -> None:
         super().__init__(size)
-        self.learning_rate, self.beta_1, self.beta_2, self.epsilon = learning_rate, beta_1, beta_2, epsilon
+        self.learning_rate, self.beta_1, self.beta_2, self.epsilon = (
+            learning_rate,
+            beta_1,
+            beta_2,
+            epsilon,
+        )
         self.m = np.zeros(size, np.float32)
         self.v = np.zeros(size, np.float32)
         self._tmp = np.empty(size, np.float32)
@@ -95,8 +112,14 @@ class SGD(ServerOptimizer):
         [0.5, 0.0]
     """
 
-    def __init__(self, size: int, *, learning_rate: float = 0.01, momentum: float = 0.0,
-                 nesterov: bool = False) -> None:
+    def __init__(
+        self,
+        size: int,
+        *,
+        learning_rate: float = 0.01,
+        momentum: float = 0.0,
+        nesterov: bool = False,
+    ) -> None:
         super().__init__(size)
         self.learning_rate, self.momentum, self.nesterov = learning_rate, momentum, nesterov
         self.velocity = np.zeros(size, np.float32)
@@ -135,18 +158,27 @@ def get(identifier: str | dict[str, Any], size: int) -> ServerOptimizer:
     >>> get({"class_name": "Adam", "config": {"learning_rate": 0.002, "name": "adam"}}, 3).learning_rate
     0.002
     """
-    name, config = (identifier, {}) if isinstance(identifier, str) else (
-        str(identifier.get("class_name", "")), dict(identifier.get("config", {})))
+    name, config = (
+        (identifier, {})
+        if isinstance(identifier, str)
+        else (str(identifier.get("class_name", "")), dict(identifier.get("config", {})))
+    )
     cls = _KINDS.get(name.lower())
     if cls is None:
-        raise ConfigError(f"Synchronous SGD runs the optimizer on the parameter server, which knows {sorted(_KINDS)}. "
-                          f"Received: {name!r}. Pass worker_optimizer='adam' or 'sgd'.")
-    wanted = {"adam": ("learning_rate", "beta_1", "beta_2", "epsilon"),
-              "sgd": ("learning_rate", "momentum", "nesterov")}[name.lower()]
+        raise ConfigError(
+            f"Synchronous SGD runs the optimizer on the parameter server, which knows {sorted(_KINDS)}. "
+            f"Received: {name!r}. Pass worker_optimizer='adam' or 'sgd'."
+        )
+    wanted = {
+        "adam": ("learning_rate", "beta_1", "beta_2", "epsilon"),
+        "sgd": ("learning_rate", "momentum", "nesterov"),
+    }[name.lower()]
     settings = {k: config[k] for k in wanted if k in config and config[k] is not None}
     if not isinstance(settings.get("learning_rate", 0.0), int | float):
-        raise ConfigError(f"Expected a number for the server optimizer's learning_rate. "
-                          f"Received: {settings['learning_rate']!r} (schedules are not supported)")
+        raise ConfigError(
+            f"Expected a number for the server optimizer's learning_rate. "
+            f"Received: {settings['learning_rate']!r} (schedules are not supported)"
+        )
     if config.get("amsgrad"):
         raise ConfigError("The server's Adam has no amsgrad variant. Received: amsgrad=True")
     return cls(size, **settings)

@@ -27,4 +27,6 @@ class Single(Algorithm):
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.num_workers != 1:
-            raise ConfigError(f"The single algorithm trains on exactly one worker. Received: num_workers={self.num_workers}")
+            raise ConfigError(
+                f"The single algorithm trains on exactly one worker. Received: num_workers={self.num_workers}"
+            )

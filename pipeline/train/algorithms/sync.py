@@ -57,7 +57,9 @@ class SyncSGD(Algorithm):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        optimizers.get(self.worker_optimizer, 0)  # an optimizer the server cannot run fails here, not mid-run
+        optimizers.get(
+            self.worker_optimizer, 0
+        )  # an optimizer the server cannot run fails here, not mid-run
         self._optimizer: optimizers.ServerOptimizer | None = None
         self._averaged: np.ndarray | None = None  # slots of weights not trained by gradients
 
@@ -87,10 +89,18 @@ class SyncSGD(Algorithm):
         """
         return client.push_pull(local)
 
-    def apply(self, center: np.ndarray, delta: np.ndarray, *, staleness: int = 0,
-              pulled: np.ndarray | None = None) -> None:
+    def apply(
+        self,
+        center: np.ndarray,
+        delta: np.ndarray,
+        *,
+        staleness: int = 0,
+        pulled: np.ndarray | None = None,
+    ) -> None:
         if self._optimizer is None or self._optimizer.size != center.size:
-            self._optimizer = optimizers.get(self.worker_optimizer, center.size)  # a server used without bind()
+            self._optimizer = optimizers.get(
+                self.worker_optimizer, center.size
+            )  # a server used without bind()
         if self._averaged is None:
             self._optimizer.apply(center, delta)
             return
@@ -127,7 +137,9 @@ class GradientWorker(WorkerHalf):
     one round of staleness (recorded per push).
     """
 
-    def __init__(self, algorithm: Algorithm, client: ExchangeClient, replica: Any, pulled: np.ndarray) -> None:
+    def __init__(
+        self, algorithm: Algorithm, client: ExchangeClient, replica: Any, pulled: np.ndarray
+    ) -> None:
         super().__init__(algorithm, client, replica, pulled)
         self.weights = replica.weights
         self.summed: np.ndarray | None = None
@@ -136,20 +148,30 @@ class GradientWorker(WorkerHalf):
         self.averaged = replica.spec.untrained()
         self.base = pulled[self.averaged] if self.averaged is not None else None
         overlap = bool(getattr(algorithm, "overlap", False))
-        self.pool = ThreadPoolExecutor(1, thread_name_prefix="streamtrain-push") if overlap else None
+        self.pool = (
+            ThreadPoolExecutor(1, thread_name_prefix="streamtrain-push") if overlap else None
+        )
         self.pending: tuple[Future[np.ndarray], int] | None = None
         self.weights_clock = client.clock  # the center the replica's weights came from
 
     def compute(self, x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
         grad, loss, acc = self.replica.gradients(x, y)
         # Each window sums into a new buffer: the last one may still be in flight.
-        self.summed = grad if self.summed is None else np.add(self.summed, grad, out=None if self.count == 1 else self.summed)
+        self.summed = (
+            grad
+            if self.summed is None
+            else np.add(self.summed, grad, out=None if self.count == 1 else self.summed)
+        )
         self.count += 1
         return loss, acc
 
     def exchange(self) -> None:
         assert self.summed is not None
-        mean = self.summed if self.count == 1 else np.multiply(self.summed, np.float32(1.0 / self.count), out=self.summed)
+        mean = (
+            self.summed
+            if self.count == 1
+            else np.multiply(self.summed, np.float32(1.0 / self.count), out=self.summed)
+        )
         self.summed, self.count = None, 0
         if self.averaged is not None:
             mean = np.array(mean)  # writable

@@ -33,7 +33,9 @@ class WorkerHalf(abc.ABC):
             from and the one its push was applied to.
     """
 
-    def __init__(self, algorithm: Algorithm, client: ExchangeClient, replica: Any, pulled: np.ndarray) -> None:
+    def __init__(
+        self, algorithm: Algorithm, client: ExchangeClient, replica: Any, pulled: np.ndarray
+    ) -> None:
         self.algorithm, self.client, self.replica, self.pulled = algorithm, client, replica, pulled
         self.staleness: list[int] = []
 
@@ -56,7 +58,11 @@ class DeltaWorker(WorkerHalf):
 
     def compute(self, x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
         out = self.replica.model.train_on_batch(x, y)
-        return (float(out[0]), float(out[1])) if isinstance(out, list | tuple) else (float(out), float("nan"))
+        return (
+            (float(out[0]), float(out[1]))
+            if isinstance(out, list | tuple)
+            else (float(out), float("nan"))
+        )
 
     def exchange(self) -> None:
         weights = self.replica.weights

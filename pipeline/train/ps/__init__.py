@@ -15,5 +15,13 @@ from pipeline.train.ps.rules import Rule, add_delta
 from pipeline.train.ps.server import ParameterServer
 from pipeline.train.ps.shards import ShardedClient, connect
 
-__all__ = ["Client", "ParameterServer", "ProtocolError", "Rule", "ShardedClient", "add_delta", "connect",
-           "parse_address"]
+__all__ = [
+    "Client",
+    "ParameterServer",
+    "ProtocolError",
+    "Rule",
+    "ShardedClient",
+    "add_delta",
+    "connect",
+    "parse_address",
+]

@@ -58,11 +58,20 @@ class Client:
     """
 
     def __init__(
-        self, address: str | tuple[str, int], *, secret: bytes, worker: int, size: int, timeout_s: float = 60.0,
-        shared_memory: bool = True, wire_dtype: str = "float32",
+        self,
+        address: str | tuple[str, int],
+        *,
+        secret: bytes,
+        worker: int,
+        size: int,
+        timeout_s: float = 60.0,
+        shared_memory: bool = True,
+        wire_dtype: str = "float32",
     ) -> None:
         if wire_dtype not in wire.FLAGS:
-            raise ConfigError(f"Expected a wire dtype in {', '.join(wire.NAMES)}. Received: {wire_dtype!r}")
+            raise ConfigError(
+                f"Expected a wire dtype in {', '.join(wire.NAMES)}. Received: {wire_dtype!r}"
+            )
         self.address = parse_address(address)
         self.wire_dtype = wire_dtype
         self._narrow = wire.FLAGS[wire_dtype]
@@ -99,10 +108,14 @@ class Client:
         answer = bytearray(1 + p.PROOF_BYTES)
         p.recv_exact(self._sock, memoryview(answer))
         if answer[0] != p.OK:
-            raise p.ProtocolError("the parameter server refused this worker's proof of the run's secret (auth)")
+            raise p.ProtocolError(
+                "the parameter server refused this worker's proof of the run's secret (auth)"
+            )
         if not hmac.compare_digest(bytes(answer[1:]), p.server_proof(secret, bytes(theirs), ours)):
-            raise p.ProtocolError(f"the parameter server at {self.address[0]}:{self.address[1]} did not prove the "
-                                  "run's secret: not this run's server")
+            raise p.ProtocolError(
+                f"the parameter server at {self.address[0]}:{self.address[1]} did not prove the "
+                "run's secret: not this run's server"
+            )
         return SESSION.client(p.Keys.derive(secret, bytes(theirs), ours), self.size * 4)
 
     @property
@@ -127,8 +140,17 @@ class Client:
             shared = None
         return shared
 
-    def _request(self, op: int, payload: np.ndarray | None = None, *, body: bytes = b"", most: int = 0,
-                 task: int = 0, exchange: int = 0, steps: int = 0) -> tuple[p.Header, memoryview]:
+    def _request(
+        self,
+        op: int,
+        payload: np.ndarray | None = None,
+        *,
+        body: bytes = b"",
+        most: int = 0,
+        task: int = 0,
+        exchange: int = 0,
+        steps: int = 0,
+    ) -> tuple[p.Header, memoryview]:
         """Send a request; return the reply's header and payload (at most ``most`` bytes; the
         weights' size where the weights come back on the socket), both authenticated."""
         self._seq += 1
@@ -138,7 +160,9 @@ class Client:
         out: memoryview | bytes = body
         if payload is not None:
             if payload.dtype != np.float32 or payload.size != self.size:
-                raise ConfigError(f"Expected {self.size} float32 values. Received: {payload.size} {payload.dtype}")
+                raise ConfigError(
+                    f"Expected {self.size} float32 values. Received: {payload.size} {payload.dtype}"
+                )
             if shared:
                 assert self._shared is not None
                 np.copyto(self._shared.request, payload)
@@ -146,13 +170,27 @@ class Client:
             elif narrow:
                 out = wire.encode(np.ascontiguousarray(payload), narrow, self._wire)
                 if wire.overflowed(payload, self._wire, narrow):
-                    raise p.ProtocolError("a delta went past float16's range (+-65504) on the wire: use --wire-dtype "
-                                          "bfloat16, which keeps float32's", reason="range")
+                    raise p.ProtocolError(
+                        "a delta went past float16's range (+-65504) on the wire: use --wire-dtype "
+                        "bfloat16, which keeps float32's",
+                        reason="range",
+                    )
             else:
                 out = np.ascontiguousarray(payload).data.cast("B")
-        header, sealed = self._session.seal(p.Header(op, self.worker, self._seq, self.clock, len(out),
-                                                     flags=p.SHARED if shared else narrow, task=task, exchange=exchange,
-                                                     steps=steps), out)
+        header, sealed = self._session.seal(
+            p.Header(
+                op,
+                self.worker,
+                self._seq,
+                self.clock,
+                len(out),
+                flags=p.SHARED if shared else narrow,
+                task=task,
+                exchange=exchange,
+                steps=steps,
+            ),
+            out,
+        )
         if len(sealed) > 4096:
             self._sock.sendall(header)
             self._sock.sendall(sealed)
@@ -163,22 +201,38 @@ class Client:
         reply = p.unpack(raw)
         if reply.op != p.OK:
             reason = p.STATUS.get(reply.op, str(reply.op))
-            raise p.ProtocolError(f"the parameter server refused the request ({reason})", reason=reason)
+            raise p.ProtocolError(
+                f"the parameter server refused the request ({reason})", reason=reason
+            )
         allowed = self.size * wire.itemsize(narrow) if weights else most
-        if reply.seq != self._seq or (reply.length != allowed if weights else reply.length > allowed):
-            raise p.ProtocolError(f"the parameter server's reply does not fit the request (sequence {reply.seq}, "
-                                  f"{reply.length} bytes)")
-        into = ((self._wire if narrow else self._buf).data.cast("B") if weights else
-                memoryview(bytearray(reply.length)))
+        if reply.seq != self._seq or (
+            reply.length != allowed if weights else reply.length > allowed
+        ):
+            raise p.ProtocolError(
+                f"the parameter server's reply does not fit the request (sequence {reply.seq}, "
+                f"{reply.length} bytes)"
+            )
+        into = (
+            (self._wire if narrow else self._buf).data.cast("B")
+            if weights
+            else memoryview(bytearray(reply.length))
+        )
         if len(into):
             p.recv_exact(self._sock, self._session.inlet(reply.length, into))
         if not self._session.open(reply, into):
-            raise p.ProtocolError("a reply from the parameter server failed authentication (altered in transit?)")
+            raise p.ProtocolError(
+                "a reply from the parameter server failed authentication (altered in transit?)"
+            )
         if weights and narrow:
             wire.decode(into, narrow, self._buf)
-            if narrow == wire.FLAGS["float16"] and not np.isfinite(self._buf).all():  # the center is finite
-                raise p.ProtocolError("the center has weights past float16's range (+-65504) on the wire: use "
-                                      "--wire-dtype bfloat16, which keeps float32's", reason="range")
+            if (
+                narrow == wire.FLAGS["float16"] and not np.isfinite(self._buf).all()
+            ):  # the center is finite
+                raise p.ProtocolError(
+                    "the center has weights past float16's range (+-65504) on the wire: use "
+                    "--wire-dtype bfloat16, which keeps float32's",
+                    reason="range",
+                )
         return reply, into
 
     def pull(self) -> np.ndarray:
@@ -226,14 +280,18 @@ class Client:
     def push(self, delta: np.ndarray) -> int:
         """Send an update; return its staleness (updates applied since this worker pulled)."""
         identity = self._identity()
-        reply, _ = self._request(p.PUSH, delta, task=identity[0], exchange=identity[1], steps=identity[2])
+        reply, _ = self._request(
+            p.PUSH, delta, task=identity[0], exchange=identity[1], steps=identity[2]
+        )
         self._pushed(reply, identity)
         return reply.flags
 
     def push_pull(self, delta: np.ndarray) -> np.ndarray:
         """Send an update and get the new center in one round trip."""
         identity = self._identity()
-        reply, _ = self._request(p.PUSH_PULL, delta, task=identity[0], exchange=identity[1], steps=identity[2])
+        reply, _ = self._request(
+            p.PUSH_PULL, delta, task=identity[0], exchange=identity[1], steps=identity[2]
+        )
         self.clock = reply.clock
         self._pushed(reply, identity)
         return self._center()
@@ -255,5 +313,7 @@ class Client:
     def __enter__(self) -> Client:
         return self
 
-    def __exit__(self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
+    def __exit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.close()

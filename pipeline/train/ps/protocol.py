@@ -84,8 +84,15 @@ MAX_FRAMES = 0xFFFFFFFF
 # Ops (requests). PEEK reads the center like PULL but is no worker's pull: it joins no
 # synchronous round and moves no staleness clock (what serving reads the live model with).
 PULL, PUSH, PUSH_PULL, STATS, ATTACH, PEEK, PROGRESS = 1, 2, 3, 4, 5, 6, 7
-OPS = {PULL: "pull", PUSH: "push", PUSH_PULL: "push_pull", STATS: "stats", ATTACH: "attach", PEEK: "peek",
-       PROGRESS: "progress"}
+OPS = {
+    PULL: "pull",
+    PUSH: "push",
+    PUSH_PULL: "push_pull",
+    STATS: "stats",
+    ATTACH: "attach",
+    PEEK: "peek",
+    PROGRESS: "progress",
+}
 # Request flags.
 SHARED = 1  # the payloads travel in the connection's shared-memory file
 COOKIE_BYTES = 16  # the second ATTACH's payload (see pipeline.train.ps.shm)
@@ -139,8 +146,12 @@ class Keys:
 
     @classmethod
     def derive(cls, secret: bytes, server_nonce: bytes, client_nonce: bytes) -> Keys:
-        both = HKDF(hashes.SHA256(), length=64, salt=server_nonce + client_nonce,
-                    info=b"streamtrain parameter server v4: request, reply").derive(secret)
+        both = HKDF(
+            hashes.SHA256(),
+            length=64,
+            salt=server_nonce + client_nonce,
+            info=b"streamtrain parameter server v4: request, reply",
+        ).derive(secret)
         return cls(both[:32], both[32:])
 
 
@@ -150,21 +161,49 @@ def pack(h: Header) -> bytes:
     >>> unpack(pack(Header(PULL, worker=1, seq=1, clock=0, length=3))).length
     3
     """
-    return HEADER.pack(MAGIC, VERSION, h.op, h.flags, h.worker, h.seq, h.clock, h.length, h.task, h.exchange,
-                       h.steps, h.tag)
+    return HEADER.pack(
+        MAGIC,
+        VERSION,
+        h.op,
+        h.flags,
+        h.worker,
+        h.seq,
+        h.clock,
+        h.length,
+        h.task,
+        h.exchange,
+        h.steps,
+        h.tag,
+    )
 
 
 def _aad(h: Header) -> bytes:
     """The header as the AEAD's associated data: its tag field zeroed."""
-    return HEADER.pack(MAGIC, VERSION, h.op, h.flags, h.worker, h.seq, h.clock, h.length, h.task, h.exchange,
-                       h.steps, bytes(TAG_BYTES))
+    return HEADER.pack(
+        MAGIC,
+        VERSION,
+        h.op,
+        h.flags,
+        h.worker,
+        h.seq,
+        h.clock,
+        h.length,
+        h.task,
+        h.exchange,
+        h.steps,
+        bytes(TAG_BYTES),
+    )
 
 
 def unpack(raw: bytes | bytearray | memoryview) -> Header:
     """Decode a header, refusing a wrong magic or version."""
-    magic, version, op, flags, worker, seq, clock, length, task, exchange, steps, tag = HEADER.unpack(raw)
+    magic, version, op, flags, worker, seq, clock, length, task, exchange, steps, tag = (
+        HEADER.unpack(raw)
+    )
     if magic != MAGIC or version != VERSION:
-        raise ProtocolError(f"not a streamtrain parameter-server frame (magic {magic!r}, version {version})")
+        raise ProtocolError(
+            f"not a streamtrain parameter-server frame (magic {magic!r}, version {version})"
+        )
     return Header(op, worker, seq, clock, length, flags, task, exchange, steps, bytes(tag))
 
 
@@ -210,12 +249,14 @@ class Session:
     def _room(self, n: int, room: memoryview | None = None) -> memoryview:
         """``n`` bytes and a tag's: in ``room`` where they fit, else in the scratch."""
         if room is not None and len(room) >= n + TAG_BYTES:
-            return room[:n + TAG_BYTES]
+            return room[: n + TAG_BYTES]
         if len(self._scratch) < n + TAG_BYTES:
             self._scratch = bytearray(n + TAG_BYTES)
-        return memoryview(self._scratch)[:n + TAG_BYTES]
+        return memoryview(self._scratch)[: n + TAG_BYTES]
 
-    def seal(self, h: Header, payload: Buffer = b"", room: memoryview | None = None) -> tuple[bytes, memoryview]:
+    def seal(
+        self, h: Header, payload: Buffer = b"", room: memoryview | None = None
+    ) -> tuple[bytes, memoryview]:
         """The header to send (its tag set) and the ciphertext to send after it, in ``room``
         (not ``payload``'s memory) or the scratch, valid until either is next written.
         ``h.length`` must be ``len(payload)``."""
@@ -281,5 +322,7 @@ def task_key(topic: str, partition: int, first_offset: int) -> int:
     >>> task_key("mnist", 0, 0) == task_key("mnist", 0, 0) != task_key("mnist", 1, 0)
     True
     """
-    digest = hashlib.blake2b(f"{topic}\0{partition}\0{first_offset}".encode(), digest_size=8).digest()
+    digest = hashlib.blake2b(
+        f"{topic}\0{partition}\0{first_offset}".encode(), digest_size=8
+    ).digest()
     return int.from_bytes(digest, "little") or 1

@@ -22,8 +22,13 @@ class RefusalLog:
         ['parameter server refused a request (auth); more are summed up every 10 s', 'parameter server refused 500 more requests in the last 11 s (auth: 499, frame: 1)']
     """
 
-    def __init__(self, say: Callable[[str], None], *, interval_s: float = 10.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        say: Callable[[str], None],
+        *,
+        interval_s: float = 10.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.say, self.interval_s, self.clock = say, interval_s, clock
         self._lock = threading.Lock()
         self._since: float | None = None  # when the last line was said

@@ -55,9 +55,17 @@ class Rounds:
         on_short: called (with the lock held) for each round closed without a straggler.
     """
 
-    def __init__(self, size: int, *, workers: int, lock: threading.Lock,
-                 apply_mean: Callable[[np.ndarray, int], None], timeout_s: float = 30.0,
-                 straggler_wait: float = 0.0, on_short: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        size: int,
+        *,
+        workers: int,
+        lock: threading.Lock,
+        apply_mean: Callable[[np.ndarray, int], None],
+        timeout_s: float = 30.0,
+        straggler_wait: float = 0.0,
+        on_short: Callable[[], None] | None = None,
+    ) -> None:
         self.workers = workers
         self.timeout_s = timeout_s
         self.straggler_wait = straggler_wait
@@ -107,7 +115,9 @@ class Rounds:
         now = time.monotonic()
         if member in self._answered:  # its compute since its last answer, smoothed
             took = now - self._answered[member]
-            self._pace[member] = took if member not in self._pace else 0.5 * (self._pace[member] + took)
+            self._pace[member] = (
+                took if member not in self._pace else 0.5 * (self._pace[member] + took)
+            )
         np.add(self._sum, delta, out=self._sum)
         self._count += 1
         self._pushed.add(member)
@@ -132,8 +142,12 @@ class Rounds:
                 self._closed.wait(left)
                 continue
             if time.monotonic() >= deadline:  # a worker that hangs: apply what came
-                log.warning("a synchronous round waited %.0f s for %d of %d workers; applying it without them",
-                            self.timeout_s, self._size() - self._count, self._size())
+                log.warning(
+                    "a synchronous round waited %.0f s for %d of %d workers; applying it without them",
+                    self.timeout_s,
+                    self._size() - self._count,
+                    self._size(),
+                )
                 self._close()
             else:  # a straggler: its push joins a later round
                 self._short()

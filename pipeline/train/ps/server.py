@@ -85,7 +85,8 @@ class ParameterServer:
         sync_workers: int = 0,
         sync_timeout_s: float = 30.0,
         straggler_wait: float = 0.0,
-        on_request: Callable[[str, float], None] | None = None, on_refusal: Callable[[str], None] | None = None,
+        on_request: Callable[[str, float], None] | None = None,
+        on_refusal: Callable[[str], None] | None = None,
         on_event: Callable[[str], None] | None = None,
         max_norm: float | None = None,
         state: Any = None,
@@ -103,11 +104,23 @@ class ParameterServer:
         self.max_norm = max_norm
         self.state = state
         self._lock = threading.Lock()
-        self.counts = Counts(self._lock, on_request=on_request, on_refusal=on_refusal, on_event=on_event)
+        self.counts = Counts(
+            self._lock, on_request=on_request, on_refusal=on_refusal, on_event=on_event
+        )
         self._stats = self.counts.stats
-        self._rounds = (Rounds(self.size, workers=sync_workers, lock=self._lock, apply_mean=self._apply_round,
-                               timeout_s=sync_timeout_s, straggler_wait=straggler_wait,
-                               on_short=lambda: self.counts.event("short_round")) if sync_workers else None)
+        self._rounds = (
+            Rounds(
+                self.size,
+                workers=sync_workers,
+                lock=self._lock,
+                apply_mean=self._apply_round,
+                timeout_s=sync_timeout_s,
+                straggler_wait=straggler_wait,
+                on_short=lambda: self.counts.event("short_round"),
+            )
+            if sync_workers
+            else None
+        )
         self._last_pulled: collections.OrderedDict[int, int] = collections.OrderedDict()
         self._pulled: dict[int, np.ndarray] = {}
         self._tasks = TaskProgress()
@@ -148,7 +161,9 @@ class ParameterServer:
     def __enter__(self) -> ParameterServer:
         return self.start()
 
-    def __exit__(self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
+    def __exit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.stop()
 
     # --- state ---
@@ -171,7 +186,9 @@ class ParameterServer:
             state = self.state.server_state() if self.state is not None else {}
             return self.center.copy(), self.clock, state
 
-    def restore(self, weights: np.ndarray, clock: int, state: dict[str, np.ndarray] | None = None) -> None:
+    def restore(
+        self, weights: np.ndarray, clock: int, state: dict[str, np.ndarray] | None = None
+    ) -> None:
         """Replace the center, the clock and the rule's state (resuming from a checkpoint)."""
         flat = np.asarray(weights, np.float32).ravel()
         if flat.size != self.size:
@@ -194,9 +211,15 @@ class ParameterServer:
     def stats(self) -> dict[str, Any]:
         """Clock, op counts and seconds, refusals by reason, staleness histogram."""
         with self._lock:
-            return {"clock": self.clock, "size": self.size, "workers": len(self._last_pulled), "pulled_copies":
-                    len(self._pulled), "repeats_dropped": self._tasks.repeats,
-                    "short_rounds": self._rounds.short if self._rounds is not None else 0, **self._stats.as_dict()}
+            return {
+                "clock": self.clock,
+                "size": self.size,
+                "workers": len(self._last_pulled),
+                "pulled_copies": len(self._pulled),
+                "repeats_dropped": self._tasks.repeats,
+                "short_rounds": self._rounds.short if self._rounds is not None else 0,
+                **self._stats.as_dict(),
+            }
 
     def applied(self, task: int) -> tuple[int, int]:
         """The exchanges of ``task`` (a :func:`~pipeline.train.ps.protocol.task_key`) this
@@ -207,8 +230,9 @@ class ParameterServer:
 
     # --- requests (called by the transport) ---
 
-    def answer(self, h: p.Header, inbox: np.ndarray, outbox: np.ndarray, *, member: int,
-               shared: bool) -> tuple[p.Header, memoryview | bytes]:
+    def answer(
+        self, h: p.Header, inbox: np.ndarray, outbox: np.ndarray, *, member: int, shared: bool
+    ) -> tuple[p.Header, memoryview | bytes]:
         """Apply one authenticated request; return the reply's header (its clock, a push's
         staleness in ``flags``, a task's progress) with ``length`` set, and its payload
         (the center in ``outbox``, or nothing where it is in shared memory).
@@ -220,7 +244,9 @@ class ParameterServer:
         payload: memoryview | bytes = b""
         pushes = h.op in (p.PUSH, p.PUSH_PULL)
         with self._lock:
-            applies = pushes and (not h.task or self._tasks.admit(h.task, exchange=h.exchange, steps=h.steps))
+            applies = pushes and (
+                not h.task or self._tasks.admit(h.task, exchange=h.exchange, steps=h.steps)
+            )
             if self._rounds is not None and h.op not in (p.STATS, p.PEEK, p.PROGRESS):
                 self._rounds.join(member)
                 if pushes and not applies:  # nothing to add: no round may wait for it
@@ -245,8 +271,17 @@ class ParameterServer:
             payload = json.dumps(self.stats()).encode()
         if pushes:
             steps = h.steps if applies else 0
-        reply = p.Header(p.OK, h.worker, h.seq, clock, len(payload), flags=min(staleness, 0xFFFF), task=h.task,
-                         exchange=exchange, steps=steps)
+        reply = p.Header(
+            p.OK,
+            h.worker,
+            h.seq,
+            clock,
+            len(payload),
+            flags=min(staleness, 0xFFFF),
+            task=h.task,
+            exchange=exchange,
+            steps=steps,
+        )
         return reply, payload
 
     def disconnected(self, member: int) -> None:

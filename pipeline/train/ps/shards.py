@@ -55,7 +55,9 @@ def plan(sizes: list[int] | tuple[int, ...], n: int) -> list[tuple[int, int]]:
     """
     total = int(sum(sizes))
     if n < 1 or n > max(1, total):
-        raise ConfigError(f"Expected between 1 and {total} parameter-server shards for {total} weights. Received: {n}")
+        raise ConfigError(
+            f"Expected between 1 and {total} parameter-server shards for {total} weights. Received: {n}"
+        )
     bounds = [0]
     for s in sizes:
         bounds.append(bounds[-1] + int(s))
@@ -64,7 +66,7 @@ def plan(sizes: list[int] | tuple[int, ...], n: int) -> list[tuple[int, int]]:
     for i in range(1, n):
         even = round(i * share)
         j = bisect.bisect_left(bounds, even)
-        near = min((b for b in bounds[max(0, j - 1):j + 1]), key=lambda b: abs(b - even))
+        near = min((b for b in bounds[max(0, j - 1) : j + 1]), key=lambda b: abs(b - even))
         cut = near if abs(near - even) <= SNAP * share else even // ALIGN * ALIGN or even
         cuts.append(min(max(cut, cuts[-1] + 1), total - (n - i)))
     cuts.append(total)
@@ -86,23 +88,45 @@ class ShardedClient:
             :class:`~pipeline.train.ps.client.Client`.
     """
 
-    def __init__(self, shards: list[Shard] | tuple[Shard, ...], *, secret: bytes, worker: int, size: int,
-                 timeout_s: float = 60.0, shared_memory: bool = True, wire_dtype: str = "float32") -> None:
+    def __init__(
+        self,
+        shards: list[Shard] | tuple[Shard, ...],
+        *,
+        secret: bytes,
+        worker: int,
+        size: int,
+        timeout_s: float = 60.0,
+        shared_memory: bool = True,
+        wire_dtype: str = "float32",
+    ) -> None:
         ends = [0] + [stop for _, _, _, stop in shards]
         if not shards or [start for _, _, start, _ in shards] != ends[:-1] or ends[-1] != size:
-            raise ConfigError(f"Expected shards whose slices cover {size} weights in order. Received: "
-                              f"{[(start, stop) for _, _, start, stop in shards]}")
+            raise ConfigError(
+                f"Expected shards whose slices cover {size} weights in order. Received: "
+                f"{[(start, stop) for _, _, start, stop in shards]}"
+            )
         self.slices = [(start, stop) for _, _, start, stop in shards]
         self.worker, self.size, self.wire_dtype = worker, size, wire_dtype
         self.clock = 0
         self.last_staleness = 0
         self._buf = np.empty(size, np.float32)
         self._clients: list[Client] = []
-        self._pool = ThreadPoolExecutor(max(1, len(shards) - 1), thread_name_prefix="streamtrain-shard")
+        self._pool = ThreadPoolExecutor(
+            max(1, len(shards) - 1), thread_name_prefix="streamtrain-shard"
+        )
         try:
             for host, port, start, stop in shards:
-                self._clients.append(Client((host, port), secret=secret, worker=worker, size=stop - start,
-                                            timeout_s=timeout_s, shared_memory=shared_memory, wire_dtype=wire_dtype))
+                self._clients.append(
+                    Client(
+                        (host, port),
+                        secret=secret,
+                        worker=worker,
+                        size=stop - start,
+                        timeout_s=timeout_s,
+                        shared_memory=shared_memory,
+                        wire_dtype=wire_dtype,
+                    )
+                )
         except BaseException:
             self.close()
             raise
@@ -120,7 +144,9 @@ class ShardedClient:
     def _each(self, call: Any) -> list[Any]:
         """``call(i, client)`` on every shard at once; the results in order. A shard's error is
         raised once every shard answered (none is left mid-frame)."""
-        futures: list[Future[Any]] = [self._pool.submit(call, i, c) for i, c in enumerate(self._clients) if i]
+        futures: list[Future[Any]] = [
+            self._pool.submit(call, i, c) for i, c in enumerate(self._clients) if i
+        ]
         first: list[Any] = []
         error: BaseException | None = None
         try:
@@ -140,6 +166,7 @@ class ShardedClient:
     def _gather(self, call: Any) -> np.ndarray:
         """Run ``call(i, client)`` (which returns a shard's center) on every shard, each
         center copied into its slice of the buffer as it comes."""
+
         def one(i: int, c: Client) -> None:
             start, stop = self.slices[i]
             np.copyto(self._buf[start:stop], call(i, c))
@@ -180,7 +207,9 @@ class ShardedClient:
 
     def _check(self, delta: np.ndarray) -> None:
         if delta.dtype != np.float32 or delta.size != self.size or delta.ndim != 1:
-            raise ConfigError(f"Expected {self.size} float32 values. Received: {delta.size} {delta.dtype}")
+            raise ConfigError(
+                f"Expected {self.size} float32 values. Received: {delta.size} {delta.dtype}"
+            )
 
     def stats(self) -> dict[str, Any]:
         """The first shard's figures, and every shard's under ``shards``."""
@@ -195,7 +224,9 @@ class ShardedClient:
     def __enter__(self) -> ShardedClient:
         return self
 
-    def __exit__(self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
+    def __exit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.close()
 
 
@@ -205,8 +236,13 @@ class ShardedClient:
 _TRY_AGAIN = (OSError,)  # ConnectionError, timeouts, and protocol.Closed among them
 
 
-def connect(address: tuple[str, int], shards: list[Shard] | tuple[Shard, ...] = (), *, retry_s: float = 0.0,
-            **kwargs: Any) -> Client | ShardedClient:
+def connect(
+    address: tuple[str, int],
+    shards: list[Shard] | tuple[Shard, ...] = (),
+    *,
+    retry_s: float = 0.0,
+    **kwargs: Any,
+) -> Client | ShardedClient:
     """A client of the server at ``address``, or of its ``shards`` where it has more than one.
 
     A connection that is refused, reset or closed before its handshake ends is tried again
@@ -223,5 +259,7 @@ def connect(address: tuple[str, int], shards: list[Shard] | tuple[Shard, ...] = 
         except _TRY_AGAIN:
             if time.monotonic() + delay > deadline:
                 raise
-        time.sleep(delay * random.uniform(0.5, 1.0))  # jitter: workers refused together do not return together
+        time.sleep(
+            delay * random.uniform(0.5, 1.0)
+        )  # jitter: workers refused together do not return together
         delay = min(2.0, delay * 2)

@@ -140,6 +140,8 @@ class SharedBuffers:
         self.unlink()
         if self._mm.closed:
             return
-        self.request = self.response = np.empty(0, np.float32)  # drop this object's views of the mapping
+        self.request = self.response = np.empty(
+            0, np.float32
+        )  # drop this object's views of the mapping
         with contextlib.suppress(BufferError):  # a caller still holds a view: unmapped when it goes
             self._mm.close()

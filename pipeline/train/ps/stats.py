@@ -34,9 +34,14 @@ class Stats:
 
     def as_dict(self) -> dict[str, Any]:
         """A JSON-able copy (what :meth:`ParameterServer.stats` reports)."""
-        return {"ops": dict(self.ops), "op_seconds": dict(self.op_seconds), "refused": dict(self.refused),
-                "shared_memory": self.shared, "broken_connections": self.broken,
-                "staleness": {str(k): v for k, v in sorted(self.staleness.items())}}
+        return {
+            "ops": dict(self.ops),
+            "op_seconds": dict(self.op_seconds),
+            "refused": dict(self.refused),
+            "shared_memory": self.shared,
+            "broken_connections": self.broken,
+            "staleness": {str(k): v for k, v in sorted(self.staleness.items())},
+        }
 
 
 class Counts:
@@ -47,9 +52,14 @@ class Counts:
         on_request, on_refusal, on_event: as for :class:`~pipeline.train.ps.server.ParameterServer`.
     """
 
-    def __init__(self, lock: threading.Lock, *, on_request: Callable[[str, float], None] | None = None,
-                 on_refusal: Callable[[str], None] | None = None,
-                 on_event: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self,
+        lock: threading.Lock,
+        *,
+        on_request: Callable[[str, float], None] | None = None,
+        on_refusal: Callable[[str], None] | None = None,
+        on_event: Callable[[str], None] | None = None,
+    ) -> None:
         self.stats = Stats()
         self._lock = lock
         self.on_request, self.on_refusal, self.on_event = on_request, on_refusal, on_event

@@ -71,7 +71,9 @@ class TaskProgress:
             self.repeats += 1
             return False
         if exchange != done + 1:
-            raise ProtocolError(f"exchange {exchange} of a task whose last applied exchange is {done}")
+            raise ProtocolError(
+                f"exchange {exchange} of a task whose last applied exchange is {done}"
+            )
         self._done[task] = (exchange, covered + steps)
         self._done.move_to_end(task)
         if len(self._done) > self._most:

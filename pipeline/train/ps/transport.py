@@ -58,7 +58,9 @@ class Transport:
         shared_memory: offer workers on this machine a shared-memory file for payloads.
     """
 
-    def __init__(self, server: ParameterServer, *, host: str, port: int, shared_memory: bool) -> None:
+    def __init__(
+        self, server: ParameterServer, *, host: str, port: int, shared_memory: bool
+    ) -> None:
         self.server, self.host, self.port, self.shared_memory = server, host, port, shared_memory
         self._listener: socket.socket | None = None
         self._conns: set[socket.socket] = set()
@@ -134,7 +136,9 @@ class Transport:
             if victim is not None:
                 self.refuse(victim, "evicted")
                 with contextlib.suppress(OSError):
-                    victim.shutdown(socket.SHUT_RDWR)  # its handshake's read ends; its thread closes it
+                    victim.shutdown(
+                        socket.SHUT_RDWR
+                    )  # its handshake's read ends; its thread closes it
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             self._conns.add(conn)
             t = threading.Thread(target=self._serve, args=(conn,), name="ps-conn", daemon=True)
@@ -203,7 +207,7 @@ class Transport:
             if conn not in self._evicted:  # an evicted one was counted as such
                 self.refuse(conn, "handshake" if isinstance(e, TimeoutError) else "truncated")
             return None
-        theirs, proof = bytes(answer[:p.NONCE_BYTES]), bytes(answer[p.NONCE_BYTES:])
+        theirs, proof = bytes(answer[: p.NONCE_BYTES]), bytes(answer[p.NONCE_BYTES :])
         if not hmac.compare_digest(proof, p.client_proof(secret, nonce, theirs)):
             self.refuse(conn, "auth")
             with contextlib.suppress(OSError):
@@ -254,9 +258,13 @@ class _Connection:
         # weights, so that they also hold the frames' ciphertext: a request's is received
         # into the outbox (the center is written there only once the request is opened and
         # applied), and the reply is sealed into the inbox (consumed by then).
-        self.in_room, self.out_room = (np.empty(size + p.TAG_BYTES // 4, np.float32) for _ in range(2))
+        self.in_room, self.out_room = (
+            np.empty(size + p.TAG_BYTES // 4, np.float32) for _ in range(2)
+        )
         self.inbox, self.outbox = self.in_room[:size], self.out_room[:size]
-        self.wire: np.ndarray | None = None  # narrowed payloads (bfloat16, float16), once a request asks
+        self.wire: np.ndarray | None = (
+            None  # narrowed payloads (bfloat16, float16), once a request asks
+        )
         self.shared: SharedBuffers | None = None  # offered to this connection
         self.attached = False  # and mapped by its worker
 
@@ -293,24 +301,41 @@ class _Connection:
             if h.seq != seq:
                 return refuse(conn, "auth", p.ERR_AUTH)
             shared, narrow = h.flags & p.SHARED, h.flags & wire.MASK
-            if (h.op not in p.OPS or h.flags & ~(p.SHARED | wire.MASK) or (shared and not self.attached)
-                    or (shared and narrow) or wire.name_of(narrow) is None):
+            if (
+                h.op not in p.OPS
+                or h.flags & ~(p.SHARED | wire.MASK)
+                or (shared and not self.attached)
+                or (shared and narrow)
+                or wire.name_of(narrow) is None
+            ):
                 return refuse(conn, "frame", p.ERR_FRAME)
             # What the op allows, checked before a byte of payload is read.
             pushes = h.op in (p.PUSH, p.PUSH_PULL)
             if h.op == p.ATTACH:
-                if (h.length not in (0, p.COOKIE_BYTES) or self.attached or h.flags
-                        or (h.length == 0) == (self.shared is not None)):
+                if (
+                    h.length not in (0, p.COOKIE_BYTES)
+                    or self.attached
+                    or h.flags
+                    or (h.length == 0) == (self.shared is not None)
+                ):
                     return refuse(conn, "frame", p.ERR_FRAME)
             elif h.length != (nbytes // 4 * wire.itemsize(narrow) if pushes and not shared else 0):
                 return refuse(conn, "size", p.ERR_SIZE)
             if narrow and self.wire is None:
-                self.wire = np.empty(self.server.size, np.uint16)  # the weights' count, whatever a header says
+                self.wire = np.empty(
+                    self.server.size, np.uint16
+                )  # the weights' count, whatever a header says
             into = self.wire if narrow and self.wire is not None else self.inbox
-            body = memoryview(cookie)[:h.length] if h.op == p.ATTACH else into.data.cast("B")[:h.length]
+            body = (
+                memoryview(cookie)[: h.length]
+                if h.op == p.ATTACH
+                else into.data.cast("B")[: h.length]
+            )
             try:
                 if len(body):
-                    p.recv_exact(conn, self.session.inlet(h.length, body, self.out_room.data.cast("B")))
+                    p.recv_exact(
+                        conn, self.session.inlet(h.length, body, self.out_room.data.cast("B"))
+                    )
             except ConnectionError:
                 return self.transport.broken()
             # Altered, replayed, reordered, or sealed for another connection: it does not open.
@@ -318,8 +343,9 @@ class _Connection:
                 return refuse(conn, "auth", p.ERR_AUTH)
             if pushes and narrow:
                 wire.decode(body, narrow, self.inbox)
-            if pushes and not acceptable(self.shared.request if shared and self.shared else self.inbox,
-                                         self.server.max_norm):
+            if pushes and not acceptable(
+                self.shared.request if shared and self.shared else self.inbox, self.server.max_norm
+            ):
                 # One NaN, Inf or absurd delta would ruin the center for good: the task fails
                 # (its exchange not applied) and Spark retries it.
                 return refuse(conn, "nonfinite", p.ERR_VALUE)
@@ -343,8 +369,15 @@ class _Connection:
         else:
             self.conn.sendall(header + bytes(body))
 
-    def _reply(self, h: p.Header, inbox: np.ndarray, outbox: np.ndarray, started: float, *,
-               shared: bool = False) -> None:
+    def _reply(
+        self,
+        h: p.Header,
+        inbox: np.ndarray,
+        outbox: np.ndarray,
+        started: float,
+        *,
+        shared: bool = False,
+    ) -> None:
         reply, payload = self.server.answer(h, inbox, outbox, member=id(self.conn), shared=shared)
         narrow = h.flags & wire.MASK
         if narrow and h.op in (p.PULL, p.PEEK, p.PUSH_PULL):  # the center, narrowed for the socket

@@ -57,7 +57,11 @@ def encode(values: np.ndarray, flag: int, out: np.ndarray) -> memoryview:
     [1.0, -2.5, 1.0078125]
     """
     with np.errstate(over="ignore"):  # past float16's range: an Inf, which overflowed() reports
-        np.copyto(out.view(np.float16 if flag == FLAGS["float16"] else ml_dtypes.bfloat16), values, casting="same_kind")
+        np.copyto(
+            out.view(np.float16 if flag == FLAGS["float16"] else ml_dtypes.bfloat16),
+            values,
+            casting="same_kind",
+        )
     return out.data.cast("B")
 
 
@@ -80,5 +84,7 @@ def overflowed(values: np.ndarray, narrowed: np.ndarray, flag: int) -> bool:
 
 def decode(payload: memoryview | bytes | bytearray, flag: int, out: np.ndarray) -> np.ndarray:
     """The wire bytes ``payload`` widened to float32 into ``out``; returns ``out``."""
-    np.copyto(out, np.frombuffer(payload, np.float16 if flag == FLAGS["float16"] else ml_dtypes.bfloat16))
+    np.copyto(
+        out, np.frombuffer(payload, np.float16 if flag == FLAGS["float16"] else ml_dtypes.bfloat16)
+    )
     return out

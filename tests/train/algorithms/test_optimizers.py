@@ -40,7 +40,10 @@ def test_steps_match_keras(name: str, config: dict) -> None:  # type: ignore[typ
 @pytest.mark.parametrize("name, config", CASES)
 def test_state_round_trip_continues_the_same_path(name: str, config: dict) -> None:  # type: ignore[type-arg]
     grads = _grads()
-    one, w1 = optimizers.get({"class_name": name, "config": config}, grads.shape[1]), np.zeros(grads.shape[1], np.float32)
+    one, w1 = (
+        optimizers.get({"class_name": name, "config": config}, grads.shape[1]),
+        np.zeros(grads.shape[1], np.float32),
+    )
     for g in grads[:3]:
         one.apply(w1, g)
     two, w2 = optimizers.get({"class_name": name, "config": config}, grads.shape[1]), w1.copy()
@@ -51,11 +54,17 @@ def test_state_round_trip_continues_the_same_path(name: str, config: dict) -> No
     assert np.array_equal(w1, w2) and two.iterations == 6
 
 
-@pytest.mark.parametrize("identifier, match", [
-    ("rmsprop", "knows \\['adam', 'sgd'\\]. Received: 'rmsprop'"),
-    ({"class_name": "Adam", "config": {"amsgrad": True}}, "amsgrad"),
-    ({"class_name": "Adam", "config": {"learning_rate": {"class_name": "ExponentialDecay"}}}, "schedules"),
-])
+@pytest.mark.parametrize(
+    "identifier, match",
+    [
+        ("rmsprop", "knows \\['adam', 'sgd'\\]. Received: 'rmsprop'"),
+        ({"class_name": "Adam", "config": {"amsgrad": True}}, "amsgrad"),
+        (
+            {"class_name": "Adam", "config": {"learning_rate": {"class_name": "ExponentialDecay"}}},
+            "schedules",
+        ),
+    ],
+)
 def test_what_the_server_cannot_run_is_a_clear_error(identifier, match: str) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(ConfigError, match=match):
         optimizers.get(identifier, 10)

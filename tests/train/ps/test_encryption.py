@@ -37,7 +37,9 @@ def _refused_as_auth(server: ParameterServer, sock: socket.socket, frame: bytes)
     assert server.stats()["refused"] == {"auth": 1}
 
 
-def test_a_tampered_ciphertext_byte_is_refused_and_nothing_is_applied(server: ParameterServer) -> None:
+def test_a_tampered_ciphertext_byte_is_refused_and_nothing_is_applied(
+    server: ParameterServer,
+) -> None:
     sock, session = _raw_session(server)
     frame = bytearray(session.frame(*_push(1)))
     frame[p.HEADER.size + 123] ^= 0x01  # one bit of the encrypted payload
@@ -68,7 +70,9 @@ def test_a_replay_under_a_later_sequence_number_does_not_open(server: ParameterS
     assert server.clock == 1
 
 
-def test_reordered_frames_are_refused_even_with_their_sequence_numbers_in_order(server: ParameterServer) -> None:
+def test_reordered_frames_are_refused_even_with_their_sequence_numbers_in_order(
+    server: ParameterServer,
+) -> None:
     """Proves: the nonce is the frame's place in the connection, not its header's word. Two
     frames sealed in one order and sent in the other are refused, even when their headers'
     sequence numbers read in order (only the frame counters disagree)."""
@@ -143,11 +147,13 @@ def test_weights_on_the_wire_are_not_in_clear(server: ParameterServer) -> None:
     np.testing.assert_array_equal(center, pattern)
     np.testing.assert_array_equal(doubled, 2 * pattern)
     sent, received = b"".join(tap.sent), b"".join(tap.received)
-    assert len(sent) > 2 * N * 4 and len(received) > 2 * N * 4  # the payloads did go through the tap
+    assert (
+        len(sent) > 2 * N * 4 and len(received) > 2 * N * 4
+    )  # the payloads did go through the tap
     for clear in (pattern.tobytes(), (2 * pattern).tobytes()):
         for window in range(0, len(clear) - 64, 512):  # no 64-byte run of either, anywhere
-            assert clear[window:window + 64] not in sent
-            assert clear[window:window + 64] not in received
+            assert clear[window : window + 64] not in sent
+            assert clear[window : window + 64] not in received
 
 
 def test_no_nonce_is_used_twice_under_a_key() -> None:

@@ -23,7 +23,9 @@ from pipeline.train.ps.protocol import ProtocolError
 
 SECRET = b"fuzz-secret"
 N = 1000
-FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+FUZZ = settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 
 
 @pytest.fixture(scope="module")
@@ -90,16 +92,27 @@ def _valid_frame(session: p.Session, op: int, seq: int) -> bytes:
     payload = np.ones(N, np.float32).tobytes() if op in (p.PUSH, p.PUSH_PULL) else b""
     # Task identity on pushes and PROGRESS (an intact push after the first is a repeat,
     # dropped and answered: not a refusal).
-    task = {"task": 12345, "exchange": 1, "steps": 3} if op in (p.PUSH, p.PUSH_PULL, p.PROGRESS) else {}
+    task = (
+        {"task": 12345, "exchange": 1, "steps": 3}
+        if op in (p.PUSH, p.PUSH_PULL, p.PROGRESS)
+        else {}
+    )
     return session.frame(p.Header(op, 0, seq, 0, len(payload), **task), payload)
 
 
 @FUZZ
-@given(op=st.sampled_from([p.PULL, p.PUSH, p.PUSH_PULL, p.STATS, p.PEEK, p.PROGRESS]),
-       flips=st.lists(st.tuples(st.integers(min_value=0), st.integers(min_value=1, max_value=255)),
-                      min_size=1, max_size=4),
-       cut=st.none() | st.integers(min_value=0))
-def test_mutated_frames_from_a_peer_with_the_secret_are_refused_and_counted(server, op, flips, cut) -> None:  # type: ignore[no-untyped-def]
+@given(
+    op=st.sampled_from([p.PULL, p.PUSH, p.PUSH_PULL, p.STATS, p.PEEK, p.PROGRESS]),
+    flips=st.lists(
+        st.tuples(st.integers(min_value=0), st.integers(min_value=1, max_value=255)),
+        min_size=1,
+        max_size=4,
+    ),
+    cut=st.none() | st.integers(min_value=0),
+)
+def test_mutated_frames_from_a_peer_with_the_secret_are_refused_and_counted(
+    server, op, flips, cut
+) -> None:  # type: ignore[no-untyped-def]
     """Proves: a frame altered anywhere (header, MAC or payload), or cut short, is refused
     and counted once; nothing it carries is applied; the server keeps serving."""
     before = _refused(server)
@@ -120,14 +133,19 @@ def test_mutated_frames_from_a_peer_with_the_secret_are_refused_and_counted(serv
 
 
 @FUZZ
-@given(length=st.integers(min_value=0, max_value=(1 << 64) - 1), op=st.integers(min_value=0, max_value=255))
+@given(
+    length=st.integers(min_value=0, max_value=(1 << 64) - 1),
+    op=st.integers(min_value=0, max_value=255),
+)
 def test_declared_lengths_never_size_an_allocation(server, length, op) -> None:  # type: ignore[no-untyped-def]
     """Proves: any op with any declared length, correctly sealed, is answered or refused from
     its header alone; the server's allocations stay bounded (measured with tracemalloc)."""
     tracemalloc.start()
     try:
         sock, session = _handshake(server)
-        header, _ = session.seal(p.Header(op, 0, 1, 0, length))  # the header alone: its payload never comes
+        header, _ = session.seal(
+            p.Header(op, 0, 1, 0, length)
+        )  # the header alone: its payload never comes
         _send_and_close(sock, header)
         _, peak = tracemalloc.get_traced_memory()
     finally:
@@ -177,8 +195,10 @@ def test_a_reply_longer_than_the_request_allows_is_refused_before_any_allocation
 
     t = threading.Thread(target=liar, daemon=True)
     t.start()
-    with Client(listener.getsockname(), secret=SECRET, worker=0, size=N, shared_memory=False) as c, \
-            pytest.raises(ProtocolError, match="does not fit"):
+    with (
+        Client(listener.getsockname(), secret=SECRET, worker=0, size=N, shared_memory=False) as c,
+        pytest.raises(ProtocolError, match="does not fit"),
+    ):
         c.stats()
     t.join(5)
     listener.close()

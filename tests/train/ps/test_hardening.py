@@ -33,24 +33,34 @@ def test_refusals_reach_prometheus(caplog: pytest.LogCaptureFixture) -> None:
     run = RunMetrics(dataset="mnist", algorithm="sync", topic="t", workers=1)
     served = metrics.serve(run.meters.registry)
     try:
+
         def scrape() -> str:
             with urllib.request.urlopen(served.url, timeout=5) as r:  # noqa: S310 (loopback)
                 return str(r.read().decode())
 
         assert 'streamtrain_ps_refusals_total{reason="auth"} 0.0' in scrape()
         assert 'streamtrain_ps_refusals_total{reason="busy"} 0.0' in scrape()
-        with ParameterServer(np.zeros(N, np.float32), secret=SECRET, on_refusal=run.on_ps_refusal) as server:
-            with pytest.raises((ProtocolError, ConnectionError)), \
-                    Client(server.address, secret=b"guess", worker=0, size=N) as c:
+        with ParameterServer(
+            np.zeros(N, np.float32), secret=SECRET, on_refusal=run.on_ps_refusal
+        ) as server:
+            with (
+                pytest.raises((ProtocolError, ConnectionError)),
+                Client(server.address, secret=b"guess", worker=0, size=N) as c,
+            ):
                 c.pull()
-            _wait(lambda: 'streamtrain_ps_refusals_total{reason="auth"} 1.0' in scrape(), what="the refusal on /metrics")
+            _wait(
+                lambda: 'streamtrain_ps_refusals_total{reason="auth"} 1.0' in scrape(),
+                what="the refusal on /metrics",
+            )
     finally:
         served.stop()
 
 
 @pytest.mark.parametrize("shared", [True, False], ids=["shared", "tcp"])
 @pytest.mark.parametrize("poison", [np.nan, np.inf, 3e38], ids=["nan", "inf", "huge"])
-def test_a_poison_push_is_refused_counted_and_the_center_stays_whole(shared: bool, poison: float) -> None:
+def test_a_poison_push_is_refused_counted_and_the_center_stays_whole(
+    shared: bool, poison: float
+) -> None:
     """Proves: a push holding a NaN, an Inf or a finite 3e38 (which decodes fine) is refused
     with its own status, counted as "nonfinite", and never reaches the center; its task's
     exchange is not applied, so a retry of it is applied once; other workers go on."""
@@ -95,7 +105,9 @@ def _closed(sock: socket.socket, timeout_s: float) -> bool:
     return False
 
 
-def test_a_trickling_handshake_meets_a_deadline_and_cannot_lock_workers_out(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_trickling_handshake_meets_a_deadline_and_cannot_lock_workers_out(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Proves: a peer sending one byte every 0.3 s is dropped when the whole handshake's
     deadline (1 s) passes, not after per-read timeouts ("handshake"); peers stuck in the
     handshake fill their own budget only: an authenticated worker already connected keeps
@@ -104,8 +116,10 @@ def test_a_trickling_handshake_meets_a_deadline_and_cannot_lock_workers_out(monk
 
     monkeypatch.setattr(transport, "HANDSHAKE_TIMEOUT_S", 1.0)
     monkeypatch.setattr(transport, "MAX_UNAUTHENTICATED", 3)
-    with ParameterServer(np.zeros(N, np.float32), secret=SECRET) as server, \
-            Client(server.address, secret=SECRET, worker=0, size=N) as worker:
+    with (
+        ParameterServer(np.zeros(N, np.float32), secret=SECRET) as server,
+        Client(server.address, secret=SECRET, worker=0, size=N) as worker,
+    ):
         slow = [socket.create_connection(server.address, timeout=5) for _ in range(3)]
         started = time.monotonic()
         for _ in range(10):  # bounded: 3 s of trickle at most
@@ -125,7 +139,8 @@ def test_a_trickling_handshake_meets_a_deadline_and_cannot_lock_workers_out(monk
 
 
 def test_authenticated_connections_are_capped_and_pulled_copies_go_with_their_connection(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Proves: past MAX_CONNECTIONS authenticated connections, one more is refused ("busy")
     after its handshake, so a client with the secret cannot claim unbounded buffers; a
     rule's pulled center (ADAG) is kept per live connection, whatever worker ids clients
@@ -144,19 +159,26 @@ def test_authenticated_connections_are_capped_and_pulled_copies_go_with_their_co
             with Client(server.address, secret=SECRET, worker=1000 + worker, size=N) as c:
                 c.pull()
                 # The one before was freed when its connection closed (the server sees that a moment later).
-                _wait(lambda: server.stats()["pulled_copies"] == 1, what="one pulled copy, this connection's")
+                _wait(
+                    lambda: server.stats()["pulled_copies"] == 1,
+                    what="one pulled copy, this connection's",
+                )
         _wait(lambda: server.stats()["pulled_copies"] == 0, what="the pulled copies freed")
 
 
-def test_a_repeat_of_a_task_forgotten_by_the_table_is_never_applied(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_repeat_of_a_task_forgotten_by_the_table_is_never_applied(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Proves: when the task table forgets a task to stay bounded, a straggler's repeat of
     its first exchange is dropped as a repeat, not applied a second time."""
     from pipeline.train.ps import protocol as p
     from pipeline.train.ps import tasks
 
     monkeypatch.setattr(tasks, "MAX_TASKS", 2)
-    with ParameterServer(np.zeros(N, np.float32), secret=SECRET) as server, \
-            Client(server.address, secret=SECRET, worker=0, size=N) as c:
+    with (
+        ParameterServer(np.zeros(N, np.float32), secret=SECRET) as server,
+        Client(server.address, secret=SECRET, worker=0, size=N) as c,
+    ):
         keys = [p.task_key("t", 0, first) for first in range(4)]
         for key in keys:
             c.begin(key, steps=1, window=1)

@@ -23,7 +23,9 @@ N = 1000
 @pytest.fixture(params=["shared", "tcp"])
 def server(request):  # type: ignore[no-untyped-def]
     """A server whose clients exchange through shared memory (the default here), or one that offers none."""
-    with ParameterServer(np.zeros(N, np.float32), secret=SECRET, shared_memory=request.param == "shared") as s:
+    with ParameterServer(
+        np.zeros(N, np.float32), secret=SECRET, shared_memory=request.param == "shared"
+    ) as s:
         yield s
 
 
@@ -81,12 +83,16 @@ def test_staleness_is_updates_since_the_workers_last_pull(server: ParameterServe
 def test_rule_sees_staleness_and_pulled_center() -> None:
     seen = []
 
-    def rule(center: np.ndarray, delta: np.ndarray, *, staleness: int, pulled: np.ndarray | None) -> None:
+    def rule(
+        center: np.ndarray, delta: np.ndarray, *, staleness: int, pulled: np.ndarray | None
+    ) -> None:
         seen.append((staleness, None if pulled is None else pulled.copy()))
         center += delta / (staleness + 1)
 
-    with ParameterServer(np.ones(N, np.float32), secret=SECRET, rule=rule, keep_pulled=True) as s, \
-            _client(s) as c:
+    with (
+        ParameterServer(np.ones(N, np.float32), secret=SECRET, rule=rule, keep_pulled=True) as s,
+        _client(s) as c,
+    ):
         c.pull()
         c.push(np.full(N, 2.0, np.float32))
         c.push(np.full(N, 2.0, np.float32))
@@ -122,18 +128,26 @@ def _reply_status(sock: socket.socket) -> int:
     return p.unpack(raw).op
 
 
-@pytest.mark.parametrize("make, reason", [
-    # A push declaring 1 TB: refused from the header, nothing allocated.
-    (lambda s: p.pack(p.Header(p.PUSH, 0, 1, 0, 1 << 40)), "size"),
-    # A pull that claims a payload.
-    (lambda s: p.pack(p.Header(p.PULL, 0, 1, 0, 8)), "size"),
-    # A header sealed with the wrong key, and one replayed with an old sequence number.
-    (lambda s: p.Session.client(p.Keys(b"x" * 32, b"x" * 32)).frame(p.Header(p.PULL, 0, 1, 0, 0)), "auth"),
-    (lambda s: s.frame(p.Header(p.PULL, 0, 7, 0, 0)), "auth"),
-    # Garbage instead of a header, and an unknown op.
-    (lambda s: b"GET / HTTP/1.1\r\n" + b"\0" * (p.HEADER.size - 16), "frame"),
-    (lambda s: s.frame(p.Header(99, 0, 1, 0, 0)), "frame"),
-])
+@pytest.mark.parametrize(
+    "make, reason",
+    [
+        # A push declaring 1 TB: refused from the header, nothing allocated.
+        (lambda s: p.pack(p.Header(p.PUSH, 0, 1, 0, 1 << 40)), "size"),
+        # A pull that claims a payload.
+        (lambda s: p.pack(p.Header(p.PULL, 0, 1, 0, 8)), "size"),
+        # A header sealed with the wrong key, and one replayed with an old sequence number.
+        (
+            lambda s: p.Session.client(p.Keys(b"x" * 32, b"x" * 32)).frame(
+                p.Header(p.PULL, 0, 1, 0, 0)
+            ),
+            "auth",
+        ),
+        (lambda s: s.frame(p.Header(p.PULL, 0, 7, 0, 0)), "auth"),
+        # Garbage instead of a header, and an unknown op.
+        (lambda s: b"GET / HTTP/1.1\r\n" + b"\0" * (p.HEADER.size - 16), "frame"),
+        (lambda s: s.frame(p.Header(99, 0, 1, 0, 0)), "frame"),
+    ],
+)
 def test_bad_frames_are_refused_counted_and_the_server_keeps_serving(server, make, reason) -> None:  # type: ignore[no-untyped-def]
     sock, session = _raw_session(server)
     sock.sendall(make(session))
@@ -145,11 +159,15 @@ def test_bad_frames_are_refused_counted_and_the_server_keeps_serving(server, mak
         assert c.pull().shape == (N,)
 
 
-def test_a_workers_broken_push_is_counted_as_such_and_nothing_is_applied(server: ParameterServer) -> None:
+def test_a_workers_broken_push_is_counted_as_such_and_nothing_is_applied(
+    server: ParameterServer,
+) -> None:
     """Proves: a push cut short on an authenticated connection (a worker killed mid-exchange)
     applies nothing and counts as a broken connection, not as a refusal (issue 43)."""
     sock, session = _raw_session(server)
-    header, body = session.seal(p.Header(p.PUSH, 0, 1, 0, N * 4), np.ones(N, np.float32).data.cast("B"))
+    header, body = session.seal(
+        p.Header(p.PUSH, 0, 1, 0, N * 4), np.ones(N, np.float32).data.cast("B")
+    )
     sock.sendall(header + bytes(body[:40]))
     sock.close()
     deadline = time.monotonic() + 10
@@ -182,7 +200,9 @@ def _push_in_thread(client: Client, delta: np.ndarray) -> tuple[threading.Thread
 
 def test_a_worker_that_leaves_the_synchronous_rounds_does_not_hold_them_up() -> None:
     # A timeout far beyond the joins below: a round that waited for it would fail the test.
-    with ParameterServer(np.zeros(N, np.float32), secret=SECRET, sync_workers=2, sync_timeout_s=600) as s:
+    with ParameterServer(
+        np.zeros(N, np.float32), secret=SECRET, sync_workers=2, sync_timeout_s=600
+    ) as s:
         a, b = _client(s, 0), _client(s, 1)
         a.pull(), b.pull()
         t, got = _push_in_thread(a, np.ones(N, np.float32))
@@ -196,12 +216,19 @@ def test_a_worker_that_leaves_the_synchronous_rounds_does_not_hold_them_up() -> 
         a.close()
 
 
-def test_a_peeker_reads_the_center_without_joining_rounds_or_moving_staleness(server: ParameterServer) -> None:
+def test_a_peeker_reads_the_center_without_joining_rounds_or_moving_staleness(
+    server: ParameterServer,
+) -> None:
     """Proves: what serving reads the live model with (PEEK) is no worker's pull: a
     synchronous round of one worker completes with a peeker connected, and a worker's
     staleness counts only its own pulls."""
-    with ParameterServer(np.zeros(N, np.float32), secret=SECRET, sync_workers=1, sync_timeout_s=600,
-                         shared_memory=server.shared_memory) as s:
+    with ParameterServer(
+        np.zeros(N, np.float32),
+        secret=SECRET,
+        sync_workers=1,
+        sync_timeout_s=600,
+        shared_memory=server.shared_memory,
+    ) as s:
         peeker, worker = _client(s, 0xFFFFFFFF), _client(s, 0)
         assert np.all(peeker.peek() == 0) and peeker.clock == 0
         worker.pull()
@@ -214,7 +241,9 @@ def test_a_peeker_reads_the_center_without_joining_rounds_or_moving_staleness(se
 
 
 def test_expected_workers_set_the_round_size() -> None:
-    with ParameterServer(np.zeros(N, np.float32), secret=SECRET, sync_workers=2, sync_timeout_s=600) as s:
+    with ParameterServer(
+        np.zeros(N, np.float32), secret=SECRET, sync_workers=2, sync_timeout_s=600
+    ) as s:
         s.expect_workers(1)  # this job has one task
         with _client(s) as c:
             c.pull()
@@ -232,7 +261,9 @@ def test_checkpoint_carries_the_optimizer_and_restore_continues_its_path() -> No
 
     def server(algo: algorithms.Algorithm) -> ParameterServer:
         algo.bind(spec)
-        return ParameterServer(np.zeros(N, np.float32), secret=SECRET, rule=algo.apply, state=algo, sync_workers=1)
+        return ParameterServer(
+            np.zeros(N, np.float32), secret=SECRET, rule=algo.apply, state=algo, sync_workers=1
+        )
 
     with server(algorithms.get("sync")) as s, _client(s) as c:
         c.pull()
@@ -258,12 +289,16 @@ def test_a_worker_on_this_machine_maps_the_servers_file_and_no_name_is_left() ->
         assert _shm_files() <= before  # unlinked once both sides mapped it
         center = c.push_pull(np.full(N, 2, np.float32))
         assert np.all(center == 2) and np.all(s.weights() == 2)
-    with ParameterServer(np.zeros(N, np.float32), secret=SECRET) as s, \
-            Client(s.address, secret=SECRET, worker=0, size=N, shared_memory=False) as c:
+    with (
+        ParameterServer(np.zeros(N, np.float32), secret=SECRET) as s,
+        Client(s.address, secret=SECRET, worker=0, size=N, shared_memory=False) as c,
+    ):
         assert not c.shared and s.stats()["shared_memory"] == 0  # the worker may decline
 
 
-def test_a_wrong_cookie_withdraws_the_offer_and_shared_requests_are_then_refused(server: ParameterServer) -> None:
+def test_a_wrong_cookie_withdraws_the_offer_and_shared_requests_are_then_refused(
+    server: ParameterServer,
+) -> None:
     sock, session = _raw_session(server)
     sock.sendall(session.frame(p.Header(p.ATTACH, 0, 1, 0, 0)))
     raw = bytearray(p.HEADER.size)
@@ -282,7 +317,9 @@ def test_a_wrong_cookie_withdraws_the_offer_and_shared_requests_are_then_refused
         assert p.unpack(raw).flags == 0 and not os.path.exists(path)
     else:
         assert not token  # nothing offered
-    sock.sendall(session.frame(p.Header(p.PULL, 0, 3 if server.shared_memory else 2, 0, 0, flags=p.SHARED)))
+    sock.sendall(
+        session.frame(p.Header(p.PULL, 0, 3 if server.shared_memory else 2, 0, 0, flags=p.SHARED))
+    )
     assert p.STATUS[_reply_status(sock)] == "frame"
     sock.close()
     assert server.stats()["refused"] == {"frame": 1} and server.stats()["shared_memory"] == 0
@@ -303,8 +340,13 @@ def test_a_shared_file_that_is_not_the_servers_is_refused(tmp_path) -> None:  # 
 
 
 def test_shared_memory_and_tcp_workers_meet_in_one_synchronous_round() -> None:
-    with ParameterServer(np.zeros(N, np.float32), secret=SECRET, sync_workers=2, sync_timeout_s=600) as s, \
-            _client(s, 0) as a, Client(s.address, secret=SECRET, worker=1, size=N, shared_memory=False) as b:
+    with (
+        ParameterServer(
+            np.zeros(N, np.float32), secret=SECRET, sync_workers=2, sync_timeout_s=600
+        ) as s,
+        _client(s, 0) as a,
+        Client(s.address, secret=SECRET, worker=1, size=N, shared_memory=False) as b,
+    ):
         assert a.shared and not b.shared
         a.pull(), b.pull()
         t, got = _push_in_thread(a, np.ones(N, np.float32))
@@ -336,12 +378,16 @@ def test_a_flood_of_junk_is_counted_in_full_and_logged_in_a_few_lines(caplog) ->
 
     rng = np.random.default_rng(0)
     attempts = 300  # bounded: a fixed number of connections, each closed at once
-    with caplog.at_level(logging.WARNING, logger="pipeline.train.ps.transport"), \
-            ParameterServer(np.zeros(N, np.float32), secret=SECRET) as s:
+    with (
+        caplog.at_level(logging.WARNING, logger="pipeline.train.ps.transport"),
+        ParameterServer(np.zeros(N, np.float32), secret=SECRET) as s,
+    ):
         for i in range(attempts):
             with socket.create_connection(s.address, timeout=5) as sock:
                 sock.recv(p.NONCE_BYTES)
-                sock.sendall(rng.bytes(int(rng.integers(1, 32)) if i % 2 else int(rng.integers(32, 200))))
+                sock.sendall(
+                    rng.bytes(int(rng.integers(1, 32)) if i % 2 else int(rng.integers(32, 200)))
+                )
         deadline = time.monotonic() + 10
         while sum(s.stats()["refused"].values()) < attempts and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -395,7 +441,9 @@ def test_a_repeated_push_never_holds_a_synchronous_round() -> None:
     pulled, its push a repeat) is answered at once and no round waits for it: the round
     closes on the two tasks' pushes, with no wait for the timeout."""
     t1, t2, ones = p.task_key("t", 0, 0), p.task_key("t", 1, 0), np.ones(N, np.float32)
-    with ParameterServer(np.zeros(N, np.float32), secret=SECRET, sync_workers=2, sync_timeout_s=60) as s:
+    with ParameterServer(
+        np.zeros(N, np.float32), secret=SECRET, sync_workers=2, sync_timeout_s=60
+    ) as s:
         with _client(s, 0) as w1, _client(s, 0) as copy, _client(s, 1) as w2:
             for c, task in ((w1, t1), (copy, t1), (w2, t2)):
                 c.begin(task, steps=2, window=1)
@@ -428,12 +476,17 @@ def test_idle_peers_cannot_keep_a_worker_out() -> None:
                 with contextlib.suppress(OSError):
                     idle.append(socket.create_connection(s.address, timeout=5))
             started = time.monotonic()
-            with ps.connect(s.address, secret=SECRET, worker=0, size=N, retry_s=30, shared_memory=False) as c:
+            with ps.connect(
+                s.address, secret=SECRET, worker=0, size=N, retry_s=30, shared_memory=False
+            ) as c:
                 c.push(np.ones(N, np.float32))
                 assert c.pull()[0] == 1.0
             assert time.monotonic() - started < 10
             refused = s.stats()["refused"]
-            assert refused.get("evicted", 0) >= 200 - transport.MAX_UNAUTHENTICATED and "busy" not in refused, refused
+            assert (
+                refused.get("evicted", 0) >= 200 - transport.MAX_UNAUTHENTICATED
+                and "busy" not in refused
+            ), refused
         finally:
             for sock in idle:
                 sock.close()

@@ -37,8 +37,14 @@ def test_a_straggler_neither_holds_the_rounds_nor_loses_or_doubles_its_gradient(
     fast_task, slow_task = p.task_key("t", 0, 0), p.task_key("t", 1, 0)
     ones, threes = np.ones(N, np.float32), np.full(N, 3, np.float32)
     events: list[str] = []
-    with ParameterServer(np.zeros(N, np.float32), secret=SECRET, sync_workers=2, sync_timeout_s=600,
-                         straggler_wait=0.5, on_event=events.append) as s:
+    with ParameterServer(
+        np.zeros(N, np.float32),
+        secret=SECRET,
+        sync_workers=2,
+        sync_timeout_s=600,
+        straggler_wait=0.5,
+        on_event=events.append,
+    ) as s:
         fast, slow = _client(s, 0), _client(s, 1)
         for c, task in ((fast, fast_task), (slow, slow_task)):
             c.begin(task, steps=6, window=1)
@@ -82,8 +88,13 @@ def test_a_straggler_neither_holds_the_rounds_nor_loses_or_doubles_its_gradient(
 def test_equal_workers_keep_whole_rounds() -> None:
     """Proves: two workers at the same pace (0.4 s of "compute" a window) still meet in every
     round: no round is cut short by the jitter between them."""
-    with ParameterServer(np.zeros(N, np.float32), secret=SECRET, sync_workers=2, sync_timeout_s=600,
-                         straggler_wait=0.5) as s:
+    with ParameterServer(
+        np.zeros(N, np.float32),
+        secret=SECRET,
+        sync_workers=2,
+        sync_timeout_s=600,
+        straggler_wait=0.5,
+    ) as s:
         clients = [_client(s, w) for w in range(2)]
 
         def work(c: Client) -> None:
@@ -118,16 +129,31 @@ def test_a_bad_round_wait_is_one_line_before_anything_starts(tmp_path) -> None: 
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[3]
-    done = subprocess.run([sys.executable, "-m", "pipeline", "run", "--dataset", "mnist", "--out", str(tmp_path / "r")],
-                          env={**os.environ, "PYTHONPATH": str(root), "STREAMTRAIN_ROUND_WAIT": "-1"}, cwd=tmp_path,
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pipeline",
+            "run",
+            "--dataset",
+            "mnist",
+            "--out",
+            str(tmp_path / "r"),
+        ],
+        env={**os.environ, "PYTHONPATH": str(root), "STREAMTRAIN_ROUND_WAIT": "-1"},
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 2 and done.stderr.strip().count("\n") == 0, done.stderr
     assert "Expected STREAMTRAIN_ROUND_WAIT" in done.stderr and "'-1'" in done.stderr
     assert not (tmp_path / "r").exists()
 
 
 def test_local_mode_rounds_wait_for_every_worker_unless_the_operator_says_otherwise(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """On one machine a late worker is jitter, not a slow host: its rounds wait for it (a
     short round steps on half its batch and lands the late gradient a round stale); a
     cluster's rounds go on without a straggler; the environment's setting wins in both."""
@@ -148,8 +174,13 @@ def test_a_straggler_is_answered_at_once_and_its_gradient_lands_once_with_the_ne
     not wait for a straggler due later than its window; every gradient lands in exactly one
     round (each push adds 1 at an index of its own: a round of two leaves 0.5 there, a
     round of one 1.0), and the one still waiting when the batch ends lands at the checkpoint."""
-    with ParameterServer(np.zeros(N, np.float32), secret=SECRET, sync_workers=2, sync_timeout_s=600,
-                         straggler_wait=0.5) as s:
+    with ParameterServer(
+        np.zeros(N, np.float32),
+        secret=SECRET,
+        sync_workers=2,
+        sync_timeout_s=600,
+        straggler_wait=0.5,
+    ) as s:
         fast, slow = _client(s, 0), _client(s, 1)
         fast.pull()
         slow.pull()

@@ -34,9 +34,15 @@ def test_narrowed_pushes_add_up_in_a_float32_center(server: ParameterServer, dty
         for _ in range(1000):
             c.push(delta)
         center = c.pull()
-    narrow = delta[:1].astype(np.float16 if dtype == "float16" else ml_dtypes.bfloat16).astype(np.float32)[0]
+    narrow = (
+        delta[:1]
+        .astype(np.float16 if dtype == "float16" else ml_dtypes.bfloat16)
+        .astype(np.float32)[0]
+    )
     assert narrow != np.float32(1e-3)  # rounded on the way
-    np.testing.assert_allclose(server.weights(), 1000 * narrow, rtol=1e-5)  # exact sums of the narrowed deltas
+    np.testing.assert_allclose(
+        server.weights(), 1000 * narrow, rtol=1e-5
+    )  # exact sums of the narrowed deltas
     np.testing.assert_allclose(center, server.weights(), rtol=2**-8)  # one rounding on the way back
     assert server.stats()["refused"] == {}
 
@@ -45,7 +51,9 @@ def test_half_the_bytes_cross_the_socket(server: ParameterServer) -> None:
     def bytes_each_way(dtype: str) -> tuple[int, int]:
         tap = _Tap(server.address)
         try:
-            with Client(tap.address, secret=SECRET, worker=0, size=N, shared_memory=False, wire_dtype=dtype) as c:
+            with Client(
+                tap.address, secret=SECRET, worker=0, size=N, shared_memory=False, wire_dtype=dtype
+            ) as c:
                 c.pull()
                 for _ in range(10):
                     c.push_pull(np.ones(N, np.float32))
@@ -58,13 +66,17 @@ def test_half_the_bytes_cross_the_socket(server: ParameterServer) -> None:
         assert 0.45 < n / w < 0.55, (wide, narrow)
 
 
-@pytest.mark.parametrize("flags, length, reason", [
-    (wire.MASK, 0, "frame"),  # no such type
-    (wire.FLAGS["bfloat16"], N * 4, "size"),  # a float32 push's length under a bfloat16 flag
-    (p.SHARED | wire.FLAGS["bfloat16"], 0, "frame"),  # shared memory carries float32 only
-])
-def test_a_frame_that_misdeclares_its_type_is_refused(server: ParameterServer, flags: int, length: int,
-                                                      reason: str) -> None:
+@pytest.mark.parametrize(
+    "flags, length, reason",
+    [
+        (wire.MASK, 0, "frame"),  # no such type
+        (wire.FLAGS["bfloat16"], N * 4, "size"),  # a float32 push's length under a bfloat16 flag
+        (p.SHARED | wire.FLAGS["bfloat16"], 0, "frame"),  # shared memory carries float32 only
+    ],
+)
+def test_a_frame_that_misdeclares_its_type_is_refused(
+    server: ParameterServer, flags: int, length: int, reason: str
+) -> None:
     sock, session = _raw_session(server)
     header, _ = session.seal(p.Header(p.PUSH if length else p.PULL, 0, 1, 0, length, flags=flags))
     sock.sendall(header)
@@ -74,7 +86,9 @@ def test_a_frame_that_misdeclares_its_type_is_refused(server: ParameterServer, f
 
 
 def test_an_unknown_wire_dtype_is_one_line() -> None:
-    with pytest.raises(ConfigError, match="Expected a wire dtype in float32, bfloat16, float16. Received: 'int8'"):
+    with pytest.raises(
+        ConfigError, match="Expected a wire dtype in float32, bfloat16, float16. Received: 'int8'"
+    ):
         Client(("127.0.0.1", 1), secret=SECRET, worker=0, size=N, wire_dtype="int8")
 
 
@@ -89,6 +103,8 @@ def test_float16_past_its_range_is_one_line_naming_bfloat16(server: ParameterSer
         assert refused.value.reason == "range"
     assert server.clock == 0
     server.restore(np.full(N, 7e4, np.float32), 0)
-    with Client(server.address, secret=SECRET, worker=0, size=N, wire_dtype="float16") as c, \
-            pytest.raises(p.ProtocolError, match="center has weights past float16's range"):
+    with (
+        Client(server.address, secret=SECRET, worker=0, size=N, wire_dtype="float16") as c,
+        pytest.raises(p.ProtocolError, match="center has weights past float16's range"),
+    ):
         c.pull()
