@@ -19,7 +19,7 @@ import uuid
 import numpy as np
 from kafka import KafkaProducer
 
-from pipeline import codec
+from pipeline import codec, record_key
 from pipeline.ingest.kafka import EmbeddedBroker, client
 from producers import Replay, datasets
 from producers.replay import PRODUCER_DEFAULTS
@@ -30,7 +30,7 @@ def bare_loop(bootstrap: str, data: datasets.Dataset, n: int, partitions: int) -
     chunk = data.load("train")
     reps = -(-n // len(chunk.y))
     values = codec.encode(chunk.x, chunk.y, data.schema) * reps
-    keys = codec.encode_keys(chunk.ids) * reps
+    keys = record_key.encode_keys(chunk.ids) * reps
     parts = (chunk.ids % np.uint64(partitions)).astype(int).tolist() * reps
     topic = f"bare-{uuid.uuid4().hex[:8]}"
     client.ensure_topic(bootstrap, topic, partitions=partitions)

@@ -12,11 +12,11 @@ offset  type  field
 8       ...   features: uint8 pixels or float32 values
 ======  ====  =====================================================
 
-The Kafka key is the record id (8 bytes, big-endian unsigned) and the Kafka
-timestamp is the event time. The header is 8 bytes so that float32 features
-start aligned. Decoding is vectorized: one call turns a block of values into
-numpy arrays, and every record it cannot train on becomes a reject with a named
-reason instead of an exception.
+The Kafka key is the record id (8 bytes, big-endian unsigned; see
+:mod:`pipeline.record_key`) and the Kafka timestamp is the event time. The header is 8
+bytes so that float32 features start aligned. Decoding is vectorized: one call turns a
+block of values into numpy arrays, and every record it cannot train on becomes a reject
+with a named reason instead of an exception.
 
 Example:
     >>> import numpy as np
@@ -31,7 +31,6 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -72,7 +71,7 @@ class Schema:
         table: a user's table (a :class:`pipeline.table.TableSchema`): its records are JSON,
             CSV or Avro, decoded and transformed by it (see :func:`table`).
         holdout: the share of records, by key, never trained (they score the model;
-            see :func:`held_out`).
+            see :func:`pipeline.record_key.held_out`).
     """
 
     name: str
@@ -123,7 +122,8 @@ def generic(n_features: int, num_classes: int) -> Schema:
     """
     if not 0 < n_features < 2**16:
         raise ConfigError(
-            f"Expected between 1 and 65535 features for a generic record. Received: n_features={n_features}"
+            "Expected between 1 and 65535 features for a generic record. "
+            f"Received: n_features={n_features}"
         )
     if num_classes < 1:
         raise ConfigError(f"Expected num_classes >= 1. Received: num_classes={num_classes}")
@@ -142,27 +142,6 @@ def table(name: str, schema: Any) -> Schema:
         (schema.width,),
         encoding=schema.format,
         table=schema,
-    )
-
-
-def held_out(keys: Sequence[bytes | None], offsets: np.ndarray, share: float) -> np.ndarray:
-    """Which records a share holds out, by a hash of the key (of the offset for a record
-    without one): the same records on every run and every replay.
-
-    >>> held_out([b"a", b"b", None, b"d", b"e", b"f"], np.arange(6), 0.5).tolist()
-    [False, False, False, False, True, True]
-    """
-    import zlib
-
-    if share <= 0:
-        return np.zeros(len(keys), bool)
-    cut = round(share * 10_000)
-    return np.array(
-        [
-            zlib.crc32(k if k is not None else int(o).to_bytes(8, "big")) % 10_000 < cut
-            for k, o in zip(keys, offsets.tolist(), strict=True)
-        ],
-        bool,
     )
 
 
@@ -191,39 +170,6 @@ def encode_block(features: np.ndarray, labels: np.ndarray, schema: Schema) -> np
 def encode(features: np.ndarray, labels: np.ndarray, schema: Schema) -> list[bytes]:
     """Encode N records as a list of Kafka values."""
     return [row.tobytes() for row in encode_block(features, labels, schema)]
-
-
-def encode_keys(ids: np.ndarray) -> list[bytes]:
-    """Record ids as Kafka keys (8-byte big-endian).
-
-    >>> encode_keys(np.array([1]))
-    [b'\\x00\\x00\\x00\\x00\\x00\\x00\\x00\\x01']
-    """
-    return [row.tobytes() for row in np.asarray(ids, ">u8").reshape(-1, 1).view(np.uint8)]
-
-
-def decode_keys(keys: Sequence[bytes]) -> np.ndarray:
-    """Inverse of :func:`encode_keys`.
-
-    >>> decode_keys(encode_keys(np.array([5, 2**40]))).tolist()
-    [5, 1099511627776]
-    """
-    return np.frombuffer(b"".join(keys), ">u8").astype(np.uint64)
-
-
-def decode_key_array(keys: Any) -> np.ndarray | None:
-    """Record ids from a block of keys (list or pyarrow array) in one pass, or None unless
-    every key is an 8-byte id.
-
-    >>> decode_key_array(encode_keys(np.array([3, 4]))).tolist()
-    [3, 4]
-    >>> decode_key_array([b"abc"]) is None
-    True
-    """
-    data, offsets = _as_buffer(keys)
-    if not len(offsets) - 1 or not (np.diff(offsets) == 8).all():
-        return None
-    return np.frombuffer(data[offsets[0] : offsets[-1]].tobytes(), ">u8").astype(np.uint64)
 
 
 @dataclasses.dataclass
@@ -256,7 +202,7 @@ class Decoded:
         return [self.names[c] for c in self.reasons]
 
 
-def _as_buffer(values: Any) -> tuple[np.ndarray, np.ndarray]:
+def as_buffer(values: Any) -> tuple[np.ndarray, np.ndarray]:
     """(data bytes, offsets) of a list of bytes or a pyarrow binary array, without copying
     pyarrow buffers."""
     if hasattr(values, "buffers") and hasattr(values, "offset"):  # a pyarrow (Large)BinaryArray
@@ -277,7 +223,8 @@ def json_instances(schema: Schema) -> Schema:
     """``schema``'s features as JSON instances: a value is a list of numbers (flat or
     nested), ``{"instances": [one]}`` or ``{"features": [...]}``, in the wire units.
 
-    >>> d = decode([b"[1, 2]", b'{"instances": [[3, 4]]}', b"[1]", b"oops"], json_instances(generic(2, 2)))
+    >>> values = [b"[1, 2]", b'{"instances": [[3, 4]]}', b"[1]", b"oops"]
+    >>> d = decode(values, json_instances(generic(2, 2)))
     >>> d.x.tolist(), d.reason_names()
     ([[1.0, 2.0], [3.0, 4.0]], ['not_an_instance', 'not_an_instance'])
     """
@@ -363,7 +310,7 @@ def decode(values: Any, schema: Schema) -> Decoded:
         return schema.table.decode(values)
     if schema.encoding == "json":
         return _decode_json(values, schema)
-    data, offsets = _as_buffer(values)
+    data, offsets = as_buffer(values)
     n = len(offsets) - 1
     rec = schema.record_bytes
     lengths = np.diff(offsets)

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline import codec
+from pipeline import codec, record_key
 from pipeline.errors import ConfigError, DataError
 from pipeline.ingest.kafka import client, conf
 from pipeline.observe import metrics
@@ -224,7 +224,7 @@ class Replay:
                 if chunk.values is not None
                 else codec.encode(chunk.x, chunk.y, self.dataset.schema)
             )
-            keys = codec.encode_keys(chunk.ids)
+            keys = record_key.encode_keys(chunk.ids)
             parts_array = (chunk.ids % np.uint64(partitions)).astype(np.int64)
             n = len(values) if self.limit is None else min(len(values), self.limit - handed)
             order = np.arange(n)

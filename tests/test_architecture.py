@@ -16,6 +16,7 @@ ALLOWED = {
     "pipeline.exports": set(),  # the lazy re-exports of the packages' __init__
     "pipeline.config": {"pipeline.errors"},
     "pipeline.codec": {"pipeline.errors"},
+    "pipeline.record_key": {"pipeline.errors", "pipeline.codec"},  # the Kafka key, codec's level
     # A user's table: its schema, its records' formats and its transform (codec's level: a
     # codec.Schema carries one, and calls it without importing it).
     "pipeline.table": {"pipeline.errors", "pipeline.codec"},
@@ -26,12 +27,14 @@ ALLOWED = {
         "pipeline.exports",
         "pipeline.config",
         "pipeline.codec",
+        "pipeline.record_key",
         "pipeline.cluster",
     },
     "producers": {
         "pipeline.errors",
         "pipeline.config",
         "pipeline.codec",
+        "pipeline.record_key",
         "pipeline.table",
         "pipeline.ingest.kafka",
         "pipeline.observe.metrics",
@@ -41,6 +44,7 @@ ALLOWED = {
         "pipeline.exports",
         "pipeline.config",
         "pipeline.codec",
+        "pipeline.record_key",
         "pipeline.table",
         "pipeline.cluster",
         "pipeline.ingest",
@@ -50,6 +54,7 @@ ALLOWED = {
         "pipeline.exports",
         "pipeline.config",
         "pipeline.codec",
+        "pipeline.record_key",
         "pipeline.table",
         "pipeline.cluster",
         "pipeline.ingest",
@@ -61,6 +66,7 @@ ALLOWED = {
         "pipeline.exports",
         "pipeline.config",
         "pipeline.codec",
+        "pipeline.record_key",
         "pipeline.table",
         "pipeline.cluster",
         "pipeline.ingest",

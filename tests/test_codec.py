@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from pipeline import codec
+from pipeline import codec, record_key
 
 
 @settings(max_examples=50, deadline=None)
@@ -91,4 +91,4 @@ def test_empty_input() -> None:
 
 def test_keys_round_trip() -> None:
     ids = np.array([0, 1, 2**63 + 5], np.uint64)
-    assert codec.decode_keys(codec.encode_keys(ids)).tolist() == ids.tolist()
+    assert record_key.decode_keys(record_key.encode_keys(ids)).tolist() == ids.tolist()

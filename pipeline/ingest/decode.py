@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from pipeline import codec
+from pipeline import codec, record_key
 from pipeline.ingest import dead_letters
 from pipeline.ingest.offsets import OffsetRange, PassedOver
 
@@ -137,11 +137,11 @@ def decode_range(
     if schema.holdout and len(
         ok
     ):  # the held-out share of a topic's keys scores the model, never trains it
-        keep = ~codec.held_out(
+        keep = ~record_key.held_out(
             table.column("key").take(pa.array(ok)).to_pylist(), offsets[ok], schema.holdout
         )
         ok, x, y = ok[keep], x[keep], y[keep]
-    ids = codec.decode_key_array(table.column("key").combine_chunks())
+    ids = record_key.decode_key_array(table.column("key").combine_chunks())
     if ids is None:  # records produced by someone else, without 8-byte ids: use offsets
         ids = offsets.astype(np.uint64)
     stamps = table.column("timestamp").cast(pa.int64()).to_numpy() // 1000

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline import codec
+from pipeline import codec, record_key
 from pipeline.errors import ConfigError
 from pipeline.jobs.run_config import RunConfig
 
@@ -195,7 +195,7 @@ class TopicTable:
         records = self._records()
         keys = [k for k, _, _ in records]
         offsets = np.array([o for _, _, o in records], np.int64)
-        held = codec.held_out(keys, offsets, self.share)
+        held = record_key.held_out(keys, offsets, self.share)
         decoded = self.table.decode([v for (_, v, _), h in zip(records, held, strict=True) if h])
         log.info(
             "held-out scores on %d records of %s (the %.0f%% of keys never trained)",

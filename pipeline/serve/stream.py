@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline import codec
+from pipeline import record_key
 from pipeline.ingest.decode import Block
 from pipeline.ingest.microbatch import BatchFigures, Handler
 from pipeline.train.model import ModelSpec
@@ -83,6 +83,7 @@ def _producer(bootstrap: str, kafka_conf: str | None) -> Any:
 def prediction_values(block: Block, probs: np.ndarray, version: int) -> list[bytes]:
     """The JSON values of a block's predictions.
 
+    >>> from pipeline import codec
     >>> b = Block("in", 1, np.zeros((2, 2)), np.zeros(2), np.array([7, 8], np.uint64),
     ...           np.array([40, 41]), np.zeros(2, np.int64), codec.generic(2, 2))
     >>> json.loads(prediction_values(b, np.array([[0.25, 0.75], [0.5, 0.5]]), 9)[0])["class"]
@@ -148,7 +149,7 @@ class PredictHandler(Handler):
             threads=self.threads,
         )
         producer = _producer(self.bootstrap, self.kafka_conf)
-        keys = block.keys if block.keys is not None else codec.encode_keys(block.ids)
+        keys = block.keys if block.keys is not None else record_key.encode_keys(block.ids)
         futures = [
             producer.send(self.output_topic, value=v, key=k)
             for k, v in zip(keys, prediction_values(block, probs, version), strict=True)

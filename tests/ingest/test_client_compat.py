@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline import codec
+from pipeline import codec, record_key
 from pipeline.errors import BrokerError
 from pipeline.ingest import microbatch as stream
 from pipeline.ingest import offsets
@@ -287,7 +287,7 @@ def test_spark_source_reads_what_both_python_clients_sent(
     values = codec.encode(
         rng.normal(size=(200, 28)).astype(np.float32), rng.integers(0, 2, 200), codec.HIGGS
     )
-    records = list(zip(codec.encode_keys(ids), values, strict=True))
+    records = list(zip(record_key.encode_keys(ids), values, strict=True))
     _kp_produce(bootstrap, topic, records[:100])
     _ck_produce(bootstrap, topic, records[100:])
     job = stream.StreamJob(
@@ -470,7 +470,7 @@ def mixed(engine_broker: EmbeddedBroker) -> Iterator[tuple[str, Script, dict[str
             topic,
             codec_name,
             step,
-            list(zip(codec.encode_keys(batch_ids), values, strict=True)),
+            list(zip(record_key.encode_keys(batch_ids), values, strict=True)),
         )
         ids[
             "committed"

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 from kafka import TopicPartition
 
-from pipeline import codec
+from pipeline import codec, record_key
 from pipeline.errors import BrokerError
 from pipeline.ingest import reader
 from pipeline.ingest.kafka import client, conf, wire
@@ -58,7 +58,9 @@ def mtls(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecureKafka]:
 def higgs_records(n: int) -> tuple[list[bytes], list[bytes]]:
     """The first ``n`` HIGGS sample rows in the wire format, and their keys."""
     chunk = next(datasets.get("higgs").iter_chunks("train", chunk_rows=n))
-    return codec.encode(chunk.x[:n], chunk.y[:n], codec.HIGGS), codec.encode_keys(chunk.ids[:n])
+    return codec.encode(chunk.x[:n], chunk.y[:n], codec.HIGGS), record_key.encode_keys(
+        chunk.ids[:n]
+    )
 
 
 def write_transaction(

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline import codec
+from pipeline import codec, record_key
 from pipeline.errors import BrokerError, ConfigError
 from pipeline.ingest.kafka import EmbeddedBroker, client
 from pipeline.observe import metrics
@@ -42,7 +42,7 @@ def _round_trip(
     )
     records = consume(topic, n)
     assert len(records) == n
-    ids = codec.decode_keys([r.key for r in records])
+    ids = record_key.decode_keys([r.key for r in records])
     # Keyed by record id, partition = id mod partitions, in id order within a partition.
     assert all(r.partition == int(i) % 3 for r, i in zip(records, ids, strict=True))
     order = np.argsort(ids, kind="stable")
@@ -112,7 +112,7 @@ def test_loop_replays_epochs_with_the_same_ids(broker, topic, consume, data_dir)
         data, bootstrap=broker.bootstrap, topic=topic, split="test", loop=True, limit=1200
     ).run()
     assert report.records_sent == 1200 and report.epochs == 2
-    ids = codec.decode_keys([r.key for r in consume(topic, 1200)])
+    ids = record_key.decode_keys([r.key for r in consume(topic, 1200)])
     assert np.bincount(ids.astype(np.int64)).tolist() == [3] * 200 + [2] * 300
 
 
@@ -279,7 +279,7 @@ def test_ctrl_c_at_any_moment_of_start_up_stops_promptly(broker, topic, delay_s)
 def _ids_in(consume, topic: str, expect: int) -> list[int]:  # type: ignore[no-untyped-def]
     # One more than expected: a duplicate would show (consume waits its deadline out).
     records = consume(topic, expect + 1, timeout_s=5)
-    return sorted(codec.decode_keys([r.key for r in records]).tolist())
+    return sorted(record_key.decode_keys([r.key for r in records]).tolist())
 
 
 def test_resume_sends_only_what_the_topic_lacks(broker, topic, consume, data_dir) -> None:  # type: ignore[no-untyped-def]

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline import codec
+from pipeline import codec, record_key
 from pipeline.errors import ConfigError
 from pipeline.serve import instances
 from pipeline.table import TableSchema, decode, encode_rows, infer
@@ -196,7 +196,7 @@ def test_holdout_is_fixed_disjoint_and_spread() -> None:
         == held_out(np.arange(1000, dtype=np.uint64), 0.1).tolist()
     )
     keys = [str(i).encode() for i in range(10_000)]
-    share = codec.held_out(keys, np.arange(10_000), 0.02).mean()
+    share = record_key.held_out(keys, np.arange(10_000), 0.02).mean()
     assert 0.015 < share < 0.025
 
 

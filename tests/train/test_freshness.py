@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline import codec
+from pipeline import codec, record_key
 from pipeline.ingest import microbatch, reader
 from pipeline.ingest.decode import decode_range
 from pipeline.ingest.kafka.record_batch import parse_batches
@@ -43,7 +43,7 @@ def _task(partition: int, start: int, deltas_ms: list[int], *, log_append_ms: in
     values = codec.encode(
         rng.integers(0, 256, (n, 784), dtype=np.uint8), rng.integers(0, 10, n), codec.MNIST
     )
-    keys = codec.encode_keys(np.arange(start, start + n, dtype=np.uint64))
+    keys = record_key.encode_keys(np.arange(start, start + n, dtype=np.uint64))
     raw = raw_batches.batch(
         list(zip(keys, values, strict=True)),
         base_offset=start,
