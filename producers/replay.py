@@ -20,7 +20,7 @@ import numpy as np
 from pipeline import codec, record_key
 from pipeline.errors import ConfigError, DataError
 from pipeline.ingest.kafka import client, conf
-from pipeline.observe import metrics
+from pipeline.observe import exposition, metrics
 from producers.datasets import Chunk, Dataset
 from producers.datasets.base import MALFORMED_REASONS
 from producers.pacing import RateLimiter
@@ -321,7 +321,7 @@ def replay_with_metrics(
     Prometheus ``/metrics`` on ``metrics_host:metrics_port``; return its report."""
     meters = metrics.producer_metrics()
     replay = Replay(dataset, meters=meters, **options)
-    server = metrics.serve(meters.registry, host=metrics_host, port=metrics_port)
+    server = exposition.serve(meters.registry, host=metrics_host, port=metrics_port)
     log.info("producer metrics at %s", server.url)
     try:
         report = replay.run()

@@ -38,6 +38,7 @@ ALLOWED = {
         "pipeline.table",
         "pipeline.ingest.kafka",
         "pipeline.observe.metrics",
+        "pipeline.observe.exposition",
     },
     "pipeline.train": {
         "pipeline.errors",

@@ -38,7 +38,7 @@ from pipeline.jobs.replay_process import ReplayProcess
 from pipeline.jobs.report import BATCHES_FILE, REPORT_FILE, History, RunReport
 from pipeline.jobs.run_config import RunConfig
 from pipeline.jobs.run_metrics import RunMetrics
-from pipeline.observe import metrics
+from pipeline.observe import exposition
 from pipeline.train import algorithms, checkpoint
 from pipeline.train.driver import TrainDriver
 from pipeline.train.evaluation import MIN_SCORED
@@ -185,7 +185,7 @@ class Run:
             )
             zygote = model_start.start_zygote(stack, self.out) if self.settings.preload else None
             probe = model_start.describe(cfg, self.algorithm, data.schema, stack, zygote)
-            served = metrics.serve(
+            served = exposition.serve(
                 self.metrics.meters.registry, host=self.settings.metrics_host, port=cfg.metrics_port
             )
             log.info("metrics at %s", served.url)

@@ -11,7 +11,7 @@ from pipeline import cluster, codec
 from pipeline.errors import ConfigError
 from pipeline.ingest import microbatch
 from pipeline.ingest.kafka import client, conf
-from pipeline.observe import metrics
+from pipeline.observe import exposition, metrics
 from pipeline.serve.predictor import read_description
 from pipeline.serve.stream import PredictHandler, job_id
 from pipeline.train import checkpoint
@@ -97,7 +97,7 @@ def run(cfg: PredictConfig) -> PredictSummary:
     meters = metrics.serving_metrics(name)
     served = None
     if cfg.metrics_port is not None:
-        served = metrics.serve(
+        served = exposition.serve(
             meters.registry, host=config.settings().metrics_host, port=cfg.metrics_port
         )
         log.info("metrics at %s", served.url)

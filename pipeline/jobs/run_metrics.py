@@ -14,7 +14,7 @@ from pipeline.ingest.kafka.fetch import UnreadableRange
 from pipeline.ingest.microbatch import BatchFigures
 from pipeline.ingest.offsets import TopicPartition
 from pipeline.jobs.report import BATCHES_FILE, REPORT_FILE, read_rows
-from pipeline.observe import metrics
+from pipeline.observe import metrics, refusals
 from pipeline.train import checkpoint
 from pipeline.train.drift import SIGNALS, Drift
 from pipeline.train.freshness import Freshness
@@ -73,7 +73,7 @@ class RunMetrics:
         m.records_poisoned.labels(topic)
         for reason in codec.REASONS:
             m.records_rejected.labels(reason)
-        for reason in metrics.PS_REFUSALS:
+        for reason in refusals.PS_REFUSALS:
             m.ps_refusals.labels(reason)
         for activity in ("compute", "exchange"):
             m.worker_seconds.labels(activity)

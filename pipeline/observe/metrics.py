@@ -1,152 +1,19 @@
 """Every Prometheus metric of streamtrain, declared once, each component in its own registry.
 
 Names follow ``streamtrain_<component>_<what>_<unit>``; counters end in ``_total``.
-A component makes its metrics with one call and serves them with :func:`serve`.
+A component makes its metrics with one call and serves them with
+:func:`pipeline.observe.exposition.serve`; histograms take their bounds from
+:mod:`~pipeline.observe.buckets`, refusal counters their reasons from
+:mod:`~pipeline.observe.refusals`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import threading
-import time
-from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from pipeline.errors import ConfigError
-
-
-def integer_buckets(*bounds: int) -> tuple[float, ...]:
-    """Histogram buckets for whole numbers: each bound k gets a bucket (k - 0.01, k] of its
-    own. Histogram quantiles interpolate inside a bucket, so a constant k reads as k (within
-    0.01), where buckets (1, 2] made a constant 2 read p50 1.5.
-
-    >>> integer_buckets(0, 1, 2)
-    (0.0, 0.99, 1.0, 1.99, 2.0)
-    """
-    return tuple(b for k in bounds for b in ((float(k),) if k <= 0 else (k - 0.01, float(k))))
-
-
-#: Staleness: a whole number of updates (a constant 1 read p50 0.5 with buckets (0, 1]).
-_INTEGER_BUCKETS = integer_buckets(0, 1, 2, 3, 4, 6, 8, 12, 16, 32, 64)
-#: Instances per prediction request: clients send a few, or a batch of a power of two.
-_INSTANCE_BUCKETS = integer_buckets(1, 2, 3, 4, 5, 6, 8, 10, 16, 32, 64, 128, 256, 512, 1024)
-
-
-#: Micro-batch seconds: a second to an hour, tight where batches usually fall (4-30 s),
-#: so p50 of 8-17 s batches reads within their bucket and a 431 s batch reads as one.
-_BATCH_BUCKETS = (
-    0.5,
-    1,
-    2,
-    4,
-    6,
-    8,
-    10,
-    12,
-    15,
-    20,
-    25,
-    30,
-    45,
-    60,
-    90,
-    120,
-    180,
-    300,
-    450,
-    600,
-    900,
-    1800,
-    3600,
-)
-
-#: The model's freshness: a quarter second (a target of seconds) to an hour (a stalled run).
-_FRESHNESS_BUCKETS = (
-    0.25,
-    0.5,
-    0.75,
-    1,
-    1.5,
-    2,
-    3,
-    4,
-    6,
-    8,
-    10,
-    15,
-    20,
-    30,
-    60,
-    120,
-    300,
-    600,
-    1800,
-    3600,
-)
-
-#: Parameter-server request seconds: half a millisecond to a minute (a pull behind a
-#: synchronous round waits for the slowest worker).
-_PS_BUCKETS = (
-    0.0005,
-    0.001,
-    0.002,
-    0.004,
-    0.008,
-    0.016,
-    0.032,
-    0.064,
-    0.128,
-    0.25,
-    0.5,
-    1,
-    2,
-    5,
-    10,
-    30,
-    60,
-)
-
-#: Why a model server refuses a request (``serve_bad_requests_total``'s reasons, each a
-#: series from the start so that rate() sees the first refusal).
-SERVE_REFUSALS = (
-    "bad_field",
-    "bad_json",
-    "busy",
-    "content_type",
-    "malformed",
-    "no_features",
-    "no_instances",
-    "no_length",
-    "not_numeric",
-    "number_too_large",
-    "out_of_range",
-    "slow_body",
-    "slow_head",
-    "string_too_long",
-    "too_deep",
-    "too_large",
-    "too_many_instances",
-    "too_many_values",
-    "unauthorized",
-    "unknown_field",
-    "wrong_host",
-    "wrong_shape",
-)
-
-#: Why the parameter server refuses a connection or a request (each a series from the start).
-PS_REFUSALS = (
-    "auth",
-    "busy",
-    "evicted",
-    "frame",
-    "handshake",
-    "idle",
-    "nonfinite",
-    "order",
-    "size",
-    "truncated",
-)
+from pipeline.observe import buckets
 
 
 @dataclasses.dataclass(frozen=True)
@@ -270,8 +137,8 @@ def training_metrics() -> TrainingMetrics:
         ),
         records_rejected=Counter(
             "streamtrain_stream_records_rejected_total",
-            "Records set aside, by reason: rejected by the decoder (to the dead-letter topic), or rows of "
-            "a run's file its replay could not send.",
+            "Records set aside, by reason: rejected by the decoder (to the dead-letter topic), "
+            "or rows of a run's file its replay could not send.",
             ["reason"],
             registry=reg,
         ),
@@ -296,7 +163,8 @@ def training_metrics() -> TrainingMetrics:
         ),
         batches=Counter(
             "streamtrain_stream_batches_total",
-            "Micro-batches applied, in the whole run (a resumed trainer goes on from its checkpoint).",
+            "Micro-batches applied, in the whole run "
+            "(a resumed trainer goes on from its checkpoint).",
             registry=reg,
         ),
         batches_skipped=Counter(
@@ -307,7 +175,7 @@ def training_metrics() -> TrainingMetrics:
         batch_duration=Histogram(
             "streamtrain_stream_batch_duration_seconds",
             "Wall time of a micro-batch.",
-            buckets=_BATCH_BUCKETS,
+            buckets=buckets.BATCH_SECONDS,
             registry=reg,
         ),
         last_batch_duration=Gauge(
@@ -324,14 +192,14 @@ def training_metrics() -> TrainingMetrics:
         staleness=Histogram(
             "streamtrain_ps_staleness_updates",
             "Updates applied between a worker's pull and push.",
-            buckets=_INTEGER_BUCKETS,
+            buckets=buckets.INTEGER,
             registry=reg,
         ),
         ps_request_duration=Histogram(
             "streamtrain_ps_request_duration_seconds",
             "Parameter-server request time on the server, by operation.",
             ["op"],
-            buckets=_PS_BUCKETS,
+            buckets=buckets.PS_SECONDS,
             registry=reg,
         ),
         ps_refusals=Counter(
@@ -358,19 +226,21 @@ def training_metrics() -> TrainingMetrics:
         ),
         clock=Gauge(
             "streamtrain_ps_clock_updates",
-            "The parameter server's clock: updates applied since the run began (kept across resumes).",
+            "The parameter server's clock: updates applied since the run began "
+            "(kept across resumes).",
             registry=reg,
         ),
         freshness=Gauge(
             "streamtrain_model_freshness_seconds",
-            "Now minus the newest Kafka timestamp whose update the center holds (the oldest partition's).",
+            "Now minus the newest Kafka timestamp whose update the center holds "
+            "(the oldest partition's).",
             registry=reg,
         ),
         # A family has one type: the histogram of the same figure takes a name of its own.
         freshness_sampled=Histogram(
             "streamtrain_model_freshness_sampled_seconds",
             "The model's freshness, sampled about once a second (time-weighted).",
-            buckets=_FRESHNESS_BUCKETS,
+            buckets=buckets.FRESHNESS_SECONDS,
             registry=reg,
         ),
         prequential_loss=Gauge(
@@ -470,7 +340,7 @@ def serving_metrics(model: str) -> ServingMetrics:
             "Instances per prediction request.",
             ["model"],
             registry=reg,
-            buckets=_INSTANCE_BUCKETS,
+            buckets=buckets.INSTANCES,
         ),
         weights_age=Gauge(
             "streamtrain_serve_weights_age_seconds",
@@ -492,65 +362,3 @@ def serving_metrics(model: str) -> ServingMetrics:
             registry=reg,
         ),
     )
-
-
-class _ScrapeClock:
-    """A collector that exports nothing and remembers when it was last collected (scraped)."""
-
-    def __init__(self) -> None:
-        self.times: list[float] = []
-
-    def collect(self) -> list[Any]:
-        self.times = [*self.times[-1:], time.monotonic()]  # the last two: their gap is the interval
-        return []
-
-
-@dataclasses.dataclass
-class MetricsServer:
-    """A running /metrics endpoint; ``port`` is the bound port (useful with port 0)."""
-
-    host: str
-    port: int
-    _server: Any
-    _thread: threading.Thread
-    _scrapes: _ScrapeClock
-
-    @property
-    def url(self) -> str:
-        return f"http://{self.host}:{self.port}/metrics"
-
-    def await_scrape(self, *, max_wait_s: float = 30.0) -> bool:
-        """Wait for one more scrape, if something scrapes this endpoint, so the last figures
-        reach Prometheus before the process exits; return whether one came.
-
-        Nobody scraped yet: return at once. Else wait up to two scrape intervals (as last
-        seen), ``max_wait_s`` at most.
-        """
-        seen = list(self._scrapes.times)
-        if not seen:
-            return False
-        interval = seen[1] - seen[0] if len(seen) == 2 else 15.0
-        deadline = time.monotonic() + min(max_wait_s, 2 * interval + 1)
-        while time.monotonic() < deadline:
-            if self._scrapes.times[-1] > seen[-1]:
-                return True
-            time.sleep(0.05)
-        return False
-
-    def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-
-
-def serve(registry: CollectorRegistry, *, host: str = "127.0.0.1", port: int = 0) -> MetricsServer:
-    """Serve ``registry`` at ``http://host:port/metrics`` from a daemon thread."""
-    scrapes = _ScrapeClock()
-    registry.register(scrapes)
-    try:
-        server, thread = start_http_server(port, addr=host, registry=registry)
-    except OSError as e:
-        registry.unregister(scrapes)
-        raise ConfigError(
-            f"Cannot serve /metrics on {host}:{port} ({e.strerror}). Pass another --metrics-port, or 0 for a free one."
-        ) from None
-    return MetricsServer(host, int(server.server_port), server, thread, scrapes)

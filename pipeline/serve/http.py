@@ -54,7 +54,8 @@ from aiohttp.abc import AbstractAccessLogger
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from pipeline.errors import ConfigError
-from pipeline.observe.metrics import SERVE_REFUSALS, ServingMetrics, serving_metrics
+from pipeline.observe.metrics import ServingMetrics, serving_metrics
+from pipeline.observe.refusals import SERVE_REFUSALS
 from pipeline.serve import instances
 from pipeline.serve.connections import Gate
 from pipeline.serve.instances import BadRequest, parse_request

@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from pipeline.errors import ConfigError
-from pipeline.observe import dashboard, metrics
+from pipeline.observe import dashboard, metrics, refusals
 from tests.conftest import ROOT, free_port
 
 DEPLOY = ROOT / "deploy"
@@ -349,4 +349,4 @@ def test_every_refusal_reason_the_model_server_gives_is_declared() -> None:
     given = set(re.findall(r'reason="([a-z_]+)"', source)) | set(
         re.findall(r'bad_requests\.labels\([^,]+, "([a-z_]+)"\)', source)
     )
-    assert given and given <= set(metrics.SERVE_REFUSALS), given - set(metrics.SERVE_REFUSALS)
+    assert given and given <= set(refusals.SERVE_REFUSALS), given - set(refusals.SERVE_REFUSALS)

@@ -20,7 +20,7 @@ import pytest
 
 from pipeline import codec
 from pipeline.ingest.kafka import client
-from pipeline.observe import dashboard, metrics, render
+from pipeline.observe import dashboard, exposition, metrics, render
 from producers import Replay, datasets
 from tests.conftest import ROOT, free_port
 
@@ -70,7 +70,7 @@ def scraped(broker, prometheus, data_dir, tmp_path_factory) -> dict[str, Any]:  
     topic = f"t-observability-{uuid.uuid4().hex[:8]}"
     client.ensure_topic(broker.bootstrap, topic, partitions=2)
     producer_meters = metrics.producer_metrics()
-    producer_server = metrics.serve(producer_meters.registry)
+    producer_server = exposition.serve(producer_meters.registry)
     run_port, serve_port = free_port(), free_port()
     prom = prometheus(
         {

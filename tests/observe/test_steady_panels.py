@@ -16,7 +16,7 @@ import pytest
 from pipeline.ingest.microbatch import BatchFigures
 from pipeline.jobs.report import BATCHES_FILE, History
 from pipeline.jobs.run_metrics import RunMetrics
-from pipeline.observe import dashboard, metrics
+from pipeline.observe import dashboard, exposition
 from pipeline.train import checkpoint
 from pipeline.train.freshness import Freshness
 from pipeline.train.rows import BatchRow
@@ -98,7 +98,7 @@ def test_rate_panels_read_steady_and_counters_go_on_across_a_resume(
     panels = {p["title"]: p for p in dashboard.panels(board)}
     window = max(dashboard.rate_window(panels[t], SCRAPE_S) for t in STEPPED)
     first = RunMetrics(dataset="mnist", algorithm="sync", topic=TOPIC, workers=2)
-    server = metrics.serve(first.meters.registry, port=port)
+    server = exposition.serve(first.meters.registry, port=port)
     # Prometheus scrapes a new target a few seconds after its start: from then on it sees the
     # counters from 0, so that increase() over the test can be held to everything trained.
     deadline = time.monotonic() + 30
@@ -159,7 +159,7 @@ def test_rate_panels_read_steady_and_counters_go_on_across_a_resume(
     stopped = time.time()
     second = RunMetrics(dataset="mnist", algorithm="sync", topic=TOPIC, workers=2)
     second.restore(checkpoint.load(tmp_path), tmp_path)  # type: ignore[arg-type]
-    server = metrics.serve(second.meters.registry, port=port)
+    server = exposition.serve(second.meters.registry, port=port)
     try:
         time.sleep(3 * SCRAPE_S)  # scraped while warming up, before its first batch
         _feed(second, n, 3, clock=clock, batch_s=lambda i: 431.0)

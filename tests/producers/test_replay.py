@@ -17,7 +17,7 @@ import pytest
 from pipeline import codec, record_key
 from pipeline.errors import BrokerError, ConfigError
 from pipeline.ingest.kafka import EmbeddedBroker, client
-from pipeline.observe import metrics
+from pipeline.observe import exposition, metrics
 from producers import Replay, datasets
 
 
@@ -124,7 +124,7 @@ def test_malformed_rows_are_counted_skipped_and_exported(broker, topic, consume,
         '{"features": [{"name": "x"}], "label": {"name": "label", "classes": [0, 1]}}'
     )
     meters = metrics.producer_metrics()
-    server = metrics.serve(meters.registry, port=0)
+    server = exposition.serve(meters.registry, port=0)
     try:
         report = Replay(
             datasets.get("csv", path, schema=schema, holdout=0.0),

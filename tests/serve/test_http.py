@@ -19,7 +19,7 @@ import pytest
 from prometheus_client import generate_latest
 
 from pipeline import codec
-from pipeline.observe import metrics
+from pipeline.observe import refusals
 from pipeline.serve.http import ModelServer
 from pipeline.serve.predictor import Predictor
 from pipeline.serve.weights import LiveWeights
@@ -124,7 +124,7 @@ def test_every_refusal_reason_is_a_series_from_the_start(live) -> None:  # type:
     one (a series that first appears at 1 stayed at 0 on the dashboard)."""
     with serving(live) as app:
         text = generate_latest(app.meters.registry).decode()
-    for reason in metrics.SERVE_REFUSALS:
+    for reason in refusals.SERVE_REFUSALS:
         assert f'streamtrain_serve_bad_requests_total{{model="m",reason="{reason}"}} 0.0' in text, (
             reason
         )

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from pipeline.jobs.run_metrics import RunMetrics
-from pipeline.observe import metrics
+from pipeline.observe import exposition
 from pipeline.train.ps import Client, ParameterServer, ProtocolError
 from tests.train.ps.test_server import _raw_session
 
@@ -31,7 +31,7 @@ def test_refusals_reach_prometheus(caplog: pytest.LogCaptureFixture) -> None:
     """Proves: a peer with the wrong secret is refused and the refusal is on the run's
     /metrics (streamtrain_ps_refusals_total{reason="auth"}), every reason a series from 0."""
     run = RunMetrics(dataset="mnist", algorithm="sync", topic="t", workers=1)
-    served = metrics.serve(run.meters.registry)
+    served = exposition.serve(run.meters.registry)
     try:
 
         def scrape() -> str:
