@@ -4,7 +4,8 @@ The only per-record Python step is walking record lengths; keys, values, offsets
 timestamps come out as flat arrays (Arrow-ready). Compressed batches are inflated by
 :mod:`pipeline.ingest.kafka.compression` (every codec of Kafka's, under a size cap);
 control batches (transaction markers) are skipped, and so are aborted transactions'
-records for a read_committed reader; CRCs are checked per batch.
+records for a read_committed reader (:mod:`pipeline.ingest.kafka.transactions`); CRCs are
+checked per batch.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import threading
 import numpy as np
 
 from pipeline.errors import BrokerError
-from pipeline.ingest.kafka import compression
+from pipeline.ingest.kafka import compression, transactions
 
 _BATCH_HEADER = 61
 _PAD = 16  # zero bytes after a buffer, so gathering a varint's bytes never runs off the end
@@ -128,7 +129,8 @@ class Skipped:
     poison: list[tuple[int, int, str]] = dataclasses.field(default_factory=list)
 
     def pass_over(self, base: int, last: int, start: int, end: int, cause: str) -> None:
-        """Count an unreadable batch ``[base, last]`` as passed over, the part in ``[start, end)``."""
+        """Count an unreadable batch ``[base, last]`` as passed over, the part in
+        ``[start, end)``."""
         lo, hi = max(base, start), min(last, end - 1)
         if hi >= lo:
             self.poisoned += hi - lo + 1
@@ -136,80 +138,8 @@ class Skipped:
             self.first = lo if self.first is None else self.first
 
 
-def _varint(data: bytes | memoryview, pos: int) -> tuple[int, int]:
-    """One zigzag varint at ``pos``: (value, size in bytes).
-
-    >>> _varint(bytes([0x96, 0x01]), 0)
-    (75, 2)
-    """
-    raw, shift, size = 0, 0, 0
-    while True:
-        b = data[pos + size]
-        raw |= (b & 0x7F) << shift
-        size += 1
-        if b < 0x80:
-            return (raw >> 1) ^ -(raw & 1), size
-        shift += 7
-
-
-def _is_abort_marker(data: bytes, first: int) -> bool:
-    """Whether the control record at ``first`` is an ABORT marker (its key: version int16,
-    type int16, where 0 is ABORT and 1 COMMIT).
-
-    >>> record = bytes([20, 0, 0, 0, 8]) + struct.pack(">hh", 0, 0)
-    >>> _is_abort_marker(record, 0)
-    True
-    """
-    pos = first + _varint(data, first)[1] + 1  # the record's length, its attributes
-    pos += _varint(data, pos)[1]  # timestamp delta
-    pos += _varint(data, pos)[1]  # offset delta
-    key_len, size = _varint(data, pos)
-    if key_len < 4:
-        return False
-    return bool(struct.unpack_from(">h", data, pos + size + 2)[0] == 0)
-
-
-def filter_aborted(
-    batches: list[tuple[int, int, int, str]], aborted: list[tuple[int, int]]
-) -> list[bool]:
-    """Which batches a read_committed consumer keeps, decided as Kafka's Java consumer does.
-
-    A producer's transactional batches are dropped from the first offset of one of its
-    aborted transactions (the fetch response lists them) until that producer's ABORT
-    marker; control batches are never kept.
-
-    Args:
-        batches: per batch in log order, (last offset, producer id, attributes,
-            marker: "abort", "commit" or "" for data).
-        aborted: (producer id, first offset) of the aborted transactions the broker listed.
-
-    Returns:
-        One flag per batch: keep it.
-
-    Example:
-        >>> txn = 0x10  # the transactional bit of the attributes
-        >>> log = [(0, 7, txn, ""), (1, 8, txn, ""), (2, 7, txn | 0x20, "abort"), (3, 7, txn, ""),
-        ...        (4, 7, txn | 0x20, "commit"), (5, -1, 0, "")]
-        >>> filter_aborted(log, [(7, 0)])
-        [False, True, False, True, False, True]
-    """
-    pending = sorted(aborted, key=lambda a: a[1])
-    active: set[int] = set()
-    keep = []
-    for last, producer, attributes, marker in batches:
-        if attributes & 0x10:
-            while pending and pending[0][1] <= last:
-                active.add(pending.pop(0)[0])
-        if attributes & 0x20:
-            if marker == "abort":
-                active.discard(producer)
-            keep.append(False)
-        else:
-            keep.append(not (attributes & 0x10 and producer in active))
-    return keep
-
-
-#: What a reader does with a batch it cannot read: stop (``fail``), or pass over it and count it (``skip``).
+#: What a reader does with a batch it cannot read: stop (``fail``), or pass over it and
+#: count it (``skip``).
 ON_POISON = ("fail", "skip")
 
 
@@ -238,7 +168,8 @@ def parse_batches(
     offsets and cause added to ``skipped`` (:meth:`Skipped.pass_over`).
 
     Raises:
-        UnreadableBatch: a batch that cannot be read (its offset and why), with ``on_poison="fail"``.
+        UnreadableBatch: a batch that cannot be read (its offset and why), with
+            ``on_poison="fail"``.
     """
     import crc32c
 
@@ -274,7 +205,9 @@ def parse_batches(
             bad = "corrupt batch: it failed its CRC check"
         elif attributes & 0x20 and count:
             try:
-                marker = "abort" if _is_abort_marker(data, pos + _BATCH_HEADER) else "commit"
+                marker = (
+                    "abort" if transactions.is_abort_marker(data, pos + _BATCH_HEADER) else "commit"
+                )
             except IndexError:
                 bad = "corrupt batch: a control record is cut short"
         if bad is not None:
@@ -289,7 +222,7 @@ def parse_batches(
         next_offset = max(next_offset, base + last_delta + 1)
         pos = stop
     keep = (
-        filter_aborted(headers, aborted)
+        transactions.filter_aborted(headers, aborted)
         if aborted is not None
         else [not h[2] & 0x20 for h in headers]
     )
