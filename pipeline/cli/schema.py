@@ -108,7 +108,8 @@ def infer(
             topic, bootstrap, kafka_conf, rows, fmt, writer, schema_registry
         )
     else:
-        from producers.datasets.table import avro_file_schema, file_kind, sample_columns
+        from producers.datasets.table import sample_columns
+        from producers.datasets.table_files import avro_file_schema, file_kind
 
         path = Path(source or "")
         avro_file = path.is_file() and file_kind(path) == "avro"

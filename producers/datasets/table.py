@@ -15,12 +15,24 @@ Example:
     >>> t = Table(path, label="kind", holdout=0.0)
     >>> [(f.name, f.kind) for f in t.table.features], t.table.label.classes
     ([('size', 'categorical'), ('color', 'categorical')], ('a', 'b', 'c'))
-    >>> [c.values for c in t.iter_chunks()]
-    [[b'{"kind":"a","size":"1.5","color":"red"}', b'{"kind":"b","size":null,"color":"blue"}', b'{"kind":"b","size":"2","color":null}', b'{"kind":"c","size":"oops","color":"red"}']]
-    >>> t = Table(path, label="kind", holdout=0.0, schema=TableSchema.from_dict({"features": [{"name": "size"},
-    ...     {"name": "color", "kind": "categorical", "vocabulary": ["red"]}], "label": {"name": "kind", "classes": ["a", "b"]}}))
-    >>> [c.values for c in t.iter_chunks()], t.malformed_examples
-    ([[b'{"kind":"a","size":1.5,"color":"red"}', b'{"kind":"b","size":null,"color":"blue"}', b'{"kind":"b","size":2.0,"color":null}']], [(5, 'not_a_number:size')])
+    >>> for c in t.iter_chunks():
+    ...     print(*c.values, sep="\\n")
+    b'{"kind":"a","size":"1.5","color":"red"}'
+    b'{"kind":"b","size":null,"color":"blue"}'
+    b'{"kind":"b","size":"2","color":null}'
+    b'{"kind":"c","size":"oops","color":"red"}'
+    >>> schema = TableSchema.from_dict({
+    ...     "features": [{"name": "size"},
+    ...                  {"name": "color", "kind": "categorical", "vocabulary": ["red"]}],
+    ...     "label": {"name": "kind", "classes": ["a", "b"]}})
+    >>> t = Table(path, label="kind", holdout=0.0, schema=schema)
+    >>> for c in t.iter_chunks():
+    ...     print(*c.values, sep="\\n")
+    b'{"kind":"a","size":1.5,"color":"red"}'
+    b'{"kind":"b","size":null,"color":"blue"}'
+    b'{"kind":"b","size":2.0,"color":null}'
+    >>> t.malformed_examples
+    [(5, 'not_a_number:size')]
 """
 
 from __future__ import annotations
@@ -39,173 +51,16 @@ from pipeline.table.records import _encoder
 from pipeline.table.schema import TableSchema
 from pipeline.table.transform import GAP_TOKENS, Reasons
 from pipeline.table.writers import encode_values
+from producers.datasets import table_files
 from producers.datasets.base import Chunk, Dataset, check_split
 
 log = logging.getLogger(__name__)
 
-#: Sample tables that ship with the package (their PROVENANCE.md says whence and under what licence).
+#: Sample tables that ship with the package (their PROVENANCE.md says whence and under what
+#: licence).
 SAMPLES = Path(__file__).parent / "samples"
 #: Rows read to infer a schema.
 INFER_ROWS = 10_000
-_KINDS = {
-    ".csv": "csv",
-    ".gz": "csv",
-    ".tsv": "csv",
-    ".jsonl": "jsonl",
-    ".ndjson": "jsonl",
-    ".json": "jsonl",
-    ".parquet": "parquet",
-    ".pq": "parquet",
-    ".avro": "avro",
-}
-
-
-def file_kind(path: Path) -> str:
-    """``csv``, ``jsonl``, ``parquet`` or ``avro`` (an object container file), from the file's name.
-
-    >>> file_kind(Path("a.csv.gz")), file_kind(Path("b.parquet")), file_kind(Path("c.avro"))
-    ('csv', 'parquet', 'avro')
-    """
-    kind = _KINDS.get(path.suffix.lower())
-    if kind is None:
-        raise ConfigError(
-            f"Expected a .csv, .csv.gz, .jsonl, .parquet or .avro file. Received: {path.name}"
-        )
-    return kind
-
-
-def read_rows(
-    path: Path, *, block_rows: int = 4096
-) -> Iterator[tuple[list[int], list[dict[str, Any]], list[tuple[int, str]]]]:
-    """The file's rows in blocks: ``(line of each row, rows, unparsed (line, reason))``;
-    lines count from 1, a CSV's header being line 1 (a Parquet or Avro file's rows from 1)."""
-    if not path.is_file():
-        raise DataError(f"Expected a data file at {path}, found nothing there. Check the path.")
-    kind = file_kind(path)
-    if kind == "csv":
-        yield from _csv_lines(path, block_rows)
-    elif kind == "parquet":
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
-        try:
-            line = 1
-            for batch in pq.ParquetFile(path).iter_batches(batch_size=block_rows):
-                rows = batch.to_pylist()
-                yield list(range(line, line + len(rows))), rows, []
-                line += len(rows)
-        except (pa.ArrowInvalid, OSError) as e:
-            raise DataError(f"{path} is not a readable Parquet file ({e}).") from None
-    elif kind == "avro":
-        yield from _avro_records(path, block_rows)
-    else:
-        yield from _json_lines(path, block_rows)
-
-
-def _csv_lines(
-    path: Path, block_rows: int
-) -> Iterator[tuple[list[int], list[dict[str, Any]], list[tuple[int, str]]]]:
-    """A CSV's rows as strings by header name (gaps as None); a line with another number of
-    fields than the header is set aside, not fatal (pandas would stop the whole file)."""
-    import csv
-    import gzip
-    import io
-
-    raw = gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")  # noqa: SIM115
-    with io.TextIOWrapper(raw, encoding="utf-8", errors="replace", newline="") as f:
-        reader = csv.reader(
-            f, delimiter="\t" if path.suffix == ".tsv" else ",", skipinitialspace=True
-        )
-        header = next(reader, None)
-        if not header:
-            raise DataError(f"{path} is empty: expected a header line naming the columns.")
-        header = [h.strip() for h in header]
-        rows: list[dict[str, Any]] = []
-        lines: list[int] = []
-        bad: list[tuple[int, str]] = []
-        for fields in reader:
-            if len(fields) != len(header):
-                if fields:
-                    bad.append((reader.line_num, f"wrong_field_count:{len(fields)}"))
-            else:
-                rows.append(
-                    {
-                        h: (None if v.strip() in GAP_TOKENS else v)
-                        for h, v in zip(header, fields, strict=True)
-                    }
-                )
-                lines.append(reader.line_num)
-            if len(rows) >= block_rows:
-                yield lines, rows, bad
-                rows, lines, bad = [], [], []
-        if rows or bad:
-            yield lines, rows, bad
-
-
-def _json_lines(
-    path: Path, block_rows: int
-) -> Iterator[tuple[list[int], list[dict[str, Any]], list[tuple[int, str]]]]:
-    import orjson
-
-    with open(path, "rb") as f:
-        rows: list[dict[str, Any]] = []
-        lines: list[int] = []
-        bad: list[tuple[int, str]] = []
-        for n, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = orjson.loads(line)
-            except orjson.JSONDecodeError:
-                bad.append((n, "not_json"))
-                continue
-            if isinstance(row, dict):
-                rows.append(row)
-                lines.append(n)
-            else:
-                bad.append((n, "not_an_object"))
-            if len(rows) >= block_rows:
-                yield lines, rows, bad
-                rows, lines, bad = [], [], []
-        if rows or bad:
-            yield lines, rows, bad
-
-
-def _avro_records(
-    path: Path, block_rows: int
-) -> Iterator[tuple[list[int], list[dict[str, Any]], list[tuple[int, str]]]]:
-    """An Avro object container file's records (its writer's schema is in its header)."""
-    import fastavro
-
-    with open(path, "rb") as f:
-        try:
-            reader = fastavro.reader(f)
-        except (ValueError, EOFError) as e:  # fastavro: "cannot read header - is it an avro file?"
-            raise DataError(f"{path} is not an Avro object container file ({e}).") from None
-        rows: list[dict[str, Any]] = []
-        line = 1
-        for record in reader:
-            rows.append(record if isinstance(record, dict) else {"value": record})
-            if len(rows) >= block_rows:
-                yield list(range(line, line + len(rows))), rows, []
-                line += len(rows)
-                rows = []
-        if rows:
-            yield list(range(line, line + len(rows))), rows, []
-
-
-def avro_file_schema(path: Path) -> dict[str, Any]:
-    """The writer's schema in an Avro object container file's header."""
-    import fastavro
-
-    with open(path, "rb") as f:
-        try:
-            found: Any = fastavro.reader(f).writer_schema
-        except (ValueError, EOFError) as e:
-            raise DataError(f"{path} is not an Avro object container file ({e}).") from None
-    if not isinstance(found, dict):
-        raise DataError(f"Expected a record schema in {path}'s header. Received: {str(found)[:80]}")
-    return found
 
 
 def nested_columns(path: Path) -> dict[str, str]:
@@ -213,7 +68,7 @@ def nested_columns(path: Path) -> dict[str, str]:
     model's input is flat: such a column is refused by name, never hashed as a category).
 
     Other files: their nested values are found when a schema is inferred."""
-    if file_kind(path) != "parquet" or not path.is_file():
+    if table_files.file_kind(path) != "parquet" or not path.is_file():
         return {}
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -231,16 +86,16 @@ def check_flat(path: Path, names: set[str]) -> None:
     if nested:
         listed = ", ".join(f"{n!r} ({t})" for n, t in nested.items())
         raise ConfigError(
-            f"Expected flat columns (numbers, strings, booleans) in {path.name}. Received nested ones: "
-            f"{listed}. Flatten them into columns of their own, or leave them out (--ignore COLUMN, "
-            "or drop them from the schema)."
+            f"Expected flat columns (numbers, strings, booleans) in {path.name}. "
+            f"Received nested ones: {listed}. Flatten them into columns of their own, or leave "
+            "them out (--ignore COLUMN, or drop them from the schema)."
         )
 
 
 def check_rows(path: Path) -> None:
     """Raise :class:`DataError` for a file with no row to read (before anything starts)."""
     unparsed: list[tuple[int, str]] = []
-    for _, rows, bad in read_rows(path, block_rows=64):
+    for _, rows, bad in table_files.read_rows(path, block_rows=64):
         if rows:
             return
         unparsed += bad
@@ -256,7 +111,7 @@ def sample_columns(path: Path, rows: int = INFER_ROWS) -> dict[str, list[Any]]:
     """The first ``rows`` rows of a file, by column (what a schema is inferred from)."""
     columns: dict[str, list[Any]] = {}
     seen = 0
-    for _, block, _ in read_rows(path):
+    for _, block, _ in table_files.read_rows(path):
         for row in block[: rows - seen]:
             for name in row:
                 columns.setdefault(name, [None] * seen)
@@ -310,7 +165,7 @@ class Table(Dataset):
     ) -> None:
         super().__init__()
         self.path = Path(path)
-        file_kind(self.path)
+        table_files.file_kind(self.path)
         if not 0 <= holdout < 1:
             raise ConfigError(f"Expected --holdout in [0, 1). Received: {holdout}")
         self.holdout = holdout
@@ -357,7 +212,7 @@ class Table(Dataset):
             return
         encoder = _encoder(self.table)
         index = 0
-        for lines, rows, unparsed in read_rows(self.path, block_rows=chunk_rows):
+        for lines, rows, unparsed in table_files.read_rows(self.path, block_rows=chunk_rows):
             # A row's id (its Kafka key) is its 0-based index among the file's rows: the same row
             # of the same table has the same id, and so the same held-out fate, in every format
             # (a CSV's line numbers start after its header, a Parquet file's rows at 0).

@@ -21,7 +21,8 @@ import pytest
 
 from pipeline.table import TableSchema, encode_rows
 from pipeline.table.writers import encode_values
-from producers.datasets.table import SAMPLES, read_rows
+from producers.datasets.table import SAMPLES
+from producers.datasets.table_files import read_rows
 from tests import docblocks
 from tests.conftest import free_port
 

@@ -17,6 +17,7 @@ from pipeline.table import TableSchema, decode, encode_rows, infer
 from pipeline.table.registry import Registry, client
 from pipeline.table.writers import encode_values
 from producers import datasets
+from producers.datasets import table_files
 from producers.datasets.table import SAMPLES, held_out, sample_columns
 from tests.cli import exit_code
 
@@ -84,7 +85,7 @@ def test_a_bad_schema_file_is_one_line(tmp_path: Path, text: str, message: str) 
 
 
 def test_json_csv_and_avro_records_decode_alike(penguins: TableSchema) -> None:
-    rows = [r for _, block, _ in datasets.table.read_rows(PENGUINS) for r in block][:200]
+    rows = [r for _, block, _ in table_files.read_rows(PENGUINS) for r in block][:200]
     decoded = {}
     for fmt in ("json", "csv", "avro"):
         table = penguins.with_format(fmt)
@@ -148,7 +149,7 @@ def test_confluent_wire_format_resolves_ids_through_the_registry(penguins: Table
     )
     registry = Registry(mock)
     table = penguins.with_format("avro", registry="mock://streamtrain-test")
-    rows = [r for _, block, _ in datasets.table.read_rows(PENGUINS) for r in block][:20]
+    rows = [r for _, block, _ in table_files.read_rows(PENGUINS) for r in block][:20]
     values = encode_values(rows, table, schema_id=schema_id)
     assert values[0][:5] == b"\x00" + schema_id.to_bytes(4, "big")
     unknown = b"\x00" + (schema_id + 99).to_bytes(4, "big") + values[0][5:]
@@ -166,7 +167,7 @@ def test_csv_json_lines_and_parquet_files_read_alike(tmp_path: Path, penguins: T
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    rows = [r for _, block, _ in datasets.table.read_rows(PENGUINS) for r in block]
+    rows = [r for _, block, _ in table_files.read_rows(PENGUINS) for r in block]
     typed = datasets.Table(PENGUINS, schema=penguins, holdout=0.0)._typed(rows)
     (tmp_path / "p.jsonl").write_text("".join(json.dumps(r) + "\n" for r in typed) + "not json\n")
     pq.write_table(pa.Table.from_pylist(typed), tmp_path / "p.parquet")
@@ -285,7 +286,7 @@ def test_the_same_rows_are_held_out_whatever_the_files_format(
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    rows = [r for _, block, _ in datasets.table.read_rows(PENGUINS) for r in block]
+    rows = [r for _, block, _ in table_files.read_rows(PENGUINS) for r in block]
     pq.write_table(
         pa.Table.from_pylist(datasets.Table(PENGUINS, schema=penguins)._typed(rows)),
         tmp_path / "p.parquet",
@@ -356,7 +357,7 @@ def test_nested_parquet_columns_are_refused_by_name(tmp_path: Path, penguins: Ta
 def test_confluent_framing_with_the_schema_from_the_file(penguins: TableSchema) -> None:
     """Proves (issue 41, item 2): framed records read by the file's writer schema, the id
     checked where the file names one; plain reading of framed records names the fix."""
-    rows = [r for _, block, _ in datasets.table.read_rows(PENGUINS) for r in block][:20]
+    rows = [r for _, block, _ in table_files.read_rows(PENGUINS) for r in block][:20]
     plain = penguins.with_format("avro")
     framed = TableSchema.from_dict({**plain.to_dict(), "wire": "confluent", "schema_id": 7})
     values = encode_values(rows, plain, schema_id=7)
@@ -391,7 +392,7 @@ def test_avro_files_read_alike_and_schema_infer_reads_them(
     from pipeline.table.schema import avro_schema
 
     rows = datasets.Table(PENGUINS, schema=penguins)._typed(
-        [r for _, block, _ in datasets.table.read_rows(PENGUINS) for r in block]
+        [r for _, block, _ in table_files.read_rows(PENGUINS) for r in block]
     )
     writer = avro_schema(penguins, name="Penguin")
     with open(tmp_path / "p.avro", "wb") as f:
@@ -436,7 +437,7 @@ def test_schema_infer_reads_a_framed_avro_topic(
 
     from pipeline.table.schema import avro_schema
 
-    rows = [r for _, block, _ in datasets.table.read_rows(PENGUINS) for r in block][
+    rows = [r for _, block, _ in table_files.read_rows(PENGUINS) for r in block][
         ::3
     ]  # every species
     producer = Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 5})
@@ -544,7 +545,7 @@ def test_schema_infer_reads_framed_avro_through_a_registry(penguins: TableSchema
     mock = client("mock://streamtrain-infer")
     schema_id = mock.register_schema("p-value", Schema(json.dumps(avro_schema(penguins)), "AVRO"))
     rows = datasets.Table(PENGUINS, schema=penguins)._typed(
-        [r for _, block, _ in datasets.table.read_rows(PENGUINS) for r in block][:30]
+        [r for _, block, _ in table_files.read_rows(PENGUINS) for r in block][:30]
     )
     plain = penguins.with_format("avro")
     got = avro_sample.read(encode_values(rows, plain, schema_id=schema_id), registry=Registry(mock))
@@ -563,7 +564,7 @@ def test_arrows_columns_and_the_careful_path_decode_alike(penguins: TableSchema)
     from pipeline.table import arrow_json
 
     rows = datasets.Table(PENGUINS, schema=penguins)._typed(
-        [r for _, block, _ in datasets.table.read_rows(PENGUINS) for r in block]
+        [r for _, block, _ in table_files.read_rows(PENGUINS) for r in block]
     )
     values = encode_values(rows, penguins)
     assert (
@@ -575,7 +576,7 @@ def test_arrows_columns_and_the_careful_path_decode_alike(penguins: TableSchema)
     regression = infer(sample_columns(PENGUINS), label="body_mass_g")
     values = encode_values(
         datasets.Table(PENGUINS, schema=regression)._typed(
-            [r for _, block, _ in datasets.table.read_rows(PENGUINS) for r in block]
+            [r for _, block, _ in table_files.read_rows(PENGUINS) for r in block]
         ),
         regression,
     )
