@@ -165,7 +165,8 @@ class StreamJob:
             handled batch) per topic partition, so that it moves while batches are slow or stalled.
         isolation_level: Kafka's, ``read_committed`` (the default) or ``read_uncommitted``.
         on_unreadable: called with a batch's :class:`UnreadableRange` and the lag it leaves.
-        on_poison: a batch that cannot be read stops the stream (``fail``) or is passed over (``skip``).
+        on_poison: a batch that cannot be read stops the stream (``fail``) or is passed over
+            (``skip``).
         kafka_conf: the Kafka client properties file (TLS, SASL), by path.
         sizing: size each batch for a freshness target (:mod:`pipeline.ingest.sizing`).
     """

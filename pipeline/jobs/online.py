@@ -179,7 +179,8 @@ class Run:
             # Importing TensorFlow (in the zygote, which then forks the model's describer and,
             # in local mode, Spark's Python workers), starting the broker and the replay, and
             # starting Spark's JVM each take seconds: they overlap.
-            # A restarted run serves its checkpoint before anything else starts (Spark, the workers).
+            # A restarted run serves its checkpoint before anything else starts (Spark, the
+            # workers).
             self._early_serving = run_serving.start_early(
                 stack, cfg, self.settings, self.out, prior
             )
@@ -207,7 +208,8 @@ class Run:
                 processes.stop_gracefully(self.display.stop_requested)
             )  # over PySpark's SIGINT
             self.display.startup(
-                f"Spark ready ({master}, {spark.sparkContext.defaultParallelism} task slots); starting the query"
+                f"Spark ready ({master}, {spark.sparkContext.defaultParallelism} task slots); "
+                "starting the query"
             )
             job = microbatch.StreamJob(
                 spark,
@@ -265,7 +267,8 @@ class Run:
                 ):  # the query stopped after its last commit: say why, in one line
                     raise self._failure
             except StreamtrainError:
-                served.await_scrape()  # what stopped it (an unreadable batch, its lag) reaches Prometheus
+                # What stopped it (an unreadable batch, its lag) reaches Prometheus.
+                served.await_scrape()
                 raise
             # Start-up: from the launch to the first trained micro-batch (Spark's session, the
             # broker, the workers' warm-up, the query's start, the batch); the warm-up's end
@@ -383,8 +386,9 @@ class Run:
         test = data.load("test")
         if len(test.y) < MIN_SCORED:
             self.display.startup(
-                f"held-out set too small to score ({len(test.y)} records, fewer than {MIN_SCORED}): no "
-                "held-out scores; pass --eval-data FILE or a larger --holdout"
+                f"held-out set too small to score ({len(test.y)} records, "
+                f"fewer than {MIN_SCORED}): no held-out scores; "
+                "pass --eval-data FILE or a larger --holdout"
             )
         n_eval = min(len(test.y), cfg.eval_max)
         self._evaluation = self.display.evaluation = Evaluation(

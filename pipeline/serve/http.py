@@ -256,7 +256,8 @@ class ModelServer:
         if self._hosts is not None and _host_name(request.host) not in self._hosts:
             return self._refuse(
                 BadRequest(
-                    f"Expected a request for this machine's loopback name ({', '.join(sorted(self._hosts))}). "
+                    "Expected a request for this machine's loopback name "
+                    f"({', '.join(sorted(self._hosts))}). "
                     "Received another Host: a web page's DNS rebinding is refused.",
                     status=421,
                     reason="wrong_host",
@@ -412,15 +413,16 @@ class ModelServer:
             n = self.max_body_bytes
         if n > self.max_body_bytes:
             raise BadRequest(
-                f"Expected a body of at most {self.max_body_bytes:,} bytes. Received a Content-Length "
-                f"of {n:,}; split the request.",
+                f"Expected a body of at most {self.max_body_bytes:,} bytes. "
+                f"Received a Content-Length of {n:,}; split the request.",
                 status=413,
                 reason="too_large",
             )
         if request.content_type != "application/json":
             # A cross-site form or fetch without a preflight can only send text/plain and forms.
             raise BadRequest(
-                f"Expected Content-Type: application/json. Received: {request.content_type or 'none'}.",
+                "Expected Content-Type: application/json. "
+                f"Received: {request.content_type or 'none'}.",
                 status=415,
                 reason="content_type",
             )
@@ -436,15 +438,15 @@ class ModelServer:
                 return await request.read()
         except web.HTTPRequestEntityTooLarge:
             raise BadRequest(
-                f"Expected a body of at most {self.max_body_bytes:,} bytes. Received more; split the "
-                "request.",
+                f"Expected a body of at most {self.max_body_bytes:,} bytes. "
+                "Received more; split the request.",
                 status=413,
                 reason="too_large",
             ) from None
         except TimeoutError:
             raise BadRequest(
-                f"Expected the body within {self.timeout_s:g} s of the request's head. Received part "
-                "of it; send it at once.",
+                f"Expected the body within {self.timeout_s:g} s of the request's head. "
+                "Received part of it; send it at once.",
                 status=408,
                 reason="slow_body",
             ) from None
