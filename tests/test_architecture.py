@@ -459,3 +459,6 @@ def test_the_format_check_sees_a_badly_formatted_file(tmp_path: Path) -> None:
     (tmp_path / "packed.py").write_text("x = {  'a':1 }\n")
     formatted = _run_ruff("format", "--check", ".", cwd=tmp_path)
     assert formatted.returncode == 1 and "packed.py" in formatted.stdout, formatted.stdout
+    (tmp_path / "long.py").write_text(f"x = {'1 + ' * 40}1\n")
+    linted = _run_ruff("check", "--no-cache", "long.py", cwd=tmp_path)
+    assert linted.returncode == 1 and "E501" in linted.stdout, linted.stdout
