@@ -307,10 +307,8 @@ def hostile_http(folder: Path, args: Any, live: Live | None = None) -> dict[str,
                 port,
                 b"POST "
                 + path
-                + b" HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nConnection: close\r\n"
-                + head
-                + f"Content-Length: {len(body)}\r\n\r\n".encode()
-                + body,
+                + b" HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nConnection: "
+                b"close\r\n" + head + f"Content-Length: {len(body)}\r\n\r\n".encode() + body,
             )
 
         slow = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(20)]
@@ -353,11 +351,12 @@ def diverging(folder: Path, args: Any) -> dict[str, Any]:
     from tests.jobs.test_divergence import _table
 
     (folder / "blowup.py").write_text(
-        "import keras\n\n\ndef build():\n"
-        "    m = keras.Sequential([keras.Input((28,)), keras.layers.Dense(64, activation='relu'),\n"
-        "                          keras.layers.Dense(2, activation='softmax')])\n"
-        "    m.compile(keras.optimizers.SGD(learning_rate=1e6), 'sparse_categorical_crossentropy')\n"
-        "    return m\n"
+        "import keras\n\n\ndef build():\n    m = keras.Sequential([keras.Input((28,)), "
+        "keras.layers.Dense(64, activation='relu'),\n                          "
+        "keras.layers.Dense(2, activation='softmax')])\n    "
+        "m.compile(keras.optimizers.SGD(learning_rate=1e6), "
+        "'sparse_categorical_crossentropy')\n    "
+        "return m\n"
     )
     _table(folder / "train.csv", 14_000, flip_after=6_000, seed=1)
     _table(folder / "eval.csv", 1_000, flip_after=None, seed=2)
@@ -590,7 +589,8 @@ def main() -> None:
     unknown = sorted(set(names) - set(SCENARIOS))
     if unknown:
         raise SystemExit(
-            f"chaos: expected scenarios among {', '.join(SCENARIOS)}. Received: {', '.join(unknown)}"
+            f"chaos: expected scenarios among {', '.join(SCENARIOS)}. Received: "
+            f"{', '.join(unknown)}"
         )
     root = Path(tempfile.mkdtemp(prefix="streamtrain-chaos-"))
     totals = {"survived": 0, "lost": 0, "duplicated": 0, "tracebacks": 0}

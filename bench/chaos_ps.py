@@ -104,8 +104,8 @@ def slow_ps_clients(folder: Path, args: Any) -> dict[str, Any]:
 
 def worker_flood(folder: Path, args: Any) -> dict[str, Any]:
     """Authenticated peers (a worker holding the secret) open every connection they may and
-    claim more worker ids than the server tracks: connections past the cap are refused as busy, the server's
-    per-worker tables stay bounded, its memory with them, and the loop goes on."""
+    claim more worker ids than the server tracks: connections past the cap are refused as busy, the
+    server's per-worker tables stay bounded, its memory with them, and the loop goes on."""
     import resource
 
     from pipeline.train.ps import Client, ParameterServer, ProtocolError, transport

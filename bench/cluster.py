@@ -11,9 +11,9 @@ and 16 TCP clients (processes) on loopback; and with 16 clients, one server (in 
 process, as ``--ps-shards 1`` runs it) against two shard processes (``--ps-shards 2``:
 each client exchanges with both at once), measured one after the other in this run.
 
-    sudo .venv/bin/python bench/cluster.py [--records 60000] [--seconds 4] [--straggler-records 30000]
-    .venv/bin/python bench/cluster.py --shards-only [--seconds 4]    # the shards' figure alone
-    sudo .venv/bin/python bench/cluster.py --straggler-only [--straggler-records 30000]
+    sudo .venv/bin/python bench/cluster.py [--records 60000] [--seconds 4] [--straggler-records
+    30000] .venv/bin/python bench/cluster.py --shards-only [--seconds 4]    # the shards' figure
+    alone sudo .venv/bin/python bench/cluster.py --straggler-only [--straggler-records 30000]
 
 The straggler arm (issue 43): the same namespace cluster (each worker host's Spark processes
 pinned to a core of their own) trains the default algorithm twice from two topics of the same
@@ -264,9 +264,9 @@ def _straggler_line(f: dict[str, Any]) -> str:
     return (
         f"straggler_ratio={f['straggler_ratio']:.2f} async_ratio={f['async_ratio']:.2f} "
         f"ceiling_share={f['straggler_ratio'] / f['async_ratio']:.2f} "
-        f"acc={f['hog']['acc']:.4f}/{f['even']['acc']:.4f} even_rps={f['even']['records_per_s']:.0f} "
-        f"hog_rps={f['hog']['records_per_s']:.0f} short_rounds={f['hog']['short_rounds']} "
-        f"speculative={f['hog']['speculative']} "
+        f"acc={f['hog']['acc']:.4f}/{f['even']['acc']:.4f} "
+        f"even_rps={f['even']['records_per_s']:.0f} hog_rps={f['hog']['records_per_s']:.0f} "
+        f"short_rounds={f['hog']['short_rounds']} speculative={f['hog']['speculative']} "
         f"exactly_once={_exactly_once_all(f)}"
     )
 
@@ -335,7 +335,8 @@ def main() -> None:
     if args.shards_only:
         rates = shard_capacity(args.seconds)
         print(
-            f"ps shards_1_per_s={rates[1]:.1f} shards_2_per_s={rates[2]:.1f} shard_ratio_2={rates[2] / rates[1]:.2f}"
+            f"ps shards_1_per_s={rates[1]:.1f} shards_2_per_s={rates[2]:.1f} "
+            f"shard_ratio_2={rates[2] / rates[1]:.2f}"
         )
         return
     why = netns.missing()
@@ -376,7 +377,8 @@ def main() -> None:
         f"cluster epoch_s={cluster['epoch_s']:.1f} local_epoch_s={local['epoch_s']:.1f} "
         f"ratio_vs_local={local['epoch_s'] / cluster['epoch_s']:.2f} acc={cluster['acc']:.4f} "
         f"seed_speedup={SEED_2_HOSTS_S / cluster['epoch_s']:.1f} ps_mbps_16={mbps[16]:.0f} "
-        f"shard_ratio_2={shards[2] / shards[1]:.2f} straggler_ratio={slowed['straggler_ratio']:.2f} "
+        f"shard_ratio_2={shards[2] / shards[1]:.2f} "
+        f"straggler_ratio={slowed['straggler_ratio']:.2f} "
         f"exactly_once={_exactly_once_all(slowed)}"
     )
 

@@ -29,7 +29,8 @@ on the machine) and the River anchors: about 10 minutes on 2 cores. ``--scale`` 
 every stream's length, and the detectors' warm-up and cool-down with them; ``--scale 0.05``
 checks that it runs end to end in a few minutes (start-ups dominate; figures mean little).
 
-Last line: ``drift streams=<n> false_alarms=<n> delay_records_p50=<n> recovery_gain=<r> vs_river=<r>``.
+Last line: ``drift streams=<n> false_alarms=<n> delay_records_p50=<n> recovery_gain=<r>
+vs_river=<r>``.
 """
 
 from __future__ import annotations
@@ -254,7 +255,8 @@ def figures(stream: Stream, arm: dict[str, Any], scale: float) -> dict[str, Any]
     found = sorted(ends.get(d["batch_id"], 0) for d in arm["drifts"])
     if stream.change is None:
         return {"false_alarms": len(found), "delay": None, "accuracy": None}
-    # A batch that ends past the change holds records after it: a drift found there is no false alarm.
+    # A batch that ends past the change holds records after it: a drift found there is no false
+    # alarm.
     false = [p for p in found if p <= stream.change]
     after = [p for p in found if p > stream.change]
     window = (stream.change, stream.change + max(500, int(AFTER * scale)))
@@ -284,7 +286,8 @@ def main() -> None:
     args = parser.parse_args()
     if not 0 < args.scale <= 1:
         raise SystemExit(
-            f"drift: expected --scale in (0, 1]. Received: {args.scale}. Try --scale 0.05 for a check."
+            f"drift: expected --scale in (0, 1]. Received: {args.scale}. Try --scale 0.05 for a "
+            "check."
         )
     chosen = streams(args.scale)
     if args.only:
@@ -292,7 +295,8 @@ def main() -> None:
         unknown = wanted - {s.name for s in chosen}
         if unknown:
             raise SystemExit(
-                f"drift: expected --only among {[s.name for s in chosen]}. Received: {sorted(unknown)}"
+                f"drift: expected --only among {[s.name for s in chosen]}. Received: "
+                f"{sorted(unknown)}"
             )
         chosen = [s for s in chosen if s.name in wanted]
     false_alarms = 0
@@ -309,7 +313,8 @@ def main() -> None:
             }
             false_alarms += sum(f["false_alarms"] for f in result.values())
             line = f"{stream.name}: " + " | ".join(
-                f"{m} false_alarms={f['false_alarms']} delay={f['delay']} accuracy_after={f['accuracy']}"
+                f"{m} false_alarms={f['false_alarms']} delay={f['delay']} "
+                f"accuracy_after={f['accuracy']}"
                 for m, f in result.items()
             )
             if stream.change is not None:

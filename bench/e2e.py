@@ -53,7 +53,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 TARGETS = (0.98, 0.985, 0.99)
 TARGET = 0.985  # the one the ratios use
-#: Records between held-out scores, in both arms: streamtrain's micro-batch (--max-offsets-per-trigger).
+#: Records between held-out scores, in both arms: streamtrain's micro-batch
+#: (--max-offsets-per-trigger).
 SCORE_EVERY = 5_000
 
 
@@ -273,7 +274,8 @@ def _drop_page_cache() -> bool:
 def first_batch_s(env: dict[str, str]) -> float:
     """Seconds from launching a one-batch MNIST run to its first trained micro-batch."""
     with tempfile.TemporaryDirectory() as tmp:
-        # A small first batch: the line comes when the batch is trained, and start-up is what is timed.
+        # A small first batch: the line comes when the batch is trained, and start-up is what is
+        # timed.
         cmd = [
             sys.executable,
             "-m",
@@ -450,10 +452,10 @@ def main() -> None:
             )  # the loop's records at the best mode's rate
             stream_at[t].append(_at(st["reached"], t))
         print(
-            f"seed {seed}: plain Keras fit {fit['samples_per_s']:.0f}/s, loop {loop['samples_per_s']:.0f}/s "
-            f"reached {loop['reached']}; streamtrain {st['samples_per_s']:.0f}/s reached {st['reached']} "
-            f"start-up {st['startup_s']:.1f} s final {st['final']} peak RSS {st['peak_rss_gb']:.2f} GB "
-            f"({st['stopped']})",
+            f"seed {seed}: plain Keras fit {fit['samples_per_s']:.0f}/s, loop "
+            f"{loop['samples_per_s']:.0f}/s reached {loop['reached']}; streamtrain "
+            f"{st['samples_per_s']:.0f}/s reached {st['reached']} start-up {st['startup_s']:.1f} "
+            f"s final {st['final']} peak RSS {st['peak_rss_gb']:.2f} GB ({st['stopped']})",
             flush=True,
         )
         print(
@@ -484,8 +486,8 @@ def main() -> None:
     # What two workers can compute at once on these cores, whatever the pipeline around them.
     alone, together = parallel_ceiling(2)
     print(
-        f"gradients of one single-thread replica: {alone:.0f} records/s alone, {together:.0f}/s for two at once; "
-        f"plain Keras's best {statistics.median(plain_sps):.0f}/s",
+        f"gradients of one single-thread replica: {alone:.0f} records/s alone, {together:.0f}/s "
+        f"for two at once; plain Keras's best {statistics.median(plain_sps):.0f}/s",
         flush=True,
     )
     throughput = statistics.median(stream_sps) / statistics.median(plain_sps)
@@ -500,16 +502,19 @@ def main() -> None:
             + " |"
         )
     pairs = " ".join(
-        f"records_{str(t).replace('.', '')}={_fmt(_median(plain_at[t], 0))}/"
-        f"{_fmt(_median(stream_at[t], 0))} tta{str(t).replace('.', '')}_s={_median(plain_at[t], 1):.1f}/"
-        f"{_median(stream_at[t], 1):.1f}"
+        f"records_{str(t).replace('.', '')}="
+        f"{_fmt(_median(plain_at[t], 0))}/{_fmt(_median(stream_at[t], 0))} "
+        f"tta{str(t).replace('.', '')}_s="
+        f"{_median(plain_at[t], 1):.1f}/{_median(stream_at[t], 1):.1f}"
         for t in (0.98, 0.99)
     )
     print(
-        f"e2e throughput_ratio={throughput:.2f} ceiling_ratio={ceiling:.2f} ceiling_share={throughput / ceiling:.2f} "
-        f"tta0985_ratio={tta_ratio:.2f} records_ratio={records_ratio:.2f} {pairs} "
-        f"compute_share={statistics.median(compute):.2f} startup_s={statistics.median(startups):.1f} "
-        f"mnist_acc={statistics.median(accs):.4f} higgs_auc={statistics.median(stream_auc):.4f} "
+        f"e2e throughput_ratio={throughput:.2f} ceiling_ratio={ceiling:.2f} "
+        f"ceiling_share={throughput / ceiling:.2f} tta0985_ratio={tta_ratio:.2f} "
+        f"records_ratio={records_ratio:.2f} {pairs} "
+        f"compute_share={statistics.median(compute):.2f} "
+        f"startup_s={statistics.median(startups):.1f} mnist_acc={statistics.median(accs):.4f} "
+        f"higgs_auc={statistics.median(stream_auc):.4f} "
         f"higgs_auc_delta={statistics.median(stream_auc) - statistics.median(plain_auc):+.4f} "
         f"peak_rss_gb={max(rss):.2f} startup_cold_s={cold:.1f} startup_warm_s={warm:.1f}"
     )

@@ -22,8 +22,8 @@ over the bare parse loop of the same values (targets >= 0.5).
     .venv/bin/python bench/formats.py [--records 60000]
 
 Last line: ``formats json_rps=<n> json_ratio=<r> avro_rps=<n> avro_ratio=<r> binary_rps=<n>
-table_binary_rps=<n> json_vs_binary=<r> avro_vs_binary=<r> json_decode_ratio=<r> avro_decode_ratio=<r>``
-(targets: json_ratio and avro_ratio >= 0.8).
+table_binary_rps=<n> json_vs_binary=<r> avro_vs_binary=<r> json_decode_ratio=<r>
+avro_decode_ratio=<r>`` (targets: json_ratio and avro_ratio >= 0.8).
 """
 
 from __future__ import annotations
@@ -60,7 +60,8 @@ CATEGORIES = {
 
 
 class Count(stream.Handler):
-    """Counts the decoded records (defined here, in ``__main__``, so executors unpickle it by value)."""
+    """Counts the decoded records (defined here, in ``__main__``, so executors unpickle it by
+    value)."""
 
     def process(self, block: stream.Block) -> dict[str, int]:
         return {"n": len(block.y), "width": int(block.x.shape[1])}
@@ -184,8 +185,8 @@ def main() -> None:
                 spark, broker.bootstrap, "table-binary", encoded.schema, n, args.per_batch, Count()
             )
             print(
-                f"the table as binary records ({encoded.schema.n_features} columns): stream {table_binary:,.0f} "
-                "records/s",
+                f"the table as binary records ({encoded.schema.n_features} columns): stream "
+                f"{table_binary:,.0f} records/s",
                 flush=True,
             )
             results = {}
@@ -199,10 +200,10 @@ def main() -> None:
                 decoded = decode_rps(values, schema.table)
                 results[fmt] = (rps, bare, decoded)
                 print(
-                    f"{fmt}: stream {rps:,.0f} records/s decoded and transformed on executors; bare decode loop "
-                    f"{bare:,.0f} records/s; ratio {rps / bare:.2f}; {rps / table_binary:.2f} of the binary "
-                    f"stream; decode and transform here {decoded:,.0f} records/s, {decoded / bare:.2f} of the "
-                    "bare loop",
+                    f"{fmt}: stream {rps:,.0f} records/s decoded and transformed on executors; "
+                    f"bare decode loop {bare:,.0f} records/s; ratio {rps / bare:.2f}; "
+                    f"{rps / table_binary:.2f} of the binary stream; decode and transform here "
+                    f"{decoded:,.0f} records/s, {decoded / bare:.2f} of the bare loop",
                     flush=True,
                 )
         finally:
@@ -212,10 +213,12 @@ def main() -> None:
         results["avro"],
     )
     print(
-        f"formats json_rps={json_rps:.0f} json_ratio={json_rps / json_bare:.2f} avro_rps={avro_rps:.0f} "
-        f"avro_ratio={avro_rps / avro_bare:.2f} binary_rps={binary:.0f} table_binary_rps={table_binary:.0f} "
-        f"json_vs_binary={json_rps / table_binary:.2f} avro_vs_binary={avro_rps / table_binary:.2f} "
-        f"json_decode_ratio={json_dec / json_bare:.2f} avro_decode_ratio={avro_dec / avro_bare:.2f}"
+        f"formats json_rps={json_rps:.0f} json_ratio={json_rps / json_bare:.2f} "
+        f"avro_rps={avro_rps:.0f} avro_ratio={avro_rps / avro_bare:.2f} binary_rps={binary:.0f} "
+        f"table_binary_rps={table_binary:.0f} json_vs_binary={json_rps / table_binary:.2f} "
+        f"avro_vs_binary={avro_rps / table_binary:.2f} "
+        f"json_decode_ratio={json_dec / json_bare:.2f} "
+        f"avro_decode_ratio={avro_dec / avro_bare:.2f}"
     )
 
 

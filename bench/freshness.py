@@ -21,8 +21,9 @@ the burst's end until freshness stays under the target to the end (``inf``: it n
     .venv/bin/python bench/freshness.py [--scale 1] [--target 2] [--rate 2000]
 
 At ``--scale 1`` each arm runs about 7 minutes (start-up, backlog, 330 s of phases, drain): 15
-minutes in all. ``--scale`` multiplies every duration and the backlog, ``--rate`` sets the steady rate (the
-burst is 10x it): ``--scale 0.05 --rate 200`` checks that it runs end to end in two or three
+minutes in all. ``--scale`` multiplies every duration and the backlog, ``--rate`` sets the steady
+rate (the burst is 10x it): ``--scale 0.05 --rate 200`` checks that it runs end to end in two or
+    three
 minutes (start-ups dominate; the figures mean nothing).
 
 Last line: ``freshness p50_s=<s> p99_s=<s> burst_recovery_s=<s> capacity_ratio=<r> fixed_p99_s=<s>``
@@ -61,7 +62,8 @@ def _wait(cond: Any, timeout_s: float, what: str, proc: Proc | None = None) -> N
             # Its log lives in the run's temporary folder, removed on the way out: say its end here.
             tail = "\n".join(proc.text().splitlines()[-20:])
             raise SystemExit(
-                f"freshness: the {proc.name} exited while waiting for {what}; its last lines:\n{tail}"
+                f"freshness: the {proc.name} exited while waiting for {what}; its last "
+                f"lines:\n{tail}"
             )
         if time.monotonic() > deadline:
             raise SystemExit(f"freshness: {what} not within {timeout_s:.0f} s")
@@ -206,7 +208,8 @@ def run_arm(
     times = {p: t for p, t, _ in marks}
     for (p, t, n), (_, t_next, _) in zip(marks, marks[1:], strict=False):
         print(
-            f"freshness: {name}: {p} {n:,} records in {t_next - t:.1f} s ({n / max(t_next - t, 1e-9):,.0f}/s)",
+            f"freshness: {name}: {p} {n:,} records in {t_next - t:.1f} s "
+            f"({n / max(t_next - t, 1e-9):,.0f}/s)",
             flush=True,
         )
     steady = np.concatenate(
@@ -230,7 +233,8 @@ def run_arm(
         for r in rows
         if times["steady"] + SETTLE_S * scale <= r["at"] < times["burst"]
     ]
-    try:  # where the time went (the trigger, the checkpoint, the commit among it), from the run's report
+    # Where the time went (the trigger, the checkpoint, the commit among it), from the run's report.
+    try:
         shares = json.loads((out / "report.json").read_text()).get("time_shares", {})
     except (OSError, ValueError):
         shares = {}
@@ -307,8 +311,10 @@ def main() -> None:
             broker.signal(signal.SIGTERM)
     fixed, sized = arms["fixed"], arms["target"]
     print(
-        f"freshness p50_s={sized['p50']:.2f} p99_s={sized['p99']:.2f} burst_recovery_s={sized['recovery_s']:.1f} "
-        f"capacity_ratio={sized['capacity'] / fixed['capacity']:.2f} fixed_p99_s={fixed['p99']:.2f}"
+        f"freshness p50_s={sized['p50']:.2f} p99_s={sized['p99']:.2f} "
+        f"burst_recovery_s={sized['recovery_s']:.1f} "
+        f"capacity_ratio={sized['capacity'] / fixed['capacity']:.2f} "
+        f"fixed_p99_s={fixed['p99']:.2f}"
     )
 
 

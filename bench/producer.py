@@ -81,14 +81,15 @@ def main() -> None:
                 results[name]["mbps"].append(mbps)
                 results[name]["bare"].append(bare)
                 print(
-                    f"round {r + 1} {name}: replay {rps:,.0f} rec/s ({mbps:.1f} MB/s), bare loop {bare:,.0f} rec/s",
+                    f"round {r + 1} {name}: replay {rps:,.0f} rec/s ({mbps:.1f} MB/s), bare loop "
+                    f"{bare:,.0f} rec/s",
                     flush=True,
                 )
     med = {k: {arm: statistics.median(v) for arm, v in arms.items()} for k, arms in results.items()}
     for name, m in med.items():
         print(
-            f"{name}: replay {m['replay']:,.0f} rec/s {m['mbps']:.1f} MB/s; bare kafka-python {m['bare']:,.0f} rec/s;"
-            f" ratio {m['replay'] / m['bare']:.2f}"
+            f"{name}: replay {m['replay']:,.0f} rec/s {m['mbps']:.1f} MB/s; bare kafka-python "
+            f"{m['bare']:,.0f} rec/s; ratio {m['replay'] / m['bare']:.2f}"
         )
     ratio = statistics.median(med[k]["replay"] / med[k]["bare"] for k in med)
     print(

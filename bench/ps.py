@@ -10,9 +10,9 @@ payload each way) and with no cryptography at all (the floor); and a memcpy of t
     .venv/bin/python bench/ps.py [--roundtrips 300] [--seconds 4]
 
 Last line (the first four for shared memory): ``ps roundtrip_ms_p50=<n> roundtrip_ms_p99=<n>
-pushes_per_s=<n> ratio_vs_memcpy=<r> tcp_roundtrip_ms_p50=<n> tcp_pushes_per_s=<n> tcp_server_cpu_ms=<n>
-tcp_crypto_share=<r> tcp_plain_roundtrip_ms_p50=<n> tcp_hmac_pushes_per_s=<n> tcp_speedup_vs_hmac=<r>
-tcp_bf16_roundtrip_ms_p50=<n> tcp_bf16_speedup_vs_hmac=<r>``.
+pushes_per_s=<n> ratio_vs_memcpy=<r> tcp_roundtrip_ms_p50=<n> tcp_pushes_per_s=<n>
+tcp_server_cpu_ms=<n> tcp_crypto_share=<r> tcp_plain_roundtrip_ms_p50=<n> tcp_hmac_pushes_per_s=<n>
+tcp_speedup_vs_hmac=<r> tcp_bf16_roundtrip_ms_p50=<n> tcp_bf16_speedup_vs_hmac=<r>``.
 tcp_crypto_share: the four AES-GCM passes of a TCP round trip (the worker seals its push,
 the server opens it, seals the center and the worker opens that), each timed alone on the
 buffer, as a share of the sealed round trip's p50; tcp_server_cpu_ms: the server's CPU per
@@ -100,7 +100,8 @@ def _use(protocol: str) -> None:
 
 
 def _connect(target: Any, **kwargs: Any) -> Client | ShardedClient:
-    """A client of one server (``(host, port)``) or of a sharded one (its shards' ``(host, port, start, stop)``)."""
+    """A client of one server (``(host, port)``) or of a sharded one (its shards' ``(host, port,
+    start, stop)``)."""
     if target and isinstance(target[0], tuple | list):
         return ShardedClient([tuple(s) for s in target], **kwargs)
     return Client(tuple(target), **kwargs)
@@ -211,14 +212,15 @@ def main() -> None:
     }
     mb = WEIGHTS * 4 / 1e6
     print(
-        f"buffer {mb:.1f} MB; memcpy {memcpy_ms:.2f} ms; HMAC-SHA256 {mac_ms:.2f} ms; AES-256-GCM seal "
-        f"{seal_ms:.2f} ms, open {open_ms:.2f} ms (sealing into new bytes: {alloc_ms:.2f} ms)"
+        f"buffer {mb:.1f} MB; memcpy {memcpy_ms:.2f} ms; HMAC-SHA256 {mac_ms:.2f} ms; AES-256-GCM "
+        f"seal {seal_ms:.2f} ms, open {open_ms:.2f} ms (sealing into new bytes: {alloc_ms:.2f} "
+        "ms)"
     )
     for (transport, protocol, dtype), (p50, p99, server_ms, rates) in figures.items():
         print(
-            f"{transport + ' ' + protocol + ' ' + dtype:>25}: push+pull p50 {p50:.2f} ms p99 {p99:.2f} ms "
-            f"(server CPU {server_ms:.2f} ms); "
-            f"pushes applied/s: 2 clients {rates[2]:.0f}, 4 clients {rates[4]:.0f}"
+            f"{transport + ' ' + protocol + ' ' + dtype:>25}: push+pull p50 {p50:.2f} ms p99 "
+            f"{p99:.2f} ms (server CPU {server_ms:.2f} ms); pushes applied/s: 2 clients "
+            f"{rates[2]:.0f}, 4 clients {rates[4]:.0f}"
         )
     (p50, p99, _, rates) = figures["shared", "aes-gcm", "float32"]
     (tcp_p50, _, tcp_server_ms, tcp_rates) = figures["tcp", "aes-gcm", "float32"]
@@ -230,9 +232,11 @@ def main() -> None:
     bf16_p50, _, _, bf16_rates = figures["tcp", "aes-gcm", "bfloat16"]
     # A round trip moves the buffer twice (push, pull): the floor is two memcpys.
     print(
-        f"ps roundtrip_ms_p50={p50:.2f} roundtrip_ms_p99={p99:.2f} pushes_per_s={min(rates.values()):.0f} "
-        f"ratio_vs_memcpy={p50 / (2 * memcpy_ms):.1f} tcp_roundtrip_ms_p50={tcp_p50:.2f} "
-        f"tcp_pushes_per_s={tcp_rate:.0f} tcp_server_cpu_ms={tcp_server_ms:.2f} tcp_crypto_share={2 * (seal_ms + open_ms) / tcp_p50:.2f} "
+        f"ps roundtrip_ms_p50={p50:.2f} roundtrip_ms_p99={p99:.2f} "
+        f"pushes_per_s={min(rates.values()):.0f} ratio_vs_memcpy={p50 / (2 * memcpy_ms):.1f} "
+        f"tcp_roundtrip_ms_p50={tcp_p50:.2f} tcp_pushes_per_s={tcp_rate:.0f} "
+        f"tcp_server_cpu_ms={tcp_server_ms:.2f} "
+        f"tcp_crypto_share={2 * (seal_ms + open_ms) / tcp_p50:.2f} "
         f"tcp_plain_roundtrip_ms_p50={plain_p50:.2f} tcp_hmac_pushes_per_s={hmac_rate:.0f} "
         f"tcp_speedup_vs_hmac={tcp_rate / hmac_rate:.2f} tcp_bf16_roundtrip_ms_p50={bf16_p50:.2f} "
         f"tcp_bf16_speedup_vs_hmac={min(bf16_rates.values()) / hmac_rate:.2f}"

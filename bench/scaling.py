@@ -51,7 +51,8 @@ def simulate(
     records_per_exchange: int,
     seconds: float = 30.0,
 ) -> dict[str, float]:
-    """Run the model for ``seconds`` of simulated time; its throughput, staleness and busiest resource."""
+    """Run the model for ``seconds`` of simulated time; its throughput, staleness and busiest
+    resource."""
     share = weights / shards
     nic_s = share * wire_bytes * 8 / (gbit * 1e9)
     cpu_s = share * CPU_NS_PER_WEIGHT[wire_bytes] * 1e-9 / 2  # open, then seal
@@ -151,8 +152,8 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=20.0, help="simulated time per case")
     args = ap.parse_args()
     print(
-        f"{args.weights:,} weights x {args.wire_bytes} bytes; each server {args.gbit:g} Gbit/s, {args.cores} cores; "
-        f"an exchange every {args.window} x {args.step_ms:g} ms of compute"
+        f"{args.weights:,} weights x {args.wire_bytes} bytes; each server {args.gbit:g} Gbit/s, "
+        f"{args.cores} cores; an exchange every {args.window} x {args.step_ms:g} ms of compute"
     )
     print(f"{'workers':>7} {'shards':>6} {'exch/s':>8} {'records/s':>10} {'stale p50':>9}  busiest")
     last = ""
@@ -170,8 +171,9 @@ def main() -> None:
                 seconds=args.seconds,
             )
             print(
-                f"{workers:>7} {shards:>6} {r['exchanges_per_s']:>8.0f} {r['records_per_s']:>10.0f} "
-                f"{r['staleness_p50']:>9.0f}  {r['busiest']} ({r['busiest_use']:.0%})"
+                f"{workers:>7} {shards:>6} {r['exchanges_per_s']:>8.0f} "
+                f"{r['records_per_s']:>10.0f} {r['staleness_p50']:>9.0f}  {r['busiest']} "
+                f"({r['busiest_use']:.0%})"
             )
             last = (
                 f"scaling workers={workers} shards={shards} records_per_s={r['records_per_s']:.0f} "

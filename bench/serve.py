@@ -243,8 +243,9 @@ def main() -> None:
             proc.wait(120)
         for n, r in live.items():
             print(
-                f"served while training, {n} instance(s): {r['rps']:.1f} req/s p50 {r['p50_ms']:.1f} ms "
-                f"p99 {r['p99_ms']:.1f} ms, weights {r['age_p50_s']:.2f} s old (p50)",
+                f"served while training, {n} instance(s): {r['rps']:.1f} req/s p50 "
+                f"{r['p50_ms']:.1f} ms p99 {r['p99_ms']:.1f} ms, weights {r['age_p50_s']:.2f} s "
+                "old (p50)",
                 flush=True,
             )
 
@@ -255,8 +256,9 @@ def main() -> None:
             asked_runs.append(trained_per_s(tmp, f"asked{i}", 50))
         quiet, asked = statistics.median(quiet_runs), statistics.median(asked_runs)
         print(
-            f"training records/s: {quiet:.0f} unasked {[round(q) for q in quiet_runs]}, {asked:.0f} with 50 "
-            f"requests/s {[round(a) for a in asked_runs]} ({(asked / quiet - 1) * 100:+.1f}%)",
+            f"training records/s: {quiet:.0f} unasked {[round(q) for q in quiet_runs]}, "
+            f"{asked:.0f} with 50 requests/s {[round(a) for a in asked_runs]} "
+            f"({(asked / quiet - 1) * 100:+.1f}%)",
             flush=True,
         )
 
@@ -266,8 +268,10 @@ def main() -> None:
         flush=True,
     )
     print(
-        f"serve rps_1={idle[1]['rps']:.1f} p99_ms_1={idle[1]['p99_ms']:.1f} rps_64={idle[64]['rps']:.1f} "
-        f"ratio_vs_keras_64={idle[64]['rps'] / keras['predict_64']:.2f} freshness_s_p50={freshness:.2f}"
+        f"serve rps_1={idle[1]['rps']:.1f} p99_ms_1={idle[1]['p99_ms']:.1f} "
+        f"rps_64={idle[64]['rps']:.1f} "
+        f"ratio_vs_keras_64={idle[64]['rps'] / keras['predict_64']:.2f} "
+        f"freshness_s_p50={freshness:.2f}"
     )
 
 

@@ -22,11 +22,12 @@ log end: records the trainer lost or trained twice).
 
     .venv/bin/python bench/soak.py --minutes 10 [--rate 1000]
 
-Last line: ``soak minutes=<n> lost=<n> duplicated=<n> rss_growth_mb=<n> ckpt_ms_growth=<r> lag_max=<n>``
+Last line: ``soak minutes=<n> lost=<n> duplicated=<n> rss_growth_mb=<n> ckpt_ms_growth=<r>
+lag_max=<n>``
 rss_growth_mb: the trainer's processes (driver, Spark's JVM and Python workers), median RSS
 of the last minute minus that of the minute from one third of the run (or from a minute
-after the resumed trainer's first batch, if later: the new JVM and workers settle first). ckpt_ms_growth: the
-median checkpoint write time of the last minute over that of the first.
+after the resumed trainer's first batch, if later: the new JVM and workers settle first).
+ckpt_ms_growth: the median checkpoint write time of the last minute over that of the first.
 """
 
 from __future__ import annotations
@@ -302,8 +303,9 @@ class Soak:
                 last_print = elapsed
                 s = self.samples[-1]
                 print(
-                    f"soak: {elapsed:5.0f} s lag {s['lag']:>7.0f} trainer {s['trainer_mb']:6.0f} MB "
-                    f"broker {s['broker_mb']:5.0f} MB checkpoint {s['ckpt_bytes'] / 1e6:.2f} MB",
+                    f"soak: {elapsed:5.0f} s lag {s['lag']:>7.0f} trainer {s['trainer_mb']:6.0f} "
+                    f"MB broker {s['broker_mb']:5.0f} MB checkpoint {s['ckpt_bytes'] / 1e6:.2f} "
+                    "MB",
                     flush=True,
                 )
             time.sleep(2)
@@ -312,7 +314,8 @@ class Soak:
         acked = int(sent[-1]) if sent else -1
         ends = topic_ends(self.bootstrap)
         print(
-            f"soak: producer stopped: {acked} records acknowledged; draining {sum(ends.values())} in the topic",
+            f"soak: producer stopped: {acked} records acknowledged; draining {sum(ends.values())} "
+            "in the topic",
             flush=True,
         )
         self._wait(lambda: ledger_check(ledger_of(self.out), ends)[0] == 0, 300, "the drain")
@@ -392,8 +395,8 @@ def main() -> None:
     lost = checks["lost_by_broker"] + checks["lost_by_trainer"]
     duplicated = checks["appended_twice"] + checks["trained_twice"]
     print(
-        f"soak minutes={args.minutes:g} lost={lost} duplicated={duplicated} rss_growth_mb={growth:.0f} "
-        f"ckpt_ms_growth={ckpt_growth:.2f} lag_max={lag_max:.0f}",
+        f"soak minutes={args.minutes:g} lost={lost} duplicated={duplicated} "
+        f"rss_growth_mb={growth:.0f} ckpt_ms_growth={ckpt_growth:.2f} lag_max={lag_max:.0f}",
         flush=True,
     )
 

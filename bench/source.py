@@ -16,8 +16,8 @@ the stream a fifth of its speed).
 
     .venv/bin/python bench/source.py [--records 60000]
 
-Last line: ``source mnist_rps=<n> higgs_rps=<n> ratio_vs_consumer=<r> trigger_overhead_ms_p50=<n> zstd_ratio=<r>
-tls_ratio=<r>``
+Last line: ``source mnist_rps=<n> higgs_rps=<n> ratio_vs_consumer=<r> trigger_overhead_ms_p50=<n>
+zstd_ratio=<r> tls_ratio=<r>``
 """
 
 from __future__ import annotations
@@ -161,8 +161,9 @@ def main() -> None:
                 results[name] = (rps, bare)
                 overheads += overhead
                 print(
-                    f"{name}: stream {rps:,.0f} records/s decoded on executors; bare kafka-python consume "
-                    f"{bare:,.0f} records/s; ratio {rps / bare:.2f}; trigger->handler ms {[round(o) for o in overhead]}",
+                    f"{name}: stream {rps:,.0f} records/s decoded on executors; bare kafka-python "
+                    f"consume {bare:,.0f} records/s; ratio {rps / bare:.2f}; trigger->handler ms "
+                    f"{[round(o) for o in overhead]}",
                     flush=True,
                 )
             zstd_rps, _ = stream_arm(
@@ -173,8 +174,8 @@ def main() -> None:
                 f"{zstd_rps / results['mnist'][0]:.2f} of the uncompressed topic's",
                 flush=True,
             )
-            # The same records of one broker, PLAINTEXT then SASL_SSL, alternated five times: the median ratio
-            # (one arm is about a second, so one pair swings with the machine).
+            # The same records of one broker, PLAINTEXT then SASL_SSL, alternated five times: the
+            # median ratio (one arm is about a second, so one pair swings with the machine).
             tls = []
             for _ in range(5):
                 plain_rps, _ = stream_arm(
@@ -191,8 +192,8 @@ def main() -> None:
                 )
                 tls.append(tls_rps / plain_rps)
                 print(
-                    f"mnist SASL_SSL: stream {tls_rps:,.0f} records/s against {plain_rps:,.0f} over PLAINTEXT "
-                    f"from the same broker; ratio {tls[-1]:.2f}",
+                    f"mnist SASL_SSL: stream {tls_rps:,.0f} records/s against {plain_rps:,.0f} "
+                    f"over PLAINTEXT from the same broker; ratio {tls[-1]:.2f}",
                     flush=True,
                 )
         finally:

@@ -139,7 +139,8 @@ def run_once(env: dict[str, str], *, sample: bool = False) -> tuple[float, int, 
     and RSS of the run (reading every process's page tables twice a second costs CPU the
     start-up would have had: timed runs do not sample)."""
     with tempfile.TemporaryDirectory() as tmp:
-        # A small first batch: the line comes when the batch is trained, and start-up is what is timed.
+        # A small first batch: the line comes when the batch is trained, and start-up is what is
+        # timed.
         cmd = [
             sys.executable,
             "-m",
@@ -236,8 +237,9 @@ def main() -> None:
         )
     )
     print(
-        f"startup cold_s={cold:.1f} warm_s={warm:.1f} floor_s={floor:.1f} warm_ratio_vs_floor={warm / floor:.2f} "
-        f"peak_pss_gb={pss / 1e9:.2f} peak_rss_gb={rss / 1e9:.2f}"
+        f"startup cold_s={cold:.1f} warm_s={warm:.1f} floor_s={floor:.1f} "
+        f"warm_ratio_vs_floor={warm / floor:.2f} peak_pss_gb={pss / 1e9:.2f} "
+        f"peak_rss_gb={rss / 1e9:.2f}"
     )
 
 

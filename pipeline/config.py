@@ -44,7 +44,8 @@ class Settings(BaseSettings):
     #: runs start ~2 s sooner (the first run records it; ``false`` turns it off).
     jvm_class_cache: bool = True
     #: Import TensorFlow once, in a process started beside Spark's JVM, and fork the model's
-    #: describer and (in local mode) Spark's Python workers from it (``false``: each imports its own).
+    #: describer and (in local mode) Spark's Python workers from it (``false``: each imports its
+    #: own).
     preload: bool = True
     #: Let workers on the driver's machine exchange weights with the parameter server through
     #: shared memory (``/dev/shm``) rather than loopback TCP; ``false``: TCP for all.
@@ -63,8 +64,8 @@ class Settings(BaseSettings):
     #: A noida-db binary to run as the embedded broker instead of the wheel's copy.
     noida_bin: Path | None = None
     #: Tests only: SIGKILL the training driver at a named point, ``<point>:<batch id>``
-    #: (``batch``, ``saved``, ``committed``; see ``pipeline.train.driver.TrainDriver._fault``), or an
-    #: executor's process after a task's exchange (see ``pipeline.train.handler._fault_after``).
+    #: (``batch``, ``saved``, ``committed``; see ``pipeline.train.driver.TrainDriver._fault``), or
+    #: an executor's process after a task's exchange (see ``pipeline.train.handler._fault_after``).
     fault: str | None = None
     #: Address the model server binds (``serve``, ``run --serve-port``); loopback by default.
     #: Any other address needs a token.
@@ -103,7 +104,8 @@ def settings() -> Settings:
 
 
 def cache_dir() -> Path:
-    """``$STREAMTRAIN_CACHE_DIR``, else ``$XDG_CACHE_HOME/streamtrain``, else ``~/.cache/streamtrain``."""
+    """``$STREAMTRAIN_CACHE_DIR``, else ``$XDG_CACHE_HOME/streamtrain``, else
+    ``~/.cache/streamtrain``."""
     configured = settings().cache_dir
     if configured:
         return configured

@@ -13,7 +13,9 @@ class RateLimiter:
 
     Example:
         >>> now = [0.0]
-        >>> limiter = RateLimiter(100, clock=lambda: now[0], sleep=lambda s: now.__setitem__(0, now[0] + s))
+        >>> limiter = RateLimiter(
+        ...     100, clock=lambda: now[0], sleep=lambda s: now.__setitem__(0, now[0] + s)
+        ... )
         >>> limiter.wait(50); now[0]
         0.5
         >>> limiter.wait(50); now[0]     # already on schedule: no extra sleep

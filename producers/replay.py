@@ -79,7 +79,8 @@ class Replay:
     ) -> None:
         if max_malformed is not None and max_malformed < 0:
             raise ConfigError(
-                f"Expected --max-malformed >= 0 (a count, or a fraction below 1). Received: {max_malformed}"
+                "Expected --max-malformed >= 0 (a count, or a fraction below 1). Received: "
+                f"{max_malformed}"
             )
         if limit is not None and limit < 0:
             raise ConfigError(f"Expected --limit >= 0. Received: {limit}")
@@ -249,7 +250,8 @@ class Replay:
             self._count_malformed()
             self._check_malformed(final=False)
             if self.limit is not None and handed >= self.limit:
-                return  # before asking for another chunk, so a partial pass is not counted as an epoch
+                # Before asking for another chunk, so a partial pass is not counted as an epoch.
+                return
 
     def _count_malformed(self) -> None:
         data, news = self.dataset, False

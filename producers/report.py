@@ -35,18 +35,24 @@ class ReplayReport:
     def summary(self) -> str:
         """One line for people.
 
-        >>> ReplayReport("t", records_sent=10, bytes_sent=8000, seconds=2.0).summary()
-        'sent 10 records (0.0 MB) to t in 2.0 s: 5 records/s, 0.00 MB/s; 0 send errors, 0 malformed rows skipped'
-        >>> ReplayReport("t", malformed=2, malformed_examples=[(3, "not_a_number"), (9, "bad_label")]).summary().split("; ")[1]
+        >>> ReplayReport(
+        ...     "t", records_sent=10, bytes_sent=8000, seconds=2.0
+        ... ).summary()  # doctest: +NORMALIZE_WHITESPACE
+        'sent 10 records (0.0 MB) to t in 2.0 s: 5 records/s, 0.00 MB/s; 0 send errors, 0 malformed
+        rows skipped'
+        >>> ReplayReport(
+        ...     "t", malformed=2, malformed_examples=[(3, "not_a_number"), (9, "bad_label")]
+        ... ).summary().split("; ")[1]
         '0 send errors, 2 malformed rows skipped (line 3: not_a_number, line 9: bad_label)'
         """
         stopped = " (interrupted)" if self.interrupted else ""
         if self.resumed_after:
             stopped += f" (resumed after the {self.resumed_after} records already there)"
         return (
-            f"sent {self.records_sent} records ({self.bytes_sent / 1e6:.1f} MB) to {self.topic} in "
-            f"{self.seconds:.1f} s{stopped}: {self.records_per_s:.0f} records/s, {self.mb_per_s:.2f} MB/s; "
-            f"{self.send_errors} send errors, {self.malformed} malformed rows skipped{self.malformed_detail()}"
+            f"sent {self.records_sent} records ({self.bytes_sent / 1e6:.1f} MB) to {self.topic} "
+            f"in {self.seconds:.1f} s{stopped}: {self.records_per_s:.0f} records/s, "
+            f"{self.mb_per_s:.2f} MB/s; {self.send_errors} send errors, {self.malformed} "
+            f"malformed rows skipped{self.malformed_detail()}"
         )
 
     def malformed_detail(self) -> str:

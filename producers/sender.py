@@ -37,7 +37,10 @@ def _worth_resending(error: BaseException | None) -> bool:
     state (kafka-python then takes a new epoch and fails what was in flight, unappended).
 
     >>> from kafka import errors
-    >>> _worth_resending(errors.OutOfOrderSequenceNumberError()), _worth_resending(errors.MessageSizeTooLargeError())
+    >>> (
+    ...     _worth_resending(errors.OutOfOrderSequenceNumberError()),
+    ...     _worth_resending(errors.MessageSizeTooLargeError()),
+    ... )
     (True, False)
     """
     return bool(getattr(error, "retriable", False)) or _lost_sequence(error)

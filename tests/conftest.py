@@ -106,7 +106,8 @@ def _need(binary: str) -> str:
     if path is None:
         if os.environ.get("CI"):
             pytest.fail(
-                f"{binary} is not installed; tests/run.sh installs Debian's prometheus package in CI"
+                f"{binary} is not installed; tests/run.sh installs Debian's prometheus package in "
+                "CI"
             )
         pytest.skip(f"{binary} not installed (apt-get install prometheus, as root)")
     return path

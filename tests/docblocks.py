@@ -58,7 +58,8 @@ class Block:
 
     @property
     def holds_commands(self) -> bool:
-        """Whether this is a command block: tagged as a shell's, or untagged with a command first."""
+        """Whether this is a command block: tagged as a shell's, or untagged with a command
+        first."""
         if self.info in SHELL:
             return True
         first = next(
@@ -121,7 +122,8 @@ def commands(block: Block) -> list[str]:
     comment after a command (two spaces, then ``#``) cut off.
 
     Example:
-        >>> b = Block("x.md", 1, "bash", "# a comment\\nstreamtrain run \\\\\\n    --workers 8  # all\\n", None)
+        >>> text = "# a comment\\nstreamtrain run \\\\\\n    --workers 8  # all\\n"
+        >>> b = Block("x.md", 1, "bash", text, None)
         >>> commands(b)
         ['streamtrain run --workers 8']
     """

@@ -24,6 +24,8 @@ fi
 [ -x .venv/bin/python ] || "${PYTHON:-python3}" -m venv .venv || exit 1
 .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[dev]' || exit 1
 .venv/bin/ruff check pipeline producers tests bench || exit 1
+# Every Python file the project owns (.gitignore's are left out, .venv with them); fix with `ruff format .`.
+.venv/bin/ruff format --check . || exit 1
 .venv/bin/mypy || exit 1
 
 .venv/bin/python -m pytest "$@"

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -86,7 +89,8 @@ READS_SETTINGS = {
     "pipeline.jobs": "the wiring of a run",
     "pipeline.ingest.reader": "an executor picks its Kafka reader",
     "pipeline.train.handler": "an executor's fault-injection hook (tests)",
-    "pipeline.ingest.kafka.broker": "the broker's binaries and engine (`streamtrain broker`, tests, benchmarks)",
+    "pipeline.ingest.kafka.broker": "the broker's binaries and engine (`streamtrain broker`, "
+    "tests, benchmarks)",
     "pipeline.cluster.jvmcache": "Spark's and Java's homes, and the JVM class cache",
     "pipeline.cluster.standalone": "Spark's home for the standalone daemons",
 }
@@ -97,7 +101,8 @@ READS_ENVIRONMENT = {
     "pipeline.config": "the one reader of settings",
     "pipeline.cluster.session": "saves and restores the Python it points Spark's children at",
     "pipeline.cluster.zygote": "hands its environment to the children it forks",
-    "pipeline.cluster.scratch": "points a run's processes at its temporary folder, and restores what it replaced",
+    "pipeline.cluster.scratch": "points a run's processes at its temporary folder, and restores "
+    "what it replaced",
 }
 
 #: Modules that import TensorFlow or Keras: they run in executors and child processes only.
@@ -134,7 +139,8 @@ def _all_imports(path: Path) -> set[str]:
 
 
 def _imports(path: Path) -> set[str]:
-    """The project's modules (or names in them) an ``import`` names: ``from a import b`` is ``a.b``."""
+    """The project's modules (or names in them) an ``import`` names: ``from a import b`` is
+    ``a.b``."""
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
@@ -239,7 +245,8 @@ def test_no_module_over_400_lines_and_no_class_over_250() -> None:
 
 
 def _public_names(path: Path) -> tuple[list[str] | None, set[str]]:
-    """A package's ``__all__``, and the names its ``__init__`` defines, imports or exports lazily."""
+    """A package's ``__all__``, and the names its ``__init__`` defines, imports or exports
+    lazily."""
     tree = ast.parse(path.read_text())
     listed, defined = None, set()
     for node in tree.body:
@@ -430,3 +437,35 @@ def test_kafka_clients_are_built_in_one_module() -> None:
     assert not sockets, (
         f"Kafka connections are opened by pipeline.ingest.kafka.wire alone: {sockets}"
     )
+
+
+def _ruff() -> str:
+    """The virtual environment's ruff (the version pyproject.toml pins), else one on PATH."""
+    beside = Path(sys.executable).parent / "ruff"
+    found = str(beside) if beside.is_file() else shutil.which("ruff")
+    if found is None:
+        pytest.skip("ruff is not installed: pip install -e '.[dev]'")
+    return found
+
+
+def _run_ruff(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([_ruff(), *args], capture_output=True, text=True, timeout=120, cwd=cwd)
+
+
+def test_the_tree_is_formatted_and_lints_clean() -> None:
+    formatted = _run_ruff("format", "--check", ".")
+    assert formatted.returncode == 0, (
+        "run `.venv/bin/ruff format .`:\n" + formatted.stdout + formatted.stderr
+    )
+    linted = _run_ruff("check", ".")
+    assert linted.returncode == 0, linted.stdout + linted.stderr
+
+
+def test_the_format_check_sees_a_badly_formatted_file(tmp_path: Path) -> None:
+    (tmp_path / "pyproject.toml").write_text((ROOT / "pyproject.toml").read_text())
+    (tmp_path / "packed.py").write_text("x = {  'a':1 }\n")
+    formatted = _run_ruff("format", "--check", ".", cwd=tmp_path)
+    assert formatted.returncode == 1 and "packed.py" in formatted.stdout, formatted.stdout
+    (tmp_path / "long.py").write_text(f"x = {'1 + ' * 40}1\n")
+    linted = _run_ruff("check", "--no-cache", "long.py", cwd=tmp_path)
+    assert linted.returncode == 1 and "E501" in linted.stdout, linted.stdout

@@ -130,7 +130,8 @@ def test_every_benchmark_figure_names_its_benchmark_and_a_commit_of_the_history(
     for where, bench, source in figures:
         named = _SOURCE.search(source)
         assert named, (
-            f"{where}: name bench/{bench}.py and its commit (`# bench/{bench}.py, measured at ABC1234`)"
+            f"{where}: name bench/{bench}.py and its commit (`# bench/{bench}.py, measured at "
+            "ABC1234`)"
         )
         assert named.group("bench") == bench, (
             f"{where}: a {bench} figure credited to bench/{named.group('bench')}.py"
@@ -172,7 +173,8 @@ def test_every_link_between_the_pages_lands() -> None:
 
 
 def test_every_file_the_pages_name_exists() -> None:
-    """A guide that names `tests/jobs/test_run.py` or `pipeline/codec.py` names a file that is there."""
+    """A guide that names `tests/jobs/test_run.py` or `pipeline/codec.py` names a file that is
+    there."""
     named = {
         (doc, path)
         for doc in docblocks.documents()

@@ -51,8 +51,8 @@ def main(argv: list[str] | None = None) -> None:
         first = e.errors()[0]
         name = "STREAMTRAIN_" + "_".join(str(part) for part in first["loc"]).upper()
         click.echo(
-            f"streamtrain: error: Expected {name}: {first['msg'].lower()}. Received: {first.get('input')!r}. "
-            f"Set it so, or unset it for the default.",
+            f"streamtrain: error: Expected {name}: {first['msg'].lower()}. Received: "
+            f"{first.get('input')!r}. Set it so, or unset it for the default.",
             err=True,
         )
         sys.exit(2)

@@ -24,8 +24,9 @@ kafka_conf_option = click.option(
     "--kafka-conf",
     metavar="FILE",
     type=click.Path(dir_okay=False),
-    help="A Kafka client properties file (security.protocol, sasl.mechanism, sasl.username, sasl.password, ssl.*), "
-    "as librdkafka and the Java client read it; env STREAMTRAIN_KAFKA_CONF. docs/kafka.md: Secured clusters.",
+    help="A Kafka client properties file (security.protocol, sasl.mechanism, sasl.username, "
+    "sasl.password, ssl.*), as librdkafka and the Java client read it; env "
+    "STREAMTRAIN_KAFKA_CONF. docs/kafka.md: Secured clusters.",
 )
 
 
@@ -74,7 +75,8 @@ def resolve_bootstrap(bootstrap: str | None, kafka_conf: str | None = None) -> s
     )
     if not chosen:
         raise ConfigError(
-            "No Kafka to send to: no --bootstrap, no STREAMTRAIN_BOOTSTRAP and no running embedded broker. "
-            "Start one with `streamtrain broker` in another terminal, or pass --bootstrap HOST:PORT."
+            "No Kafka to send to: no --bootstrap, no STREAMTRAIN_BOOTSTRAP and no running "
+            "embedded broker. Start one with `streamtrain broker` in another terminal, or pass "
+            "--bootstrap HOST:PORT."
         )
     return client.parse_bootstrap(chosen)

@@ -12,8 +12,8 @@ from pipeline.errors import ConfigError
 
 #: The web UIs have no login: they list the applications and serve executors' logs.
 _WEBUI_HOST = (
-    "Address the web UI binds (loopback by default: it has no login and serves executors' logs; reach it "
-    "through an SSH tunnel)."
+    "Address the web UI binds (loopback by default: it has no login and serves executors' logs; "
+    "reach it through an SSH tunnel)."
 )
 
 
@@ -68,7 +68,8 @@ def spark_master(
 @click.option(
     "--work-dir",
     type=click.Path(file_okay=False),
-    help="Executors' folders and logs (default: spark-work in the cache folder, ~/.cache/streamtrain).",
+    help="Executors' folders and logs (default: spark-work in the cache folder, "
+    "~/.cache/streamtrain).",
 )
 @click.option(
     "--webui-port",
@@ -150,8 +151,8 @@ def cluster_conf(path: str, keep: bool) -> None:
         click.echo(f"{path} exists: kept")
         return
     click.echo(
-        f"wrote {security.write_conf(path)}: start the master and workers with --properties-file {path}, "
-        f"and pass --spark-conf {path} to streamtrain run"
+        f"wrote {security.write_conf(path)}: start the master and workers with --properties-file "
+        f"{path}, and pass --spark-conf {path} to streamtrain run"
     )
 
 
@@ -169,19 +170,21 @@ def cluster_conf(path: str, keep: bool) -> None:
 @click.option(
     "--grafana-password",
     type=click.Path(dir_okay=False),
-    help="Grafana's admin password (mode 0644: Grafana runs as another user; keep it in a volume only "
-    "Grafana mounts).",
+    help="Grafana's admin password (mode 0644: Grafana runs as another user; keep it in a volume "
+    "only Grafana mounts).",
 )
 @click.option(
     "--kafka-broker",
     type=click.Path(file_okay=False),
-    help="A secured Kafka broker's files: TLS certificate, SCRAM user, properties (mode 0644: the broker "
-    "runs as another user; keep it in a volume only the broker mounts). With --kafka-client.",
+    help="A secured Kafka broker's files: TLS certificate, SCRAM user, properties (mode 0644: the "
+    "broker runs as another user; keep it in a volume only the broker mounts). With "
+    "--kafka-client.",
 )
 @click.option(
     "--kafka-client",
     type=click.Path(dir_okay=False),
-    help="The client properties file for --kafka-conf (mode 0600), and the CA's certificate beside it.",
+    help="The client properties file for --kafka-conf (mode 0600), and the CA's certificate "
+    "beside it.",
 )
 def secrets_(
     spark_conf: str | None,
@@ -196,8 +199,8 @@ def secrets_(
 
     if bool(kafka_broker) != bool(kafka_client):
         raise ConfigError(
-            "Expected --kafka-broker DIR and --kafka-client FILE together (the broker's credentials "
-            "and the client's that match them)."
+            "Expected --kafka-broker DIR and --kafka-client FILE together (the broker's "
+            "credentials and the client's that match them)."
         )
     if kafka_broker and kafka_client:
         written = credentials.write(kafka_broker, kafka_client)

@@ -11,7 +11,8 @@ from pipeline.cli.base import cli
 
 @cli.group()
 def data() -> None:
-    """Datasets: fetch them where there is internet; copy out the samples that ship with streamtrain."""
+    """Datasets: fetch them where there is internet; copy out the samples that ship with
+    streamtrain."""
 
 
 @data.command("sample")

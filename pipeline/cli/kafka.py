@@ -141,8 +141,8 @@ def _dataset(name: str, path: str | None, data_dir: str | None, **options: Any) 
 @click.option(
     "--resume",
     is_flag=True,
-    help="Continue a replay that was stopped or killed: skip the records of this replay's order that "
-    "the topic holds already (a topic only this replay writes to), so none is sent twice.",
+    help="Continue a replay that was stopped or killed: skip the records of this replay's order "
+    "that the topic holds already (a topic only this replay writes to), so none is sent twice.",
 )
 @click.option(
     "--compression",

@@ -24,8 +24,8 @@ def schema() -> None:
     type=click.Choice(["auto", "classes", "numeric"]),
     default="auto",
     show_default=True,
-    help="The label as classes or as a numeric target (regression); auto: numbers with many values are a "
-    "target.",
+    help="The label as classes or as a numeric target (regression); auto: numbers with many "
+    "values are a target.",
 )
 @click.option(
     "--ignore",
@@ -37,14 +37,15 @@ def schema() -> None:
     "--numeric",
     multiple=True,
     metavar="COLUMN",
-    help="Read this column as numbers even where it holds words (those are then rejected, counted by "
-    "name); repeatable. schema infer names the columns it took as categorical for their words.",
+    help="Read this column as numbers even where it holds words (those are then rejected, counted "
+    "by name); repeatable. schema infer names the columns it took as categorical for their words.",
 )
 @click.option(
     "--format",
     "format",
     type=click.Choice(["json", "csv", "avro"]),
-    help="The records' format on the topic (default: json; avro for an Avro file or --topic of Avro).",
+    help="The records' format on the topic (default: json; avro for an Avro file or --topic of "
+    "Avro).",
 )
 @click.option(
     "--topic",
@@ -62,7 +63,8 @@ def schema() -> None:
     "--avro-schema",
     type=click.Path(dir_okay=False),
     metavar="FILE.avsc",
-    help="Avro records: the writer's schema (plain bodies, or Confluent-framed without a registry).",
+    help="Avro records: the writer's schema (plain bodies, or Confluent-framed without a "
+    "registry).",
 )
 @click.option(
     "--rows", type=int, default=10_000, show_default=True, help="Rows (or records) to read."
@@ -149,8 +151,9 @@ def infer(
             else "no label"
         )
         click.echo(
-            f"{out}: {len(inferred.features)} features ({', '.join(f'{n} {k}' for k, n in kinds.items() if n)}; "
-            f"{inferred.width} encoded columns), {what}; read it, edit it, pass it as --schema",
+            f"{out}: {len(inferred.features)} features "
+            f"({', '.join(f'{n} {k}' for k, n in kinds.items() if n)}; {inferred.width} encoded "
+            f"columns), {what}; read it, edit it, pass it as --schema",
             err=True,
         )
     else:
@@ -209,8 +212,8 @@ def _topic_columns(
         return dict(got.columns), wire
     if fmt != "json":
         raise ConfigError(
-            f"Expected --format json or avro for --topic (a schema is read off JSON objects or Avro "
-            f"records). Received: {fmt}; write one from a file of the same rows instead."
+            "Expected --format json or avro for --topic (a schema is read off JSON objects or "
+            f"Avro records). Received: {fmt}; write one from a file of the same rows instead."
         )
     columns = json_columns(values)
     if not columns:

@@ -42,8 +42,8 @@ def serve(run_dir: str, port: int, name: str | None, max_age_s: float | None) ->
     folder = Path(run_dir)
     if not (folder / checkpoint.FILENAME).is_file():
         raise ConfigError(
-            f"Expected a run folder with a checkpoint ({checkpoint.FILENAME}). Received: {run_dir}; "
-            "pass the --out folder of a run that trained at least one micro-batch."
+            f"Expected a run folder with a checkpoint ({checkpoint.FILENAME}). Received: "
+            f"{run_dir}; pass the --out folder of a run that trained at least one micro-batch."
         )
     host, token = process.host_and_token(config.settings())
     process.check_serving(port, max_age_s, host=host)

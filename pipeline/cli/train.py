@@ -47,24 +47,24 @@ from producers import datasets
     "--sync-overlap/--no-sync-overlap",
     default=False,
     show_default=True,
-    help="sync only: push each gradient while the next computes. Hides the exchange's time, but every "
-    "gradient lands one round late (more records to an accuracy). docs/performance.md.",
+    help="sync only: push each gradient while the next computes. Hides the exchange's time, but "
+    "every gradient lands one round late (more records to an accuracy). docs/performance.md.",
 )
 @click.option(
     "--wire-dtype",
     type=click.Choice(["float32", "bfloat16", "float16"]),
     default="float32",
     show_default=True,
-    help="Deltas and weights on TCP (workers on other machines): bfloat16 or float16 send half the bytes; "
-    "the server's center stays float32. docs/cluster.md.",
+    help="Deltas and weights on TCP (workers on other machines): bfloat16 or float16 send half "
+    "the bytes; the server's center stays float32. docs/cluster.md.",
 )
 @click.option(
     "--ps-shards",
     type=int,
     default=1,
     show_default=True,
-    help="Parameter-server processes, each serving a slice of the weights on its own port: more serve more "
-    "workers' exchanges a second. docs/cluster.md.",
+    help="Parameter-server processes, each serving a slice of the weights on its own port: more "
+    "serve more workers' exchanges a second. docs/cluster.md.",
 )
 @click.option(
     "--epochs", type=int, default=1, show_default=True, help="Times the producer replays the data."
@@ -110,14 +110,15 @@ from producers import datasets
     "resume_dir",
     type=click.Path(file_okay=False),
     help="Continue the run in this folder after a stop or crash, with the options it recorded "
-    f"({run_record.RECORD_FILE}). Given again, an option that defines the run must agree; these may "
-    f"change between sessions: {run_record.may_change()}.",
+    f"({run_record.RECORD_FILE}). Given again, an option that defines the run must agree; these "
+    f"may change between sessions: {run_record.may_change()}.",
 )
 @click.option(
     "--generation",
     type=int,
     metavar="BATCH",
-    help="With --resume: go back to this kept checkpoint (a batch id; the error that offers it names it).",
+    help="With --resume: go back to this kept checkpoint (a batch id; the error that offers it "
+    "names it).",
 )
 @click.option(
     "--keep-checkpoints",
@@ -152,7 +153,8 @@ from producers import datasets
     type=int,
     default=20_000,
     show_default=True,
-    help="Records per micro-batch at most (with --freshness-target, the upper bound of its sizing).",
+    help="Records per micro-batch at most (with --freshness-target, the upper bound of its "
+    "sizing).",
 )
 @click.option(
     "--freshness-target",
@@ -181,18 +183,19 @@ from producers import datasets
     type=click.Choice(["fail", "skip"]),
     default="fail",
     show_default=True,
-    help="A record batch that cannot be read (corrupt, unknown codec): stop with one line (fail), or pass "
-    "over it (skip): its offsets and cause go to the report, a metric and the dead-letter topic.",
+    help="A record batch that cannot be read (corrupt, unknown codec): stop with one line (fail), "
+    "or pass over it (skip): its offsets and cause go to the report, a metric and the dead-letter "
+    "topic.",
 )
 @click.option(
     "--on-drift",
     type=click.Choice(["alert", "adapt"]),
     default="alert",
     show_default=True,
-    help="When the stream drifts (the prequential loss rises, the class prior or a table's columns move): "
-    "say so (a status line, a metric, the report), or also adapt (raise the learning rate for a while). "
-    "Either way "
-    "the held-out score moves to records after the drift. docs/drift.md.",
+    help="When the stream drifts (the prequential loss rises, the class prior or a table's "
+    "columns move): say so (a status line, a metric, the report), or also adapt (raise the "
+    "learning rate for a while). Either way the held-out score moves to records after the drift. "
+    "docs/drift.md.",
 )
 @click.option(
     "--drift",
@@ -206,15 +209,16 @@ from producers import datasets
     "--max-rejected",
     type=float,
     metavar="SHARE",
-    help="Stop (one line, the reasons and first rows) once more than this share of the records read is "
-    "rejected: rows the schema cannot encode, records that do not decode. Default 0.1.",
+    help="Stop (one line, the reasons and first rows) once more than this share of the records "
+    "read is rejected: rows the schema cannot encode, records that do not decode. Default 0.1.",
 )
 @click.option(
     "--divergence-check/--no-divergence-check",
     default=True,
     show_default=True,
-    help="Stop (one line naming the checkpoint to go back to) when the held-out score collapses to what "
-    "predicting the majority class scores, after the model had learned. docs/operating.md: Faults.",
+    help="Stop (one line naming the checkpoint to go back to) when the held-out score collapses "
+    "to what predicting the majority class scores, after the model had learned. "
+    "docs/operating.md: Faults.",
 )
 @click.option(
     "--eval-every",
@@ -242,8 +246,8 @@ from producers import datasets
 @click.option(
     "--data",
     type=click.Path(dir_okay=False),
-    help="Your own table instead of --dataset: a CSV (with a header), JSON lines or Parquet file, replayed "
-    "like a built-in dataset. docs/own-data.md.",
+    help="Your own table instead of --dataset: a CSV (with a header), JSON lines or Parquet file, "
+    "replayed like a built-in dataset. docs/own-data.md.",
 )
 @click.option(
     "--label",
@@ -252,20 +256,21 @@ from producers import datasets
 @click.option(
     "--schema",
     type=click.Path(dir_okay=False),
-    help="The table's schema file (streamtrain schema infer writes one; it travels with the model).",
+    help="The table's schema file (streamtrain schema infer writes one; it travels with the "
+    "model).",
 )
 @click.option(
     "--format",
     "format",
     type=click.Choice(["binary", "json", "csv", "avro"]),
-    help="The records' format on the topic: binary (the built-in datasets'), json (a table's default), "
-    "csv lines or avro.",
+    help="The records' format on the topic: binary (the built-in datasets'), json (a table's "
+    "default), csv lines or avro.",
 )
 @click.option(
     "--holdout",
     type=float,
-    help="Share held out to score the model, never trained: a file's rows (default 0.1) or a topic's "
-    "record keys (default 0.02).",
+    help="Share held out to score the model, never trained: a file's rows (default 0.1) or a "
+    "topic's record keys (default 0.02).",
 )
 @click.option(
     "--eval-data",

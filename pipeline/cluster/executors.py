@@ -39,7 +39,8 @@ def driver_host(spark: Any) -> str:
 
 
 def local_slots(master: str, workers: int, cores: int) -> tuple[str, str | None]:
-    """The master to start for ``workers`` replicas, and a warning where they cannot all run at once.
+    """The master to start for ``workers`` replicas, and a warning where they cannot all run at
+    once.
 
     Spark's ``local[*]`` has one task slot per core, so 4 workers on 2 cores would train 2
     at a time and staleness would show half of what 4 concurrent replicas give. In local
@@ -50,8 +51,9 @@ def local_slots(master: str, workers: int, cores: int) -> tuple[str, str | None]
     ('local[4]', None)
     >>> local_slots("local[*]", 2, 8)
     ('local[*]', None)
-    >>> local_slots("local[2]", 4, 8)[1]
-    'local[2] has 2 task slots for 4 workers: only 2 replicas train at a time (pass --master local[4])'
+    >>> local_slots("local[2]", 4, 8)[1]  # doctest: +NORMALIZE_WHITESPACE
+    'local[2] has 2 task slots for 4 workers: only 2 replicas train at a time (pass --master
+    local[4])'
     """
     if not master.startswith("local"):
         return master, None

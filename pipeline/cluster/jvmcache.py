@@ -160,9 +160,9 @@ def check_java() -> None:
     home = config.settings().java_home
     if home is not None:
         raise ConfigError(
-            f"Expected a Java for Spark at $JAVA_HOME/bin/java. Received: JAVA_HOME={home}, which has "
-            "none; set JAVA_HOME to a JDK's folder (Java 17 or later), or unset it to use the java on "
-            "PATH."
+            f"Expected a Java for Spark at $JAVA_HOME/bin/java. Received: JAVA_HOME={home}, which "
+            "has none; set JAVA_HOME to a JDK's folder (Java 17 or later), or unset it to use "
+            "the java on PATH."
         )
     raise ConfigError(
         "Expected a Java for Spark (Java 17 or later). Received: no JAVA_HOME and no java on PATH; "

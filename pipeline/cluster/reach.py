@@ -46,8 +46,9 @@ def check_master(master: str, *, wait_s: float = 60.0) -> None:
             break
         time.sleep(1.0)
     raise ConfigError(
-        f"Cannot reach Spark's master at {master} from this host within {wait_s:g} s ({reason}). Start it there "
-        f"(streamtrain spark-master --host {host}), check the address, and open port {port} from this host."
+        f"Cannot reach Spark's master at {master} from this host within {wait_s:g} s ({reason}). "
+        f"Start it there (streamtrain spark-master --host {host}), check the address, and open "
+        f"port {port} from this host."
     )
 
 
@@ -98,12 +99,16 @@ def await_executors(spark: Any, master: str, *, timeout_s: float) -> int:
     driver = f"{spark.conf.get('spark.driver.host')}:{spark.conf.get('spark.driver.port', '?')}"
     workers = _workers(master)
     if workers == []:
-        where = f"the master at {master} has no alive worker: start one (streamtrain spark-worker {master} ...)"
+        where = (
+            f"the master at {master} has no alive worker: start one (streamtrain spark-worker "
+            f"{master} ...)"
+        )
     else:
         on = f" (alive: {', '.join(workers)})" if workers else ""
         where = (
-            f"the workers{on} started none that reached this driver at {driver}: set SPARK_LOCAL_IP to "
-            "this host's address the workers reach, open spark.driver.port and spark.blockManager.port "
-            "to them, and see an executor's stderr in the worker's work folder"
+            f"the workers{on} started none that reached this driver at {driver}: set "
+            "SPARK_LOCAL_IP to this host's address the workers reach, open spark.driver.port and "
+            "spark.blockManager.port to them, and see an executor's stderr in the worker's work "
+            "folder"
         )
     raise StreamtrainError(f"No Spark executor registered within {timeout_s:g} s: {where}.")

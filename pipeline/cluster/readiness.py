@@ -24,18 +24,28 @@ class Ready:
 
     Example:
         >>> r = Ready("worker")
-        >>> r.feed("INFO Worker: Starting Spark worker 10.0.0.2:41234 with 4 cores, 8.0 GiB RAM") is None
+        >>> r.feed(
+        ...     "INFO Worker: Starting Spark worker 10.0.0.2:41234 with 4 cores, 8.0 GiB RAM"
+        ... ) is None
         True
-        >>> r.feed("INFO WorkerWebUI: Bound WorkerWebUI to 127.0.0.1, and started at http://10.0.0.2:8081") is None
+        >>> r.feed(
+        ...     "INFO WorkerWebUI: Bound WorkerWebUI to 127.0.0.1, and started at http://10.0.0.2:8081"
+        ... ) is None
         True
-        >>> r.feed("INFO Worker: Successfully registered with master spark://10.0.0.1:7077")
-        'spark worker ready at 10.0.0.2:41234: registered with spark://10.0.0.1:7077, 4 cores and 8.0 GiB for executors (web UI on 127.0.0.1:8081 only)'
+        >>> r.feed(
+        ...     "INFO Worker: Successfully registered with master spark://10.0.0.1:7077"
+        ... )  # doctest: +NORMALIZE_WHITESPACE
+        'spark worker ready at 10.0.0.2:41234: registered with spark://10.0.0.1:7077, 4 cores and
+        8.0 GiB for executors (web UI on 127.0.0.1:8081 only)'
         >>> m = Ready("master")
         >>> for line in ("Starting Spark master at spark://10.0.0.1:7077",
         ...              "Bound MasterWebUI to 127.0.0.1, and started at http://10.0.0.1:8080"):
         ...     _ = m.feed(line)
-        >>> m.feed("INFO Master: I have been elected leader! New state: ALIVE")
-        'spark master ready at spark://10.0.0.1:7077 (web UI on 127.0.0.1:8080 only; streamtrain cluster-status spark://10.0.0.1:7077 lists the workers)'
+        >>> m.feed(
+        ...     "INFO Master: I have been elected leader! New state: ALIVE"
+        ... )  # doctest: +NORMALIZE_WHITESPACE
+        'spark master ready at spark://10.0.0.1:7077 (web UI on 127.0.0.1:8080 only; streamtrain
+        cluster-status spark://10.0.0.1:7077 lists the workers)'
     """
 
     def __init__(self, role: str) -> None:
@@ -57,7 +67,10 @@ class Ready:
         if self.role == "master" and _LEADER in line:
             self.said = True
             master = seen.get("master1", "spark://?")
-            return f"spark master ready at {master} ({ui + '; ' if ui else ''}streamtrain cluster-status {master} lists the workers)"
+            return (
+                f"spark master ready at {master} ({ui + '; ' if ui else ''}streamtrain "
+                f"cluster-status {master} lists the workers)"
+            )
         registered = _REGISTERED.search(line)
         if self.role == "worker" and registered:
             self.said = True
@@ -67,8 +80,8 @@ class Ready:
                 else ""
             )
             return (
-                f"spark worker ready at {seen.get('started1', '?')}:{seen.get('started2', '?')}: registered with "
-                f"{registered.group(1)}{what}{f' ({ui})' if ui else ''}"
+                f"spark worker ready at {seen.get('started1', '?')}:{seen.get('started2', '?')}: "
+                f"registered with {registered.group(1)}{what}{f' ({ui})' if ui else ''}"
             )
         return None
 

@@ -5,8 +5,8 @@ Python's ``tempfile`` (TensorFlow's ``__autograph_generated_file*.py``, one per 
 function; the model's describer; the zygote's socket folder), PySpark and the processes
 spawned or forked later all take the folder from ``TMPDIR``, Spark's own files from
 ``SPARK_LOCAL_DIRS``, and Spark's JVM its ``java.io.tmpdir`` from ``SPARK_SUBMIT_OPTS`` (on
-Linux it would be /tmp whatever ``TMPDIR`` says); all are set for the run's life. Each run's folder sits in
-``<system temp>/streamtrain-<uid>/`` and holds a lock its run keeps open: a folder whose
+Linux it would be /tmp whatever ``TMPDIR`` says); all are set for the run's life. Each run's folder
+sits in ``<system temp>/streamtrain-<uid>/`` and holds a lock its run keeps open: a folder whose
 lock anyone can take belongs to a run that is gone.
 """
 
@@ -43,7 +43,8 @@ def base(parent: str | os.PathLike[str] | None = None) -> Path:
     if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
         raise ConfigError(
             f"Expected {folder} to be a folder of this user's alone, for runs' temporary files. "
-            f"Received: {'a link or file' if not stat.S_ISDIR(info.st_mode) else 'one others can use'}. "
+            "Received: "
+            f"{'a link or file' if not stat.S_ISDIR(info.st_mode) else 'one others can use'}. "
             "Remove it, or point TMPDIR at a folder of your own."
         )
     return folder
@@ -88,7 +89,11 @@ def scratch(parent: str | os.PathLike[str] | None = None) -> Iterator[Path]:
         >>> with tempfile.TemporaryDirectory() as parent:
         ...     with scratch(parent) as folder:
         ...         inside = Path(tempfile.mkdtemp()).parent == folder == Path(os.environ["TMPDIR"])
-        ...     inside, folder.exists(), [p.name for p in Path(parent).iterdir()] == [f"streamtrain-{os.getuid()}"]
+        ...     (
+        ...         inside,
+        ...         folder.exists(),
+        ...         [p.name for p in Path(parent).iterdir()] == [f"streamtrain-{os.getuid()}"],
+        ...     )
         (True, False, True)
     """
     folder = base(parent)

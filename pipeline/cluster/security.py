@@ -104,9 +104,10 @@ def spark_conf(master: str, path: str | None, *, option: str = "--spark-conf") -
         missing.append("spark.authenticate.secret <random>")
     if missing:
         raise ConfigError(
-            f"Expected {option} FILE with {', '.join(missing)} for the cluster at {master} (the tasks carry the "
-            f"parameter server's secret). Received: {path or 'no file'}. Write one with: streamtrain cluster-conf "
-            "FILE; start the master and workers with --properties-file FILE, and train with --spark-conf FILE."
+            f"Expected {option} FILE with {', '.join(missing)} for the cluster at {master} (the "
+            f"tasks carry the parameter server's secret). Received: {path or 'no file'}. Write "
+            "one with: streamtrain cluster-conf FILE; start the master and workers with "
+            "--properties-file FILE, and train with --spark-conf FILE."
         )
     assert path is not None
     mode = stat.S_IMODE(os.stat(path).st_mode)
@@ -136,11 +137,13 @@ def write_conf(path: str | Path) -> Path:
         f.write("# streamtrain: Spark RPC authentication and encryption. Keep this file secret.\n")
         f.write("\n".join(lines) + "\n")
         f.write(
-            "# The driver's ports the workers connect to (open them from the workers to the driver).\n"
+            "# The driver's ports the workers connect to (open them from the workers to the "
+            "driver).\n"
         )
         f.write("".join(f"{k} {v}\n" for k, v in FIXED_PORTS.items()))
         f.write(
-            "# Your own Spark settings go below, one 'spark.KEY VALUE' a line (e.g. spark.executor.memory 6g).\n"
+            "# Your own Spark settings go below, one 'spark.KEY VALUE' a line (e.g. "
+            "spark.executor.memory 6g).\n"
         )
     return path
 

@@ -1,4 +1,5 @@
-"""A SparkSession set up the way streamtrain needs it (the facts behind each setting are in DESIGN.md)."""
+"""A SparkSession set up the way streamtrain needs it (the facts behind each setting are in
+DESIGN.md)."""
 
 from __future__ import annotations
 
@@ -33,7 +34,8 @@ def session(
       (Python reads and trains the records). For the same reason it collects with the
       serial collector from a 64 MB heap: no collector threads beside TensorFlow's, and the
       heap grows only as far as it is used (driver memory 430 -> 330 MB).
-    * It maps its classes from an archive built after an earlier run (:mod:`pipeline.cluster.jvmcache`).
+    * It maps its classes from an archive built after an earlier run
+      (:mod:`pipeline.cluster.jvmcache`).
     * Local mode, and a cluster whose master is on loopback, bind the driver to loopback;
       the UI is off unless asked for. On another host's master, the driver binds and
       advertises ``local_ip`` (else its address on the route to the master), not its
@@ -130,7 +132,11 @@ def session(
 def is_secret(key: str) -> bool:
     """Whether a Spark setting holds a secret (kept off command lines).
 
-    >>> is_secret("spark.authenticate.secret"), is_secret("spark.ssl.keyPassword"), is_secret("spark.app.name")
+    >>> (
+    ...     is_secret("spark.authenticate.secret"),
+    ...     is_secret("spark.ssl.keyPassword"),
+    ...     is_secret("spark.app.name"),
+    ... )
     (True, True, False)
     """
     last = key.rsplit(".", 1)[-1].lower()

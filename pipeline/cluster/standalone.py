@@ -47,8 +47,11 @@ def command(
     """The ``spark-class`` command line of a master or a worker (``role``), after checking
     that a cluster beyond loopback authenticates and encrypts its RPC.
 
-    >>> command("master", host="127.0.0.1", port=7077, properties=None)[1:]
-    ['org.apache.spark.deploy.master.Master', '--host', '127.0.0.1', '--port', '7077', '--webui-port', '8080']
+    >>> command("master", host="127.0.0.1", port=7077, properties=None)[
+    ...     1:
+    ... ]  # doctest: +NORMALIZE_WHITESPACE
+    ['org.apache.spark.deploy.master.Master', '--host', '127.0.0.1', '--port', '7077',
+    '--webui-port', '8080']
     """
     target = master or f"spark://{host}:{port}"
     if not security.on_loopback(f"spark://{host}:0") or not security.on_loopback(target):

@@ -68,9 +68,30 @@ def describe(master: str, url: str) -> list[str]:
 def lines(state: dict[str, Any]) -> list[str]:
     """The master's state and one line per worker.
 
-    >>> print("\\n".join(lines({"url": "spark://10.0.0.1:7077", "status": "ALIVE", "aliveworkers": 1, "cores": 4,
-    ...     "coresused": 1, "activeapps": [{}], "workers": [{"host": "10.0.0.2", "port": 41234, "state": "ALIVE",
-    ...     "cores": 4, "coresused": 1, "memory": 8192}]})))
+    >>> print(
+    ...     "\\n".join(
+    ...         lines(
+    ...             {
+    ...                 "url": "spark://10.0.0.1:7077",
+    ...                 "status": "ALIVE",
+    ...                 "aliveworkers": 1,
+    ...                 "cores": 4,
+    ...                 "coresused": 1,
+    ...                 "activeapps": [{}],
+    ...                 "workers": [
+    ...                     {
+    ...                         "host": "10.0.0.2",
+    ...                         "port": 41234,
+    ...                         "state": "ALIVE",
+    ...                         "cores": 4,
+    ...                         "coresused": 1,
+    ...                         "memory": 8192,
+    ...                     }
+    ...                 ],
+    ...             }
+    ...         )
+    ...     )
+    ... )
     spark://10.0.0.1:7077: ALIVE, 1 worker alive with 4 cores (1 in use), 1 application running
       10.0.0.2:41234  ALIVE  4 cores (1 in use), 8.0 GiB for executors
     """
@@ -84,6 +105,7 @@ def lines(state: dict[str, Any]) -> list[str]:
     for w in state.get("workers", []):
         out.append(
             f"  {w.get('host')}:{w.get('port')}  {w.get('state')}  {w.get('cores')} cores "
-            f"({w.get('coresused', 0)} in use), {int(w.get('memory', 0)) / 1024:.1f} GiB for executors"
+            f"({w.get('coresused', 0)} in use), {int(w.get('memory', 0)) / 1024:.1f} GiB for "
+            "executors"
         )
     return out

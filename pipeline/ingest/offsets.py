@@ -6,8 +6,11 @@ the same offsets, so both always cut a batch alike. Offsets are Spark's Kafka JS
 form, ``{"topic": {"0": 42}}``: the next offset to read, per partition.
 
 Example:
-    >>> plan({"t": {"0": 0, "1": 5}}, {"t": {"0": 100, "1": 5}}, min_partitions=2)
-    [OffsetRange(topic='t', partition=0, start=0, end=50), OffsetRange(topic='t', partition=0, start=50, end=100)]
+    >>> plan(
+    ...     {"t": {"0": 0, "1": 5}}, {"t": {"0": 100, "1": 5}}, min_partitions=2
+    ... )  # doctest: +NORMALIZE_WHITESPACE
+    [OffsetRange(topic='t', partition=0, start=0, end=50), OffsetRange(topic='t', partition=0,
+    start=50, end=100)]
 """
 
 from __future__ import annotations
@@ -73,7 +76,10 @@ def plan(start: Offsets, end: Offsets, *, min_partitions: int = 0) -> list[Offse
 def split_ranges(ranges: list[OffsetRange], min_partitions: int) -> list[OffsetRange]:
     """Split the largest ranges until there are at least ``min_partitions``.
 
-    >>> [r.count for r in split_ranges([OffsetRange("t", 0, 0, 100), OffsetRange("t", 1, 0, 10)], 3)]
+    >>> [
+    ...     r.count
+    ...     for r in split_ranges([OffsetRange("t", 0, 0, 100), OffsetRange("t", 1, 0, 10)], 3)
+    ... ]
     [50, 50, 10]
     """
     out = sorted(ranges, key=lambda r: (r.topic, r.partition, r.start))
@@ -90,8 +96,11 @@ def split_ranges(ranges: list[OffsetRange], min_partitions: int) -> list[OffsetR
 def merge_ranges(ranges: list[OffsetRange]) -> list[OffsetRange]:
     """Join adjacent ranges of one partition (split for parallelism) back into one.
 
-    >>> merge_ranges([OffsetRange("t", 0, 5, 9), OffsetRange("t", 0, 0, 5), OffsetRange("t", 1, 0, 2)])
-    [OffsetRange(topic='t', partition=0, start=0, end=9), OffsetRange(topic='t', partition=1, start=0, end=2)]
+    >>> merge_ranges(
+    ...     [OffsetRange("t", 0, 5, 9), OffsetRange("t", 0, 0, 5), OffsetRange("t", 1, 0, 2)]
+    ... )  # doctest: +NORMALIZE_WHITESPACE
+    [OffsetRange(topic='t', partition=0, start=0, end=9), OffsetRange(topic='t', partition=1,
+    start=0, end=2)]
     """
     out: list[OffsetRange] = []
     for r in sorted(ranges, key=lambda r: (r.topic, r.partition, r.start)):

@@ -42,8 +42,9 @@ def arrow_schema() -> Any:
 def gone(topic: str, partition: int, first: int, last: int | None = None) -> BrokerError:
     """The error for records a range needs that Kafka no longer has.
 
-    >>> str(gone("t", 0, 5, 9))
-    'Records 5..9 of t-0 are gone from Kafka (retention or compaction). Set failOnDataLoss=false to skip them.'
+    >>> str(gone("t", 0, 5, 9))  # doctest: +NORMALIZE_WHITESPACE
+    'Records 5..9 of t-0 are gone from Kafka (retention or compaction). Set failOnDataLoss=false to
+    skip them.'
     """
     which = f"from {first}" if last is None else f"{first}..{last}"
     return BrokerError(

@@ -60,13 +60,14 @@ class Sizing:
     def __post_init__(self) -> None:
         if not self.target_s > 0:
             raise ConfigError(
-                f"Expected --freshness-target > 0 seconds. Received: {self.target_s}. Pass how fresh the "
-                "model should stay, or leave it out for fixed-size batches."
+                f"Expected --freshness-target > 0 seconds. Received: {self.target_s}. Pass how "
+                "fresh the model should stay, or leave it out for fixed-size batches."
             )
         if not 1 <= self.min_rows <= self.max_rows:
             raise ConfigError(
-                f"Expected 1 <= --min-offsets-per-trigger <= --max-offsets-per-trigger. Received: "
-                f"{self.min_rows} and {self.max_rows}. Pass a lower bound from 1 up to the upper bound."
+                "Expected 1 <= --min-offsets-per-trigger <= --max-offsets-per-trigger. Received: "
+                f"{self.min_rows} and {self.max_rows}. Pass a lower bound from 1 up to the upper "
+                "bound."
             )
         if not 0 < self.share <= 1:
             raise ConfigError(f"Expected a share of the target in (0, 1]. Received: {self.share}")
@@ -74,8 +75,9 @@ class Sizing:
     def options(self) -> dict[str, str]:
         """The Python source's options for it.
 
-        >>> Sizing(2.0, 500, 20_000).options()
-        {'freshnessTarget': '2.0', 'freshnessMinOffsets': '500', 'freshnessShare': '0.5', 'maxOffsetsPerTrigger': '20000'}
+        >>> Sizing(2.0, 500, 20_000).options()  # doctest: +NORMALIZE_WHITESPACE
+        {'freshnessTarget': '2.0', 'freshnessMinOffsets': '500', 'freshnessShare': '0.5',
+        'maxOffsetsPerTrigger': '20000'}
         """
         return {
             "freshnessTarget": str(self.target_s),

@@ -40,8 +40,9 @@ def choose(spark: Any, source: str, *, sized: bool = False) -> str:
         raise ConfigError(f"Expected source in {SOURCES}. Received: source={source!r}")
     if sized and source == "jvm":
         raise ConfigError(
-            "--freshness-target sizes batches in streamtrain's Python source; Spark's own (source=jvm) "
-            "plans a fixed maxOffsetsPerTrigger. Use source=python (or auto), or drop the target."
+            "--freshness-target sizes batches in streamtrain's Python source; Spark's own "
+            "(source=jvm) plans a fixed maxOffsetsPerTrigger. Use source=python (or auto), or "
+            "drop the target."
         )
     if sized:
         log.info(

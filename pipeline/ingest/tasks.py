@@ -83,13 +83,17 @@ def executor_error(e: BaseException) -> StreamtrainError | None:
 def query_failure(error: str, checkpoint: str) -> StreamtrainError:
     """One line for a failed query; a full disk says where and what to do.
 
-    >>> str(query_failure("java.io.IOException: No space left on device\\n\\tat x", "/out/ckpt"))
-    'The streaming query could not write its checkpoint /out/ckpt: no space left on device. Free space there, then resume (the batch it was writing is replayed, nothing is lost).'
+    >>> str(
+    ...     query_failure("java.io.IOException: No space left on device\\n\\tat x", "/out/ckpt")
+    ... )  # doctest: +NORMALIZE_WHITESPACE
+    'The streaming query could not write its checkpoint /out/ckpt: no space left on device. Free
+    space there, then resume (the batch it was writing is replayed, nothing is lost).'
     """
     if "No space left on device" in error or "Disk quota exceeded" in error:
         return StreamtrainError(
             f"The streaming query could not write its checkpoint {checkpoint}: no space left on "
-            "device. Free space there, then resume (the batch it was writing is replayed, nothing is lost)."
+            "device. Free space there, then resume (the batch it was writing is replayed, "
+            "nothing is lost)."
         )
     return StreamtrainError(f"The streaming query failed: {error.splitlines()[0]}")
 

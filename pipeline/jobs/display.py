@@ -56,8 +56,8 @@ class Display:
         """A SIGTERM or Ctrl-C: the run ends after the batch in flight, as at its own end."""
         self.stop_reason = f"{signal_name}: stopped after the batch in flight was committed"
         print(
-            f"{signal_name}: stopping after the batch in flight (its checkpoint and commit), then the model and "
-            f"the report; again to stop at once",
+            f"{signal_name}: stopping after the batch in flight (its checkpoint and commit), then "
+            "the model and the report; again to stop at once",
             flush=True,
         )
 

@@ -42,13 +42,13 @@ class PredictConfig:
         read_description(folder)  # a clear error for a folder that is no run
         if not (folder / checkpoint.FILENAME).is_file():
             raise ConfigError(
-                f"Expected a checkpoint ({checkpoint.FILENAME}) in {folder}: the run has not trained "
-                "a micro-batch yet. Wait for one, or pass another run's folder."
+                f"Expected a checkpoint ({checkpoint.FILENAME}) in {folder}: the run has not "
+                "trained a micro-batch yet. Wait for one, or pass another run's folder."
             )
         if self.output_topic == self.topic:
             raise ConfigError(
-                f"Expected --output-topic to differ from --topic ({self.topic}): predictions written "
-                "into the input would be read back as records."
+                f"Expected --output-topic to differ from --topic ({self.topic}): predictions "
+                "written into the input would be read back as records."
             )
         if self.input_format not in ("wire", "json"):
             raise ConfigError(
@@ -69,8 +69,8 @@ class PredictSummary:
 
     def summary(self) -> str:
         return (
-            f"wrote {self.written:,} predictions to {self.output_topic} in {self.batches} micro-batches "
-            f"(newest weights: version {self.newest_version})"
+            f"wrote {self.written:,} predictions to {self.output_topic} in {self.batches} "
+            f"micro-batches (newest weights: version {self.newest_version})"
         )
 
 
@@ -91,7 +91,8 @@ def run(cfg: PredictConfig) -> PredictSummary:
     partitions = client.partitions_for(cfg.bootstrap, cfg.topic, conf=secured)
     if not partitions:
         raise ConfigError(
-            f"Expected topic {cfg.topic} at {cfg.bootstrap}. It does not exist; produce into it first."
+            f"Expected topic {cfg.topic} at {cfg.bootstrap}. It does not exist; produce into it "
+            "first."
         )
     client.ensure_topic(cfg.bootstrap, output, partitions=len(partitions), conf=secured)
     meters = metrics.serving_metrics(name)
@@ -109,7 +110,8 @@ def run(cfg: PredictConfig) -> PredictSummary:
         figures["version"] = max(figures["version"], version)
         meters.predictions_written.labels(output).inc(n)
         print(
-            f"batch {figures['batches']}: {n:,} predictions (weights version {version}) -> {output}",
+            f"batch {figures['batches']}: {n:,} predictions (weights version {version}) -> "
+            f"{output}",
             flush=True,
         )
 

@@ -5,12 +5,16 @@ send, counted together by reason, shown as they happen and checked against
 Example:
     >>> r = Rejects(limit=0.1)
     >>> r.add_stream({"not_a_number:size": 30}, trained=60)
-    >>> r.add_replay(MalformedSoFar(10, 10, {"wrong_field_count:2": 10}, [(7, "wrong_field_count:2")]))
+    >>> r.add_replay(
+    ...     MalformedSoFar(10, 10, {"wrong_field_count:2": 10}, [(7, "wrong_field_count:2")])
+    ... )
     {'wrong_field_count:2': 10}
     >>> r.total, r.seen, r.line()
     (40, 100, 'rejected 40 (40%: not_a_number:size 30, wrong_field_count:2 10)')
-    >>> print(r.verdict(final=True))
-    Expected at most 10% of the records rejected (--max-rejected 0.1). Received: 40 of 100 (not_a_number:size 30, wrong_field_count:2 10; line 7: wrong_field_count:2). Fix the data or the schema, or raise --max-rejected.
+    >>> print(r.verdict(final=True))  # doctest: +NORMALIZE_WHITESPACE
+    Expected at most 10% of the records rejected (--max-rejected 0.1). Received: 40 of 100
+    (not_a_number:size 30, wrong_field_count:2 10; line 7: wrong_field_count:2). Fix the data or the
+    schema, or raise --max-rejected.
 """
 
 from __future__ import annotations
@@ -27,9 +31,13 @@ REJECTED_SHARE = 0.1
 CHECK_FROM = 1000
 #: What to do about a reason whose fix is one word.
 HINTS = {
-    "confluent_framed": 'the records carry the Confluent wire format: add "wire": "confluent" to the schema file '
-    "(or pass --schema-registry URL)",
-    "not_confluent_avro": 'the records are plain Avro bodies: remove "wire": "confluent" from the schema file',
+    "confluent_framed": (
+        'the records carry the Confluent wire format: add "wire": "confluent" to the schema file '
+        "(or pass --schema-registry URL)"
+    ),
+    "not_confluent_avro": (
+        'the records are plain Avro bodies: remove "wire": "confluent" from the schema file'
+    ),
 }
 
 
@@ -101,9 +109,9 @@ class Rejects:
         hints = [HINTS[k] for k in self.by_reason() if k in HINTS]
         hint = f" Hint: {hints[0]}." if hints else ""
         return DataError(
-            f"Expected at most {self.limit:.0%} of the records rejected (--max-rejected {self.limit:g}). "
-            f"Received: {total:,} of {seen:,} ({self._top()}{shown}).{hint} Fix the data or the schema, "
-            "or raise --max-rejected."
+            f"Expected at most {self.limit:.0%} of the records rejected (--max-rejected "
+            f"{self.limit:g}). Received: {total:,} of {seen:,} ({self._top()}{shown}).{hint} Fix "
+            "the data or the schema, or raise --max-rejected."
         )
 
     def to_dict(self) -> dict[str, object]:

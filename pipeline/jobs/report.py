@@ -38,7 +38,10 @@ class History:
     Example:
         >>> h = History(keep=2)
         >>> for i in range(3):
-        ...     h.add(BatchRow(i, 1.0, 10, 9, {"bad": 1}, 0.5, 0, None, None, i, 0.1, 0.1), ended_at=float(i))
+        ...     h.add(
+        ...         BatchRow(i, 1.0, 10, 9, {"bad": 1}, 0.5, 0, None, None, i, 0.1, 0.1),
+        ...         ended_at=float(i),
+        ...     )
         >>> [row.batch_id for row in h.rows], h.trained(), h.rejected(), h.count
         ([1, 2], 27, 3, 3)
     """
@@ -113,7 +116,10 @@ def read_rows(
         >>> with tempfile.TemporaryDirectory() as d:
         ...     p = Path(d) / "batches.jsonl"
         ...     _ = p.write_text(chr(10).join(['{"batch_id": 0}', '{"batch_id": 1}', '{"batch_']))
-        ...     [r["batch_id"] for r in read_rows(p)], [r["batch_id"] for r in read_rows(p, tail_bytes=26)]
+        ...     (
+        ...         [r["batch_id"] for r in read_rows(p)],
+        ...         [r["batch_id"] for r in read_rows(p, tail_bytes=26)],
+        ...     )
         ([0, 1], [1])
     """
     try:
@@ -171,10 +177,12 @@ class RunReport:
     poison: list[PassedOver] = dataclasses.field(
         default_factory=list
     )  # unreadable batches passed over
-    #: Each task slot's streaming time by part (:mod:`pipeline.train.breakdown`), and the seconds behind it.
+    #: Each task slot's streaming time by part (:mod:`pipeline.train.breakdown`), and the seconds
+    #: behind it.
     time_shares: dict[str, float] = dataclasses.field(default_factory=dict)
     time_seconds: dict[str, Any] = dataclasses.field(default_factory=dict)
-    #: What was set aside (:meth:`pipeline.jobs.rejects.Rejects.to_dict`): by reason, and the replay's first rows.
+    #: What was set aside (:meth:`pipeline.jobs.rejects.Rejects.to_dict`): by reason, and the
+    #: replay's first rows.
     rejected: dict[str, Any] = dataclasses.field(default_factory=dict)
     #: Every drift the run found, across resumes (:class:`pipeline.train.drift.Drift`).
     drifts: list[Drift] = dataclasses.field(default_factory=list)
@@ -262,10 +270,28 @@ class RunReport:
         a resumed run's total beside them, what was set aside, and the score (none for a
         model that trained nothing).
 
-        >>> r = RunReport({}, {}, "t", "o", 13.1, 462_384, 91_304, 0, 388.0, 235.3, 240.0, "SIGTERM", {"accuracy": 0.5},
-        ...               [], [], {}, {})
-        >>> r.summary()
-        'trained 91,304 records in 388.0 s (235/s after 13.1 s start-up), 462,384 in the whole run; held-out accuracy 0.5000; stopped: SIGTERM'
+        >>> r = RunReport(
+        ...     {},
+        ...     {},
+        ...     "t",
+        ...     "o",
+        ...     13.1,
+        ...     462_384,
+        ...     91_304,
+        ...     0,
+        ...     388.0,
+        ...     235.3,
+        ...     240.0,
+        ...     "SIGTERM",
+        ...     {"accuracy": 0.5},
+        ...     [],
+        ...     [],
+        ...     {},
+        ...     {},
+        ... )
+        >>> r.summary()  # doctest: +NORMALIZE_WHITESPACE
+        'trained 91,304 records in 388.0 s (235/s after 13.1 s start-up), 462,384 in the whole run;
+        held-out accuracy 0.5000; stopped: SIGTERM'
         """
         final = (
             "held-out " + " ".join(f"{k} {v:.4f}" for k, v in self.final.items())
@@ -308,7 +334,8 @@ class RunReport:
                 final=self.final.get("accuracy"),
                 eval_every=eval_every,
                 eval_records=eval_records,
-                title=f"{name} with {settings.get('algorithm')}, {settings.get('workers')} workers ({out.name})",
+                title=f"{name} with {settings.get('algorithm')}, {settings.get('workers')} "
+                f"workers ({out.name})",
             )
             self.plots = str(path)
         except Exception as e:  # the model and the report matter more than a picture

@@ -28,9 +28,9 @@ def check_out(cfg: RunConfig, out: Path) -> checkpoint.State | None:
         raise ConfigError(f"Nothing to resume in {out}: no {checkpoint.FILENAME} there.")
     if cfg.resume and not cfg.bootstrap:
         raise ConfigError(
-            f"The run in {out} read the embedded broker, which kept its records in memory: they went "
-            "with it, so it cannot be continued. Start a new run with another --out (runs to resume "
-            "need a Kafka that outlives them: --bootstrap)."
+            f"The run in {out} read the embedded broker, which kept its records in memory: they "
+            "went with it, so it cannot be continued. Start a new run with another --out (runs "
+            "to resume need a Kafka that outlives them: --bootstrap)."
         )
     if not cfg.resume and (out / checkpoint.FILENAME).exists():
         raise ConfigError(
@@ -50,7 +50,9 @@ def describe(prior: checkpoint.State | None, spark_checkpoint: Path | None = Non
 
     Example:
         >>> import numpy as np, tempfile
-        >>> state = checkpoint.State(np.zeros(1, np.float32), last_batch_id=4, extra={"trained": 5000})
+        >>> state = checkpoint.State(
+        ...     np.zeros(1, np.float32), last_batch_id=4, extra={"trained": 5000}
+        ... )
         >>> with tempfile.TemporaryDirectory() as d:
         ...     for log, last in (("offsets", 4), ("commits", 4)):
         ...         (Path(d) / log).mkdir()
@@ -60,7 +62,10 @@ def describe(prior: checkpoint.State | None, spark_checkpoint: Path | None = Non
     """
     if prior is None:
         return ""
-    head = f"resuming after batch {prior.last_batch_id} ({int(prior.extra.get('trained', 0)):,} records trained; "
+    head = (
+        f"resuming after batch {prior.last_batch_id} ({int(prior.extra.get('trained', 0)):,} "
+        "records trained; "
+    )
     planned, committed = (
         _last_logged(spark_checkpoint / log) if spark_checkpoint else -1
         for log in ("offsets", "commits")
@@ -70,8 +75,8 @@ def describe(prior: checkpoint.State | None, spark_checkpoint: Path | None = Non
     if planned <= prior.last_batch_id:  # saved, then stopped before Spark's commit
         return (
             head
-            + f"Spark replays batch {planned}, which it had not committed: the checkpoint holds it, so it is "
-            "skipped); "
+            + f"Spark replays batch {planned}, which it had not committed: the checkpoint holds "
+            "it, so it is skipped); "
         )
     return head + f"Spark runs batch {planned} with the offsets it had planned before the stop); "
 

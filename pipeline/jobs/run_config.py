@@ -1,4 +1,5 @@
-"""The settings of one online run (``streamtrain run``'s options), checked before anything starts."""
+"""The settings of one online run (``streamtrain run``'s options), checked before anything
+starts."""
 
 from __future__ import annotations
 
@@ -121,7 +122,9 @@ class RunConfig:
     def report_settings(self) -> dict[str, object]:
         """The settings as the report shows them: a user's table trains no built-in dataset.
 
-        >>> RunConfig(data="data/penguins.csv", label="species").report_settings()["dataset"] is None
+        >>> RunConfig(data="data/penguins.csv", label="species").report_settings()[
+        ...     "dataset"
+        ... ] is None
         True
         >>> RunConfig().report_settings()["dataset"]
         'mnist'
@@ -172,12 +175,13 @@ class RunConfig:
             self.sizing  # noqa: B018 - a target and bounds that cannot work: one line now, before anything starts
         if self.sync_overlap and self.algorithm != "sync":
             raise ConfigError(
-                f"--sync-overlap is synchronous SGD's alone (--algorithm sync). Received: --algorithm "
-                f"{self.algorithm}. Drop --sync-overlap."
+                "--sync-overlap is synchronous SGD's alone (--algorithm sync). Received: "
+                f"--algorithm {self.algorithm}. Drop --sync-overlap."
             )
         if self.on_drift not in ("alert", "adapt"):
             raise ConfigError(
-                f"Expected --on-drift alert or adapt. Received: {self.on_drift!r}. See docs/drift.md."
+                f"Expected --on-drift alert or adapt. Received: {self.on_drift!r}. See "
+                "docs/drift.md."
             )
         from pipeline.train.drift import DriftSettings
 
@@ -211,8 +215,9 @@ class RunConfig:
         if self.kafka_conf:
             if not self.bootstrap:
                 raise ConfigError(
-                    "Expected --bootstrap HOST:PORT (or bootstrap.servers in the file) with --kafka-conf "
-                    f"{self.kafka_conf}: the embedded broker is PLAINTEXT on loopback and needs none."
+                    "Expected --bootstrap HOST:PORT (or bootstrap.servers in the file) with "
+                    f"--kafka-conf {self.kafka_conf}: the embedded broker is PLAINTEXT on "
+                    "loopback and needs none."
                 )
             from pipeline.ingest.kafka import conf
 
@@ -249,13 +254,13 @@ class RunConfig:
             return
         if self.data and self.topic and self.bootstrap:
             raise ConfigError(
-                "Pass --data (a file to replay) or --topic with --bootstrap (a topic fed by someone "
-                "else), not both."
+                "Pass --data (a file to replay) or --topic with --bootstrap (a topic fed by "
+                "someone else), not both."
             )
         if not self.data and not (self.topic and self.bootstrap):
             raise ConfigError(
-                "Expected --data FILE, or --topic T with --bootstrap B, for --label/--schema/--format "
-                "(a built-in dataset takes none of them)."
+                "Expected --data FILE, or --topic T with --bootstrap B, for "
+                "--label/--schema/--format (a built-in dataset takes none of them)."
             )
         if not self.schema and not self.label:
             raise ConfigError(
@@ -288,6 +293,6 @@ class RunConfig:
         )  # before the broker and the replay
         if not self.bootstrap and not security.on_loopback(self.master):
             raise ConfigError(
-                f"Expected --bootstrap HOST:PORT for the cluster at {self.master}: its executors read "
-                "Kafka, and the embedded broker listens on this machine's loopback only."
+                f"Expected --bootstrap HOST:PORT for the cluster at {self.master}: its executors "
+                "read Kafka, and the embedded broker listens on this machine's loopback only."
             )

@@ -142,7 +142,8 @@ class RunMetrics:
             m.heldout_accuracy.set(last[1])
 
     def on_drift(self, drifts: list[Drift]) -> None:
-        """Drifts found (or a resumed run's, from its checkpoint): counted, the last one's time set."""
+        """Drifts found (or a resumed run's, from its checkpoint): counted, the last one's time
+        set."""
         for d in drifts:
             self.meters.drift_detected.labels(d.signal).inc()
             self.meters.drift_time.set(d.at)

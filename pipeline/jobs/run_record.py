@@ -39,7 +39,8 @@ ROLES: dict[str, str] = {
     "model": DEFINES,  # with the model's fingerprint, and its file's digest
     "algorithm": DEFINES,
     "communication_window": DEFINES,
-    "sync_overlap": KEPT,  # when a gradient is computed, not what the state holds: a resume may change it
+    # When a gradient is computed, not what the state holds: a resume may change it.
+    "sync_overlap": KEPT,
     "wire_dtype": DEFINES,  # the precision of every exchange, as much the run's as its window
     "batch_size": DEFINES,
     "workers": DEFINES,
@@ -57,7 +58,8 @@ ROLES: dict[str, str] = {
     "schema_registry": DEFINES,
     "eval_data": KEPT,
     "keep_checkpoints": KEPT,
-    "ps_shards": KEPT,  # a checkpoint holds the whole center whatever the shards: a resume may change them
+    # A checkpoint holds the whole center whatever the shards: a resume may change them.
+    "ps_shards": KEPT,
     "on_poison": KEPT,  # what to do with a batch that cannot be read, decided anew each session
     "on_drift": KEPT,  # how the run reacts to a drift, decided anew each session
     "drift": KEPT,  # the drift signals' settings
@@ -74,11 +76,13 @@ ROLES: dict[str, str] = {
     "eval_every": KEPT,
     "eval_max": KEPT,
     "max_offsets_per_trigger": KEPT,
-    "freshness_target_s": KEPT,  # how batches are cut, never which records train: a resume may change it
+    # How batches are cut, never which records train: a resume may change it.
+    "freshness_target_s": KEPT,
     "min_offsets_per_trigger": KEPT,
     "master": KEPT,
     "spark_conf": KEPT,
-    "kafka_conf": KEPT,  # its path only; the file may move, or its password rotate, between sessions
+    # Its path only; the file may move, or its password rotate, between sessions.
+    "kafka_conf": KEPT,
     "data_dir": KEPT,
     "max_batches": SESSION,
     "timeout_s": SESSION,
@@ -175,9 +179,10 @@ def describe_model(folder: Path, *, spec: Any, schema: Any, name: str) -> None:
     recorded = record.get("fingerprint")
     if recorded is not None and recorded != spec.fingerprint:
         raise ConfigError(
-            f"The model differs from the one the run in {folder} trained: recorded fingerprint {recorded} "
-            f"({record.get('weights', 0):,} weights), now {spec.fingerprint} ({spec.size:,} weights). Restore "
-            "that model (its code or file), or start a new run with another --out."
+            f"The model differs from the one the run in {folder} trained: recorded fingerprint "
+            f"{recorded} ({record.get('weights', 0):,} weights), now {spec.fingerprint} "
+            f"({spec.size:,} weights). Restore that model (its code or file), or start a new run "
+            "with another --out."
         )
     record.update(description(spec, schema, name), fingerprint=spec.fingerprint, weights=spec.size)
     _write(folder, record)
@@ -198,8 +203,8 @@ def resume_options(folder: Path, options: dict[str, Any], given: set[str]) -> di
     record = read(folder)
     if record is None:
         log.warning(
-            "%s has no %s (a run started before runs recorded their options): resuming with the options "
-            "given, which must be the ones it started with",
+            "%s has no %s (a run started before runs recorded their options): resuming with the "
+            "options given, which must be the ones it started with",
             folder,
             RECORD_FILE,
         )
@@ -249,15 +254,16 @@ def _older_options(folder: Path, options: dict[str, Any], given: set[str]) -> di
     if schema.get("table") is not None:
         if not (options.get("data") or options.get("topic")):
             raise ConfigError(
-                f"The run in {folder} trained a table of yours ({name}, by {path.name}) and recorded "
-                f"no options ({RECORD_FILE}): pass its --data FILE (or --topic) and --schema again to "
-                "continue it."
+                f"The run in {folder} trained a table of yours ({name}, by {path.name}) and "
+                f"recorded no options ({RECORD_FILE}): pass its --data FILE (or --topic) and "
+                "--schema again to continue it."
             )
         return options
     if "dataset" in given and options.get("dataset") != name:
         raise ConfigError(
-            f"The run in {folder} trained {name} ({path.name}), given --dataset {options.get('dataset')}: "
-            "drop --dataset to continue it, or start a new run with another --out."
+            f"The run in {folder} trained {name} ({path.name}), given --dataset "
+            f"{options.get('dataset')}: drop --dataset to continue it, or start a new run with "
+            "another --out."
         )
     log.info("%s: the run trained %s (%s)", folder, name, path.name)
     return {**options, "dataset": name}

@@ -2,7 +2,8 @@
 
 For dist-keras users moving over::
 
-    trainer = Trainer(model, algorithm="adag", num_workers=2, batch_size=128,   # default: "sync", as run
+    # algorithm's default: "sync", as run
+    trainer = Trainer(model, algorithm="adag", num_workers=2, batch_size=128,
                       communication_window=5, num_epoch=1)
     model = trainer.train(dataframe)          # a Spark DataFrame: features + label columns
     model = trainer.train(x, y)               # or numpy arrays
@@ -70,17 +71,19 @@ def _train_in_process(kwargs: dict[str, Any]) -> TaskResult:
 def check_finite(values: np.ndarray, what: str) -> None:
     """Refuse NaN or infinity, which would spread through the weights in one step.
 
-    >>> check_finite(np.array([[1.0, np.nan]]), "features")
+    >>> check_finite(np.array([[1.0, np.nan]]), "features")  # doctest: +NORMALIZE_WHITESPACE
     Traceback (most recent call last):
     ...
-    pipeline.errors.ConfigError: Expected finite features. Received 1 NaN or infinite value(s), the first in row 0; fill or drop them (a table's schema does: streamtrain schema infer).
+    pipeline.errors.ConfigError: Expected finite features. Received 1 NaN or infinite value(s), the
+    first in row 0; fill or drop them (a table's schema does: streamtrain schema infer).
     """
     bad = ~np.isfinite(np.asarray(values, np.float64))
     if bad.any():
         row = int(np.argwhere(bad)[0][0])
         raise ConfigError(
-            f"Expected finite {what}. Received {int(bad.sum())} NaN or infinite value(s), the first in "
-            f"row {row}; fill or drop them (a table's schema does: streamtrain schema infer)."
+            f"Expected finite {what}. Received {int(bad.sum())} NaN or infinite value(s), the "
+            f"first in row {row}; fill or drop them (a table's schema does: streamtrain schema "
+            "infer)."
         )
 
 
@@ -89,7 +92,8 @@ class Trainer:
 
     Args:
         model: a built Keras model (Sequential, functional, or subclassed with get_config).
-        algorithm: a name from :data:`pipeline.train.algorithms.NAMES`, a config dict or an instance.
+        algorithm: a name from :data:`pipeline.train.algorithms.NAMES`, a config dict or an
+            instance.
         num_workers, batch_size, communication_window, worker_optimizer, loss: as in
             dist-keras; they override the algorithm's own settings.
         num_epoch: passes over the data.
@@ -204,7 +208,8 @@ class Trainer:
         }
 
     def train(self, data: Any, labels: np.ndarray | None = None) -> Any:
-        """Train on a Spark DataFrame, or on arrays ``data`` (features) and ``labels``; return the model."""
+        """Train on a Spark DataFrame, or on arrays ``data`` (features) and ``labels``; return the
+        model."""
         if labels is not None:
             return self._train_arrays(np.asarray(data), np.asarray(labels))
         if hasattr(data, "sparkSession") and hasattr(data, "mapInArrow"):

@@ -2,8 +2,8 @@
 
 Each is a reader with a ``schema`` (how the stream decodes its records) and a held-out
 ``test`` split that scores the model: a built-in dataset's own; a file's fixed share of
-rows (``--holdout``) or ``--eval-data FILE``'s rows; a topic's records whose key hashes into the held-out share
-(never trained: the executors drop them), read at the start, or ``--eval-data FILE``.
+rows (``--holdout``) or ``--eval-data FILE``'s rows; a topic's records whose key hashes into the
+held-out share (never trained: the executors drop them), read at the start, or ``--eval-data FILE``.
 No built-in dataset's test split ever scores a model it does not fit.
 """
 
@@ -38,7 +38,12 @@ def topic_share(sampled: int, given: float | None) -> float:
     """The share of a topic's keys held out: ``--holdout`` as given; else :data:`TOPIC_HOLDOUT`,
     raised for a small topic so that its start holds out :data:`HELD_OUT_FLOOR` records.
 
-    >>> topic_share(100_000, None), topic_share(1_500, None), topic_share(300, None), topic_share(1_500, 0.01)
+    >>> (
+    ...     topic_share(100_000, None),
+    ...     topic_share(1_500, None),
+    ...     topic_share(300, None),
+    ...     topic_share(1_500, 0.01),
+    ... )
     (0.02, 0.1333, 0.2, 0.01)
     """
     if given is not None:
@@ -78,7 +83,8 @@ def contract(schema: Any) -> dict[str, Any]:
         what = (
             f"{schema.name}'s numeric target ({schema.n_features} encoded columns)"
             if schema.regression
-            else f"{schema.name}'s {schema.num_classes} classes ({schema.n_features} encoded columns)"
+            else f"{schema.name}'s {schema.num_classes} classes ({schema.n_features} encoded "
+            "columns)"
         )
         return {
             "input": list(schema.input_shape),
@@ -136,7 +142,8 @@ class TopicTable:
         )
         if cfg.holdout is None and self.share > TOPIC_HOLDOUT:
             log.info(
-                "holding out %.1f%% of %s's keys: %d records at its start, at least %d of them held out",
+                "holding out %.1f%% of %s's keys: %d records at its start, at least %d of them "
+                "held out",
                 100 * self.share,
                 cfg.topic,
                 len(self._records()),
@@ -162,9 +169,9 @@ class TopicTable:
 
         if fmt != "json":
             raise ConfigError(
-                f"Expected --schema FILE for {fmt} records: a run infers a schema from JSON records "
-                f"only. Write one with `streamtrain schema infer --topic {self.cfg.topic} --bootstrap B "
-                f"--format {fmt} --label COLUMN -o schema.json`"
+                f"Expected --schema FILE for {fmt} records: a run infers a schema from JSON "
+                f"records only. Write one with `streamtrain schema infer --topic {self.cfg.topic} "
+                f"--bootstrap B --format {fmt} --label COLUMN -o schema.json`"
                 + (
                     " (with --schema-registry URL, or --avro-schema WRITER.avsc)"
                     if fmt == "avro"
@@ -175,8 +182,8 @@ class TopicTable:
         columns = json_columns([value for _, value, _ in self._records()[:10_000]])
         if not columns:
             raise ConfigError(
-                f"Expected JSON objects in topic {self.cfg.topic!r} to infer a schema from. Received "
-                f"{len(self._records())} records, none of them one. Pass --schema FILE."
+                f"Expected JSON objects in topic {self.cfg.topic!r} to infer a schema from. "
+                f"Received {len(self._records())} records, none of them one. Pass --schema FILE."
             )
         log.info("schema inferred from the first records of %s", self.cfg.topic)
         return infer(columns, label=self.cfg.label, format="json")

@@ -169,7 +169,13 @@ def panels(dashboard: dict[str, Any]) -> list[dict[str, Any]]:
 def queries(dashboard: dict[str, Any]) -> list[tuple[str, str, str]]:
     """``(panel title, expr, legend)`` of every query.
 
-    >>> queries({"panels": [{"type": "stat", "title": "T", "targets": [{"expr": "up", "legendFormat": "u"}]}]})
+    >>> queries(
+    ...     {
+    ...         "panels": [
+    ...             {"type": "stat", "title": "T", "targets": [{"expr": "up", "legendFormat": "u"}]}
+    ...         ]
+    ...     }
+    ... )
     [('T', 'up', 'u')]
     """
     return [

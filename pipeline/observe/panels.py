@@ -66,7 +66,8 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
                 width=4,
                 base="red",
                 thresholds=((1, "green"),),
-                description="Over the last minute at least (several micro-batches); red: nothing trained.",
+                description="Over the last minute at least (several micro-batches); red: nothing "
+                "trained.",
             ),
             Panel(
                 "Consumer lag",
@@ -74,8 +75,8 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
                 kind="stat",
                 width=3,
                 thresholds=((10_000, "orange"), (100_000, "red")),
-                description="Records in Kafka not yet trained, all partitions (StreamtrainLagGrowing from "
-                "10,000 and rising).",
+                description="Records in Kafka not yet trained, all partitions "
+                "(StreamtrainLagGrowing from 10,000 and rising).",
             ),
             Panel(
                 "Held-out accuracy",
@@ -86,8 +87,8 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
                 base="red",
                 thresholds=((0.5, "orange"), (0.8, "green")),
                 no_value="not scored yet",
-                description="The last score measured (a resumed trainer shows its last one at once; its age is "
-                "beside it).",
+                description="The last score measured (a resumed trainer shows its last one at "
+                "once; its age is beside it).",
             ),
             Panel(
                 "Held-out score age",
@@ -97,7 +98,8 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
                 width=3,
                 thresholds=((600, "orange"), (3600, "red")),
                 no_value="not scored yet",
-                description="Seconds since the held-out score was measured (every --eval-every batches).",
+                description="Seconds since the held-out score was measured (every --eval-every "
+                "batches).",
             ),
             Panel(
                 "Staleness p99",
@@ -120,8 +122,8 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
                 width=4,
                 thresholds=((60, "orange"), (120, "red")),
                 no_value="no batch yet",
-                description="Seconds since a micro-batch was last trained (a resumed run: since its checkpoint "
-                "was written).",
+                description="Seconds since a micro-batch was last trained (a resumed run: since "
+                "its checkpoint was written).",
             ),
             Panel(
                 "Rejected records",
@@ -168,8 +170,8 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
                 ),
                 unit="s",
                 thresholds=((60, "orange"), (300, "red")),
-                description="The last batch's own duration, and quantiles over the batches of the last minute at "
-                "least (buckets up to an hour).",
+                description="The last batch's own duration, and quantiles over the batches of the "
+                "last minute at least (buckets up to an hour).",
             ),
             Panel(
                 "Model freshness: age of the newest data it learned",
@@ -179,9 +181,9 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
                 ),
                 unit="s",
                 thresholds=((60, "orange"), (300, "red")),
-                description="Now minus the newest Kafka timestamp whose update the center holds, the oldest "
-                "partition's; p99 of its samples (about one a second). Red at StreamtrainModelStale's "
-                "default threshold.",
+                description="Now minus the newest Kafka timestamp whose update the center holds, "
+                "the oldest partition's; p99 of its samples (about one a second). Red at "
+                "StreamtrainModelStale's default threshold.",
             ),
             Panel(
                 "Parameter-server updates per second",
@@ -205,13 +207,15 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
                     Query("streamtrain_eval_heldout_accuracy", "held-out"),
                     # A drift as a mark at the top of the axis (1 = 100%), where its window saw one.
                     Query(
-                        f"(sum by (signal) (increase(streamtrain_drift_detected_total{_RATE})) > 0) * 0 + 1",
+                        f"(sum by (signal) (increase(streamtrain_drift_detected_total{_RATE})) > "
+                        "0) * 0 + 1",
                         "drift ({{signal}})",
                     ),
                 ),
                 unit="percentunit",
-                description="Prequential and held-out accuracy; a mark at 100% where a drift was found (its signal "
-                "named). After a drift the held-out score is on records held out since (docs/drift.md).",
+                description="Prequential and held-out accuracy; a mark at 100% where a drift was "
+                "found (its signal named). After a drift the held-out score is on records held "
+                "out since (docs/drift.md).",
             ),
             Panel(
                 "Staleness of pushes (updates between pull and push)",
@@ -243,8 +247,8 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
                 (Query(_rate("streamtrain_worker_seconds_total", "activity"), "{{activity}}"),),
                 unit="short",
                 width=12,
-                description="Worker-seconds per second in each activity, all workers: 2 is two workers busy all "
-                "the time.",
+                description="Worker-seconds per second in each activity, all workers: 2 is two "
+                "workers busy all the time.",
             ),
         ),
     ),

@@ -80,7 +80,10 @@ def render(
     top_in = 0.6  # the figure's title
     fig_w, fig_h = 24 * _UNIT_W, units_high * _UNIT_H + top_in
     fig = plt.figure(figsize=(fig_w, fig_h))
-    stamp = f"{dt.datetime.fromtimestamp(start):%Y-%m-%d %H:%M:%S} to {dt.datetime.fromtimestamp(end):%H:%M:%S}"
+    stamp = (
+        f"{dt.datetime.fromtimestamp(start):%Y-%m-%d %H:%M:%S} to "
+        f"{dt.datetime.fromtimestamp(end):%H:%M:%S}"
+    )
     fig.text(
         0.01,
         1 - 0.35 / fig_h,

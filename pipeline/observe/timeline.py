@@ -45,8 +45,13 @@ class Timeline:
         """``x`` and ``values`` with a NaN at each break, so that a line stops there (and at
         each None: a value not measured).
 
-        >>> tl = timeline([{"t": 1.0, "at": 101.0, "batch_s": 1.0}, {"t": 2.0, "at": 102.0, "batch_s": 1.0},
-        ...                {"t": 1.0, "at": 500.0, "batch_s": 1.0}])
+        >>> tl = timeline(
+        ...     [
+        ...         {"t": 1.0, "at": 101.0, "batch_s": 1.0},
+        ...         {"t": 2.0, "at": 102.0, "batch_s": 1.0},
+        ...         {"t": 1.0, "at": 500.0, "batch_s": 1.0},
+        ...     ]
+        ... )
         >>> tl.gapped([5, 6, 7])
         (array([  1.,   2.,  nan, 400.]), array([ 5.,  6., nan,  7.]))
         """
@@ -68,13 +73,18 @@ def timeline(rows: Sequence[dict[str, Any]], *, idle_gap_s: float = IDLE_GAP_S) 
     batch longer than ``idle_gap_s`` and than the batch itself is an idle gap.
 
     Example:
-        >>> rows = [{"t": 5.0, "at": 1005.0, "batch_s": 2.0}, {"t": 7.0, "at": 1007.0, "batch_s": 2.0},
-        ...         {"t": 200.0, "at": 1200.0, "batch_s": 2.0},   # 191 s idle before it
-        ...         {"t": 4.0, "at": 2000.0, "batch_s": 1.0}]     # a new session
+        >>> rows = [
+        ...     {"t": 5.0, "at": 1005.0, "batch_s": 2.0},
+        ...     {"t": 7.0, "at": 1007.0, "batch_s": 2.0},
+        ...     {"t": 200.0, "at": 1200.0, "batch_s": 2.0},  # 191 s idle before it
+        ...     {"t": 4.0, "at": 2000.0, "batch_s": 1.0},
+        ... ]  # a new session
         >>> tl = timeline(rows)
         >>> tl.x.tolist(), tl.breaks.tolist(), tl.sessions, tl.idle
         ([2.0, 4.0, 197.0, 997.0], [False, False, True, True], [996.0], [(4.0, 195.0)])
-        >>> timeline([{"t": 5.0, "at": 1005.0, "batch_s": 2.0}, {"t": 9.0, "at": 1050.0, "batch_s": 2.0}]).sessions
+        >>> timeline(
+        ...     [{"t": 5.0, "at": 1005.0, "batch_s": 2.0}, {"t": 9.0, "at": 1050.0, "batch_s": 2.0}]
+        ... ).sessions
         [45.0]
     """
     n = len(rows)

@@ -82,7 +82,8 @@ class Gate:
         return self.timeout_s * max(0.1, min(1.0, 2.0 * (1.0 - load)))
 
     def make_room(self, peer: str | None = None) -> bool:
-        """Evict the oldest idle connection (of ``peer``'s, else any; None: any); whether one was."""
+        """Evict the oldest idle connection (of ``peer``'s, else any; None: any); whether one
+        was."""
         idle = [h for h in self.open if h.idle]
         victim = next((h for h in idle if h.peer == peer), None) if peer is not None else None
         if victim is None and (peer is None or self.per_client[peer] < self.max_per_client):

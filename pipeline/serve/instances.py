@@ -12,13 +12,18 @@ that says what was expected and what arrived.
 
 Example:
     >>> from pipeline import codec
-    >>> x, columnar = parse(b'{"instances": [[0.5, 1.5], [2, 3]]}', codec.generic(2, 2), max_instances=8)
+    >>> x, columnar = parse(
+    ...     b'{"instances": [[0.5, 1.5], [2, 3]]}', codec.generic(2, 2), max_instances=8
+    ... )
     >>> x.tolist(), columnar
     ([[0.5, 1.5], [2.0, 3.0]], False)
-    >>> parse(b'{"instances": [[1, 2, 3]]}', codec.generic(2, 2), max_instances=8)
+    >>> parse(
+    ...     b'{"instances": [[1, 2, 3]]}', codec.generic(2, 2), max_instances=8
+    ... )  # doctest: +NORMALIZE_WHITESPACE
     Traceback (most recent call last):
     ...
-    pipeline.serve.instances.BadRequest: Expected each instance to hold 2 numbers (shape [2]); instance 0 holds 3.
+    pipeline.serve.instances.BadRequest: Expected each instance to hold 2 numbers (shape [2]);
+    instance 0 holds 3.
 """
 
 from __future__ import annotations
@@ -51,7 +56,8 @@ def _shape_text(schema: Schema) -> str:
 def _rows(body: Any) -> tuple[Any, bool]:
     if not isinstance(body, dict):
         raise BadRequest(
-            f'Expected a JSON object with "instances" or "inputs". Received: a JSON {type(body).__name__}.',
+            'Expected a JSON object with "instances" or "inputs". Received: a JSON '
+            f"{type(body).__name__}.",
             reason="bad_json",
         )
     keys = [k for k in ("instances", "inputs") if k in body]
@@ -65,13 +71,15 @@ def _rows(body: Any) -> tuple[Any, bool]:
     if isinstance(rows, dict):  # one named input (this model has one)
         if len(rows) != 1:
             raise BadRequest(
-                f"Expected one named input (the model has one). Received {len(rows)}: {sorted(rows)[:8]}.",
+                f"Expected one named input (the model has one). Received {len(rows)}: "
+                f"{sorted(rows)[:8]}.",
                 reason="bad_json",
             )
         rows = next(iter(rows.values()))
     if not isinstance(rows, list):
         raise BadRequest(
-            f'Expected "{keys[0]}" to be a list of instances. Received: a JSON {type(rows).__name__}.',
+            f'Expected "{keys[0]}" to be a list of instances. Received: a JSON '
+            f"{type(rows).__name__}.",
             reason="bad_json",
         )
     return rows, keys[0] == "inputs"
@@ -99,8 +107,8 @@ def _instance(row: Any, index: int, schema: Schema) -> np.ndarray:
         )
     if x.size != schema.n_features:
         raise BadRequest(
-            f"Expected each instance to hold {schema.n_features} numbers (shape {_shape_text(schema)}); "
-            f"instance {index} holds {x.size}.",
+            f"Expected each instance to hold {schema.n_features} numbers (shape "
+            f"{_shape_text(schema)}); instance {index} holds {x.size}.",
             reason="wrong_shape",
         )
     if not np.isfinite(x).all():
@@ -110,8 +118,8 @@ def _instance(row: Any, index: int, schema: Schema) -> np.ndarray:
         )
     if schema.dtype == "uint8" and (x.min() < 0 or x.max() > 255):
         raise BadRequest(
-            f"Expected pixel values in [0, 255] (as the producer sends them); instance {index} holds "
-            f"values in [{x.min():g}, {x.max():g}].",
+            f"Expected pixel values in [0, 255] (as the producer sends them); instance {index} "
+            f"holds values in [{x.min():g}, {x.max():g}].",
             reason="out_of_range",
         )
     return x.reshape(-1)
@@ -131,7 +139,10 @@ _STRING = re.compile(
 def _longest_string_over(raw: bytes, limit: int) -> int | None:
     """The length of the body's first JSON string longer than ``limit`` bytes, if any.
 
-    >>> _longest_string_over(b'{"instances": [[1, 2, 3]]}', 16), _longest_string_over(b'["abc", "' + b"x" * 20 + b'"]', 16)
+    >>> (
+    ...     _longest_string_over(b'{"instances": [[1, 2, 3]]}', 16),
+    ...     _longest_string_over(b'["abc", "' + b"x" * 20 + b'"]', 16),
+    ... )
     (None, 20)
     """
     for m in _STRING.finditer(raw):
@@ -178,8 +189,8 @@ def parse_request(raw: bytes, schema: Schema, *, max_instances: int) -> Request:
     most = max_instances * (schema.n_features + 1) + 16
     if raw.count(b",") > most:
         raise BadRequest(
-            f"Expected at most {max_instances} instances of {schema.n_features} numbers. Received a body "
-            f"of more than {most:,} values; split the request.",
+            f"Expected at most {max_instances} instances of {schema.n_features} numbers. Received "
+            f"a body of more than {most:,} values; split the request.",
             status=413,
             reason="too_many_values",
         )

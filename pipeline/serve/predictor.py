@@ -88,13 +88,13 @@ def read_description(folder: Path) -> tuple[str, ModelSpec, codec.Schema]:
         )
     except FileNotFoundError:
         raise ConfigError(
-            f"Expected a run folder with {RECORD_FILE} (written by streamtrain run once its model is "
-            f"described). Received: {folder}, which has none; pass the folder a run wrote."
+            f"Expected a run folder with {RECORD_FILE} (written by streamtrain run once its model "
+            f"is described). Received: {folder}, which has none; pass the folder a run wrote."
         ) from None
     except KeyError as e:
         raise ConfigError(
-            f"{path} does not describe the model yet (no {e}): the run stopped before its model was "
-            "described; pass the folder of a run that trained."
+            f"{path} does not describe the model yet (no {e}): the run stopped before its model "
+            "was described; pass the folder of a run that trained."
         ) from None
     except (ValueError, TypeError) as e:
         raise ConfigError(f"{path} is unreadable ({e}); pass the folder of a run.") from None

@@ -35,8 +35,8 @@ class Listening:
 
 def host_and_token(settings: Settings) -> tuple[str, str | None]:
     """Where model servers listen and the token they ask for (``STREAMTRAIN_SERVE_HOST``,
-    ``STREAMTRAIN_SERVE_TOKEN`` or ``_FILE``, from the caller's ``settings``); off loopback a token is
-    required."""
+    ``STREAMTRAIN_SERVE_TOKEN`` or ``_FILE``, from the caller's ``settings``); off loopback a token
+    is required."""
     token = settings.serve_token.get_secret_value() if settings.serve_token else None
     if token is None and settings.serve_token_file is not None:
         try:
@@ -289,7 +289,8 @@ class ServingProcess:
         )
 
     def follow(self, server: Any, size: int) -> ServingProcess:
-        """A restarted run's parameter ``server`` (of ``size`` weights) is up: serve its live center."""
+        """A restarted run's parameter ``server`` (of ``size`` weights) is up: serve its live
+        center."""
         self._child.send(_server_job(server, size))
         return self
 

@@ -14,10 +14,11 @@ Example:
     >>> x, filled = encode([{"size": 2.0, "color": "red"}, {"color": None}], s)
     >>> x.shape, filled
     ((2, 4), [[], ['size', 'color']])
-    >>> encode([{"size": 1, "colour": "red"}], s)
+    >>> encode([{"size": 1, "colour": "red"}], s)  # doctest: +NORMALIZE_WHITESPACE
     Traceback (most recent call last):
     ...
-    pipeline.serve.instances.BadRequest: Expected only the schema's fields ['size', 'color']. Received unknown ones in instance 0: ['colour'].
+    pipeline.serve.instances.BadRequest: Expected only the schema's fields ['size', 'color'].
+    Received unknown ones in instance 0: ['colour'].
 """
 
 from __future__ import annotations
@@ -61,8 +62,8 @@ def _check_category(f: Feature, value: Any, index: int) -> None:
             else repr(value)
         )
         raise BadRequest(
-            f"Expected text for the category {f.name!r} (one of {list(f.vocabulary)[:20]}, or null for a "
-            f"gap) in instance {index}. Received: {shown}.",
+            f"Expected text for the category {f.name!r} (one of {list(f.vocabulary)[:20]}, or "
+            f"null for a gap) in instance {index}. Received: {shown}.",
             reason="bad_field",
         )
 
@@ -70,7 +71,8 @@ def _check_category(f: Feature, value: Any, index: int) -> None:
 def _check_number(f: Feature, value: Any, index: int) -> None:
     if isinstance(value, (bool, dict, list)):
         raise BadRequest(
-            f"Expected a number for {f.name!r} in instance {index}. Received: {str(value).lower()}.",
+            f"Expected a number for {f.name!r} in instance {index}. Received: "
+            f"{str(value).lower()}.",
             reason="bad_field",
         )
 
@@ -84,21 +86,21 @@ def encode(rows: list[Any], schema: TableSchema) -> tuple[np.ndarray, list[list[
     for i, row in enumerate(rows):
         if not isinstance(row, dict):
             raise BadRequest(
-                f"Expected each instance to be an object of the fields {names}; instance {i} is a JSON "
-                f"{type(row).__name__}.",
+                f"Expected each instance to be an object of the fields {names}; instance {i} is a "
+                f"JSON {type(row).__name__}.",
                 reason="wrong_shape",
             )
         unknown = [k for k in row if k not in known]
         if unknown:
             raise BadRequest(
-                f"Expected only the schema's fields {names}. Received unknown ones in instance {i}: "
-                f"{unknown[:20]}.",
+                f"Expected only the schema's fields {names}. Received unknown ones in instance "
+                f"{i}: {unknown[:20]}.",
                 reason="unknown_field",
             )
         if not row:
             raise BadRequest(
-                f"Expected instance {i} to hold at least one of the schema's fields {names}. Received "
-                "none.",
+                f"Expected instance {i} to hold at least one of the schema's fields {names}. "
+                "Received none.",
                 reason="no_features",
             )
         gaps = []
@@ -130,9 +132,14 @@ def metadata(schema: TableSchema) -> dict[str, Any]:
     """What a table's model takes and gives, for ``GET .../metadata``.
 
     >>> from pipeline.table import TableSchema
-    >>> m = metadata(TableSchema.from_dict({"features": [{"name": "x"}], "label": {"name": "price", "kind": "numeric"}}))
-    >>> m["inputs"]["fields"], m["outputs"]["meaning"]
-    ([{'name': 'x', 'kind': 'numeric', 'missing': 'fill'}], "the predicted value of 'price' (a numeric target: regression)")
+    >>> m = metadata(
+    ...     TableSchema.from_dict(
+    ...         {"features": [{"name": "x"}], "label": {"name": "price", "kind": "numeric"}}
+    ...     )
+    ... )
+    >>> m["inputs"]["fields"], m["outputs"]["meaning"]  # doctest: +NORMALIZE_WHITESPACE
+    ([{'name': 'x', 'kind': 'numeric', 'missing': 'fill'}], "the predicted value of 'price' (a
+    numeric target: regression)")
     """
     fields = []
     for f in schema.features:

@@ -42,7 +42,9 @@ class Snapshot:
     def freshness_s(self, now: float | None = None) -> float | None:
         """Seconds from the newest data these weights hold to ``now`` (None: unknown).
 
-        >>> Snapshot(np.zeros(1, np.float32), 3, as_of=100.0, data_as_of=98.5).freshness_s(now=100.25)
+        >>> Snapshot(np.zeros(1, np.float32), 3, as_of=100.0, data_as_of=98.5).freshness_s(
+        ...     now=100.25
+        ... )
         1.75
         """
         if self.data_as_of is None:

@@ -11,13 +11,23 @@ names each reject.
 
 Example:
     >>> from pipeline.table.schema import Feature, Label, TableSchema
-    >>> s = TableSchema((Feature("a"), Feature("c", "categorical", vocabulary=("x",))), Label("y", ("n", "p")))
-    >>> cols = columns([b'{"a": 1.5, "c": "x", "y": "p"}', b'{"a": null, "y": "n", "extra": 1}'], s, min_records=1)
+    >>> s = TableSchema(
+    ...     (Feature("a"), Feature("c", "categorical", vocabulary=("x",))), Label("y", ("n", "p"))
+    ... )
+    >>> cols = columns(
+    ...     [b'{"a": 1.5, "c": "x", "y": "p"}', b'{"a": null, "y": "n", "extra": 1}'],
+    ...     s,
+    ...     min_records=1,
+    ... )
     >>> cols["a"].tolist(), cols["c"], cols["y"]
     ([1.5, nan], ['x', None], ['p', 'n'])
-    >>> columns([b'{"a": "1.5", "y": "p"}'], s, min_records=1) is None  # a number as text: the careful path
+    >>> columns(
+    ...     [b'{"a": "1.5", "y": "p"}'], s, min_records=1
+    ... ) is None  # a number as text: the careful path
     True
-    >>> columns([b'{"a": NaN, "y": "p"}'], s, min_records=1) is None  # no JSON: rejected as not_json there
+    >>> columns(
+    ...     [b'{"a": NaN, "y": "p"}'], s, min_records=1
+    ... ) is None  # no JSON: rejected as not_json there
     True
 """
 

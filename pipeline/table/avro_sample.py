@@ -61,10 +61,11 @@ def read(
     ids = [int.from_bytes(v[1:5], "big") for v in present if _looks_framed(v)]
     if writer is None and registry is None:
         what = (
-            f"the records carry Confluent's framing (schema id {ids[0]}): pass --schema-registry URL, or the "
-            "writer's schema as --avro-schema FILE.avsc"
+            f"the records carry Confluent's framing (schema id {ids[0]}): pass --schema-registry "
+            "URL, or the writer's schema as --avro-schema FILE.avsc"
             if len(ids) >= MOST * len(present)
-            else "pass the writer's schema as --avro-schema FILE.avsc (the .avsc the producer writes with)"
+            else "pass the writer's schema as --avro-schema FILE.avsc (the .avsc the producer "
+            "writes with)"
         )
         raise ConfigError(f"Expected a writer's schema to read Avro records: {what}.")
     parsed = _parsed(writer) if writer is not None else None
@@ -88,15 +89,16 @@ def read(
     else:
         if parsed is None:
             raise ConfigError(
-                "Expected Confluent-framed records for --schema-registry. Received plain Avro bodies: "
-                "pass the writer's schema as --avro-schema FILE.avsc instead."
+                "Expected Confluent-framed records for --schema-registry. Received plain Avro "
+                "bodies: pass the writer's schema as --avro-schema FILE.avsc instead."
             )
         rows = plain
     good = [r for r in rows if isinstance(r, dict)]
     if len(good) < MOST * len(present):
         raise ConfigError(
-            f"Expected Avro records of the writer's schema. Received {len(present) - len(good)} of "
-            f"{len(present)} that do not read by it: check --avro-schema (or the registry's schema)."
+            f"Expected Avro records of the writer's schema. Received {len(present) - len(good)} "
+            f"of {len(present)} that do not read by it: check --avro-schema (or the registry's "
+            "schema)."
         )
     names = list(dict.fromkeys(k for r in good for k in r))
     columns = {n: [r.get(n) for r in good] for n in names}

@@ -3,8 +3,15 @@ Data Validation infers one): each column's kind, its vocabulary or scale, the la
 classes or a numeric target.
 
 Example:
-    >>> s = infer({"w": [1.0, 3.0, None], "c": ["a", "b", "a"], "ok": ["yes", "no", ""], "y": ["p", "q", "p"]},
-    ...           label="y")
+    >>> s = infer(
+    ...     {
+    ...         "w": [1.0, 3.0, None],
+    ...         "c": ["a", "b", "a"],
+    ...         "ok": ["yes", "no", ""],
+    ...         "y": ["p", "q", "p"],
+    ...     },
+    ...     label="y",
+    ... )
     >>> [(f.name, f.kind) for f in s.features], s.label.classes
     ([('w', 'numeric'), ('c', 'categorical'), ('ok', 'boolean')], ('p', 'q'))
     >>> s.features[0].scale, s.features[0].fill
@@ -71,13 +78,14 @@ def infer(
     """
     if label is not None and label not in columns:
         raise ConfigError(
-            f"Expected the label column {label!r} among the columns. Received: {list(columns)[:20]}. "
-            "Pass --label with one of them."
+            f"Expected the label column {label!r} among the columns. Received: "
+            f"{list(columns)[:20]}. Pass --label with one of them."
         )
     unknown = [c for c in ignore if c not in columns]
     if unknown:
         raise ConfigError(
-            f"Expected --ignore to name columns. Received: {unknown}; the columns are {list(columns)[:20]}."
+            f"Expected --ignore to name columns. Received: {unknown}; the columns are "
+            f"{list(columns)[:20]}."
         )
     unknown = [c for c in numeric if c not in columns or c == label]
     if unknown:
@@ -92,7 +100,8 @@ def infer(
     )
     if not features:
         raise ConfigError(
-            f"Expected at least one feature column besides the label {label!r}. Received: {list(columns)}."
+            f"Expected at least one feature column besides the label {label!r}. Received: "
+            f"{list(columns)}."
         )
     target = _label(label, columns[label], regression) if label is not None else None
     schema = TableSchema(features, target)
@@ -104,8 +113,8 @@ def _feature(name: str, values: Sequence[Any], *, numeric: bool = False) -> Feat
     if nested is not None:
         raise ConfigError(
             f"Expected flat values (numbers, strings, booleans) in column {name!r}. Received a "
-            f"{type(nested).__name__}: {str(nested)[:60]}. Flatten it into columns of its own, or leave "
-            f"it out with --ignore {name}."
+            f"{type(nested).__name__}: {str(nested)[:60]}. Flatten it into columns of its own, or "
+            f"leave it out with --ignore {name}."
         )
     present = [v for v in values if text(v) is not None]
     if present and not numeric and all(_is_boolean(v) for v in present):
@@ -144,9 +153,9 @@ class MixedColumn:
         """What ``schema infer`` says of it."""
         shown = ", ".join(repr(e) for e in self.examples)
         return (
-            f"column {self.name!r} taken as categorical: {self.share:.0%} of its values are not numbers (e.g. "
-            f"{shown}); to read it as numeric (those values then rejected, counted by name), add "
-            f"--numeric {self.name}"
+            f"column {self.name!r} taken as categorical: {self.share:.0%} of its values are not "
+            f"numbers (e.g. {shown}); to read it as numeric (those values then rejected, counted "
+            f"by name), add --numeric {self.name}"
         )
 
 

@@ -3,8 +3,8 @@ the model's input: :func:`decode` is what :func:`pipeline.codec.decode` does for
 
 Each format parses a record into named fields; a record that does not parse is
 rejected (``not_json``, ``not_an_object``, ``wrong_field_count:3``, ``not_avro``,
-``unknown_schema_id:7``; ``confluent_framed``: Confluent-framed Avro read as plain bodies) and the rest go through :class:`~pipeline.table.transform.Encoder`,
-whose rejects name the field.
+``unknown_schema_id:7``; ``confluent_framed``: Confluent-framed Avro read as plain bodies) and the
+rest go through :class:`~pipeline.table.transform.Encoder`, whose rejects name the field.
 
 Example:
     >>> from pipeline.table.schema import Feature, Label, TableSchema
@@ -41,7 +41,8 @@ CONFLUENT_MAGIC = 0
 @functools.lru_cache(maxsize=8)
 def _encoder(schema: TableSchema) -> Encoder:
     """The schema's encoder, its lookups built once per process: keyed by the schema's value,
-    since each task on an executor unpickles its own copy (a cache by ``id`` grew a task at a time)."""
+    since each task on an executor unpickles its own copy (a cache by ``id`` grew a task at a
+    time)."""
     return Encoder(schema)
 
 
@@ -230,7 +231,8 @@ def _avro_rows(
         d = _avro_record(body, writer, schemaless_reader)
         if d is None:
             bad.append(i)
-            # Framed records read as plain ones: say so, so that the fix is one word in the schema file.
+            # Framed records read as plain ones: say so, so that the fix is one word in the schema
+            # file.
             looks_framed = (
                 not framed
                 and len(body) > 5

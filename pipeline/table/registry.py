@@ -41,7 +41,8 @@ class Registry:
         return _BY_URL[url]
 
     def writer_schema(self, schema_id: int) -> Any:
-        """The parsed Avro schema with this id, or None if the registry has none (or is not Avro)."""
+        """The parsed Avro schema with this id, or None if the registry has none (or is not
+        Avro)."""
         if schema_id not in self._schemas:
             import json
 
@@ -108,6 +109,6 @@ def check_reachable(url: str, *, timeout_s: float = REACH_TIMEOUT_S) -> None:
         reason = getattr(e, "reason", e)
         raise ConfigError(
             f"Expected a Schema Registry at {url}; none answered within "
-            f"{time.monotonic() - started:.0f} s ({reason}). Check --schema-registry (or the schema "
-            'file\'s "registry") and that the registry is up.'
+            f"{time.monotonic() - started:.0f} s ({reason}). Check --schema-registry (or the "
+            'schema file\'s "registry") and that the registry is up.'
         ) from None

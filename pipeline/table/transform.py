@@ -8,12 +8,21 @@ A record that cannot be encoded is rejected with a reason naming the field
 
 Example:
     >>> from pipeline.table.schema import Feature, Label, TableSchema
-    >>> s = TableSchema((Feature("x", scale=(1.0, 2.0)), Feature("c", "categorical", vocabulary=("a", "b"))),
-    ...                 Label("y", ("no", "yes")))
+    >>> s = TableSchema(
+    ...     (Feature("x", scale=(1.0, 2.0)), Feature("c", "categorical", vocabulary=("a", "b"))),
+    ...     Label("y", ("no", "yes")),
+    ... )
     >>> reasons = Reasons()
-    >>> x, y, code = Encoder(s).encode({"x": [2, "NA", "oops"], "c": ["b", "z", "a"], "y": ["yes", "no", "no"]}, 3, reasons)
-    >>> x.tolist(), y.tolist(), [reasons.names[c] if c >= 0 else "ok" for c in code]
-    ([[2.0, 0.0, 0.0, 1.0], [-2.0, 1.0, 0.0, 0.0], [-2.0, 0.0, 1.0, 0.0]], [1, 0, 0], ['ok', 'ok', 'not_a_number:x'])
+    >>> x, y, code = Encoder(s).encode(
+    ...     {"x": [2, "NA", "oops"], "c": ["b", "z", "a"], "y": ["yes", "no", "no"]}, 3, reasons
+    ... )
+    >>> (
+    ...     x.tolist(),
+    ...     y.tolist(),
+    ...     [reasons.names[c] if c >= 0 else "ok" for c in code],
+    ... )  # doctest: +NORMALIZE_WHITESPACE
+    ([[2.0, 0.0, 0.0, 1.0], [-2.0, 1.0, 0.0, 0.0], [-2.0, 0.0, 1.0, 0.0]], [1, 0, 0], ['ok', 'ok',
+    'not_a_number:x'])
 """
 
 from __future__ import annotations

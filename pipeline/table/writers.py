@@ -3,7 +3,9 @@ sends, and what the benchmarks and tests write): JSON objects, CSV lines or Avro
 
 Example:
     >>> from pipeline.table.schema import Feature, Label, TableSchema
-    >>> s = TableSchema((Feature("a"), Feature("c", "categorical", vocabulary=("x",))), Label("y", ("n", "p")))
+    >>> s = TableSchema(
+    ...     (Feature("a"), Feature("c", "categorical", vocabulary=("x",))), Label("y", ("n", "p"))
+    ... )
     >>> encode_values([{"a": 1.5, "c": None, "y": "p"}], s)
     [b'{"a":1.5,"c":null,"y":"p"}']
     >>> encode_values([{"a": 1.5, "c": "x", "y": "p"}], s.with_format("csv"))

@@ -107,7 +107,8 @@ class DriftResponse:
         self._restart(driver, adapt=False)
 
     def _restart(self, driver: Any, *, adapt: bool = True) -> None:
-        """A drift: the held-out window starts again after it; ``adapt`` raises the learning rate for a while."""
+        """A drift: the held-out window starts again after it; ``adapt`` raises the learning rate
+        for a while."""
         self.handler.holdout_every = HOLDOUT_EVERY
         self._x.clear()
         self._y.clear()

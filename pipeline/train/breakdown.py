@@ -43,10 +43,24 @@ class Breakdown:
 
     Example:
         >>> b = Breakdown()
-        >>> b.add(batch_s=4.0, commit_s=0.5, read_decode_s=0.4, compute_s=5.8, exchange_s=0.9, task_s=7.0,
-        ...       checkpoint_s=0.2)
+        >>> b.add(
+        ...     batch_s=4.0,
+        ...     commit_s=0.5,
+        ...     read_decode_s=0.4,
+        ...     compute_s=5.8,
+        ...     exchange_s=0.9,
+        ...     task_s=7.0,
+        ...     checkpoint_s=0.2,
+        ... )
         >>> s = b.shares(slots=2, wall_s=5.0)
-        >>> s["compute"], s["exchange"], s["in_batch_idle"], s["checkpoint"], s["commit"], s["trigger"]
+        >>> (
+        ...     s["compute"],
+        ...     s["exchange"],
+        ...     s["in_batch_idle"],
+        ...     s["checkpoint"],
+        ...     s["commit"],
+        ...     s["trigger"],
+        ... )
         (0.58, 0.09, 0.06, 0.04, 0.06, 0.1)
         >>> round(sum(s.values()), 6)
         1.0

@@ -1,8 +1,8 @@
 """The training checkpoint: center weights, the server's optimizer state, clock, last applied
 batch and the ledger, in one file.
 
-It is written atomically (a temporary file, fsync, rename, fsync of the folder) after every micro-batch,
-before Spark commits the batch, so after a crash it always describes a whole
+It is written atomically (a temporary file, fsync, rename, fsync of the folder) after every
+micro-batch, before Spark commits the batch, so after a crash it always describes a whole
 number of batches: a batch Spark replays is either absent from it (and trained
 again) or present (and skipped).
 
@@ -125,9 +125,10 @@ def save(
         with contextlib.suppress(OSError):
             tmp.unlink()
         raise CheckpointError(
-            f"Could not write the checkpoint {target} ({e.strerror or e}): batch {state.last_batch_id} is not "
-            f"committed, and the previous checkpoint is intact. Free space there (or fix the folder), then "
-            f"continue with: streamtrain run --resume {folder}"
+            f"Could not write the checkpoint {target} ({e.strerror or e}): batch "
+            f"{state.last_batch_id} is not committed, and the previous checkpoint is intact. Free "
+            "space there (or fix the folder), then continue with: streamtrain run --resume "
+            f"{folder}"
         ) from None
     for old in generations(folder)[:-keep] if keep > 0 else []:
         if old in pins:
@@ -142,16 +143,18 @@ def check_fits(state: State, size: int, folder: str | os.PathLike[str]) -> None:
     loaded from it.
 
     >>> import numpy as np
-    >>> check_fits(State(np.zeros(3, np.float32)), 5, "run")
+    >>> check_fits(State(np.zeros(3, np.float32)), 5, "run")  # doctest: +NORMALIZE_WHITESPACE
     Traceback (most recent call last):
     ...
-    pipeline.errors.ConfigError: The checkpoint run/state.npz holds 3 weights, the model has 5: another model wrote it. Resume with that model (the run's --dataset and --model), or start a new run with another --out.
+    pipeline.errors.ConfigError: The checkpoint run/state.npz holds 3 weights, the model has 5:
+    another model wrote it. Resume with that model (the run's --dataset and --model), or start a new
+    run with another --out.
     """
     if state.weights.size != size:
         raise ConfigError(
-            f"The checkpoint {Path(folder) / FILENAME} holds {state.weights.size:,} weights, the model has {size:,}: "
-            "another model wrote it. Resume with that model (the run's --dataset and --model), or start a new run "
-            "with another --out."
+            f"The checkpoint {Path(folder) / FILENAME} holds {state.weights.size:,} weights, the "
+            f"model has {size:,}: another model wrote it. Resume with that model (the run's "
+            "--dataset and --model), or start a new run with another --out."
         )
 
 
@@ -180,7 +183,8 @@ def load(folder: str | os.PathLike[str], *, generation: int | None = None) -> St
             if g != generation and _intact(generation_path(folder, g))
         ]
         way = (
-            f"resume from the newest intact one with: streamtrain run --resume {folder} --generation {intact[0]}"
+            f"resume from the newest intact one with: streamtrain run --resume {folder} "
+            f"--generation {intact[0]}"
             if intact
             else "no intact generation is kept; start a new run (another --out)"
         )

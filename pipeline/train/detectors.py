@@ -33,7 +33,8 @@ MIN_TEST_RECORDS = 500
 
 
 class _Gate:
-    """When a signal may fire: after ``warmup`` records, and ``cooldown`` records after it last did."""
+    """When a signal may fire: after ``warmup`` records, and ``cooldown`` records after it last
+    did."""
 
     def __init__(self, warmup: int, cooldown: int) -> None:
         self.warmup, self.cooldown = warmup, cooldown
@@ -72,8 +73,10 @@ class LossDrift:
     Example:
         >>> rng = np.random.default_rng(0)
         >>> d = LossDrift(warmup=2_000)
-        >>> steady = [d.update([0.2] * 16, size=64, errors=(rng.binomial(64, 0.05, 16) / 64).tolist())
-        ...           for _ in range(100)]
+        >>> steady = [
+        ...     d.update([0.2] * 16, size=64, errors=(rng.binomial(64, 0.05, 16) / 64).tolist())
+        ...     for _ in range(100)
+        ... ]
         >>> steady.count(None)
         100
         >>> d.update([1.0] * 16, size=64, errors=(rng.binomial(64, 0.4, 16) / 64).tolist())[1]

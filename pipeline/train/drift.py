@@ -76,14 +76,15 @@ class Drift:
         'drift at batch 7 (record 60,000): loss, prequential loss 0.1 -> 0.85 (statistic 8.5)'
         """
         return (
-            f"drift at batch {self.batch_id} (record {self.records:,}): {self.signal}, {self.detail} "
-            f"(statistic {self.statistic:.3g})"
+            f"drift at batch {self.batch_id} (record {self.records:,}): {self.signal}, "
+            f"{self.detail} (statistic {self.statistic:.3g})"
         )
 
 
 @dataclasses.dataclass
 class DriftSettings:
-    """The detectors' settings, and ``--on-drift adapt``'s (``--drift KEY=VALUE,...``); see ``docs/drift.md``."""
+    """The detectors' settings, and ``--on-drift adapt``'s (``--drift KEY=VALUE,...``); see
+    ``docs/drift.md``."""
 
     warmup: int = 10_000
     cooldown: int = 10_000
@@ -103,10 +104,11 @@ class DriftSettings:
 
         >>> DriftSettings.parse("warmup=5000, loss_delta=0.001").warmup
         5000
-        >>> DriftSettings.parse("warmpu=1")  # doctest: +ELLIPSIS
+        >>> DriftSettings.parse("warmpu=1")  # doctest: +ELLIPSIS, +NORMALIZE_WHITESPACE
         Traceback (most recent call last):
         ...
-        pipeline.errors.ConfigError: Expected --drift KEY=VALUE pairs, KEY one of adapt_lr_scale, ...
+        pipeline.errors.ConfigError: Expected --drift KEY=VALUE pairs, KEY one of adapt_lr_scale,
+        ...
         """
         out: dict[str, Any] = {}
         fields = {f.name: f.type for f in dataclasses.fields(cls)}
@@ -119,8 +121,8 @@ class DriftSettings:
                 number = -1
             if key not in fields or not number > 0:
                 raise ConfigError(
-                    f"Expected --drift KEY=VALUE pairs, KEY one of {', '.join(sorted(fields))}, VALUE a "
-                    f"positive number. Received: {pair!r}. See docs/drift.md."
+                    f"Expected --drift KEY=VALUE pairs, KEY one of {', '.join(sorted(fields))}, "
+                    f"VALUE a positive number. Received: {pair!r}. See docs/drift.md."
                 )
             out[key] = number
         return cls(**out)

@@ -227,8 +227,9 @@ class TrainDriver:
         if loss is not None and math.isfinite(loss) and loss > bound:
             assert self.watch is not None
             what = (
-                f"prequential loss {loss:.4g}, over {self.watch.loss_bound / self.watch.loss_reference:,.0f} times "
-                f"what predicting without the features costs, {self.watch.loss_reference:.4g}"
+                f"prequential loss {loss:.4g}, over "
+                f"{self.watch.loss_bound / self.watch.loss_reference:,.0f} times what predicting "
+                f"without the features costs, {self.watch.loss_reference:.4g}"
             )
         else:
             what = (
@@ -252,9 +253,10 @@ class TrainDriver:
         if collapsed is None:
             return
         raise StreamtrainError(
-            f"Batch {batch_id}: the model collapsed ({collapsed}); the batch is not committed. Check the data "
-            f"(its labels) and the learning rate, then {self._way_back(self.watch.best_batch if self.watch else -1)} "
-            f"(or add --no-divergence-check to train on regardless)."
+            f"Batch {batch_id}: the model collapsed ({collapsed}); the batch is not committed. "
+            "Check the data (its labels) and the learning rate, then "
+            f"{self._way_back(self.watch.best_batch if self.watch else -1)} (or add "
+            "--no-divergence-check to train on regardless)."
         )
 
     def _way_back(self, sound: int = -1) -> str:
@@ -264,8 +266,8 @@ class TrainDriver:
             return "start again (another --out)"
         pick = sound if sound in kept else kept[-1]
         return (
-            f"continue from batch {pick}'s checkpoint with: streamtrain run --resume {self.folder} --generation "
-            f"{pick} (kept: {', '.join(map(str, kept))})"
+            f"continue from batch {pick}'s checkpoint with: streamtrain run --resume "
+            f"{self.folder} --generation {pick} (kept: {', '.join(map(str, kept))})"
         )
 
     def check_applied(
@@ -292,8 +294,8 @@ class TrainDriver:
                 )
             raise StreamtrainError(
                 f"Batch {batch_id}: the parameter server applied {applied} of the {r.steps_total} "
-                f"mini-batches of worker {r.worker}'s range; the batch is not committed. Continue with: "
-                f"streamtrain run --resume {self.folder}"
+                f"mini-batches of worker {r.worker}'s range; the batch is not committed. Continue "
+                f"with: streamtrain run --resume {self.folder}"
             )
         return rows
 

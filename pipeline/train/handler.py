@@ -1,4 +1,5 @@
-"""Online training: the stream handler that trains each decoded block through the parameter server."""
+"""Online training: the stream handler that trains each decoded block through the parameter
+server."""
 
 from __future__ import annotations
 

@@ -73,9 +73,14 @@ def compact(ledger: Ledger, *, keep_batch: int) -> Ledger:
     """Merge each partition's ranges that follow one another into one range, labelled with
     the last batch it covers; the ranges of batch ``keep_batch`` are left as they are.
 
-    >>> compact([[0, "t", 0, 0, 5], [0, "t", 1, 0, 4], [1, "t", 0, 5, 9], [2, "t", 0, 9, 12]], keep_batch=2)
+    >>> compact(
+    ...     [[0, "t", 0, 0, 5], [0, "t", 1, 0, 4], [1, "t", 0, 5, 9], [2, "t", 0, 9, 12]],
+    ...     keep_batch=2,
+    ... )
     [[1, 't', 0, 0, 9], [0, 't', 1, 0, 4], [2, 't', 0, 9, 12]]
-    >>> compact([[0, "t", 0, 0, 5], [3, "t", 0, 7, 9]], keep_batch=9)  # a gap is kept, for check_ledger to see
+    >>> compact(
+    ...     [[0, "t", 0, 0, 5], [3, "t", 0, 7, 9]], keep_batch=9
+    ... )  # a gap is kept, for check_ledger to see
     [[0, 't', 0, 0, 5], [3, 't', 0, 7, 9]]
     """
     out: Ledger = []
@@ -112,10 +117,14 @@ def check_replay(
     skipping would drop records that were never trained.
 
     >>> check_replay([[4, "t", 0, 10, 20]], batch_id=4, last_batch_id=4, ranges=None, where="out")
-    >>> check_replay([[4, "t", 0, 10, 20]], batch_id=0, last_batch_id=4, ranges=None, where="out")
+    >>> check_replay(
+    ...     [[4, "t", 0, 10, 20]], batch_id=0, last_batch_id=4, ranges=None, where="out"
+    ... )  # doctest: +NORMALIZE_WHITESPACE
     Traceback (most recent call last):
     ...
-    pipeline.errors.DataError: Spark replays batch 0, but the checkpoint in out holds batches up to 4: Spark's checkpoint (out/spark-checkpoint) does not belong with state.npz. Restore both from the same moment, or train into a new --out.
+    pipeline.errors.DataError: Spark replays batch 0, but the checkpoint in out holds batches up to
+    4: Spark's checkpoint (out/spark-checkpoint) does not belong with state.npz. Restore both from
+    the same moment, or train into a new --out.
     """
     if batch_id < last_batch_id:
         raise DataError(
@@ -129,9 +138,10 @@ def check_replay(
     replayed = sorted((r for r in ranges if r.count > 0), key=_order)
     if applied != replayed:
         raise DataError(
-            f"Spark replays batch {batch_id} over {_ranges(replayed)}, but the checkpoint in {where} "
-            f"applied batch {batch_id} over {_ranges(applied)}: Spark's checkpoint does not belong with "
-            "state.npz. Restore both from the same moment, or train into a new --out."
+            f"Spark replays batch {batch_id} over {_ranges(replayed)}, but the checkpoint in "
+            f"{where} applied batch {batch_id} over {_ranges(applied)}: Spark's checkpoint does "
+            "not belong with state.npz. Restore both from the same moment, or train into a new "
+            "--out."
         )
 
 

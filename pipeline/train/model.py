@@ -55,7 +55,9 @@ class ModelSpec:
         """Per flat weight, whether gradients leave it alone (batch-norm statistics), or
         None when gradients train every weight.
 
-        >>> ModelSpec("{}", "adam", "mse", ((2,), (1,)), trainable=(True, False)).untrained().tolist()
+        >>> ModelSpec(
+        ...     "{}", "adam", "mse", ((2,), (1,)), trainable=(True, False)
+        ... ).untrained().tolist()
         [False, False, True]
         """
         if not self.trainable or all(self.trainable):
@@ -116,14 +118,15 @@ class ModelSpec:
         """Describe a built Keras model (Sequential, functional, or subclassed with get_config)."""
         if not model.built or not model.weights:
             raise ConfigError(
-                "Expected a built Keras model with weights (give it an Input, or call it on one batch). Received an unbuilt one."
+                "Expected a built Keras model with weights (give it an Input, or call it on one "
+                "batch). Received an unbuilt one."
             )
         try:
             architecture = model.to_json()
         except (NotImplementedError, TypeError, ValueError) as e:
             raise ConfigError(
-                f"The model cannot be serialized for the workers ({e}). A subclassed model needs get_config() "
-                "and @keras.saving.register_keras_serializable()."
+                f"The model cannot be serialized for the workers ({e}). A subclassed model needs "
+                "get_config() and @keras.saving.register_keras_serializable()."
             ) from None
         layers = [model, *model._flatten_layers(include_self=False)]
         imports = sorted({type(x).__module__ for x in layers} - {"__main__"})
@@ -219,7 +222,8 @@ class FlatWeights:
         sizes = [int(np.prod(s)) for s in shapes]
         if [int(np.prod(v.shape)) for v in variables] != sizes:
             raise ConfigError(
-                f"Expected weights of sizes {sizes}. Received: {[tuple(v.shape) for v in variables]}"
+                f"Expected weights of sizes {sizes}. Received: "
+                f"{[tuple(v.shape) for v in variables]}"
             )
 
         def read() -> Any:

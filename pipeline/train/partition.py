@@ -18,7 +18,8 @@ from pipeline.train.replica import replica
 
 @dataclasses.dataclass(frozen=True)
 class ServerInfo:
-    """How a worker reaches the parameter server (the secret travels in Spark's task, never logged)."""
+    """How a worker reaches the parameter server (the secret travels in Spark's task, never
+    logged)."""
 
     host: str
     port: int
@@ -41,7 +42,8 @@ class ServerInfo:
 
 @dataclasses.dataclass
 class TaskResult:
-    """What training one task did: one worker, one partition (an offset range, or a Trainer's shard).
+    """What training one task did: one worker, one partition (an offset range, or a Trainer's
+    shard).
 
     Attributes:
         worker: the worker's id.
@@ -206,7 +208,8 @@ def train_partition(
         # with one line.
         last = losses[-1] if losses else float("nan")
         why = (
-            f"worker {worker}'s update after {len(losses)} mini-batches was not finite, last loss {last:.4g}"
+            f"worker {worker}'s update after {len(losses)} mini-batches was not finite, last loss "
+            f"{last:.4g}"
             if e.reason == "nonfinite"
             else f"worker {worker}: {e}"
         )

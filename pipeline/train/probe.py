@@ -1,4 +1,5 @@
-"""Describe the model to train in a short-lived process, so that the driver never imports TensorFlow.
+"""Describe the model to train in a short-lived process, so that the driver never imports
+TensorFlow.
 
 TensorFlow costs a process half a gigabyte before it does anything; the driver
 needs the model only as data (a :class:`~pipeline.train.model.ModelSpec` and its
@@ -213,8 +214,8 @@ def check_contract(model: Any, expect: dict[str, Any]) -> None:
     if int(np.prod(shape)) != int(np.prod(want)) or outputs != expect["outputs"]:
         raise ConfigError(
             f"Expected a model with input {list(want)} and {expect['outputs']} output unit(s) for "
-            f"{expect['what']}. Received: input {list(shape)} and {outputs} output unit(s). Change the "
-            "model's Input or its last layer."
+            f"{expect['what']}. Received: input {list(shape)} and {outputs} output unit(s). "
+            "Change the model's Input or its last layer."
         )
 
 

@@ -175,10 +175,14 @@ class BatchRow:
         """The line printed after the batch; ``loss``: a numeric target's loss function (its
         prequential error is shown instead of an accuracy, which it has none of).
 
-        >>> BatchRow(3, 1.0, 10, 10, {}, 0.5, 7, 1.0, 2.0, 9, 0.4, 0.1, 0.5).status(total=40, per_s=20)
-        'batch    3 | trained       40 |      20/s | lag       7 | staleness p50/p99 1/2 | prequential acc 0.500'
-        >>> BatchRow(3, 1.0, 10, 10, {}, 0.5, 7, None, None, 9, 0.4, 0.1, float("nan"), 2500.0).status(
-        ...     total=40, per_s=20, loss="mean_squared_error").split(" | ")[-1]
+        >>> BatchRow(3, 1.0, 10, 10, {}, 0.5, 7, 1.0, 2.0, 9, 0.4, 0.1, 0.5).status(
+        ...     total=40, per_s=20
+        ... )  # doctest: +NORMALIZE_WHITESPACE
+        'batch    3 | trained       40 |      20/s | lag       7 | staleness p50/p99 1/2 |
+        prequential acc 0.500'
+        >>> BatchRow(
+        ...     3, 1.0, 10, 10, {}, 0.5, 7, None, None, 9, 0.4, 0.1, float("nan"), 2500.0
+        ... ).status(total=40, per_s=20, loss="mean_squared_error").split(" | ")[-1]
         'prequential rmse 50'
         """
         parts = [

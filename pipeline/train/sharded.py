@@ -9,8 +9,8 @@ optimizer keeps its state per slice. The child is a fresh ``python -m pipeline.t
 (the driver holds Spark's JVM gateway, threads and sockets: no fork), gets its settings
 and the run's secret on a socket pair only the driver holds (never argv or the
 environment), dies with its parent, and answers the driver's requests (checkpoint,
-restore, stats, a task's applied count) on that pair: no new operation reaches the network, where a RESTORE would be a way to overwrite
-the center.
+restore, stats, a task's applied count) on that pair: no new operation reaches the network, where a
+RESTORE would be a way to overwrite the center.
 
 :class:`ShardedServer` gathers the shards into one server: a checkpoint is one consistent
 cut (taken between micro-batches, when no task exchanges: every shard's clock must agree,
@@ -144,7 +144,8 @@ class ShardedServer:
         return self
 
     def stop(self) -> None:
-        """Stop every shard (asked first, killed by its pid 10 s later); their ports are free on return."""
+        """Stop every shard (asked first, killed by its pid 10 s later); their ports are free on
+        return."""
         children, self._children = self._children, []
         for _, conn in children:
             with contextlib.suppress(OSError, ValueError):
@@ -188,7 +189,8 @@ class ShardedServer:
         return value
 
     def _ask(self, op: str, args: list[Any] | None = None) -> list[Any]:
-        """Send ``op`` to every shard at once (with ``args[i]`` to shard ``i``); their answers in order."""
+        """Send ``op`` to every shard at once (with ``args[i]`` to shard ``i``); their answers in
+        order."""
         with self._lock:
             if not self._children:
                 raise StreamtrainError("The sharded parameter server is not running.")
@@ -219,9 +221,10 @@ class ShardedServer:
         pushes = [n for _, _, _, n in parts]
         if len(set(pushes)) > 1:
             raise StreamtrainError(
-                f"The parameter-server shards applied different pushes ({', '.join(map(str, pushes))}): "
-                "an update reached some shards and not others, so there is no consistent "
-                "checkpoint; the batch is not saved. Resume the run from its last checkpoint."
+                "The parameter-server shards applied different pushes "
+                f"({', '.join(map(str, pushes))}): an update reached some shards and not others, "
+                "so there is no consistent checkpoint; the batch is not saved. Resume the run "
+                "from its last checkpoint."
             )
         return (
             np.concatenate([w for w, _, _, _ in parts]),
@@ -310,8 +313,13 @@ def _join_states(
     of steps; the highest is kept (it only scales Adam's bias correction, which one step
     more moves by under 0.6% after the first hundred).
 
-    >>> _join_states([{"m": np.zeros(2), "iterations": np.array(3)}, {"m": np.ones(1), "iterations": np.array(4)}],
-    ...              [(0, 2), (2, 3)])
+    >>> _join_states(
+    ...     [
+    ...         {"m": np.zeros(2), "iterations": np.array(3)},
+    ...         {"m": np.ones(1), "iterations": np.array(4)},
+    ...     ],
+    ...     [(0, 2), (2, 3)],
+    ... )
     {'m': array([0., 0., 1.]), 'iterations': array(4)}
     """
     joined: dict[str, np.ndarray] = {}
@@ -339,7 +347,8 @@ def serve_shard(fd: int) -> None:
 
     conn = connection.Connection(fd)
     job = conn.recv()
-    processes.leave_terminal_group()  # a Ctrl-C in the terminal reaches the driver, which stops the shards
+    # A Ctrl-C in the terminal reaches the driver, which stops the shards.
+    processes.leave_terminal_group()
     processes.die_with_parent(job["parent"])
     try:
         server = parameter_server(

@@ -44,7 +44,8 @@ def warm_up(
         spark, range(workers), build, description="streamtrain: warm up the workers"
     )
     log.info(
-        "replicas ready in %d worker processes in %.1f s (TensorFlow import %s s, build and trace %s s)",
+        "replicas ready in %d worker processes in %.1f s (TensorFlow import %s s, build and trace "
+        "%s s)",
         len({pid for pid, _, _ in done}),
         time.monotonic() - started,
         "/".join(f"{i:.1f}" for _, i, _ in done),

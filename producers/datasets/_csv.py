@@ -163,6 +163,7 @@ def check_columns(header: list[str] | None, wanted: str, path: Path) -> int:
         )
     if wanted not in header:
         raise DataError(
-            f"Expected a column {wanted!r} in {path}. Received columns: {header}. Pass --label-column."
+            f"Expected a column {wanted!r} in {path}. Received columns: {header}. Pass "
+            "--label-column."
         )
     return header.index(wanted)

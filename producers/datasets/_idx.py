@@ -28,7 +28,8 @@ def read_idx(path: Path) -> np.ndarray:
     body = np.frombuffer(raw, np.uint8, offset=4 + 4 * ndim)
     if body.size != int(np.prod(dims)):
         raise DataError(
-            f"{path} declares shape {tuple(dims)} but holds {body.size} values; the file is truncated."
+            f"{path} declares shape {tuple(dims)} but holds {body.size} values; the file is "
+            "truncated."
         )
     return body.reshape(tuple(dims))
 

@@ -65,7 +65,8 @@ class Dataset(abc.ABC):
         self.malformed_examples: list[tuple[int, str]] = []
 
     def reject(self, rejected: Sequence[tuple[int, str]]) -> None:
-        """Count rows as malformed: ``(line, reason)`` each, lines being file lines (or row numbers)."""
+        """Count rows as malformed: ``(line, reason)`` each, lines being file lines (or row
+        numbers)."""
         for line, reason in rejected:
             self.malformed += 1
             self.malformed_by_reason[reason] = self.malformed_by_reason.get(reason, 0) + 1
@@ -92,7 +93,8 @@ class Dataset(abc.ABC):
 
     @abc.abstractmethod
     def iter_chunks(self, split: str = "train", *, chunk_rows: int = 4096) -> Iterator[Chunk]:
-        """Yield the split's records in order, ``chunk_rows`` at a time (the last may be shorter)."""
+        """Yield the split's records in order, ``chunk_rows`` at a time (the last may be
+        shorter)."""
 
     def num_rows(self, split: str = "train") -> int | None:
         """Rows in the split when known without reading it all, else None."""

@@ -36,8 +36,9 @@ class FashionMnist(Dataset):
         folder = next((c for c in candidates if _idx.find_idx(c, "train")), None)
         if folder is None:
             raise DataError(
-                f"Expected Fashion-MNIST IDX files in {' or '.join(map(str, candidates))}; none found. "
-                "Install Debian's dataset-fashion-mnist or pass the folder holding train-images-idx3-ubyte.gz."
+                f"Expected Fashion-MNIST IDX files in {' or '.join(map(str, candidates))}; none "
+                "found. Install Debian's dataset-fashion-mnist or pass the folder holding "
+                "train-images-idx3-ubyte.gz."
             )
         self.folder: Path = folder
 

@@ -152,7 +152,8 @@ def fetch(dest_dir: Path | None = None) -> Path:
                 shutil.copyfileobj(r, out, 1 << 20)
         except OSError as e:
             raise DataError(
-                f"Cannot download HIGGS from {UCI_URL} ({e}). Download HIGGS.csv.gz by hand into {folder}."
+                f"Cannot download HIGGS from {UCI_URL} ({e}). Download HIGGS.csv.gz by hand into "
+                f"{folder}."
             ) from None
         try:
             with zipfile.ZipFile(archive) as z:

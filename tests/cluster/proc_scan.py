@@ -9,7 +9,8 @@ from pathlib import Path
 
 
 def carriers(secret: str, *, environment: bool = True) -> dict[int, str]:
-    """Pid to where (``cmdline`` or ``environ``) and the command, of each process carrying ``secret``."""
+    """Pid to where (``cmdline`` or ``environ``) and the command, of each process carrying
+    ``secret``."""
     needle, found = secret.encode(), {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():

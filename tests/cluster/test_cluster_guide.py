@@ -1,6 +1,6 @@
 """The cluster guide (docs/cluster.md) followed as written (issues 29 and 43): its fenced
-commands, read through tests/docblocks.py, run on three network-namespace hosts in its addresses' places
-(10.0.0.1: the driver with Kafka and the master; 10.0.0.2 and, as "each worker's machine"
+commands, read through tests/docblocks.py, run on three network-namespace hosts in its addresses'
+places (10.0.0.1: the driver with Kafka and the master; 10.0.0.2 and, as "each worker's machine"
 says, 10.0.0.3: a worker each), as `streamtrain` found on PATH. Each daemon is waited for by
 the "ready at" line the guide names, `cluster-status` lists both workers and their cores,
 the web UIs are closed to the other hosts, and the run trains over TCP with the driver on
@@ -181,8 +181,8 @@ def test_the_guides_cluster_commands_run_as_written_on_three_hosts(tmp_path: Pat
 def _probe(hosts: netns.Hosts, host: str, address: str, port: int) -> str:
     """From ``host``: "open" if ``address:port`` accepts a connection, else the error's name."""
     code = (
-        f"import socket\ntry:\n socket.create_connection(({address!r}, {port}), timeout=5).close(); print('open')\n"
-        "except OSError as e:\n print(type(e).__name__)"
+        f"import socket\ntry:\n socket.create_connection(({address!r}, {port}), "
+        "timeout=5).close(); print('open')\nexcept OSError as e:\n print(type(e).__name__)"
     )
     done = subprocess.run(
         [*hosts.run(host), sys.executable, "-c", code], capture_output=True, text=True, timeout=60

@@ -158,7 +158,8 @@ class Stack:
                 *self.hosts.run("prometheus"),
                 sys.executable,
                 "-c",
-                f"import urllib.request; print(urllib.request.urlopen({url!r}, timeout=5).read().decode())",
+                f"import urllib.request; print(urllib.request.urlopen({url!r}, "
+                "timeout=5).read().decode())",
             ],
             capture_output=True,
             text=True,

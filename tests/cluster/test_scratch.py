@@ -20,12 +20,10 @@ from tests.conftest import ROOT
 
 #: A process that holds a run's folder, writes a file there as TensorFlow would, and says where.
 _HOLD = (
-    "import sys, tempfile, time\n"
-    "from pipeline.cluster import scratch\n"
-    "with scratch.scratch(sys.argv[1]) as folder:\n"
-    "    tempfile.NamedTemporaryFile(prefix='__autograph_generated_file', suffix='.py', delete=False).close()\n"
-    "    print(folder, flush=True)\n"
-    "    time.sleep(120)\n"
+    "import sys, tempfile, time\nfrom pipeline.cluster import scratch\nwith "
+    "scratch.scratch(sys.argv[1]) as folder:\n    "
+    "tempfile.NamedTemporaryFile(prefix='__autograph_generated_file', suffix='.py', "
+    "delete=False).close()\n    print(folder, flush=True)\n    time.sleep(120)\n"
 )
 
 

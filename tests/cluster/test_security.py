@@ -20,8 +20,10 @@ _START = """
 import sys
 from pipeline import cluster
 secret = sys.stdin.readline().strip()
-s = cluster.session("local[1]", conf={"spark.authenticate": "true", "spark.authenticate.secret": secret})
-assert s.sparkContext.getConf().get("spark.authenticate.secret") == secret, "the JVM lacks the secret"
+conf = {"spark.authenticate": "true", "spark.authenticate.secret": secret}
+s = cluster.session("local[1]", conf=conf)
+got = s.sparkContext.getConf().get("spark.authenticate.secret")
+assert got == secret, "the JVM lacks the secret"
 assert s.range(3).count() == 3
 print("ready", flush=True)
 sys.stdin.readline()

@@ -19,7 +19,8 @@ import os, signal, sys, time
 if sys.argv[1:2] == ["wait"]:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(7))
 print("argv", sys.argv[1:], "cwd", os.getcwd(), "env", os.environ.get("ZYGOTE_TEST"),
-      "preloaded", "decimal" in sys.modules, "sigint-ignored", signal.getsignal(signal.SIGINT) == signal.SIG_IGN,
+      "preloaded", "decimal" in sys.modules,
+      "sigint-ignored", signal.getsignal(signal.SIGINT) == signal.SIG_IGN,
       "pid", os.getpid(), flush=True)
 print("to stderr", file=sys.stderr, flush=True)
 if sys.argv[1:2] == ["wait"]:
@@ -159,12 +160,11 @@ def test_with_the_zygote_gone_the_launcher_runs_the_module_itself(tmp_path: Path
 def test_another_user_is_not_served(zygote: Zygote) -> None:
     code = (
         "import os, sys\n"
-        "from pipeline.cluster.zygote import Child, ZygoteError\n"  # before: nobody may not read the stdlib
-        "os.setgid(65534); os.setuid(65534)\n"
-        "try:\n"
-        f"    Child({zygote.path!r}, {{'module': 'json', 'argv': [], 'env': {{}}, 'cwd': '/'}}, (0, 1, 2)).pid\n"
-        "except ZygoteError as e:\n"
-        "    print('refused', e)\n"
+        # Imported before: nobody may not read the stdlib.
+        "from pipeline.cluster.zygote import Child, ZygoteError\n"
+        f"os.setgid(65534); os.setuid(65534)\ntry:\n    Child({zygote.path!r}, {{'module': "
+        "'json', 'argv': [], 'env': {}, 'cwd': '/'}, (0, 1, 2)).pid\nexcept ZygoteError as "
+        "e:\n    print('refused', e)\n"
     )
     done = subprocess.run(
         [sys.executable, "-c", code],

@@ -512,7 +512,8 @@ class _FrontConfig:
     advertise: tuple[str, int]
     sasl: bool
     mechanisms: tuple[str, ...]
-    #: user -> mechanism -> scramp auth info (salt, stored_key, server_key, iterations), hex in JSON.
+    #: user -> mechanism -> scramp auth info (salt, stored_key, server_key, iterations), hex in
+    #: JSON.
     users: dict[str, dict[str, tuple[bytes, bytes, bytes, int]]]
     session_lifetime_ms: int | None
     max_connections: int = 256
@@ -651,7 +652,8 @@ class _Connection:
         size, got = struct.unpack(">ii", head)
         if got != corr or not 4 <= size <= _MAX_FRAME:
             self.log(
-                f"the broker answered out of order or oversized (correlation id {got}, {size} bytes): closed"
+                f"the broker answered out of order or oversized (correlation id {got}, {size} "
+                "bytes): closed"
             )
             return False
         self.client.write(head)
@@ -728,8 +730,8 @@ class _Connection:
     def failure(self) -> str:
         # Kafka's own words, so that clients and tests see what a real broker says.
         return (
-            f"Authentication failed during authentication due to invalid credentials with SASL mechanism "
-            f"{self.mechanism}"
+            "Authentication failed during authentication due to invalid credentials with SASL "
+            f"mechanism {self.mechanism}"
         )
 
     def logged_in(self) -> int:

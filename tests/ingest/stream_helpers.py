@@ -25,7 +25,8 @@ def register() -> None:
 
 
 class Recording(stream.Handler):
-    """Returns every record's id and offset; on the driver, appends batches to a JSON-lines ledger."""
+    """Returns every record's id and offset; on the driver, appends batches to a JSON-lines
+    ledger."""
 
     def __init__(self, ledger: str | None = None, hang_on_batch: int | None = None) -> None:
         self.ledger = ledger

@@ -11,7 +11,10 @@ import pytest
 from pipeline.errors import ConfigError
 from pipeline.ingest.kafka import conf
 
-SCRAM = "security.protocol=SASL_SSL\nsasl.mechanism=SCRAM-SHA-512\nsasl.username=trainer\nsasl.password={}\n"
+SCRAM = (
+    "security.protocol=SASL_SSL\nsasl.mechanism=SCRAM-SHA-512\nsasl.username=trainer\n"
+    "sasl.password={}\n"
+)
 
 
 def _write(folder: Path, text: str, mode: int = 0o600, name: str = "client.properties") -> Path:
@@ -71,8 +74,7 @@ def test_a_file_readable_by_others_is_refused_when_it_holds_a_password(tmp_path:
         ),
         ("sasl.mechanism=PLAIN\nsasl.username=u\nsasl.password=p\n", "beside sasl.* settings"),
         (
-            "security.protocol=SASL_PLAINTEXT\nssl.ca.location=/etc/hostname\nsasl.mechanism=PLAIN\nsasl.username=u\n"
-            "sasl.password=p\n",
+            "security.protocol=SASL_PLAINTEXT\nssl.ca.location=/etc/hostname\nsasl.mechanism=PLAIN\nsasl.username=u\nsasl.password=p\n",
             "the connection would not use TLS",
         ),
         ("security.protocol=SSL\nssl.ca.location=/nonexistent/ca.pem\n", "to name a readable file"),

@@ -89,8 +89,8 @@ def test_a_run_whose_labels_flip_stops_at_the_collapse_and_names_the_sound_check
     # The offered generation holds the best score.
     rows = [json.loads(line) for line in (out / "batches.jsonl").read_text().splitlines()]
     scored = {r["batch_id"]: r["heldout"]["accuracy"] for r in rows if r.get("heldout")}
-    # The rule is learnt to 0.78-0.85 in six batches, as the machine's thread timing orders the float
-    # sums (CI's fresh clone peaked at 0.785): far above the majority class's ~0.5 either way.
+    # The rule is learnt to 0.78-0.85 in six batches, as the machine's thread timing orders the
+    # float sums (CI's fresh clone peaked at 0.785): far above the majority class's ~0.5 either way.
     assert scored[sound] == max(scored.values()) > 0.7 and list(scored.values())[-1] < 0.6, scored
     # Before the collapse: the score can still rise on the first flipped batch or two (the
     # model lags the flip; a CI run peaked after 8,000 records), never after the fall.
@@ -103,11 +103,12 @@ def test_a_model_whose_updates_leave_float32_stops_with_one_line(tmp_path: Path)
     (the parameter server refuses them) stops the run in one line naming the worker, with
     no Spark executor traceback in the log and nothing saved."""
     (tmp_path / "blowup.py").write_text(
-        "import keras\n\n\ndef build():\n"
-        "    m = keras.Sequential([keras.Input((28,)), keras.layers.Dense(64, activation='relu'),\n"
-        "                          keras.layers.Dense(2, activation='softmax')])\n"
-        "    m.compile(keras.optimizers.SGD(learning_rate=1e30), 'sparse_categorical_crossentropy')\n"
-        "    return m\n"
+        "import keras\n\n\ndef build():\n    m = keras.Sequential([keras.Input((28,)), "
+        "keras.layers.Dense(64, activation='relu'),\n                          "
+        "keras.layers.Dense(2, activation='softmax')])\n    "
+        "m.compile(keras.optimizers.SGD(learning_rate=1e30), "
+        "'sparse_categorical_crossentropy')\n    "
+        "return m\n"
     )
     out = tmp_path / "run"
     done = subprocess.run(

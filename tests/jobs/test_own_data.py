@@ -202,7 +202,8 @@ def test_topics_of_json_and_avro_records_written_by_confluent_kafka(
     from producers.datasets.table import sample_columns
 
     table = infer(sample_columns(PENGUINS), label="species")
-    bad = b'{"island": "Dream", "bill_length_mm": "long", "species": "Adelie"}'  # a word where a number goes
+    # A word where a number goes.
+    bad = b'{"island": "Dream", "bill_length_mm": "long", "species": "Adelie"}'
     copies = (
         8  # the same 344 penguins 8 times over, same keys: one pass of a topic is enough to learn
     )
@@ -305,9 +306,9 @@ def test_a_model_that_does_not_fit_the_table_is_refused_in_one_line(tmp_path: Pa
     assert done.returncode == 2, done.stderr[-3000:]
     last = done.stderr.strip().splitlines()[-1]
     assert last == (
-        "streamtrain: error: Expected a model with input [12] and 3 output unit(s) for penguins's 3 "
-        "classes (12 encoded columns). Received: input [12] and 5 output unit(s). Change the model's "
-        "Input or its last layer."
+        "streamtrain: error: Expected a model with input [12] and 3 output unit(s) for penguins's "
+        "3 classes (12 encoded columns). Received: input [12] and 5 output unit(s). Change the "
+        "model's Input or its last layer."
     ), last
     assert "Traceback" not in done.stderr and not (tmp_path / "bad").exists()
 

@@ -62,9 +62,9 @@ def test_the_replays_rows_set_aside_are_counted_and_stop_the_run_past_the_limit(
     if stops:
         assert isinstance(run._failure, DataError)
         assert str(run._failure) == (
-            "Expected at most 10% of the records rejected (--max-rejected 0.1). Received: 400 of 1,000 "
-            "(not_a_number:bill_length_mm 400; line 7: not_a_number:bill_length_mm). Fix the data or the schema, "
-            "or raise --max-rejected."
+            "Expected at most 10% of the records rejected (--max-rejected 0.1). Received: 400 of "
+            "1,000 (not_a_number:bill_length_mm 400; line 7: not_a_number:bill_length_mm). Fix "
+            "the data or the schema, or raise --max-rejected."
         )
     run._until()  # the same tally again counts nothing twice
     assert _rejected(run, "not_a_number:bill_length_mm") == 400

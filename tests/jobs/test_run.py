@@ -1,4 +1,5 @@
-"""`streamtrain run`, the main job, end to end: real broker, Spark, parameter server and TensorFlow."""
+"""`streamtrain run`, the main job, end to end: real broker, Spark, parameter server and
+TensorFlow."""
 
 from __future__ import annotations
 
@@ -111,9 +112,10 @@ def test_a_driver_killed_at_each_boundary_of_a_batch_resumes_every_record_once(
         # not begun), Spark runs the next.
         said = {
             "batch": f"Spark runs batch {batch} with the offsets it had planned before the stop",
-            "saved": f"Spark replays batch {batch}, which it had not committed: the checkpoint holds it, so it is "
-            "skipped",
-            "committed": f"Spark runs batch {batch + 1} with the offsets it had planned before the stop",
+            "saved": f"Spark replays batch {batch}, which it had not committed: the checkpoint "
+            "holds it, so it is skipped",
+            "committed": f"Spark runs batch {batch + 1} with the offsets it had planned before "
+            "the stop",
         }[point]
         skipped = re.findall(r"batch (\d+) was applied before a restart: skipped", killed.stderr)
         assert skipped == ([] if previous_skip is None else [str(previous_skip)]), (point, skipped)
@@ -162,11 +164,12 @@ def test_a_user_model_file_trains_and_the_driver_never_imports_tensorflow(tmp_pa
     # process, and scored and saved on the workers. Four workers on a machine with fewer
     # cores: each still gets a task slot of its own.
     script = (
-        "import sys; from pipeline.jobs.online import Run, RunConfig; "
-        "r = Run(RunConfig(dataset='higgs', model='tests/jobs/user_model.py:build', workers=4, max_batches=2, "
-        f"max_offsets_per_trigger=3500, eval_every=1, out={str(tmp_path / 'run')!r})).execute(); "
-        "print('heldout', r.batches[-1].heldout['accuracy'], 'final', r.final['accuracy']); "
-        "print('tensorflow loaded:', 'tensorflow' in sys.modules, 'keras loaded:', 'keras' in sys.modules)"
+        "import sys; from pipeline.jobs.online import Run, RunConfig; r = "
+        "Run(RunConfig(dataset='higgs', model='tests/jobs/user_model.py:build', workers=4, "
+        "max_batches=2, max_offsets_per_trigger=3500, eval_every=1, "
+        f"out={str(tmp_path / 'run')!r})).execute(); print('heldout', "
+        "r.batches[-1].heldout['accuracy'], 'final', r.final['accuracy']); print('tensorflow "
+        "loaded:', 'tensorflow' in sys.modules, 'keras loaded:', 'keras' in sys.modules)"
     )
     done = subprocess.run(
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=ROOT

@@ -49,7 +49,8 @@ def test_a_topic_that_cannot_be_read_is_an_error_not_an_outage(broker, topic, tm
     assert done.returncode == 2, done.stderr[-3000:]
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith(
-        f"streamtrain: error: Cannot read {topic}-0 at offset 3: Cannot inflate a zstd batch: corrupt data"
+        f"streamtrain: error: Cannot read {topic}-0 at offset 3: Cannot inflate a zstd batch: "
+        "corrupt data"
     ), done.stderr[-3000:]
     assert "unavailable" not in done.stderr
     assert not (tmp_path / "run" / "report.json").exists()
@@ -59,7 +60,8 @@ def test_a_bad_isolation_level_is_one_line(tmp_path) -> None:  # type: ignore[no
     done = _cli("run", "--isolation-level", "read_some", "--out", str(tmp_path / "run"))
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [
-        "streamtrain: error: Expected --isolation-level read_committed or read_uncommitted. Received: 'read_some'"
+        "streamtrain: error: Expected --isolation-level read_committed or read_uncommitted. "
+        "Received: 'read_some'"
     ]
 
 

@@ -5,8 +5,8 @@ requires SASL_SSL with SCRAM-SHA-512; the run trains every one exactly once thro
 Spark source's Fetch reader, sets the malformed ones aside in the dead-letter topic there,
 and the predict stream writes its predictions there. A second run, on a broker that
 requires a client certificate, replays HIGGS itself and trains through the kafka-python
-fallback. While they run, no process's command line or environment holds the password; after, no file
-of the run does.
+fallback. While they run, no process's command line or environment holds the password; after, no
+file of the run does.
 """
 
 from __future__ import annotations

@@ -163,14 +163,16 @@ def test_a_stopped_run_leaves_its_report_and_model_and_resumes(
     # A clean stop leaves no batch saved and uncommitted: Spark starts the next one, planned or not.
     starts = (
         f"Spark starts with batch {state.last_batch_id + 1})",
-        f"Spark runs batch {state.last_batch_id + 1} with the offsets it had planned before the stop)",
+        f"Spark runs batch {state.last_batch_id + 1} with the offsets it had planned before the "
+        "stop)",
     )
     assert any(s in lines for s in starts) and "replays" not in lines, lines[:600]
     final = checkpoint.load(out)
     assert final is not None
     ends = check_ledger(final.ledger)  # no gap, no overlap across the stop
     assert sum(ends.values()) == produced == final.extra["trained"]
-    # The closing line: this session's records over this session's time, and the run's total beside them.
+    # The closing line: this session's records over this session's time, and the run's total beside
+    # them.
     session = json.loads((out / "report.json").read_text())
     assert (
         f"trained {session['trained_this_session']:,} records in {session['train_seconds']:.1f} s"

@@ -315,15 +315,14 @@ def test_build_writes_the_dashboard(tmp_path: Path) -> None:
 
 
 def test_the_operating_guide_names_every_alert_and_only_those() -> None:
-    """Proves: docs/operating.md's alert list is alerts.yml's (the README once named five of six)."""
+    """Proves: docs/operating.md's alert list is alerts.yml's (the README once named five of
+    six)."""
     rules = yaml.safe_load((DEPLOY / "prometheus" / "alerts.yml").read_text())
     alerts = {r["alert"] for g in rules["groups"] for r in g["rules"] if "alert" in r}
     guide = (ROOT / "docs" / "operating.md").read_text()
     assert set(re.findall(r"`(Streamtrain[A-Za-z]+)`", guide)) == alerts
-    assert (
-        f"has {('no', 'one', 'two', 'three', 'four', 'five', 'six', 'seven', 'eight', 'nine', 'ten')[len(alerts)]} alerts"
-        in guide
-    )
+    words = ("no", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten")
+    assert f"has {words[len(alerts)]} alerts" in guide
 
 
 def test_every_panel_that_can_alarm_has_thresholds_and_every_rate_a_minute() -> None:

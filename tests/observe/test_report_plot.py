@@ -30,7 +30,8 @@ def _rows(n: int, heldout_at: tuple[int, ...] = ()) -> list[dict]:  # type: igno
 
 
 def test_a_short_run_shows_its_final_held_out_score(tmp_path: Path) -> None:
-    """Proves: a 3-batch run scored only at its end (every 5 batches) still draws held-out accuracy."""
+    """Proves: a 3-batch run scored only at its end (every 5 batches) still draws held-out
+    accuracy."""
     drawn = report_plots(
         _rows(3), tmp_path / "r.png", final=0.97, eval_every=5, eval_records=10_000
     )

@@ -119,7 +119,8 @@ def test_rate_panels_read_steady_and_counters_go_on_across_a_resume(
     server.await_scrape()
     server.stop()
 
-    # Every rate panel fed by per-batch counters reads steady (the issue saw 1,333 and 2,667 in turn).
+    # Every rate panel fed by per-batch counters reads steady (the issue saw 1,333 and 2,667 in
+    # turn).
     wobbly = {}
     for title in STEPPED:
         for target in panels[title]["targets"]:
@@ -182,8 +183,9 @@ def test_rate_panels_read_steady_and_counters_go_on_across_a_resume(
         (values,) = _series(prom, counter, began, end)
         assert all(b >= a for a, b in zip(values, values[1:], strict=False)), (counter, values)
         assert values[-1] == total, (counter, values[-1])
-    # The first scrape after the restart, as Prometheus stored it: the checkpoint's totals and last scores.
-    # Read half a scrape after it: at its own millisecond a query may round to the sample before.
+    # The first scrape after the restart, as Prometheus stored it: the checkpoint's totals and last
+    # scores. Read half a scrape after it: at its own millisecond a query may round to the sample
+    # before.
     first_scrape = _first_sample_after(prom, stopped) + SCRAPE_S / 2
     restarted = {
         expr: _series(prom, expr, first_scrape, first_scrape)[0][0]
@@ -211,7 +213,8 @@ def test_rate_panels_read_steady_and_counters_go_on_across_a_resume(
         "streamtrain_train_prequential_accuracy": pytest.approx(0.5 + (n - 1) / 1000),
         "streamtrain_stream_last_batch_duration_seconds": (8.0, 17.0)[(n - 1) % 2],
     }, restarted
-    # increase() over the whole test, across the restart, is what was trained: nothing counted twice.
+    # increase() over the whole test, across the restart, is what was trained: nothing counted
+    # twice.
     whole = f"{round(end - began) + 5}s"
     (increase,) = _series(
         prom, f"sum(increase(streamtrain_train_records_total[{whole}]))", end, end

@@ -144,7 +144,8 @@ def test_csv_table_by_a_schema_names_each_bad_row(tmp_path: Path) -> None:
     path.write_text("a,cls,b\n0.5,1,2\n1.5,0,3\nbad,1,2\n0.1,7,0\n2.5,2.5,1\n1,1,1,1\n")
     schema = tmp_path / "s.json"
     schema.write_text(
-        '{"features": [{"name": "a"}, {"name": "b"}], "label": {"name": "cls", "classes": [0, 1, 2]}}'
+        '{"features": [{"name": "a"}, {"name": "b"}], "label": {"name": "cls", "classes": [0, 1, '
+        "2]}}"
     )
     d = datasets.get("csv", path, schema=schema, holdout=0.0)
     chunk = d.load()

@@ -313,7 +313,8 @@ def test_browsers_cannot_reach_the_loopback_server(live) -> None:  # type: ignor
     with serving(live) as app:
         rebound = _raw(
             app.port,
-            b"GET /v1/models/m HTTP/1.1\r\nHost: attacker.example:8501\r\nConnection: close\r\n\r\n",
+            b"GET /v1/models/m HTTP/1.1\r\nHost: attacker.example:8501\r\nConnection: "
+            b"close\r\n\r\n",
         )
         assert rebound.startswith(b"HTTP/1.1 421"), rebound[:200]
         status, _, answer = _post(app.port, ONE, {"Content-Type": "text/plain"})

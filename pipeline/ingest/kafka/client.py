@@ -33,10 +33,11 @@ def parse_bootstrap(bootstrap: str) -> str:
 
     >>> parse_bootstrap("127.0.0.1:9092")
     '127.0.0.1:9092'
-    >>> parse_bootstrap("localhost")
+    >>> parse_bootstrap("localhost")  # doctest: +NORMALIZE_WHITESPACE
     Traceback (most recent call last):
     ...
-    pipeline.errors.ConfigError: Expected --bootstrap as HOST:PORT[,HOST:PORT...]. Received: 'localhost'
+    pipeline.errors.ConfigError: Expected --bootstrap as HOST:PORT[,HOST:PORT...]. Received:
+    'localhost'
     """
     for part in bootstrap.split(","):
         host, _, port = part.strip().rpartition(":")
@@ -49,8 +50,9 @@ def parse_bootstrap(bootstrap: str) -> str:
 
 def _unreachable(bootstrap: str, timeout_s: float, why: object) -> BrokerError:
     return BrokerError(
-        f"Cannot reach Kafka at {bootstrap}: no broker answered within {timeout_s:g} s ({str(why).rstrip('.')}). "
-        "Start one with `streamtrain broker`, or pass --bootstrap HOST:PORT of a running Kafka."
+        f"Cannot reach Kafka at {bootstrap}: no broker answered within {timeout_s:g} s "
+        f"({str(why).rstrip('.')}). Start one with `streamtrain broker`, or pass --bootstrap "
+        "HOST:PORT of a running Kafka."
     )
 
 
@@ -87,9 +89,9 @@ def check_reachable(bootstrap: str, *, conf: KafkaConf = PLAINTEXT, timeout_s: f
                 closed += conf.protocol == "PLAINTEXT"
                 if closed >= 2:
                     raise wire.AuthenticationError(
-                        f"The Kafka broker at {host}:{port} closed the connection at the first plaintext request: "
-                        "its listener probably wants TLS (security.protocol SSL or SASL_SSL in a --kafka-conf "
-                        "file)."
+                        f"The Kafka broker at {host}:{port} closed the connection at the first "
+                        "plaintext request: its listener probably wants TLS (security.protocol "
+                        "SSL or SASL_SSL in a --kafka-conf file)."
                     ) from None
             finally:
                 conn.close()

@@ -1,4 +1,5 @@
-"""Kafka's record-batch codecs (gzip, snappy, lz4, zstd), inflated with ``cramjam`` under a size cap.
+"""Kafka's record-batch codecs (gzip, snappy, lz4, zstd), inflated with ``cramjam`` under a size
+cap.
 
 A record batch names its codec in the low three bits of its attributes. Every codec
 inflates into one buffer of ``max_bytes + 1`` bytes allocated up front (untouched pages
@@ -107,14 +108,23 @@ def inflate(
     Example:
         >>> import cramjam
         >>> data = b"a kafka record " * 100
-        >>> [bytes(inflate(c, bytes(f(data)))) == data for c, f in
-        ...  [(1, cramjam.gzip.compress), (2, cramjam.snappy.compress_raw), (3, cramjam.lz4.compress),
-        ...   (4, cramjam.zstd.compress)]]
+        >>> [
+        ...     bytes(inflate(c, bytes(f(data)))) == data
+        ...     for c, f in [
+        ...         (1, cramjam.gzip.compress),
+        ...         (2, cramjam.snappy.compress_raw),
+        ...         (3, cramjam.lz4.compress),
+        ...         (4, cramjam.zstd.compress),
+        ...     ]
+        ... ]
         [True, True, True, True]
-        >>> inflate(4, bytes(cramjam.zstd.compress(bytes(10_000))), max_bytes=1000)
+        >>> inflate(
+        ...     4, bytes(cramjam.zstd.compress(bytes(10_000))), max_bytes=1000
+        ... )  # doctest: +NORMALIZE_WHITESPACE
         Traceback (most recent call last):
         ...
-        pipeline.ingest.kafka.compression.CodecError: Cannot inflate a zstd batch: it inflates to more than the cap of 1000 bytes
+        pipeline.ingest.kafka.compression.CodecError: Cannot inflate a zstd batch: it inflates to
+        more than the cap of 1000 bytes
     """
     import cramjam
 

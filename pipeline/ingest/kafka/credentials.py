@@ -30,6 +30,8 @@ BROKER_NAMES = ("kafka", "localhost")
 #: The broker's listeners: SASL_SSL for the stack (9092) and the host (9094), the KRaft
 #: controller and a PLAINTEXT listener on the container's own loopback (9095) that only
 #: the broker's own tools reach (it creates the SCRAM user there).
+#: The JAAS config of both SCRAM listeners.
+_JAAS = "org.apache.kafka.common.security.scram.ScramLoginModule required;"
 _SERVER = """\
 # streamtrain: a single-node KRaft broker that requires TLS and SCRAM-SHA-512 (generated).
 process.roles=broker,controller
@@ -41,8 +43,8 @@ advertised.listeners=SASL_SSL://kafka:9092,HOST://localhost:9094,LOCAL://127.0.0
 listener.security.protocol.map=SASL_SSL:SASL_SSL,HOST:SASL_SSL,CONTROLLER:PLAINTEXT,LOCAL:PLAINTEXT
 inter.broker.listener.name=LOCAL
 sasl.enabled.mechanisms=SCRAM-SHA-512
-listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required;
-listener.name.host.scram-sha-512.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required;
+listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config={jaas}
+listener.name.host.scram-sha-512.sasl.jaas.config={jaas}
 ssl.keystore.type=PEM
 ssl.keystore.location={folder}/broker.pem
 log.dirs=/var/lib/kafka/data
@@ -148,7 +150,8 @@ def write(
     for folder in (broker_dir, client_file.parent, ca_file.parent):
         if not folder.is_dir():
             raise ConfigError(
-                f"Expected a folder for the Kafka credentials. Received: {folder}, which does not exist."
+                f"Expected a folder for the Kafka credentials. Received: {folder}, which does not "
+                "exist."
             )
     password = secrets.token_urlsafe(32)
     ca, broker = _certificates(days)
@@ -176,5 +179,9 @@ def write(
         0o600,
     )
     # Last: its presence says the rest is written (a start killed half-way writes all again).
-    _private(broker_dir / "server.properties", _SERVER.format(folder=broker_dir).encode(), 0o644)
+    _private(
+        broker_dir / "server.properties",
+        _SERVER.format(folder=broker_dir, jaas=_JAAS).encode(),
+        0o644,
+    )
     return True

@@ -56,10 +56,11 @@ def isolation_id(level: str) -> int:
 
     >>> isolation_id("read_committed")
     1
-    >>> isolation_id("committed")
+    >>> isolation_id("committed")  # doctest: +NORMALIZE_WHITESPACE
     Traceback (most recent call last):
     ...
-    pipeline.errors.ConfigError: Expected --isolation-level read_committed or read_uncommitted. Received: 'committed'
+    pipeline.errors.ConfigError: Expected --isolation-level read_committed or read_uncommitted.
+    Received: 'committed'
     """
     if level not in ISOLATION_LEVELS:
         raise ConfigError(
@@ -374,13 +375,15 @@ class RangeReader:
                         partition,
                         UnreadableBatch(
                             position,
-                            f"a batch larger than {max_bytes:,} bytes (the cap is {self.max_batch_bytes:,})",
+                            f"a batch larger than {max_bytes:,} bytes (the cap is "
+                            f"{self.max_batch_bytes:,})",
                         ),
                     )
                 max_bytes = min(2 * max_bytes, self.max_batch_bytes + _FETCH_OVERHEAD)
             elif time.monotonic() > deadline:
                 open_txn = (
-                    f"; a transaction still open at offset {stable} holds the rest back (read_committed)"
+                    f"; a transaction still open at offset {stable} holds the rest back "
+                    "(read_committed)"
                     if committed and 0 <= stable <= position
                     else ""
                 )

@@ -76,7 +76,8 @@ class Releaser:
                 if self._closed:
                     return
                 wanted = {p: o for p, o in self._wanted.items() if o > self.released.get(p, 0)}
-                self._wanted.clear()  # a failed release is asked for again, further on, by the next batch
+                # A failed release is asked for again, further on, by the next batch.
+                self._wanted.clear()
                 self._busy = True
             ok = not wanted or self._delete(wanted)
             with self._lock:
@@ -107,8 +108,8 @@ class Releaser:
                 with self._lock:
                     self.supported = False
                 log.info(
-                    "this broker keeps the records it was sent (it cannot delete them: %s): its memory "
-                    "grows with the replay",
+                    "this broker keeps the records it was sent (it cannot delete them: %s): its "
+                    "memory grows with the replay",
                     type(e).__name__,
                 )
             else:

@@ -231,8 +231,8 @@ class Connection:
         which = (
             "refused the client certificate given"
             if self.conf.certificate
-            else "probably requires a client certificate (ssl.certificate.location and ssl.key.location in "
-            "--kafka-conf)"
+            else "probably requires a client certificate (ssl.certificate.location and "
+            "ssl.key.location in --kafka-conf)"
         )
         return AuthenticationError(
             f"The Kafka broker at {self.where} closed the TLS connection at the first request: "
@@ -241,7 +241,8 @@ class Connection:
 
     def _garbled(self, message: str) -> BrokerError:
         if self.conf.protocol == "PLAINTEXT" and self.correlation == 1:
-            # A TLS listener answers a plaintext request with an alert (0x15 0x03 ...), read as a huge size.
+            # A TLS listener answers a plaintext request with an alert (0x15 0x03 ...), read as a
+            # huge size.
             return AuthenticationError(
                 f"The Kafka broker at {self.where} did not answer in Kafka's plaintext "
                 "protocol: its port probably wants TLS (security.protocol SSL or "

@@ -4,7 +4,9 @@ Example:
     >>> from pipeline.train import algorithms
     >>> algorithms.get("adag").name
     'adag'
-    >>> algorithms.get({"name": "downpour", "config": {"communication_window": 3}}).communication_window
+    >>> algorithms.get(
+    ...     {"name": "downpour", "config": {"communication_window": 3}}
+    ... ).communication_window
     3
     >>> sorted(algorithms.NAMES)
     ['adag', 'aeasgd', 'agn', 'averaging', 'downpour', 'dynsgd', 'eamsgd', 'single', 'sync']

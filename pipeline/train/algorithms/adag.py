@@ -27,7 +27,9 @@ class ADAG(AGN):
     Example:
         >>> import numpy as np
         >>> center = np.array([1.0, 0.0], np.float32)
-        >>> ADAG(learning_rate=1.0).apply(center, np.array([1, 1], np.float32), pulled=np.zeros(2, np.float32))
+        >>> ADAG(learning_rate=1.0).apply(
+        ...     center, np.array([1, 1], np.float32), pulled=np.zeros(2, np.float32)
+        ... )
         >>> center.tolist()   # the first coordinate moved by 1 since the pull: half the update
         [1.5, 1.0]
     """

@@ -2,10 +2,10 @@
 
 An algorithm has two halves that meet only through flat float32 buffers:
 
-* the worker half, :meth:`Algorithm.worker`, a :class:`~pipeline.train.algorithms.worker_half.WorkerHalf`
-  that learns from each mini-batch and, every ``communication_window`` of them, calls
-  :meth:`Algorithm.exchange`, which talks to the parameter server through a client
-  and returns the weights the replica continues from;
+* the worker half, :meth:`Algorithm.worker`, a
+  :class:`~pipeline.train.algorithms.worker_half.WorkerHalf` that learns from each mini-batch and,
+  every ``communication_window`` of them, calls :meth:`Algorithm.exchange`, which talks to the
+  parameter server through a client and returns the weights the replica continues from;
 * the server half, :meth:`Algorithm.apply`, a function that changes the center
   weights in place from one pushed buffer (and the push's staleness). It is pure
   except in algorithms that keep an optimizer on the server (synchronous SGD),
@@ -29,7 +29,8 @@ if TYPE_CHECKING:
 
 
 class ExchangeClient(Protocol):
-    """What an algorithm needs of the parameter-server client (:class:`pipeline.train.ps.Client`)."""
+    """What an algorithm needs of the parameter-server client
+    (:class:`pipeline.train.ps.Client`)."""
 
     clock: int
     last_staleness: int
@@ -82,7 +83,8 @@ class Algorithm(abc.ABC):
 
     @property
     def worker_batch_size(self) -> int:
-        """The records of one mini-batch on one worker (``batch_size``, except in synchronous SGD)."""
+        """The records of one mini-batch on one worker (``batch_size``, except in synchronous
+        SGD)."""
         return self.batch_size
 
     # --- worker half ---
@@ -123,7 +125,8 @@ class Algorithm(abc.ABC):
         add_delta(center, delta)
 
     def bind(self, spec: ModelSpec) -> None:
-        """Hook: the model the server half will update, before its first push (size server state here)."""
+        """Hook: the model the server half will update, before its first push (size server state
+        here)."""
         return None
 
     def server_state(self) -> dict[str, np.ndarray]:

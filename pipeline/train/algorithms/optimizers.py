@@ -41,7 +41,8 @@ class ServerOptimizer:
         missing = [k for k in ("iterations", *slots) if k not in state]
         if missing:
             raise ConfigError(
-                f"Expected optimizer state with {sorted(['iterations', *slots])}. Missing: {missing}"
+                f"Expected optimizer state with {sorted(['iterations', *slots])}. Missing: "
+                f"{missing}"
             )
         for k, v in slots.items():
             np.copyto(v, np.asarray(state[k], np.float32).reshape(v.shape))
@@ -57,7 +58,8 @@ class Adam(ServerOptimizer):
     Example:
         >>> w = np.zeros(2, np.float32)
         >>> opt = Adam(2, learning_rate=0.1)
-        >>> opt.apply(w, np.array([1.0, -2.0], np.float32)); w.astype(float).round(4).tolist()   # first step: -lr * sign
+        >>> opt.apply(w, np.array([1.0, -2.0], np.float32))
+        >>> w.astype(float).round(4).tolist()  # first step: -lr * sign
         [-0.1, 0.1]
     """
 
@@ -135,7 +137,8 @@ class SGD(ServerOptimizer):
             np.multiply(grad, lr, out=self._tmp)
             weights -= self._tmp
             return
-        # velocity = momentum * velocity - lr * g; w += velocity (+ momentum * velocity - lr * g if Nesterov)
+        # velocity = momentum * velocity - lr * g; w += velocity (+ momentum * velocity - lr * g if
+        # Nesterov)
         self.velocity *= np.float32(self.momentum)
         np.multiply(grad, lr, out=self._tmp)
         self.velocity -= self._tmp
@@ -155,7 +158,9 @@ def get(identifier: str | dict[str, Any], size: int) -> ServerOptimizer:
     (``name``, ``jit_compile``, ...) are ignored. Schedules and other optimizers
     are refused with the list of what works.
 
-    >>> get({"class_name": "Adam", "config": {"learning_rate": 0.002, "name": "adam"}}, 3).learning_rate
+    >>> get(
+    ...     {"class_name": "Adam", "config": {"learning_rate": 0.002, "name": "adam"}}, 3
+    ... ).learning_rate
     0.002
     """
     name, config = (
@@ -166,8 +171,8 @@ def get(identifier: str | dict[str, Any], size: int) -> ServerOptimizer:
     cls = _KINDS.get(name.lower())
     if cls is None:
         raise ConfigError(
-            f"Synchronous SGD runs the optimizer on the parameter server, which knows {sorted(_KINDS)}. "
-            f"Received: {name!r}. Pass worker_optimizer='adam' or 'sgd'."
+            "Synchronous SGD runs the optimizer on the parameter server, which knows "
+            f"{sorted(_KINDS)}. Received: {name!r}. Pass worker_optimizer='adam' or 'sgd'."
         )
     wanted = {
         "adam": ("learning_rate", "beta_1", "beta_2", "epsilon"),

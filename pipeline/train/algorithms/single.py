@@ -28,5 +28,6 @@ class Single(Algorithm):
         super().__post_init__()
         if self.num_workers != 1:
             raise ConfigError(
-                f"The single algorithm trains on exactly one worker. Received: num_workers={self.num_workers}"
+                "The single algorithm trains on exactly one worker. Received: "
+                f"num_workers={self.num_workers}"
             )

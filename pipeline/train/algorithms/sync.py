@@ -15,9 +15,9 @@ run in NumPy) once.
 ``tf.distribute`` splits a global batch): each computes its gradient on
 ``batch_size / num_workers`` records, and a round steps the optimizer once on
 their mean, as one process would with ``batch_size``. Asynchronous algorithms
-trade that for never waiting, and need more records to reach an accuracy. A worker whose partition runs out leaves the rounds; the others go on
-without it. Weights that are not trained by gradients (batch-norm statistics)
-are averaged instead: their slots carry the change since the last pull.
+trade that for never waiting, and need more records to reach an accuracy. A worker whose partition
+runs out leaves the rounds; the others go on without it. Weights that are not trained by gradients
+(batch-norm statistics) are averaged instead: their slots carry the change since the last pull.
 """
 
 from __future__ import annotations
@@ -77,7 +77,8 @@ class SyncSGD(Algorithm):
         self._averaged = spec.untrained()
 
     def worker(self, client: ExchangeClient, replica: Any, pulled: np.ndarray) -> WorkerHalf:
-        """Gradients out, the center back (with ``overlap``, in flight while the next window computes)."""
+        """Gradients out, the center back (with ``overlap``, in flight while the next window
+        computes)."""
         return GradientWorker(self, client, replica, pulled)
 
     def exchange(self, client: ExchangeClient, local: np.ndarray, pulled: np.ndarray) -> np.ndarray:
@@ -193,7 +194,8 @@ class GradientWorker(WorkerHalf):
         self._load(future.result(), computed_at)
 
     def _load(self, center: np.ndarray, computed_at: int) -> None:
-        """Continue from ``center``, which a push of a gradient computed at ``computed_at`` brought back."""
+        """Continue from ``center``, which a push of a gradient computed at ``computed_at`` brought
+        back."""
         self.weights.set(center)
         if self.averaged is not None:
             self.base = center[self.averaged]

@@ -297,7 +297,8 @@ class Client:
         return self._center()
 
     def _center(self) -> np.ndarray:
-        """The center a PULL, PUSH_PULL or PEEK answered: in the shared file, or the receive buffer."""
+        """The center a PULL, PUSH_PULL or PEEK answered: in the shared file, or the receive
+        buffer."""
         return self._shared.response if self._shared is not None else self._buf
 
     def stats(self) -> dict[str, Any]:

@@ -133,13 +133,15 @@ def client_proof(secret: bytes, server_nonce: bytes, client_nonce: bytes) -> byt
 
 
 def server_proof(secret: bytes, server_nonce: bytes, client_nonce: bytes) -> bytes:
-    """What the server proves it holds the secret with (another label: not a replayed client proof)."""
+    """What the server proves it holds the secret with (another label: not a replayed client
+    proof)."""
     return hmac.new(secret, b"server" + server_nonce + client_nonce, hashlib.sha256).digest()
 
 
 @dataclasses.dataclass(frozen=True)
 class Keys:
-    """A connection's two AES-256 keys: one per direction, so a reply can never pass as a request."""
+    """A connection's two AES-256 keys: one per direction, so a reply can never pass as a
+    request."""
 
     request: bytes
     reply: bytes

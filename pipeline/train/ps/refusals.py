@@ -18,8 +18,9 @@ class RefusalLog:
         >>> r = RefusalLog(lines.append, interval_s=10, clock=lambda: now[0])
         >>> for _ in range(500): r.refused("auth")
         >>> now[0] = 11; r.refused("frame")
-        >>> lines
-        ['parameter server refused a request (auth); more are summed up every 10 s', 'parameter server refused 500 more requests in the last 11 s (auth: 499, frame: 1)']
+        >>> lines  # doctest: +NORMALIZE_WHITESPACE
+        ['parameter server refused a request (auth); more are summed up every 10 s', 'parameter
+        server refused 500 more requests in the last 11 s (auth: 499, frame: 1)']
     """
 
     def __init__(
@@ -39,7 +40,10 @@ class RefusalLog:
             now = self.clock()
             if self._since is None:
                 self._since = now
-                line = f"parameter server refused a request ({reason}); more are summed up every {self.interval_s:g} s"
+                line = (
+                    f"parameter server refused a request ({reason}); more are summed up every "
+                    f"{self.interval_s:g} s"
+                )
             else:
                 self._pending[reason] = self._pending.get(reason, 0) + 1
                 if now - self._since < self.interval_s:
@@ -58,7 +62,10 @@ class RefusalLog:
         assert self._since is not None
         n = sum(self._pending.values())
         detail = ", ".join(f"{k}: {v}" for k, v in sorted(self._pending.items()))
-        line = f"parameter server refused {n} more requests in the last {now - self._since:.0f} s ({detail})"
+        line = (
+            f"parameter server refused {n} more requests in the last {now - self._since:.0f} s "
+            f"({detail})"
+        )
         self._since, self._pending = now, {}
         return line
 

@@ -143,7 +143,8 @@ class Rounds:
                 continue
             if time.monotonic() >= deadline:  # a worker that hangs: apply what came
                 log.warning(
-                    "a synchronous round waited %.0f s for %d of %d workers; applying it without them",
+                    "a synchronous round waited %.0f s for %d of %d workers; applying it without "
+                    "them",
                     self.timeout_s,
                     self._size() - self._count,
                     self._size(),

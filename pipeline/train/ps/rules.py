@@ -14,7 +14,9 @@ Rule = Callable[..., None]
 def add_delta(center: np.ndarray, delta: np.ndarray, **_: Any) -> None:
     """The DOWNPOUR rule, and every algorithm's default: center += delta.
 
-    >>> center = np.ones(2, np.float32); add_delta(center, np.array([1, -1], np.float32)); center.tolist()
+    >>> center = np.ones(2, np.float32)
+    >>> add_delta(center, np.array([1, -1], np.float32))
+    >>> center.tolist()
     [2.0, 0.0]
     """
     np.add(center, delta, out=center)

@@ -42,11 +42,11 @@ class ParameterServer:
         port: 0 picks a free port.
         rule: the update rule applied to each push (default: center += delta).
         keep_pulled: keep each worker's last pulled center, for rules that use it.
-        sync_workers: if > 0, pushes are synchronous rounds (:class:`~pipeline.train.ps.rounds.Rounds`):
-            a round applies the mean of one push from each of ``sync_workers`` workers
-            at once (:meth:`expect_workers` changes it), and each push_pull waits for
-            its round; a worker that disconnects leaves the rounds. A round that waits
-            ``sync_timeout_s`` closes with the pushes it has (a worker that hangs); one
+        sync_workers: if > 0, pushes are synchronous rounds
+            (:class:`~pipeline.train.ps.rounds.Rounds`): a round applies the mean of one push from
+            each of ``sync_workers`` workers at once (:meth:`expect_workers` changes it), and each
+            push_pull waits for its round; a worker that disconnects leaves the rounds. A round that
+            waits ``sync_timeout_s`` closes with the pushes it has (a worker that hangs); one
             that waited ``straggler_wait`` times its first pusher's pace for the rest closes
             without them (a straggler; 0: never), its late pushes applied in later rounds.
         state: the update rule's own state (an object with ``server_state()`` and

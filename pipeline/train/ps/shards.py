@@ -56,7 +56,8 @@ def plan(sizes: list[int] | tuple[int, ...], n: int) -> list[tuple[int, int]]:
     total = int(sum(sizes))
     if n < 1 or n > max(1, total):
         raise ConfigError(
-            f"Expected between 1 and {total} parameter-server shards for {total} weights. Received: {n}"
+            f"Expected between 1 and {total} parameter-server shards for {total} weights. "
+            f"Received: {n}"
         )
     bounds = [0]
     for s in sizes:

@@ -31,7 +31,11 @@ class TaskProgress:
 
     Example:
         >>> t = TaskProgress()
-        >>> t.admit(7, exchange=1, steps=5), t.admit(7, exchange=1, steps=5), t.admit(7, exchange=2, steps=3)
+        >>> (
+        ...     t.admit(7, exchange=1, steps=5),
+        ...     t.admit(7, exchange=1, steps=5),
+        ...     t.admit(7, exchange=2, steps=3),
+        ... )
         (True, False, True)
         >>> t.applied(7), t.repeats
         ((2, 8), 1)
@@ -39,7 +43,8 @@ class TaskProgress:
     A task forgotten to bound the table is retired, 8 bytes a key, never admitted again
     (a straggler's repeat of it is dropped, not applied a second time):
 
-        >>> t = TaskProgress(most=1); t.admit(1, exchange=1, steps=1), t.admit(2, exchange=1, steps=1)
+        >>> t = TaskProgress(most=1)
+        >>> t.admit(1, exchange=1, steps=1), t.admit(2, exchange=1, steps=1)
         (True, True)
         >>> t.admit(1, exchange=1, steps=1), t.repeats
         (False, 1)

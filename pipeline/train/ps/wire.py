@@ -53,7 +53,9 @@ def encode(values: np.ndarray, flag: int, out: np.ndarray) -> memoryview:
 
     >>> out = np.empty(3, np.uint16)
     >>> x = np.array([1.0, -2.5, 1 + 2**-8 + 2**-10], np.float32)
-    >>> decode(encode(x, FLAGS["bfloat16"], out), FLAGS["bfloat16"], np.empty(3, np.float32)).tolist()
+    >>> decode(
+    ...     encode(x, FLAGS["bfloat16"], out), FLAGS["bfloat16"], np.empty(3, np.float32)
+    ... ).tolist()
     [1.0, -2.5, 1.0078125]
     """
     with np.errstate(over="ignore"):  # past float16's range: an Inf, which overflowed() reports

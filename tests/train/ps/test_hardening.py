@@ -158,7 +158,8 @@ def test_authenticated_connections_are_capped_and_pulled_copies_go_with_their_co
         for worker in range(10):  # ten claimed ids, one connection each, one at a time
             with Client(server.address, secret=SECRET, worker=1000 + worker, size=N) as c:
                 c.pull()
-                # The one before was freed when its connection closed (the server sees that a moment later).
+                # The one before was freed when its connection closed (the server sees that a moment
+                # later).
                 _wait(
                     lambda: server.stats()["pulled_copies"] == 1,
                     what="one pulled copy, this connection's",

@@ -22,7 +22,8 @@ N = 1000
 
 @pytest.fixture(params=["shared", "tcp"])
 def server(request):  # type: ignore[no-untyped-def]
-    """A server whose clients exchange through shared memory (the default here), or one that offers none."""
+    """A server whose clients exchange through shared memory (the default here), or one that offers
+    none."""
     with ParameterServer(
         np.zeros(N, np.float32), secret=SECRET, shared_memory=request.param == "shared"
     ) as s:

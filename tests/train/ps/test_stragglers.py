@@ -80,7 +80,8 @@ def test_a_straggler_neither_holds_the_rounds_nor_loses_or_doubles_its_gradient(
             raced.join(10)
             assert not raced.is_alive() and slow.repeats == 1 and copy.repeats == 0
         slow.close()
-    # Round 1's mean (1 + 3) / 2, five rounds of the fast worker alone, exchange 2 of the slow task once.
+    # Round 1's mean (1 + 3) / 2, five rounds of the fast worker alone, exchange 2 of the slow task
+    # once.
     np.testing.assert_allclose(s.weights(), np.full(N, 2 + 5 + 3, np.float32))
     assert s.clock == 7 and s.stats()["repeats_dropped"] == 1 and s.applied(slow_task) == (2, 2)
 
