@@ -17,7 +17,10 @@ before it:
   sync_stale   ``numpy_adam`` with each step's gradient computed on the weights of the step
                before (synchronous SGD with its push in flight while the next computes);
   sync_dc      ``sync_stale`` with the late gradient delay-compensated on the server
-               (DC-ASGD's adaptive rule: g + lambda0 g*g*(w_now - w_then) / sqrt(v)).
+               (DC-ASGD's adaptive rule: g + lambda0 g*g*(w_now - w_then) / sqrt(v));
+  sync_predict ``sync_stale`` with the gradient computed on the weights the late step will
+               meet, predicted: the weights of the step before plus that step's own update
+               (``--sync-overlap``'s replicas do this).
 
 Beside them, the NumPy Adam's largest difference from Keras's after 200 steps on the same
 gradients (``adam_max_abs_diff``, relative to the weights' scale).
@@ -41,7 +44,7 @@ from typing import Any
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
-ARMS = ("plain", "stream", "adam_reset", "numpy_adam", "sync_stale", "sync_dc")
+ARMS = ("plain", "stream", "adam_reset", "numpy_adam", "sync_stale", "sync_dc", "sync_predict")
 #: DC-ASGD-a's lambda_0 (Zheng et al. 2017): the compensation's strength.
 DC_LAMBDA = 2.0
 TARGETS = (0.98, 0.985, 0.99)
@@ -105,21 +108,25 @@ def run_arm(arm: str, seed: int, max_epochs: int) -> dict[str, Any]:
     model = spec.build()
     rng = np.random.default_rng(seed)
     batches = (plain_order if arm == "plain" else stream_order)(len(y), max_epochs, rng)
-    gradient_arm = arm in ("numpy_adam", "sync_stale", "sync_dc")
+    gradient_arm = arm in ("numpy_adam", "sync_stale", "sync_dc", "sync_predict")
     if gradient_arm:
         weights, grads = FlatWeights(model, spec.shapes), FlatGradients(model, spec)
         center = weights.get().copy()
         opt = Adam(spec.size)
         previous = center.copy()  # the weights of the step before (sync_stale computes on them)
+        older = center.copy()  # the weights of the step before that (sync_predict's last update)
     seen, reached, curve, began = 0, {}, [], time.perf_counter()
     for idx in batches:
         if gradient_arm:
-            if arm != "numpy_adam":
+            if arm == "sync_predict":
+                weights.set(2 * previous - older)
+            elif arm != "numpy_adam":
                 weights.set(previous)
             g, _, _ = grads(x[idx], y[idx])
             if arm == "sync_dc":
                 g = g + DC_LAMBDA * g * g * (center - previous) / np.sqrt(opt.v + 1e-7)
             if arm != "numpy_adam":
+                np.copyto(older, previous)
                 np.copyto(previous, center)
             opt.apply(center, g)
             weights.set(center)

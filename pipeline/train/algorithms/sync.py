@@ -131,11 +131,14 @@ class GradientWorker(WorkerHalf):
     Without ``overlap``, each push waits for its round and the replica continues from
     the center it brought back, so every gradient is computed on the center it is
     applied to (staleness 0, as in one process). With ``overlap``, a window's mean
-    gradient is pushed from a background thread and the next window computes meanwhile
-    on the weights the replica has, so the exchange (the round's wait for the other
-    workers, the server's optimizer step, 4 MB through shared memory or the socket)
-    costs nothing but the load of the new center before the window after; the price is
-    one round of staleness (recorded per push).
+    gradient is pushed from a background thread and the next window computes meanwhile,
+    so the exchange (the round's wait for the other workers, the server's optimizer
+    step, 4 MB through shared memory or the socket) costs nothing but the load of the
+    new center before the window after; the price is one round of staleness (recorded
+    per push). That window's gradient will be applied to the center one step after
+    the one the replica has, so it is computed on a prediction of it: the center plus
+    the last step's own change (Adam's steps change slowly, so the last one is a good
+    guess of the next). ``bench/ablation.py``'s ``sync_predict`` arm measures it.
     """
 
     def __init__(
@@ -154,6 +157,8 @@ class GradientWorker(WorkerHalf):
         )
         self.pending: tuple[Future[np.ndarray], int] | None = None
         self.weights_clock = client.clock  # the center the replica's weights came from
+        # With overlap: the center loaded last (the prediction's base; None before the first).
+        self.last_center: np.ndarray | None = None
 
     def compute(self, x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
         grad, loss, acc = self.replica.gradients(x, y)
@@ -196,12 +201,31 @@ class GradientWorker(WorkerHalf):
     def _load(self, center: np.ndarray, computed_at: int) -> None:
         """Continue from ``center``, which a push of a gradient computed at ``computed_at`` brought
         back."""
-        self.weights.set(center)
+        self.weights.set(center if self.pool is None else self._predicted(center))
         if self.averaged is not None:
             self.base = center[self.averaged]
         # The round applied it at clock - 1; its gradient was computed on the center of computed_at.
         self.staleness.append(max(0, self.client.clock - 1 - computed_at))
         self.weights_clock = self.client.clock
+
+    def _predicted(self, center: np.ndarray) -> np.ndarray:
+        """The center one step after ``center``: ``center`` plus the change since the center
+        loaded before it (averaged weights, which no step trains, as they are).
+
+        >>> from types import SimpleNamespace
+        >>> half = SimpleNamespace(last_center=None, averaged=np.array([False, True]))
+        >>> GradientWorker._predicted(half, np.array([1.0, 5.0], np.float32)).tolist()
+        [1.0, 5.0]
+        >>> GradientWorker._predicted(half, np.array([1.5, 6.0], np.float32)).tolist()
+        [2.0, 6.0]
+        """
+        last, self.last_center = self.last_center, np.array(center)  # center: the client's buffer
+        if last is None or last.shape != center.shape:
+            return center
+        predicted = np.subtract(np.multiply(center, np.float32(2)), last)
+        if self.averaged is not None:
+            predicted[self.averaged] = center[self.averaged]
+        return predicted
 
     def close(self) -> None:
         try:
