@@ -6,23 +6,22 @@ exactly once across crashes, by :class:`~pipeline.train.driver.TrainDriver`.
 
 :class:`Run` wires the stages and holds no protocol of its own: the replay
 (:mod:`~pipeline.jobs.replay_process`), the query (:mod:`~pipeline.ingest.microbatch`),
-the parameter server and the exactly-once driver (:mod:`~pipeline.train.driver`), the
-metrics (:mod:`~pipeline.jobs.run_metrics`), the display and the report
-(:mod:`~pipeline.jobs.report`).
+the parameter server and the exactly-once driver (:mod:`~pipeline.train.driver`, started by
+:mod:`~pipeline.jobs.run_training`), the metrics (:mod:`~pipeline.jobs.run_metrics`), the
+display, the stop rule and the report (:mod:`~pipeline.jobs.run_end`,
+:mod:`~pipeline.jobs.report`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import logging
 import os
 import re
 import shutil
 import time
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,17 +30,25 @@ from pipeline.cluster import processes, scratch, security
 from pipeline.errors import ConfigError, StreamtrainError
 from pipeline.ingest import microbatch
 from pipeline.ingest.kafka.release import Releaser
-from pipeline.jobs import kafka_start, model_start, resume, run_record, run_serving, user_data
+from pipeline.jobs import (
+    kafka_start,
+    model_start,
+    resume,
+    run_record,
+    run_serving,
+    run_training,
+    user_data,
+)
 from pipeline.jobs.display import Display
 from pipeline.jobs.rejects import REJECTED_SHARE, Rejects
 from pipeline.jobs.replay_process import ReplayProcess
-from pipeline.jobs.report import BATCHES_FILE, REPORT_FILE, History, RunReport
+from pipeline.jobs.report import BATCHES_FILE, History, RunReport
 from pipeline.jobs.run_config import RunConfig
+from pipeline.jobs.run_end import RunEnd
 from pipeline.jobs.run_metrics import RunMetrics
+from pipeline.jobs.run_training import RunTraining
 from pipeline.observe import exposition
-from pipeline.train import algorithms, checkpoint
-from pipeline.train.driver import TrainDriver
-from pipeline.train.evaluation import MIN_SCORED
+from pipeline.train import checkpoint
 from pipeline.train.ledger import check_ledger
 
 log = logging.getLogger(__name__)
@@ -55,20 +62,7 @@ class Run:
     def __init__(self, cfg: RunConfig) -> None:
         cfg.validate()
         self.cfg = cfg
-        overrides: dict[str, Any] = (
-            {}
-            if cfg.communication_window is None
-            else {algorithms.get(cfg.algorithm).window_setting: cfg.communication_window}
-        )
-        if cfg.sync_overlap:
-            overrides["overlap"] = True
-        self.algorithm = algorithms.get(
-            cfg.algorithm,
-            num_workers=cfg.workers,
-            batch_size=cfg.batch_size,
-            seed=cfg.seed,
-            **overrides,
-        )
+        self.algorithm = run_training.algorithm_of(cfg)
         stamp = time.strftime("%Y%m%d-%H%M%S")
         self.out = Path(cfg.out or Path("runs") / f"{cfg.name}-{stamp}").resolve()
         if cfg.bootstrap and not cfg.topic and not cfg.own_topic and not cfg.resume:
@@ -93,41 +87,38 @@ class Run:
             started=self._started,
             rejects=Rejects(limit=REJECTED_SHARE if cfg.max_rejected is None else cfg.max_rejected),
         )
-        self._failure: StreamtrainError | None = (
-            None  # what stopped the query, raised once it stopped
+        #: The server, the driver and the evaluation, started while the query starts.
+        self.training = RunTraining(
+            cfg,
+            self.algorithm,
+            out=self.out,
+            settings=self.settings,
+            metrics=self.metrics,
+            display=self.display,
+            started=self._started,
+        )
+        #: The stop rule, what stopped the run, and its report.
+        self.end = RunEnd(
+            cfg,
+            self.algorithm,
+            topic=self.topic,
+            out=self.out,
+            history=self.history,
+            display=self.display,
+            metrics=self.metrics,
+            training=self.training,
         )
         self.display.trained = self._trained_total
-        self._ready_at = 0.0
-        self._cores = 1
-        self._server: Any = None
-        self._driver: TrainDriver | None = None
-        self._evaluation: Any = None
         self._release: Releaser | None = None
         self._early_serving: Any = None  # a restarted run's model server, on its checkpoint
         self._recorded = False  # whether run.json holds this run's options
 
     def _until(self) -> bool:
-        """Whether to stop: a reason was found, the records set aside passed --max-rejected, or
-        the replay is over and all it sent is handled."""
-        if self.display.stop_reason:
-            return True
-        over = self.replay is not None and self.replay.done()
-        rejects = self.display.rejects
-        if self.replay is not None:  # the rows it could not send, on /metrics as they come
-            self.metrics.on_rejects(rejects.add_replay(self.replay.malformed))
-        done = (
-            self._driver.handled if self._driver is not None else 0
-        )  # trained, or held out after a drift
-        handled = over and done + self.history.rejected() >= (self.replay.sent or 0)  # type: ignore[union-attr]
-        self._failure = rejects.verdict(final=handled)
-        if self._failure is not None or handled:
-            self.display.stop_reason = (
-                "too many records rejected" if self._failure else "all produced records trained"
-            )
-        return self._failure is not None or handled
+        """Whether to stop (:meth:`~pipeline.jobs.run_end.RunEnd.until`)."""
+        return self.end.until(self.replay)
 
     def _trained_total(self) -> int:
-        return self._driver.trained if self._driver is not None else 0
+        return self.training.trained
 
     # --- the whole run ---
 
@@ -230,27 +221,15 @@ class Run:
             def prepare() -> None:
                 # While the query starts (seconds of its source's set-up and planning): the
                 # model, the parameter server, the workers' replicas. No batch runs before.
-                spec, initial = probe.result()
-                if probe.compiled() and model_start.use_compiled(self.algorithm, spec):
-                    name = (
-                        spec.optimizer.get("class_name")
-                        if isinstance(spec.optimizer, dict)
-                        else spec.optimizer
-                    )
-                    self.display.startup(
-                        f"training with the model's own compile: optimizer {name}, loss {spec.loss}"
-                    )
-                if (
-                    data.schema.regression
-                ):  # its status lines show the error, not an accuracy it has none of
-                    self.display.regression_loss = (
-                        self.algorithm.loss if isinstance(self.algorithm.loss, str) else "loss"
-                    )
-                self.display.startup(
-                    f"model described ({spec.size:,} weights); warming up {cfg.workers} workers"
-                )
-                handler, warm_up = self._start_training(
-                    stack, spark, spec, data, prior or checkpoint.State(initial)
+                handler, warm_up = self.training.start(
+                    stack,
+                    spark,
+                    probe,
+                    data,
+                    prior,
+                    recorded=self._recorded,
+                    releaser=self._release,
+                    early_serving=self._early_serving,
                 )
                 job.use(handler)
                 warm_up()
@@ -263,9 +242,9 @@ class Run:
                     prepare=prepare,
                 )
                 if (
-                    self._failure is not None
+                    self.end.failure is not None
                 ):  # the query stopped after its last commit: say why, in one line
-                    raise self._failure
+                    raise self.end.failure
             except StreamtrainError:
                 # What stopped it (an unreadable batch, its lag) reaches Prometheus.
                 served.await_scrape()
@@ -273,30 +252,14 @@ class Run:
             # Start-up: from the launch to the first trained micro-batch (Spark's session, the
             # broker, the workers' warm-up, the query's start, the batch); the warm-up's end
             # when no batch trained.
-            startup_s = self.history.startup_s(self._started) or self._ready_at - self._started
-            final_weights, _ = self._server.snapshot()
-            ps_stats = self._server.stats()
-            # A model that trained nothing, or too few held-out records, gets no score: a number
-            # there would be read as the model's.
-            final = (
-                self._evaluation.score(final_weights)
-                if self._trained_total() and self._evaluation.can_score
-                else {}
+            startup_s = (
+                self.history.startup_s(self._started) or self.training.ready_at - self._started
             )
-            self.metrics.on_final(final)
-            self._evaluation.save_model(final_weights, self.out / "model.keras")
+            final, ps_stats = self.training.finish()
             # A run watched by Prometheus stays up for one more scrape, so its final
             # figures are recorded; an unwatched one does not wait.
             served.await_scrape()
-        report = self._report(final, startup_s, ps_stats)
-        report.draw(
-            self.out,
-            name=self.cfg.name,
-            eval_every=self.cfg.eval_every,
-            eval_records=len(self._evaluation.y),
-        )
-        (self.out / REPORT_FILE).write_text(json.dumps(report.to_dict(), indent=2, default=float))
-        return report
+        return self.end.report(final, startup_s, ps_stats)
 
     def _data_dir(self) -> Path:
         return Path(self.cfg.data_dir) if self.cfg.data_dir else config.data_dir()
@@ -315,147 +278,6 @@ class Run:
         )
         self._release, self.replay = kafka.releaser, kafka.replay
         return kafka.bootstrap
-
-    def _start_training(
-        self, stack: contextlib.ExitStack, spark: Any, spec: Any, data: Any, state: checkpoint.State
-    ) -> tuple[Any, Callable[[], None]]:
-        """The parameter server (from ``state``), the exactly-once driver and the held-out
-        evaluation, wired to this run; the handler the query's batches go to; and the
-        warm-up of the workers."""
-        from pipeline.jobs import run_drift
-        from pipeline.train.evaluation import Evaluation
-        from pipeline.train.handler import TrainHandler
-        from pipeline.train.partition import ServerInfo
-        from pipeline.train.server import parameter_server
-        from pipeline.train.warmup import warm_up
-
-        cfg = self.cfg
-        # The model against the run's: the checkpoint's size, the record's fingerprint.
-        checkpoint.check_fits(state, spec.size, self.out)
-        if not self._recorded:
-            run_record.write(self.out, dataclasses.asdict(cfg))
-        run_record.describe_model(self.out, spec=spec, schema=data.schema, name=cfg.name)
-        self._cores = int(spark.sparkContext.defaultParallelism)
-        threads = cluster.task_threads(spark, cfg.workers)
-        server = self._server = parameter_server(
-            self.algorithm,
-            spec,
-            state.weights,
-            host=cluster.driver_host(spark),
-            port=self.settings.ps_port,
-            shared_memory=self.settings.ps_shared_memory,
-            on_request=self.metrics.on_ps_request,
-            on_refusal=self.metrics.on_ps_refusal,
-            on_event=self.metrics.on_ps_event,
-            straggler_wait=_round_wait(cfg, self.settings),
-            clock=state.clock,
-            optimizer=state.optimizer,
-            shards=cfg.ps_shards,
-        )
-        stack.enter_context(server)
-        log.info(
-            "parameter server at %s:%d%s",
-            server.host,
-            server.port,
-            f" and {cfg.ps_shards - 1} more shards" if cfg.ps_shards > 1 else "",
-        )
-        self._driver = TrainDriver(
-            server,
-            state,
-            folder=self.out,
-            releaser=self._release,
-            started=self._started,
-            sync_slots=self._cores if self.algorithm.synchronous else 0,
-            fault=self.settings.fault,
-            on_row=self.display.on_row,
-            on_skip=lambda _: self.metrics.skipped(),
-            keep=cfg.keep_checkpoints,
-        )
-        serving = run_serving.start(
-            stack, cfg, self.settings, self.out, spec, data.schema, server, self._early_serving
-        )
-        handler = TrainHandler(
-            spec=spec,
-            algorithm=algorithms.serialize(self.algorithm),
-            server=ServerInfo.of(server, cfg.wire_dtype),
-            job=uuid.uuid4().hex,
-            threads=threads,
-            seed=cfg.seed or 0,
-            driver=self._driver,  # a replayed batch trains in the same order
-        )
-        test = data.load("test")
-        if len(test.y) < MIN_SCORED:
-            self.display.startup(
-                f"held-out set too small to score ({len(test.y)} records, "
-                f"fewer than {MIN_SCORED}): no held-out scores; "
-                "pass --eval-data FILE or a larger --holdout"
-            )
-        n_eval = min(len(test.y), cfg.eval_max)
-        self._evaluation = self.display.evaluation = Evaluation(
-            spark,
-            spec,
-            schema=data.schema,
-            x=test.x[:n_eval],
-            y=test.y[:n_eval],
-            job=handler.job,
-            threads=threads,
-            shards=cfg.workers,
-        )
-        stack.callback(self._evaluation.close)
-        if cfg.divergence_check and len(test.y) >= MIN_SCORED:
-            self._driver.watch_heldout(test.y[:n_eval], regression=data.schema.regression)
-        run_drift.watch(
-            self, handler=handler, schema=data.schema
-        )  # after the held-out watch: it may replace it
-
-        def warm() -> None:
-            warm_up(
-                spark,
-                spec,
-                handler.job,
-                workers=cfg.workers,
-                threads=threads,
-                batch=self.algorithm.worker_batch_size,
-                gradients=self.algorithm.pushes_gradients,
-            )
-            self._ready_at = time.monotonic()
-            self.display.startup("workers warm")
-            if serving is not None:
-                self.display.startup(f"serving predictions at {serving.wait()}:predict")
-
-        return handler, warm
-
-    def _report(
-        self, final: dict[str, float], startup_s: float, ps_stats: dict[str, Any]
-    ) -> RunReport:
-        assert self._driver is not None and self._driver.state is not None
-        return RunReport.of_run(
-            settings=self.cfg.report_settings(),
-            algorithm=algorithms.serialize(self.algorithm),
-            topic=self.topic,
-            out=self.out,
-            startup_s=startup_s,
-            trained=self._trained_total(),
-            history=self.history,
-            stopped_because=self.display.stop_reason or "limit (--max-batches / --timeout)",
-            final=final,
-            ledger=self._driver.state.ledger,
-            ps_stats=ps_stats,
-            workers=self.cfg.workers,
-            slots=self._cores,
-            rejects=self.display.rejects,
-            drifts=self._driver.drift.watch.found if self._driver.drift else [],
-        )
-
-
-def _round_wait(cfg: RunConfig, settings: config.Settings) -> float:
-    """How long a synchronous round waits for a straggler (``STREAMTRAIN_ROUND_WAIT``). In
-    local mode, unless set, it waits for every worker: they share one machine's cores, so a
-    late one is jitter, not a slow host, and a round cut short steps on half its batch and
-    lands the late gradient a round stale (``bench/ablation.py``: staleness costs records)."""
-    if cfg.master.startswith("local") and "round_wait" not in settings.model_fields_set:
-        return 0.0
-    return settings.round_wait
 
 
 def _topic_name(base: str) -> str:

@@ -1,19 +1,13 @@
 """The settings of one online run (``streamtrain run``'s options), checked before anything
-starts."""
+starts (:mod:`~pipeline.jobs.run_checks`)."""
 
 from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
 
-from pipeline.errors import ConfigError
 from pipeline.ingest.sizing import Sizing
-
-
-def _builtin_datasets() -> tuple[str, ...]:
-    from producers import datasets
-
-    return datasets.BUILTIN
+from pipeline.jobs import run_checks
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,145 +148,6 @@ class RunConfig:
         return Sizing(self.freshness_target_s, low, self.max_offsets_per_trigger)
 
     def validate(self) -> None:
-        """Raise :class:`~pipeline.errors.ConfigError` for the first bad setting."""
-        names = _builtin_datasets()
-        if self.dataset not in names:
-            raise ConfigError(f"Expected --dataset in {names}. Received: {self.dataset!r}")
-        self._check_table()
-        for name in (
-            "workers",
-            "batch_size",
-            "communication_window",
-            "epochs",
-            "max_offsets_per_trigger",
-            "eval_every",
-            "ps_shards",
-        ):
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                raise ConfigError(f"Expected --{name.replace('_', '-')} >= 1. Received: {value}")
-        if self.freshness_target_s is not None:
-            self.sizing  # noqa: B018 - a target and bounds that cannot work: one line now, before anything starts
-        if self.sync_overlap and self.algorithm != "sync":
-            raise ConfigError(
-                "--sync-overlap is synchronous SGD's alone (--algorithm sync). Received: "
-                f"--algorithm {self.algorithm}. Drop --sync-overlap."
-            )
-        if self.on_drift not in ("alert", "adapt"):
-            raise ConfigError(
-                f"Expected --on-drift alert or adapt. Received: {self.on_drift!r}. See "
-                "docs/drift.md."
-            )
-        from pipeline.train.drift import DriftSettings
-
-        DriftSettings.parse(self.drift)
-        if self.wire_dtype not in ("float32", "bfloat16", "float16"):
-            raise ConfigError(
-                f"Expected --wire-dtype float32, bfloat16 or float16. Received: {self.wire_dtype!r}"
-            )
-        if self.max_rejected is not None and not 0 <= self.max_rejected <= 1:
-            raise ConfigError(
-                f"Expected --max-rejected in [0, 1] (a share of the records read). "
-                f"Received: {self.max_rejected}"
-            )
-        if self.on_poison not in ("fail", "skip"):
-            raise ConfigError(f"Expected --on-poison fail or skip. Received: {self.on_poison!r}")
-        if self.isolation_level not in ("read_committed", "read_uncommitted"):
-            raise ConfigError(
-                "Expected --isolation-level read_committed or read_uncommitted. "
-                f"Received: {self.isolation_level!r}"
-            )
-        if self.until_accuracy is not None and not 0 < self.until_accuracy <= 1:
-            raise ConfigError(
-                f"Expected --until-accuracy in (0, 1]. Received: {self.until_accuracy}"
-            )
-        if self.serve_port is not None:
-            from pipeline import config
-            from pipeline.serve.process import check_serving, host_and_token
-
-            host, _ = host_and_token(config.settings())
-            check_serving(self.serve_port, self.serve_max_age_s, host=host)
-        if self.kafka_conf:
-            if not self.bootstrap:
-                raise ConfigError(
-                    "Expected --bootstrap HOST:PORT (or bootstrap.servers in the file) with "
-                    f"--kafka-conf {self.kafka_conf}: the embedded broker is PLAINTEXT on "
-                    "loopback and needs none."
-                )
-            from pipeline.ingest.kafka import conf
-
-            conf.load(self.kafka_conf)  # a bad file is one line now, not a failed task later
-        if self.master.startswith("spark://"):
-            self._check_cluster()
-        from pipeline.cluster import jvmcache
-
-        jvmcache.check_java()  # before the broker and the replay start, not once Spark fails
-        if self.resume and not self.out:
-            raise ConfigError("--resume needs the run's output folder.")
-        if self.generation is not None and not self.resume:
-            raise ConfigError(
-                f"--generation {self.generation} needs --resume DIR, the run to go back in."
-            )
-        if self.keep_checkpoints < 1:
-            raise ConfigError(
-                f"Expected --keep-checkpoints >= 1. Received: {self.keep_checkpoints}"
-            )
-        if self.model is not None:
-            from pipeline.train.probe import check_source
-
-            check_source(self.model)
-
-    def _check_table(self) -> None:
-        """A user's data: a file, or a topic someone else feeds, and how to read it."""
-        if self.format not in (None, "binary", "json", "csv", "avro"):
-            raise ConfigError(
-                f"Expected --format binary, json, csv or avro. Received: {self.format!r}"
-            )
-        if self.holdout is not None and not 0 <= self.holdout < 1:
-            raise ConfigError(f"Expected --holdout in [0, 1). Received: {self.holdout}")
-        if not self.table:
-            return
-        if self.data and self.topic and self.bootstrap:
-            raise ConfigError(
-                "Pass --data (a file to replay) or --topic with --bootstrap (a topic fed by "
-                "someone else), not both."
-            )
-        if not self.data and not (self.topic and self.bootstrap):
-            raise ConfigError(
-                "Expected --data FILE, or --topic T with --bootstrap B, for "
-                "--label/--schema/--format (a built-in dataset takes none of them)."
-            )
-        if not self.schema and not self.label:
-            raise ConfigError(
-                "Expected --label COLUMN (the target, to infer a schema) or --schema FILE."
-            )
-        for path, option in (
-            (self.data, "--data"),
-            (self.schema, "--schema"),
-            (self.eval_data, "--eval-data"),
-        ):
-            if path and not Path(path).is_file():
-                raise ConfigError(
-                    f"Expected a file for {option}. Received: {path}, which does not exist."
-                )
-        if self.schema_registry:
-            from pipeline.table.registry import check_reachable
-
-            check_reachable(
-                self.schema_registry
-            )  # one line in seconds, before Kafka and Spark start
-
-    def _check_cluster(self) -> None:
-        """A standalone cluster: its security settings, and a Kafka its executors can reach."""
-        from pipeline import config
-        from pipeline.cluster import reach, security
-
-        security.spark_conf(self.master, self.spark_conf)
-        reach.check_master(
-            self.master, wait_s=config.settings().master_wait_s
-        )  # before the broker and the replay
-        if not self.bootstrap and not security.on_loopback(self.master):
-            raise ConfigError(
-                f"Expected --bootstrap HOST:PORT for the cluster at {self.master}: its executors "
-                "read Kafka, and the embedded broker listens on this machine's loopback only."
-            )
+        """Raise :class:`~pipeline.errors.ConfigError` for the first bad setting
+        (:func:`~pipeline.jobs.run_checks.check`)."""
+        run_checks.check(self)

@@ -26,13 +26,13 @@ def columns(schema: Any) -> list[str] | None:
     return names if len(names) == schema.n_features else [f"x{i}" for i in range(schema.n_features)]
 
 
-def watch(run: Any, *, handler: Any, schema: Any) -> DriftResponse:
-    """Give ``run``'s (a :class:`~pipeline.jobs.online.Run`) driver its drift signals and
-    reaction, once its held-out evaluation and watch are set."""
-    driver: TrainDriver = run._driver
-    cfg: RunConfig = run.cfg
-    metrics: RunMetrics = run.metrics
-    display: Display = run.display
+def watch(training: Any, *, handler: Any, schema: Any) -> DriftResponse:
+    """Give a run's driver (its ``training``, a :class:`~pipeline.jobs.run_training.RunTraining`)
+    its drift signals and reaction, once its held-out evaluation and watch are set."""
+    driver: TrainDriver = training.driver
+    cfg: RunConfig = training.cfg
+    metrics: RunMetrics = training.metrics
+    display: Display = training.display
 
     def on_drift(drifts: list[Drift]) -> None:
         metrics.on_drift(drifts)
@@ -49,12 +49,12 @@ def watch(run: Any, *, handler: Any, schema: Any) -> DriftResponse:
         signals,
         cfg.on_drift,
         handler=handler,
-        batch_size=run.algorithm.worker_batch_size,
+        batch_size=training.algorithm.worker_batch_size,
         window=min(cfg.eval_max, WINDOW),
         on_drift=on_drift,
-        algorithm=run.algorithm if cfg.ps_shards == 1 else None,
+        algorithm=training.algorithm if cfg.ps_shards == 1 else None,
     )
-    response.evaluation, response.regression = run._evaluation, schema.regression
+    response.evaluation, response.regression = training.evaluation, schema.regression
     if found:  # a resumed run after a drift: its held-out score is on records after it again
         response.resumed(driver)
     driver.watch_drift(response)

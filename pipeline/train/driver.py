@@ -8,7 +8,8 @@ single tasks. Per batch, on the driver, :class:`TrainDriver`:
 2. checks each task's mini-batches against the parameter server's own count of those it
    applied; a difference stops the run before the batch is committed, and so does a model
    that diverged (a NaN loss, weights not finite) or whose held-out score collapsed
-   (:mod:`~pipeline.train.divergence`: checked as the batch is scored, after its save);
+   (:mod:`~pipeline.train.divergence`: checked as the batch is scored, after its save;
+   :mod:`~pipeline.train.divergence_stop` says so, and names the way back);
 3. saves the center, the clock, the rule's state, the batch id and the trained ranges in
    one atomic write (:mod:`~pipeline.train.checkpoint`), before Spark commits the batch;
 4. releases the trained records (a broker that can delete them), and hands the batch's
@@ -21,7 +22,6 @@ A save that fails raises before the commit, so the batch is replayed. The batch
 
 from __future__ import annotations
 
-import math
 import os
 import signal
 import time
@@ -34,7 +34,7 @@ from pipeline.errors import StreamtrainError
 from pipeline.ingest.kafka.release import Releaser
 from pipeline.ingest.microbatch import BatchFigures
 from pipeline.ingest.offsets import OffsetRange
-from pipeline.train import checkpoint, ledger
+from pipeline.train import checkpoint, divergence_stop, ledger
 from pipeline.train.adapt import DriftResponse
 from pipeline.train.divergence import HeldoutWatch
 from pipeline.train.freshness import Freshness
@@ -158,7 +158,7 @@ class TrainDriver:
         row = BatchRow.from_batch(info, t=time.monotonic() - self.started, clock=clock)
         diverged = [r.diverged for r in info.results if getattr(r, "diverged", None)]
         if diverged:  # the server refused an update that was not finite
-            self._diverged(info.batch_id, diverged[0])
+            divergence_stop.diverged(info.batch_id, diverged[0], folder=self.folder)
         row.tasks = self.check_applied(info.results, batch_id=info.batch_id)
         self.check_finite(info.batch_id, weights, row)
         if (
@@ -216,59 +216,14 @@ class TrainDriver:
         self._fault("saved", info.batch_id)  # saved, and Spark has not committed it
 
     def check_finite(self, batch_id: int, weights: np.ndarray, row: BatchRow) -> None:
-        """Stop a model that diverged before its weights are saved or served: a prequential
-        loss that is NaN or Inf, or absurd (past the watch's
-        :attr:`~pipeline.train.divergence.HeldoutWatch.loss_bound`), or a center that is not
-        finite (a rule's own state blew up)."""
-        loss = row.prequential_loss  # None: nothing trained in this batch (all rejected, or none)
-        bound = self.watch.loss_bound if self.watch is not None else math.inf
-        if (loss is None or math.isfinite(loss) and loss <= bound) and np.isfinite(weights).all():
-            return
-        if loss is not None and math.isfinite(loss) and loss > bound:
-            assert self.watch is not None
-            what = (
-                f"prequential loss {loss:.4g}, over "
-                f"{self.watch.loss_bound / self.watch.loss_reference:,.0f} times what predicting "
-                f"without the features costs, {self.watch.loss_reference:.4g}"
-            )
-        else:
-            what = (
-                f"prequential loss {loss}"
-                if loss is not None and not math.isfinite(loss)
-                else "weights not finite"
-            )
-        self._diverged(batch_id, what)
-
-    def _diverged(self, batch_id: int, what: str) -> None:
-        raise StreamtrainError(
-            f"Batch {batch_id}: the model diverged ({what}); the batch is not saved or committed. "
-            f"Lower the learning rate (or check the data), then {self._way_back()}."
-        )
+        """Stop a model that diverged before its weights are saved or served
+        (:func:`~pipeline.train.divergence_stop.check_finite`)."""
+        divergence_stop.check_finite(batch_id, weights, row, watch=self.watch, folder=self.folder)
 
     def check_heldout(self, batch_id: int, scores: dict[str, float]) -> None:
-        """Stop a model whose held-out score collapsed (:class:`HeldoutWatch`), before Spark
-        commits the batch: the checkpoint holds it, so the way on is the generation of the
-        best score."""
-        collapsed = self.watch.observe(batch_id, scores) if self.watch is not None else None
-        if collapsed is None:
-            return
-        raise StreamtrainError(
-            f"Batch {batch_id}: the model collapsed ({collapsed}); the batch is not committed. "
-            "Check the data (its labels) and the learning rate, then "
-            f"{self._way_back(self.watch.best_batch if self.watch else -1)} (or add "
-            "--no-divergence-check to train on regardless)."
-        )
-
-    def _way_back(self, sound: int = -1) -> str:
-        """How to continue from a kept generation: ``sound`` if it is kept, else the newest."""
-        kept = checkpoint.generations(self.folder) if self.folder is not None else []
-        if not kept:
-            return "start again (another --out)"
-        pick = sound if sound in kept else kept[-1]
-        return (
-            f"continue from batch {pick}'s checkpoint with: streamtrain run --resume "
-            f"{self.folder} --generation {pick} (kept: {', '.join(map(str, kept))})"
-        )
+        """Stop a model whose held-out score collapsed, before Spark commits the batch
+        (:func:`~pipeline.train.divergence_stop.check_heldout`)."""
+        divergence_stop.check_heldout(batch_id, scores, watch=self.watch, folder=self.folder)
 
     def check_applied(
         self, results: list[TaskResult], *, batch_id: int | None = None

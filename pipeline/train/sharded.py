@@ -5,8 +5,9 @@ Each shard is a :class:`~pipeline.train.ps.server.ParameterServer` over its slic
 (:func:`pipeline.train.ps.shards.plan`), with its own port, clock, task table and rule: the
 algorithm is rebuilt in the child from :func:`pipeline.train.algorithms.serialize` and bound
 to its slice (:meth:`~pipeline.train.model.ModelSpec.piece`), so that a server-side
-optimizer keeps its state per slice. The child is a fresh ``python -m pipeline.train.sharded``
-(the driver holds Spark's JVM gateway, threads and sockets: no fork), gets its settings
+optimizer keeps its state per slice. The child is a fresh
+``python -m pipeline.train.shard_process`` (the driver holds Spark's JVM gateway, threads
+and sockets: no fork), gets its settings
 and the run's secret on a socket pair only the driver holds (never argv or the
 environment), dies with its parent, and answers the driver's requests (checkpoint,
 restore, stats, a task's applied count) on that pair: no new operation reaches the network, where a
@@ -24,10 +25,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import logging
-import os
-import socket
 import subprocess
-import sys
 import threading
 from multiprocessing import connection
 from types import TracebackType
@@ -35,9 +33,8 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.cluster import processes
 from pipeline.errors import StreamtrainError
-from pipeline.train import algorithms
+from pipeline.train import algorithms, shard_process
 from pipeline.train.model import ModelSpec
 from pipeline.train.ps.shards import Shard, plan
 
@@ -114,19 +111,7 @@ class ShardedServer:
     def start(self) -> ShardedServer:
         try:
             for job in self._jobs:
-                ours, theirs = socket.socketpair()
-                with theirs:
-                    # ``python -m``, not multiprocessing's spawn: that would run the user's main
-                    # script again in the child. The settings (the secret among them) follow on
-                    # the pair of sockets only this process holds, never in argv or the environment.
-                    proc = subprocess.Popen(
-                        [sys.executable, "-m", "pipeline.train.sharded", str(theirs.fileno())],
-                        pass_fds=[theirs.fileno()],
-                        stdin=subprocess.DEVNULL,
-                    )
-                conn = connection.Connection(ours.detach())
-                self._children.append((proc, conn))
-                conn.send({**job, "parent": os.getpid()})
+                self._children.append(shard_process.spawn(job))
             ports = [self._receive(i, START_TIMEOUT_S) for i in range(len(self._children))]
         except BaseException:
             self.stop()
@@ -337,73 +322,3 @@ def _join_states(
                 "there is no consistent checkpoint. Resume the run from its last checkpoint."
             )
     return joined
-
-
-def serve_shard(fd: int) -> None:
-    """A shard's process: its settings from the driver's end of socket ``fd``, then a
-    parameter server over its slice, answering the driver there until the driver asks it
-    to stop or goes away."""
-    from pipeline.train.server import parameter_server
-
-    conn = connection.Connection(fd)
-    job = conn.recv()
-    # A Ctrl-C in the terminal reaches the driver, which stops the shards.
-    processes.leave_terminal_group()
-    processes.die_with_parent(job["parent"])
-    try:
-        server = parameter_server(
-            algorithms.get(job["algorithm"]),
-            ModelSpec.from_json(job["spec"]),
-            job["weights"],
-            secret=job["secret"],
-            host=job["host"],
-            port=job["port"],
-            sync_timeout_s=job["sync_timeout_s"],
-            shared_memory=job["shared_memory"],
-            straggler_wait=job["straggler_wait"],
-            clock=job["clock"],
-            optimizer=job["optimizer"],
-        ).start()
-    except Exception as e:
-        conn.send(("error", f"{type(e).__name__}: {e}"))
-        return
-    conn.send(("ok", server.port))
-    try:
-        while True:
-            try:
-                op, arg = conn.recv()
-            except (EOFError, OSError):
-                return  # the driver is gone
-            if op == "stop":
-                return
-            try:
-                conn.send(("ok", _answer(server, op, arg)))
-            except Exception as e:
-                conn.send(("error", f"{type(e).__name__}: {e}"))
-    finally:
-        server.stop()
-
-
-def _answer(server: Any, op: str, arg: Any) -> Any:
-    if op == "weights":
-        return server.weights()
-    if op == "snapshot":
-        return server.snapshot()
-    if op == "checkpoint":
-        return (*server.checkpoint(), server.pushes_applied)
-    if op == "restore":
-        return server.restore(*arg)
-    if op == "expect":
-        return server.expect_workers(arg)
-    if op == "applied":
-        return server.applied(arg)
-    if op == "stats":
-        return server.stats()
-    raise ValueError(f"unknown request {op!r}")
-
-
-if __name__ == "__main__":
-    logging.basicConfig(
-        level=logging.WARNING, format="%(asctime)s %(levelname).1s ps-shard %(name)s: %(message)s"
-    )
-    serve_shard(int(sys.argv[1]))

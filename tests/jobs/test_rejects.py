@@ -60,8 +60,8 @@ def test_the_replays_rows_set_aside_are_counted_and_stop_the_run_past_the_limit(
     assert _rejected(run, "not_a_number:bill_length_mm") == 400  # on /metrics as it happens
     assert run.display.rejects.line() == "rejected 400 (40%: not_a_number:bill_length_mm 400)"
     if stops:
-        assert isinstance(run._failure, DataError)
-        assert str(run._failure) == (
+        assert isinstance(run.end.failure, DataError)
+        assert str(run.end.failure) == (
             "Expected at most 10% of the records rejected (--max-rejected 0.1). Received: 400 of "
             "1,000 (not_a_number:bill_length_mm 400; line 7: not_a_number:bill_length_mm). Fix "
             "the data or the schema, or raise --max-rejected."

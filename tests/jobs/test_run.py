@@ -327,7 +327,7 @@ def _shard_processes() -> list[int]:
             cmdline = (proc / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"pipeline.train.sharded" in cmdline and cmdline[0].startswith(str(ROOT).encode()):
+        if b"pipeline.train.shard_process" in cmdline and cmdline[0].startswith(str(ROOT).encode()):
             found.append(int(proc.name))
     return found
 

@@ -159,8 +159,8 @@ def test_local_mode_rounds_wait_for_every_worker_unless_the_operator_says_otherw
     short round steps on half its batch and lands the late gradient a round stale); a
     cluster's rounds go on without a straggler; the environment's setting wins in both."""
     from pipeline import config
-    from pipeline.jobs.online import _round_wait
     from pipeline.jobs.run_config import RunConfig
+    from pipeline.jobs.run_training import _round_wait
 
     monkeypatch.delenv("STREAMTRAIN_ROUND_WAIT", raising=False)
     assert _round_wait(RunConfig(master="local[*]"), config.Settings()) == 0.0
