@@ -6,8 +6,9 @@ It knows neither Spark nor TensorFlow, so it can be started and tested alone:
 :mod:`~pipeline.train.ps.connection` each connection's requests,
 :mod:`~pipeline.train.ps.rounds` synchronous rounds, :mod:`~pipeline.train.ps.protocol`
 the frames, :mod:`~pipeline.train.ps.shm` shared memory, :mod:`~pipeline.train.ps.client`
-a worker's side, :mod:`~pipeline.train.ps.shards` a sharded server's plan and a worker's
-connection to all its shards.
+a worker's side (:mod:`~pipeline.train.ps.channel` its handshake and frames),
+:mod:`~pipeline.train.ps.shards` a sharded server's plan and a worker's connection to all
+its shards.
 """
 
 from pipeline.train.ps.client import Client, parse_address
