@@ -109,7 +109,7 @@ def worker_flood(folder: Path, args: Any) -> dict[str, Any]:
     import resource
 
     from pipeline.train.ps import Client, ParameterServer, ProtocolError, transport
-    from pipeline.train.ps.server import MAX_WORKER_IDS
+    from pipeline.train.ps.core import MAX_WORKER_IDS
 
     stop, pushes = threading.Event(), []
     with ParameterServer(np.zeros(100_000, np.float32), secret=b"chaos") as server:

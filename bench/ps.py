@@ -36,7 +36,7 @@ import numpy as np
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from pipeline.train.ps import Client, ParameterServer, ShardedClient
-from pipeline.train.ps import client as ps_client
+from pipeline.train.ps import channel as ps_channel
 from pipeline.train.ps import protocol as p
 from pipeline.train.ps import transport as ps_transport
 
@@ -96,7 +96,7 @@ SESSIONS = {"aes-gcm": p.Session, "hmac": HmacSession, "plain": PlainSession}
 
 def _use(protocol: str) -> None:
     """Seal this process's frames as ``protocol`` (server and workers must agree)."""
-    ps_transport.SESSION = ps_client.SESSION = SESSIONS[protocol]  # type: ignore[assignment]
+    ps_transport.SESSION = ps_channel.SESSION = SESSIONS[protocol]  # type: ignore[assignment]
 
 
 def _connect(target: Any, **kwargs: Any) -> Client | ShardedClient:

@@ -4,7 +4,8 @@ Records go out in the wire format of :mod:`pipeline.codec`, keyed by record id
 (partition = id mod partitions, so a replay is spread evenly and the same record
 always lands in the same partition), from an idempotent producer. Only records
 Kafka acknowledged count as sent (:mod:`producers.sender`); the pace is
-:mod:`producers.pacing`'s and the report :mod:`producers.report`'s.
+:mod:`producers.pacing`'s, the report :mod:`producers.report`'s, and the malformed rows
+are watched by :mod:`producers.malformed`.
 """
 
 from __future__ import annotations
@@ -18,13 +19,13 @@ from typing import Any
 import numpy as np
 
 from pipeline import codec, record_key
-from pipeline.errors import ConfigError, DataError
+from pipeline.errors import ConfigError
 from pipeline.ingest.kafka import client, conf
 from pipeline.observe import exposition, metrics
 from producers.datasets import Chunk, Dataset
-from producers.datasets.base import MALFORMED_REASONS
+from producers.malformed import MalformedRows
 from producers.pacing import RateLimiter
-from producers.report import MalformedSoFar, ReplayReport, malformed_detail
+from producers.report import MalformedSoFar, ReplayReport
 from producers.sender import PRODUCER_DEFAULTS, Sender
 
 log = logging.getLogger(__name__)
@@ -77,11 +78,10 @@ class Replay:
         kafka_conf: str | None = None,
         on_malformed: Callable[[MalformedSoFar], None] | None = None,
     ) -> None:
-        if max_malformed is not None and max_malformed < 0:
-            raise ConfigError(
-                "Expected --max-malformed >= 0 (a count, or a fraction below 1). Received: "
-                f"{max_malformed}"
-            )
+        self.metrics = meters or metrics.producer_metrics()
+        self.malformed = MalformedRows(
+            dataset, meters=self.metrics, max_malformed=max_malformed, on_malformed=on_malformed
+        )
         if limit is not None and limit < 0:
             raise ConfigError(f"Expected --limit >= 0. Received: {limit}")
         if epochs is not None and epochs < 1:
@@ -98,14 +98,8 @@ class Replay:
         self.epochs = epochs
         self.split = split
         self.partitions = partitions
-        self.metrics = meters or metrics.producer_metrics()
         # Series exist at 0 from the start, so a first error is a rate, not a new series.
         self.metrics.send_errors.labels(self.topic, self.dataset.name)
-        for reason in MALFORMED_REASONS:
-            self.metrics.malformed_rows.labels(self.dataset.name, reason)
-        self._malformed_counted: dict[str, int] = {}
-        self.max_malformed = max_malformed
-        self.on_malformed = on_malformed
         self.producer_config = {**PRODUCER_DEFAULTS, **(producer_config or {})}
         self.progress = progress
         self._sender = Sender(
@@ -172,9 +166,9 @@ class Replay:
             if bar is not None:
                 bar.close()
             report.seconds = time.monotonic() - started
-            self._finish(report)
+            self.malformed.finish(report)
         if not report.interrupted:
-            self._check_malformed(final=True)
+            self.malformed.check(final=True)
         return report
 
     def _already_there(self, partitions: int) -> np.ndarray:
@@ -193,17 +187,8 @@ class Replay:
     def _interrupted_before_start(self, report: ReplayReport, started: float) -> ReplayReport:
         report.interrupted = True
         report.seconds = time.monotonic() - started
-        self._finish(report)
+        self.malformed.finish(report)
         return report
-
-    def _finish(self, report: ReplayReport) -> None:
-        data = self.dataset
-        report.malformed, report.malformed_by_reason = (
-            data.malformed,
-            dict(data.malformed_by_reason),
-        )
-        report.malformed_examples = list(data.malformed_examples)
-        self._count_malformed()
 
     def _total(self) -> int | None:
         """Records this replay will send, when that is known (for the progress bar)."""
@@ -247,49 +232,11 @@ class Replay:
                 self._sender.settle(report, block=False)
                 self._sender.send_again()
             handed += n
-            self._count_malformed()
-            self._check_malformed(final=False)
+            self.malformed.count()
+            self.malformed.check(final=False)
             if self.limit is not None and handed >= self.limit:
                 # Before asking for another chunk, so a partial pass is not counted as an epoch.
                 return
-
-    def _count_malformed(self) -> None:
-        data, news = self.dataset, False
-        for reason, n in data.malformed_by_reason.items():
-            new = n - self._malformed_counted.get(reason, 0)
-            if new:
-                news = True
-                self.metrics.malformed_rows.labels(data.name, reason).inc(new)
-                self._malformed_counted[reason] = n
-        if news and self.on_malformed is not None:
-            self.on_malformed(
-                MalformedSoFar(
-                    data.rows_read,
-                    data.malformed,
-                    dict(data.malformed_by_reason),
-                    list(data.malformed_examples),
-                )
-            )
-
-    def _check_malformed(self, *, final: bool) -> None:
-        """Fail once the malformed rows pass ``max_malformed``."""
-        limit, data = self.max_malformed, self.dataset
-        if limit is None or not data.malformed:
-            return
-        if limit >= 1:
-            failed, allowed = data.malformed > limit, f"{limit:g} rows"
-        else:
-            failed = (final or data.rows_read >= 1000) and data.malformed > limit * max(
-                1, data.rows_read
-            )
-            allowed = f"{limit:.0%} of the rows"
-        if failed:
-            detail = malformed_detail(data.malformed, data.malformed_examples)
-            raise DataError(
-                f"Expected at most {allowed} of {data.name} to be malformed (--max-malformed). "
-                f"Received: {data.malformed} of {data.rows_read} rows read{detail}. Fix the file, "
-                "or raise --max-malformed."
-            )
 
 
 def _progress_bar(total: int | None, topic: str) -> Any:
