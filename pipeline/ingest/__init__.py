@@ -9,6 +9,7 @@
   numpy, rejects set aside.
 * :mod:`~pipeline.ingest.lag`: consumer lag.
 * :mod:`~pipeline.ingest.microbatch`: the micro-batch driver and its :class:`Handler`.
+* :mod:`~pipeline.ingest.stopping`: a query stopped between a batch's commit and the next.
 
 Importing the package is cheap (producers use its Kafka helpers): the names below load
 their module, and with it Spark, on first use.
