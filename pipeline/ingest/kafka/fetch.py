@@ -24,8 +24,8 @@ from collections.abc import Iterator
 
 from pipeline.errors import BrokerError, ConfigError
 from pipeline.ingest.kafka import compression
-from pipeline.ingest.kafka.conf import PLAINTEXT, KafkaConf
 from pipeline.ingest.kafka.record_batch import Records, Skipped, UnreadableBatch, parse_batches
+from pipeline.ingest.kafka.security import PLAINTEXT, KafkaConf
 from pipeline.ingest.kafka.wire import (
     AuthenticationError,
     Connection,
