@@ -11,7 +11,7 @@ import time
 from typing import Any
 
 from pipeline.ingest.kafka import client
-from pipeline.ingest.kafka.conf import PLAINTEXT, KafkaConf
+from pipeline.ingest.kafka.security import PLAINTEXT, KafkaConf
 from pipeline.observe import metrics
 from producers.report import ReplayReport
 

@@ -8,7 +8,9 @@
 * :mod:`~pipeline.ingest.decode` and :mod:`~pipeline.ingest.dead_letters`: wire format to
   numpy, rejects set aside.
 * :mod:`~pipeline.ingest.lag`: consumer lag.
-* :mod:`~pipeline.ingest.microbatch`: the micro-batch driver and its :class:`Handler`.
+* :mod:`~pipeline.ingest.microbatch`: the micro-batch driver and its :class:`Handler`;
+  :mod:`~pipeline.ingest.batch_figures`: what a batch's tasks add up to.
+* :mod:`~pipeline.ingest.stopping`: a query stopped between a batch's commit and the next.
 
 Importing the package is cheap (producers use its Kafka helpers): the names below load
 their module, and with it Spark, on first use.
@@ -21,12 +23,13 @@ from typing import TYPE_CHECKING
 from pipeline import exports
 
 if TYPE_CHECKING:
+    from pipeline.ingest.batch_figures import BatchFigures
     from pipeline.ingest.decode import Block, TaskFigures
-    from pipeline.ingest.microbatch import BatchFigures, Handler, StreamJob
+    from pipeline.ingest.microbatch import Handler, StreamJob
     from pipeline.ingest.offsets import OffsetRange
 
 _EXPORTS = {
-    "BatchFigures": "pipeline.ingest.microbatch",
+    "BatchFigures": "pipeline.ingest.batch_figures",
     "Handler": "pipeline.ingest.microbatch",
     "StreamJob": "pipeline.ingest.microbatch",
     "Block": "pipeline.ingest.decode",

@@ -10,29 +10,26 @@ Spark commits the batch. It stops a query only between a batch's commit and the 
 from __future__ import annotations
 
 import collections
-import contextlib
-import dataclasses
 import logging
 import os
-import threading
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from pipeline import cluster, codec
+from pipeline import codec
 from pipeline.errors import ConfigError, StreamtrainError
 from pipeline.ingest import offsets, sources
-from pipeline.ingest.decode import Block, TaskFigures
+from pipeline.ingest.batch_figures import BatchFigures
+from pipeline.ingest.decode import Block
 from pipeline.ingest.kafka.fetch import UnreadableRange
 from pipeline.ingest.lag import LagMonitor
-from pipeline.ingest.offsets import OffsetRange, PassedOver, TopicPartition
+from pipeline.ingest.offsets import OffsetRange, TopicPartition
 from pipeline.ingest.sizing import Sizing
+from pipeline.ingest.stopping import QueryStop, quiet
 from pipeline.ingest.tasks import BatchTasks, query_failure
 
 log = logging.getLogger(__name__)
-
-_STOP_MARKER = "streamtrain: stop requested before this batch"
 
 
 class Handler:
@@ -66,66 +63,6 @@ class Handler:
         return False
 
 
-@dataclasses.dataclass
-class BatchFigures:
-    """Figures of one micro-batch.
-
-    ``ranges`` are the ``[start, end)`` of every Kafka partition the batch covered
-    (the tasks' ranges merged); ``lag`` is log-end minus ``end`` per topic partition
-    when the batch finished; ``aborted`` counts the records of aborted transactions its
-    ranges held, not read (read_committed); ``results`` are what the handler
-    returned for each task; ``trigger_to_handler_s`` (from Spark's progress report)
-    is filled in once the query reports it.
-    """
-
-    batch_id: int
-    ranges: list[OffsetRange]
-    rows: int = 0
-    bytes: int = 0
-    accepted: int = 0
-    rejects: dict[str, int] = dataclasses.field(default_factory=dict)
-    aborted: int = 0
-    poisoned: int = 0
-    poison: list[PassedOver] = dataclasses.field(
-        default_factory=list
-    )  # unreadable batches passed over
-    decode_s: float = 0.0
-    handler_s: float = 0.0
-    batch_s: float = 0.0
-    lag: dict[TopicPartition, int] = dataclasses.field(default_factory=dict)
-    trigger_to_handler_s: float | None = None
-    results: list[Any] = dataclasses.field(default_factory=list)
-    newest_ms: dict[TopicPartition, int] = dataclasses.field(
-        default_factory=dict
-    )  # per partition, for freshness
-    started_at: float = 0.0  # time.monotonic() when the batch reached the driver
-
-    @classmethod
-    def gather(
-        cls, batch_id: int, figures: list[TaskFigures], *, started_at: float
-    ) -> BatchFigures:
-        """Add up the tasks' figures."""
-        info = cls(
-            batch_id, offsets.merge_ranges([f.range for f in figures]), started_at=started_at
-        )
-        for f in figures:
-            info.rows += f.rows
-            info.bytes += f.bytes
-            info.accepted += f.accepted
-            info.aborted += f.aborted
-            info.poisoned += f.poisoned
-            info.poison += f.poison
-            info.decode_s += f.decode_s
-            info.handler_s += f.handler_s
-            for reason, n in f.rejects.items():
-                info.rejects[reason] = info.rejects.get(reason, 0) + n
-            info.results.append(f.result)
-            if f.newest_ms is not None:
-                tp = f.range.topic_partition
-                info.newest_ms[tp] = max(f.newest_ms, info.newest_ms.get(tp, f.newest_ms))
-        return info
-
-
 class _ExpectedFailures(logging.Filter):
     """Keeps py4j from logging a traceback for a batch that raised a :class:`StreamtrainError`."""
 
@@ -136,12 +73,6 @@ class _ExpectedFailures(logging.Filter):
 _PY4J_FILTER = _ExpectedFailures()
 #: Batches whose figures a :class:`StreamJob` keeps in memory.
 KEEP_BATCHES = 1000
-
-
-def _quiet(spark: Any) -> None:
-    """Spark's log of the query's failure off (best effort: the error is raised either way)."""
-    with contextlib.suppress(Exception):
-        cluster.quiet_query_failure(spark)
 
 
 class StreamJob:
@@ -236,10 +167,7 @@ class StreamJob:
         self._failure: StreamtrainError | None = (
             None  # what a batch raised, for run() to raise as it was
         )
-        self._stop_requested = threading.Event()
-        self._in_batch = threading.Event()
-        self._prepared = threading.Event()
-        self._prepared.set()
+        self._stop = QueryStop(spark)  # a stop asked for is taken between batches
         self._lag: LagMonitor | None = None
         self._handled: dict[
             TopicPartition, OffsetRange
@@ -253,46 +181,39 @@ class StreamJob:
     # --- per batch ---
 
     def _on_batch(self, df: Any, batch_id: int) -> None:
-        self._prepared.wait()
-        if self._stop_requested.is_set():
-            # Raising keeps this batch uncommitted: a restart replays it with the same offsets.
-            _quiet(self.spark)  # the stop asked for, not a failure for Spark to log
-            raise StreamtrainError(_STOP_MARKER)
-        self._in_batch.set()
-        try:
-            planned = self._tasks.plan(batch_id)  # Spark's offset log, read once for the batch
-            if self.handler.skip(
-                batch_id, None if planned is None else offsets.merge_ranges(planned)
-            ):
-                log.info("batch %d was applied before a restart: skipped", batch_id)
-                return
-            started, started_at = time.perf_counter(), time.monotonic()
-            info = BatchFigures.gather(
-                batch_id, self._tasks.run(df, batch_id, planned), started_at=started_at
-            )
-            info.lag = self._lag.lag(info.ranges) if self._lag else {}
-            info.batch_s = time.perf_counter() - started
-            self.handler.on_batch(info)
-            self.batches.append(info)
-            self.handled += 1
-            self._handled.update((r.topic_partition, r) for r in info.ranges)
-            log.debug(
-                "batch %d: %d records (%d rejected) in %.2f s",
-                batch_id,
-                info.rows,
-                info.rows - info.accepted,
-                info.batch_s,
-            )
-        except StreamtrainError as e:
-            if (
-                isinstance(e, UnreadableRange) and self.on_unreadable is not None
-            ):  # its records count as lag
-                self.on_unreadable(e, self._lag.unread(planned or []) if self._lag else {})
-            self._failure = e  # Spark wraps it in layers of its own; run() raises it as it was
-            _quiet(self.spark)
-            raise
-        finally:
-            self._in_batch.clear()
+        with self._stop.batch():
+            try:
+                planned = self._tasks.plan(batch_id)  # Spark's offset log, read once for the batch
+                if self.handler.skip(
+                    batch_id, None if planned is None else offsets.merge_ranges(planned)
+                ):
+                    log.info("batch %d was applied before a restart: skipped", batch_id)
+                    return
+                started, started_at = time.perf_counter(), time.monotonic()
+                info = BatchFigures.gather(
+                    batch_id, self._tasks.run(df, batch_id, planned), started_at=started_at
+                )
+                info.lag = self._lag.lag(info.ranges) if self._lag else {}
+                info.batch_s = time.perf_counter() - started
+                self.handler.on_batch(info)
+                self.batches.append(info)
+                self.handled += 1
+                self._handled.update((r.topic_partition, r) for r in info.ranges)
+                log.debug(
+                    "batch %d: %d records (%d rejected) in %.2f s",
+                    batch_id,
+                    info.rows,
+                    info.rows - info.accepted,
+                    info.batch_s,
+                )
+            except StreamtrainError as e:
+                if (
+                    isinstance(e, UnreadableRange) and self.on_unreadable is not None
+                ):  # its records count as lag
+                    self.on_unreadable(e, self._lag.unread(planned or []) if self._lag else {})
+                self._failure = e  # Spark wraps it in layers of its own; run() raises it as it was
+                quiet(self.spark)
+                raise
 
     # --- the query ---
 
@@ -344,11 +265,9 @@ class StreamJob:
         set-up and planning); no batch begins before it returns, and the run stops if it raises.
         ``timeout_s`` counts from its end.
         """
-        from pyspark.errors import StreamingQueryException
-
         first = self.handled
         self._failure = None
-        query = self._start_while(prepare)
+        query = self._stop.start_while(self.start, prepare, on_abort=self._stop_lag)
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
 
         def done() -> bool:
@@ -359,96 +278,34 @@ class StreamJob:
             )
 
         try:
-            while query.isActive:
-                if done():
-                    self._stop_after_commit(query)
-                    break
-                try:
-                    query.awaitTermination(0.1)
-                except StreamingQueryException:
-                    break  # the query failed: its exception is read just below
+            self._stop.wait(
+                query,
+                done,
+                last_batch_id=lambda: self.batches[-1].batch_id if self.batches else None,
+                checkpoint=self.checkpoint,
+            )
             error = query.exception()
-            if error is not None and _STOP_MARKER not in str(error):
+            if error is not None and not self._stop.is_stop(error):
                 raise self._failure or query_failure(str(error), self.checkpoint)
         except KeyboardInterrupt:
-            self._stop_requested.set()
+            self._stop.request()
             query.stop()
             raise
         finally:
-            if self._lag:
-                self._lag.stop()
-            self._stop_requested.clear()
+            self._stop_lag()
+            self._stop.clear()
         _attach_progress(query, self.batches)
         return list(self.batches)[
             len(self.batches) - min(len(self.batches), self.handled - first) :
         ]
 
-    def _start_while(self, prepare: Callable[[], None] | None) -> Any:
-        """Start the query in a thread while ``prepare`` runs in this one; raise what either raised.
-
-        ``prepare`` keeps the calling thread: a process it starts may be tied to the thread
-        that started it (Linux's parent-death signal fires when that *thread* ends).
-        """
-        if prepare is None:
-            return self.start()
-        from pyspark import InheritableThread  # closes its JVM connection when done
-
-        self._prepared.clear()
-        started: list[Any] = []
-        failed: list[BaseException] = []
-
-        def target() -> None:
-            try:
-                started.append(self.start())
-            except BaseException as e:
-                failed.append(e)
-
-        starting = InheritableThread(target=target, name="start-query", daemon=True)
-        starting.start()
-        try:
-            prepare()
-        except BaseException:
-            self._stop_requested.set()  # a batch waiting for it raises the stop marker: uncommitted
-            raise
-        finally:
-            self._prepared.set()
-            starting.join()
-            if self._stop_requested.is_set() or failed:
-                for query in started:
-                    query.stop()
-                self._stop_requested.clear()
-                if self._lag:
-                    self._lag.stop()
-        if failed:
-            raise failed[0]
-        return started[0]
-
-    def _stop_after_commit(self, query: Any) -> None:
-        """Stop the query without losing a batch's commit."""
-        self._stop_requested.set()
-        # Let a running batch finish and Spark commit it (stopping during the commit would
-        # replay it after a restart); one that starts after this raises and stays uncommitted.
-        while self._in_batch.is_set():
-            time.sleep(0.02)
-        self._wait_committed(query)
-        query.stop()
+    def _stop_lag(self) -> None:
+        if self._lag:
+            self._lag.stop()
 
     def _report_lag(self) -> None:
         if self.on_lag is not None and self._lag is not None and self._handled:
             self.on_lag(self._lag.lag(list(self._handled.values())))
-
-    def _wait_committed(self, query: Any, timeout_s: float = 30.0) -> None:
-        """Wait until the last handled batch is in the commit log and in the progress reports."""
-        if not self.batches:
-            return
-        last = self.batches[-1].batch_id
-        commit = Path(self.checkpoint) / "commits" / str(last)
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline and query.isActive:
-            progress = query.lastProgress
-            if commit.is_file() and progress is not None and progress["batchId"] >= last:
-                return
-            time.sleep(0.02)
 
 
 def _attach_progress(query: Any, batches: Iterable[BatchFigures]) -> None:

@@ -42,9 +42,9 @@ from pyspark.sql.streaming.datasource import (
 
 from pipeline.errors import ConfigError
 from pipeline.ingest import columns, offsets, sizing
-from pipeline.ingest.kafka.conf import KafkaConf
 from pipeline.ingest.kafka.conf import load as load_kafka_conf
 from pipeline.ingest.kafka.fetch import ConnectionLost, isolation_id
+from pipeline.ingest.kafka.security import KafkaConf
 from pipeline.ingest.offsets import OffsetRange, Offsets
 from pipeline.ingest.reader import read_range
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.ingest.microbatch import BatchFigures
+from pipeline.ingest.batch_figures import BatchFigures
 from pipeline.jobs.rejects import Rejects
 from pipeline.jobs.report import History
 from pipeline.jobs.run_metrics import RunMetrics

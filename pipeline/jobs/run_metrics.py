@@ -10,8 +10,8 @@ import time
 from pathlib import Path
 
 from pipeline import codec
+from pipeline.ingest.batch_figures import BatchFigures
 from pipeline.ingest.kafka.fetch import UnreadableRange
-from pipeline.ingest.microbatch import BatchFigures
 from pipeline.ingest.offsets import TopicPartition
 from pipeline.jobs.report import BATCHES_FILE, REPORT_FILE, read_rows
 from pipeline.observe import metrics, refusals

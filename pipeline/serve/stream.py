@@ -29,8 +29,9 @@ from typing import Any
 import numpy as np
 
 from pipeline import record_key
+from pipeline.ingest.batch_figures import BatchFigures
 from pipeline.ingest.decode import Block
-from pipeline.ingest.microbatch import BatchFigures, Handler
+from pipeline.ingest.microbatch import Handler
 from pipeline.train.model import ModelSpec
 
 #: per Python worker: the run folder -> (checkpoint stamp, weights, version); bootstrap -> producer

@@ -31,8 +31,8 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.errors import StreamtrainError
+from pipeline.ingest.batch_figures import BatchFigures
 from pipeline.ingest.kafka.release import Releaser
-from pipeline.ingest.microbatch import BatchFigures
 from pipeline.ingest.offsets import OffsetRange
 from pipeline.train import checkpoint, divergence_stop, ledger
 from pipeline.train.adapt import DriftResponse

@@ -14,6 +14,7 @@ import numpy as np
 
 from pipeline import config
 from pipeline.ingest import microbatch
+from pipeline.ingest.batch_figures import BatchFigures
 from pipeline.ingest.decode import Block
 from pipeline.ingest.offsets import OffsetRange
 from pipeline.train.drift import SAMPLE_ROWS
@@ -94,7 +95,7 @@ class TrainHandler(microbatch.Handler):
         if self.driver is not None:
             self.driver.on_tasks(n)
 
-    def on_batch(self, info: microbatch.BatchFigures) -> None:
+    def on_batch(self, info: BatchFigures) -> None:
         if self.driver is not None:
             self.driver.on_batch(info)
 

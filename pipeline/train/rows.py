@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.ingest.microbatch import BatchFigures
+from pipeline.ingest.batch_figures import BatchFigures
 from pipeline.ingest.offsets import PassedOver
 from pipeline.train.drift import Drift
 from pipeline.train.partition import TaskResult

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.ingest import microbatch as stream
+from pipeline.ingest.batch_figures import BatchFigures
 
 
 def register() -> None:
@@ -40,7 +41,7 @@ class Recording(stream.Handler):
             "labels": block.y.tolist(),
         }
 
-    def on_batch(self, info: stream.BatchFigures) -> None:
+    def on_batch(self, info: BatchFigures) -> None:
         if self.ledger:
             with open(self.ledger, "a") as f:
                 f.write(

@@ -14,7 +14,9 @@ from kafka import KafkaProducer, TopicPartition
 from pipeline.errors import BrokerError
 from pipeline.ingest.kafka import client
 from pipeline.ingest.kafka.fetch import RangeReader, UnreadableRange
+from pipeline.ingest.kafka.leaders import Leaders
 from pipeline.ingest.kafka.record_batch import _varints, parse_batches
+from pipeline.ingest.kafka.security import PLAINTEXT
 from tests.ingest import raw_batches
 
 
@@ -162,13 +164,13 @@ def test_varints_round_trip(values: list[int]) -> None:
 def test_leaders_of_every_partition_of_a_long_named_topic(broker) -> None:  # type: ignore[no-untyped-def]
     topic = "t-" + "long-name-" * 12 + str(time.monotonic_ns())
     client.ensure_topic(broker.bootstrap, topic, partitions=3)
-    r = RangeReader(broker.bootstrap, timeout_s=5)
-    r._refresh(topic)
+    leaders = Leaders(broker.bootstrap, timeout_s=5, conf=PLAINTEXT)
+    leaders._refresh(topic)
     host, port = broker.bootstrap.rsplit(":", 1)
-    assert {k: v for k, v in r._leaders.items() if k[0] == topic} == {
+    assert {k: v for k, v in leaders._leaders.items() if k[0] == topic} == {
         (topic, p): (host, int(port)) for p in range(3)
     }
-    r.close()
+    leaders.close()
 
 
 def test_an_unreachable_broker_is_retried_until_the_timeout() -> None:

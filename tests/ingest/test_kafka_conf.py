@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.errors import ConfigError
-from pipeline.ingest.kafka import conf
+from pipeline.ingest.kafka import conf, security
 
 SCRAM = (
     "security.protocol=SASL_SSL\nsasl.mechanism=SCRAM-SHA-512\nsasl.username=trainer\n"
@@ -136,6 +136,6 @@ def test_a_password_rotated_in_the_file_is_read_by_the_next_client(tmp_path: Pat
 
 
 def test_plaintext_is_the_default() -> None:
-    assert conf.load(None) is conf.PLAINTEXT
-    assert conf.PLAINTEXT.kafka_python() == {"security_protocol": "PLAINTEXT"}
-    assert conf.PLAINTEXT.ssl_context() is None
+    assert conf.load(None) is security.PLAINTEXT
+    assert security.PLAINTEXT.kafka_python() == {"security_protocol": "PLAINTEXT"}
+    assert security.PLAINTEXT.ssl_context() is None

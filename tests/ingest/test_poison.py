@@ -201,7 +201,7 @@ def test_a_stream_with_on_poison_skip_goes_on_and_sets_the_batch_aside(
 def test_a_passed_over_batch_reaches_the_row_the_report_and_prometheus() -> None:
     """Proves: a batch's passed-over batches go to its row (and batches.jsonl), the run's
     history (report.json's "poison"), and streamtrain_stream_records_poisoned_total."""
-    from pipeline.ingest.microbatch import BatchFigures
+    from pipeline.ingest.batch_figures import BatchFigures
     from pipeline.ingest.offsets import OffsetRange, PassedOver
     from pipeline.jobs.report import History
     from pipeline.jobs.run_metrics import RunMetrics

@@ -172,7 +172,8 @@ def test_the_fetch_reader_authenticates_again_within_the_session_lifetime(tmp_pa
                 assert _values(fetch, topic, 51) == values
                 reads += 1
                 time.sleep(0.2)
-            assert len(fetch._conns) == 1 and next(iter(fetch._conns.values())).correlation > reads
+            conns = fetch._leaders._conns
+            assert len(conns) == 1 and next(iter(conns.values())).correlation > reads
         finally:
             fetch.close()
     log = (tmp_path / "kafka" / "front.log").read_text()

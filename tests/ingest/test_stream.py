@@ -21,6 +21,7 @@ from kafka import KafkaProducer
 from pipeline import codec
 from pipeline.ingest import microbatch as stream
 from pipeline.ingest import sources as source
+from pipeline.ingest.batch_figures import BatchFigures
 from pipeline.ingest.kafka import client
 from pipeline.ingest.offsets import OffsetRange
 from pipeline.ingest.sizing import Sizing
@@ -68,11 +69,11 @@ def _wait_until(predicate: Any, timeout_s: float, what: str) -> None:
         time.sleep(0.05)
 
 
-def _ids(batches: list[stream.BatchFigures]) -> list[int]:
+def _ids(batches: list[BatchFigures]) -> list[int]:
     return [i for b in batches for r in b.results for i in r["ids"]]
 
 
-def _assert_contiguous(batches: list[stream.BatchFigures]) -> dict[tuple[str, int], int]:
+def _assert_contiguous(batches: list[BatchFigures]) -> dict[tuple[str, int], int]:
     """Each partition's ranges follow one another with no gap and no overlap; returns the ends."""
     ends: dict[tuple[str, int], int] = {}
     for b in batches:
@@ -255,7 +256,7 @@ def test_restart_after_sigkill_mid_batch_replays_the_same_batch(
     assert [list(dataclasses.astuple(r)) for r in after[0].ranges] == before[1]["ranges"]
     assert after[0].rows == 1000 and all(b.rows <= 200 for b in after[1:]), [b.rows for b in after]
     ranges = [OffsetRange(*r) for r in before[0]["ranges"]]
-    all_batches = [stream.BatchFigures(0, ranges, rows=before[0]["rows"]), *after]
+    all_batches = [BatchFigures(0, ranges, rows=before[0]["rows"]), *after]
     assert sum(_assert_contiguous(all_batches).values()) == produced
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.ingest.microbatch import BatchFigures
+from pipeline.ingest.batch_figures import BatchFigures
 from pipeline.jobs.display import Display
 from pipeline.jobs.report import History
 from pipeline.train.rows import BatchRow

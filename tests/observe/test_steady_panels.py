@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from pipeline.ingest.microbatch import BatchFigures
+from pipeline.ingest.batch_figures import BatchFigures
 from pipeline.jobs.report import BATCHES_FILE, History
 from pipeline.jobs.run_metrics import RunMetrics
 from pipeline.observe import dashboard, exposition

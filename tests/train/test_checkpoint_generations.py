@@ -162,7 +162,7 @@ def test_a_collapsed_heldout_score_stops_and_keeps_the_last_sound_generation(
     had learned) on two scores in a row stops the batch with one line offering the
     generation of the best score, which stays kept although older than the last 3;
     the watch's record goes on across a resume (a fresh driver on the saved state)."""
-    from pipeline.ingest.microbatch import BatchFigures
+    from pipeline.ingest.batch_figures import BatchFigures
     from pipeline.ingest.offsets import OffsetRange
 
     y = np.array([0] * 600 + [1] * 400)  # the majority class scores 0.6, on 1,000 records

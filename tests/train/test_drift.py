@@ -376,7 +376,7 @@ def test_the_driver_saves_the_drifts_keeps_the_generation_before_and_counts_held
     and report go on from it) and keeps the generation from just before it however many
     come after; records held out since count as handled (the run's stop rule) but not as
     trained."""
-    from pipeline.ingest.microbatch import BatchFigures
+    from pipeline.ingest.batch_figures import BatchFigures
     from pipeline.train import checkpoint
     from pipeline.train.driver import TrainDriver
     from pipeline.train.partition import TaskResult

@@ -14,9 +14,9 @@ import pytest
 
 from pipeline import codec, record_key
 from pipeline.ingest import microbatch, reader
+from pipeline.ingest.batch_figures import BatchFigures
 from pipeline.ingest.decode import decode_range
 from pipeline.ingest.kafka.record_batch import parse_batches
-from pipeline.ingest.microbatch import BatchFigures
 from pipeline.ingest.offsets import OffsetRange
 from pipeline.jobs.run_metrics import RunMetrics
 from pipeline.serve.weights import CheckpointWeights

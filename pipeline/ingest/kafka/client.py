@@ -10,7 +10,7 @@ Two Tansu quirks are handled here, once, for everything built on top:
   timeout, and ~3 s with 6 s. :func:`consumer` sets a short session timeout.
 
 Every kafka-python client of streamtrain is built here (:func:`admin`, :func:`producer`,
-:func:`consumer`), secured by a :class:`~pipeline.ingest.kafka.conf.KafkaConf`.
+:func:`consumer`), secured by a :class:`~pipeline.ingest.kafka.security.KafkaConf`.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from pipeline.errors import BrokerError, ConfigError
-from pipeline.ingest.kafka.conf import PLAINTEXT, KafkaConf
+from pipeline.ingest.kafka.security import PLAINTEXT, KafkaConf
 
 #: Group settings that make joins fast on Tansu and stay sane on real Kafka.
 GROUP_DEFAULTS: dict[str, Any] = {"session_timeout_ms": 6000, "heartbeat_interval_ms": 1000}

@@ -1,12 +1,11 @@
-"""A Kafka client configuration, read once from the file users already keep, and its
-translation for every kind of client streamtrain builds.
+"""A Kafka client configuration, read once from the file users already keep.
 
 Teams keep their Kafka client settings in a properties file (``key=value`` lines, the
 names librdkafka and the Java client share): ``security.protocol``, ``sasl.mechanism``,
 ``sasl.username``, ``sasl.password``, ``ssl.ca.location`` and so on. ``--kafka-conf FILE``
-(or ``STREAMTRAIN_KAFKA_CONF``) names that file; :func:`load` reads and checks it, and
-:class:`KafkaConf` turns it into kafka-python's arguments, an :class:`ssl.SSLContext` for
-the Fetch reader, librdkafka's dict and Spark's ``kafka.``-prefixed source options.
+(or ``STREAMTRAIN_KAFKA_CONF``) names that file; :func:`load` reads and checks it into a
+:class:`~pipeline.ingest.kafka.security.KafkaConf`, which turns it into each kind of
+client's arguments (:mod:`pipeline.ingest.kafka.security`).
 
 Only the file's *path* ever travels (in a Spark plan, a task's closure, ``run.json``):
 each process reads the file itself, so a password is never on a command line, in a plan
@@ -16,16 +15,15 @@ cluster read the same path on their own host.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import os
 import re
 import ssl
 import stat
 from pathlib import Path
-from typing import Any
 
 from pipeline.errors import ConfigError
+from pipeline.ingest.kafka.security import PLAINTEXT, KafkaConf
 
 PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
@@ -84,8 +82,9 @@ def read_properties(path: str | Path) -> dict[str, str]:
     >>> with tempfile.NamedTemporaryFile("w", suffix=".properties", delete=False) as f:
     ...     _ = f.write("# ours\nsecurity.protocol=SASL_SSL\nsasl.mechanism : SCRAM-SHA-512\n"
     ...                 "bootstrap.servers=a\\:1,\\\n    b\\:2\n")
-    >>> read_properties(f.name)
-    {'security.protocol': 'SASL_SSL', 'sasl.mechanism': 'SCRAM-SHA-512', 'bootstrap.servers': 'a:1,b:2'}
+    >>> read_properties(f.name)  # doctest: +NORMALIZE_WHITESPACE
+    {'security.protocol': 'SASL_SSL', 'sasl.mechanism': 'SCRAM-SHA-512',
+     'bootstrap.servers': 'a:1,b:2'}
     """
     path = Path(path)
     try:
@@ -122,192 +121,12 @@ def read_properties(path: str | Path) -> dict[str, str]:
     return props
 
 
-@dataclasses.dataclass(frozen=True)
-class KafkaConf:
-    """Security settings of every Kafka connection of a process (PLAINTEXT when empty).
-
-    The password fields are left out of ``repr`` (and so of every log line and error).
-
-    Example:
-
-    >>> conf = KafkaConf(protocol="SASL_SSL", mechanism="SCRAM-SHA-512", username="alice", password="s3cret")
-    >>> conf
-    KafkaConf(path=None, protocol='SASL_SSL', mechanism='SCRAM-SHA-512', username='alice', ...)
-    >>> conf.describe()
-    'SASL_SSL, SCRAM-SHA-512 as alice'
-    >>> sorted(conf.kafka_python())[:4]
-    ['sasl_mechanism', 'sasl_plain_password', 'sasl_plain_username', 'security_protocol']
-    """
-
-    path: str | None = None
-    protocol: str = "PLAINTEXT"
-    mechanism: str | None = None
-    username: str | None = None
-    password: str | None = dataclasses.field(default=None, repr=False)
-    ca: str | None = None
-    certificate: str | None = None
-    key: str | None = None
-    key_password: str | None = dataclasses.field(default=None, repr=False)
-    verify_hostname: bool = True
-    bootstrap: str | None = None
-    #: Whether the file holds the credentials as the Java client's ``sasl.jaas.config`` line
-    #: (then Spark's own source refers to that line, not to ``sasl.username``/``sasl.password``).
-    jaas: bool = False
-
-    def __repr__(self) -> str:
-        shown = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.repr}
-        head = ", ".join(f"{k}={v!r}" for k, v in list(shown.items())[:4])
-        return f"KafkaConf({head}, ...)"
-
-    @property
-    def tls(self) -> bool:
-        return self.protocol in ("SSL", "SASL_SSL")
-
-    @property
-    def sasl(self) -> bool:
-        return self.protocol.startswith("SASL_")
-
-    def describe(self) -> str:
-        """The settings in a few words, with no secret in them (for logs and errors)."""
-        parts = [self.protocol]
-        if self.sasl:
-            parts.append(f"{self.mechanism} as {self.username}")
-        if self.certificate:
-            parts.append(f"client certificate {self.certificate}")
-        return ", ".join(parts)
-
-    def ssl_context(self) -> ssl.SSLContext | None:
-        """The TLS context of a connection (None for PLAINTEXT and SASL_PLAINTEXT): the
-        CA's certificates (the system's when no ``ssl.ca.location``), the broker's name
-        checked unless ``ssl.endpoint.identification.algorithm`` is empty, and the client's
-        certificate for mutual TLS."""
-        if not self.tls:
-            return None
-        return _context(
-            self.ca, self.certificate, self.key, self.key_password, self.verify_hostname
-        )
-
-    def kafka_python(self) -> dict[str, Any]:
-        """kafka-python's keyword arguments (``KafkaProducer``, ``KafkaConsumer``, ``KafkaAdminClient``)."""
-        args: dict[str, Any] = {"security_protocol": self.protocol}
-        if self.tls:
-            args.update(ssl_context=self.ssl_context(), ssl_check_hostname=self.verify_hostname)
-        if self.sasl:
-            args.update(
-                sasl_mechanism=self.mechanism,
-                sasl_plain_username=self.username,
-                sasl_plain_password=self.password,
-            )
-        return args
-
-    def librdkafka(self) -> dict[str, Any]:
-        """confluent-kafka's (librdkafka's) configuration dict."""
-        out: dict[str, Any] = {"security.protocol": self.protocol}
-        if self.sasl:
-            out.update(
-                {
-                    "sasl.mechanism": self.mechanism,
-                    "sasl.username": self.username,
-                    "sasl.password": self.password,
-                }
-            )
-        if self.tls:
-            out["ssl.endpoint.identification.algorithm"] = (
-                "https" if self.verify_hostname else "none"
-            )
-            for key, value in (
-                ("ssl.ca.location", self.ca),
-                ("ssl.certificate.location", self.certificate),
-                ("ssl.key.location", self.key),
-                ("ssl.key.password", self.key_password),
-            ):
-                if value:
-                    out[key] = value
-        return out
-
-    def spark_options(self) -> dict[str, str]:
-        """Options for Spark's own Kafka source (``format("kafka")``, the spark-sql-kafka jar).
-
-        The Java client reads the secrets from the same file, through Kafka's
-        ``FileConfigProvider`` (``${file:PATH:KEY}``), so the plan holds the path alone.
-
-        >>> KafkaConf(path="/etc/k.properties", protocol="SASL_SSL", mechanism="PLAIN",
-        ...           username="u", password="p").spark_options()["kafka.sasl.jaas.config"]
-        'org.apache.kafka.common.security.plain.PlainLoginModule required username="${file:/etc/k.properties:sasl.username}" password="${file:/etc/k.properties:sasl.password}";'
-        """
-        out = {"kafka.security.protocol": self.protocol}
-        if self.protocol == "PLAINTEXT":
-            return out
-        ref = functools.partial("${{file:{}:{}}}".format, self.path)
-        out.update(
-            {
-                "kafka.config.providers": "file",
-                "kafka.config.providers.file.class": "org.apache.kafka.common.config.provider.FileConfigProvider",
-            }
-        )
-        if self.sasl:
-            module = (
-                "plain.PlainLoginModule" if self.mechanism == "PLAIN" else "scram.ScramLoginModule"
-            )
-            out["kafka.sasl.mechanism"] = self.mechanism or ""
-            out["kafka.sasl.jaas.config"] = (
-                ref("sasl.jaas.config")
-                if self.jaas
-                else f"org.apache.kafka.common.security.{module} required "
-                f'username="{ref("sasl.username")}" password="{ref("sasl.password")}";'
-            )
-        if self.tls:
-            out["kafka.ssl.endpoint.identification.algorithm"] = (
-                "https" if self.verify_hostname else ""
-            )
-            if self.ca:
-                out.update(
-                    {"kafka.ssl.truststore.type": "PEM", "kafka.ssl.truststore.location": self.ca}
-                )
-            if self.certificate:
-                if self.certificate != self.key:
-                    raise ConfigError(
-                        "Expected ssl.certificate.location and ssl.key.location to be one PEM file for Spark's own "
-                        "Kafka source (its Java client reads a client certificate and key from one keystore). "
-                        f"Received: {self.certificate} and {self.key}. Concatenate them into one file (cat CERT KEY "
-                        "> client.pem; chmod 600) and name it in both."
-                    )
-                out.update(
-                    {
-                        "kafka.ssl.keystore.type": "PEM",
-                        "kafka.ssl.keystore.location": self.certificate,
-                    }
-                )
-                if self.key_password:
-                    out["kafka.ssl.key.password"] = ref("ssl.key.password")
-        return out
-
-
-PLAINTEXT = KafkaConf()
-
-
-@functools.lru_cache(maxsize=16)
-def _context(
-    ca: str | None,
-    certificate: str | None,
-    key: str | None,
-    key_password: str | None,
-    verify_hostname: bool,
-) -> ssl.SSLContext:
-    ctx = ssl.create_default_context(cafile=ca)
-    ctx.check_hostname = verify_hostname
-    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-    if certificate:
-        ctx.load_cert_chain(certificate, key, password=key_password)
-    return ctx
-
-
 def _owner_only(path: str, what: str) -> None:
     mode = stat.S_IMODE(os.stat(path).st_mode)
     if mode & (stat.S_IRWXG | stat.S_IRWXO):
         raise ConfigError(
-            f"Expected {path} readable by its owner only: it holds {what}. Received: mode {mode:o}. "
-            f"Run: chmod 600 {path}"
+            f"Expected {path} readable by its owner only: it holds {what}. "
+            f"Received: mode {mode:o}. Run: chmod 600 {path}"
         )
 
 
@@ -348,9 +167,12 @@ def parse(props: dict[str, str], source: str | Path = "the Kafka client properti
     ...        "sasl.password": "secret"}).describe()
     'SASL_SSL, PLAIN as key'
     >>> parse({"security.protocol": "SASL_SSL", "sasl.mechanism": "GSSAPI"})
+    ... # doctest: +NORMALIZE_WHITESPACE
     Traceback (most recent call last):
     ...
-    pipeline.errors.ConfigError: Expected sasl.mechanism PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512 in the Kafka client properties. Received: 'GSSAPI'. streamtrain's clients speak these three; ask the Kafka team for a SCRAM user.
+    pipeline.errors.ConfigError: Expected sasl.mechanism PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512
+    in the Kafka client properties. Received: 'GSSAPI'. streamtrain's clients speak these
+    three; ask the Kafka team for a SCRAM user.
     """
     source = Path(source)
     props = dict(props)
@@ -368,8 +190,8 @@ def parse(props: dict[str, str], source: str | Path = "the Kafka client properti
     protocol = props.get("security.protocol", "PLAINTEXT").upper()
     if protocol not in PROTOCOLS:
         raise ConfigError(
-            f"Expected security.protocol {', '.join(PROTOCOLS[:-1])} or {PROTOCOLS[-1]} in {source}. "
-            f"Received: {props['security.protocol']!r}."
+            f"Expected security.protocol {', '.join(PROTOCOLS[:-1])} or {PROTOCOLS[-1]} "
+            f"in {source}. Received: {props['security.protocol']!r}."
         )
     sasl, tls = protocol.startswith("SASL_"), protocol.endswith("SSL")
     mechanism = props.get("sasl.mechanism", "").upper() or None
@@ -377,8 +199,8 @@ def parse(props: dict[str, str], source: str | Path = "the Kafka client properti
         if mechanism not in MECHANISMS:
             raise ConfigError(
                 f"Expected sasl.mechanism PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512 in {source}. "
-                f"Received: {props.get('sasl.mechanism')!r}. streamtrain's clients speak these three; "
-                "ask the Kafka team for a SCRAM user."
+                f"Received: {props.get('sasl.mechanism')!r}. "
+                "streamtrain's clients speak these three; ask the Kafka team for a SCRAM user."
             )
         missing = [k for k in ("sasl.username", "sasl.password") if not props.get(k)]
         if missing:
@@ -408,16 +230,17 @@ def parse(props: dict[str, str], source: str | Path = "the Kafka client properti
     cert, key = files.get("ssl.certificate.location"), files.get("ssl.key.location")
     if bool(cert) != bool(key) and not (cert and not key and _holds_key(cert)):
         raise ConfigError(
-            f"Expected ssl.certificate.location and ssl.key.location together in {source} (a client "
-            f"certificate and its private key). Received: only {'the certificate' if cert else 'the key'}."
+            f"Expected ssl.certificate.location and ssl.key.location together in {source} "
+            "(a client certificate and its private key). "
+            f"Received: only {'the certificate' if cert else 'the key'}."
         )
     if key or cert:  # a key of its own, or one inside the certificate's file
         _owner_only(key or cert or "", "a private key")
     algorithm = props.get("ssl.endpoint.identification.algorithm", "https").strip().lower()
     if algorithm not in ("https", "", "none"):
         raise ConfigError(
-            f"Expected ssl.endpoint.identification.algorithm https (the default) or empty in {source}. "
-            f"Received: {algorithm!r}."
+            "Expected ssl.endpoint.identification.algorithm https (the default) or empty "
+            f"in {source}. Received: {algorithm!r}."
         )
     conf = KafkaConf(
         path=str(source),

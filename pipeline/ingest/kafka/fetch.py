@@ -6,6 +6,7 @@ ceiling of streamtrain's Python source. A micro-batch needs only the bytes of
 ``[start, end)`` of each partition as Arrow columns. This module speaks just enough of
 the protocol for that over a plain socket: Metadata v4 to find partition leaders and
 Fetch v10 (both still served by Kafka 4; v10 is the first Kafka sends zstd batches to);
+the leaders and the connections to them are kept by :mod:`pipeline.ingest.kafka.leaders`,
 the record batches in a response are parsed by :mod:`pipeline.ingest.kafka.record_batch`.
 Connections speak TLS and SASL as the client configuration says (:mod:`pipeline.ingest.kafka.wire`).
 
@@ -24,27 +25,12 @@ from collections.abc import Iterator
 
 from pipeline.errors import BrokerError, ConfigError
 from pipeline.ingest.kafka import compression
-from pipeline.ingest.kafka.conf import PLAINTEXT, KafkaConf
+from pipeline.ingest.kafka.leaders import ERRORS, Leaders
 from pipeline.ingest.kafka.record_batch import Records, Skipped, UnreadableBatch, parse_batches
-from pipeline.ingest.kafka.wire import (
-    AuthenticationError,
-    Connection,
-    ConnectionLost,
-    Reader,
-    string,
-)
+from pipeline.ingest.kafka.security import PLAINTEXT, KafkaConf
+from pipeline.ingest.kafka.wire import ConnectionLost, Reader, string
 
-_FETCH, _METADATA = 1, 3
-_ERRORS = {
-    1: "OFFSET_OUT_OF_RANGE",
-    3: "UNKNOWN_TOPIC_OR_PARTITION",
-    5: "LEADER_NOT_AVAILABLE",
-    6: "NOT_LEADER_OR_FOLLOWER",
-    35: "UNSUPPORTED_VERSION",
-    74: "FENCED_LEADER_EPOCH",
-    75: "UNKNOWN_LEADER_EPOCH",
-    76: "UNSUPPORTED_COMPRESSION_TYPE",
-}
+_FETCH = 1
 _STALE_LEADER = {3, 5, 6, 74, 75}
 
 #: Kafka's isolation levels, by the id a Fetch request carries.
@@ -153,79 +139,17 @@ class RangeReader:
         conf: KafkaConf = PLAINTEXT,
     ) -> None:
         self.conf = conf
-        self.bootstrap = [
-            (h, int(p)) for h, _, p in (b.strip().rpartition(":") for b in bootstrap.split(","))
-        ]
         self.timeout_s = timeout_s
         self.max_partition_bytes = max_partition_bytes
         self.isolation_level = isolation_level
         self._isolation = isolation_id(isolation_level)
         self.max_batch_bytes = max_batch_bytes
-        self._conns: dict[tuple[str, int], Connection] = {}
-        self._leaders: dict[tuple[str, int], tuple[str, int]] = {}
-
-    def _conn(self, address: tuple[str, int]) -> Connection:
-        conn = self._conns.get(address)
-        if conn is None:
-            conn = self._conns[address] = Connection(*address, self.timeout_s, self.conf)
-        return conn
-
-    def _drop(self, address: tuple[str, int]) -> None:
-        conn = self._conns.pop(address, None)
-        if conn is not None:
-            conn.close()
-
-    def _refresh(self, topic: str) -> None:
-        """Leaders of ``topic``'s partitions, from a Metadata v4 request to any bootstrap broker."""
-        errors = []
-        for address in self.bootstrap:
-            try:
-                r = self._conn(address).request(
-                    _METADATA, 4, struct.pack(">i", 1) + string(topic) + b"\x00"
-                )
-            except AuthenticationError:
-                raise  # the same settings fail on every broker, now and later
-            except (BrokerError, OSError) as e:
-                self._drop(address)
-                errors.append(f"{address[0]}:{address[1]}: {e}")
-                continue
-            r.take(">i")  # throttle
-            brokers = {}
-            for _ in range(r.take(">i")):
-                node, host, port = r.take(">i"), r.string(), r.take(">i")
-                r.string()  # rack
-                brokers[node] = (host or "", port)
-            r.string()  # cluster id
-            r.take(">i")  # controller
-            for _ in range(r.take(">i")):
-                error, name = r.take(">h"), r.string()
-                r.take(">?")
-                for _ in range(r.take(">i")):
-                    _, partition, leader = r.take(">h"), r.take(">i"), r.take(">i")
-                    for _ in range(2):  # replicas, isr: skip the broker ids
-                        count = r.take(">i")
-                        r.pos += 4 * max(count, 0)
-                    if leader in brokers and name is not None:
-                        self._leaders[(name, partition)] = brokers[leader]
-                if error and name == topic:
-                    raise BrokerError(
-                        f"Kafka has no topic {topic!r} ({_ERRORS.get(error, error)})."
-                    )
-            return
-        raise ConnectionLost(
-            f"Cannot reach Kafka at {','.join(f'{h}:{p}' for h, p in self.bootstrap)}: "
-            + "; ".join(errors)
-        )
+        self._leaders = Leaders(bootstrap, timeout_s=timeout_s, conf=conf)
 
     def _fetch(
         self, topic: str, partition: int, offset: int, max_bytes: int, *, wait_ms: int = 100
     ) -> Fetched:
-        key = (topic, partition)
-        if key not in self._leaders:
-            self._refresh(topic)
-        if key not in self._leaders:
-            raise BrokerError(f"Kafka reports no leader for {topic}-{partition}.")
-        address = self._leaders[key]
+        address = self._leaders.leader(topic, partition)
         # Fetch v10 (no fetch session: id 0, epoch -1): Kafka refuses to send zstd batches
         # to a Fetch below v10 (UNSUPPORTED_COMPRESSION_TYPE), whatever the client can inflate.
         body = (
@@ -237,17 +161,17 @@ class RangeReader:
         )
         try:
             # Kafka sends a first batch whole however large (KIP-74): up to the batch cap.
-            r = self._conn(address).request(
+            r = self._leaders.conn(address).request(
                 _FETCH, 10, body, most=max(max_bytes, self.max_batch_bytes) + _FETCH_OVERHEAD
             )
         except (BrokerError, OSError):
-            self._drop(address)
-            self._leaders.pop(key, None)
+            self._leaders.drop(address)
+            self._leaders.forget(topic, partition)
             raise
         try:
             return self._fetched(r, topic, partition, offset)
         except (struct.error, ValueError, UnicodeDecodeError) as e:
-            self._drop(address)  # out of step with the broker: a new connection
+            self._leaders.drop(address)  # out of step with the broker: a new connection
             raise BrokerError(
                 f"Kafka's Fetch response for {topic}-{partition} at offset {offset} is malformed "
                 f"({e})."
@@ -255,11 +179,10 @@ class RangeReader:
 
     def _fetched(self, r: Reader, topic: str, partition: int, offset: int) -> Fetched:
         """The partition's part of a Fetch response."""
-        key = (topic, partition)
         r.take(">i")  # throttle
         if (error := r.take(">h")) != 0:
             raise BrokerError(
-                f"Kafka refused to fetch {topic}-{partition}: {_ERRORS.get(error, error)}."
+                f"Kafka refused to fetch {topic}-{partition}: {ERRORS.get(error, error)}."
             )
         r.take(">i")  # session id
         for _ in range(r.take(">i")):
@@ -275,7 +198,7 @@ class RangeReader:
                 aborted = [(r.take(">q"), r.take(">q")) for _ in range(max(r.take(">i"), 0))]
                 records = r.bytes_()
                 if error in _STALE_LEADER:
-                    self._leaders.pop(key, None)
+                    self._leaders.forget(topic, partition)
                     return Fetched(None, high_watermark, last_stable, aborted)
                 if error == 1:
                     raise OffsetOutOfRange(
@@ -284,7 +207,7 @@ class RangeReader:
                     )
                 if error:
                     raise BrokerError(
-                        f"Kafka refused to fetch {topic}-{partition}: {_ERRORS.get(error, error)}."
+                        f"Kafka refused to fetch {topic}-{partition}: {ERRORS.get(error, error)}."
                     )
                 return Fetched(records, high_watermark, last_stable, aborted)
         return Fetched(None, -1, -1, [])
@@ -393,5 +316,4 @@ class RangeReader:
                 )
 
     def close(self) -> None:
-        for address in list(self._conns):
-            self._drop(address)
+        self._leaders.close()

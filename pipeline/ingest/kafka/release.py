@@ -17,7 +17,7 @@ import logging
 import threading
 from typing import Any
 
-from pipeline.ingest.kafka.conf import PLAINTEXT, KafkaConf
+from pipeline.ingest.kafka.security import PLAINTEXT, KafkaConf
 from pipeline.ingest.offsets import OffsetRange
 
 log = logging.getLogger(__name__)

@@ -24,7 +24,7 @@ import time
 from typing import Any
 
 from pipeline.errors import BrokerError
-from pipeline.ingest.kafka.conf import PLAINTEXT, KafkaConf
+from pipeline.ingest.kafka.security import PLAINTEXT, KafkaConf
 
 _SASL_HANDSHAKE, _SASL_AUTHENTICATE = 17, 36
 #: A TLS handshake or SASL exchange longer than this is a peer that will never finish one
