@@ -182,6 +182,7 @@ class StreamJob:
 
     def _on_batch(self, df: Any, batch_id: int) -> None:
         with self._stop.batch():
+            planned = None  # read below: an error handler must not meet it unset
             try:
                 planned = self._tasks.plan(batch_id)  # Spark's offset log, read once for the batch
                 if self.handler.skip(
