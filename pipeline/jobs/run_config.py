@@ -19,7 +19,9 @@ class RunConfig:
     workers: int = 2
     batch_size: int = 128
     communication_window: int | None = None  # None: the algorithm's own
-    sync_overlap: bool = False  # sync: push each gradient while the next computes (one round stale)
+    # sync: push each gradient while the next computes, on the predicted center (None: sync's
+    # default, which does).
+    sync_overlap: bool | None = None
     epochs: int = 1
     rate: float | None = None
     until_accuracy: float | None = None
