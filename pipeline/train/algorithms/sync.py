@@ -159,6 +159,10 @@ class GradientWorker(WorkerHalf):
             ThreadPoolExecutor(1, thread_name_prefix="streamtrain-push") if overlap else None
         )
         self.pending: tuple[Future[np.ndarray], int] | None = None
+        # The prediction extrapolates the last step, so it needs centers that come back exact:
+        # over a narrowed wire (bfloat16, float16) two centers differ by their rounding as much
+        # as by the step, and the overlapped gradient is computed on the center as it came.
+        self.predict = overlap and getattr(client, "wire_dtype", "float32") == "float32"
         self.weights_clock = client.clock  # the center the replica's weights came from
         # With overlap: the center loaded last (the prediction's base; None before the first).
         self.last_center: np.ndarray | None = None
@@ -204,7 +208,7 @@ class GradientWorker(WorkerHalf):
     def _load(self, center: np.ndarray, computed_at: int) -> None:
         """Continue from ``center``, which a push of a gradient computed at ``computed_at`` brought
         back."""
-        self.weights.set(center if self.pool is None else self._predicted(center))
+        self.weights.set(self._predicted(center) if self.predict else center)
         if self.averaged is not None:
             self.base = center[self.averaged]
         # The round applied it at clock - 1; its gradient was computed on the center of computed_at.
