@@ -365,17 +365,14 @@ def compare(algorithms: list[str], seeds: int, max_epochs: int) -> None:
     finals: dict[str, list[float]] = {a: [] for a in algorithms}
     for seed in range(seeds):
         for algo in algorithms:
-            # sync+overlap: --sync-overlap; sync+no-overlap: --no-sync-overlap
-            name, *extra = algo.split("+")
+            name, *extra = algo.split("+")  # sync+overlap: --sync-overlap
             st = streamtrain(
                 "mnist",
                 seed,
                 max_epochs,
                 TARGETS[-1],
                 algorithm=name,
-                extra=tuple(
-                    f"--no-sync-{e[3:]}" if e.startswith("no-") else f"--sync-{e}" for e in extra
-                ),
+                extra=tuple(f"--sync-{e}" for e in extra),
             )
             for t in TARGETS:
                 got[algo][t].append(_at(st["reached"], t))

@@ -45,10 +45,10 @@ from producers import datasets
 )
 @click.option(
     "--sync-overlap/--no-sync-overlap",
-    default=None,
-    help="sync only: push each gradient while the next computes, on a prediction of the center "
-    "it will meet (the default); --no-sync-overlap waits for each round instead (each gradient "
-    "on the newest center, the exchange's time not hidden). docs/performance.md.",
+    default=False,
+    show_default=True,
+    help="sync only: push each gradient while the next computes. Hides the exchange's time, but "
+    "every gradient lands one round late (more records to an accuracy). docs/performance.md.",
 )
 @click.option(
     "--wire-dtype",

@@ -40,11 +40,10 @@ def check(cfg: RunConfig) -> None:
             raise ConfigError(f"Expected --{name.replace('_', '-')} >= 1. Received: {value}")
     if cfg.freshness_target_s is not None:
         cfg.sizing  # noqa: B018 - a target and bounds that cannot work: one line now, before anything starts
-    if cfg.sync_overlap is not None and cfg.algorithm != "sync":
-        flag = "--sync-overlap" if cfg.sync_overlap else "--no-sync-overlap"
+    if cfg.sync_overlap and cfg.algorithm != "sync":
         raise ConfigError(
-            f"{flag} is synchronous SGD's alone (--algorithm sync). Received: "
-            f"--algorithm {cfg.algorithm}. Drop {flag}."
+            "--sync-overlap is synchronous SGD's alone (--algorithm sync). Received: "
+            f"--algorithm {cfg.algorithm}. Drop --sync-overlap."
         )
     if cfg.on_drift not in ("alert", "adapt"):
         raise ConfigError(

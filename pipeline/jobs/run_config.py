@@ -19,9 +19,7 @@ class RunConfig:
     workers: int = 2
     batch_size: int = 128
     communication_window: int | None = None  # None: the algorithm's own
-    # sync: push each gradient while the next computes, on the predicted center (None: sync's
-    # default, which does).
-    sync_overlap: bool | None = None
+    sync_overlap: bool = False  # sync: push each gradient while the next computes (one round stale)
     epochs: int = 1
     rate: float | None = None
     until_accuracy: float | None = None

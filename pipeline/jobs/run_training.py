@@ -265,8 +265,8 @@ def algorithm_of(cfg: RunConfig) -> algorithms.Algorithm:
         if cfg.communication_window is None
         else {algorithms.get(cfg.algorithm).window_setting: cfg.communication_window}
     )
-    if cfg.sync_overlap is not None:  # None: sync's own default (overlap)
-        overrides["overlap"] = cfg.sync_overlap
+    if cfg.sync_overlap:
+        overrides["overlap"] = True
     return algorithms.get(
         cfg.algorithm,
         num_workers=cfg.workers,

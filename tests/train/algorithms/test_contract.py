@@ -263,15 +263,13 @@ def test_bad_settings_are_clear_errors(bad: dict, match: str) -> None:  # type: 
 def test_sync_computes_each_gradient_on_the_newest_center_unless_it_overlaps(
     overlap: bool, mnist_small
 ) -> None:  # type: ignore[no-untyped-def]
-    """Proves: without ``overlap`` synchronous SGD's gradients are computed on the center
-    they are applied to (staleness 0 on every push, as one process); with it (the default)
-    each push travels while the next gradient computes, and lands one round late
-    (staleness 1; the gradient is computed on the predicted center, which the
-    ``_predicted`` doctest checks)."""
+    """Proves: by default synchronous SGD's gradients are computed on the center they are
+    applied to (staleness 0 on every push, as one process); with ``overlap`` each push
+    travels while the next gradient computes, and lands one round late (staleness 1)."""
     x, y = mnist_small
     t = Trainer(
         _mlp(),
-        algorithm={"name": "sync", "config": {"overlap": overlap}},
+        algorithm={"name": "sync", "config": {} if not overlap else {"overlap": True}},
         num_workers=1,
         batch_size=64,
         seed=3,
