@@ -47,8 +47,9 @@ from producers import datasets
     "--sync-overlap/--no-sync-overlap",
     default=False,
     show_default=True,
-    help="sync only: push each gradient while the next computes. Hides the exchange's time, but "
-    "every gradient lands one round late (more records to an accuracy). docs/performance.md.",
+    help="sync only: push each gradient while the next computes, on a prediction of the center "
+    "it will meet. Hides the exchange's time where the cores have room for it; every gradient "
+    "lands one round late. docs/algorithms.md.",
 )
 @click.option(
     "--wire-dtype",

@@ -6,7 +6,9 @@ from the center the server sends back. The replica never steps an optimizer.
 By default each gradient is computed on the center of the round before it, as one
 process computes on the weights of its last step; with ``overlap`` the push travels
 while the next window computes, which hides the exchange's time but lands every
-gradient one round late (``bench/ablation.py`` measures what that costs in records).
+gradient one round late, so that window computes on a prediction of the center its
+gradient will meet (the center plus the last step's change; ``bench/ablation.py``
+measures what each costs in records).
 Server: a round collects one gradient from every worker in it, and applies
 their mean with the optimizer (``worker_optimizer``'s rule, Keras's Adam or SGD
 run in NumPy) once.
@@ -52,7 +54,8 @@ class SyncSGD(Algorithm):
     synchronous = True
     pushes_gradients = True
     communication_window: int = 1
-    #: Push each window's gradient while the next computes (one round of staleness).
+    #: Push each window's gradient while the next computes, on the predicted center (one
+    #: round of staleness, compensated).
     overlap: bool = False
 
     def __post_init__(self) -> None:
