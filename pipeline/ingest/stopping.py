@@ -139,22 +139,25 @@ class QueryStop:
 
         while query.isActive:
             if until():
-                self._after_commit(query, last_batch_id(), checkpoint)
+                self._after_commit(query, last_batch_id, checkpoint)
                 return
             try:
                 query.awaitTermination(0.1)
             except StreamingQueryException:
                 return  # the query failed: the caller reads its exception
 
-    def _after_commit(self, query: Any, last_batch_id: int | None, checkpoint: str) -> None:
+    def _after_commit(
+        self, query: Any, last_batch_id: Callable[[], int | None], checkpoint: str
+    ) -> None:
         """Stop the query without losing a batch's commit."""
         self._requested.set()
         # Let a running batch finish and Spark commit it (stopping during the commit would
         # replay it after a restart); one that starts after this raises and stays uncommitted.
         while self._in_batch.is_set():
             time.sleep(0.02)
-        if last_batch_id is not None:
-            _wait_committed(query, last_batch_id, checkpoint)
+        last = last_batch_id()  # read after the running batch is done: it may be that one
+        if last is not None:
+            _wait_committed(query, last, checkpoint)
         query.stop()
 
 

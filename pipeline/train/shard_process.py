@@ -39,7 +39,13 @@ def spawn(job: dict[str, Any]) -> tuple[subprocess.Popen[bytes], connection.Conn
             stdin=subprocess.DEVNULL,
         )
     conn = connection.Connection(ours.detach())
-    conn.send({**job, "parent": os.getpid()})
+    try:
+        conn.send({**job, "parent": os.getpid()})
+    except BaseException:  # a child that died at import, or a Ctrl-C mid-send: not left behind
+        proc.kill()
+        proc.wait()
+        conn.close()
+        raise
     return proc, conn
 
 

@@ -313,3 +313,29 @@ def test_an_unreadable_batch_stops_the_stream_with_its_line_counted_and_as_lag(
         (topic, 0, 3, {(topic, 0): 6})
     ]
     assert not job.batches  # nothing handled: nothing trained, nothing committed
+
+
+def test_a_stop_asked_for_mid_batch_waits_for_that_batch_s_commit(
+    spark, broker, topic, tmp_path, higgs
+) -> None:  # type: ignore[no-untyped-def]
+    """Proves: a stop that comes while a batch runs (a deadline, a signal) lets that batch
+    finish and waits until Spark has committed it, so a restart does not replay it."""
+    _replay(broker, topic, higgs, limit=400)
+    entered, asked = threading.Event(), threading.Event()
+
+    class SlowBatch(stream_helpers.Recording):
+        def on_batch(self, info: BatchFigures) -> None:
+            entered.set()
+            assert asked.wait(30), "the stop was not asked for within 30 s"
+            super().on_batch(info)
+
+    def until() -> bool:  # true once the first batch runs: the stop comes mid-batch
+        if entered.is_set():
+            asked.set()
+            return True
+        return False
+
+    job = _job(spark, broker, topic, tmp_path / "ckpt")
+    job.use(SlowBatch())
+    [batch] = job.run(timeout_s=60, until=until)
+    assert batch.batch_id == 0 and (tmp_path / "ckpt" / "commits" / "0").is_file()
