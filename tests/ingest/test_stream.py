@@ -336,6 +336,6 @@ def test_a_stop_asked_for_mid_batch_waits_for_that_batch_s_commit(
         return False
 
     job = _job(spark, broker, topic, tmp_path / "ckpt")
-    job.use(SlowBatch())
+    job.handler = SlowBatch()  # the driver's half only: its events do not pickle to executors
     [batch] = job.run(timeout_s=60, until=until)
     assert batch.batch_id == 0 and (tmp_path / "ckpt" / "commits" / "0").is_file()
