@@ -228,3 +228,22 @@ def test_the_consumer_fallback_names_an_unreadable_batch_too(broker, topic) -> N
         list(
             reader._read_with_consumer(broker.bootstrap, OffsetRange(topic, 0, 0, 6), timeout_s=10)
         )
+
+
+def test_a_broker_that_sends_more_than_asked_is_cut_and_read_on() -> None:
+    """Proves: noida-db answers a Fetch with the log from the offset to its end, whatever
+    its byte limits; the reader keeps what it asked for, reconnects, and reads the range
+    exactly, where it used to fail on the first response past its bound (a backlog of
+    ~330,000 MNIST records in a partition stopped a run)."""
+    from pipeline.ingest.kafka.broker import EmbeddedBroker
+
+    with EmbeddedBroker(engine="noida") as b:
+        _produce(b.bootstrap, "long", 6_000)  # ~2.7 MB of records
+        expected = _expected(b.bootstrap, "long", 100, 5_900)
+        # Asks for 64 KiB at a time: each response is cut at 1 MiB past it, far short of the log.
+        reader = RangeReader(b.bootstrap, max_partition_bytes=64 << 10, max_batch_bytes=1 << 20)
+        try:
+            got = _read(reader, "long", 100, 5_900)
+        finally:
+            reader.close()
+    assert got == expected and len(got) == 5_800

@@ -160,14 +160,22 @@ class RangeReader:
             + struct.pack(">i", 0)
         )
         try:
-            # Kafka sends a first batch whole however large (KIP-74): up to the batch cap.
+            # Kafka sends a first batch whole however large (KIP-74): up to the batch cap. A
+            # response past what was asked is cut (noida-db ignores the limit and sends the
+            # rest of the log): a batch cut in two is asked for again with a larger limit.
             r = self._leaders.conn(address).request(
-                _FETCH, 10, body, most=max(max_bytes, self.max_batch_bytes) + _FETCH_OVERHEAD
+                _FETCH,
+                10,
+                body,
+                most=max(max_bytes, self.max_batch_bytes) + _FETCH_OVERHEAD,
+                cut_at=max_bytes + _FETCH_OVERHEAD,
             )
         except (BrokerError, OSError):
             self._leaders.drop(address)
             self._leaders.forget(topic, partition)
             raise
+        if r.cut:
+            self._leaders.drop(address)  # closed mid-response: the next request reconnects
         try:
             return self._fetched(r, topic, partition, offset)
         except (struct.error, ValueError, UnicodeDecodeError) as e:

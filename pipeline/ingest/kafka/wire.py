@@ -35,6 +35,10 @@ _REAUTH_AT = 0.85
 
 #: The largest response to a request other than a Fetch (metadata of a large cluster).
 MAX_RESPONSE_BYTES = 16 << 20
+#: The largest response declared that a cut (``cut_at``) reads the start of: past it, a size
+#: is no broker's answer (noida-db's whole log from an offset stays under it up to 1 GiB of
+#: records in a partition) but a peer that does not speak Kafka.
+MAX_CUT_RESPONSE_BYTES = 1 << 30
 
 
 class ConnectionLost(BrokerError):
@@ -59,10 +63,16 @@ def string(s: str | None) -> bytes:
 
 
 class Reader:
-    """Big-endian fields from a response, in order."""
+    """Big-endian fields from a response, in order; ``cut``: the response was cut short
+    (:meth:`Connection.request`'s ``cut_at``), so its last bytes field holds what arrived.
 
-    def __init__(self, data: bytes | bytearray) -> None:
-        self.data, self.pos = data, 0
+    >>> r = Reader(struct.pack(">i", 5) + b"abc", cut=True)
+    >>> bytes(r.bytes_())
+    b'abc'
+    """
+
+    def __init__(self, data: bytes | bytearray, *, cut: bool = False) -> None:
+        self.data, self.pos, self.cut = data, 0, cut
 
     def take(self, fmt: str) -> Any:
         (value,) = struct.unpack_from(fmt, self.data, self.pos)
@@ -82,7 +92,9 @@ class Reader:
         if n < 0:
             return None
         if self.pos + n > len(self.data):
-            raise ValueError(f"a field of {n} bytes where {len(self.data) - self.pos} remain")
+            if not self.cut:
+                raise ValueError(f"a field of {n} bytes where {len(self.data) - self.pos} remain")
+            n = len(self.data) - self.pos
         value = memoryview(self.data)[self.pos : self.pos + n]
         self.pos += n
         return value
@@ -182,18 +194,34 @@ class Connection:
             raise
 
     def request(
-        self, api_key: int, version: int, body: bytes, *, most: int = MAX_RESPONSE_BYTES
+        self,
+        api_key: int,
+        version: int,
+        body: bytes,
+        *,
+        most: int = MAX_RESPONSE_BYTES,
+        cut_at: int | None = None,
     ) -> Reader:
         """Send a request; its response, which may be at most ``most`` bytes: a frame size
-        decides no allocation beyond what the request asked for."""
+        decides no allocation beyond what the request asked for. With ``cut_at``, a longer
+        response is read to ``cut_at`` bytes and the connection closed (the Reader says
+        ``cut``): for a broker that sends more than a Fetch asked for (noida-db sends the
+        log from the offset to its end), where reading on would cost memory and time for
+        records nobody asked for, and failing would stop a run with a backlog."""
         if time.monotonic() >= self._reauth_at:
             self.sock.settimeout(min(self.timeout_s, HANDSHAKE_TIMEOUT_S))
             self._authenticate()
             self.sock.settimeout(self.timeout_s)
-        return self._request(api_key, version, body, most=most)
+        return self._request(api_key, version, body, most=most, cut_at=cut_at)
 
     def _request(
-        self, api_key: int, version: int, body: bytes, *, most: int = MAX_RESPONSE_BYTES
+        self,
+        api_key: int,
+        version: int,
+        body: bytes,
+        *,
+        most: int = MAX_RESPONSE_BYTES,
+        cut_at: int | None = None,
     ) -> Reader:
         self.correlation += 1
         header = struct.pack(">hhi", api_key, version, self.correlation) + string("streamtrain")
@@ -201,12 +229,18 @@ class Connection:
         try:
             self.sock.sendall(struct.pack(">i", len(frame)) + frame)
             size = struct.unpack(">i", self._read(4))[0]
-            if not 4 <= size <= most:
+            cut = cut_at is not None and 4 <= cut_at < size <= MAX_CUT_RESPONSE_BYTES
+            if cut:
+                assert cut_at is not None
+                data = self._read(cut_at)
+                self.sock.close()  # the rest is still on its way: this connection is spent
+            elif not 4 <= size <= most:
                 raise self._garbled(
                     f"Kafka's response declares {size} bytes, outside 4 to {most:,} for what was "
                     "asked: the broker (or something between) does not speak Kafka's protocol here."
                 )
-            data = self._read(size)
+            else:
+                data = self._read(size)
         except (ssl.SSLEOFError, ConnectionLost) as e:
             if self.correlation == 1 and self.conf.tls:
                 raise self._refused_after_handshake() from None
@@ -221,7 +255,7 @@ class Connection:
             raise BrokerError(
                 "Kafka answered a different request than the one sent (correlation id mismatch)."
             )
-        reader = Reader(data)
+        reader = Reader(data, cut=cut)
         reader.pos = 4
         return reader
 
