@@ -226,10 +226,15 @@ class GradientWorker(WorkerHalf):
         >>> GradientWorker._predicted(half, np.array([1.5, 6.0], np.float32)).tolist()
         [2.0, 6.0]
         """
-        last, self.last_center = self.last_center, np.array(center)  # center: the client's buffer
+        last = self.last_center
         if last is None or last.shape != center.shape:
+            self.last_center = np.array(center)  # a copy: center is the client's buffer
             return center
-        predicted = np.subtract(np.multiply(center, np.float32(2)), last)
+        # One new array a round: the change, then the center added in place; ``last`` keeps
+        # its buffer and takes this center for the next round.
+        predicted = np.subtract(center, last)
+        predicted += center
+        np.copyto(last, center)
         if self.averaged is not None:
             predicted[self.averaged] = center[self.averaged]
         return predicted
