@@ -220,6 +220,10 @@ def test_topics_of_json_and_avro_records_written_by_confluent_kafka(
         "species",
         "--holdout",
         "0.2",
+        # One micro-batch of 2,200 records is ~19 synchronous rounds at batch 128: too few to
+        # score alike on every seed (0.59 to 0.92 measured). Batches of 16 give ~140.
+        "--batch-size",
+        "16",
         "--max-batches",
         "1",
         "--out",
@@ -236,7 +240,7 @@ def test_topics_of_json_and_avro_records_written_by_confluent_kafka(
         and report["rejected_records"] == 1
     )
     assert report["batches"][0]["rejected"] == {"not_a_number:bill_length_mm": 1}
-    assert report["final"]["accuracy"] > 0.6 and "auc" not in report["final"]
+    assert report["final"]["accuracy"] > 0.85 and "auc" not in report["final"]
     avro = table.with_format("avro")
     (tmp_path / "avro.json").write_text(avro.to_json())
     _produce(broker.bootstrap, topic + "-avro", encode_values(rows, avro))

@@ -126,6 +126,7 @@ class ServerCore:
                 "pulled_copies": len(self._pulled),
                 "repeats_dropped": self._tasks.repeats,
                 "short_rounds": self._rounds.short if self._rounds is not None else 0,
+                "pushes_applied": self.pushes_applied,
                 **self._stats.as_dict(),
             }
 

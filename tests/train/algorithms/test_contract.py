@@ -123,10 +123,13 @@ def test_loss_falls_on_a_short_real_mnist_run(name: str, shards: int, mnist_smal
     assert all(r.loss_last < r.loss_first for r in t.results)
     assert sum(r.records for r in t.results) == len(y)
     assert t.server_stats["clock"] > 0
-    # Every shard applied every push: their clocks agree, and each served its slice.
-    assert [s["clock"] for s in t.server_stats.get("shards", [t.server_stats])] == [
-        t.server_stats["clock"]
-    ] * shards
+    # Every shard applied every push. Synchronous rounds close as pushes come, so two
+    # shards may group the same pushes into different rounds (and clocks): the pushes agree.
+    each = t.server_stats.get("shards", [t.server_stats])
+    assert [s["pushes_applied"] for s in each] == [each[0]["pushes_applied"]] * shards
+    assert each[0]["pushes_applied"] > 0
+    if not algorithms.get(name).synchronous:
+        assert [s["clock"] for s in each] == [t.server_stats["clock"]] * shards
 
 
 @pytest.mark.parametrize("name", NAMES)
