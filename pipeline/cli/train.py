@@ -32,9 +32,8 @@ from producers import datasets
 @click.option(
     "--batch-size",
     type=int,
-    default=128,
-    show_default=True,
-    help="Records per mini-batch on each worker; for sync, per round, split among the workers.",
+    help="Records per mini-batch on each worker; for sync, per round, split among the workers "
+    "(default: 128; 16 for a table on the default model).",
 )
 @click.option(
     "--window",

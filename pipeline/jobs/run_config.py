@@ -9,6 +9,16 @@ from pathlib import Path
 from pipeline.ingest.sizing import Sizing
 from pipeline.jobs import run_checks
 
+#: Records per mini-batch (for sync, per round: the global batch) unless --batch-size says.
+BATCH_SIZE = 128
+#: The same for a user's table trained by the default model. A table's records are cheap to
+#: compute and its MLP has few weights, so what a run lacks is steps, not throughput: at 128, a
+#: 20,000-record concept (River's Agrawal) scored 0.67 prequential accuracy and penguins 0.59
+#: to 0.92 after a pass; at 16, with TABLE_LEARNING_RATE, 0.97 and 0.99 to 1.0.
+TABLE_BATCH_SIZE = 16
+#: Adam's learning rate for the default table model (Keras's default, 1e-3, is one third).
+TABLE_LEARNING_RATE = 3e-3
+
 
 @dataclasses.dataclass(frozen=True)
 class RunConfig:
@@ -17,7 +27,7 @@ class RunConfig:
     dataset: str = "mnist"
     algorithm: str = "sync"
     workers: int = 2
-    batch_size: int = 128
+    batch_size: int | None = None  # None: 128, or TABLE_BATCH_SIZE for a table on the default model
     communication_window: int | None = None  # None: the algorithm's own
     sync_overlap: bool = False  # sync: push each gradient while the next computes (one round stale)
     epochs: int = 1
@@ -94,6 +104,11 @@ class RunConfig:
     drift: str | None = (
         None  # the drift signals' settings, KEY=VALUE,... (pipeline.train.drift.DriftSettings)
     )
+
+    def __post_init__(self) -> None:
+        if self.batch_size is None:
+            default = TABLE_BATCH_SIZE if self.table and not self.model else BATCH_SIZE
+            object.__setattr__(self, "batch_size", default)
 
     @property
     def table(self) -> bool:

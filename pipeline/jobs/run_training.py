@@ -21,7 +21,7 @@ from pipeline import cluster, config
 from pipeline.ingest.kafka.release import Releaser
 from pipeline.jobs import model_start, run_record, run_serving
 from pipeline.jobs.display import Display
-from pipeline.jobs.run_config import RunConfig
+from pipeline.jobs.run_config import TABLE_LEARNING_RATE, RunConfig
 from pipeline.jobs.run_metrics import RunMetrics
 from pipeline.train import algorithms, checkpoint
 from pipeline.train.driver import TrainDriver
@@ -267,6 +267,11 @@ def algorithm_of(cfg: RunConfig) -> algorithms.Algorithm:
     )
     if cfg.sync_overlap:
         overrides["overlap"] = True
+    if cfg.table and not cfg.model:
+        overrides["worker_optimizer"] = {
+            "class_name": "Adam",
+            "config": {"learning_rate": TABLE_LEARNING_RATE},
+        }
     return algorithms.get(
         cfg.algorithm,
         num_workers=cfg.workers,
