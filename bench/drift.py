@@ -15,7 +15,9 @@ Streams (records at ``--scale 1``; each through the run's own broker and replay)
   ``higgs-stationary`` (the HIGGS sample replayed to 100,000): false alarms only.
 
 Per drift stream and arm: the detection delay (records from the change to the end of the
-batch that found it), false alarms (drifts before the change; on the stationary streams,
+batch that found it; ``delay_records_p50`` is the median over the abrupt streams' arms, as
+the target is an abrupt change's, and ``gradual_delay_p50`` the gradual ones', counted from
+where the change begins), false alarms (drifts before the change; on the stationary streams,
 any), and the prequential accuracy over the 20,000 records after the change (the batches'
 prequential scores, weighted by records). ``recovery_gain``: the median over the drift
 streams of adapt minus alert-only accuracy; ``vs_river``: on the table streams, the lowest
@@ -30,7 +32,7 @@ every stream's length, and the detectors' warm-up and cool-down with them; ``--s
 checks that it runs end to end in a few minutes (start-ups dominate; figures mean little).
 
 Last line: ``drift streams=<n> false_alarms=<n> delay_records_p50=<n> recovery_gain=<r>
-vs_river=<r>``.
+vs_river=<r> gradual_delay_p50=<n>``.
 """
 
 from __future__ import annotations
@@ -63,6 +65,7 @@ class Stream:
     kind: str  # mnist, table, higgs
     change: int | None
     length: int
+    gradual: bool = False  # the change spreads over records: its delay is not an abrupt one's
 
 
 def streams(scale: float) -> list[Stream]:
@@ -73,9 +76,9 @@ def streams(scale: float) -> list[Stream]:
 
     return [
         Stream("mnist-permuted", "mnist", n(60_000), n(60_000) + n(AFTER)),
-        Stream("mnist-rotated", "mnist", n(20_000), n(20_000) + n(30_000)),
+        Stream("mnist-rotated", "mnist", n(20_000), n(20_000) + n(30_000), gradual=True),
         Stream("sea-abrupt", "table", n(20_000), n(20_000) + n(AFTER)),
-        Stream("sea-gradual", "table", n(20_000), n(20_000) + n(AFTER)),
+        Stream("sea-gradual", "table", n(20_000), n(20_000) + n(AFTER), gradual=True),
         Stream("agrawal-abrupt", "table", n(20_000), n(20_000) + n(AFTER)),
         Stream("mnist-stationary", "mnist", None, n(300_000)),
         Stream("higgs-stationary", "higgs", None, n(100_000)),
@@ -300,11 +303,12 @@ def main() -> None:
             )
         chosen = [s for s in chosen if s.name in wanted]
     false_alarms = 0
-    delays: list[float] = []
+    delays: dict[bool, list[float]] = {False: [], True: []}  # by gradual
     gains: list[float] = []
     vs_river: list[float] = []
     with tempfile.TemporaryDirectory(prefix="streamtrain-drift-") as tmp_dir:
         tmp = args.keep or tmp_dir
+        Path(tmp).mkdir(parents=True, exist_ok=True)
         for stream in chosen:
             modes = ("alert",) if stream.change is None else ("alert", "adapt")
             result = {
@@ -319,7 +323,9 @@ def main() -> None:
             )
             if stream.change is not None:
                 # A change never found counts as found never: it pulls the median up, as it should.
-                delays += [math.inf if f["delay"] is None else f["delay"] for f in result.values()]
+                delays[stream.gradual] += [
+                    math.inf if f["delay"] is None else f["delay"] for f in result.values()
+                ]
                 gains.append(result["adapt"]["accuracy"] - result["alert"]["accuracy"])
                 if stream.kind == "table":
                     anchor = river_anchor(stream, max(500, int(AFTER * args.scale)))
@@ -328,14 +334,25 @@ def main() -> None:
                     line += " | river " + " ".join(f"{k}={v:.4f}" for k, v in anchor.items())
             print(line, flush=True)
     drift_streams = sum(s.change is not None for s in chosen)
-    median = float(np.median(delays)) if delays else math.nan
-    delay = str(int(median)) if math.isfinite(median) else str(median)
     gain = float(np.median(gains)) if gains else float("nan")
     river = min(vs_river) if vs_river else float("nan")
     print(
-        f"drift streams={drift_streams} false_alarms={false_alarms} delay_records_p50={delay} "
-        f"recovery_gain={gain:.3f} vs_river={river:.3f}"
+        f"drift streams={drift_streams} false_alarms={false_alarms} "
+        f"delay_records_p50={_median(delays[False])} recovery_gain={gain:.3f} "
+        f"vs_river={river:.3f} gradual_delay_p50={_median(delays[True])}"
     )
+
+
+def _median(values: list[float]) -> str:
+    """The median, as a whole number of records where finite ("inf": mostly never found).
+
+    >>> _median([2000, 4000, math.inf]), _median([math.inf, math.inf, 1]), _median([])
+    ('4000', 'inf', 'nan')
+    """
+    if not values:
+        return "nan"
+    median = float(np.median(values))
+    return str(int(median)) if math.isfinite(median) else str(median)
 
 
 if __name__ == "__main__":

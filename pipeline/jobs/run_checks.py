@@ -123,6 +123,12 @@ def _check_table(cfg: RunConfig) -> None:
             "Expected --data FILE, or --topic T with --bootstrap B, for "
             "--label/--schema/--format (a built-in dataset takes none of them)."
         )
+    if not cfg.data and (cfg.epochs != 1 or cfg.rate is not None):
+        given = f"--epochs {cfg.epochs}" if cfg.epochs != 1 else f"--rate {cfg.rate:g}"
+        raise ConfigError(
+            "--epochs and --rate set how the run replays a file; a topic someone else feeds "
+            f"is read as it comes. Received: {given} with --topic {cfg.topic}. Drop it."
+        )
     if not cfg.schema and not cfg.label:
         raise ConfigError(
             "Expected --label COLUMN (the target, to infer a schema) or --schema FILE."

@@ -56,6 +56,7 @@ def test_the_driver_advertises_the_address_it_is_given_or_its_route_to_the_maste
     assert reach.driver_address("spark://127.0.0.1:7077", None) == "127.0.0.1"
 
 
+@pytest.mark.slow  # 3 to 8 s (a process to start or a timeout to wait out): full tier only
 def test_an_unreachable_master_is_one_line_before_anything_starts(tmp_path: Path) -> None:
     """Proves: a master nobody listens on stops the run in one line naming it, before the
     broker starts (Spark alone retries for a minute, then fails in a traceback)."""

@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from pipeline.ingest.kafka.broker import free_port
 from tests.cluster import proc_scan
 from tests.cluster.multihost import stop, wait_for
@@ -31,6 +33,7 @@ cluster.stop(s)
 """
 
 
+@pytest.mark.slow  # 3 to 8 s (a process to start or a timeout to wait out): full tier only
 def test_the_driver_jvm_gets_the_secret_through_a_file_not_its_command_line(tmp_path: Path) -> None:
     """Proves: a session whose settings hold ``spark.authenticate.secret`` starts a driver JVM
     that has the secret (its SparkConf, and a job runs with authentication on) while no

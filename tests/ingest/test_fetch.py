@@ -119,6 +119,7 @@ def test_any_range_equals_the_consumers_view(broker, topics, reader, data) -> No
     assert got == _expected(broker.bootstrap, topics[codec], start, end)
 
 
+@pytest.mark.slow  # 3 to 8 s (a process to start or a timeout to wait out): full tier only
 def test_a_range_beyond_the_log_end_times_out_clearly(topics, reader) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(
         BrokerError, match=rf"returned nothing for {topics['plain']}-0 at offset {N}"

@@ -59,6 +59,7 @@ def test_noida_releases_each_batch_once_the_next_is_saved() -> None:
             releaser.close()
 
 
+@pytest.mark.slow  # 3 to 8 s (a process to start or a timeout to wait out): full tier only
 def test_with_trained_records_released_noidas_memory_stops_growing_with_the_replay() -> None:
     """Four rounds of 60 MB each, every record trained: without the releases the broker holds
     all 240 MB (measured: 430 MB over its empty self); with them about a round's worth

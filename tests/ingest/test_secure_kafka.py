@@ -255,6 +255,7 @@ class Refusal:
         return lines[-1]
 
 
+@pytest.mark.slow  # 3 to 8 s (a process to start or a timeout to wait out): full tier only
 def test_every_wrong_setting_is_one_line_within_10_s(
     scram: SecureKafka, mtls: SecureKafka, tmp_path: Path
 ) -> None:

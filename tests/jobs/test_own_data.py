@@ -362,3 +362,16 @@ def test_a_table_on_the_default_model_trains_in_small_batches_at_a_higher_rate()
     ):
         assert cfg.batch_size == 128 and algorithm_of(cfg).worker_optimizer == "adam"
     assert RunConfig(data=str(PENGUINS), label="species", batch_size=64).batch_size == 64
+
+
+@pytest.mark.parametrize("option", [{"epochs": 8}, {"rate": 500.0}])
+def test_replay_options_on_a_topic_someone_else_feeds_are_refused(option: dict[str, float]) -> None:
+    """Proves: --epochs and --rate, which set a replay, are refused in one line on a topic
+    nothing replays into (they were silently ignored)."""
+    from pipeline.errors import ConfigError
+    from pipeline.jobs.run_config import RunConfig
+
+    cfg = RunConfig(topic="orders", bootstrap="127.0.0.1:1", format="json", label="y", **option)
+    with pytest.raises(ConfigError, match=r"Received: --(epochs 8|rate 500) with --topic orders"):
+        cfg.validate()
+    RunConfig(data=str(PENGUINS), label="species", **option).validate()

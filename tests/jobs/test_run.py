@@ -195,10 +195,15 @@ def keras_model_params(path: Path) -> int:
     "args, message",
     [
         (["--model", "tests/jobs/user_model.py:nope"], "has no function 'nope'"),
-        (["--model", "tests/jobs/user_model.py:not_a_model"], "returned int, not a Keras model"),
-        (
+        pytest.param(  # builds the model in a process that imports TensorFlow: 7 s
+            ["--model", "tests/jobs/user_model.py:not_a_model"],
+            "returned int, not a Keras model",
+            marks=pytest.mark.slow,
+        ),
+        pytest.param(
             ["--model", "tests/jobs/user_model.py:broken"],
             "Building the model failed (ValueError: no layer called Dense3000)",
+            marks=pytest.mark.slow,
         ),
         (["--model", "missing.keras"], "Expected a Keras model file at missing.keras"),
         (
@@ -209,7 +214,11 @@ def keras_model_params(path: Path) -> int:
         (["--workers", "0"], "Expected --workers >= 1"),
         (["--ps-shards", "0"], "Expected --ps-shards >= 1"),
         (["--drift", "warmpu=1"], "Expected --drift KEY=VALUE pairs, KEY one of adapt_lr_scale"),
-        (["--bootstrap", "127.0.0.1:1"], "Cannot reach Kafka at 127.0.0.1:1"),
+        pytest.param(  # retried for 5 s, as a broker that is starting would be
+            ["--bootstrap", "127.0.0.1:1"],
+            "Cannot reach Kafka at 127.0.0.1:1",
+            marks=pytest.mark.slow,
+        ),
     ],
 )
 def test_bad_options_fail_fast_with_one_clear_line(

@@ -20,6 +20,7 @@ def higgs(data_dir):  # type: ignore[no-untyped-def]
     return h.load("train"), h.load("test")
 
 
+@pytest.mark.slow  # 3 to 8 s (a process to start or a timeout to wait out): full tier only
 def test_functional_and_subclassed_models_train(higgs) -> None:  # type: ignore[no-untyped-def]
     import keras
 
@@ -51,6 +52,7 @@ def test_functional_and_subclassed_models_train(higgs) -> None:  # type: ignore[
         assert loss(trained) < before - 0.02, type(net).__name__
 
 
+@pytest.mark.slow  # 3 to 8 s (a process to start or a timeout to wait out): full tier only
 def test_spark_dataframe_with_two_workers(spark, higgs) -> None:  # type: ignore[no-untyped-def]
     import pandas as pd
 

@@ -166,6 +166,7 @@ def test_malformed_rows_are_counted_skipped_and_exported(broker, topic, consume,
     assert sorted(decoded.x.ravel().tolist()) == [1, 2, 5]
 
 
+@pytest.mark.slow  # 3 to 8 s (a process to start or a timeout to wait out): full tier only
 def test_no_broker_is_a_clear_error() -> None:
     data = datasets.get("higgs")
     with pytest.raises(BrokerError, match="Cannot reach Kafka at 127.0.0.1:1"):
@@ -282,6 +283,7 @@ def _ids_in(consume, topic: str, expect: int) -> list[int]:  # type: ignore[no-u
     return sorted(record_key.decode_keys([r.key for r in records]).tolist())
 
 
+@pytest.mark.slow  # 3 to 8 s (a process to start or a timeout to wait out): full tier only
 def test_resume_sends_only_what_the_topic_lacks(broker, topic, consume, data_dir) -> None:  # type: ignore[no-untyped-def]
     """Proves: a replay resumed after an earlier one stopped part way sends the rest of its
     order and nothing twice: the topic ends with each record once."""
@@ -294,6 +296,7 @@ def test_resume_sends_only_what_the_topic_lacks(broker, topic, consume, data_dir
     assert _ids_in(consume, topic, 1000) == list(range(1000))
 
 
+@pytest.mark.slow  # 3 to 8 s (a process to start or a timeout to wait out): full tier only
 def test_a_killed_producer_resumed_loses_and_duplicates_nothing(broker, topic, consume) -> None:  # type: ignore[no-untyped-def]
     """Proves: SIGKILL in the middle of sending (records in flight, nothing flushed or
     reported), then `produce --resume`: every record of the replay is in the topic once."""
@@ -327,6 +330,7 @@ def test_a_killed_producer_resumed_loses_and_duplicates_nothing(broker, topic, c
     assert _ids_in(consume, topic, 3000) == list(range(3000))
 
 
+@pytest.mark.slow  # 3 to 8 s (a process to start or a timeout to wait out): full tier only
 def test_max_malformed_fails_a_mostly_bad_file(broker, topic, tmp_path) -> None:  # type: ignore[no-untyped-def]
     """Proves: a file that is mostly malformed fails the replay with one line naming the rows,
     by count and by fraction; under the limit it passes and says which rows it skipped."""
@@ -374,7 +378,11 @@ def test_max_malformed_fails_a_mostly_bad_file(broker, topic, tmp_path) -> None:
             ["produce", "csv", "/no/such.csv", "--label", "y", "--bootstrap", "127.0.0.1:9"],
             "Expected a data file at /no/such.csv",
         ),
-        (["produce", "higgs", "--bootstrap", "127.0.0.1:1"], "Cannot reach Kafka at 127.0.0.1:1"),
+        pytest.param(  # retried for 5 s, as a broker that is starting would be
+            ["produce", "higgs", "--bootstrap", "127.0.0.1:1"],
+            "Cannot reach Kafka at 127.0.0.1:1",
+            marks=pytest.mark.slow,
+        ),
         (["produce", "higgs", "--rate", "-5", "--bootstrap", "127.0.0.1:9"], "Expected --rate > 0"),
         (
             ["produce", "mnist", "--label-column", "y", "--bootstrap", "127.0.0.1:9"],

@@ -149,6 +149,7 @@ def test_bodies_that_break_decoders_get_a_status_and_a_count(
         assert _post(app.port, ONE)[0] == 200
 
 
+@pytest.mark.slow  # 3 to 8 s (a process to start or a timeout to wait out): full tier only
 def test_malformed_heads_and_smuggled_requests_get_one_answer_each(live) -> None:  # type: ignore[no-untyped-def]
     """Proves: a non-numeric Content-Length gets a 400 (counted "malformed"), not a dropped
     connection; a chunked body that carries a second request inside is the body, never a

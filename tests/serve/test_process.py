@@ -67,6 +67,7 @@ def _predict(url: str) -> tuple[int, float]:
         return int(r.headers["X-Model-Version"]), float(r.headers["X-Weights-Age-Seconds"])
 
 
+@pytest.mark.slow  # 3 to 8 s (a process to start or a timeout to wait out): full tier only
 def test_a_restarted_runs_server_answers_from_its_checkpoint_then_follows_the_live_center(
     tmp_path: Path,
 ) -> None:
