@@ -67,6 +67,7 @@ def test_the_driver_jvm_gets_the_secret_through_a_file_not_its_command_line(tmp_
             proc.wait()
 
 
+@pytest.mark.slow  # 3 to 8 s (a process to start or a timeout to wait out): full tier only
 def test_the_master_opens_no_rest_submission_port_and_its_ui_stays_on_its_host(
     tmp_path: Path,
 ) -> None:

@@ -61,6 +61,7 @@ def _round_trip(
     assert all(now_ms - 600_000 < r.timestamp <= now_ms + 1000 for r in records[:10])
 
 
+@pytest.mark.slow  # 3 to 8 s (a process to start or a timeout to wait out): full tier only
 def test_mnist_train_split_round_trips_exactly(broker, topic, consume, mnist) -> None:  # type: ignore[no-untyped-def]
     _round_trip(mnist, broker, topic, consume)
 
@@ -90,6 +91,7 @@ def test_csv_and_npz_round_trip_exactly(broker, topic, consume, tmp_path, data_d
     _round_trip(datasets.get("npz", tmp_path / "d.npz"), broker, topic + "-npz", consume)
 
 
+@pytest.mark.slow  # 3 to 8 s (a process to start or a timeout to wait out): full tier only
 def test_rate_limit_holds_within_ten_percent(broker, topic, data_dir) -> None:  # type: ignore[no-untyped-def]
     rate, limit = 2000, 6000
     started = time.monotonic()

@@ -243,6 +243,7 @@ def test_slow_clients_meet_deadlines_and_a_flood_meets_the_connection_limit(live
         assert _post(app.port, ONE)[0] == 200
 
 
+@pytest.mark.slow  # 3 to 8 s (a process to start or a timeout to wait out): full tier only
 def test_no_answer_is_older_than_the_max_age(live) -> None:  # type: ignore[no-untyped-def]
     """Proves: with --serve-max-age 0.5, while the weights stop refreshing and age past the
     bound (three times), every 200 says an age within the bound and the rest are 503s. Each

@@ -463,6 +463,7 @@ def test_a_repeated_push_never_holds_a_synchronous_round() -> None:
         assert s.clock == 1 and copy.repeats == 1 and s.applied(t1) == s.applied(t2) == (1, 1)
 
 
+@pytest.mark.slow  # 3 to 8 s (a process to start or a timeout to wait out): full tier only
 def test_idle_peers_cannot_keep_a_worker_out() -> None:
     """Proves: 200 connections from this machine that never answer the handshake (each past
     the 32-slot budget evicts the oldest of its address) do not stop a worker: its
