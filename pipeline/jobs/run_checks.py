@@ -123,7 +123,8 @@ def _check_table(cfg: RunConfig) -> None:
             "Expected --data FILE, or --topic T with --bootstrap B, for "
             "--label/--schema/--format (a built-in dataset takes none of them)."
         )
-    if not cfg.data and (cfg.epochs != 1 or cfg.rate is not None):
+    # A run resumed from before this check was made may have recorded them (ignored then too).
+    if not cfg.data and not cfg.resume and (cfg.epochs != 1 or cfg.rate is not None):
         given = f"--epochs {cfg.epochs}" if cfg.epochs != 1 else f"--rate {cfg.rate:g}"
         raise ConfigError(
             "--epochs and --rate set how the run replays a file; a topic someone else feeds "

@@ -170,6 +170,11 @@ def write(folder: Path, settings: dict[str, Any]) -> None:
     _write(folder, record)
 
 
+def recorded_optimizer(folder: Path) -> Any:
+    """The optimizer the run in ``folder`` described its model with (None: none recorded)."""
+    return ((read(folder) or {}).get("spec") or {}).get("optimizer")
+
+
 def describe_model(folder: Path, *, spec: Any, schema: Any, name: str) -> None:
     """Record the described model (what serving rebuilds); refuse one that differs from the
     model the run trained so far."""

@@ -7,6 +7,7 @@ model is built, so the driver's parameter server and the producers stay light.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import hashlib
 import json
@@ -158,7 +159,11 @@ class ModelSpec:
         # same forward pass (the prequential score).
         metrics = ["accuracy"] if self.loss in CLASSIFICATION_LOSSES else None
         model.compile(
-            optimizer=keras.optimizers.get(self.optimizer), loss=self.loss, metrics=metrics
+            # A copy: Keras rewrites a config dict's class name in place, which would change
+            # this spec's fingerprint (and miss every cached replica) once it is built.
+            optimizer=keras.optimizers.get(copy.deepcopy(self.optimizer)),
+            loss=self.loss,
+            metrics=metrics,
         )
         return model
 

@@ -83,12 +83,11 @@ def replica(
     Returns the replica and whether it was built now.
     """
     init_tensorflow(threads)
-    entry = _REPLICAS.get(spec.fingerprint)
+    key = spec.fingerprint  # before the build, which must not change it (nor may anything)
+    entry = _REPLICAS.get(key)
     if entry is None:
         model = spec.build()
-        entry = _REPLICAS[spec.fingerprint] = Replica(
-            model, job, FlatWeights(model, spec.shapes), spec
-        )
+        entry = _REPLICAS[key] = Replica(model, job, FlatWeights(model, spec.shapes), spec)
         if prime_batch:
             prime(entry, prime_batch, gradients=gradients)
         _scale_lr(entry, lr_scale)

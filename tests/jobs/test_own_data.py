@@ -375,3 +375,22 @@ def test_replay_options_on_a_topic_someone_else_feeds_are_refused(option: dict[s
     with pytest.raises(ConfigError, match=r"Received: --(epochs 8|rate 500) with --topic orders"):
         cfg.validate()
     RunConfig(data=str(PENGUINS), label="species", **option).validate()
+
+
+def test_a_table_run_resumed_keeps_the_optimizer_it_started_with(tmp_path: Path) -> None:
+    """Proves: a default-model table run recorded with Keras's default Adam (before the
+    table default's rate) resumes with it, so its model's fingerprint still matches."""
+    import dataclasses
+
+    from pipeline.jobs import run_record
+    from pipeline.jobs.online import Run
+    from pipeline.jobs.run_config import RunConfig
+
+    cfg = RunConfig(data=str(PENGUINS), label="species", out=str(tmp_path))
+    run_record.write(tmp_path, dataclasses.asdict(cfg))
+    path = tmp_path / run_record.RECORD_FILE
+    record = json.loads(path.read_text())
+    path.write_text(json.dumps({**record, "spec": {"optimizer": "adam"}}))
+    resumed = Run(dataclasses.replace(cfg, resume=True))
+    assert resumed.algorithm.worker_optimizer == "adam"
+    assert isinstance(Run(cfg).algorithm.worker_optimizer, dict)  # a new run: the table default

@@ -71,6 +71,26 @@ def test_a_primed_replica_is_cached_per_model() -> None:
     assert fresh and not fresh_again and first is again and first.model is again.model
 
 
+def test_a_spec_with_an_optimizer_config_keeps_its_fingerprint_and_its_cached_replica() -> None:
+    """Proves: building a spec whose optimizer is a config dict (the default table model's
+    Adam at its own rate) leaves its fingerprint as it was, so each task's copy of the spec
+    finds the replica built before (Keras rewrote the dict in place: every task rebuilt it)."""
+    from pipeline.jobs.run_config import RunConfig
+    from pipeline.jobs.run_training import algorithm_of
+
+    optimizer = algorithm_of(RunConfig(topic="t", format="json", label="y")).worker_optimizer
+    assert isinstance(optimizer, dict)
+    spec = ModelSpec.from_model(
+        zoo.table_mlp(3, 2), optimizer=optimizer, loss="sparse_categorical_crossentropy"
+    )
+    before = spec.fingerprint
+    first, fresh = replica(spec, job="t")
+    assert spec.fingerprint == before
+    task_copy = ModelSpec.from_json(spec.to_json())  # what the next task unpickles
+    again, fresh_again = replica(task_copy, job="t")
+    assert fresh and not fresh_again and again is first
+
+
 def test_prime_works_for_one_hot_targets() -> None:
     model = zoo.higgs_mlp()
     spec = ModelSpec.from_model(model, optimizer="adam", loss="categorical_crossentropy")
