@@ -72,7 +72,7 @@ class Run:
                 cfg, own_topic=_topic_name(f"streamtrain-{cfg.name}-{stamp}")
             )
         self.topic = cfg.topic or cfg.own_topic or f"streamtrain-{cfg.name}"
-        if cfg.resume and cfg.table and not cfg.model:
+        if cfg.resume and cfg.default_table_model:
             # The default table model keeps the optimizer its run started with (runs from
             # before TABLE_LEARNING_RATE trained at Keras's default): the model's fingerprint,
             # which a resume checks, includes it.

@@ -107,13 +107,23 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         if self.batch_size is None:
-            default = TABLE_BATCH_SIZE if self.table and not self.model else BATCH_SIZE
+            default = TABLE_BATCH_SIZE if self.default_table_model else BATCH_SIZE
             object.__setattr__(self, "batch_size", default)
 
     @property
     def table(self) -> bool:
         """Whether the run trains a user's table (a file, or a topic by a schema)."""
         return bool(self.data or self.schema or self.label or self.format not in (None, "binary"))
+
+    @property
+    def default_table_model(self) -> bool:
+        """Whether a user's table trains on the default MLP (TABLE_BATCH_SIZE and
+        TABLE_LEARNING_RATE are its settings).
+
+        >>> RunConfig(data="p.csv", label="y").default_table_model, RunConfig().default_table_model
+        (True, False)
+        """
+        return self.table and not self.model
 
     @property
     def name(self) -> str:

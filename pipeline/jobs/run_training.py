@@ -267,7 +267,7 @@ def algorithm_of(cfg: RunConfig) -> algorithms.Algorithm:
     )
     if cfg.sync_overlap:
         overrides["overlap"] = True
-    if cfg.table and not cfg.model:
+    if cfg.default_table_model:
         overrides["worker_optimizer"] = {
             "class_name": "Adam",
             "config": {"learning_rate": TABLE_LEARNING_RATE},
