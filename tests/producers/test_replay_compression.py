@@ -60,7 +60,11 @@ def test_produce_compresses_with_the_codec_asked_for(broker, topic, data_dir, co
     assert done.returncode == 0, done.stderr[-2000:]
     reader = RangeReader(broker.bootstrap, timeout_s=10)
     fetched = reader._fetch(topic, 0, 0, 1 << 20).records
-    assert fetched is not None and _codecs_of_batches(fetched) == {CODEC_IDS[codec]}
+    # kafka-python sends a batch uncompressed when the codec would not shrink it (a batch of
+    # one or two records cut short by the linger, in zstd's frame overhead): codec 0 may show.
+    assert fetched is not None
+    codecs = _codecs_of_batches(fetched)
+    assert CODEC_IDS[codec] in codecs and codecs <= {0, CODEC_IDS[codec]}
     assert sum(len(r) for r in reader.read(topic, 0, 0, 500)) == 500
     reader.close()
     c = client.consumer(broker.bootstrap)
