@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -19,6 +20,17 @@ ROOT = Path(__file__).resolve().parent.parent
 #: the tests read 11M rows.
 SAMPLES = ROOT / "producers" / "datasets" / "samples"
 os.environ["STREAMTRAIN_DATA_DIR"] = str(SAMPLES)
+
+
+@pytest.fixture(autouse=True)
+def _fallback_consumers_closed() -> Iterator[None]:
+    """The consumer fallback's cached consumers are closed after each test: the test's broker
+    may stop next, and an open consumer would go on reconnecting to its port (a Spark worker's
+    connect-back socket got one's TLS hello there and failed a query)."""
+    yield
+    reader = sys.modules.get("pipeline.ingest.reader")
+    if reader is not None:
+        reader.close_consumers()
 
 
 @pytest.fixture(scope="session")

@@ -28,6 +28,17 @@ _ARROW_ROWS = 8192
 _READERS: dict[tuple[str, str, str | None], Any] = {}
 _CONSUMERS: dict[tuple[str, str, str | None], Any] = {}
 
+
+def close_consumers() -> None:
+    """Close the consumers :func:`_read_with_consumer` keeps for the process's life. One left
+    open after its broker stops goes on reconnecting to that port in the background, and
+    whatever listens there next gets its requests (TLS hellos, with a secured broker's
+    settings)."""
+    while _CONSUMERS:
+        _, consumer = _CONSUMERS.popitem()
+        consumer.close()
+
+
 _ARROW_SCHEMA: Any = None
 
 
