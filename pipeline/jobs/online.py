@@ -39,7 +39,7 @@ from pipeline.jobs import (
     run_training,
     user_data,
 )
-from pipeline.jobs.display import Display
+from pipeline.jobs.display import EVAL_SHARE, Display
 from pipeline.jobs.rejects import REJECTED_SHARE, Rejects
 from pipeline.jobs.replay_process import ReplayProcess
 from pipeline.jobs.report import BATCHES_FILE, History, RunReport
@@ -90,6 +90,7 @@ class Run:
             history=self.history,
             metrics=self.metrics,
             eval_every=cfg.eval_every,
+            eval_share=None if cfg.freshness_target_s is None else EVAL_SHARE,
             until_accuracy=cfg.until_accuracy,
             started=self._started,
             rejects=Rejects(limit=REJECTED_SHARE if cfg.max_rejected is None else cfg.max_rejected),

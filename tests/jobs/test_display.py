@@ -130,3 +130,45 @@ def test_a_numeric_targets_status_line_shows_its_rmse(capsys: Any) -> None:
     )
     out = capsys.readouterr().out
     assert "prequential rmse 800" in out and "acc" not in out, out
+
+
+class _SlowEvaluation(_Evaluation):
+    def score(self, weights: Any) -> dict[str, float]:
+        time.sleep(0.05)  # what a score costs, for the share to weigh
+        return super().score(weights)
+
+
+def test_with_a_freshness_target_scoring_takes_at_most_its_share_of_the_time() -> None:
+    """Issue 44: a freshness target's small batches made a score every few of them a sixth of
+    the run's time. A due score waits until the last one (0.05 s) is at most 10% of the time
+    since it ended: batches saved back to back get one score, then the next after ~0.5 s."""
+    history, evaluation = History(), _SlowEvaluation()
+    display = Display(
+        history=history,
+        metrics=_Metrics(),
+        eval_every=1,
+        eval_share=0.1,
+        until_accuracy=None,  # type: ignore[arg-type]
+        started=time.monotonic(),
+    )
+    display.evaluation = evaluation
+    display.trained = lambda: 10
+
+    def batch(i: int) -> None:
+        row = BatchRow(i, 1.0, 10, 10, {}, 0.01, 0, None, None, i, 0.01, 0.0)
+        display.on_row(
+            BatchFigures(batch_id=i, ranges=[], rows=10, started_at=time.monotonic()),
+            row,
+            np.zeros(1, np.float32),
+        )
+
+    for i in range(20):
+        batch(i)
+    assert evaluation.scored == 1
+    first_ended, i, deadline = time.monotonic(), 20, time.monotonic() + 10
+    while evaluation.scored < 2:  # bounded: 10 s, where ~0.5 s is due
+        assert time.monotonic() < deadline, "no second score within 10 s"
+        batch(i)
+        i += 1
+        time.sleep(0.01)
+    assert time.monotonic() - first_ended >= 0.45
