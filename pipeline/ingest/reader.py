@@ -9,6 +9,7 @@ Python worker process (best-effort: Spark reaps idle workers).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from collections.abc import Iterator
@@ -27,17 +28,6 @@ _ARROW_ROWS = 8192
 #: consumer, one each per Python worker.
 _READERS: dict[tuple[str, str, str | None], Any] = {}
 _CONSUMERS: dict[tuple[str, str, str | None], Any] = {}
-
-
-def close_consumers() -> None:
-    """Close the consumers :func:`_read_with_consumer` keeps for the process's life. One left
-    open after its broker stops goes on reconnecting to that port in the background, and
-    whatever listens there next gets its requests (TLS hellos, with a secured broker's
-    settings)."""
-    while _CONSUMERS:
-        _, consumer = _CONSUMERS.popitem()
-        consumer.close()
-
 
 _ARROW_SCHEMA: Any = None
 
@@ -175,6 +165,17 @@ def _consumer(bootstrap: str, isolation_level: str, kafka_conf: str | None) -> A
             isolation_level=isolation_level,
         )
     return c
+
+
+def close_consumers() -> None:
+    """Close the consumers :func:`_consumer` keeps for the process's life; for tests and
+    shutdown, never while a read is in flight. One left open after its broker stops goes on
+    reconnecting to that port in the background, and whatever listens there next gets its
+    requests (TLS hellos, with a secured broker's settings)."""
+    while _CONSUMERS:
+        _, consumer = _CONSUMERS.popitem()
+        with contextlib.suppress(Exception):  # one that fails to close leaves the rest to close
+            consumer.close()
 
 
 def _read_with_consumer(

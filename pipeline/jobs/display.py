@@ -11,65 +11,12 @@ from typing import Any
 import numpy as np
 
 from pipeline.ingest.batch_figures import BatchFigures
+from pipeline.jobs.eval_cadence import EvalCadence
 from pipeline.jobs.rejects import Rejects
 from pipeline.jobs.report import History
 from pipeline.jobs.run_metrics import RunMetrics
 from pipeline.train.drift import Drift
 from pipeline.train.rows import BatchRow
-
-#: With a freshness target, the share of the streaming time held-out scoring may take: its
-#: batches are small, and a score every few of them (0.75 s for MNIST's 10,000 records on 2
-#: cores, measured at 504a444) took a sixth of the time at 2,000-record batches.
-EVAL_SHARE = 0.1
-
-
-class EvalCadence:
-    """When the held-out split is scored: every ``every`` batches; with ``max_share``, a score
-    that is due waits until the last one took at most that share of the time since it ended.
-
-    Example (each batch 1 s, a score 0.5 s; at most 10% of the time):
-        >>> now = [0.0]
-        >>> cadence = EvalCadence(2, max_share=0.1, clock=lambda: now[0])
-        >>> due = []
-        >>> for batch in range(14):
-        ...     now[0] += 1.0
-        ...     due.append(cadence.due())
-        ...     if due[-1]:
-        ...         cadence.scored(took_s=0.5)
-        >>> [i for i, d in enumerate(due) if d]
-        [1, 6, 11]
-        >>> [i for i in range(14) if EvalCadence(2).due_at(i)]
-        [1, 3, 5, 7, 9, 11, 13]
-    """
-
-    def __init__(
-        self,
-        every: int,
-        *,
-        max_share: float | None = None,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self.every, self.max_share, self._clock = every, max_share, clock
-        self._batches = 0  # since the last score
-        self._took_s = 0.0  # the last score's time
-        self._ended: float | None = None  # when the last score ended
-
-    def due_at(self, count: int) -> bool:
-        """Without a share: whether batch ``count`` (0-based, in the run's history) is scored."""
-        return (count + 1) % self.every == 0
-
-    def due(self) -> bool:
-        """Whether the batch just saved is scored (counts it)."""
-        self._batches += 1
-        if self._batches < self.every:
-            return False
-        if self.max_share is None or self._ended is None:
-            return True
-        return self._took_s <= self.max_share * (self._clock() - self._ended)
-
-    def scored(self, *, took_s: float) -> None:
-        """A score took ``took_s``, ending now."""
-        self._batches, self._took_s, self._ended = 0, took_s, self._clock()
 
 
 class Display:
@@ -80,7 +27,9 @@ class Display:
         metrics: the run's Prometheus figures.
         eval_every: score the held-out split every this many batches.
         eval_share: with a freshness target, the share of the time scoring may take
-            (:class:`EvalCadence`); None: every ``eval_every`` batches, whatever it takes.
+            (:class:`~pipeline.jobs.eval_cadence.EvalCadence`); None: every ``eval_every``
+            batches, whatever it takes.
+        clock: monotonic seconds, that scoring is timed and spaced by.
         until_accuracy: the held-out accuracy that ends the run (None: none).
         started: ``time.monotonic()`` when the run started.
         rejects: the run's tally of records set aside (shown in each status line).
@@ -94,6 +43,7 @@ class Display:
         eval_every: int,
         eval_share: float | None = None,
         until_accuracy: float | None,
+        clock: Callable[[], float] = time.monotonic,
         started: float,
         rejects: Rejects | None = None,
     ) -> None:
@@ -102,7 +52,8 @@ class Display:
         #: A numeric target: the loss the status line shows (its root for a squared error).
         self.regression_loss: str | None = None
         self.eval_every, self.until_accuracy, self.started = eval_every, until_accuracy, started
-        self._cadence = EvalCadence(eval_every, max_share=eval_share)
+        self._clock = clock
+        self._cadence = EvalCadence(eval_every, max_share=eval_share, clock=clock)
         #: Scores weights on the held-out split (set once the model exists).
         self.evaluation: Any = None
         #: Records trained across resumes (the checkpoint's count).
@@ -138,14 +89,12 @@ class Display:
             history.first_trained_at = time.monotonic()
             self.startup(f"first micro-batch trained ({row.trained:,} records)")
         # A model that has trained nothing has no score worth showing (it is its initial weights').
-        cadence = self._cadence
-        due = cadence.due_at(history.count) if cadence.max_share is None else cadence.due()
-        if due and self.trained() and self.evaluation.can_score:
-            began = time.monotonic()
+        if self._cadence.due(history.count) and self.trained() and self.evaluation.can_score:
+            began = self._clock()
             row.heldout = self.evaluation.score(weights)
-            took = time.monotonic() - began
+            took = self._clock() - began
             history.eval_s += took
-            cadence.scored(took_s=took)
+            self._cadence.scored(took_s=took)
         # Streaming time so far, and the part of it spent scoring the held-out split here.
         row.t_stream = round(time.monotonic() - history.first_batch_at, 3)
         row.eval_s_total = round(history.eval_s, 3)

@@ -39,7 +39,8 @@ from pipeline.jobs import (
     run_training,
     user_data,
 )
-from pipeline.jobs.display import EVAL_SHARE, Display
+from pipeline.jobs.display import Display
+from pipeline.jobs.eval_cadence import EVAL_SHARE
 from pipeline.jobs.rejects import REJECTED_SHARE, Rejects
 from pipeline.jobs.replay_process import ReplayProcess
 from pipeline.jobs.report import BATCHES_FILE, History, RunReport

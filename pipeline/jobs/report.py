@@ -317,9 +317,18 @@ class RunReport:
             f"{final}; stopped: {self.stopped_because}"
         )
 
-    def draw(self, out: Path, *, name: str, eval_every: int, eval_records: int) -> None:
+    def draw(
+        self,
+        out: Path,
+        *,
+        name: str,
+        eval_every: int,
+        eval_records: int,
+        eval_capped: bool = False,
+    ) -> None:
         """Draw ``out/report.png`` from every session's rows in ``out/batches.jsonl``, and
-        name it in :attr:`plots` (a failed picture never fails a finished run)."""
+        name it in :attr:`plots` (a failed picture never fails a finished run);
+        ``eval_capped``: scoring took at most a share of the time (a freshness target)."""
         from pipeline.observe import report_plot
 
         rows = read_rows(out / BATCHES_FILE, tail_bytes=_PLOT_TAIL_BYTES)
@@ -334,6 +343,7 @@ class RunReport:
                 final=self.final.get("accuracy"),
                 eval_every=eval_every,
                 eval_records=eval_records,
+                eval_capped=eval_capped,
                 title=f"{name} with {settings.get('algorithm')}, {settings.get('workers')} "
                 f"workers ({out.name})",
             )

@@ -73,6 +73,7 @@ def report_plots(
     final: float | None = None,
     eval_every: int | None = None,
     eval_records: int | None = None,
+    eval_capped: bool = False,
 ) -> dict[str, Any]:
     """Accuracy, throughput, staleness and lag of a run, against time since its first batch.
 
@@ -140,7 +141,8 @@ def report_plots(
         )
     if eval_every is not None:
         split = f" on {eval_records:,} records" if eval_records else ""
-        measured.append(f"held-out: every {eval_every} batches and at the end{split}")
+        cap = " (at most a tenth of the time)" if eval_capped else ""
+        measured.append(f"held-out: every {eval_every} batches{cap} and at the end{split}")
     acc.set_title("Accuracy", loc="left")
     low, high = accuracy_limits([v for v in pre if v is not None], [v for _, v in scored])
     acc.set_ylim(low, high)

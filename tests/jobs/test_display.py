@@ -132,17 +132,18 @@ def test_a_numeric_targets_status_line_shows_its_rmse(capsys: Any) -> None:
     assert "prequential rmse 800" in out and "acc" not in out, out
 
 
-class _SlowEvaluation(_Evaluation):
-    def score(self, weights: Any) -> dict[str, float]:
-        time.sleep(0.05)  # what a score costs, for the share to weigh
-        return super().score(weights)
-
-
 def test_with_a_freshness_target_scoring_takes_at_most_its_share_of_the_time() -> None:
     """Issue 44: a freshness target's small batches made a score every few of them a sixth of
-    the run's time. A due score waits until the last one (0.05 s) is at most 10% of the time
-    since it ended: batches saved back to back get one score, then the next after ~0.5 s."""
-    history, evaluation = History(), _SlowEvaluation()
+    the run's time. Batches of 0.15 s, a score of 0.5 s, at most 10% of the time: after the
+    first score, the next waits until 5 s have passed since it ended."""
+    now = [0.0]
+
+    class _Timed(_Evaluation):
+        def score(self, weights: Any) -> dict[str, float]:
+            now[0] += 0.5  # what a score takes, on the display's clock
+            return super().score(weights)
+
+    history, evaluation = History(), _Timed()
     display = Display(
         history=history,
         metrics=_Metrics(),
@@ -150,25 +151,20 @@ def test_with_a_freshness_target_scoring_takes_at_most_its_share_of_the_time() -
         eval_share=0.1,
         until_accuracy=None,  # type: ignore[arg-type]
         started=time.monotonic(),
+        clock=lambda: now[0],
     )
     display.evaluation = evaluation
     display.trained = lambda: 10
-
-    def batch(i: int) -> None:
-        row = BatchRow(i, 1.0, 10, 10, {}, 0.01, 0, None, None, i, 0.01, 0.0)
+    scored_at = []
+    for i in range(100):
+        now[0] += 0.15
+        before = evaluation.scored
         display.on_row(
             BatchFigures(batch_id=i, ranges=[], rows=10, started_at=time.monotonic()),
-            row,
+            BatchRow(i, 1.0, 10, 10, {}, 0.01, 0, None, None, i, 0.01, 0.0),
             np.zeros(1, np.float32),
         )
-
-    for i in range(20):
-        batch(i)
-    assert evaluation.scored == 1
-    first_ended, i, deadline = time.monotonic(), 20, time.monotonic() + 10
-    while evaluation.scored < 2:  # bounded: 10 s, where ~0.5 s is due
-        assert time.monotonic() < deadline, "no second score within 10 s"
-        batch(i)
-        i += 1
-        time.sleep(0.01)
-    assert time.monotonic() - first_ended >= 0.45
+        if evaluation.scored > before:
+            scored_at.append(i)
+    # The first batch, then the first batch 5 s or more after each score: 34 batches on.
+    assert scored_at == [0, 34, 68], scored_at
