@@ -51,7 +51,7 @@ class Display:
         self.rejects = rejects or Rejects()
         #: A numeric target: the loss the status line shows (its root for a squared error).
         self.regression_loss: str | None = None
-        self.eval_every, self.until_accuracy, self.started = eval_every, until_accuracy, started
+        self.until_accuracy, self.started = until_accuracy, started
         self._clock = clock
         self._cadence = EvalCadence(eval_every, max_share=eval_share, clock=clock)
         #: Scores weights on the held-out split (set once the model exists).

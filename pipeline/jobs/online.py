@@ -40,7 +40,6 @@ from pipeline.jobs import (
     user_data,
 )
 from pipeline.jobs.display import Display
-from pipeline.jobs.eval_cadence import EVAL_SHARE
 from pipeline.jobs.rejects import REJECTED_SHARE, Rejects
 from pipeline.jobs.replay_process import ReplayProcess
 from pipeline.jobs.report import BATCHES_FILE, History, RunReport
@@ -91,7 +90,7 @@ class Run:
             history=self.history,
             metrics=self.metrics,
             eval_every=cfg.eval_every,
-            eval_share=None if cfg.freshness_target_s is None else EVAL_SHARE,
+            eval_share=cfg.eval_share,
             until_accuracy=cfg.until_accuracy,
             started=self._started,
             rejects=Rejects(limit=REJECTED_SHARE if cfg.max_rejected is None else cfg.max_rejected),

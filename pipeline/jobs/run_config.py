@@ -8,6 +8,7 @@ from pathlib import Path
 
 from pipeline.ingest.sizing import Sizing
 from pipeline.jobs import run_checks
+from pipeline.jobs.eval_cadence import EVAL_SHARE
 
 #: Records per mini-batch (for sync, per round: the global batch) unless --batch-size says.
 BATCH_SIZE = 128
@@ -171,6 +172,16 @@ class RunConfig:
         # Unset, the lower bound gives way to a lower upper bound rather than refuse it.
         low = min(1_000, self.max_offsets_per_trigger) if low is None else low
         return Sizing(self.freshness_target_s, low, self.max_offsets_per_trigger)
+
+    @property
+    def eval_share(self) -> float | None:
+        """The share of the streaming time held-out scoring may take: bounded with a freshness
+        target (its small batches), else None (every ``eval_every`` batches).
+
+        >>> RunConfig(freshness_target_s=2.0).eval_share, RunConfig().eval_share
+        (0.1, None)
+        """
+        return None if self.freshness_target_s is None else EVAL_SHARE
 
     def validate(self) -> None:
         """Raise :class:`~pipeline.errors.ConfigError` for the first bad setting

@@ -248,3 +248,29 @@ def test_a_broker_that_sends_more_than_asked_is_cut_and_read_on() -> None:
         finally:
             reader.close()
     assert got == expected and len(got) == 5_800
+
+
+def test_close_consumers_ends_the_fallbacks_background_connections(broker, topic) -> None:  # type: ignore[no-untyped-def]
+    """The consumer fallback keeps a consumer per broker for its process; left open after its
+    broker stops, its network thread goes on reconnecting to that port (a Spark worker's
+    connect-back socket got such a consumer's TLS hello and failed a query). Closing the
+    cache ends that thread."""
+    import threading
+
+    from pipeline.ingest import reader
+    from pipeline.ingest.offsets import OffsetRange
+
+    def network_threads() -> set[threading.Thread]:
+        return {t for t in threading.enumerate() if t.name.startswith("kafka-io")}
+
+    _produce(broker.bootstrap, topic, 5)
+    before = network_threads()
+    got = reader._read_with_consumer(broker.bootstrap, OffsetRange(topic, 0, 0, 5), timeout_s=10)
+    assert sum(b.num_rows for b in got) == 5
+    started = network_threads() - before
+    assert started, "the fallback's consumer runs no network thread to end"
+    reader.close_consumers()
+    deadline = time.monotonic() + 10
+    while any(t.is_alive() for t in started):  # bounded: 10 s
+        assert time.monotonic() < deadline, "the consumer's network thread outlived its close"
+        time.sleep(0.05)
