@@ -36,6 +36,7 @@ arm's; fixed_p99_s: the fixed arm's p99 over the same steady phases).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import signal
 import sys
@@ -265,6 +266,11 @@ def main() -> None:
     parser.add_argument(
         "--engine", choices=("tansu", "noida"), default="tansu", help="The broker started here."
     )
+    parser.add_argument(
+        "--keep",
+        type=Path,
+        help="A folder to keep each arm's run in (batches.jsonl, report.json); default: removed.",
+    )
     args = parser.parse_args()
     if not (args.scale > 0 and args.target > 0 and args.rate > 0):
         raise SystemExit(
@@ -273,8 +279,14 @@ def main() -> None:
         )
     from pipeline.ingest.kafka.broker import free_port
 
-    with tempfile.TemporaryDirectory(prefix="streamtrain-freshness-") as tmp:
-        folder = Path(tmp)
+    with contextlib.ExitStack() as stack:
+        if args.keep is None:
+            folder = Path(
+                stack.enter_context(tempfile.TemporaryDirectory(prefix="streamtrain-freshness-"))
+            )
+        else:
+            folder = args.keep
+            folder.mkdir(parents=True, exist_ok=True)
         port = free_port()
         bootstrap = f"127.0.0.1:{port}"
         broker = Proc(

@@ -13,8 +13,10 @@ within the user's bounds:
   costs), each trigger plans twice the last, up to the upper bound: bigger batches spread the
   fixed costs over more records, the fastest way through a backlog, and the lag stops growing
   wherever the trainer keeps up on average;
-- once a trigger finds no more than its size waiting, the size halves back toward the rate's
-  figure (never below it), so that it shrinks after a burst without swinging.
+- once a trigger finds no more than its size waiting, it takes all of it (what a batch leaves
+  behind would wait a whole cycle more, so a cap below what waits never makes the model
+  fresher), and the size for later triggers halves back toward the rate's figure (never below
+  it), so that it shrinks after a burst without swinging.
 
 Sizing changes how many offsets a new batch plans, never which records train: Spark logs
 each batch's offsets before running it and replays a failed one from its log, without asking
@@ -26,12 +28,14 @@ Example:
     20000
     >>> s.plan(now=5.0, pending=30_000)      # 20,000 in 5 s: 4,000/s, behind: no shrink
     20000
-    >>> s.plan(now=10.0, pending=500)        # caught up: halves, not below 4,000/s x 1 s
+    >>> s.plan(now=10.0, pending=500)        # caught up: takes all; the size halves after it
+    20000
+    >>> s.size                               # not below 4,000/s x 1 s
     10000
     >>> s.plan(now=10.5, pending=300)        # 500 in 0.5 s took all there was: no new figure
-    5000
-    >>> s.plan(now=10.8, pending=300)
-    4000
+    10000
+    >>> s.plan(now=10.8, pending=300), s.size
+    (5000, 4000)
 """
 
 from __future__ import annotations
@@ -136,14 +140,15 @@ class TriggerSizer:
                 )
             else:  # it took all there was: the trainer is at least this fast
                 self.rate = max(self.rate, measured)
+        limit = self.size
         if self.rate is not None:
-            base = self.rate * s.share * s.target_s
-            behind = pending > self.size
-            self.size = round(
-                min(self.size * 2, s.max_rows) if behind else max(base, self.size / 2)
-            )
+            if pending > self.size:  # left behind: grow now, toward the upper bound
+                self.size = limit = min(self.size * 2, s.max_rows)
+            else:  # caught up: this trigger takes all there is, later ones plan less
+                self.size = round(max(self.rate * s.share * s.target_s, self.size / 2))
             self.size = max(s.min_rows, min(s.max_rows, self.size))
-        planned = min(self.size, pending)
+            limit = max(s.min_rows, min(s.max_rows, limit))
+        planned = min(limit, pending)
         # An empty trigger runs no batch: the idle time until the next one is no cycle.
-        self._last = (now, planned, pending >= self.size) if planned else None
-        return self.size
+        self._last = (now, planned, pending >= limit) if planned else None
+        return limit

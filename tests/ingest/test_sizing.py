@@ -23,10 +23,14 @@ def _simulate(
     fixed_s: float = 0.4,
     max_rows: int = 20_000,
     step_s: float = 0.05,
+    noise: float = 0.0,
 ) -> dict[str, np.ndarray]:
     """Run triggers back to back (an empty one polls again after ``step_s``) over phases of
     ``(seconds, records/s)`` produced, with the trainer's rate ``(from second, records/s)``;
-    return the model's freshness sampled every ``step_s``, and each batch's start and size."""
+    return the model's freshness sampled every ``step_s``, and each batch's start and size.
+    ``noise``: each batch's time times a lognormal factor of that sigma (seeded), as a shared
+    machine's cycles vary."""
+    rng = np.random.default_rng(0)
     ends = np.cumsum([d for d, _ in produce])
     counts = np.concatenate([[0.0], np.cumsum([d * r for d, r in produce])])
 
@@ -45,7 +49,7 @@ def _simulate(
         size = sizer.plan(now=t, pending=pending) if sizer is not None else max_rows
         n = min(size, pending)
         rate = [r for since, r in train if since <= t][-1]
-        took = fixed_s + n / rate if n else step_s
+        took = (fixed_s + n / rate) * rng.lognormal(0.0, noise) if n else step_s
         for s in np.arange(
             t, t + took, step_s
         ):  # the center holds the last batch's data until this one ends
@@ -93,6 +97,23 @@ def test_a_burst_grows_the_batches_and_they_shrink_back_after_it() -> None:
     back, fixed_back = _recovery_s(sized, 90, 210), _recovery_s(fixed, 90, 210)
     assert 0 < back <= 60 and back <= fixed_back + 2, (back, fixed_back)
     assert sized["sizes"][sized["starts"] > 190].max() < 5000  # shrunk back after the burst
+
+
+def test_caught_up_it_takes_all_waiting_and_a_backlog_drains_in_full_batches() -> None:
+    """Proves: where the trainer keeps up but its cycles vary (±25%, as on a shared machine;
+    3,100 records/s, 0.45 s of fixed costs), a trigger that finds no more than its size waiting
+    takes all of it, so the target's p99 is the same as fixed batches' (a cap below what waits
+    would leave records a whole cycle more); and on a 60,000-record backlog every batch is
+    full, as many batches as with fixed ones (no halving before the backlog is gone)."""
+    steady = [(240.0, 2000.0)]
+    kw = {"train": [(0.0, 3100.0)], "fixed_s": 0.45, "noise": 0.25}
+    sized = _simulate(TriggerSizer(Sizing(TARGET, 500, 20_000)), produce=steady, **kw)
+    fixed = _simulate(None, produce=steady, **kw)
+    p99, fixed_p99 = (np.nanpercentile(_window(r, 30, 240), 99) for r in (sized, fixed))
+    assert p99 <= fixed_p99 * 1.05, (p99, fixed_p99)
+    backlog = [(0.01, 6_000_000.0), (30.0, 1e-6)]  # 60,000 records at once, then nothing
+    drained = _simulate(TriggerSizer(Sizing(TARGET, 500, 20_000)), produce=backlog, **kw)
+    assert list(drained["sizes"][:3]) == [20_000] * 3, drained["sizes"][:4]
 
 
 def test_the_size_follows_a_trainer_that_slows_down_and_the_lag_stays_bounded() -> None:
