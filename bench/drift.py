@@ -31,8 +31,13 @@ on the machine) and the River anchors: about 10 minutes on 2 cores. ``--scale`` 
 every stream's length, and the detectors' warm-up and cool-down with them; ``--scale 0.05``
 checks that it runs end to end in a few minutes (start-ups dominate; figures mean little).
 
+``gain_ceiling``: the median over the drift streams of the most any reaction to a drift could
+gain over alert-only, from alert-only's own rows: its score in the batch the change lands in
+(a drift is found at the end of a batch, so no reaction reaches that one) and every record
+after it right. ``recovery_gain`` cannot be above it.
+
 Last line: ``drift streams=<n> false_alarms=<n> delay_records_p50=<n> recovery_gain=<r>
-vs_river=<r> gradual_delay_p50=<n>``.
+vs_river=<r> gradual_delay_p50=<n> gain_ceiling=<r>``.
 """
 
 from __future__ import annotations
@@ -263,19 +268,22 @@ def figures(stream: Stream, arm: dict[str, Any], scale: float) -> dict[str, Any]
     false = [p for p in found if p <= stream.change]
     after = [p for p in found if p > stream.change]
     window = (stream.change, stream.change + max(500, int(AFTER * scale)))
-    hits = n = 0.0
+    hits = n = best = 0.0
     start = 0
     for r in arm["rows"]:
         k = int(r.get("trained", 0))
         end = start + k + int(r.get("held_out", 0))
         if window[0] <= start < window[1] and r.get("prequential_accuracy") is not None:
             hits += r["prequential_accuracy"] * k
+            # No reaction reaches the batch the change lands in: a drift is found at its end.
+            best += r["prequential_accuracy"] * k if n == 0 else k
             n += k
         start = end
     return {
         "false_alarms": len(false),
         "delay": after[0] - stream.change if after else None,
         "accuracy": hits / n if n else float("nan"),
+        "ceiling": best / n if n else float("nan"),
     }
 
 
@@ -305,6 +313,7 @@ def main() -> None:
     false_alarms = 0
     delays: dict[bool, list[float]] = {False: [], True: []}  # by gradual
     gains: list[float] = []
+    ceilings: list[float] = []
     vs_river: list[float] = []
     with tempfile.TemporaryDirectory(prefix="streamtrain-drift-") as tmp_dir:
         tmp = args.keep or tmp_dir
@@ -327,6 +336,10 @@ def main() -> None:
                     math.inf if f["delay"] is None else f["delay"] for f in result.values()
                 ]
                 gains.append(result["adapt"]["accuracy"] - result["alert"]["accuracy"])
+                # The most any reaction could gain: alert-only's own score in the batch the change
+                # lands in (before any drift can be found) and every record after it right.
+                ceilings.append(result["alert"]["ceiling"] - result["alert"]["accuracy"])
+                line += f" | gain_ceiling={ceilings[-1]:.3f}"
                 if stream.kind == "table":
                     anchor = river_anchor(stream, max(500, int(AFTER * args.scale)))
                     best = max(anchor.values())
@@ -339,7 +352,8 @@ def main() -> None:
     print(
         f"drift streams={drift_streams} false_alarms={false_alarms} "
         f"delay_records_p50={_median(delays[False])} recovery_gain={gain:.3f} "
-        f"vs_river={river:.3f} gradual_delay_p50={_median(delays[True])}"
+        f"vs_river={river:.3f} gradual_delay_p50={_median(delays[True])} "
+        f"gain_ceiling={float(np.median(ceilings)) if ceilings else float('nan'):.3f}"
     )
 
 
