@@ -49,10 +49,23 @@ def _worth_resending(error: BaseException | None) -> bool:
 def _close(producer: Any, *, timeout_s: float) -> None:
     """Close a producer; with Kafka away, kafka-python's close raises once its flush times
     out: what it held is counted unacknowledged by then."""
-    from kafka.errors import KafkaTimeoutError
+    from kafka.errors import KafkaError, KafkaTimeoutError
 
-    with contextlib.suppress(KafkaTimeoutError):
+    try:
         producer.close(timeout=timeout_s)
+        return
+    except KafkaTimeoutError:
+        pass
+    # That close raised before it stopped the network thread, which would go on reconnecting to
+    # the gone broker for the process's life (or until the garbage collector's close times out
+    # in its turn). Stop it without sending; its batches fail, so a second close has nothing to
+    # wait for.
+    sender = getattr(producer, "_sender", None)
+    if sender is not None:
+        sender.force_close()
+        sender.join(timeout_s)
+    with contextlib.suppress(KafkaError):
+        producer.close(timeout=0)
 
 
 def _lost_sequence(error: BaseException | None) -> bool:

@@ -412,6 +412,7 @@ def test_a_stop_while_kafka_is_away_reports_within_the_final_flush(
     from producers import replay as replay_mod
 
     monkeypatch.setattr(replay_mod, "FINAL_FLUSH_S", 2.0)
+    before = set(threading.enumerate())
     gone = EmbeddedBroker().start()
     stop = threading.Event()
     r = Replay(
@@ -438,3 +439,6 @@ def test_a_stop_while_kafka_is_away_reports_within_the_final_flush(
     )  # 2 s of flush, then closing
     report = done[0]
     assert report.interrupted and report.records_sent >= 200 and report.send_errors > 0
+    # Its network thread ended too: kafka-python's close leaves it running when its flush times out.
+    left = set(threading.enumerate()) - before
+    assert not [t.name for t in left if t.name.endswith("-network-thread")]
