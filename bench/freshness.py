@@ -87,6 +87,10 @@ def _rows(out: Path) -> list[dict[str, Any]]:
     return rows
 
 
+def _backlog(scale: float) -> int:
+    return max(1, int(BACKLOG * scale))
+
+
 def _trained(out: Path) -> int:
     return sum(int(r.get("trained", 0)) for r in _rows(out))
 
@@ -151,7 +155,7 @@ def _on_backlog(
 
     topic = f"freshness-{name}-{int(time.time())}"
     client.ensure_topic(bootstrap, topic, partitions=2)
-    backlog = max(1, int(BACKLOG * scale))
+    backlog = _backlog(scale)
     _produce(bootstrap, topic, [("backlog", backlog, None)], [])
     out = folder / name
     trainer = Proc(
@@ -218,7 +222,7 @@ def run_arm(
         )
         producer.start()
         producer.join(phases_s * 3 + 120)
-        sent = max(1, int(BACKLOG * scale)) + sum(n for _, _, n in marks)
+        sent = _backlog(scale) + sum(n for _, _, n in marks)
         _wait(
             lambda: _trained(out) >= sent,
             120 + 600 * scale,

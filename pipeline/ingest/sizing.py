@@ -145,9 +145,8 @@ class TriggerSizer:
             if pending > self.size:  # left behind: grow now, toward the upper bound
                 self.size = limit = min(self.size * 2, s.max_rows)
             else:  # caught up: this trigger takes all there is, later ones plan less
-                self.size = round(max(self.rate * s.share * s.target_s, self.size / 2))
-            self.size = max(s.min_rows, min(s.max_rows, self.size))
-            limit = max(s.min_rows, min(s.max_rows, limit))
+                shrunk = round(max(self.rate * s.share * s.target_s, self.size / 2))
+                self.size = max(s.min_rows, min(s.max_rows, shrunk))
         planned = min(limit, pending)
         # An empty trigger runs no batch: the idle time until the next one is no cycle.
         self._last = (now, planned, pending >= limit) if planned else None

@@ -324,11 +324,11 @@ class RunReport:
         name: str,
         eval_every: int,
         eval_records: int,
-        eval_capped: bool = False,
+        eval_share: float | None = None,
     ) -> None:
         """Draw ``out/report.png`` from every session's rows in ``out/batches.jsonl``, and
         name it in :attr:`plots` (a failed picture never fails a finished run);
-        ``eval_capped``: scoring took at most a share of the time (a freshness target)."""
+        ``eval_share``: the share of the time scoring may take (a freshness target), or None."""
         from pipeline.observe import report_plot
 
         rows = read_rows(out / BATCHES_FILE, tail_bytes=_PLOT_TAIL_BYTES)
@@ -343,7 +343,7 @@ class RunReport:
                 final=self.final.get("accuracy"),
                 eval_every=eval_every,
                 eval_records=eval_records,
-                eval_capped=eval_capped,
+                eval_share=eval_share,
                 title=f"{name} with {settings.get('algorithm')}, {settings.get('workers')} "
                 f"workers ({out.name})",
             )

@@ -100,7 +100,7 @@ class RunEnd:
             name=self.cfg.name,
             eval_every=self.cfg.eval_every,
             eval_records=len(self.training.evaluation.y),
-            eval_capped=self.cfg.eval_share is not None,
+            eval_share=self.cfg.eval_share,
         )
         (self.out / REPORT_FILE).write_text(json.dumps(report.to_dict(), indent=2, default=float))
         return report

@@ -73,7 +73,7 @@ def report_plots(
     final: float | None = None,
     eval_every: int | None = None,
     eval_records: int | None = None,
-    eval_capped: bool = False,
+    eval_share: float | None = None,
 ) -> dict[str, Any]:
     """Accuracy, throughput, staleness and lag of a run, against time since its first batch.
 
@@ -141,7 +141,7 @@ def report_plots(
         )
     if eval_every is not None:
         split = f" on {eval_records:,} records" if eval_records else ""
-        cap = " (at most a tenth of the time)" if eval_capped else ""
+        cap = f" (at most {eval_share:.0%} of the time)" if eval_share is not None else ""
         measured.append(f"held-out: every {eval_every} batches{cap} and at the end{split}")
     acc.set_title("Accuracy", loc="left")
     low, high = accuracy_limits([v for v in pre if v is not None], [v for _, v in scored])
