@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -73,3 +75,25 @@ def test_what_the_server_cannot_run_is_a_clear_error(identifier, match: str) -> 
 def test_a_checkpoint_missing_the_moments_is_refused() -> None:
     with pytest.raises(ConfigError, match="Missing: \\['v'\\]"):
         optimizers.Adam(3).load_state({"iterations": np.array(1), "m": np.zeros(3, np.float32)})
+
+
+def test_a_large_step_in_two_halves_is_the_serial_step_bit_for_bit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The server updates a large vector in two threads at once; the weights and moments
+    must come out exactly as from one thread (each element's operations are the same)."""
+    size = optimizers.SPLIT_MIN + 7  # odd: the halves differ by one
+    grads = _grads(4, size)
+    split = optimizers.Adam(size, learning_rate=0.01)
+    w_split = np.zeros(size, np.float32)
+    for g in grads:
+        split.apply(w_split, g)
+    if len(os.sched_getaffinity(0)) > 1:  # it did run on the helper
+        assert optimizers._pool is not None
+    monkeypatch.setattr(optimizers, "_helper", lambda: None)
+    serial = optimizers.Adam(size, learning_rate=0.01)
+    w_serial = np.zeros(size, np.float32)
+    for g in grads:
+        serial.apply(w_serial, g)
+    assert np.array_equal(w_split, w_serial)
+    assert np.array_equal(split.m, serial.m) and np.array_equal(split.v, serial.v)
