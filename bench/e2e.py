@@ -259,6 +259,7 @@ def streamtrain(
         "peak_rss_gb": peak[0] / 1e9,
         "stopped": report["stopped_because"],
         "shares": report.get("time_shares", {}),
+        "exchange_parts": report.get("exchange_parts", {}),
     }
 
 
@@ -459,7 +460,10 @@ def main() -> None:
             flush=True,
         )
         print(
-            "  time shares: " + " ".join(f"{k} {v:.2f}" for k, v in st["shares"].items()),
+            "  time shares: "
+            + " ".join(f"{k} {v:.2f}" for k, v in st["shares"].items())
+            + "; of the exchange: "
+            + " ".join(f"{k} {v:.2f}" for k, v in st["exchange_parts"].items()),
             flush=True,
         )
         compute.append(st["shares"].get("compute", 0.0))

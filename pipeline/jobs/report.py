@@ -14,7 +14,7 @@ from typing import Any
 
 from pipeline.ingest.offsets import PassedOver
 from pipeline.jobs.rejects import Rejects
-from pipeline.train.breakdown import Breakdown
+from pipeline.train.breakdown import Breakdown, exchange_parts
 from pipeline.train.drift import Drift
 from pipeline.train.rows import BatchRow
 
@@ -181,6 +181,8 @@ class RunReport:
     #: behind it.
     time_shares: dict[str, float] = dataclasses.field(default_factory=dict)
     time_seconds: dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: A synchronous run's exchange by part (:func:`pipeline.train.breakdown.exchange_parts`).
+    exchange_parts: dict[str, float] = dataclasses.field(default_factory=dict)
     #: What was set aside (:meth:`pipeline.jobs.rejects.Rejects.to_dict`): by reason, and the
     #: replay's first rows.
     rejected: dict[str, Any] = dataclasses.field(default_factory=dict)
@@ -254,6 +256,7 @@ class RunReport:
                 slots=min(workers, slots), wall_s=span, eval_s=history.eval_s
             ),
             time_seconds=history.breakdown.state(),
+            exchange_parts=exchange_parts(history.breakdown.seconds["exchange"], ps_stats),
             drifts=list(drifts),
         )
 
@@ -357,7 +360,13 @@ class RunReport:
         >>> RunReport({}, {}, "t", "o", 1.0, 0, 0, 0, 0.0, 0.0, 0.0, "", {}, [], [], {}, {},
         ...           time_shares={"compute": 0.9, "exchange": 0.05, "commit": 0.0}).time_line()
         'time per task slot: compute 90%, exchange 5%, commit 0%'
+        >>> RunReport({}, {}, "t", "o", 1.0, 0, 0, 0, 0.0, 0.0, 0.0, "", {}, [], [], {}, {},
+        ...           time_shares={"compute": 0.8, "exchange": 0.2},
+        ...           exchange_parts={"round_wait": 0.4, "server_step": 0.25}).time_line()
+        'time per task slot: compute 80%, exchange 20% (round wait 40%, server step 25%)'
         """
+        parts = ", ".join(f"{k.replace('_', ' ')} {v:.0%}" for k, v in self.exchange_parts.items())
         return "time per task slot: " + ", ".join(
-            f"{k.replace('_', ' ')} {v:.0%}" for k, v in self.time_shares.items()
+            f"{k.replace('_', ' ')} {v:.0%}" + (f" ({parts})" if k == "exchange" and parts else "")
+            for k, v in self.time_shares.items()
         )

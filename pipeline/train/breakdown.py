@@ -20,6 +20,10 @@ slot-seconds to spend; the figures the tasks and the driver measure split them:
 
 Held-out scoring is left out of the wall time, as the run's ``records_per_s_excluding_eval``
 leaves it out.
+
+A synchronous run's exchange is split further (:func:`exchange_parts`) by what its
+parameter server measures: the pushes' wait for the round's other workers, their wait for
+its optimizer step, and the rest.
 """
 
 from __future__ import annotations
@@ -122,3 +126,25 @@ class Breakdown:
     def state(self) -> dict[str, Any]:
         """The totals, as the report keeps them."""
         return {"batches": self.batches, **{k: round(v, 3) for k, v in self.seconds.items()}}
+
+
+def exchange_parts(exchange_s: float, ps_stats: dict[str, Any]) -> dict[str, float]:
+    """The workers' ``exchange_s`` seconds as shares, to two decimals: waiting for the rest of a
+    synchronous round (a peer still computing: the workers' jitter, or a straggler), waiting
+    for the round's optimizer step on the server, and the rest (moving the gradient and the
+    new weights, and loading these into the replica). Empty without synchronous rounds.
+
+    >>> exchange_parts(10.0, {"round_wait_s": 4.0, "round_step_s": 2.5})
+    {'round_wait': 0.4, 'server_step': 0.25, 'transfer_and_load': 0.35}
+    >>> exchange_parts(10.0, {"round_wait_s": 0, "round_step_s": 0})
+    {}
+    """
+    wait, step = float(ps_stats.get("round_wait_s") or 0), float(ps_stats.get("round_step_s") or 0)
+    if exchange_s <= 0 or wait + step <= 0:
+        return {}
+    wait, step = min(wait, exchange_s), min(step, exchange_s - min(wait, exchange_s))
+    return {
+        "round_wait": round(wait / exchange_s, 2),
+        "server_step": round(step / exchange_s, 2),
+        "transfer_and_load": round((exchange_s - wait - step) / exchange_s, 2),
+    }

@@ -265,6 +265,8 @@ class ShardedServer:
             "size": self.size,
             "refused": refused,
             "repeats_dropped": max(s["repeats_dropped"] for s in each),
+            # A push waits on every shard at once: the slowest shard's wait is the worker's.
+            **{k: max(s.get(k, 0) for s in each) for k in ("round_wait_s", "round_step_s")},
             "shards": each,
         }
 

@@ -126,6 +126,10 @@ class ServerCore:
                 "pulled_copies": len(self._pulled),
                 "repeats_dropped": self._tasks.repeats,
                 "short_rounds": self._rounds.short if self._rounds is not None else 0,
+                # Of the workers' exchange seconds: waiting for the round's other pushes,
+                # and for its optimizer step (synchronous rounds only).
+                "round_wait_s": round(self._rounds.wait_s, 3) if self._rounds is not None else 0,
+                "round_step_s": round(self._rounds.step_s, 3) if self._rounds is not None else 0,
                 "pushes_applied": self.pushes_applied,
                 **self._stats.as_dict(),
             }

@@ -81,6 +81,11 @@ class Rounds:
         self._pace: dict[int, float] = {}  # member: seconds from an answer to its next push
         self._pushed: set[int] = set()  # members with a push in the open round
         self._cutoff: float | None = None  # when the open round stops waiting for stragglers
+        self._arrived: list[float] = []  # when each push that waits on the open round came
+        #: Seconds pushes spent waiting for the rest of their round, and waiting for its step
+        #: (summed over pushes: a round of two that steps for 2 ms adds 4 ms).
+        self.wait_s = 0.0
+        self.step_s = 0.0
 
     def expect(self, n: int) -> None:
         """How many workers the next rounds wait for (between jobs)."""
@@ -121,11 +126,13 @@ class Rounds:
         np.add(self._sum, delta, out=self._sum)
         self._count += 1
         self._pushed.add(member)
+        self._arrived.append(now)
         closes = self._closes
         if self._count >= self._size():
             self._close()
         elif self.straggler_wait > 0 and member in self._pace:  # a first push has no pace: it waits
             if self._count == 1 and self._straggler(member):
+                self._arrived.pop()  # answered at once: it waits for nothing
                 self._answered[member] = time.monotonic()
                 return  # its gradient waits in the round for the next push
             window = max(MIN_WAIT_S, self.straggler_wait * self._pace[member])
@@ -183,8 +190,12 @@ class Rounds:
         return max(1, len(self._members), self.workers - self._left)
 
     def _close(self) -> None:
+        closing = time.monotonic()
         self._sum *= np.float32(1.0 / self._count)
         self._apply_mean(self._sum, self._count)
+        self.wait_s += sum(closing - t for t in self._arrived)
+        self.step_s += (time.monotonic() - closing) * len(self._arrived)
+        self._arrived.clear()
         self._sum.fill(0)
         self._count = 0
         self._pushed.clear()

@@ -220,3 +220,43 @@ def test_a_straggler_is_answered_at_once_and_its_gradient_lands_once_with_the_ne
         assert s.stats()["short_rounds"] >= fast_pushes // 2
         fast.close()
         slow.close()
+
+
+def test_the_server_splits_a_round_s_exchange_into_the_wait_for_peers_and_its_step() -> None:
+    """Proves: a worker 0.3 s behind its peer in each of three rounds shows as ~0.9 s of
+    waiting for the round (the early push's, not the late one's), and a 0.1 s step as ~0.2 s
+    a round (both pushes wait for it); the run's report turns them into shares of the
+    workers' exchange seconds."""
+    from pipeline.train.breakdown import exchange_parts
+
+    def slow_step(center: np.ndarray, delta: np.ndarray, **_: object) -> None:
+        time.sleep(0.1)
+        center += delta
+
+    with ParameterServer(
+        np.zeros(N, np.float32), secret=SECRET, rule=slow_step, sync_workers=2, sync_timeout_s=60
+    ) as s:
+        clients = [_client(s, w) for w in range(2)]
+        spent = [0.0, 0.0]
+
+        def work(w: int) -> None:
+            clients[w].pull()
+            for _ in range(3):
+                time.sleep(0.3 * w)  # worker 1 "computes" 0.3 s longer
+                began = time.monotonic()
+                clients[w].push_pull(np.ones(N, np.float32))
+                spent[w] += time.monotonic() - began
+
+        threads = [threading.Thread(target=work, args=(w,)) for w in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        for c in clients:
+            c.close()
+        stats = s.stats()
+    assert s.clock == 3
+    assert 0.8 <= stats["round_wait_s"] <= 1.2, stats["round_wait_s"]
+    assert 0.55 <= stats["round_step_s"] <= 0.8, stats["round_step_s"]
+    parts = exchange_parts(sum(spent), stats)
+    assert parts["round_wait"] > parts["server_step"] > parts["transfer_and_load"] >= 0
