@@ -32,6 +32,15 @@ _pool: ThreadPoolExecutor | None = None
 _pool_lock = threading.Lock()
 
 
+def _forget_pool() -> None:
+    # A forked child has the pool object but not its thread: work sent to it would never run.
+    global _pool, _pool_lock
+    _pool, _pool_lock = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_pool)
+
+
 def _helper() -> ThreadPoolExecutor | None:
     """The process's one helper thread for the second half (None on one core)."""
     global _pool

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import signal
+import time
 
 import numpy as np
 import pytest
@@ -97,3 +99,26 @@ def test_a_large_step_in_two_halves_is_the_serial_step_bit_for_bit(
         serial.apply(w_serial, g)
     assert np.array_equal(w_split, w_serial)
     assert np.array_equal(split.m, serial.m) and np.array_equal(split.v, serial.v)
+
+
+def test_a_forked_child_steps_without_the_parent_s_helper_thread() -> None:
+    """A process forked after a large step (a shard's, a zygote's) must not hand its second
+    half to a helper thread that fork did not copy: it would wait for it forever."""
+    size = optimizers.SPLIT_MIN
+    optimizers.Adam(size).apply(np.zeros(size, np.float32), np.ones(size, np.float32))
+    pid = os.fork()
+    if pid == 0:  # the child: one step, within the parent's deadline, or a non-zero exit
+        try:
+            optimizers.Adam(size).apply(np.zeros(size, np.float32), np.ones(size, np.float32))
+        finally:
+            os._exit(0 if optimizers._pool is None or optimizers._pool._threads else 1)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            assert os.waitstatus_to_exitcode(status) == 0
+            return
+        time.sleep(0.05)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    raise AssertionError("the forked child's step did not finish within 30 s")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -20,6 +21,18 @@ N = 100
 
 def _client(server: ParameterServer, worker: int) -> Client:
     return Client(server.address, secret=SECRET, worker=worker, size=N)
+
+
+def _together(work: Callable[[Client], None], clients: list[Client]) -> None:
+    """Run ``work`` for each client on a thread of its own, wait for all, close the clients."""
+    threads = [threading.Thread(target=work, args=(c,)) for c in clients]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    for c in clients:
+        c.close()
+    assert not any(t.is_alive() for t in threads), "a worker did not finish within 60 s"
 
 
 def _until(condition, timeout_s: float = 10) -> None:  # type: ignore[no-untyped-def]
@@ -104,13 +117,7 @@ def test_equal_workers_keep_whole_rounds() -> None:
                 time.sleep(0.4)
                 c.push_pull(np.ones(N, np.float32))
 
-        threads = [threading.Thread(target=work, args=(c,)) for c in clients]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(60)
-        for c in clients:
-            c.close()
+        _together(work, clients)
         assert s.clock == 5 and s.stats()["short_rounds"] == 0
 
 
@@ -239,21 +246,16 @@ def test_the_server_splits_a_round_s_exchange_into_the_wait_for_peers_and_its_st
         clients = [_client(s, w) for w in range(2)]
         spent = [0.0, 0.0]
 
-        def work(w: int) -> None:
-            clients[w].pull()
+        def work(c: Client) -> None:
+            w = clients.index(c)
+            c.pull()
             for _ in range(3):
                 time.sleep(0.3 * w)  # worker 1 "computes" 0.3 s longer
                 began = time.monotonic()
-                clients[w].push_pull(np.ones(N, np.float32))
+                c.push_pull(np.ones(N, np.float32))
                 spent[w] += time.monotonic() - began
 
-        threads = [threading.Thread(target=work, args=(w,)) for w in range(2)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(30)
-        for c in clients:
-            c.close()
+        _together(work, clients)
         stats = s.stats()
     assert s.clock == 3
     assert 0.8 <= stats["round_wait_s"] <= 1.2, stats["round_wait_s"]
