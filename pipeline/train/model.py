@@ -242,8 +242,13 @@ class FlatWeights:
                 v.assign(tf.cast(tf.reshape(flat[start : start + size], shape), v.dtype))
                 start += size
 
-        self._get = tf.function(read)
-        self._set = tf.function(write, input_signature=[tf.TensorSpec([self.size], tf.float32)])
+        # No autograph: nothing here branches on a tensor, and each function autograph converts
+        # leaves a file in the temporary folder that only a clean exit removes (Spark's
+        # Python workers do not exit cleanly).
+        self._get = tf.function(read, autograph=False)
+        self._set = tf.function(
+            write, input_signature=[tf.TensorSpec([self.size], tf.float32)], autograph=False
+        )
 
     def get(self) -> np.ndarray:
         """The weights now, as a new float32 vector."""

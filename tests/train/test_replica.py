@@ -36,6 +36,19 @@ def test_flat_weights_match_the_numpy_path(build) -> None:  # type: ignore[no-un
         flat.set(new[:-1])
 
 
+def test_flat_weights_leave_no_autograph_file_behind(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Autograph writes each function it converts to a temporary file that only a clean exit
+    removes; a Spark Python worker exits without one, so every replica would leave two
+    behind. The flat weights' functions branch on no tensor and are not converted."""
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    model, spec = _compiled(zoo.higgs_mlp)
+    flat = FlatWeights(model, spec.shapes)  # traced on first use
+    flat.set(flat.get() + 1)
+    assert not list(tmp_path.glob("__autograph_generated_file*"))
+
+
 def _tracings(fn, depth: int = 0) -> int:  # type: ignore[no-untyped-def]
     """How many times the tf.functions inside Keras's train function have been traced."""
     total = 0
