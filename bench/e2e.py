@@ -462,8 +462,12 @@ def main() -> None:
         print(
             "  time shares: "
             + " ".join(f"{k} {v:.2f}" for k, v in st["shares"].items())
-            + "; of the exchange: "
-            + " ".join(f"{k} {v:.2f}" for k, v in st["exchange_parts"].items()),
+            + (
+                "; of the exchange: "
+                + " ".join(f"{k} {v:.2f}" for k, v in st["exchange_parts"].items())
+                if st["exchange_parts"]
+                else ""
+            ),
             flush=True,
         )
         compute.append(st["shares"].get("compute", 0.0))

@@ -256,7 +256,11 @@ class RunReport:
                 slots=min(workers, slots), wall_s=span, eval_s=history.eval_s
             ),
             time_seconds=history.breakdown.state(),
-            exchange_parts=exchange_parts(history.breakdown.seconds["exchange"], ps_stats),
+            # With --sync-overlap the workers time only the exchange the next gradient does not
+            # hide, while the server counts all of it: the shares would not add up.
+            exchange_parts={}
+            if settings.get("sync_overlap")
+            else exchange_parts(history.breakdown.seconds["exchange"], ps_stats),
             drifts=list(drifts),
         )
 

@@ -265,7 +265,8 @@ class ShardedServer:
             "size": self.size,
             "refused": refused,
             "repeats_dropped": max(s["repeats_dropped"] for s in each),
-            # A push waits on every shard at once: the slowest shard's wait is the worker's.
+            # A push waits on every shard at once: the largest shard's totals (a lower bound on
+            # what the workers waited, as the slowest shard of each round may differ).
             **{k: max(s.get(k, 0) for s in each) for k in ("round_wait_s", "round_step_s")},
             "shards": each,
         }

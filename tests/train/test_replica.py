@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -36,16 +40,28 @@ def test_flat_weights_match_the_numpy_path(build) -> None:  # type: ignore[no-un
         flat.set(new[:-1])
 
 
-def test_flat_weights_leave_no_autograph_file_behind(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_flat_weights_leave_no_autograph_file_behind(tmp_path) -> None:  # type: ignore[no-untyped-def]
     """Autograph writes each function it converts to a temporary file that only a clean exit
     removes; a Spark Python worker exits without one, so every replica would leave two
-    behind. The flat weights' functions branch on no tensor and are not converted."""
-    import tempfile
-
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    model, spec = _compiled(zoo.higgs_mlp)
-    flat = FlatWeights(model, spec.shapes)  # traced on first use
-    flat.set(flat.get() + 1)
+    behind. The flat weights' functions branch on no tensor and are not converted. In a
+    process of its own that exits as a worker does: autograph converts a function once per
+    process, so this one's earlier tests could hide a conversion."""
+    script = (
+        "import os, numpy as np\n"
+        "from pipeline.train import zoo\n"
+        "from pipeline.train.model import FlatWeights, ModelSpec\n"
+        "spec = ModelSpec.from_model(zoo.higgs_mlp(), optimizer='adam', "
+        "loss='sparse_categorical_crossentropy')\n"
+        "model = spec.build()\n"
+        "flat = FlatWeights(model, spec.shapes)\n"
+        "flat.set(flat.get() + 1)\n"
+        "os._exit(0)\n"
+    )
+    env = {**os.environ, "TMPDIR": str(tmp_path), "TF_CPP_MIN_LOG_LEVEL": "2"}
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
     assert not list(tmp_path.glob("__autograph_generated_file*"))
 
 

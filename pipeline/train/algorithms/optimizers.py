@@ -41,11 +41,18 @@ def _forget_pool() -> None:
 os.register_at_fork(after_in_child=_forget_pool)
 
 
+def _cores() -> int:
+    """The cores this process may run on (all of them where the platform cannot say)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
 def _helper() -> ThreadPoolExecutor | None:
     """The process's one helper thread for the second half (None on one core)."""
     global _pool
     with _pool_lock:
-        if _pool is None and len(os.sched_getaffinity(0)) > 1:
+        if _pool is None and _cores() > 1:
             _pool = ThreadPoolExecutor(1, thread_name_prefix="streamtrain-optimizer")
         return _pool
 
@@ -57,16 +64,22 @@ def in_halves(size: int, step: Callable[[slice], None]) -> None:
     >>> seen = []
     >>> in_halves(10, seen.append); seen
     [slice(0, 10, None)]
-    >>> seen.clear(); in_halves(SPLIT_MIN, seen.append)
-    >>> sorted((s.start, s.stop) for s in seen)  # two halves where there are two cores
-    [(0, 65536), (65536, 131072)]
+    >>> seen.clear(); in_halves(SPLIT_MIN, seen.append)  # in two halves where there are two cores
+    >>> [i for s in sorted(seen, key=lambda s: s.start) for i in range(s.start, s.stop)] == list(
+    ...     range(SPLIT_MIN)
+    ... )  # every weight once
+    True
     """
     pool = _helper() if size >= SPLIT_MIN else None
     if pool is None:
         step(slice(0, size))
         return
     half = size // 2
-    other = pool.submit(step, slice(half, size))
+    try:
+        other = pool.submit(step, slice(half, size))
+    except RuntimeError:  # the interpreter is shutting down: no new work for the helper
+        step(slice(0, size))
+        return
     try:
         step(slice(0, half))
     finally:
