@@ -142,7 +142,8 @@ def exchange_parts(exchange_s: float, ps_stats: dict[str, Any]) -> dict[str, flo
     wait, step = float(ps_stats.get("round_wait_s") or 0), float(ps_stats.get("round_step_s") or 0)
     if exchange_s <= 0 or wait + step <= 0:
         return {}
-    wait, step = min(wait, exchange_s), min(step, exchange_s - min(wait, exchange_s))
+    wait = min(wait, exchange_s)
+    step = min(step, exchange_s - wait)
     return {
         "round_wait": round(wait / exchange_s, 2),
         "server_step": round(step / exchange_s, 2),
