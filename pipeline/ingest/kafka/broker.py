@@ -136,6 +136,9 @@ class EmbeddedBroker:
             (:func:`jvm_broker.properties`): more listeners, TLS, SASL, retention.
         scram: kafka only: SCRAM users made at format time, as ``kafka-storage format
             --add-scram`` takes them (``SCRAM-SHA-256=[name=alice,password=secret]``).
+        kraft_defaults: kafka only: ``False`` runs ``properties`` as they are, listeners and
+            ``log.dirs`` included (a deployment's own settings, under test); ``port`` must
+            then be the port of a PLAINTEXT listener in them.
 
     Example:
         >>> with EmbeddedBroker() as broker:
@@ -153,6 +156,7 @@ class EmbeddedBroker:
         log_path: str | os.PathLike[str] | None = None,
         properties: dict[str, str] | None = None,
         scram: tuple[str, ...] = (),
+        kraft_defaults: bool = True,
     ) -> None:
         from pipeline import config
 
@@ -167,6 +171,12 @@ class EmbeddedBroker:
         self.log_path = log_path
         self.properties = dict(properties or {})
         self.scram = tuple(scram)
+        self.kraft_defaults = kraft_defaults
+        if not kraft_defaults and not (port and self.properties.get("log.dirs")):
+            raise BrokerError(
+                "A Kafka broker run from its own properties needs the port of a PLAINTEXT "
+                "listener in them (port=) and their log.dirs."
+            )
         if (self.properties or self.scram) and self.engine != "kafka":
             raise BrokerError(
                 f"Broker properties and SCRAM users are for --engine kafka; the {self.engine} "
@@ -187,12 +197,16 @@ class EmbeddedBroker:
         """Configure (and, the first time, format) a KRaft broker whose client port is ``port``."""
         folder = Path(self._folder())
         folder.mkdir(parents=True, exist_ok=True)
-        props = jvm_broker.properties(
-            host=self.host,
-            port=port,
-            controller_port=free_port(self.host),
-            log_dir=folder / "data",
-            overrides=self.properties,
+        props = (
+            jvm_broker.properties(
+                host=self.host,
+                port=port,
+                controller_port=free_port(self.host),
+                log_dir=folder / "data",
+                overrides=self.properties,
+            )
+            if self.kraft_defaults
+            else dict(self.properties)
         )
         config_path = folder / "server.properties"
         jvm_broker.write_properties(config_path, props)

@@ -1,0 +1,224 @@
+"""The compose file's Kafka, run: the settings docker-compose.yml and deploy/kafka-secured.yml
+give ``apache/kafka`` are started as Apache Kafka's own broker here (the image's version, from
+the same jars), so that a wrong setting there fails a test here, not a user's first
+``docker compose up``.
+
+No container runs here (no Docker engine). What the image adds to the variables is written
+down in :func:`image_properties` (apache/kafka's ``configureDefaults`` and its variable to
+property rule); host names and ports are moved onto loopback and free ports, nothing else.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pipeline import config
+from pipeline.ingest.kafka import EmbeddedBroker, client, conf, free_port
+from pipeline.ingest.kafka.security import KafkaConf
+from tests.conftest import ROOT
+from tests.test_deploy import _model
+
+#: apache/kafka's ``configureDefaults``: each variable the service leaves unset takes this
+#: value when the container starts (the image's docker/resources/common-scripts).
+IMAGE_DEFAULTS = {
+    "CLUSTER_ID": "5L6g3nShT-eMCtK--X86sw",
+    "KAFKA_NODE_ID": "1",
+    "KAFKA_LISTENER_SECURITY_PROTOCOL_MAP": (
+        "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,PLAINTEXT_HOST:PLAINTEXT"
+    ),
+    "KAFKA_LISTENERS": "PLAINTEXT://localhost:29092,CONTROLLER://localhost:29093,"
+    "PLAINTEXT_HOST://0.0.0.0:9092",
+    "KAFKA_ADVERTISED_LISTENERS": "PLAINTEXT://localhost:29092,PLAINTEXT_HOST://localhost:9092",
+    "KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR": "1",
+    "KAFKA_GROUP_INITIAL_REBALANCE_DELAY_MS": "0",
+    "KAFKA_TRANSACTION_STATE_LOG_MIN_ISR": "1",
+    "KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR": "1",
+    "KAFKA_PROCESS_ROLES": "broker,controller",
+    "KAFKA_CONTROLLER_QUORUM_VOTERS": "1@localhost:29093",
+    "KAFKA_INTER_BROKER_LISTENER_NAME": "PLAINTEXT",
+    "KAFKA_CONTROLLER_LISTENER_NAMES": "CONTROLLER",
+    "KAFKA_LOG_DIRS": "/tmp/kraft-combined-logs",
+}
+#: Variables the image reads itself, never written as broker properties.
+IMAGE_EXCLUDES = {"KAFKA_VERSION", "KAFKA_HEAP_OPTS", "KAFKA_OPTS", "KAFKA_JMX_OPTS"}
+
+
+def image_properties(environment: Mapping[str, Any]) -> dict[str, str]:
+    """The broker properties apache/kafka writes from a service's environment.
+
+    ``KAFKA_`` is dropped, the rest lower-cased, ``___`` becomes ``-``, ``__`` ``_`` and
+    ``_`` ``.``.
+
+    Example:
+        >>> image_properties({"KAFKA_LOG_RETENTION_HOURS": 24})["log.retention.hours"]
+        '24'
+    """
+    merged = {**IMAGE_DEFAULTS, **{k: str(v) for k, v in environment.items()}}
+    props = {}
+    for name, value in merged.items():
+        if not name.startswith("KAFKA_") or name in IMAGE_EXCLUDES:
+            continue
+        key = name[len("KAFKA_") :].lower()
+        key = key.replace("___", "\0").replace("__", "\1").replace("_", ".")
+        props[key.replace("\0", "-").replace("\1", "_")] = value
+    return props
+
+
+def _onto_loopback(props: dict[str, str], hosts: set[str]) -> tuple[dict[str, str], dict[int, int]]:
+    """The same properties with every listener's host on 127.0.0.1 and every port a free
+    one (a listener with no host, which binds every interface, binds loopback alone here)."""
+    ports: dict[int, int] = {}
+
+    def move(match: re.Match[str]) -> str:
+        port = int(match.group(3))
+        ports.setdefault(port, free_port())
+        return f"{match.group(1)}127.0.0.1:{ports[port]}"
+
+    address = re.compile(r"((?:^|,|//|@))(" + "|".join(map(re.escape, hosts)) + r"|)?:(\d+)")
+    moved = dict(props)
+    for key in ("listeners", "advertised.listeners", "controller.quorum.voters"):
+        if key in moved:
+            moved[key] = address.sub(move, moved[key])
+    return moved, ports
+
+
+@pytest.fixture(scope="module")
+def compose_bin() -> str:
+    import compose
+
+    return str(Path(compose.__file__).parent / "docker-compose")
+
+
+def _produce_and_read(bootstrap: str, settings: KafkaConf | None = None) -> None:
+    """A record written and read back through ``bootstrap``, with librdkafka."""
+    from confluent_kafka import Consumer, Producer
+
+    extra = settings.librdkafka() if settings else {}
+    topic = f"compose-{uuid.uuid4().hex[:8]}"
+    producer = Producer({"bootstrap.servers": bootstrap, **extra})
+    producer.produce(topic, b"v")
+    assert producer.flush(30) == 0
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": topic,
+            "auto.offset.reset": "earliest",
+            **extra,
+        }
+    )
+    consumer.subscribe([topic])
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            message = consumer.poll(0.5)
+            if message is not None and not message.error():
+                assert message.value() == b"v"
+                return
+        raise AssertionError(f"nothing read back from {topic} through {bootstrap}")
+    finally:
+        consumer.close()
+
+
+def test_the_image_keeps_its_data_in_the_volume_the_compose_file_mounts(compose_bin: str) -> None:
+    """apache/kafka writes to /tmp/kraft-combined-logs unless told: a volume elsewhere would
+    keep nothing across a container's re-creation."""
+    kafka = _model(compose_bin)["services"]["kafka"]
+    props = image_properties(kafka["environment"])
+    volumes = {v["target"] for v in kafka["volumes"] if v["type"] == "volume"}
+    assert props["log.dirs"] in volumes, (props["log.dirs"], volumes)
+
+
+@pytest.fixture(scope="module")
+def compose_broker(
+    compose_bin: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[EmbeddedBroker, dict[int, int]]]:
+    """The compose file's broker, from the properties its image would write."""
+    kafka = _model(compose_bin)["services"]["kafka"]
+    assert kafka["image"] == f"apache/kafka:{config.settings().kafka_version}", (
+        "the compose file's Kafka is not the version the tests run"
+    )
+    props, ports = _onto_loopback(image_properties(kafka["environment"]), {"kafka", "localhost"})
+    folder = tmp_path_factory.mktemp("compose-kafka")
+    props["log.dirs"] = str(folder / "data")
+    with EmbeddedBroker(
+        engine="kafka",
+        port=ports[9092],
+        properties=props,
+        kraft_defaults=False,
+        log_path=folder / "broker.log",
+    ) as broker:
+        yield broker, ports
+
+
+def test_the_compose_files_kafka_serves_the_stack_and_the_host(
+    compose_broker: tuple[EmbeddedBroker, dict[int, int]],
+) -> None:
+    """Proves: the settings start a broker; the stack's listener (kafka:9092) and the host's
+    (localhost:9094) each take a write and give it back, transactions' topic included (one
+    replica: a wrong replication factor leaves the coordinator unavailable)."""
+    broker, ports = compose_broker
+    for port in (9092, 9094):
+        _produce_and_read(f"127.0.0.1:{ports[port]}")
+    assert client.partitions_for(f"127.0.0.1:{ports[9094]}", "__consumer_offsets")
+
+
+def test_the_secured_variants_broker_admits_its_generated_client(tmp_path: Path) -> None:
+    """deploy/kafka-secured.yml's broker runs the server.properties that `streamtrain secrets
+    --kafka-broker` writes, formatted with its cluster id, its user made through the loopback
+    listener as the compose file makes it (AlterUserScramCredentials); the generated client
+    file then logs in over TLS with SCRAM-SHA-512, and a wrong password is refused."""
+    from confluent_kafka.admin import AdminClient, ScramCredentialInfo, ScramMechanism
+    from confluent_kafka.admin import UserScramCredentialUpsertion
+
+    broker_dir, client_file = tmp_path / "broker", tmp_path / "secrets" / "client.properties"
+    broker_dir.mkdir()
+    client_file.parent.mkdir()
+    done = subprocess.run(
+        [sys.executable, "-m", "pipeline", "secrets", "--kafka-broker", str(broker_dir)]
+        + ["--kafka-client", str(client_file)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    text = (broker_dir / "server.properties").read_text()
+    props = dict(
+        line.split("=", 1) for line in text.splitlines() if line and not line.startswith("#")
+    )
+    props, ports = _onto_loopback(props, {"kafka", "localhost", "127.0.0.1"})
+    props["log.dirs"] = str(tmp_path / "data")
+    secured = conf.load(client_file)
+    password = re.search(r"password=([^\]]+)\]", (broker_dir / "scram-user.properties").read_text())
+    assert password and password.group(1) == secured.password
+    with EmbeddedBroker(
+        engine="kafka",
+        port=ports[9095],
+        properties=props,
+        kraft_defaults=False,
+        log_path=tmp_path / "broker.log",
+    ) as broker:
+        admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+        upsert = UserScramCredentialUpsertion(
+            secured.username,
+            ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, 4096),
+            password.group(1).encode(),
+        )
+        for future in admin.alter_user_scram_credentials([upsert]).values():
+            future.result(30)
+        host = f"localhost:{ports[9094]}"
+        _produce_and_read(host, secured)
+        wrong = tmp_path / "wrong.properties"
+        wrong.write_text(client_file.read_text().replace(secured.password, "not-the-password"))
+        wrong.chmod(0o600)
+        with pytest.raises(Exception, match="refused user"):
+            client.check_reachable(host, conf=conf.load(wrong), timeout_s=10)
