@@ -43,6 +43,17 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedBroker]
         yield b
 
 
+@pytest.fixture(scope="session")
+def raw_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedBroker]:
+    """A broker that stores each batch as it is sent (Tansu), for the tests of a log holding
+    a batch no reader can read. Apache Kafka inflates and checks every batch it is given and
+    refuses such a one (INVALID_RECORD, CORRUPT_MESSAGE), so on a real cluster it comes from
+    elsewhere: a broker of another make, a damaged disk, a mirror of either."""
+    log = tmp_path_factory.mktemp("raw-broker") / "tansu.log"
+    with EmbeddedBroker(engine="tansu", log_path=log) as b:
+        yield b
+
+
 @pytest.fixture
 def topic(request: pytest.FixtureRequest) -> str:
     """A topic name no other test uses."""

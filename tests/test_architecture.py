@@ -91,7 +91,10 @@ READS_SETTINGS = {
     "pipeline.train.handler": "an executor's fault-injection hook (tests)",
     "pipeline.ingest.kafka.broker": "the broker's binaries and engine (`streamtrain broker`, "
     "tests, benchmarks)",
+    "pipeline.ingest.kafka.engines": "which program each broker engine runs (Kafka's version, "
+    "heap and jars)",
     "pipeline.cluster.jvmcache": "Spark's and Java's homes, and the JVM class cache",
+    "pipeline.cluster.maven": "the Maven repository Java libraries are resolved from (a mirror)",
     "pipeline.cluster.standalone": "Spark's home for the standalone daemons",
 }
 

@@ -26,6 +26,8 @@ from pipeline import config
 from pipeline.cluster import jvmcache
 from pipeline.errors import ConfigError
 
+#: Maven Central, where every library here is published.
+CENTRAL = "https://repo1.maven.org/maven2/"
 #: The mark written once every jar of a set is in place.
 COMPLETE = "complete"
 
@@ -101,6 +103,7 @@ def resolve(
     coordinates: Sequence[str],
     *,
     what: str,
+    repo: str = CENTRAL,
     timeout_s: float = 600.0,
     quiet: bool = True,
 ) -> list[Path]:
@@ -110,6 +113,7 @@ def resolve(
         name: the set's name in the cache (``kafka``, ``spark-sql-kafka``).
         coordinates: ``group:artifact:version`` of each library asked for.
         what: what needs them, for the error line (``Apache Kafka's broker``).
+        repo: the Maven repository (Maven Central, or a mirror: ``$STREAMTRAIN_MAVEN_REPO``).
         timeout_s: how long a resolution may take before it is given up.
         quiet: keep Ivy's progress off the terminal (it goes to a log in the set's folder).
 
@@ -125,7 +129,6 @@ def resolve(
             f"Expected Java 17 or newer for {what}. Received: no `java` on PATH and no "
             "JAVA_HOME. Install a JDK (Debian: apt-get install openjdk-17-jre-headless)."
         )
-    repo = config.settings().maven_repo
     with _locked(target.with_name(target.name + ".lock")):
         if (target / COMPLETE).is_file():  # another process resolved it while we waited
             return sorted(target.glob("*.jar"))

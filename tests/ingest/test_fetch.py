@@ -196,9 +196,19 @@ def _unreadable_topic(bootstrap: str, topic: str) -> None:
     assert raw_batches.produce(bootstrap, topic, 0, bad) == 0
 
 
-def test_an_unreadable_batch_names_topic_partition_offset_and_cause(broker, topic) -> None:  # type: ignore[no-untyped-def]
+def test_apache_kafka_refuses_a_batch_it_cannot_read(broker, topic) -> None:  # type: ignore[no-untyped-def]
+    """Why the unreadable-batch tests write to ``raw_broker``: the real broker inflates each
+    batch it is given and refuses a corrupt one, so only a broker of another make (or a
+    damaged disk) can serve one."""
+    client.ensure_topic(broker.bootstrap, topic, partitions=1)
+    bad = raw_batches.batch([(b"k", b"v")] * 3, codec=4, payload=b"\x28\xb5\x2f\xfd not zstd")
+    assert raw_batches.produce(broker.bootstrap, topic, 0, bad) != 0
+
+
+def test_an_unreadable_batch_names_topic_partition_offset_and_cause(raw_broker, topic) -> None:  # type: ignore[no-untyped-def]
     """Never retried and never 'returned nothing': one error at once; the records before it
     read, and the log's end is still known (the planner and lag do not decode records)."""
+    broker = raw_broker
     _unreadable_topic(broker.bootstrap, topic)
     r = RangeReader(broker.bootstrap, timeout_s=30)
     assert sum(len(rec) for rec in r.read(topic, 0, 0, 3)) == 3
@@ -220,10 +230,11 @@ def test_an_unreadable_batch_names_topic_partition_offset_and_cause(broker, topi
     c.close()
 
 
-def test_the_consumer_fallback_names_an_unreadable_batch_too(broker, topic) -> None:  # type: ignore[no-untyped-def]
+def test_the_consumer_fallback_names_an_unreadable_batch_too(raw_broker, topic) -> None:  # type: ignore[no-untyped-def]
     from pipeline.ingest import reader
     from pipeline.ingest.offsets import OffsetRange
 
+    broker = raw_broker
     _unreadable_topic(broker.bootstrap, topic)
     with pytest.raises(UnreadableRange, match=rf"Cannot read {topic}-0 at offset 3: ZstdError"):
         list(

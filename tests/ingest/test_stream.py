@@ -286,7 +286,7 @@ def test_both_sources_give_the_same_columns_and_auto_says_which(
 
 def test_an_unreadable_batch_stops_the_stream_with_its_line_counted_and_as_lag(
     spark,
-    broker,
+    raw_broker,
     topic,  # type: ignore[no-untyped-def]
     tmp_path,
 ) -> None:
@@ -295,6 +295,7 @@ def test_an_unreadable_batch_stops_the_stream_with_its_line_counted_and_as_lag(
     from pipeline.errors import StreamtrainError
     from tests.ingest.test_fetch import _unreadable_topic
 
+    broker = raw_broker  # Apache Kafka refuses a corrupt batch (test_fetch)
     _unreadable_topic(broker.bootstrap, topic)
     seen: list[Any] = []
     job = _job(

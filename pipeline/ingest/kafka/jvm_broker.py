@@ -6,8 +6,6 @@ needs) come from Maven once (:mod:`pipeline.cluster.maven`) or from ``$STREAMTRA
 (an unpacked distribution's ``libs/``). Before its first start a data folder is formatted by
 Kafka's own ``StorageTool``, which is also where SCRAM users are made (``--add-scram``), as
 ``kafka-storage.sh format`` makes them.
-
-    python -m pipeline.ingest.kafka.jvm_broker   # resolve the jars into the cache now
 """
 
 from __future__ import annotations
@@ -19,7 +17,6 @@ import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from pipeline import config
 from pipeline.cluster import jvmcache, maven
 from pipeline.errors import BrokerError, ConfigError
 
@@ -38,14 +35,13 @@ logger.changes.level = WARN
 """
 
 
-def coordinates(version: str | None = None) -> list[str]:
+def coordinates(version: str) -> list[str]:
     """The Maven coordinates of Kafka's broker (and a binding that gives it a log).
 
     Example:
         >>> coordinates("4.4.0")[0]
         'org.apache.kafka:kafka_2.13:4.4.0'
     """
-    version = version or config.settings().kafka_version
     return [
         f"org.apache.kafka:kafka_2.13:{version}",
         # Kafka logs through SLF4J 1.7; without a binding its log is empty. Kafka's own
@@ -54,9 +50,11 @@ def coordinates(version: str | None = None) -> list[str]:
     ]
 
 
-def classpath(*, quiet: bool = True) -> str:
-    """The broker's classpath: ``$STREAMTRAIN_KAFKA_HOME/libs/*``, else the cached jars."""
-    home = config.settings().kafka_home
+def classpath(
+    *, version: str, home: Path | None = None, repo: str = maven.CENTRAL, quiet: bool = True
+) -> str:
+    """The broker's classpath: ``home/libs/*`` (an unpacked distribution), else the jars of
+    ``version`` resolved into the cache from ``repo``."""
     if home is not None:
         libs = Path(home) / "libs"
         if not any(libs.glob("kafka_2.13-*.jar")):
@@ -66,7 +64,9 @@ def classpath(*, quiet: bool = True) -> str:
                 "kafka_2.13-<version>.tgz unpacks to, or unset it to resolve the jars from Maven."
             )
         return str(libs / "*")
-    jars = maven.resolve("kafka", coordinates(), what="Apache Kafka's broker", quiet=quiet)
+    jars = maven.resolve(
+        "kafka", coordinates(version), what="Apache Kafka's broker", repo=repo, quiet=quiet
+    )
     return os.pathsep.join(str(j) for j in jars)
 
 
@@ -185,13 +185,12 @@ def format_storage(
         )
 
 
-def command(cp: str, config_path: Path, log4j_path: Path) -> list[str]:
-    """The broker's command line: Kafka's own JVM settings with the heap capped."""
-    heap = config.settings().kafka_heap
+def command(cp: str, config_path: Path, log4j_path: Path, *, heap: str = "512m") -> list[str]:
+    """The broker's command line: Kafka's own JVM settings with the heap capped at ``heap``."""
     return [
         java(),
         f"-Xmx{heap}",
-        f"-Xms{heap}" if heap.endswith("m") and int(heap[:-1] or 0) <= 256 else "-Xms128m",
+        "-Xms128m",  # grown as needed: an idle test broker keeps little
         # kafka-run-class.sh's own choices (low pauses, no GUI), and a JVM that gives back
         # the heap it does not use.
         "-XX:+UseG1GC",
@@ -209,7 +208,3 @@ def command(cp: str, config_path: Path, log4j_path: Path) -> list[str]:
 
 def write_log_config(path: Path) -> None:
     path.write_text(_LOG4J2)
-
-
-if __name__ == "__main__":
-    print(classpath(quiet=False).count(os.pathsep) + 1, "jars for Apache Kafka's broker")
