@@ -13,6 +13,8 @@ command -v prometheus >/dev/null && command -v promtool >/dev/null || need+=(pro
 command -v kcat >/dev/null || need+=(kcat)
 # ip (iproute2) for the multi-host tests' network namespaces.
 command -v ip >/dev/null || need+=(iproute2)
+# Java runs Spark and Apache Kafka's broker, the tests' shared broker.
+command -v java >/dev/null || need+=(openjdk-17-jre-headless)
 # stunnel4 puts TLS (and client certificates) in front of the test broker for the secured-Kafka tests.
 command -v stunnel4 >/dev/null || need+=(stunnel4)
 if [ ${#need[@]} -gt 0 ] && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
@@ -27,6 +29,9 @@ fi
 # Every Python file the project owns (.gitignore's are left out, .venv with them); fix with `ruff format .`.
 .venv/bin/ruff format --check . || exit 1
 .venv/bin/mypy || exit 1
+# Apache Kafka's jars, resolved once into the cache (by the Ivy pyspark ships, from Maven Central):
+# the tests' shared broker is Kafka's own. One clear line and a stop when they cannot be had.
+.venv/bin/python -m pipeline.ingest.kafka kafka || exit 1
 
 .venv/bin/python -m pytest "$@"
 rc=$?

@@ -189,14 +189,25 @@ def resolve(
 
 
 def _first_error(log: Path) -> str:
-    """The line of Ivy's output that says what failed (unresolved dependency, no network)."""
+    """What Ivy's output says failed: the server it could not reach, else what was not found.
+
+    Example:
+        >>> import tempfile
+        >>> with tempfile.NamedTemporaryFile("w", suffix=".log", delete=False) as f:
+        ...     _ = f.write("\t\t:: org.apache.kafka#kafka_2.13;9.9.9: not found\n")
+        >>> _first_error(Path(f.name))
+        'org.apache.kafka#kafka_2.13;9.9.9: not found'
+    """
     try:
-        lines = log.read_text(errors="replace").splitlines()
+        lines = [line.strip(" \t:") for line in log.read_text(errors="replace").splitlines()]
     except OSError:
         return "Ivy failed without a log"
-    for marker in ("UNRESOLVED DEPENDENCIES", "::", "unknown resolver", "Exception"):
-        for i, line in enumerate(lines):
-            if marker in line:
-                detail = " ".join(s.strip(" :") for s in lines[i : i + 3] if s.strip(" :"))
-                return detail[:300]
-    return (lines[-1].strip() if lines else "Ivy failed without output")[:300]
+    unreachable = [line for line in lines if line.startswith("Server access error")]
+    if unreachable:
+        cause = unreachable[0].rsplit("(", 1)[-1].rstrip(")")
+        url = unreachable[0].split(" at url ", 1)[-1].split(" ", 1)[0]
+        return f"{cause} at {url}"
+    missing = [line for line in lines if line.endswith(": not found")]
+    if missing:
+        return "; ".join(missing[:3])
+    return (next((line for line in reversed(lines) if line), "Ivy failed without output"))[:300]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -190,11 +191,26 @@ def test_unknown_engine_is_a_clear_error() -> None:
         EmbeddedBroker(engine="redpanda")
 
 
-def test_cli_broker_is_found_by_produce_and_stops_on_sigterm(tmp_path: Path) -> None:
-    env = {**os.environ, "STREAMTRAIN_CACHE_DIR": str(tmp_path)}
+def _cache_with_kafka_jars(cache: Path) -> None:
+    """A new cache folder that shares the jars already resolved (no second download)."""
+    from pipeline import config
+
+    cache.mkdir(exist_ok=True)
+    (cache / "jars").symlink_to(config.cache_dir() / "jars", target_is_directory=True)
+
+
+@pytest.mark.parametrize("engine", ["tansu", "kafka"])
+def test_cli_broker_is_found_by_produce_and_stops_on_sigterm(engine: str, tmp_path: Path) -> None:
+    """Proves, for Tansu and Apache Kafka: `streamtrain broker` is found by the next command
+    without --bootstrap, stops on SIGTERM, frees its port and leaves no folder behind."""
+    if engine == "kafka":
+        _cache_with_kafka_jars(tmp_path)
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    env = {**os.environ, "STREAMTRAIN_CACHE_DIR": str(tmp_path), "TMPDIR": str(scratch)}
     cli = [sys.executable, "-m", "pipeline"]
     proc = subprocess.Popen(
-        [*cli, "broker", "--port", "0"],
+        [*cli, "broker", "--port", "0", "--engine", engine],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -219,6 +235,56 @@ def test_cli_broker_is_found_by_produce_and_stops_on_sigterm(tmp_path: Path) -> 
     assert proc.returncode == 0
     assert not (tmp_path / "broker.json").exists()
     assert _port_free(int(bootstrap.rsplit(":", 1)[1]))
+    assert not list(scratch.iterdir())
+
+
+def test_the_kafka_broker_dies_with_its_owner(tmp_path: Path) -> None:
+    """A SIGKILL of `streamtrain broker` takes Apache Kafka's JVM with it (PR_SET_PDEATHSIG)."""
+    _cache_with_kafka_jars(tmp_path)
+    env = {**os.environ, "STREAMTRAIN_CACHE_DIR": str(tmp_path)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pipeline", "broker", "--port", "0", "--engine", "kafka"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=env,
+    )
+    try:
+        assert proc.stdout.readline().strip().startswith("127.0.0.1:")  # type: ignore[union-attr]
+        jvm = json.loads((tmp_path / "broker.json").read_text())["pid"]
+    finally:
+        proc.kill()
+        proc.wait(timeout=15)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and Path(f"/proc/{jvm}").exists():
+        time.sleep(0.05)
+    assert not Path(f"/proc/{jvm}").exists()
+
+
+def test_kafka_jars_that_cannot_be_had_are_one_line(tmp_path: Path) -> None:
+    """No route to Maven (a mirror on a closed port) and an empty cache: one line that names
+    the address and what to do, exit status 2, within seconds, and no half-resolved set."""
+    from pipeline.ingest.kafka.broker import free_port
+
+    env = {
+        **os.environ,
+        "STREAMTRAIN_CACHE_DIR": str(tmp_path),
+        "STREAMTRAIN_MAVEN_REPO": f"http://127.0.0.1:{free_port()}/maven2/",
+    }
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "pipeline", "broker", "--port", "0", "--engine", "kafka"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert done.returncode == 2, done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("streamtrain: error: Expected Apache Kafka's broker's jars"), last
+    assert "Connection refused" in last and "STREAMTRAIN_MAVEN_REPO" in last
+    assert "Traceback" not in done.stderr and time.monotonic() - started < 30
+    assert not [p for p in (tmp_path / "jars").iterdir() if not p.name.endswith(".lock")]
 
 
 def test_end_offsets_are_fresh_with_a_reused_consumer(broker: EmbeddedBroker, topic: str) -> None:

@@ -150,7 +150,12 @@ class EmbeddedBroker:
         jvm_broker.write_properties(config_path, props)
         self._cp = self._cp or engines.kafka_classpath()
         log = Path(self.log_path) if self.log_path else None
-        jvm_broker.format_storage(self._cp, config_path, scram=self.scram, log_path=log)
+        data = Path(props["log.dirs"].split(",")[0])
+        if self.kraft_defaults and not self.scram and not data.exists():
+            template = jvm_broker.formatted_template(self._cp, engines.kafka_template_folder())
+            shutil.copytree(template, data)
+        else:
+            jvm_broker.format_storage(self._cp, config_path, scram=self.scram, log_path=log)
         jvm_broker.write_log_config(folder / "log4j2.properties")
         return jvm_broker.command(
             self._cp, config_path, folder / "log4j2.properties", heap=engines.kafka_heap()

@@ -5,10 +5,10 @@ python -m pipeline.ingest.kafka.engines kafka   # resolve Kafka's jars into the 
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import os
 import shutil
-import sys
 from pathlib import Path
 
 from pipeline import config
@@ -87,15 +87,14 @@ def kafka_classpath(*, quiet: bool = True) -> str:
     )
 
 
+def kafka_template_folder() -> Path:
+    """Where the ``kafka`` engine keeps a data folder formatted once, per Kafka version."""
+    settings = config.settings()
+    where = settings.kafka_home or settings.kafka_version
+    digest = hashlib.sha256(str(where).encode()).hexdigest()[:10]
+    return config.cache_dir() / "kafka" / f"formatted-{digest}"
+
+
 def kafka_heap() -> str:
     """The ``kafka`` engine's JVM heap cap (``$STREAMTRAIN_KAFKA_HEAP``)."""
     return config.settings().kafka_heap
-
-
-if __name__ == "__main__":
-    for _engine in sys.argv[1:] or ["kafka"]:
-        if _engine == "kafka":
-            _found = kafka_classpath(quiet=False).count(os.pathsep) + 1
-            print(f"kafka: {_found} jars")
-        else:
-            print(f"{_engine}: {find_binary(_engine)}")
