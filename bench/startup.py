@@ -11,10 +11,15 @@ warm run, of the sum over every process of the run of PSS (``/proc/<pid>/smaps_r
 shared pages divided among the processes sharing them) and of RSS (shared pages counted
 once per process).
 
-    .venv/bin/python bench/startup.py [--repeat 3]
+Apache Kafka's own broker (``--engine kafka``), each start in a fresh process until it
+answers a metadata request: cold (its jars in the cache, but no formatted data folder to copy
+and the page cache dropped where allowed) and warm (the median of the next three), beside
+Tansu's warm start, the default engine's.
+
+    .venv/bin/python bench/startup.py [--repeat 3] [--broker-only]
 
 Last line: ``startup cold_s=<s> warm_s=<s> floor_s=<s> warm_ratio_vs_floor=<r>
-peak_pss_gb=<g> peak_rss_gb=<g>``
+peak_pss_gb=<g> peak_rss_gb=<g> kafka_cold_s=<s> kafka_warm_s=<s> tansu_warm_s=<s>``
 """
 
 from __future__ import annotations
@@ -69,6 +74,31 @@ print(time.perf_counter() - t)
 b.stop()
 """,
 }
+
+
+KAFKA_START = """
+import time; t = time.perf_counter()
+from pipeline.ingest.kafka import EmbeddedBroker
+b = EmbeddedBroker(engine="{engine}").start()
+print(time.perf_counter() - t)
+b.stop()
+"""
+
+
+def broker_starts(repeat: int) -> tuple[float, float, float]:
+    """Apache Kafka's cold and warm start (seconds to a metadata answer), and Tansu's warm."""
+    import shutil
+
+    from pipeline.ingest.kafka import engines
+
+    engines.kafka_classpath(quiet=False)  # the jars: a download, not a start
+    shutil.rmtree(engines.kafka_template_folder(), ignore_errors=True)
+    _drop_page_cache()
+    cold = part_s(KAFKA_START.format(engine="kafka"))[0]
+    warm = statistics.median(part_s(KAFKA_START.format(engine="kafka"))[0] for _ in range(repeat))
+    tansu = statistics.median(part_s(KAFKA_START.format(engine="tansu"))[0] for _ in range(repeat))
+    print(f"brokers: kafka cold {cold:.1f} s, warm {warm:.1f} s; tansu warm {tansu:.2f} s")
+    return cold, warm, tansu
 
 
 def part_s(code: str) -> tuple[float, float]:
@@ -181,7 +211,17 @@ def run_once(env: dict[str, str], *, sample: bool = False) -> tuple[float, int, 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=3, help="warm runs (the median is reported)")
+    ap.add_argument(
+        "--broker-only", action="store_true", help="time the brokers' starts alone, then stop"
+    )
     args = ap.parse_args()
+    kafka_cold, kafka_warm, tansu_warm = broker_starts(args.repeat)
+    if args.broker_only:
+        print(
+            f"startup kafka_cold_s={kafka_cold:.1f} kafka_warm_s={kafka_warm:.1f} "
+            f"tansu_warm_s={tansu_warm:.2f}"
+        )
+        return
 
     timed = {name: [part_s(code) for _ in range(2)] for name, code in PARTS.items()}
     parts = {name: statistics.median(s for s, _ in runs) for name, runs in timed.items()}
@@ -239,7 +279,8 @@ def main() -> None:
     print(
         f"startup cold_s={cold:.1f} warm_s={warm:.1f} floor_s={floor:.1f} "
         f"warm_ratio_vs_floor={warm / floor:.2f} peak_pss_gb={pss / 1e9:.2f} "
-        f"peak_rss_gb={rss / 1e9:.2f}"
+        f"peak_rss_gb={rss / 1e9:.2f} kafka_cold_s={kafka_cold:.1f} "
+        f"kafka_warm_s={kafka_warm:.1f} tansu_warm_s={tansu_warm:.2f}"
     )
 
 

@@ -17,6 +17,7 @@ import glob
 import hashlib
 import shutil
 import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -115,7 +116,8 @@ def resolve(
         what: what needs them, for the error line (``Apache Kafka's broker``).
         repo: the Maven repository (Maven Central, or a mirror: ``$STREAMTRAIN_MAVEN_REPO``).
         timeout_s: how long a resolution may take before it is given up.
-        quiet: keep Ivy's progress off the terminal (it goes to a log in the set's folder).
+        quiet: say nothing; else one line on stderr when a resolution starts (Ivy's own
+            output always goes to a log in the set's folder).
 
     Raises:
         ConfigError: Java is missing, or Maven Central (or the mirror) cannot be reached.
@@ -133,7 +135,11 @@ def resolve(
         if (target / COMPLETE).is_file():  # another process resolved it while we waited
             return sorted(target.glob("*.jar"))
         if not quiet:
-            print(f"resolving {what} ({', '.join(coordinates)}) from {repo} ...", flush=True)
+            print(
+                f"resolving {what} ({', '.join(coordinates)}) from {repo}, once ...",
+                file=sys.stderr,
+                flush=True,
+            )
         work = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=target.parent))
         try:
             (work / "ivy.xml").write_text(_ivy_module(coordinates))

@@ -55,7 +55,7 @@ def start(
     )
     client.ensure_topic(bootstrap, topic, partitions=cfg.workers, conf=secured)
     releaser = replay = None
-    if embedded is not None and embedded.engine == "noida":
+    if embedded is not None and embedded.engine in ("noida", "kafka"):
         # The run's own broker and topic, on an engine that can delete: trained records
         # are released, so a replay that never stops does not grow it (Tansu never frees).
         releaser = Releaser(bootstrap, topic, conf=secured)

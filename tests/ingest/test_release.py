@@ -1,5 +1,5 @@
-"""Releasing trained records: noida deletes them and gives the memory back; Tansu cannot,
-and says so once without failing anything."""
+"""Releasing trained records: Apache Kafka and noida delete them (noida gives the memory
+back); Tansu cannot, and says so once without failing anything."""
 
 from __future__ import annotations
 
@@ -37,8 +37,9 @@ def _earliest(bootstrap: str, topic: str) -> dict[int, int]:
     return {tp.partition: offset for tp, offset in found.items()}
 
 
-def test_noida_releases_each_batch_once_the_next_is_saved() -> None:
-    with EmbeddedBroker(engine="noida") as broker:
+@pytest.mark.parametrize("engine", ["noida", "kafka"])
+def test_noida_releases_each_batch_once_the_next_is_saved(engine: str) -> None:
+    with EmbeddedBroker(engine=engine) as broker:
         client.ensure_topic(broker.bootstrap, "replayed", partitions=2)
         _fill(broker.bootstrap, "replayed", 100)
         releaser = Releaser(broker.bootstrap, "replayed")
@@ -113,23 +114,20 @@ def test_tansu_cannot_release_and_the_run_goes_on(caplog: pytest.LogCaptureFixtu
             releaser.close()
 
 
-def test_only_the_runs_topic_is_released() -> None:
-    with EmbeddedBroker(engine="noida") as broker:
-        for topic in ("mine", "mine.dlq"):
-            client.ensure_topic(broker.bootstrap, topic, partitions=2)
-            _fill(broker.bootstrap, topic, 100)
-        releaser = Releaser(broker.bootstrap, "mine")
-        try:
-            for start in (0, 25):
-                releaser.trained(
-                    [
-                        OffsetRange(t, p, start, start + 25)
-                        for t in ("mine", "mine.dlq")
-                        for p in (0, 1)
-                    ]
-                )
-            assert releaser.flush()
-            assert _earliest(broker.bootstrap, "mine") == {0: 25, 1: 25}
-            assert _earliest(broker.bootstrap, "mine.dlq") == {0: 0, 1: 0}
-        finally:
-            releaser.close()
+def test_only_the_runs_topic_is_released(broker: EmbeddedBroker, topic: str) -> None:
+    """On the session's Apache Kafka: DeleteRecords on the run's topic, never its dead letters."""
+    letters = f"{topic}.dlq"
+    for name in (topic, letters):
+        client.ensure_topic(broker.bootstrap, name, partitions=2)
+        _fill(broker.bootstrap, name, 100)
+    releaser = Releaser(broker.bootstrap, topic)
+    try:
+        for start in (0, 25):
+            releaser.trained(
+                [OffsetRange(t, p, start, start + 25) for t in (topic, letters) for p in (0, 1)]
+            )
+        assert releaser.flush()
+        assert _earliest(broker.bootstrap, topic) == {0: 25, 1: 25}
+        assert _earliest(broker.bootstrap, letters) == {0: 0, 1: 0}
+    finally:
+        releaser.close()

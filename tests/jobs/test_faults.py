@@ -99,7 +99,8 @@ def test_a_broker_restart_mid_run_loses_nothing(tmp_path: Path) -> None:
     replay is still sending and the run is training: the producer sends again what failed,
     the stream waits out the outage instead of failing, and every record is trained once."""
     port, storage, out = free_port("127.0.0.1"), tmp_path / "kafka", tmp_path / "run"
-    broker = EmbeddedBroker(engine="noida", port=port, storage=str(storage)).start()
+    # Apache Kafka's own broker, its data kept in a folder across the restart, as a user's.
+    broker = EmbeddedBroker(engine="kafka", port=port, storage=str(storage)).start()
     try:
         # 7,000 records at 150/s take 47 s: the replay is still sending at the first batch
         # (start-up takes 10-30 s on 2 busy cores).
@@ -127,7 +128,7 @@ def test_a_broker_restart_mid_run_loses_nothing(tmp_path: Path) -> None:
             while time.monotonic() - down_at < 4:
                 assert run.proc.poll() is None, run.stderr()[-3000:]
                 time.sleep(0.1)
-            broker = EmbeddedBroker(engine="noida", port=port, storage=str(storage)).start()
+            broker = EmbeddedBroker(engine="kafka", port=port, storage=str(storage)).start()
             rc = run.finish(timeout_s=240)
         finally:
             run.kill()

@@ -131,6 +131,16 @@ class EmbeddedBroker:
             self._scratch = self._scratch or tempfile.mkdtemp(prefix=f"streamtrain-{self.engine}-")
         return str(self.storage or self._scratch)
 
+    def _controller_port(self, previous: Path) -> int:
+        """The controller's port: a kept data folder's last one while it is free (the quorum
+        it formed names it), else a free one."""
+        try:
+            voters = jvm_broker.read_properties(previous)["controller.quorum.voters"]
+            port = int(voters.rsplit(":", 1)[1])
+        except (OSError, KeyError, ValueError, IndexError):
+            return free_port(self.host)
+        return port if _port_free(self.host, port) else free_port(self.host)
+
     def _kafka_command(self, port: int) -> list[str]:
         """Configure (and, the first time, format) a KRaft broker whose client port is ``port``."""
         folder = Path(self._folder())
@@ -139,7 +149,7 @@ class EmbeddedBroker:
             jvm_broker.properties(
                 host=self.host,
                 port=port,
-                controller_port=free_port(self.host),
+                controller_port=self._controller_port(folder / "server.properties"),
                 log_dir=folder / "data",
                 overrides=self.properties,
             )
@@ -148,10 +158,12 @@ class EmbeddedBroker:
         )
         config_path = folder / "server.properties"
         jvm_broker.write_properties(config_path, props)
-        self._cp = self._cp or engines.kafka_classpath()
+        self._cp = self._cp or engines.kafka_classpath(quiet=False)
         log = Path(self.log_path) if self.log_path else None
         data = Path(props["log.dirs"].split(",")[0])
-        if self.kraft_defaults and not self.scram and not data.exists():
+        if (data / "meta.properties").is_file():
+            pass  # a kept data folder, formatted at its first start
+        elif self.kraft_defaults and not self.scram and not data.exists():
             template = jvm_broker.formatted_template(self._cp, engines.kafka_template_folder())
             shutil.copytree(template, data)
         else:

@@ -141,6 +141,12 @@ def write_properties(path: Path, props: Mapping[str, str]) -> None:
     path.chmod(0o600)  # may hold JAAS passwords and key store passwords
 
 
+def read_properties(path: Path) -> dict[str, str]:
+    """The ``key=value`` lines of a properties file this module wrote."""
+    lines = path.read_text().splitlines()
+    return dict(line.split("=", 1) for line in lines if "=" in line and not line.startswith("#"))
+
+
 def cluster_id() -> str:
     """A new cluster id: 16 random bytes, URL-safe base64 without padding (Kafka's Uuid).
 
