@@ -285,3 +285,32 @@ def test_close_consumers_ends_the_fallbacks_background_connections(broker, topic
     while any(t.is_alive() for t in started):  # bounded: 10 s
         assert time.monotonic() < deadline, "the consumer's network thread outlived its close"
         time.sleep(0.05)
+
+
+def test_records_deleted_below_the_log_start_are_one_error_and_the_rest_reads(
+    broker, topic
+) -> None:  # type: ignore[no-untyped-def]
+    """Proves, on Apache Kafka: once records are deleted (DeleteRecords, as retention does),
+    a read from below the new log start is one OffsetOutOfRange naming the partition and
+    the cause, never a silent gap, and a read from the log start on gets every record."""
+    from pipeline.ingest.kafka.fetch import OffsetOutOfRange
+
+    client.ensure_topic(broker.bootstrap, topic, partitions=1)
+    p = KafkaProducer(bootstrap_servers=broker.bootstrap)
+    for i in range(20):
+        p.send(topic, b"v%d" % i, partition=0)
+    p.flush()
+    p.close()
+    admin = client.admin(broker.bootstrap)
+    try:
+        admin.delete_records({TopicPartition(topic, 0): 10})
+    finally:
+        admin.close()
+    r = RangeReader(broker.bootstrap, timeout_s=30)
+    try:
+        with pytest.raises(OffsetOutOfRange, match=rf"Offset 0 of {topic}-0 is out of range"):
+            list(r.read(topic, 0, 0, 20))
+        offsets = [int(o) for records in r.read(topic, 0, 10, 20) for o in records.offsets]
+    finally:
+        r.close()
+    assert offsets == list(range(10, 20))
