@@ -13,8 +13,6 @@ command -v prometheus >/dev/null && command -v promtool >/dev/null || need+=(pro
 command -v kcat >/dev/null || need+=(kcat)
 # ip (iproute2) for the multi-host tests' network namespaces.
 command -v ip >/dev/null || need+=(iproute2)
-# stunnel4 puts TLS (and client certificates) in front of the test broker for the secured-Kafka tests.
-command -v stunnel4 >/dev/null || need+=(stunnel4)
 if [ ${#need[@]} -gt 0 ] && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
   echo "installing Debian packages: ${need[*]}"
   (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}") >/dev/null \
