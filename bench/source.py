@@ -9,8 +9,8 @@ reads the same records once. Spark's start-up is excluded from both. A third arm
 the MNIST records from a zstd-compressed copy of the topic (what many producers write):
 ``zstd_ratio`` is its rate over the uncompressed topic's, in the same run (target >= 0.7:
 inflating must not become the bottleneck). A fourth reads the MNIST topic of one broker
-twice, through its PLAINTEXT port and through SASL_SSL with SCRAM-SHA-512 in front of it
-(tests/ingest/secure_kafka.py: stunnel4 and a SASL front): ``tls_ratio`` is the secured
+twice, through its PLAINTEXT listener and through its SASL_SSL listener with SCRAM-SHA-512
+(tests/ingest/secure_kafka.py: Apache Kafka's own broker): ``tls_ratio`` is the secured
 rate over the plaintext one, in the same run (target >= 0.8: TLS and SASL must not cost
 the stream a fifth of its speed).
 

@@ -15,8 +15,6 @@ command -v kcat >/dev/null || need+=(kcat)
 command -v ip >/dev/null || need+=(iproute2)
 # Java runs Spark and Apache Kafka's broker, the tests' shared broker.
 command -v java >/dev/null || need+=(openjdk-17-jre-headless)
-# stunnel4 puts TLS (and client certificates) in front of the test broker for the secured-Kafka tests.
-command -v stunnel4 >/dev/null || need+=(stunnel4)
 if [ ${#need[@]} -gt 0 ] && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
   echo "installing Debian packages: ${need[*]}"
   (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}") >/dev/null \

@@ -1,12 +1,12 @@
 """`streamtrain run`, `produce` and `predict` against secured Kafka (issue 38), end to end.
 
-librdkafka writes HIGGS records, zstd-compressed in a transaction, into a broker that
-requires SASL_SSL with SCRAM-SHA-512; the run trains every one exactly once through the
-Spark source's Fetch reader, sets the malformed ones aside in the dead-letter topic there,
-and the predict stream writes its predictions there. A second run, on a broker that
-requires a client certificate, replays HIGGS itself and trains through the kafka-python
-fallback. While they run, no process's command line or environment holds the password; after, no
-file of the run does.
+librdkafka writes HIGGS records, zstd-compressed in a transaction, into Apache Kafka's own
+broker (tests/ingest/secure_kafka.py) requiring SASL_SSL with SCRAM-SHA-512; the run trains
+every one exactly once through the Spark source's Fetch reader, sets the malformed ones aside
+in the dead-letter topic there, and the predict stream writes its predictions there. A second
+run, on a broker that requires a client certificate, replays HIGGS itself and trains through
+the kafka-python fallback. While they run, no process's command line or environment holds
+the password; after, no file of the run does.
 """
 
 from __future__ import annotations
