@@ -43,6 +43,11 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedBroker]
         yield b
 
 
+#: Both Kafka sources, for tests parametrized over them: Spark's own (the reference) and
+#: streamtrain's Python source.
+SOURCES = ("jvm", "python")
+
+
 @pytest.fixture
 def topic(request: pytest.FixtureRequest) -> str:
     """A topic name no other test uses."""
@@ -94,10 +99,11 @@ def consume(broker: EmbeddedBroker) -> Callable[..., list]:  # type: ignore[type
 
 @pytest.fixture(scope="session")
 def spark():  # type: ignore[no-untyped-def]
-    """A real local Spark (2 cores), once per session."""
+    """A real local Spark (2 cores), once per session, with Spark's own Kafka source on its
+    classpath (resolved once into the cache): the tests run both sources."""
     from pipeline import cluster
 
-    s = cluster.session("local[2]", app="streamtrain-tests")
+    s = cluster.session("local[2]", app="streamtrain-tests", source="jvm")
     yield s
     cluster.stop(s)
 

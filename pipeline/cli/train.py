@@ -172,6 +172,15 @@ from producers import datasets
     "1,000, or --max-offsets-per-trigger where lower).",
 )
 @click.option(
+    "--source",
+    type=click.Choice(["auto", "python", "jvm"]),
+    default="auto",
+    show_default=True,
+    help="The Kafka source: Spark's own (jvm; its jars resolved once from Maven Central into "
+    "the cache), streamtrain's (python), or auto: Spark's own where its jars are cached and the "
+    "broker is not the embedded Tansu. docs/kafka.md.",
+)
+@click.option(
     "--isolation-level",
     default="read_committed",
     show_default=True,
