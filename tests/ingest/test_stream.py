@@ -139,6 +139,26 @@ def test_available_now_drains_and_stops(spark, broker, topic, tmp_path, higgs, k
     assert sum(_assert_contiguous(batches).values()) == produced
 
 
+@pytest.mark.parametrize("kind", SOURCES)
+def test_a_session_in_another_time_zone_reads_the_same_instants(
+    spark, broker, topic, tmp_path, higgs, kind
+) -> None:  # type: ignore[no-untyped-def]
+    """mapInArrow labels timestamps with the session's zone (a user's may be any): every
+    batch of Spark's own source failed on it in decode, and the instants must not move."""
+    produced = _replay(broker, topic, higgs, limit=300)
+    before = spark.conf.get("spark.sql.session.timeZone")
+    spark.conf.set("spark.sql.session.timeZone", "America/New_York")
+    try:
+        batches = _job(spark, broker, topic, tmp_path / "ckpt", kind, available_now=True).run(
+            timeout_s=120
+        )
+    finally:
+        spark.conf.set("spark.sql.session.timeZone", before)
+    assert sorted(_ids(batches)) == list(range(produced))
+    newest = max(ms for b in batches for ms in b.newest_ms.values())
+    assert abs(newest - time.time() * 1000) < 300_000  # Kafka's CreateTime, not hours off
+
+
 def test_no_batch_starts_before_prepare_returns(spark, broker, topic, tmp_path, higgs) -> None:  # type: ignore[no-untyped-def]
     produced = _replay(broker, topic, higgs, limit=800)
     ready: list[float] = []
