@@ -176,8 +176,12 @@ def test_the_secured_variants_broker_admits_its_generated_client(tmp_path: Path)
     --kafka-broker` writes, formatted with its cluster id, its user made through the loopback
     listener as the compose file makes it (AlterUserScramCredentials); the generated client
     file then logs in over TLS with SCRAM-SHA-512, and a wrong password is refused."""
-    from confluent_kafka.admin import AdminClient, ScramCredentialInfo, ScramMechanism
-    from confluent_kafka.admin import UserScramCredentialUpsertion
+    from confluent_kafka.admin import (
+        AdminClient,
+        ScramCredentialInfo,
+        ScramMechanism,
+        UserScramCredentialUpsertion,
+    )
 
     broker_dir, client_file = tmp_path / "broker", tmp_path / "secrets" / "client.properties"
     broker_dir.mkdir()

@@ -15,7 +15,6 @@ import contextlib
 import fcntl
 import glob
 import hashlib
-import os
 import shutil
 import subprocess
 import tempfile

@@ -4,7 +4,6 @@ the rest to the handler, and the figures of it all back to the driver."""
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
@@ -79,29 +78,6 @@ class TaskFigures:
     poisoned: int = 0
     poison: list[PassedOver] = dataclasses.field(default_factory=list)
     unreadable: str | None = None
-
-    def to_json(self) -> str:
-        """The figures as JSON (how they leave an Arrow task)."""
-        result = self.result
-        if dataclasses.is_dataclass(result) and not isinstance(result, type):
-            result = dataclasses.asdict(result)
-        return json.dumps(
-            {**dataclasses.asdict(self), "range": dataclasses.astuple(self.range), "result": result}
-        )
-
-    @classmethod
-    def from_json(cls, text: str, result_type: type | None = None) -> TaskFigures:
-        """Read :meth:`to_json` back; the result as ``result_type(**result)`` when given."""
-        d = json.loads(text)
-        result = d.pop("result")
-        return cls(
-            **{
-                **d,
-                "range": OffsetRange(*d["range"]),
-                "poison": [PassedOver(**p) for p in d["poison"]],
-                "result": result_type(**result) if result_type and result is not None else result,
-            }
-        )
 
 
 def decode_range(

@@ -20,6 +20,7 @@ import pytest
 from pipeline.train import checkpoint
 from pipeline.train.ledger import check_ledger
 from producers import Replay, datasets
+from tests.conftest import SOURCES
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -49,11 +50,13 @@ BOUNDARIES = (("batch", 2, 1), ("saved", 5, 5), ("committed", 8, 8))
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("source", SOURCES)
 def test_a_driver_killed_at_each_boundary_of_a_batch_resumes_every_record_once(
     broker,
     topic,
     tmp_path,  # type: ignore[no-untyped-def]
     data_dir,
+    source,
 ) -> None:
     """Proves: SIGKILL of the driver inside a batch before its state is saved ("batch"),
     after the save and before Spark's commit ("saved"), and after the commit ("committed"),
@@ -87,6 +90,8 @@ def test_a_driver_killed_at_each_boundary_of_a_batch_resumes_every_record_once(
         "500",
         "--eval-every",
         "100",
+        "--source",
+        source,
     ]
     folder = ["--out", str(out)]  # the first run's; each resumed run names it with --resume
     previous_skip = None  # the batch the run before was killed after saving, if any
