@@ -197,4 +197,3 @@ def _first_error(log: Path) -> str:
                 detail = " ".join(s.strip(" :") for s in lines[i : i + 3] if s.strip(" :"))
                 return detail[:300]
     return (lines[-1].strip() if lines else "Ivy failed without output")[:300]
-

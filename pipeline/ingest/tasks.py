@@ -237,6 +237,12 @@ class BatchTasks:
                     )
             return done
 
+        # Spark's own source runs one task per partition of its plan, an empty one too (the
+        # handler sees it, empty): a synchronous round waits for that many.
+        tasks = df.rdd.getNumPartitions()
+        if tasks:
+            handler.on_tasks(tasks)
+
         def arrow_task(batches: Iterator[Any]) -> Iterator[Any]:
             import pyarrow as pa
 

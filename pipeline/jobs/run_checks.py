@@ -127,6 +127,9 @@ def _check_source(cfg: RunConfig) -> None:
             "answers the last batch's first offset + 1). Use --broker-engine kafka (or noida), "
             "or --source python. See docs/kafka.md."
         )
+    from pipeline.cluster import kafka_jars
+
+    kafka_jars.jars()  # resolved into the cache now, or one line before anything starts
 
 
 def source_of(cfg: RunConfig) -> str:

@@ -2,7 +2,9 @@
 
 librdkafka writes HIGGS records, zstd-compressed in a transaction, into a broker that
 requires SASL_SSL with SCRAM-SHA-512; the run trains every one exactly once through the
-Spark source's Fetch reader, sets the malformed ones aside in the dead-letter topic there,
+Python source's Fetch reader, and again through Spark's own Kafka source (its Java client
+reading the secrets through the ``kafka.``-prefixed options' FileConfigProvider
+references), sets the malformed ones aside in the dead-letter topic there,
 and the predict stream writes its predictions there. A second run, on a broker that
 requires a client certificate, replays HIGGS itself and trains through the kafka-python
 fallback. While they run, no process's command line or environment holds the password; after, no
@@ -26,6 +28,7 @@ from pipeline.ingest.kafka.fetch import RangeReader
 from pipeline.train.ledger import check_ledger
 from tests import docblocks
 from tests.cluster.proc_scan import Watch
+from tests.conftest import SOURCES
 from tests.ingest.secure_kafka import SecureKafka
 from tests.ingest.test_secure_kafka import higgs_records, write_transaction
 
@@ -73,10 +76,27 @@ def scram(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecureKafka]:
         yield kafka
 
 
+@pytest.fixture(scope="module")
+def scram_on_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecureKafka]:
+    """The same endpoint in front of Apache Kafka's own broker: Spark's own source reads
+    short of the end on Tansu (docs/kafka.md, the two sources)."""
+    with SecureKafka(
+        tmp_path_factory.mktemp("scram-kafka"),
+        mode="sasl_ssl",
+        mechanisms=("SCRAM-SHA-512",),
+        engine="kafka",
+    ) as kafka:
+        yield kafka
+
+
 @pytest.mark.slow
+@pytest.mark.parametrize("source", SOURCES)
 def test_a_run_trains_a_librdkafka_transaction_from_sasl_ssl_exactly_once(
-    scram: SecureKafka, tmp_path: Path
+    request: pytest.FixtureRequest, source: str, tmp_path: Path
 ) -> None:
+    scram: SecureKafka = request.getfixturevalue(
+        "scram" if source == "python" else "scram_on_kafka"
+    )
     path = scram.write_client_properties(tmp_path / "client.properties")
     topic = "secured-higgs"
     client.ensure_topic(scram.bootstrap, topic, partitions=1, conf=conf.load(path))
@@ -104,6 +124,8 @@ def test_a_run_trains_a_librdkafka_transaction_from_sasl_ssl_exactly_once(
             topic,
             "--workers",
             "1",
+            "--source",
+            source,
             "--max-offsets-per-trigger",
             "1000",
             "--eval-every",

@@ -188,9 +188,7 @@ class EmbeddedBroker:
 
     def _folder(self) -> str:
         if self.storage is None:
-            self._scratch = self._scratch or tempfile.mkdtemp(
-                prefix=f"streamtrain-{self.engine}-"
-            )
+            self._scratch = self._scratch or tempfile.mkdtemp(prefix=f"streamtrain-{self.engine}-")
         return str(self.storage or self._scratch)
 
     def _kafka_command(self, port: int) -> list[str]:
