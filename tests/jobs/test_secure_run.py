@@ -136,6 +136,7 @@ def test_a_run_trains_a_librdkafka_transaction_from_sasl_ssl_exactly_once(
             str(out),
         )
     report = json.loads((out / "report.json").read_text())
+    assert report["settings"]["source"] == source
     assert report["trained_records"] == N and report["rejected_records"] == MALFORMED, report
     assert check_ledger(report["ledger"]) == {
         (topic, 0): N + MALFORMED + 1
