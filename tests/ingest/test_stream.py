@@ -89,10 +89,11 @@ def _assert_contiguous(batches: list[BatchFigures]) -> dict[tuple[str, int], int
 
 
 @pytest.mark.slow
-def test_every_record_exactly_once_across_runs(spark, broker, topic, tmp_path, higgs) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("kind", SOURCES)
+def test_every_record_exactly_once_across_runs(spark, broker, topic, tmp_path, higgs, kind) -> None:  # type: ignore[no-untyped-def]
     checkpoint = tmp_path / "ckpt"
     produced = _replay(broker, topic, higgs, limit=2500)  # before the first run
-    job = _job(spark, broker, topic, checkpoint, max_offsets_per_trigger=1000)
+    job = _job(spark, broker, topic, checkpoint, kind, max_offsets_per_trigger=1000)
 
     def during() -> None:
         # More records arrive while the query runs: once it has handled a first batch.
@@ -105,7 +106,7 @@ def test_every_record_exactly_once_across_runs(spark, broker, topic, tmp_path, h
     feeder.join()
     produced += 500
     produced += _replay(broker, topic, higgs, limit=700)  # between runs
-    second = _job(spark, broker, topic, checkpoint, max_offsets_per_trigger=1000).run(
+    second = _job(spark, broker, topic, checkpoint, kind, max_offsets_per_trigger=1000).run(
         timeout_s=60, max_batches=1
     )
     batches = first + second
