@@ -12,12 +12,16 @@ inflating must not become the bottleneck). A fourth reads the MNIST topic of one
 twice, through its PLAINTEXT listener and through its SASL_SSL listener with SCRAM-SHA-512
 (tests/ingest/secure_kafka.py: Apache Kafka's own broker): ``tls_ratio`` is the secured
 rate over the plaintext one, in the same run (target >= 0.8: TLS and SASL must not cost
-the stream a fifth of its speed).
+the stream a fifth of its speed). A fifth reads the MNIST topic through Spark's own Kafka
+source (spark-sql-kafka, its jars from the cache) into the same numpy blocks:
+``jvm_vs_python`` is its decoded records/s over the Python source's, the median of three
+alternated pairs in the same run. The broker is Apache Kafka's own (``--engine kafka``):
+Spark's source reads short of the end on Tansu.
 
     .venv/bin/python bench/source.py [--records 60000]
 
 Last line: ``source mnist_rps=<n> higgs_rps=<n> ratio_vs_consumer=<r> trigger_overhead_ms_p50=<n>
-zstd_ratio=<r> tls_ratio=<r>``
+zstd_ratio=<r> tls_ratio=<r> jvm_vs_python=<r>``
 """
 
 from __future__ import annotations
@@ -76,11 +80,12 @@ def stream_arm(
     per_batch: int,
     handler: stream.Handler | None = None,
     kafka_conf: str | None = None,
+    source: str = "python",
 ) -> tuple[float, list[float]]:
     """Records/s of one topic through the StreamJob, and each batch's trigger-to-handler ms.
     ``handler``: one the executors can unpickle (a script importing this module passes its
     own, defined in its ``__main__``); default :class:`Count`. ``kafka_conf``: a client
-    properties file (TLS, SASL)."""
+    properties file (TLS, SASL). ``source``: the Kafka source, ``python`` or ``jvm``."""
     with tempfile.TemporaryDirectory() as ckpt:
         job = stream.StreamJob(
             spark,
@@ -89,7 +94,7 @@ def stream_arm(
             schema=schema,
             handler=handler or Count(),
             checkpoint=ckpt,
-            source="python",
+            source=source,
             available_now=True,
             max_offsets_per_trigger=per_batch,
             dead_letter_topic="",
@@ -120,7 +125,7 @@ def main() -> None:
     args = ap.parse_args()
     n = args.records
     with (
-        EmbeddedBroker() as broker,
+        EmbeddedBroker(engine="kafka") as broker,
         tempfile.TemporaryDirectory() as tls_dir,
         SecureKafka(tls_dir, mode="sasl_ssl", mechanisms=("SCRAM-SHA-512",)) as secured,
     ):
@@ -147,7 +152,7 @@ def main() -> None:
             limit=n,
         ).run()
         secured_conf = str(secured.write_client_properties())
-        spark = cluster.session("local[2]", app="bench-source")
+        spark = cluster.session("local[2]", app="bench-source", source="jvm")
         try:
             # Warm-up: Python workers start and import their modules once per session.
             stream_arm(spark, broker.bootstrap, "higgs", codec.HIGGS, n, args.per_batch)
@@ -196,13 +201,31 @@ def main() -> None:
                     f"over PLAINTEXT from the same broker; ratio {tls[-1]:.2f}",
                     flush=True,
                 )
+            # Spark's own source against the Python one, on the same topic: warmed up once
+            # (its classes load on the first query), then three alternated pairs.
+            mnist = sets["mnist"].schema
+            stream_arm(spark, broker.bootstrap, "mnist", mnist, n, args.per_batch, source="jvm")
+            jvm = []
+            for _ in range(3):
+                py_rps, _ = stream_arm(spark, broker.bootstrap, "mnist", mnist, n, args.per_batch)
+                jvm_rps, _ = stream_arm(
+                    spark, broker.bootstrap, "mnist", mnist, n, args.per_batch, source="jvm"
+                )
+                jvm.append(jvm_rps / py_rps)
+                print(
+                    f"mnist through Spark's own source: {jvm_rps:,.0f} records/s decoded on "
+                    f"executors against {py_rps:,.0f} through the Python source; ratio "
+                    f"{jvm[-1]:.2f}",
+                    flush=True,
+                )
         finally:
             cluster.stop(spark)
     ratio = statistics.median(r / b for r, b in results.values())
     print(
         f"source mnist_rps={results['mnist'][0]:.0f} higgs_rps={results['higgs'][0]:.0f} "
         f"ratio_vs_consumer={ratio:.2f} trigger_overhead_ms_p50={statistics.median(overheads):.0f} "
-        f"zstd_ratio={zstd_rps / results['mnist'][0]:.2f} tls_ratio={statistics.median(tls):.2f}"
+        f"zstd_ratio={zstd_rps / results['mnist'][0]:.2f} tls_ratio={statistics.median(tls):.2f} "
+        f"jvm_vs_python={statistics.median(jvm):.2f}"
     )
 
 

@@ -59,6 +59,9 @@ class Settings(BaseSettings):
     #: Which program `streamtrain broker` and an embedded run start: ``tansu`` (the default:
     #: memory only) or ``noida`` (keeps its data on disk; speaks to old librdkafka clients).
     broker_engine: Literal["tansu", "noida", "kafka"] = "tansu"
+    #: The Kafka source of ``streamtrain run`` when ``--source`` is not given (a resumed run
+    #: keeps its recorded one): ``auto``, ``python`` or ``jvm`` (docs/kafka.md).
+    source: Literal["auto", "python", "jvm"] = "auto"
     #: Apache Kafka's version for ``--engine kafka`` (its jars are resolved from Maven).
     kafka_version: str = "4.4.0"
     #: An unpacked Apache Kafka distribution whose ``libs/`` the ``kafka`` engine runs,

@@ -172,6 +172,15 @@ from producers import datasets
     "1,000, or --max-offsets-per-trigger where lower).",
 )
 @click.option(
+    "--source",
+    type=click.Choice(["auto", "python", "jvm"]),
+    default="auto",
+    show_default=True,
+    help="The Kafka source: Spark's own (jvm; its jars resolved once from Maven Central into "
+    "the cache), streamtrain's (python), or auto: Spark's own where its jars are cached and the "
+    "broker is not the embedded Tansu (env STREAMTRAIN_SOURCE). docs/kafka.md.",
+)
+@click.option(
     "--isolation-level",
     default="read_committed",
     show_default=True,
@@ -313,6 +322,8 @@ def run(
     }
     if "master" not in given:
         options["master"] = settings.master
+    if "source" not in given:  # a default only: a resumed run reads with its recorded source
+        options["source"] = settings.source
     # What the environment sets counts as given (a resumed run checks it like an option).
     given |= {
         name

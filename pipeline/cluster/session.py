@@ -23,6 +23,7 @@ def session(
     zygote: Zygote | None = None,
     local_ip: str | None = None,
     executor_wait_s: float = 120.0,
+    source: str | None = None,
 ) -> Any:
     """Get or create a SparkSession for streamtrain; stop it with :func:`stop`.
 
@@ -51,8 +52,16 @@ def session(
       once the JVM has read it: PySpark passes every other setting to spark-submit as
       ``--conf k=v``, readable in ``/proc/PID/cmdline`` by every local user.
 
+    * With ``source`` ``jvm``, Spark's own Kafka source's jars go on ``spark.jars``
+      (resolved into the cache where needed; on a ``spark://`` master Spark ships them to
+      the executors); with ``auto``, only where the cache holds them
+      (:mod:`pipeline.cluster.kafka_jars`).
+
     ``conf`` adds to or overrides these settings; its ``spark.driver.extraJavaOptions``
     come after streamtrain's, so they win.
+
+    Raises:
+        ConfigError: ``source="jvm"`` and its jars cannot be had (one line).
     """
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
@@ -64,7 +73,9 @@ def session(
     from pyspark import SparkContext
     from pyspark.sql import SparkSession
 
-    conf = dict(conf or {})
+    from pipeline.cluster import kafka_jars
+
+    conf = kafka_jars.spark_conf(source, conf)
     hidden = {k: conf.pop(k) for k in list(conf) if is_secret(k)}
     java = ["-Xss16m", "-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC", "-Xms64m"]
     if SparkContext._gateway is None:  # a JVM is about to start (not one already running)

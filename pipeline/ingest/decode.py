@@ -4,7 +4,6 @@ the rest to the handler, and the figures of it all back to the driver."""
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
@@ -80,29 +79,6 @@ class TaskFigures:
     poison: list[PassedOver] = dataclasses.field(default_factory=list)
     unreadable: str | None = None
 
-    def to_json(self) -> str:
-        """The figures as JSON (how they leave an Arrow task)."""
-        result = self.result
-        if dataclasses.is_dataclass(result) and not isinstance(result, type):
-            result = dataclasses.asdict(result)
-        return json.dumps(
-            {**dataclasses.asdict(self), "range": dataclasses.astuple(self.range), "result": result}
-        )
-
-    @classmethod
-    def from_json(cls, text: str, result_type: type | None = None) -> TaskFigures:
-        """Read :meth:`to_json` back; the result as ``result_type(**result)`` when given."""
-        d = json.loads(text)
-        result = d.pop("result")
-        return cls(
-            **{
-                **d,
-                "range": OffsetRange(*d["range"]),
-                "poison": [PassedOver(**p) for p in d["poison"]],
-                "result": result_type(**result) if result_type and result is not None else result,
-            }
-        )
-
 
 def decode_range(
     batches: Iterator[Any],
@@ -128,7 +104,7 @@ def decode_range(
     from pipeline.ingest.reader import arrow_schema
 
     started = time.perf_counter()
-    table = pa.Table.from_batches(list(batches), schema=arrow_schema())
+    table = as_columns(list(batches), arrow_schema())
     values = table.column("value").combine_chunks()
     decoded = codec.decode(values, schema)
     offsets = table.column("offset").to_numpy()
@@ -173,6 +149,33 @@ def decode_range(
         newest,
         result,
     )
+
+
+def as_columns(batches: list[Any], schema: Any) -> Any:
+    """``batches`` as one table of ``schema``. Spark's ``mapInArrow`` labels the timestamp
+    column with the session's time zone (``Etc/UTC``, ``Europe/Paris``): the same instants,
+    relabelled here, so a user's session in any zone decodes alike.
+
+    >>> import pyarrow as pa
+    >>> from pipeline.ingest import columns
+    >>> schema = columns.arrow_schema()
+    >>> paris = pa.schema([f.with_type(pa.timestamp("us", tz="Europe/Paris"))
+    ...     if f.name == "timestamp" else f for f in schema])
+    >>> batch = pa.RecordBatch.from_pylist(
+    ...     [{"key": b"k", "value": b"v", "topic": "t", "partition": 0, "offset": 7,
+    ...       "timestamp": 1_000_000}], schema=paris)
+    >>> table = as_columns([batch], schema)
+    >>> table.schema == schema, table.column("timestamp").cast(pa.int64()).to_pylist()
+    (True, [1000000])
+    >>> as_columns([], schema).num_rows
+    0
+    """
+    import pyarrow as pa
+
+    if not batches:
+        return schema.empty_table()
+    table = pa.Table.from_batches(batches)
+    return table if table.schema == schema else table.cast(schema)
 
 
 def _covered(table: Any, offsets: np.ndarray) -> OffsetRange:

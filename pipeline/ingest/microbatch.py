@@ -39,9 +39,6 @@ class Handler:
     small and picklable (addresses and settings, not connections or models).
     """
 
-    #: The type :meth:`process` returns, where it is a dataclass (it crosses from Spark's
-    #: JVM source as JSON and is rebuilt as this type); None: JSON values as they are.
-    result_type: type | None = None
     #: Whether :meth:`process` needs each record's Kafka key as sent (``Block.keys``).
     wants_keys: bool = False
 
@@ -194,6 +191,11 @@ class StreamJob:
                 info = BatchFigures.gather(
                     batch_id, self._tasks.run(df, batch_id, planned), started_at=started_at
                 )
+                if planned is not None:
+                    # What the offset log planned: with Spark's own source the records'
+                    # offsets leave out transaction markers and aborted records, and a
+                    # partition with nothing to train has no task figure; the plan has both.
+                    info.ranges = offsets.merge_ranges(planned)
                 info.lag = self._lag.lag(info.ranges) if self._lag else {}
                 info.batch_s = time.perf_counter() - started
                 self.handler.on_batch(info)

@@ -22,10 +22,15 @@ COLUMNS = columns.NAMES
 
 
 def jvm_available(spark: Any) -> bool:
-    """Whether Spark's Kafka source classes are on the driver's classpath."""
+    """Whether Spark's Kafka source classes are on the driver's classpath: pyspark's own
+    folder, or ``spark.jars``, whose loader is the thread's context loader (where Spark
+    looks up ``format("kafka")``), not the one a plain ``Class.forName`` asks."""
+    jvm = spark.sparkContext._jvm
     try:
-        spark.sparkContext._jvm.java.lang.Class.forName(
-            "org.apache.spark.sql.kafka010.KafkaSourceProvider"
+        jvm.java.lang.Class.forName(
+            "org.apache.spark.sql.kafka010.KafkaSourceProvider",
+            False,
+            jvm.org.apache.spark.util.Utils.getContextOrSparkClassLoader(),
         )
     except Exception:  # py4j wraps ClassNotFoundException in its own error type
         return False

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import pickle
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -35,7 +36,14 @@ def logged_offsets(checkpoint: str, batch_id: int) -> offsets.Offsets | None:
     for batch -1, the start the Python source kept for the query's first batch."""
     if batch_id < 0:
         path = Path(sources.initial_offsets_path(checkpoint))
-        return json.loads(path.read_text()) if path.is_file() else None
+        if path.is_file():
+            return json.loads(path.read_text())
+        # Spark's own source keeps them in its source log: a zero byte, "v1", then the JSON.
+        path = Path(checkpoint) / "sources" / "0" / "0"
+        if not path.is_file():
+            return None
+        lines = path.read_text().lstrip("\x00").splitlines()
+        return json.loads(lines[1]) if len(lines) > 1 else None
     path = Path(checkpoint) / "offsets" / str(batch_id)
     if not path.is_file():
         return None
@@ -152,11 +160,12 @@ class BatchTasks:
 
     def plan(self, batch_id: int) -> list[OffsetRange] | None:
         """The tasks' ranges of ``batch_id``, as the Python source planned them from the
-        offsets Spark logged (None with Spark's JVM source, whose DataFrame says them)."""
-        if not self.python_source:
-            return None
+        offsets Spark logged; with Spark's own source, one range per partition from the same
+        log (Spark cuts its tasks itself), or None where the log does not say where it began."""
         end = logged_offsets(self.checkpoint, batch_id)
         if end is None:
+            if not self.python_source:
+                return None
             raise StreamtrainError(
                 f"No offsets logged for batch {batch_id} in {self.checkpoint}/offsets."
             )
@@ -168,13 +177,16 @@ class BatchTasks:
             else logged_offsets(self.checkpoint, batch_id - 1)
         )
         self._last_end = (batch_id, end)
+        if not self.python_source:
+            return None if start is None else offsets.plan(start, end)
         return offsets.plan(start or {}, end, min_partitions=self.min_partitions)
 
     def run(self, df: Any, batch_id: int, ranges: list[OffsetRange] | None) -> list[TaskFigures]:
         """Process the batch ``df`` (id ``batch_id``) over its planned ``ranges`` (see
         :meth:`plan`); one figure per task that read records."""
         schema, handler, dead = self.schema, self.handler, self.dead_letter
-        if ranges is not None:
+        if self.python_source:
+            assert ranges is not None  # plan() raises without them
             if ranges:
                 handler.on_tasks(len(ranges))
             bootstrap, isolation, on_poison = self.bootstrap, self.isolation_level, self.on_poison
@@ -225,14 +237,46 @@ class BatchTasks:
                     )
             return done
 
+        # Spark's own source runs one task per partition of its plan, an empty one too (the
+        # handler sees it, empty): a synchronous round waits for that many.
+        tasks = df.rdd.getNumPartitions()
+        if tasks:
+            handler.on_tasks(tasks)
+
         def arrow_task(batches: Iterator[Any]) -> Iterator[Any]:
             import pyarrow as pa
 
             figures = decode_range(
                 batches, schema=schema, handler=handler, planned=None, dead_letter=dead
             )
-            yield pa.RecordBatch.from_pylist([{"figures": figures.to_json()}])
+            # Pickled, as Spark pickles the Python source's task results: a handler's result
+            # (its arrays, its dataclasses) comes back as it was, not as JSON lists.
+            yield pa.RecordBatch.from_pylist([{"figures": pickle.dumps(figures)}])
 
-        rows = df.mapInArrow(arrow_task, "figures string").collect()
-        figures = (TaskFigures.from_json(r["figures"], handler.result_type) for r in rows)
-        return [f for f in figures if f.rows]
+        rows = df.mapInArrow(arrow_task, "figures binary").collect()
+        figures = (pickle.loads(r["figures"]) for r in rows)
+        read = [f for f in figures if f.rows]
+        if ranges is not None:
+            outside(read, ranges)
+        return read
+
+
+def outside(figures: list[TaskFigures], planned: list[OffsetRange]) -> None:
+    """Raise where Spark's own source read records beyond the batch's ``planned`` ranges
+    (its offset log): the checkpoint and the records would disagree.
+
+    >>> from pipeline.ingest.decode import TaskFigures as F
+    >>> outside([F(OffsetRange("t", 0, 2, 9), 7, 0, 7, {}, 0, 0, 1, None)],
+    ...     [OffsetRange("t", 0, 0, 10)])
+    """
+    for f in figures:
+        if not any(
+            r.topic_partition == f.range.topic_partition
+            and r.start <= f.range.start
+            and f.range.end <= r.end
+            for r in planned
+        ):
+            raise StreamtrainError(
+                f"Spark's Kafka source read {f.range} in a batch whose offset log says "
+                f"{planned}: the query's checkpoint and the records disagree."
+            )

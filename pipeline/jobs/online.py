@@ -34,6 +34,7 @@ from pipeline.jobs import (
     kafka_start,
     model_start,
     resume,
+    run_checks,
     run_record,
     run_serving,
     run_training,
@@ -71,6 +72,10 @@ class Run:
             self.cfg = cfg = dataclasses.replace(
                 cfg, own_topic=_topic_name(f"streamtrain-{cfg.name}-{stamp}")
             )
+        if cfg.source == "auto":
+            # Resolved before the run is recorded: a resume reads on with the source its
+            # query's checkpoint was written by, whatever the cache holds by then.
+            self.cfg = cfg = dataclasses.replace(cfg, source=run_checks.source_of(cfg))
         self.topic = cfg.topic or cfg.own_topic or f"streamtrain-{cfg.name}"
         if cfg.resume and cfg.default_table_model:
             # The default table model keeps the optimizer its run started with (runs from
@@ -201,6 +206,7 @@ class Run:
                 zygote=zygote if master.startswith("local") else None,
                 local_ip=self.settings.spark_local_ip,
                 executor_wait_s=self.settings.executor_wait_s,
+                source=cfg.source,
             )
             stack.callback(cluster.stop, spark)  # after a first run, builds the JVM's class archive
             stack.enter_context(
@@ -224,6 +230,7 @@ class Run:
                 on_unreadable=self.metrics.on_unreadable,
                 on_poison=cfg.on_poison,
                 kafka_conf=cfg.kafka_conf,
+                source=cfg.source,
             )
 
             def prepare() -> None:

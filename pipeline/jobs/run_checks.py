@@ -68,6 +68,7 @@ def check(cfg: RunConfig) -> None:
             "Expected --isolation-level read_committed or read_uncommitted. "
             f"Received: {cfg.isolation_level!r}"
         )
+    _check_source(cfg)
     if cfg.until_accuracy is not None and not 0 < cfg.until_accuracy <= 1:
         raise ConfigError(f"Expected --until-accuracy in (0, 1]. Received: {cfg.until_accuracy}")
     if cfg.serve_port is not None:
@@ -103,6 +104,48 @@ def check(cfg: RunConfig) -> None:
         from pipeline.train.probe import check_source
 
         check_source(cfg.model)
+
+
+def _check_source(cfg: RunConfig) -> None:
+    """The Kafka source (:mod:`pipeline.ingest.sources`), against what it cannot do."""
+    from pipeline import config
+    from pipeline.ingest import sources
+
+    if cfg.source not in sources.SOURCES:
+        raise ConfigError(f"Expected --source in {sources.SOURCES}. Received: {cfg.source!r}")
+    if cfg.source != "jvm":
+        return
+    if cfg.freshness_target_s is not None:
+        raise ConfigError(
+            "--freshness-target sizes batches in streamtrain's Python source; Spark's own "
+            "(--source jvm) plans a fixed maxOffsetsPerTrigger. Use --source python (or auto), "
+            "or drop the target."
+        )
+    if not cfg.bootstrap and (cfg.broker_engine or config.settings().broker_engine) == "tansu":
+        raise ConfigError(
+            "--source jvm reads short of the end on the embedded Tansu broker (its ListOffsets "
+            "answers the last batch's first offset + 1). Use --broker-engine kafka (or noida), "
+            "or --source python. See docs/kafka.md."
+        )
+    from pipeline.cluster import kafka_jars
+
+    kafka_jars.jars()  # resolved into the cache now, or one line before anything starts
+
+
+def source_of(cfg: RunConfig) -> str:
+    """``cfg.source`` with ``auto`` resolved, without the network: Spark's own where its jars
+    are at hand (cached, or baked into pyspark), streamtrain's where batches are sized for a
+    freshness target or the run's own broker is Tansu (where Spark's reads short)."""
+    from pipeline import config
+    from pipeline.cluster import kafka_jars
+
+    if cfg.source != "auto":
+        return cfg.source
+    if cfg.freshness_target_s is not None:
+        return "python"
+    if not cfg.bootstrap and (cfg.broker_engine or config.settings().broker_engine) == "tansu":
+        return "python"
+    return "jvm" if kafka_jars.available() else "python"
 
 
 def _check_table(cfg: RunConfig) -> None:

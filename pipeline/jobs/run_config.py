@@ -71,6 +71,9 @@ class RunConfig:
     ps_shards: int = (
         1  # parameter-server processes, each serving a slice of the weights (1: one, in the driver)
     )
+    # The Kafka source: Spark's own (jvm), streamtrain's (python), or auto: resolved to one of
+    # them when the run starts, before it is recorded (a resume reads with the same source).
+    source: str = "auto"
     isolation_level: str = (
         "read_committed"  # Kafka's; read_uncommitted also trains aborted transactions
     )

@@ -49,6 +49,7 @@ ROLES: dict[str, str] = {
     "bootstrap": DEFINES,
     "broker_engine": DEFINES,
     "isolation_level": DEFINES,  # which records train
+    "source": DEFINES,  # the query's checkpoint holds its offsets: one source for a run's life
     "seed": DEFINES,
     "data": DEFINES,  # a user's table: its file, how it is read and what it predicts
     "label": DEFINES,

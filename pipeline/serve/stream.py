@@ -132,7 +132,6 @@ class PredictHandler(Handler):
     kafka_conf: str | None = None
     on_written: Any = None  # driver only: called with (records written, newest version) per batch
 
-    result_type = Predicted
     wants_keys = True
 
     def process(self, block: Block) -> Predicted:

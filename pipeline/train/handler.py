@@ -46,8 +46,6 @@ class TrainHandler(microbatch.Handler):
         lr_scale: multiplies the replicas' learning rate (raised for a while after a drift).
     """
 
-    result_type = TaskResult
-
     spec: ModelSpec
     algorithm: dict[str, Any]
     server: ServerInfo

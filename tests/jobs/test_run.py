@@ -20,6 +20,7 @@ import pytest
 from pipeline.train import checkpoint
 from pipeline.train.ledger import check_ledger
 from producers import Replay, datasets
+from tests.conftest import SOURCES
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -49,11 +50,13 @@ BOUNDARIES = (("batch", 2, 1), ("saved", 5, 5), ("committed", 8, 8))
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("source", SOURCES)
 def test_a_driver_killed_at_each_boundary_of_a_batch_resumes_every_record_once(
     broker,
     topic,
     tmp_path,  # type: ignore[no-untyped-def]
     data_dir,
+    source,
 ) -> None:
     """Proves: SIGKILL of the driver inside a batch before its state is saved ("batch"),
     after the save and before Spark's commit ("saved"), and after the commit ("committed"),
@@ -87,6 +90,8 @@ def test_a_driver_killed_at_each_boundary_of_a_batch_resumes_every_record_once(
         "500",
         "--eval-every",
         "100",
+        "--source",
+        source,
     ]
     folder = ["--out", str(out)]  # the first run's; each resumed run names it with --resume
     previous_skip = None  # the batch the run before was killed after saving, if any
@@ -214,6 +219,14 @@ def keras_model_params(path: Path) -> int:
         (["--workers", "0"], "Expected --workers >= 1"),
         (["--ps-shards", "0"], "Expected --ps-shards >= 1"),
         (["--drift", "warmpu=1"], "Expected --drift KEY=VALUE pairs, KEY one of adapt_lr_scale"),
+        (
+            ["--source", "jvm", "--broker-engine", "tansu"],
+            "--source jvm reads short of the end on the embedded Tansu broker",
+        ),
+        (
+            ["--source", "jvm", "--freshness-target", "2"],
+            "--freshness-target sizes batches in streamtrain's Python source",
+        ),
         pytest.param(  # retried for 5 s, as a broker that is starting would be
             ["--bootstrap", "127.0.0.1:1"],
             "Cannot reach Kafka at 127.0.0.1:1",
@@ -238,6 +251,71 @@ def test_bad_options_fail_fast_with_one_clear_line(
         assert "embedded Kafka at" not in done.stderr and "metrics at" not in done.stderr, (
             done.stderr[-2000:]
         )
+
+
+def test_source_jvm_without_its_jars_says_so_in_one_line(tmp_path: Path) -> None:
+    """No cached jars and no Maven Central (here a closed port as the mirror): one line
+    naming what was needed and what to do, before the broker or the replay start."""
+    done = _cli(
+        "run",
+        "--dataset",
+        "higgs",
+        "--source",
+        "jvm",
+        "--bootstrap",
+        "127.0.0.1:1",
+        "--out",
+        str(tmp_path / "run"),
+        env={
+            "STREAMTRAIN_CACHE_DIR": str(tmp_path / "cache"),
+            "STREAMTRAIN_MAVEN_REPO": "http://127.0.0.1:1/maven2/",
+        },
+        timeout=120,
+    )
+    assert done.returncode == 2, done.stderr[-2000:]
+    errors = [line for line in done.stderr.splitlines() if line.startswith("streamtrain: error:")]
+    assert len(errors) == 1, done.stderr[-2000:]
+    assert "Expected Spark's own Kafka source (--source jvm)'s jars" in errors[0], errors
+    assert "STREAMTRAIN_MAVEN_REPO" in errors[0] and "Traceback" not in done.stderr
+    assert not (tmp_path / "run").exists() and "Cannot reach Kafka" not in done.stderr
+
+
+@pytest.mark.slow  # a whole run on Apache Kafka's broker
+def test_a_run_on_apache_kafka_with_spark_s_own_source_trains_every_record_once(
+    tmp_path: Path,
+) -> None:
+    """`streamtrain run --broker-engine kafka --source jvm --dataset higgs`: the run's own
+    Apache Kafka, Spark's own Kafka source (its jars from the cache) and the replay of the
+    7,000-record sample, to the end: every record trained once, and the ledger one range per
+    partition from offset 0, chained over the batches (one chained range per partition)."""
+    out = tmp_path / "run"
+    done = _cli(
+        "run",
+        "--broker-engine",
+        "kafka",
+        "--source",
+        "jvm",
+        "--dataset",
+        "higgs",
+        "--max-offsets-per-trigger",
+        "2000",
+        "--eval-every",
+        "100",
+        "--out",
+        str(out),
+        timeout=400,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads((out / "report.json").read_text())
+    assert report["settings"]["source"] == "jvm"
+    assert report["stopped_because"] == "all produced records trained", report["stopped_because"]
+    assert report["trained_records"] == 7000 == report["trained_this_session"]
+    assert len(report["batches"]) >= 4  # 2,000 a batch, split between the partitions
+    ends = check_ledger(report["ledger"])  # chained: no gap, no overlap
+    assert set(ends) == {(report["topic"], 0), (report["topic"], 1)}
+    assert sum(ends.values()) == 7000
+    firsts = {(t, p): start for _, t, p, start, _ in reversed(report["ledger"])}
+    assert set(firsts.values()) == {0}  # each partition's chain starts at its first offset
 
 
 def test_a_finished_run_is_not_overwritten(tmp_path: Path) -> None:

@@ -2,11 +2,13 @@
 
 librdkafka writes HIGGS records, zstd-compressed in a transaction, into Apache Kafka's own
 broker (tests/ingest/secure_kafka.py) requiring SASL_SSL with SCRAM-SHA-512; the run trains
-every one exactly once through the Spark source's Fetch reader, sets the malformed ones aside
-in the dead-letter topic there, and the predict stream writes its predictions there. A second
-run, on a broker that requires a client certificate, replays HIGGS itself and trains through
-the kafka-python fallback. While they run, no process's command line or environment holds
-the password; after, no file of the run does.
+every one exactly once through the Python source's Fetch reader, and again through Spark's
+own Kafka source (its Java client reading the secrets through the ``kafka.``-prefixed
+options' FileConfigProvider references), sets the malformed ones aside in the dead-letter
+topic there, and the predict stream writes its predictions there. A second run, on a broker
+that requires a client certificate, replays HIGGS itself and trains through the kafka-python
+fallback. While they run, no process's command line or environment holds the password;
+after, no file of the run does.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from pipeline.ingest.kafka.fetch import RangeReader
 from pipeline.train.ledger import check_ledger
 from tests import docblocks
 from tests.cluster.proc_scan import Watch
+from tests.conftest import SOURCES
 from tests.ingest.secure_kafka import SecureKafka
 from tests.ingest.test_secure_kafka import higgs_records, write_transaction
 
@@ -74,8 +77,9 @@ def scram(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecureKafka]:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("source", SOURCES)
 def test_a_run_trains_a_librdkafka_transaction_from_sasl_ssl_exactly_once(
-    scram: SecureKafka, tmp_path: Path
+    scram: SecureKafka, source: str, tmp_path: Path
 ) -> None:
     path = scram.write_client_properties(tmp_path / "client.properties")
     topic = "secured-higgs"
@@ -104,6 +108,8 @@ def test_a_run_trains_a_librdkafka_transaction_from_sasl_ssl_exactly_once(
             topic,
             "--workers",
             "1",
+            "--source",
+            source,
             "--max-offsets-per-trigger",
             "1000",
             "--eval-every",
@@ -114,6 +120,7 @@ def test_a_run_trains_a_librdkafka_transaction_from_sasl_ssl_exactly_once(
             str(out),
         )
     report = json.loads((out / "report.json").read_text())
+    assert report["settings"]["source"] == source
     assert report["trained_records"] == N and report["rejected_records"] == MALFORMED, report
     assert check_ledger(report["ledger"]) == {
         (topic, 0): N + MALFORMED + 1

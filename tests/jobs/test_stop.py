@@ -35,9 +35,12 @@ def _wait_for(path: Path, text: str, proc: subprocess.Popen[str], timeout_s: flo
 
 
 @pytest.mark.slow  # a run stopped after two batches, and (SIGTERM) its resume
-@pytest.mark.parametrize("how", ["SIGTERM", "Ctrl-C"])
+@pytest.mark.parametrize(
+    ("how", "source"), [("SIGTERM", "python"), ("Ctrl-C", "python"), ("SIGTERM", "jvm")]
+)
 def test_a_stopped_run_leaves_its_report_and_model_and_resumes(
     how: str,
+    source: str,
     broker,
     topic,
     tmp_path: Path,  # type: ignore[no-untyped-def]
@@ -75,6 +78,8 @@ def test_a_stopped_run_leaves_its_report_and_model_and_resumes(
         "500",
         "--eval-every",
         "100",
+        "--source",
+        source,
     ]
     stdout, stderr = tmp_path / "stdout", tmp_path / "stderr"
     with stdout.open("w") as o, stderr.open("w") as e:
