@@ -30,10 +30,10 @@ log = logging.getLogger(__name__)
 @click.option("--port", default=9092, show_default=True, help="Port to listen on (0: a free port).")
 @click.option(
     "--engine",
-    type=click.Choice(["tansu", "kafka", "noida"]),
-    help="tansu (default; env STREAMTRAIN_BROKER_ENGINE): memory only, up in milliseconds. "
-    "kafka: Apache Kafka's own broker (KRaft; needs Java, its jars resolved from Maven once). "
-    "noida: keeps its data in --storage across restarts, and serves librdkafka before 2.1 (kcat).",
+    type=click.Choice(["kafka", "tansu", "noida"]),
+    help="kafka (default; env STREAMTRAIN_BROKER_ENGINE): Apache Kafka's own broker (KRaft; "
+    "needs Java, its jars resolved from Maven once). tansu: memory only, up in milliseconds, "
+    "nothing to download. noida: keeps its data in --storage across restarts.",
 )
 @click.option(
     "--storage",

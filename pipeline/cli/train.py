@@ -79,9 +79,9 @@ from producers import datasets
 @kafka_conf_option
 @click.option(
     "--broker-engine",
-    type=click.Choice(["tansu", "kafka", "noida"]),
+    type=click.Choice(["kafka", "tansu", "noida"]),
     help="The embedded broker, when there is no --bootstrap (env STREAMTRAIN_BROKER_ENGINE; "
-    "default tansu). docs/kafka.md.",
+    "default kafka: Apache Kafka's own). docs/kafka.md.",
 )
 @click.option(
     "--topic", help="Train from this topic; with --bootstrap, fed by someone else (no replay)."

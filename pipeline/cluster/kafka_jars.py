@@ -81,15 +81,15 @@ def available() -> bool:
 
 def spark_conf(source: str | None, conf: dict[str, str] | None = None) -> dict[str, str]:
     """``conf`` with the source's jars added to ``spark.jars`` (after any already named there):
-    for ``jvm`` resolved if needed, for ``auto`` only where cached, for ``python`` none.
+    for ``jvm``, resolved if needed; ``auto`` reads with the Python source, which needs none.
 
     >>> spark_conf("python", {"spark.app.name": "x"})
     {'spark.app.name': 'x'}
     """
     out = dict(conf or {})
-    if source not in ("jvm", "auto"):
+    if source != "jvm":
         return out
-    found = jars(fetch=source == "jvm")
+    found = jars()
     if found:
         given = [j for j in out.get("spark.jars", "").split(",") if j]
         out["spark.jars"] = ",".join([*given, *(str(j) for j in found)])

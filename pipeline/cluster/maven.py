@@ -104,7 +104,7 @@ def resolve(
     coordinates: Sequence[str],
     *,
     what: str,
-    repo: str = CENTRAL,
+    repo: str | None = None,
     timeout_s: float = 600.0,
     quiet: bool = True,
 ) -> list[Path]:
@@ -114,7 +114,7 @@ def resolve(
         name: the set's name in the cache (``kafka``, ``spark-sql-kafka``).
         coordinates: ``group:artifact:version`` of each library asked for.
         what: what needs them, for the error line (``Apache Kafka's broker``).
-        repo: the Maven repository (Maven Central, or a mirror: ``$STREAMTRAIN_MAVEN_REPO``).
+        repo: the Maven repository (default ``$STREAMTRAIN_MAVEN_REPO``, else Maven Central).
         timeout_s: how long a resolution may take before it is given up.
         quiet: say nothing; else one line on stderr when a resolution starts (Ivy's own
             output always goes to a log in the set's folder).
@@ -125,6 +125,7 @@ def resolve(
     target = folder(name, coordinates)
     if (target / COMPLETE).is_file():
         return sorted(target.glob("*.jar"))
+    repo = repo or config.settings().maven_repo
     java = jvmcache.java_binary()
     if java is None:
         raise ConfigError(

@@ -54,8 +54,7 @@ def session(
 
     * With ``source`` ``jvm``, Spark's own Kafka source's jars go on ``spark.jars``
       (resolved into the cache where needed; on a ``spark://`` master Spark ships them to
-      the executors); with ``auto``, only where the cache holds them
-      (:mod:`pipeline.cluster.kafka_jars`).
+      the executors; :mod:`pipeline.cluster.kafka_jars`).
 
     ``conf`` adds to or overrides these settings; its ``spark.driver.extraJavaOptions``
     come after streamtrain's, so they win.

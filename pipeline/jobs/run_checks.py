@@ -133,19 +133,9 @@ def _check_source(cfg: RunConfig) -> None:
 
 
 def source_of(cfg: RunConfig) -> str:
-    """``cfg.source`` with ``auto`` resolved, without the network: Spark's own where its jars
-    are at hand (cached, or baked into pyspark), streamtrain's where batches are sized for a
-    freshness target or the run's own broker is Tansu (where Spark's reads short)."""
-    from pipeline import config
-    from pipeline.cluster import kafka_jars
-
-    if cfg.source != "auto":
-        return cfg.source
-    if cfg.freshness_target_s is not None:
-        return "python"
-    if not cfg.bootstrap and (cfg.broker_engine or config.settings().broker_engine) == "tansu":
-        return "python"
-    return "jvm" if kafka_jars.available() else "python"
+    """``cfg.source`` with ``auto`` resolved: streamtrain's Python source, the faster of the
+    two on the same topic (``bench/source.py``, ``jvm_vs_python`` 0.34; docs/kafka.md)."""
+    return "python" if cfg.source == "auto" else cfg.source
 
 
 def _check_table(cfg: RunConfig) -> None:

@@ -40,7 +40,7 @@ class RunConfig:
     kafka_conf: str | None = (
         None  # a Kafka client properties file (TLS, SASL): only its path is kept
     )
-    broker_engine: str | None = None  # None: $STREAMTRAIN_BROKER_ENGINE, else tansu
+    broker_engine: str | None = None  # None: $STREAMTRAIN_BROKER_ENGINE, else kafka
     topic: str | None = None
     own_topic: str | None = (
         None  # the topic of the run's own replay into a --bootstrap Kafka (named at its start)

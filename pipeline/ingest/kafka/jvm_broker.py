@@ -53,7 +53,7 @@ def coordinates(version: str) -> list[str]:
 
 
 def classpath(
-    *, version: str, home: Path | None = None, repo: str = maven.CENTRAL, quiet: bool = True
+    *, version: str, home: Path | None = None, repo: str | None = None, quiet: bool = True
 ) -> str:
     """The broker's classpath: ``home/libs/*`` (an unpacked distribution), else the jars of
     ``version`` resolved into the cache from ``repo``."""
