@@ -196,7 +196,7 @@ def resolve(
 
 
 def _first_error(log: Path) -> str:
-    """What Ivy's output says failed: the server it could not reach, else what was not found.
+    r"""What Ivy's output says failed: the server it could not reach, else what was not found.
 
     Example:
         >>> import tempfile

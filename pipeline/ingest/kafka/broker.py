@@ -131,46 +131,35 @@ class EmbeddedBroker:
             self._scratch = self._scratch or tempfile.mkdtemp(prefix=f"streamtrain-{self.engine}-")
         return str(self.storage or self._scratch)
 
-    def _controller_port(self, previous: Path) -> int:
-        """The controller's port: a kept data folder's last one while it is free (the quorum
-        it formed names it), else a free one."""
-        try:
-            voters = jvm_broker.read_properties(previous)["controller.quorum.voters"]
-            port = int(voters.rsplit(":", 1)[1])
-        except (OSError, KeyError, ValueError, IndexError):
-            return free_port(self.host)
-        return port if _port_free(self.host, port) else free_port(self.host)
-
     def _kafka_command(self, port: int) -> list[str]:
         """Configure (and, the first time, format) a KRaft broker whose client port is ``port``."""
         folder = Path(self._folder())
         folder.mkdir(parents=True, exist_ok=True)
+        # A kept data folder restarts on its controller's port while free: its quorum names it.
+        kept = jvm_broker.kept_controller_port(folder / "server.properties")
+        controller = kept if kept and _port_free(self.host, kept) else free_port(self.host)
         props = (
             jvm_broker.properties(
                 host=self.host,
                 port=port,
-                controller_port=self._controller_port(folder / "server.properties"),
+                controller_port=controller,
                 log_dir=folder / "data",
                 overrides=self.properties,
             )
             if self.kraft_defaults
             else dict(self.properties)
         )
-        config_path = folder / "server.properties"
-        jvm_broker.write_properties(config_path, props)
         self._cp = self._cp or engines.kafka_classpath(quiet=False)
-        log = Path(self.log_path) if self.log_path else None
-        data = Path(props["log.dirs"].split(",")[0])
-        if (data / "meta.properties").is_file():
-            pass  # a kept data folder, formatted at its first start
-        elif self.kraft_defaults and not self.scram and not data.exists():
-            template = jvm_broker.formatted_template(self._cp, engines.kafka_template_folder())
-            shutil.copytree(template, data)
-        else:
-            jvm_broker.format_storage(self._cp, config_path, scram=self.scram, log_path=log)
-        jvm_broker.write_log_config(folder / "log4j2.properties")
-        return jvm_broker.command(
-            self._cp, config_path, folder / "log4j2.properties", heap=engines.kafka_heap()
+        fresh = self.kraft_defaults and not self.scram  # a copy of one formatted folder serves
+        template = engines.kafka_template_folder() if fresh else None
+        return jvm_broker.prepare(
+            folder,
+            props,
+            cp=self._cp,
+            scram=self.scram,
+            template=template,
+            log_path=Path(self.log_path) if self.log_path else None,
+            heap=engines.kafka_heap(),
         )
 
     def _command(self, binary: str, port: int) -> list[str]:
@@ -287,7 +276,7 @@ class EmbeddedBroker:
         atexit.unregister(self.stop)
         if proc.poll() is None:
             if self.engine == "noida":
-                self._stop_noida_service()
+                _stop_noida_service(str(self.storage or self._scratch))
             proc.terminate()
             try:
                 proc.wait(timeout_s)
@@ -297,21 +286,6 @@ class EmbeddedBroker:
         if self._scratch:
             shutil.rmtree(self._scratch, ignore_errors=True)
             self._scratch = None
-
-    def _stop_noida_service(self) -> None:
-        """Stop noida's Kafka service before its process: ``noida-db stop kafka`` saves every
-        record it acknowledged. Measured: a SIGTERM or SIGINT alone, while a producer was
-        sending, lost the last ~70 ms of acknowledged records (about 10 at 150 records/s)."""
-        folder = self.storage or self._scratch
-        with contextlib.suppress(OSError, subprocess.SubprocessError):
-            subprocess.run(
-                [find_binary("noida"), "stop", "kafka", "--data-dir", str(folder)],
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-                timeout=15,
-                check=False,
-            )
 
     def __enter__(self) -> EmbeddedBroker:
         return self.start()
@@ -323,6 +297,21 @@ class EmbeddedBroker:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
+
+
+def _stop_noida_service(folder: str) -> None:
+    """Stop noida's Kafka service before its process: ``noida-db stop kafka`` saves every
+    record it acknowledged. Measured: a SIGTERM or SIGINT alone, while a producer was
+    sending, lost the last ~70 ms of acknowledged records (about 10 at 150 records/s)."""
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        subprocess.run(
+            [find_binary("noida"), "stop", "kafka", "--data-dir", str(folder)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            timeout=15,
+            check=False,
+        )
 
 
 # --- the running `streamtrain broker`, so other commands find it without --bootstrap ---

@@ -219,6 +219,40 @@ def formatted_template(cp: str, folder: Path) -> Path:
     return data
 
 
+def kept_controller_port(previous: Path) -> int | None:
+    """The controller's port in a kept data folder's last properties, if any."""
+    try:
+        return int(read_properties(previous)["controller.quorum.voters"].rsplit(":", 1)[1])
+    except (OSError, KeyError, ValueError, IndexError):
+        return None
+
+
+def prepare(
+    folder: Path,
+    props: Mapping[str, str],
+    *,
+    cp: str,
+    scram: Sequence[str] = (),
+    template: Path | None = None,
+    log_path: Path | None = None,
+    heap: str = "512m",
+) -> list[str]:
+    """Write ``props`` into ``folder``, format their data folder if it is new, and return
+    the broker's command line. ``template``: where a data folder formatted once (no SCRAM
+    users) is kept, copied rather than formatted again."""
+    config_path = folder / "server.properties"
+    write_properties(config_path, props)
+    data = Path(props["log.dirs"].split(",")[0])
+    if (data / "meta.properties").is_file():
+        pass  # a kept data folder, formatted at its first start
+    elif template is not None and not data.exists():
+        shutil.copytree(formatted_template(cp, template), data)
+    else:
+        format_storage(cp, config_path, scram=scram, log_path=log_path)
+    write_log_config(folder / "log4j2.properties")
+    return command(cp, config_path, folder / "log4j2.properties", heap=heap)
+
+
 def command(cp: str, config_path: Path, log4j_path: Path, *, heap: str = "512m") -> list[str]:
     """The broker's command line: Kafka's own JVM settings with the heap capped at ``heap``."""
     return [
