@@ -159,6 +159,7 @@ def compose_broker(
         yield broker, ports
 
 
+@pytest.mark.slow  # a broker JVM of its own: full tier only
 def test_the_compose_files_kafka_serves_the_stack_and_the_host(
     compose_broker: tuple[EmbeddedBroker, dict[int, int]],
 ) -> None:
@@ -171,6 +172,7 @@ def test_the_compose_files_kafka_serves_the_stack_and_the_host(
     assert client.partitions_for(f"127.0.0.1:{ports[9094]}", "__consumer_offsets")
 
 
+@pytest.mark.slow  # `streamtrain secrets` and a broker JVM of its own: full tier only
 def test_the_secured_variants_broker_admits_its_generated_client(tmp_path: Path) -> None:
     """deploy/kafka-secured.yml's broker runs the server.properties that `streamtrain secrets
     --kafka-broker` writes, formatted with its cluster id, its user made through the loopback

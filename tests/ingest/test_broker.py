@@ -199,7 +199,10 @@ def _cache_with_kafka_jars(cache: Path) -> None:
     (cache / "jars").symlink_to(config.cache_dir() / "jars", target_is_directory=True)
 
 
-@pytest.mark.parametrize("engine", ["tansu", "kafka"])
+@pytest.mark.parametrize(
+    "engine",
+    ["tansu", pytest.param("kafka", marks=pytest.mark.slow)],  # a JVM: full tier
+)
 def test_cli_broker_is_found_by_produce_and_stops_on_sigterm(engine: str, tmp_path: Path) -> None:
     """Proves, for Tansu and Apache Kafka: `streamtrain broker` is found by the next command
     without --bootstrap, stops on SIGTERM, frees its port and leaves no folder behind."""
@@ -238,6 +241,7 @@ def test_cli_broker_is_found_by_produce_and_stops_on_sigterm(engine: str, tmp_pa
     assert not list(scratch.iterdir())
 
 
+@pytest.mark.slow  # a broker JVM of its own: full tier only
 def test_the_kafka_broker_dies_with_its_owner(tmp_path: Path) -> None:
     """A SIGKILL of `streamtrain broker` takes Apache Kafka's JVM with it (PR_SET_PDEATHSIG)."""
     _cache_with_kafka_jars(tmp_path)

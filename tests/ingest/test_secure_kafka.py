@@ -123,6 +123,7 @@ def _secured_topic(kafka: SecureKafka, path: Path, n: int) -> tuple[str, list[by
     return topic, values
 
 
+@pytest.mark.slow  # a broker JVM of its own and seconds of TLS and SASL: full tier only
 @pytest.mark.parametrize("which", ["scram", "mtls"])
 def test_the_fetch_reader_and_the_fallback_read_a_transaction_through_tls_and_sasl(
     which: str, request: pytest.FixtureRequest, tmp_path: Path
@@ -179,6 +180,7 @@ def test_the_fetch_reader_and_the_fallback_read_a_transaction_through_tls_and_sa
     assert got_rd == values
 
 
+@pytest.mark.slow  # a broker JVM of its own and seconds of TLS and SASL: full tier only
 @pytest.mark.parametrize("mechanism", MECHANISMS)
 def test_scram_sha_256_scram_sha_512_and_plain_each_log_in(
     every_mechanism: SecureKafka, mechanism: str, tmp_path: Path
@@ -196,6 +198,7 @@ def test_scram_sha_256_scram_sha_512_and_plain_each_log_in(
         fetch.close()
 
 
+@pytest.mark.slow  # a broker JVM of its own and seconds of TLS and SASL: full tier only
 @pytest.mark.parametrize("mechanism", MECHANISMS)
 def test_the_fetch_reader_authenticates_again_within_the_session_lifetime(
     every_mechanism: SecureKafka, mechanism: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -377,6 +380,7 @@ def test_the_fetch_reader_never_retries_a_refused_login(scram: SecureKafka, tmp_
     assert isinstance(wire.AuthenticationError("x"), BrokerError)
 
 
+@pytest.mark.slow  # a broker JVM of its own and seconds of TLS and SASL: full tier only
 def test_the_stacks_generated_credentials_log_in_to_a_broker_that_requires_them(
     tmp_path: Path,
 ) -> None:
