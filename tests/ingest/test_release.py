@@ -37,27 +37,31 @@ def _earliest(bootstrap: str, topic: str) -> dict[int, int]:
     return {tp.partition: offset for tp, offset in found.items()}
 
 
-@pytest.mark.parametrize("engine", ["noida", "kafka"])
-def test_noida_releases_each_batch_once_the_next_is_saved(engine: str) -> None:
-    with EmbeddedBroker(engine=engine) as broker:
-        client.ensure_topic(broker.bootstrap, "replayed", partitions=2)
-        _fill(broker.bootstrap, "replayed", 100)
-        releaser = Releaser(broker.bootstrap, "replayed")
-        try:
-            releaser.trained([OffsetRange("replayed", p, 0, 25) for p in (0, 1)])
-            assert releaser.flush()
-            assert _earliest(broker.bootstrap, "replayed") == {
-                0: 0,
-                1: 0,
-            }  # batch 0 may be replayed yet
-            releaser.trained(
-                [OffsetRange("replayed", p, 25, 50) for p in (0, 1)]
-            )  # Spark committed batch 0
-            assert releaser.flush()
-            assert _earliest(broker.bootstrap, "replayed") == {0: 25, 1: 25}
-            assert releaser.released == {0: 25, 1: 25}
-        finally:
-            releaser.close()
+def _releases_each_batch_once_the_next_is_saved(bootstrap: str, topic: str) -> None:
+    client.ensure_topic(bootstrap, topic, partitions=2)
+    _fill(bootstrap, topic, 100)
+    releaser = Releaser(bootstrap, topic)
+    try:
+        releaser.trained([OffsetRange(topic, p, 0, 25) for p in (0, 1)])
+        assert releaser.flush()
+        assert _earliest(bootstrap, topic) == {0: 0, 1: 0}  # batch 0 may be replayed yet
+        releaser.trained([OffsetRange(topic, p, 25, 50) for p in (0, 1)])  # Spark committed 0
+        assert releaser.flush()
+        assert _earliest(bootstrap, topic) == {0: 25, 1: 25}
+        assert releaser.released == {0: 25, 1: 25}
+    finally:
+        releaser.close()
+
+
+def test_noida_releases_each_batch_once_the_next_is_saved() -> None:
+    with EmbeddedBroker(engine="noida") as broker:
+        _releases_each_batch_once_the_next_is_saved(broker.bootstrap, "replayed")
+
+
+def test_apache_kafka_releases_each_batch_once_the_next_is_saved(
+    broker: EmbeddedBroker, topic: str
+) -> None:
+    _releases_each_batch_once_the_next_is_saved(broker.bootstrap, topic)
 
 
 @pytest.mark.slow  # 3 to 8 s (a process to start or a timeout to wait out): full tier only

@@ -369,6 +369,7 @@ def test_every_wrong_setting_is_one_line_within_10_s(
     assert "must name the host" in lines["wrong_name"] and "expired" in lines["expired"], lines
 
 
+@pytest.mark.slow  # a broker JVM of its own and seconds of TLS and SASL: full tier only
 def test_the_fetch_reader_never_retries_a_refused_login(scram: SecureKafka, tmp_path: Path) -> None:
     """A refused password is raised at once, not retried until the read's timeout."""
     path = scram.write_client_properties(tmp_path / "bad.properties", password="wrong")
