@@ -27,6 +27,25 @@ os.environ["STREAMTRAIN_DATA_DIR"] = str(SAMPLES)
 os.environ["STREAMTRAIN_SOURCE"] = "python"
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _kafka_for_every_process(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Apache Kafka's jars, resolved once into the user's cache, for every process the tests
+    start: many start with a cache folder of their own (a first run, a simulated host), some
+    in a network namespace with no route to Maven. STREAMTRAIN_KAFKA_HOME points them at a
+    distribution-like folder whose ``libs`` are the resolved jars. Where the jars cannot be
+    had, nothing is set and the tests that start a broker say why."""
+    from pipeline.errors import StreamtrainError
+    from pipeline.ingest.kafka import engines
+
+    try:
+        jars = Path(engines.kafka_classpath().split(os.pathsep)[0]).parent
+    except StreamtrainError:
+        return
+    home = tmp_path_factory.mktemp("kafka-home")
+    (home / "libs").symlink_to(jars, target_is_directory=True)
+    os.environ["STREAMTRAIN_KAFKA_HOME"] = str(home)
+
+
 @pytest.fixture(autouse=True)
 def _fallback_consumers_closed() -> Iterator[None]:
     """The consumer fallback's cached consumers are closed after each test: the test's broker

@@ -271,7 +271,7 @@ def test_kafka_jars_that_cannot_be_had_are_one_line(tmp_path: Path) -> None:
     from pipeline.ingest.kafka.broker import free_port
 
     env = {
-        **os.environ,
+        **{k: v for k, v in os.environ.items() if k != "STREAMTRAIN_KAFKA_HOME"},
         "STREAMTRAIN_CACHE_DIR": str(tmp_path),
         "STREAMTRAIN_MAVEN_REPO": f"http://127.0.0.1:{free_port()}/maven2/",
     }
