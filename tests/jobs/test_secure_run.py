@@ -82,7 +82,7 @@ def test_a_run_trains_a_librdkafka_transaction_from_sasl_ssl_exactly_once(
     scram: SecureKafka, source: str, tmp_path: Path
 ) -> None:
     path = scram.write_client_properties(tmp_path / "client.properties")
-    topic = "secured-higgs"
+    topic = f"secured-higgs-{source}"  # one broker serves both runs
     client.ensure_topic(scram.bootstrap, topic, partitions=1, conf=conf.load(path))
     values, keys = higgs_records(N)
     bad = [b"not a HIGGS record %d" % i for i in range(MALFORMED)]
