@@ -267,5 +267,5 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     if _left_out:
         terminalreporter.write_line(
             f"quick tier: left out {len(_left_out)} slow tests (full runs, clusters, soak-like, "
-            "timeouts to wait out); `bash tests/run.sh` runs them all"
+            "timeouts to wait out, brokers of their own); `bash tests/run.sh` runs them all"
         )
