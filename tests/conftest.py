@@ -20,11 +20,6 @@ ROOT = Path(__file__).resolve().parent.parent
 #: the tests read 11M rows.
 SAMPLES = ROOT / "producers" / "datasets" / "samples"
 os.environ["STREAMTRAIN_DATA_DIR"] = str(SAMPLES)
-#: The runs the tests start read with streamtrain's Python source unless a test names Spark's
-#: own (those are parametrized over both, on Apache Kafka's broker): with --source auto the
-#: choice would follow what the cache holds, and many runs point --bootstrap at an embedded
-#: Tansu, where Spark's own reads short of the end (docs/kafka.md, the two sources).
-os.environ["STREAMTRAIN_SOURCE"] = "python"
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -177,8 +177,8 @@ from producers import datasets
     default="auto",
     show_default=True,
     help="The Kafka source: Spark's own (jvm; its jars resolved once from Maven Central into "
-    "the cache), streamtrain's (python), or auto: Spark's own where its jars are cached and the "
-    "broker is not the embedded Tansu (env STREAMTRAIN_SOURCE). docs/kafka.md.",
+    "the cache), streamtrain's (python), or auto: the faster of the two as measured, "
+    "streamtrain's (env STREAMTRAIN_SOURCE). docs/kafka.md.",
 )
 @click.option(
     "--isolation-level",

@@ -50,33 +50,19 @@ def extra(jars: list[Path], present: set[str]) -> list[Path]:
     return [j for j in jars if j.name not in present]
 
 
-def jars(*, fetch: bool = True) -> list[Path] | None:
-    """The jars Spark's Kafka source needs beyond pyspark's own, as local paths.
-
-    Args:
-        fetch: resolve them from Maven Central (or the mirror) where the cache lacks them;
-            False: the cached set or None (``--source auto`` never reaches the network).
+def jars() -> list[Path]:
+    """The jars Spark's Kafka source needs beyond pyspark's own, as local paths, resolved
+    from Maven Central (or the mirror) where the cache lacks them.
 
     Raises:
-        ConfigError: ``fetch`` and they cannot be had (no Java, no route to Maven Central,
-            a pyspark version whose connector Maven Central does not serve), in one line.
+        ConfigError: they cannot be had (no Java, no route to Maven Central, a pyspark version
+            whose connector Maven Central does not serve), in one line.
     """
     if glob.glob(str(_pyspark_jars() / "spark-sql-kafka-*.jar")):
         return []  # baked into pyspark's own folder (the Docker image): nothing to add
-    wanted = coordinates()
-    cached = (maven.folder(NAME, wanted) / maven.COMPLETE).is_file()
-    if not cached and not fetch:
-        return None
-    resolved = maven.resolve(NAME, wanted, what=WHAT, quiet=False)
+    resolved = maven.resolve(NAME, coordinates(), what=WHAT, quiet=False)
     present = {p.name for p in _pyspark_jars().glob("*.jar")}
     return extra(resolved, present)
-
-
-def available() -> bool:
-    """Whether Spark's Kafka source can be had without the network: its jars cached, or the
-    connector already in pyspark's own jars folder (the Docker image bakes it in there)."""
-    baked = glob.glob(str(_pyspark_jars() / "spark-sql-kafka-*.jar"))
-    return bool(baked) or (maven.folder(NAME, coordinates()) / maven.COMPLETE).is_file()
 
 
 def spark_conf(source: str | None, conf: dict[str, str] | None = None) -> dict[str, str]:

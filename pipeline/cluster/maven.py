@@ -27,8 +27,6 @@ from pipeline import config
 from pipeline.cluster import jvmcache
 from pipeline.errors import ConfigError
 
-#: Maven Central, where every library here is published.
-CENTRAL = "https://repo1.maven.org/maven2/"
 #: The mark written once every jar of a set is in place.
 COMPLETE = "complete"
 
@@ -143,56 +141,61 @@ def resolve(
             )
         work = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=target.parent))
         try:
-            (work / "ivy.xml").write_text(_ivy_module(coordinates))
-            (work / "ivysettings.xml").write_text(_ivy_settings(repo))
-            log = work / "ivy.log"
-            with open(log, "wb") as out:
-                done = subprocess.run(
-                    [
-                        java,
-                        "-jar",
-                        str(ivy_jar()),
-                        "-settings",
-                        str(work / "ivysettings.xml"),
-                        "-ivy",
-                        str(work / "ivy.xml"),
-                        "-confs",
-                        "default",
-                        # Ivy's own download cache, shared by every set: a second set that
-                        # needs the same jars (kafka-clients) copies them, not downloads.
-                        "-cache",
-                        str(config.cache_dir() / "ivy"),
-                        "-retrieve",
-                        str(work / "lib" / "[artifact]-[revision](-[classifier]).[ext]"),
-                    ],
-                    stdin=subprocess.DEVNULL,
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                    timeout=timeout_s,
-                    check=False,
-                )
-        except subprocess.TimeoutExpired:
-            shutil.rmtree(work, ignore_errors=True)
-            raise ConfigError(
-                f"Expected {what}'s jars from {repo} within {timeout_s:.0f} s. Received: no "
-                "answer. Check the network (or set STREAMTRAIN_MAVEN_REPO to a reachable "
-                "mirror) and try again."
-            ) from None
-        jars = sorted((work / "lib").glob("*.jar"))
-        if done.returncode != 0 or not jars:
-            reason = _first_error(log)
-            shutil.rmtree(work, ignore_errors=True)
-            raise ConfigError(
-                f"Expected {what}'s jars ({', '.join(coordinates)}) from {repo}. Received: "
-                f"{reason}. Check the network (or set STREAMTRAIN_MAVEN_REPO to a reachable "
-                "mirror) and try again."
-            )
-        shutil.rmtree(target, ignore_errors=True)
-        (work / "lib").rename(target)
-        shutil.move(str(log), target / "ivy.log")
-        shutil.rmtree(work, ignore_errors=True)
+            _retrieve(work, coordinates, repo=repo, java=java, what=what, timeout_s=timeout_s)
+            shutil.rmtree(target, ignore_errors=True)
+            (work / "lib").rename(target)
+            shutil.move(str(work / "ivy.log"), target / "ivy.log")
+        finally:
+            shutil.rmtree(work, ignore_errors=True)  # a failed or interrupted try leaves nothing
         (target / COMPLETE).write_text("\n".join(coordinates) + "\n")
     return sorted(target.glob("*.jar"))
+
+
+def _retrieve(
+    work: Path, coordinates: Sequence[str], *, repo: str, java: str, what: str, timeout_s: float
+) -> None:
+    """Run Ivy in ``work``: the jars into ``work/lib``, its output into ``work/ivy.log``."""
+    (work / "ivy.xml").write_text(_ivy_module(coordinates))
+    (work / "ivysettings.xml").write_text(_ivy_settings(repo))
+    log = work / "ivy.log"
+    try:
+        with open(log, "wb") as out:
+            done = subprocess.run(
+                [
+                    java,
+                    "-jar",
+                    str(ivy_jar()),
+                    "-settings",
+                    str(work / "ivysettings.xml"),
+                    "-ivy",
+                    str(work / "ivy.xml"),
+                    "-confs",
+                    "default",
+                    # Ivy's own download cache, shared by every set: a second set that needs
+                    # the same jars (kafka-clients) copies them, not downloads.
+                    "-cache",
+                    str(config.cache_dir() / "ivy"),
+                    "-retrieve",
+                    str(work / "lib" / "[artifact]-[revision](-[classifier]).[ext]"),
+                ],
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                timeout=timeout_s,
+                check=False,
+            )
+    except subprocess.TimeoutExpired:
+        raise ConfigError(
+            f"Expected {what}'s jars from {repo} within {timeout_s:.0f} s. Received: no "
+            "answer. Check the network (or set STREAMTRAIN_MAVEN_REPO to a reachable "
+            "mirror) and try again."
+        ) from None
+    if done.returncode != 0 or not list((work / "lib").glob("*.jar")):
+        raise ConfigError(
+            f"Expected {what}'s jars ({', '.join(coordinates)}) from {repo}. Received: "
+            f"{_first_error(log)}. Check the network (or set STREAMTRAIN_MAVEN_REPO to a "
+            "reachable mirror) and try again."
+        )
 
 
 def _first_error(log: Path) -> str:

@@ -74,7 +74,7 @@ class Run:
             )
         if cfg.source == "auto":
             # Resolved before the run is recorded: a resume reads on with the source its
-            # query's checkpoint was written by, whatever the cache holds by then.
+            # query's checkpoint was written by, whatever auto means by then.
             self.cfg = cfg = dataclasses.replace(cfg, source=run_checks.source_of(cfg))
         self.topic = cfg.topic or cfg.own_topic or f"streamtrain-{cfg.name}"
         if cfg.resume and cfg.default_table_model:

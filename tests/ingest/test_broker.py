@@ -191,14 +191,6 @@ def test_unknown_engine_is_a_clear_error() -> None:
         EmbeddedBroker(engine="redpanda")
 
 
-def _cache_with_kafka_jars(cache: Path) -> None:
-    """A new cache folder that shares the jars already resolved (no second download)."""
-    from pipeline import config
-
-    cache.mkdir(exist_ok=True)
-    (cache / "jars").symlink_to(config.cache_dir() / "jars", target_is_directory=True)
-
-
 @pytest.mark.parametrize(
     "engine",
     ["tansu", pytest.param("kafka", marks=pytest.mark.slow)],  # a JVM: full tier
@@ -206,8 +198,6 @@ def _cache_with_kafka_jars(cache: Path) -> None:
 def test_cli_broker_is_found_by_produce_and_stops_on_sigterm(engine: str, tmp_path: Path) -> None:
     """Proves, for Tansu and Apache Kafka: `streamtrain broker` is found by the next command
     without --bootstrap, stops on SIGTERM, frees its port and leaves no folder behind."""
-    if engine == "kafka":
-        _cache_with_kafka_jars(tmp_path)
     scratch = tmp_path / "tmp"
     scratch.mkdir()
     env = {**os.environ, "STREAMTRAIN_CACHE_DIR": str(tmp_path), "TMPDIR": str(scratch)}
@@ -244,7 +234,6 @@ def test_cli_broker_is_found_by_produce_and_stops_on_sigterm(engine: str, tmp_pa
 @pytest.mark.slow  # a broker JVM of its own: full tier only
 def test_the_kafka_broker_dies_with_its_owner(tmp_path: Path) -> None:
     """A SIGKILL of `streamtrain broker` takes Apache Kafka's JVM with it (PR_SET_PDEATHSIG)."""
-    _cache_with_kafka_jars(tmp_path)
     env = {**os.environ, "STREAMTRAIN_CACHE_DIR": str(tmp_path)}
     proc = subprocess.Popen(
         [sys.executable, "-m", "pipeline", "broker", "--port", "0", "--engine", "kafka"],

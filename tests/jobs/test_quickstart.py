@@ -46,11 +46,6 @@ def test_streamtrain_run_on_its_embedded_default(tmp_path: Path) -> None:
     cache = tmp_path / "cache"
     cache.mkdir()
     (cache / "mnist.npz").symlink_to(datasets.mnist.fetch())
-    # Apache Kafka's jars (the default broker's) as resolved before the tests: a download
-    # is not start-up, and the README's second command resolves them once.
-    from pipeline import config
-
-    (cache / "jars").symlink_to(config.cache_dir() / "jars", target_is_directory=True)
     done = subprocess.run(
         [sys.executable, "-m", "pipeline", "run", *args],
         capture_output=True,

@@ -1,7 +1,5 @@
-"""Which program each engine of the embedded broker runs, and where it is found.
-
-python -m pipeline.ingest.kafka.engines kafka   # resolve Kafka's jars into the cache now
-"""
+"""Which program each engine of the embedded broker runs, and where it is found
+(``python -m pipeline.ingest.kafka`` resolves Kafka's jars into the cache ahead)."""
 
 from __future__ import annotations
 
@@ -12,7 +10,7 @@ import shutil
 from pathlib import Path
 
 from pipeline import config
-from pipeline.errors import BrokerError
+from pipeline.errors import BrokerError, ConfigError
 from pipeline.ingest.kafka import jvm_broker
 
 #: The programs an embedded broker can be, with what each is for (docs/kafka.md: "The embedded
@@ -78,8 +76,6 @@ def find_tansu() -> str:
 
 def kafka_classpath(*, quiet: bool = True) -> str:
     """The ``kafka`` engine's classpath, from the settings (version, distribution, mirror)."""
-    from pipeline.errors import ConfigError
-
     settings = config.settings()
     try:
         return jvm_broker.classpath(
