@@ -139,12 +139,10 @@ def spark():  # type: ignore[no-untyped-def]
 
 
 def free_port() -> int:
-    """A loopback port nobody listens on right now."""
-    import socket
+    """A loopback port nobody listens on right now, which no outgoing connection will take."""
+    from pipeline.ingest.kafka.broker import free_port as free
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return free()
 
 
 def _need(binary: str) -> str:

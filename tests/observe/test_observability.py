@@ -37,12 +37,19 @@ def _get(url: str) -> str:
 
 
 def _wait_for(
-    predicate: Any, timeout_s: float, what: str, proc: subprocess.Popen[str] | None = None
+    predicate: Any,
+    timeout_s: float,
+    what: str,
+    proc: subprocess.Popen[str] | None = None,
+    log: Path | None = None,
 ) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
-            raise AssertionError(f"the run exited ({proc.returncode}) while waiting for {what}")
+            tail = log.read_text()[-3000:] if log is not None else ""
+            raise AssertionError(
+                f"the run exited ({proc.returncode}) waiting for {what}; its log ends:\n{tail}"
+            )
         try:
             if predicate():
                 return
@@ -121,7 +128,7 @@ def scraped(broker, prometheus, data_dir, tmp_path_factory) -> dict[str, Any]:  
         )
         try:
             # Produce once the workers are warm, so the stream is live while Prometheus watches.
-            _wait_for(lambda: "replicas ready" in log.read_text(), 240, "warm workers", proc)
+            _wait_for(lambda: "replicas ready" in log.read_text(), 240, "warm workers", proc, log)
             bad = KafkaProducer(bootstrap_servers=broker.bootstrap)
             for i in range(N_BAD):
                 bad.send(topic, key=f"bad-{i}".encode(), value=b"\x01broken")
@@ -150,7 +157,7 @@ def scraped(broker, prometheus, data_dir, tmp_path_factory) -> dict[str, Any]:  
                 run_metrics.append(text)
                 return "streamtrain_stream_batches_total 3.0" in text
 
-            _wait_for(mid_run, 120, "three batches", proc)
+            _wait_for(mid_run, 120, "three batches", proc, log)
             producer_text = _get(producer_server.url)
             feeder.join(120)
             assert proc.wait(240) == 0, log.read_text()[-3000:]

@@ -12,6 +12,7 @@ import atexit
 import contextlib
 import json
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -35,9 +36,35 @@ def _child_setup() -> None:
     die_with_parent()
 
 
+#: Ports handed out by this process, never handed out twice.
+_handed_out: set[int] = set()
+
+
+def _ephemeral_low() -> int:
+    """The first port of the kernel's range for outgoing connections (32768 unless set)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that is free on ``host`` right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    """A TCP port that is free on ``host`` right now, below the kernel's ephemeral range.
+
+    Why below it: a port taken from that range (``bind(0)``) can be given by the kernel to
+    any outgoing connection (a client, a scrape) in the seconds before its server binds it.
+
+        >>> 10000 <= free_port() < _ephemeral_low()
+        True
+    """
+    low = max(_ephemeral_low(), 12000)
+    for _ in range(200):
+        port = random.randrange(10000, low)
+        if port not in _handed_out and _port_free(host, port):
+            _handed_out.add(port)
+            return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:  # a crowded range: any port
         s.bind((host, 0))
         return int(s.getsockname()[1])
 
