@@ -15,6 +15,11 @@ command -v kcat >/dev/null || need+=(kcat)
 command -v ip >/dev/null || need+=(iproute2)
 # Java runs Spark and Apache Kafka's broker, the tests' shared broker.
 command -v java >/dev/null || need+=(openjdk-17-jre-headless)
+# Podman (rootful, runc, netavark's name resolution) and debootstrap run the compose stack in
+# containers, its images built without a registry (tests/deploy/test_containers.py).
+for tool in podman runc debootstrap netavark aardvark-dns; do
+  command -v "$tool" >/dev/null || [ -x "/usr/lib/podman/$tool" ] || need+=("$tool")
+done
 if [ ${#need[@]} -gt 0 ] && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
   echo "installing Debian packages: ${need[*]}"
   (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}") >/dev/null \

@@ -3,9 +3,10 @@ give ``apache/kafka`` are started as Apache Kafka's own broker here (the image's
 the same jars), so that a wrong setting there fails a test here, not a user's first
 ``docker compose up``.
 
-No container runs here (no Docker engine). What the image adds to the variables is written
-down in :func:`image_properties` (apache/kafka's ``configureDefaults`` and its variable to
-property rule); host names and ports are moved onto loopback and free ports, nothing else.
+What the image adds to the variables is deploy/standins/kafka/image_env.py (apache/kafka's
+``configureDefaults`` and its variable to property rule, the Kafka stand-in image's own
+start-up); host names and ports are moved onto loopback and free ports, nothing else. The
+images themselves run in tests/deploy/test_containers.py, where Podman can run them.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,50 +28,22 @@ from pipeline.ingest.kafka.security import KafkaConf
 from tests.conftest import ROOT
 from tests.test_deploy import _model
 
-#: apache/kafka's ``configureDefaults``: each variable the service leaves unset takes this
-#: value when the container starts (the image's docker/resources/common-scripts).
-IMAGE_DEFAULTS = {
-    "CLUSTER_ID": "5L6g3nShT-eMCtK--X86sw",
-    "KAFKA_NODE_ID": "1",
-    "KAFKA_LISTENER_SECURITY_PROTOCOL_MAP": (
-        "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,PLAINTEXT_HOST:PLAINTEXT"
-    ),
-    "KAFKA_LISTENERS": "PLAINTEXT://localhost:29092,CONTROLLER://localhost:29093,"
-    "PLAINTEXT_HOST://0.0.0.0:9092",
-    "KAFKA_ADVERTISED_LISTENERS": "PLAINTEXT://localhost:29092,PLAINTEXT_HOST://localhost:9092",
-    "KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR": "1",
-    "KAFKA_GROUP_INITIAL_REBALANCE_DELAY_MS": "0",
-    "KAFKA_TRANSACTION_STATE_LOG_MIN_ISR": "1",
-    "KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR": "1",
-    "KAFKA_PROCESS_ROLES": "broker,controller",
-    "KAFKA_CONTROLLER_QUORUM_VOTERS": "1@localhost:29093",
-    "KAFKA_INTER_BROKER_LISTENER_NAME": "PLAINTEXT",
-    "KAFKA_CONTROLLER_LISTENER_NAMES": "CONTROLLER",
-    "KAFKA_LOG_DIRS": "/tmp/kraft-combined-logs",
-}
-#: Variables the image reads itself, never written as broker properties.
-IMAGE_EXCLUDES = {"KAFKA_VERSION", "KAFKA_HEAP_OPTS", "KAFKA_OPTS", "KAFKA_JMX_OPTS"}
+
+def _image_env() -> Any:
+    """deploy/standins/kafka/image_env.py: what apache/kafka's start-up writes from the
+    variables (its ``configureDefaults`` and its variable-to-property rule), which the
+    Kafka stand-in image runs as its start-up too."""
+    import importlib.util
+
+    path = ROOT / "deploy" / "standins" / "kafka" / "image_env.py"
+    spec = importlib.util.spec_from_file_location("image_env", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-def image_properties(environment: Mapping[str, Any]) -> dict[str, str]:
-    """The broker properties apache/kafka writes from a service's environment.
-
-    ``KAFKA_`` is dropped, the rest lower-cased, ``___`` becomes ``-``, ``__`` ``_`` and
-    ``_`` ``.``.
-
-    Example:
-        >>> image_properties({"KAFKA_LOG_RETENTION_HOURS": 24})["log.retention.hours"]
-        '24'
-    """
-    merged = {**IMAGE_DEFAULTS, **{k: str(v) for k, v in environment.items()}}
-    props = {}
-    for name, value in merged.items():
-        if not name.startswith("KAFKA_") or name in IMAGE_EXCLUDES:
-            continue
-        key = name[len("KAFKA_") :].lower()
-        key = key.replace("___", "\0").replace("__", "\1").replace("_", ".")
-        props[key.replace("\0", "-").replace("\1", "_")] = value
-    return props
+image_properties = _image_env().image_properties
 
 
 def _onto_loopback(props: dict[str, str], hosts: set[str]) -> tuple[dict[str, str], dict[int, int]]:
@@ -204,7 +177,9 @@ def test_the_secured_variants_broker_admits_its_generated_client(tmp_path: Path)
     props, ports = _onto_loopback(props, {"kafka", "localhost", "127.0.0.1"})
     props["log.dirs"] = str(tmp_path / "data")
     secured = conf.load(client_file)
-    password = re.search(r"password=([^\]]+)\]", (broker_dir / "scram-user.properties").read_text())
+    password = re.fullmatch(
+        r"SCRAM-SHA-512=password=(\S+)\n", (broker_dir / "scram-user.properties").read_text()
+    )  # kafka-configs' file form, as tests/deploy/test_containers.py runs it
     assert password and password.group(1) == secured.password
     with EmbeddedBroker(
         engine="kafka",

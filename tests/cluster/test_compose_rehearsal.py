@@ -1,4 +1,5 @@
-"""docker-compose.yml rehearsed without a container engine: each service's own command and
+"""docker-compose.yml's cluster profile rehearsed without a container engine (the default
+stack runs in containers: tests/deploy/test_containers.py): each service's own command and
 configuration run as processes, each service in a network namespace of its name, where the
 other services' names resolve as Compose's DNS would resolve them (``ip netns exec`` mounts
 ``/etc/netns/<name>/hosts``). The embedded broker stands in for the Kafka image; Grafana
@@ -10,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -175,7 +175,9 @@ class Stack:
             multihost.stop(proc)
 
 
-@pytest.fixture(params=["default", "cluster"])
+# The default stack runs in containers (tests/deploy/test_containers.py); the cluster
+# profile's master and workers are rehearsed here.
+@pytest.fixture(params=["cluster"])
 def stack(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Stack]:
     profile = ["--profile", "cluster"] if request.param == "cluster" else []
     model = _compose(*profile)
@@ -191,10 +193,10 @@ def stack(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Stack]:
 
 
 def test_the_stack_trains_and_prometheus_finds_every_target_up(stack: Stack) -> None:
-    """Proves: every service of the compose file (both profiles), run with its own command
+    """Proves: every service of the compose file's cluster profile, run with its own command
     and configuration where its name and its peers' names resolve as in Compose: the
-    trainer trains from the producer's topic (on the cluster profile's Spark master and
-    workers, over TCP), and Prometheus, with deploy/prometheus/, finds every scrape target up."""
+    trainer trains from the producer's topic on the profile's Spark master and workers, over
+    TCP, and Prometheus, with deploy/prometheus/, finds every scrape target up."""
     rows_file = Path(stack.path("trainer", "/runs/mnist")) / "batches.jsonl"
     deadline = time.monotonic() + 300
     targets: list[dict[str, Any]] = []
@@ -220,51 +222,4 @@ def test_the_stack_trains_and_prometheus_finds_every_target_up(stack: Stack) -> 
     }
     row = json.loads(rows_file.read_text().splitlines()[0])
     assert row["trained"] > 0 and all(t["applied"] == t["steps"] for t in row["tasks"])
-    cluster = "spark-master" in stack.services
-    assert {t["transport"] for t in row["tasks"]} == ({"tcp"} if cluster else {"shared memory"})
-    if not cluster:
-        _stop_and_restart_the_trainer(stack, rows_file)
-
-
-def _stop_and_restart_the_trainer(stack: Stack, rows_file: Path) -> None:
-    """``docker compose stop trainer`` (SIGTERM to the container's first process, with
-    compose's stop_grace_period), then ``start`` at once: the stopped trainer leaves its
-    report and model and exits 0 within its grace; the restarted one binds its ports again
-    (sockets of the first in TIME_WAIT), resumes from the checkpoint and trains on, its
-    ledger without gap or overlap."""
-    from pipeline.train import checkpoint
-    from pipeline.train.ledger import check_ledger
-
-    grace = _seconds(stack.services["trainer"]["stop_grace_period"])
-    trainer, out = stack.procs["trainer"], rows_file.parent
-    trainer.send_signal(signal.SIGTERM)
-    assert trainer.wait(grace) == 0, stack.log("trainer")
-    assert "Traceback" not in stack.log("trainer"), stack.log("trainer")
-    report = json.loads((out / "report.json").read_text())
-    assert report["stopped_because"].startswith("SIGTERM") and (out / "model.keras").is_file()
-    before = checkpoint.load(out)
-    assert before is not None and report["trained_records"] == before.extra["trained"]
-    restarted = time.monotonic()
-    stack.start("trainer")
-    deadline = restarted + 300
-    while (now := checkpoint.load(out)) is None or now.last_batch_id <= before.last_batch_id:
-        assert stack.procs["trainer"].poll() is None, stack.log("trainer")
-        assert time.monotonic() < deadline, stack.log("trainer")
-        time.sleep(1)
-    assert "resum" in stack.log("trainer").lower(), stack.log("trainer")
-    check_ledger(now.ledger)  # no gap, no overlap across the stop
-    assert now.extra["trained"] > before.extra["trained"]
-
-
-def _seconds(duration: str | float) -> float:
-    """Compose's duration (``90s``, ``1m30s``; the JSON model may already give seconds)."""
-    if isinstance(duration, (int, float)):
-        return float(duration)
-    total, number = 0.0, ""
-    for ch in str(duration):
-        if ch.isdigit() or ch == ".":
-            number += ch
-        else:
-            total += float(number) * {"h": 3600, "m": 60, "s": 1}[ch]
-            number = ""
-    return total + (float(number) if number else 0.0)
+    assert {t["transport"] for t in row["tasks"]} == {"tcp"}

@@ -145,8 +145,50 @@ class Stack:
             f"timed out waiting for {what}; {service}'s log ends:\n{self.logs(service)}"
         )
 
-    def down(self) -> None:
-        self.compose("down", "-v", "-t", "30", timeout=300, check=False)
+    def up(self) -> None:
+        """`up -d`, Kafka and the secrets first: podman-compose on Podman 4.3 cannot honor
+        depends_on's conditions (it warns, and starts every service at once) and Podman runs
+        no healthcheck without systemd, so this waits as Compose would: until Kafka's own
+        healthcheck (run by `podman healthcheck run`) passes and the secrets are written."""
+        self.compose("up", "-d", "kafka", "spark-secret")
+
+        def ready() -> bool:
+            check = subprocess.run(
+                ["podman", "healthcheck", "run", self.container("kafka")],
+                capture_output=True,
+                check=False,
+            )
+            secrets = self.state("spark-secret")
+            return (
+                check.returncode == 0
+                and secrets.get("Status") == "exited"
+                and (secrets.get("ExitCode") == 0)
+            )
+
+        self.wait(ready, 300, "Kafka healthy and the secrets written", "kafka")
+        self.compose("up", "-d")
+
+    def down(self, keep_volumes: bool = False) -> None:
+        """`down` (with `-v` unless ``keep_volumes``), and the anonymous volumes of the
+        images' VOLUME lines (apache/kafka declares three), which down leaves behind."""
+        names = subprocess.run(
+            ["podman", "ps", "-aq", "--filter", f"label=io.podman.compose.project={self.project}"],
+            capture_output=True,
+            text=True,
+            check=False,
+        ).stdout.split()
+        mounts = subprocess.run(
+            ["podman", "inspect", "--format", "{{range .Mounts}}{{.Name}} {{end}}", *names],
+            capture_output=True,
+            text=True,
+            check=False,
+        ).stdout.split()
+        volumes = [] if keep_volumes else ["-v"]
+        # The trainer's grace (stop_grace_period) to finish its batch and write its report.
+        self.compose("down", *volumes, "-t", "90", timeout=400, check=keep_volumes)
+        anonymous = [m for m in mounts if len(m) == 64 and not m.startswith(self.project)]
+        if names and anonymous:
+            subprocess.run(["podman", "volume", "rm", "-f", *anonymous], capture_output=True)
 
 
 def http(url: str, body: bytes | None = None, token: str | None = None) -> tuple[int, bytes]:

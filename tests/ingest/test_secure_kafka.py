@@ -397,7 +397,7 @@ def test_the_stacks_generated_credentials_log_in_to_a_broker_that_requires_them(
     assert done.returncode == 0 and "written" in done.stdout, done.stderr
     secured = conf.load(client_file)
     scram_line = (tmp_path / "broker" / "scram-user.properties").read_text()
-    assert scram_line == f"SCRAM-SHA-512=[password={secured.password}]\n"
+    assert scram_line == f"SCRAM-SHA-512=password={secured.password}\n"  # kafka-configs' file form
     assert oct(client_file.stat().st_mode & 0o777) == "0o600"
     pem = tmp_path / "broker" / "broker.pem"
     with SecureKafka(

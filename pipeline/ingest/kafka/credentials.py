@@ -159,7 +159,10 @@ def write(
     _private(broker_dir / "ca.pem", ca, 0o644)
     _private(
         broker_dir / "scram-user.properties",
-        f"SCRAM-SHA-512=[password={password}]\n".encode(),
+        # kafka-configs' file form: no brackets (on its command line, `[...]` groups a list;
+        # in the file the value is taken whole, and `[password=…]` is refused, the password
+        # printed in the broker's log by Kafka 4.4's ConfigCommand).
+        f"SCRAM-SHA-512=password={password}\n".encode(),
         0o644,
     )
     # Kafka's cluster ids are a UUID's 16 bytes in URL-safe base64, unpadded (22 characters).
