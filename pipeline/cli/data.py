@@ -28,6 +28,23 @@ def data_sample(name: str, folder: str) -> None:
     click.echo(shutil.copy(SAMPLES / name / f"{name}.csv", Path(folder) / f"{name}.csv"))
 
 
+@data.command("clicks")
+@click.argument("folder", default=".", type=click.Path(file_okay=False))
+@click.option("--records", default=200_000, show_default=True, type=click.IntRange(min=1))
+@click.option("--users", default=1_000_000, show_default=True, type=click.IntRange(min=1))
+@click.option("--items", default=200_000, show_default=True, type=click.IntRange(min=1))
+@click.option("--seed", default=0, show_default=True, type=int)
+def data_clicks(folder: str, records: int, users: int, items: int, seed: int) -> None:
+    """Write a generated click table into FOLDER: clicks.jsonl (user_id, item_id, three dense
+    features, clicked) and clicks.best.json (the generator's settings and the best logloss and
+    AUC any model can reach on the last tenth, from the clicks' true probabilities)."""
+    from producers.datasets.clicks import ClickModel
+
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    model = ClickModel(users=users, items=items, seed=seed)
+    click.echo(model.write_jsonl(Path(folder) / "clicks.jsonl", records))
+
+
 @data.command("fetch")
 @click.argument("dataset", type=click.Choice(["mnist", "higgs"]))
 @click.option(

@@ -27,14 +27,16 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import json
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+import orjson
 
 from pipeline.errors import ConfigError
 from pipeline.train.evaluation import roc_auc
 
-_MASK = np.uint64(0xFFFFFFFFFFFFFFFF)
 #: Streams of the counter-based hash, one per quantity drawn (a record's or an ID's).
 _USER, _ITEM, _LABEL, _DENSE, _VECTOR, _BIAS = range(6)
 
@@ -205,3 +207,34 @@ class ClickModel:
             "logloss_constant": float(constant),
             "click_rate": rate,
         }
+
+    def settings(self) -> dict[str, Any]:
+        """The generator's settings (printed with every figure measured on its stream)."""
+        return dataclasses.asdict(self)
+
+    def write_jsonl(self, path: str | Path, records: int, *, chunk: int = 100_000) -> Path:
+        """Records ``0 .. records - 1`` as JSON lines (a user's table), and beside the file
+        ``<stem>.best.json``: the settings and the best score on the last tenth.
+
+        >>> import tempfile
+        >>> out = ClickModel(users=1_000, items=500).write_jsonl(
+        ...     Path(tempfile.mkdtemp()) / "clicks.jsonl", 1_000)
+        >>> len(out.read_text().splitlines()), sorted(json.loads(
+        ...     out.with_name("clicks.best.json").read_text()))
+        (1000, ['best_last_tenth', 'records', 'settings'])
+        """
+        path = Path(path)
+        with open(path, "wb") as f:
+            for start in range(0, records, chunk):
+                clicks = self.sample(start, min(chunk, records - start))
+                f.writelines(
+                    orjson.dumps(self.record(clicks, i)) + b"\n" for i in range(len(clicks))
+                )
+        tenth = max(1, records // 10)
+        best = {
+            "records": records,
+            "settings": self.settings(),
+            "best_last_tenth": self.best(records - tenth, tenth),
+        }
+        path.with_name(f"{path.stem}.best.json").write_text(json.dumps(best, indent=2) + "\n")
+        return path
