@@ -38,11 +38,12 @@ def data_clicks(folder: str, records: int, users: int, items: int, seed: int) ->
     """Write a generated click table into FOLDER: clicks.jsonl (user_id, item_id, three dense
     features, clicked) and clicks.best.json (the generator's settings and the best logloss and
     AUC any model can reach on the last tenth, from the clicks' true probabilities)."""
+    from pipeline.train.evaluation import roc_auc
     from producers.datasets.clicks import ClickModel
 
     Path(folder).mkdir(parents=True, exist_ok=True)
     model = ClickModel(users=users, items=items, seed=seed)
-    click.echo(model.write_jsonl(Path(folder) / "clicks.jsonl", records))
+    click.echo(model.write_jsonl(Path(folder) / "clicks.jsonl", records, auc=roc_auc))
 
 
 @data.command("fetch")

@@ -40,7 +40,7 @@ def test_the_best_score_beats_any_constant_and_ids_carry_signal() -> None:
     from pipeline.train.evaluation import roc_auc
 
     model = ClickModel(users=20_000, items=5_000)
-    best = model.best(0, 50_000)
+    best = model.best(0, 50_000, auc=roc_auc)
     assert best["logloss"] < 0.85 * best["logloss_constant"], best
     clicks = model.sample(0, 50_000)
     dense_only = roc_auc(clicks.label, clicks.x @ model.weights())
