@@ -1,0 +1,348 @@
+"""Embedding rows on the parameter server, keyed by the ID itself: what a table of IDs (users,
+items) is on a server, as Monolith keeps them. A row is created when its ID has been seen
+``min_count`` times (until then the ID reads the table's shared row), trained with its own
+Adagrad state, and dropped once not seen for ``ttl`` records. Memory is counted per table.
+
+Everything a row is follows from the sequence of pulls and pushes it is given: its initial
+values are a function of the run's seed, the table and the key, so a replay of the same
+stream creates the same rows, and a table cut into shards by :func:`shard_of` holds, shard
+by shard, exactly the rows one table would.
+
+Example:
+    >>> table = RowTable(RowSpec("item", dim=4, min_count=2, ttl=100))
+    >>> keys = np.array([7, 7, 9], dtype=np.uint64)
+    >>> values, has_row = table.pull(keys, now=1)
+    >>> has_row.tolist(), len(table)  # 7's second sighting makes its row; 9 is seen once
+    ([False, True, False], 1)
+    >>> table.push(np.array([7], dtype=np.uint64), np.ones((1, 4), np.float32))
+    1
+    >>> bool((table.pull(keys[:1], now=2)[0] < values[1:2]).all())  # a step against the gradient
+    True
+    >>> table.expire(now=500), len(table)
+    (1, 0)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+from pipeline.errors import ConfigError
+
+#: The shared row's key: what an ID without a row of its own reads (and trains).
+SHARED = np.uint64(0xFFFFFFFFFFFFFFFF)
+_ODD = (np.uint64(0x9E3779B97F4A7C15), np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB))
+
+
+def mix64(keys: np.ndarray, salt: int = 0) -> np.ndarray:
+    """64 well-mixed bits of each key (splitmix64's finalizer), salted.
+
+    >>> keys = np.array([1, 2], dtype=np.uint64)
+    >>> same, salted = mix64(keys), mix64(keys, salt=1)
+    >>> same.tolist() == mix64(keys.copy()).tolist(), bool(salted[0] != same[0])
+    (True, True)
+    """
+    with np.errstate(over="ignore"):
+        z = np.asarray(keys, np.uint64) + np.uint64(salt & 0xFFFFFFFFFFFFFFFF) * _ODD[0]
+        z = (z ^ (z >> np.uint64(30))) * _ODD[1]
+        z = (z ^ (z >> np.uint64(27))) * _ODD[2]
+        return z ^ (z >> np.uint64(31))
+
+
+def shard_of(keys: np.ndarray, shards: int) -> np.ndarray:
+    """The shard that holds each key: its mixed bits, modulo the shards.
+
+    >>> np.bincount(shard_of(np.arange(10_000, dtype=np.uint64), 2)).tolist()
+    [5061, 4939]
+    """
+    return (mix64(keys, salt=0x5EED) % np.uint64(shards)).astype(np.int64)
+
+
+@dataclasses.dataclass(frozen=True)
+class RowSpec:
+    """One table's settings.
+
+    Args:
+        name: the table's name (two ID columns may share one).
+        dim: the rows' size.
+        min_count: sightings before an ID gets a row of its own (frequency filtering).
+        ttl: records after its last sighting that a row (or an ID's count) is dropped; None:
+            kept for the run.
+        learning_rate: Adagrad's step.
+        initial_accumulator: Adagrad's starting sum of squared gradients.
+        init_scale: initial values are uniform in ``(-init_scale, init_scale)``.
+        seed: the run's seed (initial values are a function of it, the table and the key).
+    """
+
+    name: str
+    dim: int
+    min_count: int = 1
+    ttl: int | None = None
+    learning_rate: float = 0.05
+    initial_accumulator: float = 0.1
+    init_scale: float = 0.05
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.dim < 1 or self.min_count < 1 or (self.ttl is not None and self.ttl < 1):
+            raise ConfigError(
+                f"Expected dim >= 1, min_count >= 1 and ttl >= 1 (or none) for ID table "
+                f"{self.name!r}. Received: dim={self.dim}, min_count={self.min_count}, "
+                f"ttl={self.ttl}. Fix the schema's id feature."
+            )
+
+    def initial(self, keys: np.ndarray) -> np.ndarray:
+        """The initial rows of ``keys``, ``(n, dim)`` float32: the same on every run."""
+        salt = self.seed * 1_000_003 + sum(self.name.encode())
+        lanes = [mix64(mix64(keys, salt) + np.uint64(j)) for j in range(self.dim)]
+        unit = (np.stack(lanes, axis=1) >> np.uint64(11)).astype(np.float64) / float(1 << 53)
+        return ((2.0 * unit - 1.0) * self.init_scale).astype(np.float32)
+
+
+class RowTable:
+    """One table's rows (or one shard's part of them).
+
+    Rows live in arrays grown by doubling; a dict maps each key to its slot, and the slots of
+    dropped rows are reused. IDs seen fewer than ``min_count`` times are only counted.
+    """
+
+    def __init__(self, spec: RowSpec, *, capacity: int = 1024) -> None:
+        self.spec = spec
+        self._slot: dict[int, int] = {}
+        self._values = np.zeros((capacity, spec.dim), np.float32)
+        self._accum = np.zeros((capacity, spec.dim), np.float32)
+        self._last_seen = np.zeros(capacity, np.int64)
+        self._keys = np.zeros(capacity, np.uint64)
+        self._free: list[int] = []
+        self._used = 0
+        #: Sightings of IDs without a row yet, and when each was last seen.
+        self._pending: dict[int, tuple[int, int]] = {}
+        self._touched: set[int] = set()  # keys changed since the last delta
+        self._dropped: set[int] = set()  # keys dropped since the last delta
+        self.created = 0
+        self.expired = 0
+        self._row(int(SHARED), now=0)  # the shared row, never expired
+
+    def __len__(self) -> int:
+        """Rows of IDs (the shared row not counted)."""
+        return len(self._slot) - 1
+
+    def _row(self, key: int, *, now: int) -> int:
+        slot = self._free.pop() if self._free else self._grow()
+        self._slot[key] = slot
+        self._keys[slot] = key
+        self._values[slot] = self.spec.initial(np.array([key], np.uint64))[0]
+        self._accum[slot] = self.spec.initial_accumulator
+        self._last_seen[slot] = now
+        self._touched.add(key)
+        return slot
+
+    def _grow(self) -> int:
+        if self._used == len(self._keys):
+            size = 2 * len(self._keys)
+            for name in ("_values", "_accum", "_last_seen", "_keys"):
+                old = getattr(self, name)
+                new = np.zeros((size, *old.shape[1:]), old.dtype)
+                new[: len(old)] = old
+                setattr(self, name, new)
+        self._used += 1
+        return self._used - 1
+
+    def pull(self, keys: np.ndarray, *, now: int) -> tuple[np.ndarray, np.ndarray]:
+        """The rows of ``keys`` (repeats allowed: each is a sighting), creating those whose ID
+        reaches ``min_count``; an ID without a row reads the shared row. Returns the values
+        ``(n, dim)`` and which keys have a row of their own."""
+        slots = np.empty(len(keys), np.int64)
+        shared = self._slot[int(SHARED)]
+        for i, key in enumerate(np.asarray(keys, np.uint64).tolist()):
+            slot = self._slot.get(key)
+            if slot is None:
+                seen = self._pending.get(key, (0, now))[0] + 1
+                if seen >= self.spec.min_count:
+                    self._pending.pop(key, None)
+                    slot = self._row(key, now=now)
+                    self.created += 1
+                else:
+                    self._pending[key] = (seen, now)
+                    slot = shared
+            self._last_seen[slot] = now
+            slots[i] = slot
+        return self._values[slots].copy(), slots != shared
+
+    def push(self, keys: np.ndarray, gradients: np.ndarray) -> int:
+        """Adagrad on the rows of ``keys`` (repeated keys' gradients summed); a key without a
+        row trains the shared row. Returns the rows stepped."""
+        keys = np.asarray(keys, np.uint64)
+        shared = self._slot[int(SHARED)]
+        slots = np.array([self._slot.get(k, shared) for k in keys.tolist()], np.int64)
+        unique, inverse = np.unique(slots, return_inverse=True)
+        summed = np.zeros((len(unique), self.spec.dim), np.float32)
+        np.add.at(summed, inverse, np.asarray(gradients, np.float32))
+        self._accum[unique] += summed * summed
+        self._values[unique] -= self.spec.learning_rate * summed / np.sqrt(self._accum[unique])
+        self._touched.update(int(k) for k in self._keys[unique])
+        return len(unique)
+
+    def expire(self, *, now: int) -> int:
+        """Drop the rows, and the pending counts, not seen for ``ttl`` records before ``now``.
+        Returns the rows dropped."""
+        if self.spec.ttl is None:
+            return 0
+        cutoff = now - self.spec.ttl
+        old = [k for k, s in self._slot.items() if self._last_seen[s] < cutoff and k != int(SHARED)]
+        for key in old:
+            self._free.append(self._slot.pop(key))
+            self._touched.discard(key)
+            self._dropped.add(key)
+        self._pending = {k: v for k, v in self._pending.items() if v[1] >= cutoff}
+        self.expired += len(old)
+        return len(old)
+
+    def nbytes(self) -> int:
+        """The table's memory: the live rows' arrays (values, Adagrad state, key, last seen)
+        and the maps, at CPython's measured cost per dict entry (~100 bytes)."""
+        per_row = self._values.itemsize * self.spec.dim * 2 + 16
+        return (len(self._slot) + len(self._free)) * per_row + (
+            len(self._slot) + len(self._pending)
+        ) * 100
+
+    def rows(self, keys: np.ndarray | None = None) -> dict[str, np.ndarray]:
+        """Rows as arrays (``keys``, ``values``, ``accum``, ``last_seen``), sorted by key:
+        those of ``keys`` that exist, or all (the shared row included)."""
+        chosen = (
+            self._slot
+            if keys is None
+            else {int(k): self._slot[int(k)] for k in keys if int(k) in self._slot}
+        )
+        order = sorted(chosen)
+        slots = np.array([chosen[k] for k in order], np.int64)
+        return {
+            "keys": np.array(order, np.uint64),
+            "values": self._values[slots].copy(),
+            "accum": self._accum[slots].copy(),
+            "last_seen": self._last_seen[slots].copy(),
+        }
+
+    def pending(self) -> dict[str, np.ndarray]:
+        """The counts of IDs without a row: ``keys``, ``seen``, ``last_seen``, sorted by key."""
+        order = sorted(self._pending)
+        got = [self._pending[k] for k in order]
+        return {
+            "keys": np.array(order, np.uint64),
+            "seen": np.array([g[0] for g in got], np.int64),
+            "last_seen": np.array([g[1] for g in got], np.int64),
+        }
+
+    def delta(self) -> dict[str, Any]:
+        """What changed since the last delta (or snapshot): the rows touched, the keys
+        dropped and the pending counts; taking it starts the next."""
+        out = {
+            "rows": self.rows(np.array(sorted(self._touched), np.uint64)),
+            "dropped": np.array(sorted(self._dropped), np.uint64),
+            "pending": self.pending(),
+        }
+        self._touched.clear()
+        self._dropped.clear()
+        return out
+
+    def snapshot(self) -> dict[str, Any]:
+        """Every row and pending count; the next delta starts from here."""
+        self._touched.clear()
+        self._dropped.clear()
+        return {"rows": self.rows(), "dropped": np.zeros(0, np.uint64), "pending": self.pending()}
+
+    def load(self, change: dict[str, Any]) -> None:
+        """Apply a snapshot or a delta: its dropped keys go, its rows are set, and its pending
+        counts replace the table's."""
+        for key in change["dropped"].tolist():
+            slot = self._slot.pop(int(key), None)
+            if slot is not None:
+                self._free.append(slot)
+        rows = change["rows"]
+        for i, key in enumerate(rows["keys"].tolist()):
+            slot = self._slot.get(key)
+            if slot is None:
+                slot = self._free.pop() if self._free else self._grow()
+                self._slot[key] = slot
+                self._keys[slot] = key
+            self._values[slot] = rows["values"][i]
+            self._accum[slot] = rows["accum"][i]
+            self._last_seen[slot] = rows["last_seen"][i]
+        p = change["pending"]
+        self._pending = {
+            int(k): (int(s), int(t))
+            for k, s, t in zip(
+                p["keys"].tolist(), p["seen"].tolist(), p["last_seen"].tolist(), strict=True
+            )
+        }
+        self._touched.clear()
+        self._dropped.clear()
+
+
+class ShardedRows:
+    """One table cut into shards by key (:func:`shard_of`), driven as a worker drives it: the
+    reference of what the networked client does. An ID without a row reads, and trains, the
+    shared row of the shard that owns :data:`SHARED`; so any number of shards holds exactly
+    the rows, and the shared row, that one table would.
+
+    Example:
+        >>> spec = RowSpec("user", dim=2, min_count=1)
+        >>> one, two = ShardedRows(spec, 1), ShardedRows(spec, 2)
+        >>> keys = np.array([1, 2, 3, 1], dtype=np.uint64)
+        >>> for t in (one, two):
+        ...     _, has_row = t.pull(keys, now=1)
+        ...     _ = t.push(keys, np.full((4, 2), 0.5, np.float32), has_row)
+        >>> all(np.array_equal(one.rows()[k], two.rows()[k]) for k in one.rows())
+        True
+    """
+
+    def __init__(self, spec: RowSpec, shards: int) -> None:
+        self.shards = [RowTable(spec) for _ in range(shards)]
+        self._owner = int(shard_of(np.array([SHARED], np.uint64), shards)[0])
+
+    def pull(self, keys: np.ndarray, *, now: int) -> tuple[np.ndarray, np.ndarray]:
+        keys = np.asarray(keys, np.uint64)
+        where = shard_of(keys, len(self.shards))
+        values = np.empty((len(keys), self.shards[0].spec.dim), np.float32)
+        has_row = np.zeros(len(keys), bool)
+        for s, table in enumerate(self.shards):
+            mine = where == s
+            if mine.any():
+                values[mine], has_row[mine] = table.pull(keys[mine], now=now)
+        shared = self.shards[self._owner].rows(np.array([SHARED], np.uint64))["values"][0]
+        values[~has_row] = shared
+        return values, has_row
+
+    def push(self, keys: np.ndarray, gradients: np.ndarray, has_row: np.ndarray) -> int:
+        """Adagrad steps: each key's gradient to its row, or the shared row's where the pull
+        found none. Returns the rows stepped."""
+        keys = np.where(has_row, np.asarray(keys, np.uint64), SHARED)
+        where = shard_of(keys, len(self.shards))
+        return sum(
+            table.push(keys[where == s], np.asarray(gradients)[where == s])
+            for s, table in enumerate(self.shards)
+            if (where == s).any()
+        )
+
+    def expire(self, *, now: int) -> int:
+        return sum(table.expire(now=now) for table in self.shards)
+
+    def __len__(self) -> int:
+        return sum(len(table) for table in self.shards)
+
+    def rows(self) -> dict[str, np.ndarray]:
+        """Every row, the owner's shared row among them, sorted by key."""
+        parts = [
+            t.rows() if s == self._owner else _without_shared(t.rows())
+            for s, t in enumerate(self.shards)
+        ]
+        merged = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+        order = np.argsort(merged["keys"], kind="stable")
+        return {k: v[order] for k, v in merged.items()}
+
+
+def _without_shared(rows: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    keep = rows["keys"] != SHARED
+    return {k: v[keep] for k, v in rows.items()}
