@@ -4,7 +4,10 @@ own image from deploy/Dockerfile as it is.
 
     python deploy/standins/build.py           # as root, with podman, debootstrap and Java
     export CONTAINERS_CONF=~/.cache/streamtrain/podman/containers.conf
-    docker compose -f docker-compose.yml -f deploy/standins/compose.yml up -d
+    podman-compose -f docker-compose.yml -f deploy/standins/compose.yml up -d
+
+(Podman 4's Docker API cannot take Compose v2's named volumes; podman-compose drives Podman
+itself. docs/operating.md, "Containers", has the steps.)
 
 Every layer comes from what a user trusts already: Debian's archive (the base, Python,
 Java, Prometheus), PyPI (the project's dependencies) and Maven Central (Kafka's jars and
@@ -47,6 +50,12 @@ def say(line: str) -> None:
     print(f"standins: {line}", file=sys.stderr, flush=True)
 
 
+def _under_hard_limit(which: int, cap: int) -> int:
+    """``cap``, or this process's hard limit where lower (an unlimited one is -1)."""
+    hard = resource.getrlimit(which)[1]
+    return cap if hard == resource.RLIM_INFINITY else min(hard, cap)
+
+
 def containers_conf() -> Path:
     """Podman's settings for these images: runc, and open-file and process limits that every
     container can be given. Podman's defaults (1,048,576 open files) exceed some machines' hard
@@ -57,8 +66,8 @@ def containers_conf() -> Path:
     from pipeline import config
 
     path = config.cache_dir() / "podman" / "containers.conf"
-    nofile = min(resource.getrlimit(resource.RLIMIT_NOFILE)[1], 65536)
-    nproc = min(resource.getrlimit(resource.RLIMIT_NPROC)[1], 32768)
+    nofile = _under_hard_limit(resource.RLIMIT_NOFILE, 65536)
+    nproc = _under_hard_limit(resource.RLIMIT_NPROC, 32768)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(
         "[containers]\n"
@@ -119,14 +128,22 @@ def debian() -> str:
             stdout=subprocess.DEVNULL,
         )
         tar = subprocess.Popen(["tar", "-C", str(rootfs), "-c", "."], stdout=subprocess.PIPE)
-        subprocess.run(
+        assert tar.stdout is not None
+        imported = subprocess.run(
             ["podman", "import", "--change", f"LABEL {LABEL}={key}", "--change", 'CMD ["bash"]']
             + ["-", DEBIAN],
             stdin=tar.stdout,
-            check=True,
+            check=False,
             stdout=subprocess.DEVNULL,
         )
-        tar.wait()
+        tar.stdout.close()  # a failed import must not leave tar blocked on the pipe
+        if tar.wait() != 0 or imported.returncode != 0:
+            # Never leave a partial root file system labelled as complete.
+            subprocess.run(["podman", "rmi", "-f", DEBIAN], capture_output=True, check=False)
+            raise SystemExit(
+                f"standins: error: importing {rootfs} exited {tar.returncode} (tar) and "
+                f"{imported.returncode} (podman import)"
+            )
     return key
 
 

@@ -30,7 +30,7 @@ def data_sample(name: str, folder: str) -> None:
 
 @data.command("clicks")
 @click.argument("folder", default=".", type=click.Path(file_okay=False))
-@click.option("--records", default=200_000, show_default=True, type=click.IntRange(min=1))
+@click.option("--records", default=200_000, show_default=True, type=click.IntRange(min=1_000))
 @click.option("--users", default=1_000_000, show_default=True, type=click.IntRange(min=1))
 @click.option("--items", default=200_000, show_default=True, type=click.IntRange(min=1))
 @click.option("--seed", default=0, show_default=True, type=int)

@@ -78,11 +78,12 @@ def zipf_rank(u: np.ndarray, n: int, exponent: float) -> np.ndarray:
     >>> int(r.min()) >= 1 and int(r.max()) <= 1_000_000, float(np.median(r)) < 2_000
     (True, True)
     """
+    top = float(n + 1)  # the continuous law over [1, n + 1): its floor takes every rank
     if abs(exponent - 1.0) < 1e-9:
-        ranks = np.power(float(n), u)
+        ranks = np.power(top, u)
     else:
         e = 1.0 - exponent
-        ranks = np.power((float(n) ** e - 1.0) * u + 1.0, 1.0 / e)
+        ranks = np.power((top**e - 1.0) * u + 1.0, 1.0 / e)
     return np.clip(np.floor(ranks), 1, n).astype(np.int64)
 
 
@@ -209,7 +210,7 @@ class ClickModel:
             "logloss_constant": float(constant),
             "click_rate": rate,
         }
-        if auc is not None:
+        if auc is not None and 0 < rate < 1:  # an AUC needs both classes
             out["auc"] = auc(c.label, c.p)
         return out
 

@@ -32,9 +32,10 @@ def cannot_run() -> str | None:
             return f"no `{tool}` (tests/run.sh installs it as root on Debian)"
     if os.geteuid() != 0:
         return "the stand-ins' build and the stack need root (rootful Podman)"
-    sys.path.insert(0, str(STANDINS))
-    import build  # deploy/standins/build.py
-
+    info = subprocess.run(["podman", "info"], capture_output=True, text=True, check=False)
+    if info.returncode != 0:
+        return f"podman cannot run here: {info.stderr.strip()[-300:]}"
+    build = standins_build()
     os.environ["CONTAINERS_CONF"] = str(build.containers_conf())
     build.debian()  # a failure here (no route to Debian's archive) fails the test, loudly
     done = subprocess.run(
@@ -47,6 +48,18 @@ def cannot_run() -> str | None:
     if done.returncode != 0:
         return f"podman cannot start a container here: {done.stderr.strip()[-300:]}"
     return None
+
+
+def standins_build() -> Any:
+    """deploy/standins/build.py as a module (under a name of its own: not PyPA's `build`)."""
+    import importlib.util
+
+    path = STANDINS / "build.py"
+    spec = importlib.util.spec_from_file_location("streamtrain_standins_build", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def build_images(report: Path) -> dict[str, Any]:
@@ -153,20 +166,21 @@ class Stack:
         self.compose("up", "-d", "kafka", "spark-secret")
 
         def ready() -> bool:
-            check = subprocess.run(
-                ["podman", "healthcheck", "run", self.container("kafka")],
-                capture_output=True,
-                check=False,
-            )
             secrets = self.state("spark-secret")
-            return (
-                check.returncode == 0
-                and secrets.get("Status") == "exited"
-                and (secrets.get("ExitCode") == 0)
-            )
+            done = secrets.get("Status") == "exited" and secrets.get("ExitCode") == 0
+            return done and self.healthy("kafka")
 
         self.wait(ready, 300, "Kafka healthy and the secrets written", "kafka")
         self.compose("up", "-d")
+
+    def healthy(self, service: str) -> bool:
+        """The service's own healthcheck, run now (Podman runs none without systemd)."""
+        done = subprocess.run(
+            ["podman", "healthcheck", "run", self.container(service)],
+            capture_output=True,
+            check=False,
+        )
+        return done.returncode == 0
 
     def down(self, keep_volumes: bool = False) -> None:
         """`down` (with `-v` unless ``keep_volumes``), and the anonymous volumes of the

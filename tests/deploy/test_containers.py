@@ -90,7 +90,7 @@ class TestStack:
         over /dev/shm) trains the producer's MNIST replay; Prometheus, by the compose
         network's names, finds the trainer, its server and the producer up; the model server
         on the host's loopback answers a request with the token generated on first start and
-        refuses one without it."""
+        refuses one without it; the producer's and the trainer's healthchecks pass."""
         row = _trained(stack)[0]
         assert all(t["applied"] == t["steps"] for t in row["tasks"]), row
         assert {t["transport"] for t in row["tasks"]} == {"shared memory"}, row
@@ -101,6 +101,8 @@ class TestStack:
             up = active and all(t["health"] == "up" for t in active)
             return active if up else None
 
+        for service in ("producer", "trainer"):  # the compose file's healthchecks pass
+            stack.wait(lambda s=service: stack.healthy(s), 120, "a passing healthcheck", service)
         active = stack.wait(targets_up, 120, "every scrape target up", "prometheus")
         assert {t["labels"]["job"] for t in active} == {
             "streamtrain",

@@ -36,8 +36,10 @@ def _child_setup() -> None:
     die_with_parent()
 
 
-#: Ports handed out by this process, never handed out twice.
+#: Ports handed out by this process, never handed out twice; drawn by the system's
+#: generator, which no seeding of `random` (Keras's set_random_seed) makes repeat.
 _handed_out: set[int] = set()
+_ports = random.SystemRandom()
 
 
 def _ephemeral_low() -> int:
@@ -55,12 +57,12 @@ def free_port(host: str = "127.0.0.1") -> int:
     Why below it: a port taken from that range (``bind(0)``) can be given by the kernel to
     any outgoing connection (a client, a scrape) in the seconds before its server binds it.
 
-        >>> 10000 <= free_port() < _ephemeral_low()
+        >>> free_port() != free_port()
         True
     """
     low = max(_ephemeral_low(), 12000)
     for _ in range(200):
-        port = random.randrange(10000, low)
+        port = _ports.randrange(10000, low)
         if port not in _handed_out and _port_free(host, port):
             _handed_out.add(port)
             return port

@@ -25,13 +25,15 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import zlib
 from typing import Any
 
 import numpy as np
 
 from pipeline.errors import ConfigError
 
-#: The shared row's key: what an ID without a row of its own reads (and trains).
+#: The shared row's key: what an ID without a row of its own reads (and trains). Reserved: an
+#: ID's key is a non-negative 64-bit integer or a 64-bit hash, never this one value.
 SHARED = np.uint64(0xFFFFFFFFFFFFFFFF)
 _ODD = (np.uint64(0x9E3779B97F4A7C15), np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB))
 
@@ -95,7 +97,7 @@ class RowSpec:
 
     def initial(self, keys: np.ndarray) -> np.ndarray:
         """The initial rows of ``keys``, ``(n, dim)`` float32: the same on every run."""
-        salt = self.seed * 1_000_003 + sum(self.name.encode())
+        salt = self.seed * 1_000_003 + zlib.crc32(self.name.encode())
         lanes = [mix64(mix64(keys, salt) + np.uint64(j)) for j in range(self.dim)]
         unit = (np.stack(lanes, axis=1) >> np.uint64(11)).astype(np.float64) / float(1 << 53)
         return ((2.0 * unit - 1.0) * self.init_scale).astype(np.float32)
@@ -167,7 +169,9 @@ class RowTable:
                 else:
                     self._pending[key] = (seen, now)
                     slot = shared
-            self._last_seen[slot] = now
+            if slot != shared:  # the shared row is never dropped: its sightings are not kept
+                self._last_seen[slot] = now
+                self._touched.add(key)  # a read moves its expiry: the delta carries it
             slots[i] = slot
         return self._values[slots].copy(), slots != shared
 
@@ -251,11 +255,19 @@ class RowTable:
         """Every row and pending count; the next delta starts from here."""
         self._touched.clear()
         self._dropped.clear()
-        return {"rows": self.rows(), "dropped": np.zeros(0, np.uint64), "pending": self.pending()}
+        return {
+            "snapshot": True,
+            "rows": self.rows(),
+            "dropped": np.zeros(0, np.uint64),
+            "pending": self.pending(),
+        }
 
     def load(self, change: dict[str, Any]) -> None:
-        """Apply a snapshot or a delta: its dropped keys go, its rows are set, and its pending
-        counts replace the table's."""
+        """Apply a snapshot (the table becomes it) or a delta (its dropped keys go, its rows
+        are set); either's pending counts replace the table's."""
+        if change.get("snapshot"):
+            for key in [k for k in self._slot if k != int(SHARED)]:
+                self._free.append(self._slot.pop(key))
         for key in change["dropped"].tolist():
             slot = self._slot.pop(int(key), None)
             if slot is not None:

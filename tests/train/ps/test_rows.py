@@ -99,6 +99,18 @@ def test_a_table_rebuilt_from_a_snapshot_and_its_deltas_equals_one_that_never_st
         resumed.shards[0].load(change)
     for field, values in kept.rows().items():
         assert np.array_equal(values, resumed.rows()[field]), field
+    # A batch that only reads (a pull whose push never came) moves the rows' expiry: the next
+    # delta carries it to a table that did not read.
+    kept.pull(batches[40][1], now=40 * 200 + 1)
+    resumed.shards[0].load(kept.shards[0].delta())
+    for field, values in kept.rows().items():
+        assert np.array_equal(values, resumed.rows()[field]), field
+    # A snapshot replaces what a table held (rows it lacks are gone).
+    stale = ShardedRows(spec, 1)
+    _run(stale, iter(batches[50:]))
+    stale.shards[0].load(kept.shards[0].snapshot())
+    for field, values in kept.rows().items():
+        assert np.array_equal(values, stale.rows()[field]), field
     # Both go on alike from there.
     _run(kept, iter(batches[40:]))
     _run(resumed, iter(batches[40:]))
