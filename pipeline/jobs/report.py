@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.ingest.offsets import PassedOver
+from pipeline.jobs import batch_log
 from pipeline.jobs.rejects import Rejects
 from pipeline.train.breakdown import Breakdown, exchange_parts
 from pipeline.train.drift import Drift
@@ -26,7 +27,8 @@ _PLOT_TAIL_BYTES = 64 << 20
 #: The report of a run's last session.
 REPORT_FILE = "report.json"
 #: Every batch's row, one JSON line each, appended as the run goes, across resumes (the
-#: report keeps this session's last 1,000; its picture reads them all).
+#: report keeps this session's last 1,000; its picture reads them all), kept within
+#: :data:`batch_log.MAX_BYTES` by merging older rows (:mod:`pipeline.jobs.batch_log`).
 BATCHES_FILE = "batches.jsonl"
 
 
@@ -46,9 +48,12 @@ class History:
         ([1, 2], 27, 3, 3)
     """
 
-    def __init__(self, *, keep: int = 1000, path: Path | None = None) -> None:
+    def __init__(
+        self, *, keep: int = 1000, path: Path | None = None, max_bytes: int = batch_log.MAX_BYTES
+    ) -> None:
         self.rows: collections.deque[BatchRow] = collections.deque(maxlen=keep)
         self.path = path
+        self.max_bytes = max_bytes  # the file's bound
         self.count = 0  # rows added
         self.eval_s = 0.0  # scoring the held-out split, between batches
         self.first_batch_at: float | None = None  # time.monotonic() when the first batch began
@@ -77,9 +82,8 @@ class History:
             checkpoint_s=row.checkpoint_ms / 1000,
         )
         self.last_batch_at = ended_at
-        if self.path is not None:
-            with open(self.path, "a") as f:
-                f.write(json.dumps(row.to_dict(), default=float) + "\n")
+        if self.path is not None:  # bounded: older rows are merged as the file grows
+            batch_log.append_row(self.path, row.to_dict(), max_bytes=self.max_bytes)
 
     def trained(self) -> int:
         """Records trained since this process started (a resumed run counts from its resume)."""
