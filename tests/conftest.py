@@ -259,6 +259,7 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     """Say what a quick tier (``-m "not slow"``) left out, so nobody mistakes it for the suite."""
     if _left_out:
         terminalreporter.write_line(
-            f"quick tier: left out {len(_left_out)} slow tests (full runs, clusters, containers, soak-like, "
-            "timeouts to wait out, brokers of their own); `bash tests/run.sh` runs them all"
+            f"quick tier: left out {len(_left_out)} slow tests (full runs, clusters, containers, "
+            "soak-like, timeouts to wait out, brokers of their own); `bash tests/run.sh` runs "
+            "them all"
         )
