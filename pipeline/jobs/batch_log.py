@@ -105,27 +105,29 @@ def merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _encoded(rows: list[dict[str, Any]]) -> list[str]:
+    return [json.dumps(r, default=float) + "\n" for r in rows]
+
+
 def compact(path: Path, *, max_bytes: int = MAX_BYTES) -> None:
     """Rewrite ``path`` within ``max_bytes``: its newest half as written, the rows before
     merged in pairs until they fit a quarter (the first row kept first). Atomic: a reader
     sees the old file or the new one."""
     rows = read_all(path)
-    lines = [json.dumps(r, default=float) + "\n" for r in rows]
+    lines = _encoded(rows)
     recent, size = len(lines), 0  # rows[recent:] stay as written: the newest half
     while recent > 1 and size + len(lines[recent - 1]) <= max_bytes // 2:
         recent -= 1
         size += len(lines[recent])
-    first, rest = rows[:1], rows[1:recent]
-    while len(rest) > 1 and sum(len(json.dumps(r, default=float)) + 1 for r in rest) > (
-        max_bytes // 4
-    ):
+    rest = rows[1:recent]  # the first row stays first; these merge
+    older = lines[1:recent]
+    while len(rest) > 1 and sum(map(len, older)) > max_bytes // 4:
         merged = [merge(rest[i], rest[i + 1]) for i in range(0, len(rest) - 1, 2)]
         rest = merged + rest[len(merged) * 2 :]
-    older = first + rest if recent > 0 else []
+        older = _encoded(rest)
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "w") as f:
-        f.writelines(json.dumps(r, default=float) + "\n" for r in older)
-        f.writelines(lines[recent:])
+        f.writelines([*lines[:1], *older, *lines[recent:]])
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
