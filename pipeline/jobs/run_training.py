@@ -60,6 +60,7 @@ class RunTraining:
         self.ready_at = 0.0  # when the workers were warm
         self.cores = 1  # Spark's task slots
         self.server: Any = None
+        self.rows: Any = None  # the ID tables' row servers
         self.driver: TrainDriver | None = None
         self.evaluation: Any = None
 
@@ -168,6 +169,9 @@ class RunTraining:
             shards=cfg.ps_shards,
         )
         stack.enter_context(server)
+        rows = self.rows = _row_servers(cfg, data.schema, server, state, self.out, self.metrics)
+        if rows is not None:
+            stack.enter_context(rows)
         log.info(
             "parameter server at %s:%d%s",
             server.host,
@@ -186,13 +190,14 @@ class RunTraining:
             on_skip=lambda _: self.metrics.skipped(),
             keep=cfg.keep_checkpoints,
         )
+        self.driver.rows = rows
         serving = run_serving.start(
             stack, cfg, self.settings, self.out, spec, data.schema, server, early_serving
         )
         handler = TrainHandler(
             spec=spec,
             algorithm=algorithms.serialize(self.algorithm),
-            server=ServerInfo.of(server, cfg.wire_dtype),
+            server=ServerInfo.of(server, cfg.wire_dtype, rows),
             job=uuid.uuid4().hex,
             threads=threads,
             seed=cfg.seed or 0,
@@ -255,6 +260,28 @@ class RunTraining:
         self.metrics.on_final(final)
         self.evaluation.save_model(final_weights, self.out / "model.keras")
         return final, ps_stats
+
+
+def _row_servers(
+    cfg: RunConfig, schema: Any, server: Any, state: checkpoint.State, out: Any, metrics: Any
+) -> Any:
+    """The row servers of a table's ID features (None without any), restored from the
+    checkpoint's tables."""
+    table = getattr(schema, "table", None)
+    if table is None or not table.ids:
+        return None
+    from pipeline.train import table_store
+    from pipeline.train.row_servers import RowServers, specs_of
+
+    rows = RowServers(
+        specs_of(table, cfg.seed or 0),
+        secret=server.secret,
+        host=server.host,
+        shards=cfg.ps_shards,
+        on_request=metrics.on_ps_request,
+    )
+    table_store.restore(out, rows, state.extra.get("tables"))
+    return rows
 
 
 def algorithm_of(cfg: RunConfig) -> algorithms.Algorithm:

@@ -30,7 +30,12 @@ from typing import Any
 from pipeline.errors import ConfigError
 
 #: The kinds of feature, and how a categorical one reaches the model.
-KINDS = ("numeric", "categorical", "boolean")
+KINDS = ("numeric", "categorical", "boolean", "id")
+#: How an ID table's rows learn on the parameter server (each row its own state).
+ROW_OPTIMIZERS = ("adagrad", "sgd")
+#: Float32 lanes an ID takes in a decoded block (:mod:`pipeline.table.ids`).
+ID_LANES = 3
+_ID_SETTINGS = ("dim", "min_count", "ttl", "optimizer", "learning_rate")
 ENCODINGS = ("one_hot", "index")
 #: Record formats a table's topic may carry.
 FORMATS = ("json", "csv", "avro")
@@ -63,6 +68,13 @@ class Feature:
         hash_buckets: categorical without a vocabulary: ``crc32(value) % N + 1`` (0: a gap).
         encoding: categorical: ``one_hot`` (width vocabulary + 1) or ``index`` (width 1,
             for an embedding layer).
+        dim: id: the size of its embedding row on the parameter server.
+        min_count: id: sightings before an ID gets a row of its own (until then it reads
+            the table's shared row).
+        ttl: id: records after its last sighting that an ID's row is dropped (None: kept).
+        table: id: the table its rows live in (default: the feature's name); two features
+            may share one (a clicked item and a candidate item).
+        optimizer, learning_rate: id: how its rows learn (``adagrad``, or ``sgd``).
     """
 
     name: str
@@ -73,10 +85,18 @@ class Feature:
     vocabulary: tuple[str, ...] = ()
     hash_buckets: int = 0
     encoding: str = "one_hot"
+    dim: int = 0
+    min_count: int = 1
+    ttl: int | None = None
+    table: str = ""
+    optimizer: str = "adagrad"
+    learning_rate: float = 0.05
 
     @property
     def width(self) -> int:
-        """Columns this feature takes in the model's input."""
+        """Columns this feature takes in a decoded block (an ID: its key's lanes)."""
+        if self.kind == "id":
+            return ID_LANES
         if self.kind != "categorical" or self.encoding == "index":
             return 1
         return self.slots
@@ -87,7 +107,9 @@ class Feature:
         return (len(self.vocabulary) or self.hash_buckets) + 1
 
     def columns(self) -> list[str]:
-        """Names of the input columns it takes."""
+        """Names of the input columns it takes (an ID: its key's lanes)."""
+        if self.kind == "id":
+            return [f"{self.name}#key{i}" for i in range(ID_LANES)]
         if self.width == 1:
             return [self.name]
         names = list(self.vocabulary) or [f"#{i}" for i in range(self.hash_buckets)]
@@ -106,6 +128,19 @@ class Feature:
                 raise _fail(where, "either a vocabulary or hash_buckets >= 1", self.hash_buckets)
             if len(set(self.vocabulary)) != len(self.vocabulary):
                 raise _fail(where, "a vocabulary without repeats", list(self.vocabulary))
+        if self.kind == "id":
+            if not isinstance(self.dim, int) or not 1 <= self.dim <= 1024:
+                raise _fail(where, "dim, the embedding's size, a whole number in 1..1024", self.dim)
+            if not isinstance(self.min_count, int) or self.min_count < 1:
+                raise _fail(where, "min_count >= 1", self.min_count)
+            if self.ttl is not None and (not isinstance(self.ttl, int) or self.ttl < 1):
+                raise _fail(where, "ttl, records, >= 1 (or none)", self.ttl)
+            if self.optimizer not in ROW_OPTIMIZERS:
+                raise _fail(where, f"optimizer in {ROW_OPTIMIZERS}", self.optimizer)
+            if not self.learning_rate > 0:
+                raise _fail(where, "learning_rate > 0", self.learning_rate)
+        elif self.dim or self.table:
+            raise _fail(where, "dim and table only on a feature of kind id", self.kind)
         if self.kind == "numeric" and (len(self.scale) != 2 or self.scale[1] == 0):
             raise _fail(
                 where, "scale [center, factor] with a factor other than 0", list(self.scale)
@@ -162,6 +197,17 @@ class TableSchema:
             raise _fail("features", "each name once", names)
         for f in self.features:
             f.check()
+        shapes: dict[str, tuple[Any, ...]] = {}
+        for f in self.features:
+            if f.kind == "id":
+                shape = (f.dim, f.min_count, f.ttl, f.optimizer, f.learning_rate)
+                if shapes.setdefault(f.table or f.name, shape) != shape:
+                    raise _fail(
+                        f"feature {f.name!r}",
+                        f"the settings of the other features in table {f.table!r} "
+                        f"({', '.join(_ID_SETTINGS)})",
+                        dict(zip(_ID_SETTINGS, shape, strict=True)),
+                    )
         if self.label is not None and self.label.name in names:
             raise _fail("label", "a column that is not also a feature", self.label.name)
         if self.format not in FORMATS:
@@ -200,6 +246,16 @@ class TableSchema:
     def width(self) -> int:
         """Columns of the model's input."""
         return sum(f.width for f in self.features)
+
+    @property
+    def ids(self) -> tuple[Feature, ...]:
+        """The ID features, in order."""
+        return tuple(f for f in self.features if f.kind == "id")
+
+    @property
+    def model_width(self) -> int:
+        """Columns of the model's input: an ID feature gives its row's ``dim``."""
+        return sum(f.dim if f.kind == "id" else f.width for f in self.features)
 
     @property
     def num_classes(self) -> int:
@@ -252,6 +308,11 @@ class TableSchema:
             d: dict[str, Any] = {"name": f.name, "kind": f.kind}
             if f.kind == "numeric":
                 d.update(missing=f.missing, fill=f.fill, scale=list(f.scale))
+            elif f.kind == "id":
+                d.update(dim=f.dim, min_count=f.min_count, ttl=f.ttl)
+                d.update({"table": f.table} if f.table else {})
+                if (f.optimizer, f.learning_rate) != ("adagrad", 0.05):
+                    d.update(optimizer=f.optimizer, learning_rate=f.learning_rate)
             elif f.kind == "categorical":
                 d.update(missing=f.missing, encoding=f.encoding)
                 d.update(
@@ -361,11 +422,22 @@ def avro_schema(schema: TableSchema, *, name: str = "Record") -> dict[str, Any]:
     >>> avro_schema(TableSchema((Feature("a"),), None))["fields"]
     [{'name': 'a', 'type': ['null', 'double'], 'default': None}]
     """
-    kinds = {"numeric": "double", "categorical": "string", "boolean": "boolean"}
+    kinds: dict[str, Any] = {
+        "numeric": "double",
+        "categorical": "string",
+        "boolean": "boolean",
+        "id": ["long", "string"],
+    }
     fields = [
-        {"name": f.name, "type": ["null", kinds[f.kind]], "default": None} for f in schema.features
+        {"name": f.name, "type": ["null", *_branches(kinds[f.kind])], "default": None}
+        for f in schema.features
     ]
     if schema.label is not None:
         kind = "double" if schema.label.regression else "string"
         fields.append({"name": schema.label.name, "type": ["null", kind], "default": None})
     return {"type": "record", "name": name, "fields": fields}
+
+
+def _branches(kind: str | list[str]) -> list[str]:
+    """An Avro type, or a union's branches, as a list."""
+    return kind if isinstance(kind, list) else [kind]

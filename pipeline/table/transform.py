@@ -127,6 +127,14 @@ class _Column:
             _reject(code, huge, f"non_finite:{f.name}", reasons)
             if f.missing == "reject":
                 _reject(code, gap, f"missing:{f.name}", reasons)
+        elif f.kind == "id":
+            from pipeline.table import ids  # it reads values with text(), from here
+
+            keys = ids.id_keys(values)
+            gap = keys == ids.GAP
+            out[:, self.start : self.start + ids.LANES] = ids.to_lanes(keys)
+            if f.missing == "reject":
+                _reject(code, gap, f"missing:{f.name}", reasons)
         elif f.kind == "boolean":
             v = np.array([_boolean(x) for x in values], np.float64)
             gap = np.isnan(v)

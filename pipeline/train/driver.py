@@ -27,6 +27,7 @@ import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -34,7 +35,7 @@ from pipeline.errors import StreamtrainError
 from pipeline.ingest.batch_figures import BatchFigures
 from pipeline.ingest.kafka.release import Releaser
 from pipeline.ingest.offsets import OffsetRange
-from pipeline.train import checkpoint, divergence_stop, ledger
+from pipeline.train import checkpoint, divergence_stop, ledger, table_store
 from pipeline.train.adapt import DriftResponse
 from pipeline.train.divergence import HeldoutWatch
 from pipeline.train.freshness import Freshness
@@ -95,6 +96,8 @@ class TrainDriver:
         self.watch: HeldoutWatch | None = None
         #: The drift signals and the run's reaction (:meth:`watch_drift`).
         self.drift: DriftResponse | None = None
+        #: The run's ID tables (:class:`~pipeline.train.row_servers.RowServers`), if any.
+        self.rows: Any = None
         #: The newest data the center holds, per partition (a resumed run's from its checkpoint).
         self.freshness = Freshness.from_state(
             state.extra.get("freshness") if state is not None else None
@@ -181,10 +184,20 @@ class TrainDriver:
         ]
         self.freshness.learn(info.newest_ms, lag=info.lag)
         held_out = int(state.extra.get("held_out", 0)) + row.held_out
+        tables = state.extra.get("tables")
+        if self.rows is not None:  # the rows' clock, their expiry, their changes beside the save
+            expired = self.rows.advance(row.trained)
+            tables = table_store.save(self.folder, info.batch_id, self.rows, tables)
+            row.tables = {
+                **(row.tables or {}),
+                "expired": expired,
+                "sizes": self.rows.stats()["tables"],
+            }
         state.extra = {
             "trained": self.trained + row.trained,
             **({"poison": poison} if poison else {}),
             "freshness": self.freshness.state(),
+            **({"tables": tables} if tables else {}),
             **({"heldout": self.watch.state()} if self.watch is not None else {}),
             **(
                 {"drift": self.drift.watch.state(), "held_out": held_out}

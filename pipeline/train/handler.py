@@ -85,6 +85,7 @@ class TrainHandler(microbatch.Handler):
             attempt=ctx.attemptNumber() if ctx else 0,
             after_exchange=_fault_after,
             lr_scale=self.lr_scale,
+            layout=_layout(block.schema),
         )
         _describe(result, block.schema, x, y, held)
         return result
@@ -116,9 +117,24 @@ def _describe(
         ].tolist()
     if schema.dtype == "float32" and len(x):
         result.sample_x = x[:: max(1, len(x) // SAMPLE_ROWS)][:SAMPLE_ROWS]
+        layout = _layout(schema)
+        if layout is not None:  # keys are no quantity: their lanes are left out as constants
+            result.sample_x = result.sample_x.copy()
+            for c in layout.columns:
+                result.sample_x[:, c.lane : c.lane + 3] = 0.0
     if held is not None and result.diverged is None:
         result.heldout_x, result.heldout_y = held
         result.held_out = len(held[1])
+
+
+def _layout(schema: Any) -> Any:
+    """Where a table's ID features are (None: it has none)."""
+    table = getattr(schema, "table", None)
+    if table is None or not table.ids:
+        return None
+    from pipeline.table.ids import IdLayout
+
+    return IdLayout(table)
 
 
 def _fault_after(exchange: int) -> None:

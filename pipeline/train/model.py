@@ -272,10 +272,12 @@ class FlatGradients:
     The forward pass runs in training mode, so dropout is on and batch-norm
     statistics move in the replica; a weight that gradients do not train gets 0
     in the vector (the worker sends its change instead). The function is traced
-    once, for any batch size. TensorFlow backend only.
+    once, for any batch size. TensorFlow backend only. With ``inputs`` it also takes the
+    loss's gradient with respect to the input, :attr:`input_grad` (where an ID model's
+    rows are, :mod:`pipeline.train.id_rows`).
     """
 
-    def __init__(self, model: Any, spec: ModelSpec) -> None:
+    def __init__(self, model: Any, spec: ModelSpec, *, inputs: bool = False) -> None:
         import tensorflow as tf
 
         self.size = spec.size
@@ -291,25 +293,19 @@ class FlatGradients:
                 np.shape(model.predict_on_batch(np.zeros((1, *shape), np.float32)))[1:]
             )
             labels = tf.TensorSpec([None, *self._out], tf.float32)
-        loss_name = spec.loss
-
-        def accuracy(y: Any, pred: Any) -> Any:
-            if loss_name == "sparse_categorical_crossentropy":
-                hit = tf.equal(tf.argmax(pred, -1, output_type=tf.int32), tf.reshape(y, [-1]))
-            elif loss_name == "categorical_crossentropy":
-                hit = tf.equal(tf.argmax(pred, -1), tf.argmax(y, -1))
-            elif loss_name == "binary_crossentropy":
-                hit = tf.equal(tf.cast(pred > 0.5, y.dtype), y)
-            else:
-                return tf.constant(float("nan"))
-            return tf.reduce_mean(tf.cast(hit, tf.float32))
+        accuracy = accuracy_of(spec.loss)
+        self.inputs = inputs
+        self.input_grad: np.ndarray | None = None  # with ``inputs``: the last call's
 
         def step(x: Any, y: Any) -> Any:
             watched = [v for v, t in zip(variables, trainable, strict=True) if t]
             with tf.GradientTape() as tape:
+                tape.watch(x)
                 pred = model(x, training=True)
                 loss = model.compute_loss(x=x, y=y, y_pred=pred, training=True)
-            grads = iter(tape.gradient(loss, watched))
+            grads = tape.gradient(loss, [*watched, x] if inputs else watched)
+            gx = grads.pop() if inputs else tf.zeros([0])
+            grads = iter(grads)
             parts = []
             for v, t in zip(variables, trainable, strict=True):
                 g = next(grads) if t else None
@@ -318,7 +314,7 @@ class FlatGradients:
                     if g is not None
                     else tf.zeros([int(np.prod(v.shape))], tf.float32)
                 )
-            return tf.concat(parts, 0), loss, accuracy(y, pred)
+            return tf.concat(parts, 0), loss, accuracy(y, pred), gx
 
         self._step = tf.function(
             step, input_signature=[tf.TensorSpec([None, *shape], tf.float32), labels]
@@ -328,8 +324,29 @@ class FlatGradients:
         """The gradient on ``x``/``y`` at the replica's weights, the loss and the accuracy."""
         if self._out is not None and y.shape[1:] != self._out:  # (n,) labels for (n, 1) outputs
             y = y.reshape((len(y), *self._out))
-        flat, loss, acc = self._step(x, y)
+        flat, loss, acc, gx = self._step(x, y)
+        if self.inputs:
+            self.input_grad = np.asarray(gx)
         return np.asarray(flat), float(loss), float(acc)
+
+
+def accuracy_of(loss_name: str) -> Any:
+    """The accuracy of a mini-batch's predictions as a TensorFlow function, for the
+    compiled loss (NaN where the loss has no classes)."""
+    import tensorflow as tf
+
+    def accuracy(y: Any, pred: Any) -> Any:
+        if loss_name == "sparse_categorical_crossentropy":
+            hit = tf.equal(tf.argmax(pred, -1, output_type=tf.int32), tf.reshape(y, [-1]))
+        elif loss_name == "categorical_crossentropy":
+            hit = tf.equal(tf.argmax(pred, -1), tf.argmax(y, -1))
+        elif loss_name == "binary_crossentropy":
+            hit = tf.equal(tf.cast(pred > 0.5, y.dtype), y)
+        else:
+            return tf.constant(float("nan"))
+        return tf.reduce_mean(tf.cast(hit, tf.float32))
+
+    return accuracy
 
 
 def reset_optimizer(model: Any) -> None:

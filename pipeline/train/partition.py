@@ -3,6 +3,7 @@ half, and the exchanges with the parameter server."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import time
@@ -12,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.train import algorithms, ps
+from pipeline.train.id_rows import IdRows
 from pipeline.train.model import ModelSpec, input_shape
 from pipeline.train.replica import replica
 
@@ -27,17 +29,33 @@ class ServerInfo:
     wire_dtype: str = "float32"  # the payloads' type on TCP (pipeline.train.ps.wire)
     #: With a sharded server (``--ps-shards``), each shard's host, port and slice of the weights.
     shards: tuple[tuple[str, int, int, int], ...] = ()
+    #: With ID features, each row server's host and port, in shard order; and the tables' row
+    #: sizes, in the servers' order.
+    rows: tuple[tuple[str, int], ...] = ()
+    row_dims: tuple[int, ...] = ()
 
     @classmethod
-    def of(cls, server: Any, wire_dtype: str = "float32") -> ServerInfo:
-        """How workers reach ``server`` (one parameter server, or a sharded one)."""
+    def of(cls, server: Any, wire_dtype: str = "float32", rows: Any = None) -> ServerInfo:
+        """How workers reach ``server`` (one parameter server, or a sharded one), and the
+        row servers ``rows`` (:class:`~pipeline.train.row_servers.RowServers`) where the model
+        has ID features."""
         return cls(
             server.host,
             server.port,
             server.secret,
             wire_dtype,
             tuple(getattr(server, "shards", ())),
+            tuple(rows.addresses) if rows is not None else (),
+            tuple(rows.dims) if rows is not None else (),
         )
+
+    def row_client(self, worker: int) -> Any:
+        """A connection to every row server (None without ID features)."""
+        if not self.rows:
+            return None
+        from pipeline.train.ps.row_client import RowClient
+
+        return RowClient(self.rows, secret=self.secret, worker=worker, dims=list(self.row_dims))
 
 
 @dataclasses.dataclass
@@ -71,6 +89,8 @@ class TaskResult:
         sample_x: a sample of the records' features (tables: the feature drift signal).
         heldout_x, heldout_y, held_out: records held out of training after a drift
             (:mod:`pipeline.train.adapt`), and how many.
+        rows_read, rows_pushed, row_staleness: an ID model's rows read and pushed, and per
+            push of them the row servers' updates it missed.
     """
 
     worker: int
@@ -101,6 +121,9 @@ class TaskResult:
     heldout_x: np.ndarray | None = None
     heldout_y: np.ndarray | None = None
     held_out: int = 0
+    rows_read: int = 0
+    rows_pushed: int = 0
+    row_staleness: list[int] = dataclasses.field(default_factory=list)
 
 
 def _labels(loss: str, y: np.ndarray, classes: int) -> np.ndarray:
@@ -127,6 +150,7 @@ def train_partition(
     attempt: int = 0,
     after_exchange: Callable[[int], None] | None = None,
     lr_scale: float = 1.0,
+    layout: Any = None,
 ) -> TaskResult:
     """Train on one partition's ``x``/``y`` with the algorithm's exchanges; report figures.
 
@@ -144,14 +168,19 @@ def train_partition(
     the same mini-batches) and trains on from there. ``after_exchange`` is called with
     each exchange's index (fault injection). ``lr_scale`` multiplies the replica's
     learning rate (``--on-drift adapt``).
+
+    With a ``layout`` (:class:`~pipeline.table.ids.IdLayout`: the schema has ID features)
+    ``x`` holds the IDs' keys, and each mini-batch's rows are read from the row servers and
+    trained there (:class:`~pipeline.train.id_rows.IdRows`).
     """
     algo = algorithms.get(algorithm)
     entry, fresh = replica(spec, job=job, threads=threads, lr_scale=lr_scale)
+    entry.input_grads = layout is not None
     y = _labels(
         spec.loss, y, spec.shapes[-1][-1]
     )  # the output layer's bias: subclassed models have no .outputs
     shape = input_shape(entry.model)
-    if x.shape[1:] != shape:
+    if layout is None and x.shape[1:] != shape:
         x = x.reshape((len(x), *shape))
     # Mini-batches are drawn in a fresh random order each epoch, as model.fit does: a
     # stream repeats the producer's order (every epoch of a replay is the same), and
@@ -166,16 +195,23 @@ def train_partition(
     preq_losses: list[float] = []
     preq_errors: list[float] = []
     timer = _Timer()
+    ids: IdRows | None = None
     try:
-        with ps.connect(
-            (server.host, server.port),
-            server.shards,
-            secret=server.secret,
-            worker=worker,
-            size=spec.size,
-            wire_dtype=server.wire_dtype,
-            retry_s=CONNECT_RETRY_S,
-        ) as client:
+        with (
+            contextlib.ExitStack() as stack,
+            ps.connect(
+                (server.host, server.port),
+                server.shards,
+                secret=server.secret,
+                worker=worker,
+                size=spec.size,
+                wire_dtype=server.wire_dtype,
+                retry_s=CONNECT_RETRY_S,
+            ) as client,
+        ):
+            if layout is not None:
+                rows = stack.enter_context(server.row_client(worker))
+                ids = IdRows(layout, rows, task)
             with timer("exchange"):
                 done = client.begin(task, steps=total, window=window) if task else 0
                 pulled = client.pull().copy()
@@ -185,8 +221,14 @@ def train_partition(
             for step, idx in enumerate(_minibatches(rng, n, batch, epochs), start=1):
                 if step <= skipped:  # applied by an earlier attempt: drawn, not trained
                     continue
+                xb = x[idx]
+                if ids is not None:
+                    with timer("exchange"):
+                        xb = ids.before(xb)
                 with timer("compute"):
-                    loss, acc = half.compute(x[idx], y[idx])
+                    loss, acc = half.compute(xb, y[idx])
+                if ids is not None:
+                    ids.after(step, half.input_grad)
                 losses.append(loss)
                 if step <= steps_per_epoch:  # the first pass
                     preq += (len(idx), loss * len(idx), acc * len(idx))
@@ -194,6 +236,8 @@ def train_partition(
                     preq_errors.append(1.0 - acc)
                 if step % window == 0 or step == total:
                     with timer("exchange"):
+                        if ids is not None:
+                            ids.flush()
                         half.exchange()
                     timer.exchanges += 1
                     if after_exchange is not None:
@@ -253,7 +297,17 @@ def train_partition(
         wire_dtype=client.wire_dtype,
         preq_losses=preq_losses,
         preq_errors=preq_errors,
+        **(_row_figures(ids) if ids is not None else {}),
     )
+
+
+def _row_figures(ids: IdRows) -> dict[str, Any]:
+    got = ids.figures()
+    return {
+        "rows_read": got["rows_read"],
+        "rows_pushed": got["rows_pushed"],
+        "row_staleness": got["staleness"],
+    }
 
 
 #: How long a task keeps trying to connect to a parameter server that refuses or drops its

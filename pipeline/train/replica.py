@@ -38,13 +38,25 @@ class Replica:
         None  # its optimizer's learning rate as compiled (--on-drift adapt scales it)
     )
     lr_scale: float = 1.0
+    #: Whether each step also returns the input's gradient (an ID model's rows learn from it).
+    input_grads: bool = False
+    _input_step: Any = None
 
     @property
     def gradients(self) -> FlatGradients:
         """The flat-gradient function (built on first use: only synchronous SGD needs it)."""
         if self._gradients is None:
-            self._gradients = FlatGradients(self.model, self.spec)
+            self._gradients = FlatGradients(self.model, self.spec, inputs=self.input_grads)
         return self._gradients
+
+    @property
+    def input_step(self) -> Any:
+        """The training step that also returns the input's gradient (built on first use)."""
+        if self._input_step is None:
+            from pipeline.train.input_step import InputGradientStep
+
+            self._input_step = InputGradientStep(self.model, self.spec)
+        return self._input_step
 
 
 #: model fingerprint -> its replica in this process

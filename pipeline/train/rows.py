@@ -120,6 +120,9 @@ class BatchRow:
     at: float = 0.0
     held_out: int = 0
     drifts: list[Drift] = dataclasses.field(default_factory=list)
+    #: An ID model's tables: rows read and pushed in the batch, the row pushes' staleness,
+    #: rows expired after it, and each table's rows and bytes (None: no ID features).
+    tables: dict[str, Any] | None = None
 
     @classmethod
     def from_batch(cls, info: BatchFigures, *, t: float, clock: int) -> BatchRow:
@@ -147,6 +150,15 @@ class BatchRow:
             task_s=round(info.handler_s, 3),
             at=round(time.time(), 3),
         )
+        read = sum(getattr(r, "rows_read", 0) for r in results)
+        if read:
+            stale = [s for r in results for s in getattr(r, "row_staleness", ())]
+            row.tables = {
+                "rows_read": read,
+                "rows_pushed": sum(r.rows_pushed for r in results),
+                "staleness_p50": float(np.percentile(stale, 50)) if stale else None,
+                "staleness_p99": float(np.percentile(stale, 99)) if stale else None,
+            }
         if preq_n:
             row.prequential_accuracy = sum(r.preq_acc * r.preq_n for r in scored) / preq_n
             row.prequential_loss = sum(r.preq_loss * r.preq_n for r in scored) / preq_n
@@ -161,6 +173,7 @@ class BatchRow:
             "heldout",
             "freshness_s",
             "data_as_of",
+            "tables",
         ):
             if d[key] is None:
                 del d[key]

@@ -38,6 +38,9 @@ class WorkerHalf(abc.ABC):
     ) -> None:
         self.algorithm, self.client, self.replica, self.pulled = algorithm, client, replica, pulled
         self.staleness: list[int] = []
+        #: The last mini-batch's gradient of the loss with respect to its input, where the
+        #: replica is asked for it (``replica.input_grads``: an ID model's rows learn from it).
+        self.input_grad: np.ndarray | None = None
 
     @abc.abstractmethod
     def compute(self, x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
@@ -57,6 +60,9 @@ class DeltaWorker(WorkerHalf):
     """Train with the replica's optimizer; push the window's change (the dist-keras family)."""
 
     def compute(self, x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+        if getattr(self.replica, "input_grads", False):
+            loss, acc, self.input_grad = self.replica.input_step(x, y)
+            return loss, acc
         out = self.replica.model.train_on_batch(x, y)
         return (
             (float(out[0]), float(out[1]))

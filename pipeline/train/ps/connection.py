@@ -100,6 +100,7 @@ class Connection:
             shared, narrow = h.flags & p.SHARED, h.flags & wire.MASK
             if (
                 h.op not in p.OPS
+                or h.op == p.ROWS  # a row server's: none here
                 or h.flags & ~(p.SHARED | wire.MASK)
                 or (shared and not self.attached)
                 or (shared and narrow)

@@ -84,6 +84,8 @@ MAX_FRAMES = 0xFFFFFFFF
 # Ops (requests). PEEK reads the center like PULL but is no worker's pull: it joins no
 # synchronous round and moves no staleness clock (what serving reads the live model with).
 PULL, PUSH, PUSH_PULL, STATS, ATTACH, PEEK, PROGRESS = 1, 2, 3, 4, 5, 6, 7
+# ROWS: embedding rows read and pushed (pipeline.train.ps.row_server), to a row server only.
+ROWS = 8
 OPS = {
     PULL: "pull",
     PUSH: "push",
@@ -92,6 +94,7 @@ OPS = {
     ATTACH: "attach",
     PEEK: "peek",
     PROGRESS: "progress",
+    ROWS: "rows",
 }
 # Request flags.
 SHARED = 1  # the payloads travel in the connection's shared-memory file

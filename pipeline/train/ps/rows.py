@@ -6,17 +6,21 @@ Adagrad state, and dropped once not seen for ``ttl`` records. Memory is counted 
 Everything a row is follows from the sequence of pulls and pushes it is given: its initial
 values are a function of the run's seed, the table and the key, so a replay of the same
 stream creates the same rows, and a table cut into shards by :func:`shard_of` holds, shard
-by shard, exactly the rows one table would.
+by shard, exactly the rows one table would. A worker's exchange is a read (no effect) and a
+push: the gradients of the rows it read (those without a row of their own summed into the
+shared row's) and the sightings of every ID in its batch.
 
 Example:
     >>> table = RowTable(RowSpec("item", dim=4, min_count=2, ttl=100))
-    >>> keys = np.array([7, 7, 9], dtype=np.uint64)
-    >>> values, has_row = table.pull(keys, now=1)
-    >>> has_row.tolist(), len(table)  # 7's second sighting makes its row; 9 is seen once
-    ([False, True, False], 1)
-    >>> table.push(np.array([7], dtype=np.uint64), np.ones((1, 4), np.float32))
+    >>> keys = np.array([7, 9], dtype=np.uint64)
+    >>> table.sight(keys, np.array([2, 1]), now=1), len(table)  # 7's second sighting: its row
+    (1, 1)
+    >>> values, has_row = table.read(keys)
+    >>> has_row.tolist()  # 9 reads the shared row
+    [True, False]
+    >>> table.push(keys[:1], np.ones((1, 4), np.float32), now=2)
     1
-    >>> bool((table.pull(keys[:1], now=2)[0] < values[1:2]).all())  # a step against the gradient
+    >>> bool((table.read(keys[:1])[0] < values[:1]).all())  # a step against the gradient
     True
     >>> table.expire(now=500), len(table)
     (1, 0)
@@ -72,7 +76,8 @@ class RowSpec:
         min_count: sightings before an ID gets a row of its own (frequency filtering).
         ttl: records after its last sighting that a row (or an ID's count) is dropped; None:
             kept for the run.
-        learning_rate: Adagrad's step.
+        learning_rate: the optimizer's step.
+        optimizer: ``adagrad`` (each row its own sum of squared gradients) or ``sgd``.
         initial_accumulator: Adagrad's starting sum of squared gradients.
         init_scale: initial values are uniform in ``(-init_scale, init_scale)``.
         seed: the run's seed (initial values are a function of it, the table and the key).
@@ -83,6 +88,7 @@ class RowSpec:
     min_count: int = 1
     ttl: int | None = None
     learning_rate: float = 0.05
+    optimizer: str = "adagrad"
     initial_accumulator: float = 0.1
     init_scale: float = 0.05
     seed: int = 0
@@ -106,8 +112,11 @@ class RowSpec:
 class RowTable:
     """One table's rows (or one shard's part of them).
 
-    Rows live in arrays grown by doubling; a dict maps each key to its slot, and the slots of
-    dropped rows are reused. IDs seen fewer than ``min_count`` times are only counted.
+    Reads have no effect (a worker's pull, a prediction, a retried task's pull alike):
+    everything that changes a row comes with a push, which the server applies once
+    (:mod:`pipeline.train.ps.tasks`). Rows live in arrays grown by half again; a dict maps
+    each key to its slot, and the slots of dropped rows are reused. IDs seen fewer than
+    ``min_count`` times are only counted.
     """
 
     def __init__(self, spec: RowSpec, *, capacity: int = 1024) -> None:
@@ -125,7 +134,7 @@ class RowTable:
         self._dropped: set[int] = set()  # keys dropped since the last delta
         self.created = 0
         self.expired = 0
-        self._row(int(SHARED), now=0)  # the shared row, never expired
+        self._shared = self._row(int(SHARED), now=0)  # the shared row, never expired
 
     def __len__(self) -> int:
         """Rows of IDs (the shared row not counted)."""
@@ -143,7 +152,7 @@ class RowTable:
 
     def _grow(self) -> int:
         if self._used == len(self._keys):
-            size = 2 * len(self._keys)
+            size = len(self._keys) + max(1024, len(self._keys) // 2)
             for name in ("_values", "_accum", "_last_seen", "_keys"):
                 old = getattr(self, name)
                 new = np.zeros((size, *old.shape[1:]), old.dtype)
@@ -152,42 +161,61 @@ class RowTable:
         self._used += 1
         return self._used - 1
 
-    def pull(self, keys: np.ndarray, *, now: int) -> tuple[np.ndarray, np.ndarray]:
-        """The rows of ``keys`` (repeats allowed: each is a sighting), creating those whose ID
-        reaches ``min_count``; an ID without a row reads the shared row. Returns the values
-        ``(n, dim)`` and which keys have a row of their own."""
-        slots = np.empty(len(keys), np.int64)
-        shared = self._slot[int(SHARED)]
-        for i, key in enumerate(np.asarray(keys, np.uint64).tolist()):
-            slot = self._slot.get(key)
-            if slot is None:
-                seen = self._pending.get(key, (0, now))[0] + 1
-                if seen >= self.spec.min_count:
-                    self._pending.pop(key, None)
-                    slot = self._row(key, now=now)
-                    self.created += 1
-                else:
-                    self._pending[key] = (seen, now)
-                    slot = shared
-            if slot != shared:  # the shared row is never dropped: its sightings are not kept
-                self._last_seen[slot] = now
-                self._touched.add(key)  # a read moves its expiry: the delta carries it
-            slots[i] = slot
-        return self._values[slots].copy(), slots != shared
+    def _slots(self, keys: np.ndarray) -> np.ndarray:
+        """Each key's slot, -1 for a key without a row."""
+        found = self._slot.get
+        return np.fromiter(
+            (found(k, -1) for k in np.asarray(keys, np.uint64).tolist()), np.int64, len(keys)
+        )
 
-    def push(self, keys: np.ndarray, gradients: np.ndarray) -> int:
-        """Adagrad on the rows of ``keys`` (repeated keys' gradients summed); a key without a
-        row trains the shared row. Returns the rows stepped."""
-        keys = np.asarray(keys, np.uint64)
-        shared = self._slot[int(SHARED)]
-        slots = np.array([self._slot.get(k, shared) for k in keys.tolist()], np.int64)
-        unique, inverse = np.unique(slots, return_inverse=True)
+    def read(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The rows of ``keys`` (an ID without a row reads the shared row), and which keys have
+        a row of their own. Changes nothing."""
+        slots = self._slots(keys)
+        has_row = slots >= 0
+        return self._values[np.where(has_row, slots, self._shared)], has_row
+
+    def push(self, keys: np.ndarray, gradients: np.ndarray, *, now: int) -> int:
+        """Adagrad on the rows of ``keys`` (repeated keys' gradients summed), each now seen at
+        ``now``; a key whose row is gone has its gradient dropped. Returns the rows stepped."""
+        slots = self._slots(keys)
+        live = slots >= 0
+        if not live.any():
+            return 0
+        unique, inverse = np.unique(slots[live], return_inverse=True)
         summed = np.zeros((len(unique), self.spec.dim), np.float32)
-        np.add.at(summed, inverse, np.asarray(gradients, np.float32))
-        self._accum[unique] += summed * summed
-        self._values[unique] -= self.spec.learning_rate * summed / np.sqrt(self._accum[unique])
-        self._touched.update(int(k) for k in self._keys[unique])
+        np.add.at(summed, inverse, np.asarray(gradients, np.float32)[live])
+        if self.spec.optimizer == "sgd":
+            self._values[unique] -= self.spec.learning_rate * summed
+        else:
+            self._accum[unique] += summed * summed
+            self._values[unique] -= self.spec.learning_rate * summed / np.sqrt(self._accum[unique])
+        self._last_seen[unique] = np.maximum(self._last_seen[unique], now)
+        self._touched.update(self._keys[unique].tolist())
         return len(unique)
+
+    def sight(self, keys: np.ndarray, counts: np.ndarray, *, now: int) -> int:
+        """Count sightings of IDs (``counts`` each) at ``now``: a row's expiry moves; an ID
+        without one gets it once seen ``min_count`` times. Returns the rows created."""
+        made = 0
+        for key, count in zip(
+            np.asarray(keys, np.uint64).tolist(), np.asarray(counts).tolist(), strict=True
+        ):
+            slot = self._slot.get(key)
+            if slot is not None:
+                if slot != self._shared and self._last_seen[slot] < now:
+                    self._last_seen[slot] = now
+                    self._touched.add(key)
+                continue
+            seen = self._pending.get(key, (0, now))[0] + int(count)
+            if seen >= self.spec.min_count:
+                self._pending.pop(key, None)
+                self._row(key, now=now)
+                made += 1
+            else:
+                self._pending[key] = (seen, now)
+        self.created += made
+        return made
 
     def expire(self, *, now: int) -> int:
         """Drop the rows, and the pending counts, not seen for ``ttl`` records before ``now``.
@@ -205,12 +233,14 @@ class RowTable:
         return len(old)
 
     def nbytes(self) -> int:
-        """The table's memory: the live rows' arrays (values, Adagrad state, key, last seen)
-        and the maps, at CPython's measured cost per dict entry (~100 bytes)."""
-        per_row = self._values.itemsize * self.spec.dim * 2 + 16
-        return (len(self._slot) + len(self._free)) * per_row + (
-            len(self._slot) + len(self._pending)
-        ) * 100
+        """The table's memory: its arrays as allocated (values, Adagrad state, key, last seen)
+        and its maps, at CPython's measured cost per dict entry (~100 bytes)."""
+        arrays = sum(a.nbytes for a in (self._values, self._accum, self._last_seen, self._keys))
+        return arrays + (len(self._slot) + len(self._pending)) * 100
+
+    def row_bytes(self) -> int:
+        """What one row's values and optimizer state take as float32 (the floor of its cost)."""
+        return 2 * 4 * self.spec.dim
 
     def rows(self, keys: np.ndarray | None = None) -> dict[str, np.ndarray]:
         """Rows as arrays (``keys``, ``values``, ``accum``, ``last_seen``), sorted by key:
@@ -304,8 +334,9 @@ class ShardedRows:
         >>> one, two = ShardedRows(spec, 1), ShardedRows(spec, 2)
         >>> keys = np.array([1, 2, 3, 1], dtype=np.uint64)
         >>> for t in (one, two):
-        ...     _, has_row = t.pull(keys, now=1)
-        ...     _ = t.push(keys, np.full((4, 2), 0.5, np.float32), has_row)
+        ...     for now in (1, 2):
+        ...         _, has_row = t.read(keys)
+        ...         _ = t.push(keys, np.full((4, 2), 0.5, np.float32), has_row, now=now)
         >>> all(np.array_equal(one.rows()[k], two.rows()[k]) for k in one.rows())
         True
     """
@@ -314,7 +345,7 @@ class ShardedRows:
         self.shards = [RowTable(spec) for _ in range(shards)]
         self._owner = int(shard_of(np.array([SHARED], np.uint64), shards)[0])
 
-    def pull(self, keys: np.ndarray, *, now: int) -> tuple[np.ndarray, np.ndarray]:
+    def read(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         keys = np.asarray(keys, np.uint64)
         where = shard_of(keys, len(self.shards))
         values = np.empty((len(keys), self.shards[0].spec.dim), np.float32)
@@ -322,20 +353,27 @@ class ShardedRows:
         for s, table in enumerate(self.shards):
             mine = where == s
             if mine.any():
-                values[mine], has_row[mine] = table.pull(keys[mine], now=now)
-        shared = self.shards[self._owner].rows(np.array([SHARED], np.uint64))["values"][0]
+                values[mine], has_row[mine] = table.read(keys[mine])
+        shared = self.shards[self._owner].read(np.array([SHARED], np.uint64))[0][0]
         values[~has_row] = shared
         return values, has_row
 
-    def push(self, keys: np.ndarray, gradients: np.ndarray, has_row: np.ndarray) -> int:
-        """Adagrad steps: each key's gradient to its row, or the shared row's where the pull
-        found none. Returns the rows stepped."""
-        keys = np.where(has_row, np.asarray(keys, np.uint64), SHARED)
-        where = shard_of(keys, len(self.shards))
+    def push(
+        self, keys: np.ndarray, gradients: np.ndarray, has_row: np.ndarray, *, now: int
+    ) -> int:
+        """One exchange's push: each key's gradient to its row, or to the shared row where
+        the read found none; then every key's sighting. Returns the rows created."""
+        keys = np.asarray(keys, np.uint64)
+        rowed = np.where(has_row, keys, SHARED)
+        where = shard_of(rowed, len(self.shards))
+        for s, table in enumerate(self.shards):
+            if (where == s).any():
+                table.push(rowed[where == s], np.asarray(gradients)[where == s], now=now)
+        unique, counts = np.unique(keys, return_counts=True)
+        at = shard_of(unique, len(self.shards))
         return sum(
-            table.push(keys[where == s], np.asarray(gradients)[where == s])
+            table.sight(unique[at == s], counts[at == s], now=now)
             for s, table in enumerate(self.shards)
-            if (where == s).any()
         )
 
     def expire(self, *, now: int) -> int:

@@ -13,7 +13,7 @@ import os
 import socket
 import threading
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pipeline.errors import ConfigError
 from pipeline.train.ps import protocol as p
@@ -50,12 +50,20 @@ class Transport:
         server: what answers the requests (and counts refusals).
         host, port: the address to bind (port 0: a free one).
         shared_memory: offer workers on this machine a shared-memory file for payloads.
+        connection: what serves each authenticated connection (a row server's own).
     """
 
     def __init__(
-        self, server: ParameterServer, *, host: str, port: int, shared_memory: bool
+        self,
+        server: ParameterServer | Any,
+        *,
+        host: str,
+        port: int,
+        shared_memory: bool,
+        connection: Any = Connection,
     ) -> None:
         self.server, self.host, self.port, self.shared_memory = server, host, port, shared_memory
+        self._connection = connection
         self._listener: socket.socket | None = None
         self._conns: set[socket.socket] = set()
         self._count_lock = threading.Lock()
@@ -155,7 +163,7 @@ class Transport:
                     return self.refuse(conn, "busy")
                 try:
                     conn.settimeout(IDLE_TIMEOUT_S)
-                    Connection(self, conn, session).serve()
+                    self._connection(self, conn, session).serve()
                 finally:
                     with self._count_lock:
                         self._authenticated -= 1

@@ -26,8 +26,8 @@ def _stream(
 
 def _run(tables: ShardedRows, batches: Iterator[tuple[int, np.ndarray, np.ndarray]]) -> None:
     for now, keys, grads in batches:
-        _, has_row = tables.pull(keys, now=now * 200)
-        tables.push(keys, grads, has_row)
+        _, has_row = tables.read(keys)
+        tables.push(keys, grads, has_row, now=now * 200)
         if now % 10 == 0:
             tables.expire(now=now * 200)
 
@@ -43,11 +43,12 @@ def test_an_id_gets_its_row_at_its_min_count_th_sighting_and_reads_the_shared_ro
     key = np.array([42], np.uint64)
     first = _shared(table)
     for seen in (1, 2):
-        values, has_row = table.pull(key, now=seen)
+        values, has_row = table.read(key)
         assert not has_row[0] and np.array_equal(values[0], _shared(table)), seen
-        table.push(key, np.ones((1, 4), np.float32), has_row)  # trains the shared row
-    assert not np.array_equal(_shared(table), first)
-    values, has_row = table.pull(key, now=3)
+        table.push(key, np.ones((1, 4), np.float32), has_row, now=seen)  # trains the shared row
+    assert not np.array_equal(_shared(table), first) and len(table) == 0
+    table.push(key, np.ones((1, 4), np.float32), has_row, now=3)  # the third sighting
+    values, has_row = table.read(key)
     assert has_row[0] and len(table) == 1
     # Its initial values: a function of the seed, the table and the key alone.
     assert np.array_equal(values[0], spec.initial(key)[0])
@@ -60,7 +61,8 @@ def test_rows_and_counts_not_seen_for_ttl_records_are_dropped_and_memory_stays_b
     table = RowTable(spec)
     sizes = []
     for now, keys, _ in _stream(200, drift=50):
-        table.pull(keys, now=now * 200)
+        unique, counts = np.unique(keys, return_counts=True)
+        table.sight(unique, counts, now=now * 200)
         if now % 10 == 0:
             table.expire(now=now * 200)
             sizes.append((len(table), table.nbytes()))
@@ -69,7 +71,8 @@ def test_rows_and_counts_not_seen_for_ttl_records_are_dropped_and_memory_stays_b
     assert max(n for n, _ in sizes[half:]) <= 1.1 * max(n for n, _ in sizes[:half])
     # A dropped ID seen again starts afresh, from its initial values.
     gone = np.array([next(iter(sorted(table._dropped)))], np.uint64)
-    values, has_row = table.pull(gone, now=10**6)
+    table.sight(gone, np.ones(1), now=10**6)
+    values, has_row = table.read(gone)
     assert has_row[0] and np.array_equal(values[0], spec.initial(gone)[0])
 
 
@@ -99,9 +102,10 @@ def test_a_table_rebuilt_from_a_snapshot_and_its_deltas_equals_one_that_never_st
         resumed.shards[0].load(change)
     for field, values in kept.rows().items():
         assert np.array_equal(values, resumed.rows()[field]), field
-    # A batch that only reads (a pull whose push never came) moves the rows' expiry: the next
-    # delta carries it to a table that did not read.
-    kept.pull(batches[40][1], now=40 * 200 + 1)
+    # A push whose gradients were all the shared row's still moves its IDs' expiry: the next
+    # delta carries it to a table that did not see it.
+    keys = batches[40][1]
+    kept.push(keys, np.zeros((len(keys), 4), np.float32), np.zeros(len(keys), bool), now=8_001)
     resumed.shards[0].load(kept.shards[0].delta())
     for field, values in kept.rows().items():
         assert np.array_equal(values, resumed.rows()[field]), field

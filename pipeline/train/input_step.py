@@ -1,0 +1,58 @@
+"""A replica's training step that also returns the loss's gradient with respect to its input:
+what an ID model's rows learn from (:mod:`pipeline.train.id_rows`).
+
+``train_on_batch`` keeps the input's gradient to itself; this step is the same step (the
+compiled loss, the replica's optimizer on its trainable weights) in one traced function
+that hands it back, so the rows cost no second forward pass. TensorFlow backend only.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from pipeline.train.model import ModelSpec, accuracy_of, input_shape
+
+
+class InputGradientStep:
+    """``step(x, y)`` trains the replica's model on one mini-batch and returns its loss, its
+    accuracy (NaN without classes) and the gradient of the loss with respect to ``x``."""
+
+    def __init__(self, model: Any, spec: ModelSpec) -> None:
+        import tensorflow as tf
+
+        shape = input_shape(model)
+        sparse = spec.loss.startswith("sparse")
+        self._out: tuple[int, ...] | None = None
+        if sparse:
+            labels = tf.TensorSpec([None], tf.int32)
+        else:
+            self._out = tuple(
+                np.shape(model.predict_on_batch(np.zeros((1, *shape), np.float32)))[1:]
+            )
+            labels = tf.TensorSpec([None, *self._out], tf.float32)
+        accuracy = accuracy_of(spec.loss)
+        trainable = model.trainable_weights
+        optimizer = model.optimizer
+        if not optimizer.built:
+            optimizer.build(trainable)
+
+        def step(x: Any, y: Any) -> Any:
+            with tf.GradientTape() as tape:
+                tape.watch(x)
+                pred = model(x, training=True)
+                loss = model.compute_loss(x=x, y=y, y_pred=pred, training=True)
+            *grads, gx = tape.gradient(loss, [*trainable, x])
+            optimizer.apply(grads, trainable)
+            return loss, accuracy(y, pred), gx
+
+        self._step = tf.function(
+            step, input_signature=[tf.TensorSpec([None, *shape], tf.float32), labels]
+        )
+
+    def __call__(self, x: np.ndarray, y: np.ndarray) -> tuple[float, float, np.ndarray]:
+        if self._out is not None and y.shape[1:] != self._out:  # (n,) labels for (n, 1) outputs
+            y = y.reshape((len(y), *self._out))
+        loss, acc, gx = self._step(x, y)
+        return float(loss), float(acc), np.asarray(gx)

@@ -1,0 +1,201 @@
+"""A worker's side of the row servers: one connection per shard, one request per shard per
+exchange (:mod:`pipeline.train.ps.row_server`).
+
+The client does the sharding: each key goes to the shard :func:`shard_of` names; the
+gradients of IDs read without a row of their own are summed into the shared row, which the
+shard that owns :data:`SHARED` holds, and that shared row is what such IDs read from any
+shard. So a run on any number of shards makes exactly the tables one shard would.
+"""
+
+from __future__ import annotations
+
+from types import TracebackType
+
+import numpy as np
+
+from pipeline.train.ps import protocol as p
+from pipeline.train.ps.channel import Channel
+from pipeline.train.ps.row_server import MAX_BYTES, encode
+from pipeline.train.ps.rows import SHARED, shard_of
+
+#: One table's push: each record's key, the gradient of its row, and whether it read a row of
+#: its own (else its gradient is the shared row's).
+Push = tuple[np.ndarray, np.ndarray, np.ndarray]
+
+
+class RowClient:
+    """Connections to every shard of the run's row servers, for one worker.
+
+    Args:
+        addresses: each shard's ``(host, port)``, in shard order.
+        secret: the run's secret.
+        worker: the worker's id.
+        dims: each table's row size, in the servers' order.
+
+    Attributes:
+        staleness: per applied push, the pushes of other workers between this worker's last
+            read and it (the most over the shards).
+        rows_read, rows_pushed: rows this client read and pushed.
+    """
+
+    def __init__(
+        self,
+        addresses: list[tuple[str, int]] | tuple[tuple[str, int], ...],
+        *,
+        secret: bytes,
+        worker: int,
+        dims: list[int],
+        timeout_s: float = 60.0,
+    ) -> None:
+        self.dims = list(dims)
+        self.shards = len(addresses)
+        self._owner = int(shard_of(np.array([SHARED], np.uint64), self.shards)[0])
+        self._clock = [0] * self.shards
+        self.staleness: list[int] = []
+        self.rows_read = self.rows_pushed = 0
+        self.repeats = 0
+        self._channels: list[Channel] = []
+        try:
+            for address in addresses:
+                self._channels.append(
+                    Channel(
+                        tuple(address),  # type: ignore[arg-type]
+                        secret=secret,
+                        worker=worker,
+                        size=0,
+                        timeout_s=timeout_s,
+                        shared_memory=False,
+                        wire_dtype="float32",
+                    )
+                )
+        except BaseException:
+            self.close()
+            raise
+
+    def exchange(
+        self,
+        reads: list[np.ndarray],
+        push: list[Push] | None = None,
+        *,
+        task: int = 0,
+        exchange: int = 0,
+    ) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Push (once per ``task`` and ``exchange``, where given) and read: per table, the
+        rows of ``reads``' keys ``(n, dim)`` and which have a row of their own."""
+        n = self.shards
+        empty = _empty_request(self.dims)
+        requests = [[dict(t) for t in empty] for _ in range(n)]
+        if push is not None:
+            for t, (keys, grads, has_row) in enumerate(push):
+                self._split_push(requests, t, np.asarray(keys, np.uint64), grads, has_row)
+        wanted: list[tuple[np.ndarray, np.ndarray]] = []
+        for t, keys in enumerate(reads):
+            keys = np.asarray(keys, np.uint64)
+            where = shard_of(keys, n)
+            wanted.append((keys, where))
+            for s in range(n):
+                mine = keys[where == s]
+                if s == self._owner:  # what an ID without a row reads, from any shard
+                    mine = np.concatenate([mine, np.array([SHARED], np.uint64)])
+                requests[s][t]["read"] = mine
+        answers = [
+            self._request(s, requests[s], push is not None, task, exchange) for s in range(n)
+        ]
+        out = []
+        for t, (keys, where) in enumerate(wanted):
+            dim = self.dims[t]
+            values = np.empty((len(keys), dim), np.float32)
+            has_row = np.zeros(len(keys), bool)
+            for s in range(n):
+                got, rowed = answers[s][t]
+                mine = where == s
+                if s == self._owner:
+                    shared, got, rowed = got[-1], got[:-1], rowed[:-1]
+                values[mine], has_row[mine] = got, rowed
+            values[~has_row] = shared
+            self.rows_read += len(keys)
+            out.append((values, has_row))
+        return out
+
+    def push(self, push: list[Push], *, task: int = 0, exchange: int = 0) -> None:
+        """Push alone (nothing read)."""
+        self.exchange([np.zeros(0, np.uint64)] * len(self.dims), push, task=task, exchange=exchange)
+
+    def _split_push(
+        self,
+        requests: list[list[dict[str, np.ndarray]]],
+        t: int,
+        keys: np.ndarray,
+        grads: np.ndarray,
+        has_row: np.ndarray,
+    ) -> None:
+        dim, n = self.dims[t], self.shards
+        grads = np.asarray(grads, np.float32).reshape(len(keys), dim)
+        rowed = np.where(has_row, keys, SHARED)
+        unique, inverse = np.unique(rowed, return_inverse=True)
+        summed = np.zeros((len(unique), dim), np.float32)
+        np.add.at(summed, inverse, grads)
+        where = shard_of(unique, n)
+        seen, counts = np.unique(keys, return_counts=True)
+        at = shard_of(seen, n)
+        for s in range(n):
+            requests[s][t]["keys"], requests[s][t]["grads"] = unique[where == s], summed[where == s]
+            requests[s][t]["sighted"] = seen[at == s]
+            requests[s][t]["counts"] = counts[at == s].astype(np.uint32)
+        self.rows_pushed += len(unique)
+
+    def _request(
+        self, s: int, tables: list[dict[str, np.ndarray]], pushes: bool, task: int, exchange: int
+    ) -> list[tuple[np.ndarray, np.ndarray]]:
+        reply, payload = self._channels[s].request(
+            p.ROWS,
+            body=encode(tables),
+            most=MAX_BYTES,
+            clock=self._clock[s],
+            task=task,
+            exchange=exchange,
+            steps=int(pushes),
+        )
+        self._clock[s] = reply.clock
+        if pushes and s == 0:
+            self.staleness.append(0)
+        if pushes:
+            self.staleness[-1] = max(self.staleness[-1], reply.flags)
+            self.repeats += int(not reply.steps) if s == 0 else 0
+        out, at = [], 0
+        data = bytes(payload)
+        for t, dim in enumerate(self.dims):
+            r = len(tables[t]["read"])
+            size = r * dim * 4
+            if at + size + r > len(data):
+                raise p.ProtocolError("a row server's reply shorter than the rows asked for")
+            values = np.frombuffer(data, "<f4", r * dim, at).reshape(r, dim)
+            has_row = np.frombuffer(data, np.uint8, r, at + size).astype(bool)
+            at += size + r
+            out.append((values, has_row))
+        return out
+
+    def close(self) -> None:
+        for c in self._channels:
+            c.close()
+
+    def __enter__(self) -> RowClient:
+        return self
+
+    def __exit__(
+        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+def _empty_request(dims: list[int]) -> list[dict[str, np.ndarray]]:
+    return [
+        {
+            "keys": np.zeros(0, np.uint64),
+            "grads": np.zeros((0, d), np.float32),
+            "sighted": np.zeros(0, np.uint64),
+            "counts": np.zeros(0, np.uint32),
+            "read": np.zeros(0, np.uint64),
+        }
+        for d in dims
+    ]
