@@ -53,9 +53,13 @@ def describe(
     default = cfg.dataset
     if schema.table is not None:
         label = schema.table.label
-        default = f"table:{schema.n_features}:{schema.num_classes}" + (
-            f":{label.scale[0]}:{label.scale[1]}" if schema.regression else ""
-        )
+        dims = [f.dim for f in schema.table.ids]
+        default = (
+            f"table_ids:{schema.table.model_width - sum(dims)}:{schema.num_classes}:"
+            + ",".join(map(str, dims))
+            if dims
+            else f"table:{schema.n_features}:{schema.num_classes}"
+        ) + (f":{label.scale[0]}:{label.scale[1]}" if schema.regression else "")
     probe = Probe(
         cfg.model,
         default,

@@ -64,14 +64,15 @@ def start(
     schema: Any,
     server: Any,
     early: Any,
+    rows: Any = None,
 ) -> Any:
-    """The run's model server on the parameter ``server``'s live center: ``early`` (from
-    :func:`start_early`) told to follow it, or a new server's process (it imports
-    TensorFlow while the workers warm up); None without --serve-port."""
+    """The run's model server on the parameter ``server``'s live center (and the ID tables'
+    live ``rows``): ``early`` (from :func:`start_early`) told to follow it, or a new server's
+    process (it imports TensorFlow while the workers warm up); None without --serve-port."""
     from pipeline.serve.process import ServingProcess, allowed_hosts, host_and_token
 
     if early is not None:
-        return early.follow(server, spec.size)
+        return early.follow(server, spec.size, rows)
     if cfg.serve_port is None:
         return None
     host, token = host_and_token(settings)
@@ -80,6 +81,7 @@ def start(
         spec=spec,
         schema=schema,
         server=server,
+        rows=rows,
         host=host,
         port=cfg.serve_port,
         token=token,

@@ -192,7 +192,7 @@ class RunTraining:
         )
         self.driver.rows = rows
         serving = run_serving.start(
-            stack, cfg, self.settings, self.out, spec, data.schema, server, early_serving
+            stack, cfg, self.settings, self.out, spec, data.schema, server, early_serving, rows
         )
         handler = TrainHandler(
             spec=spec,
@@ -221,6 +221,7 @@ class RunTraining:
             threads=threads,
             shards=cfg.workers,
         )
+        self.evaluation.server = handler.server
         stack.callback(self.evaluation.close)
         if cfg.divergence_check and len(test.y) >= MIN_SCORED:
             self.driver.watch_heldout(test.y[:n_eval], regression=data.schema.regression)

@@ -146,6 +146,16 @@ class Predictor:
         # Traced now, not on the first request: a server that says it listens answers at
         # once (the trace took seconds on a loaded 2-core machine).
         self._call(tf.zeros((1, *shape), tf.float32))
+        #: The live ID tables (a :class:`~pipeline.train.ps.row_client.RowClient`) where the
+        #: model has ID features; None: none, or not yet reachable.
+        self.rows: Any = None
+        self.unknown_ids = 0  # IDs served the shared row (no row of their own yet)
+        table = getattr(schema, "table", None)
+        self._layout: Any = None
+        if table is not None and table.ids:
+            from pipeline.table.ids import IdLayout
+
+            self._layout = IdLayout(table)
 
     def snapshot(self) -> Snapshot:
         """The weights a prediction would use now; raises :class:`Unavailable`."""
@@ -168,12 +178,23 @@ class Predictor:
         the snapshot of the weights that produced them."""
         snap = self.snapshot()
         # The same scaling as training (pixels / 255), from the producer's units.
-        inputs = np.ascontiguousarray(self.schema.to_model_input(x)).reshape(
-            (len(x), *self.input_shape)
-        )
+        inputs = np.ascontiguousarray(self.schema.to_model_input(x))
         with self._lock:  # one weight load and one call at a time: a call never sees half a load
+            if self._layout is not None:
+                inputs = self._with_rows(inputs)
+            inputs = inputs.reshape((len(x), *self.input_shape))
             if self._loaded is not snap:
                 self._weights.set(snap.weights)
                 self._loaded = snap
             out = self._call(inputs).numpy()
         return out, snap
+
+    def _with_rows(self, x: np.ndarray) -> np.ndarray:
+        """The IDs' rows read from the live tables (under the lock: one connection)."""
+        from pipeline.train.id_rows import model_input
+
+        if self.rows is None:
+            raise Unavailable("The ID tables are not reachable yet: the run is starting.")
+        inputs, unknown = model_input(self._layout, self.rows, x)
+        self.unknown_ids += unknown
+        return inputs

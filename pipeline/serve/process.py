@@ -151,6 +151,7 @@ def serve_live(job: dict[str, Any], answer: Any, stop: threading.Event) -> None:
         source.start()
         # One TensorFlow thread: the cores belong to the training it runs beside.
         predictor = Predictor(spec, schema, source, max_age_s=job["max_age_s"], threads=1)
+        predictor.rows = _row_client(job)
         server = ModelServer(
             predictor,
             name=job["name"],
@@ -166,7 +167,7 @@ def serve_live(job: dict[str, Any], answer: Any, stop: threading.Event) -> None:
     answer(Listening(server.port, server.url))
     try:
         if isinstance(source, RunWeights):
-            _follow_when_told(source, stop, job["refresh_s"], job["run_dir"])
+            _follow_when_told(source, stop, job["refresh_s"], job["run_dir"], predictor)
         processes.wait(stop)
     finally:
         server.stop()
@@ -188,7 +189,9 @@ def _live(job: dict[str, Any], refresh_s: float, run_dir: str | None) -> Any:
     )
 
 
-def _follow_when_told(source: Any, stop: threading.Event, refresh_s: float, run_dir: str) -> None:
+def _follow_when_told(
+    source: Any, stop: threading.Event, refresh_s: float, run_dir: str, predictor: Any = None
+) -> None:
     """Serve the checkpoint until the parent sends its parameter server (or ``stop``)."""
     while not stop.is_set():
         try:
@@ -198,18 +201,40 @@ def _follow_when_told(source: Any, stop: threading.Event, refresh_s: float, run_
         if server is not None:
             log.info("following the parameter server at %s", server["address"])
             source.follow(_live(server, refresh_s, run_dir))
+            if predictor is not None:
+                predictor.rows = _row_client(server)
             return
 
 
-def _server_job(server: Any, size: int) -> dict[str, Any]:
-    """How a model server reaches a run's parameter ``server`` (sent through the spawn pipe,
-    never a command line or the environment: it holds the secret)."""
+def _server_job(server: Any, size: int, rows: Any = None) -> dict[str, Any]:
+    """How a model server reaches a run's parameter ``server`` and its ID tables' ``rows``
+    (sent through the spawn pipe, never a command line or the environment: it holds the
+    secret)."""
     return {
         "address": f"{server.host}:{server.port}",
         "secret": server.secret,
         "size": size,
         "shards": list(getattr(server, "shards", ())),
+        **(
+            {"rows": [list(a) for a in rows.addresses], "row_dims": rows.dims}
+            if rows is not None
+            else {}
+        ),
     }
+
+
+def _row_client(job: dict[str, Any]) -> Any:
+    """A connection to the run's row servers, where the model has ID features (else None)."""
+    if not job.get("rows"):
+        return None
+    from pipeline.train.ps.row_client import RowClient
+
+    return RowClient(
+        [tuple(a) for a in job["rows"]],
+        secret=job["secret"],
+        worker=0xFFFF,  # no worker: a reader
+        dims=job["row_dims"],
+    )
 
 
 class ServingProcess:
@@ -235,6 +260,7 @@ class ServingProcess:
         log_path: Path,
         hosts: tuple[str, ...] = (),
         run_dir: Path | None = None,
+        rows: Any = None,
     ) -> ServingProcess:
         """The server for a run's parameter ``server`` (its address and secret) and model,
         listening on ``host:port`` (see :func:`host_and_token`); ``run_dir``: the run's
@@ -246,7 +272,7 @@ class ServingProcess:
                 "name": name,
                 "spec": spec.to_json(),
                 "schema": schema_dict(schema),
-                **_server_job(server, spec.size),
+                **_server_job(server, spec.size, rows),
                 "host": host,
                 "port": port,
                 "token": token,
@@ -288,10 +314,10 @@ class ServingProcess:
             log_path,
         )
 
-    def follow(self, server: Any, size: int) -> ServingProcess:
-        """A restarted run's parameter ``server`` (of ``size`` weights) is up: serve its live
-        center."""
-        self._child.send(_server_job(server, size))
+    def follow(self, server: Any, size: int, rows: Any = None) -> ServingProcess:
+        """A restarted run's parameter ``server`` (of ``size`` weights) and ID tables' ``rows``
+        are up: serve their live center."""
+        self._child.send(_server_job(server, size, rows))
         return self
 
     def __init__(self, job: dict[str, Any], log_path: Path) -> None:

@@ -46,7 +46,12 @@ MIN_RECORDS = 64
 def _arrow_schema(schema: TableSchema) -> Any:
     import pyarrow as pa
 
-    kinds = {"numeric": pa.float64(), "categorical": pa.string(), "boolean": pa.bool_()}
+    kinds = {
+        "numeric": pa.float64(),
+        "categorical": pa.string(),
+        "boolean": pa.bool_(),
+        "id": pa.string(),  # integer IDs fail it: their blocks take the exact Python parse
+    }
     fields = [pa.field(f.name, kinds[f.kind]) for f in schema.features]
     if schema.label is not None:
         fields.append(

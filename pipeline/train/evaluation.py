@@ -47,6 +47,9 @@ class Evaluation:
         self.spark, self.spec, self.schema, self.y = spark, spec, schema, y
         self.job, self.threads, self.shards = job, threads, max(1, min(shards, len(y)))
         self._x = spark.sparkContext.broadcast(x)
+        #: How the tasks reach the row servers, for a model with ID features (the handler's
+        #: :class:`~pipeline.train.partition.ServerInfo`; None: none).
+        self.server: Any = None
 
     @property
     def can_score(self) -> bool:
@@ -55,25 +58,27 @@ class Evaluation:
 
     def predict(self, weights: np.ndarray) -> np.ndarray:
         """The model's outputs on the held-out records with ``weights``."""
-        spec, schema, job, threads, shards, records = (
+        spec, schema, job, threads, shards, records, server = (
             self.spec,
             self.schema,
             self.job,
             self.threads,
             self.shards,
             self._x,
+            self.server if self.server is not None and self.server.rows else None,
         )
 
         def task(i: int) -> np.ndarray:
             from pipeline.train.replica import predict
 
-            return predict(
-                spec,
-                weights,
-                schema.to_model_input(records.value[i::shards]),
-                job=job,
-                threads=threads,
-            )
+            x = schema.to_model_input(records.value[i::shards])
+            if server is not None:  # the IDs' rows, read as they are now
+                from pipeline.table.ids import IdLayout
+                from pipeline.train.id_rows import model_input
+
+                with server.row_client(worker=i) as client:
+                    x, _ = model_input(IdLayout(schema.table), client, x)
+            return predict(spec, weights, x, job=job, threads=threads)
 
         parts = cluster.run_on_executors(
             self.spark, range(shards), task, description="streamtrain: score the held-out split"

@@ -90,10 +90,13 @@ class IdRows:
 
 def model_input(
     layout: IdLayout, client: RowClient, x: np.ndarray, *, chunk: int = 4096
-) -> np.ndarray:
+) -> tuple[np.ndarray, int]:
     """The model's input for ``x`` with its rows read (nothing pushed): what scoring and
-    serving see."""
-    parts = []
+    serving see; and how many of its IDs have no row of their own (they read the shared
+    row; a missing ID is not counted)."""
+    from pipeline.table.ids import GAP
+
+    parts, unknown = [], 0
     tables = list(layout.tables())
     owner = [tables.index(c.table) for c in layout.columns]
     for start in range(0, len(x), chunk):
@@ -106,6 +109,9 @@ def model_input(
         got = client.exchange(reads)
         rows = []
         for k, t in zip(keys, owner, strict=True):
-            rows.append(got[t][0][np.searchsorted(reads[t], k)])
+            at = np.searchsorted(reads[t], k)
+            rows.append(got[t][0][at])
+            unknown += int((~got[t][1][at] & (k != GAP)).sum())
         parts.append(layout.assemble(part, rows))
-    return np.concatenate(parts) if parts else np.zeros((0, layout.width), np.float32)
+    out = np.concatenate(parts) if parts else np.zeros((0, layout.width), np.float32)
+    return out, unknown

@@ -45,7 +45,8 @@ class Replica:
     @property
     def gradients(self) -> FlatGradients:
         """The flat-gradient function (built on first use: only synchronous SGD needs it)."""
-        if self._gradients is None:
+        if self._gradients is None or self._gradients.inputs != self.input_grads:
+            # (the warm-up traced it before a partition asked for the input's gradient)
             self._gradients = FlatGradients(self.model, self.spec, inputs=self.input_grads)
         return self._gradients
 

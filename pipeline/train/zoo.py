@@ -78,9 +78,64 @@ def table_mlp(width: int, classes: int, center: float = 0.0, spread: float = 1.0
     )
 
 
+def table_ids(
+    dense: int, classes: int, dims: list[int], center: float = 0.0, spread: float = 1.0
+) -> Any:
+    """A table with ID features: its input is the ``dense`` other columns, then each ID's row
+    (``dims``). The table MLP over all of it, beside the dot product of every two rows of one
+    size (a factorization machine's interactions: what an MLP learns poorly), into the output.
+
+    The rows are taken apart by fixed selection matrices (Dense layers that do not train),
+    so the model is built of stock Keras layers and loads anywhere.
+    """
+    import keras
+    import numpy as np
+
+    width = dense + sum(dims)
+    inputs = keras.Input((width,))
+    hidden = min(256, max(32, 4 * width))
+    deep = keras.layers.Dense(hidden, activation="relu")(inputs)
+    deep = keras.layers.Dense(max(16, hidden // 2), activation="relu")(deep)
+    rows, at = [], dense
+    for i, dim in enumerate(dims):
+        pick = np.zeros((width, dim), np.float32)
+        pick[at + np.arange(dim), np.arange(dim)] = 1.0
+        at += dim
+        select = keras.layers.Dense(
+            dim,
+            use_bias=False,
+            trainable=False,
+            kernel_initializer=keras.initializers.Constant(pick),
+            name=f"id_row_{i}",
+        )
+        rows.append((dim, select(inputs)))
+    dots = [
+        keras.layers.Dot(axes=1)([a, b])
+        for i, (da, a) in enumerate(rows)
+        for db, b in rows[i + 1 :]
+        if da == db
+    ]
+    joined = keras.layers.Concatenate()([deep, *dots]) if dots else deep
+    out = (
+        keras.layers.Dense(classes, activation="softmax")(joined)
+        if classes
+        else keras.layers.Rescaling(scale=spread, offset=center)(keras.layers.Dense(1)(joined))
+    )
+    return keras.Model(inputs, out, name="table_ids")
+
+
 def for_dataset(name: str) -> Any:
     """A fresh default model for dataset ``name`` (``table:WIDTH:CLASSES[:CENTER:SPREAD]`` for
-    a user's table)."""
+    a user's table; ``table_ids:DENSE:CLASSES:DIM,DIM..[:CENTER:SPREAD]`` for one with ID
+    features)."""
+    if name.startswith("table_ids:"):
+        _, dense, classes, dims, *scale = name.split(":")
+        return table_ids(
+            int(dense),
+            int(classes),
+            [int(d) for d in dims.split(",")],
+            *(float(v) for v in scale),
+        )
     if name.startswith("table:"):
         _, width, classes, *scale = name.split(":")
         return table_mlp(int(width), int(classes), *(float(v) for v in scale))
