@@ -309,6 +309,7 @@ class ServingMetrics:
     weights_age: Gauge
     model_version: Gauge
     predictions_written: Counter
+    unknown_ids: Counter
 
 
 def serving_metrics(model: str) -> ServingMetrics:
@@ -359,6 +360,13 @@ def serving_metrics(model: str) -> ServingMetrics:
             "streamtrain_predictions_written_total",
             "Predictions the predict stream wrote to its output topic.",
             ["topic"],
+            registry=reg,
+        ),
+        unknown_ids=Counter(
+            "streamtrain_serve_unknown_ids_total",
+            "IDs in served instances without a row of their own yet (they read their table's "
+            "shared row).",
+            ["model"],
             registry=reg,
         ),
     )

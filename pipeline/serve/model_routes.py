@@ -164,6 +164,9 @@ class ModelRoutes:
             )
         self.meters.instances.labels(self.name).observe(n)
         self.meters.model_version.labels(self.name).set(snap.version)
+        unknown = self.predictor.take_unknown()
+        if unknown:
+            self.meters.unknown_ids.labels(self.name).inc(unknown)
         predicted: dict[str, Any] = {
             "outputs" if parsed.columnar else "predictions": np.round(
                 out.astype(np.float64), 6

@@ -189,6 +189,17 @@ class Predictor:
             out = self._call(inputs).numpy()
         return out, snap
 
+    @property
+    def has_ids(self) -> bool:
+        """Whether the model reads ID rows from tables."""
+        return self._layout is not None
+
+    def take_unknown(self) -> int:
+        """The IDs served the shared row since the last call."""
+        with self._lock:
+            n, self.unknown_ids = self.unknown_ids, 0
+        return n
+
     def _with_rows(self, x: np.ndarray) -> np.ndarray:
         """The IDs' rows read from the live tables (under the lock: one connection)."""
         from pipeline.train.id_rows import model_input

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import sys
 import threading
 from pathlib import Path
@@ -105,8 +106,11 @@ def serve_folder(
     recorded, spec, schema = read_description(run_dir)
     source = CheckpointWeights(run_dir)
     source.start()
+    rows = None
     try:
         predictor = Predictor(spec, schema, source, max_age_s=max_age_s)
+        if predictor.has_ids:
+            rows, predictor.rows = _checkpoint_rows(run_dir, schema)
         server = ModelServer(
             predictor, name=name or recorded, host=host, port=port, token=token, allowed_hosts=hosts
         ).start()
@@ -120,6 +124,24 @@ def serve_folder(
         server.stop()
     finally:
         source.close()
+        if rows is not None:
+            predictor.rows.close()
+            rows.stop()
+
+
+def _checkpoint_rows(run_dir: Path, schema: Any) -> tuple[Any, Any]:
+    """The ID tables as the run's checkpoint holds them, on row servers of this process's
+    own (loopback, a fresh secret), and a connection to them."""
+    from pipeline.train import checkpoint, table_store
+    from pipeline.train.ps.row_client import RowClient
+    from pipeline.train.row_servers import RowServers, specs_of
+
+    state = checkpoint.load(run_dir)
+    secret = os.urandom(32)
+    rows = RowServers(specs_of(schema.table, 0), secret=secret, host="127.0.0.1")
+    table_store.restore(run_dir, rows, state.extra.get("tables") if state else None)
+    rows.start()
+    return rows, RowClient(rows.addresses, secret=secret, worker=0xFFFF, dims=rows.dims)
 
 
 def serve_live(job: dict[str, Any], answer: Any, stop: threading.Event) -> None:
