@@ -15,6 +15,7 @@ from pipeline.ingest.kafka.fetch import UnreadableRange
 from pipeline.ingest.offsets import TopicPartition
 from pipeline.jobs.report import BATCHES_FILE, REPORT_FILE, read_rows
 from pipeline.observe import metrics, refusals
+from pipeline.observe.table_metrics import TableMeters
 from pipeline.train import checkpoint
 from pipeline.train.drift import SIGNALS, Drift
 from pipeline.train.freshness import Freshness
@@ -55,6 +56,7 @@ class RunMetrics:
         self, *, dataset: str, algorithm: str, topic: str, workers: int, clock: int = 0
     ) -> None:
         self.meters = m = metrics.training_metrics()
+        self.tables = TableMeters(m.registry)
         self.topic = topic
         m.info.labels(dataset, algorithm, topic, str(workers)).set(1)
         for gauge in (
@@ -213,6 +215,7 @@ class RunMetrics:
         self._clock_seen = row.clock
         m.clock.set(row.clock)
         m.last_batch_time.set_to_current_time()
+        self.tables.on_batch(row.tables, info.results)
         m.worker_seconds.labels("compute").inc(row.compute_s)
         m.worker_seconds.labels("exchange").inc(row.exchange_s)
         if row.data_as_of is not None:  # the newest data the saved center holds

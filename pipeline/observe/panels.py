@@ -51,8 +51,10 @@ _IDLE = "idle: nothing observed in the last minute"
 #: The predict stream's row, collapsed: the compose stack runs no predict stream, and an open
 #: row of empty panels reads as something broken.
 PREDICT_ROW = "Predict stream (streamtrain predict)"
+#: The ID tables' row, collapsed: only a schema with ID features fills it.
+TABLES_ROW = "ID tables (embedding rows on the parameter server)"
 #: Rows Grafana shows closed.
-COLLAPSED = frozenset({PREDICT_ROW})
+COLLAPSED = frozenset({PREDICT_ROW, TABLES_ROW})
 
 
 ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
@@ -339,6 +341,53 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
                 width=12,
                 description="Fed by `streamtrain predict`, a job of its own that the compose "
                 "stack does not run.",
+            ),
+        ),
+    ),
+    (
+        TABLES_ROW,
+        (
+            Panel(
+                "Rows per table",
+                (Query("sum by (table) (streamtrain_id_table_rows)", "{{table}}"),),
+                width=8,
+                description="Only a schema with ID features fills this row.",
+            ),
+            Panel(
+                "Table memory",
+                (Query("sum by (table) (streamtrain_id_table_bytes)", "{{table}}"),),
+                unit="bytes",
+                width=8,
+                description="Bounded by each table's ttl and min_count.",
+            ),
+            Panel(
+                "Rows created and expired per second",
+                (
+                    Query(_rate("streamtrain_id_rows_created_total", "table"), "created {{table}}"),
+                    Query(_rate("streamtrain_id_rows_expired_total", "table"), "expired {{table}}"),
+                ),
+                width=8,
+            ),
+            Panel(
+                "Rows read and pushed per second",
+                (Query(_rate("streamtrain_id_rows_total", "direction"), "{{direction}}"),),
+                width=8,
+            ),
+            Panel(
+                "Row push staleness",
+                (
+                    Query(_quantile(0.5, "streamtrain_id_row_staleness"), "p50"),
+                    Query(_quantile(0.99, "streamtrain_id_row_staleness"), "p99"),
+                ),
+                width=8,
+                no_value=_IDLE,
+            ),
+            Panel(
+                "Unknown IDs served per second",
+                (Query(_rate("streamtrain_serve_unknown_ids_total", "model"), "{{model}}"),),
+                width=8,
+                description="IDs in prediction requests without a row of their own yet: they "
+                "read their table's shared row.",
             ),
         ),
     ),

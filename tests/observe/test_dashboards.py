@@ -19,6 +19,7 @@ import yaml
 
 from pipeline.errors import ConfigError
 from pipeline.observe import dashboard, metrics, refusals
+from pipeline.observe.table_metrics import TableMeters
 from tests.conftest import ROOT, free_port
 
 DEPLOY = ROOT / "deploy"
@@ -40,8 +41,10 @@ def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedP
 def _exported_names() -> set[str]:
     """Every sample name streamtrain's registries expose (with _bucket, _count, ...)."""
     names = set()
+    training = metrics.training_metrics().registry
+    TableMeters(training)  # the ID tables' metrics, on the trainer's registry
     for registry in (
-        metrics.training_metrics().registry,
+        training,
         metrics.producer_metrics().registry,
         metrics.serving_metrics("m").registry,
     ):
