@@ -370,7 +370,7 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
             ),
             Panel(
                 "Rows read and pushed per second",
-                (Query(_rate("streamtrain_id_rows_total", "direction"), "{{direction}}"),),
+                (Query(_rate("streamtrain_id_rows_moved_total", "direction"), "{{direction}}"),),
                 width=8,
             ),
             Panel(

@@ -41,7 +41,7 @@ class TableMeters:
             registry=registry,
         )
         self.moved = Counter(
-            "streamtrain_id_rows_total",
+            "streamtrain_id_rows_moved_total",
             "Rows the workers read from, and pushed to, the row servers.",
             ["direction"],
             registry=registry,
