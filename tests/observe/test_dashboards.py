@@ -92,6 +92,7 @@ def test_dashboard_answers_the_three_questions_with_one_datasource() -> None:
         "Serving",
         "What was rejected, and why?",
         "Predict stream (streamtrain predict)",
+        "ID tables (embedding rows on the parameter server)",
     ]
     panels = dashboard.panels(board)
     assert {p["datasource"]["uid"] for p in panels} == {dashboard.DATASOURCE_UID}
@@ -121,6 +122,7 @@ _FED_BY = {
     "drift": "run",
     "serve": "--serve-port",
     "predictions": "predict",
+    "id": "run --schema with ID features",
 }
 
 
@@ -145,8 +147,9 @@ def test_an_open_row_shows_only_what_the_compose_stack_feeds() -> None:
                     unfed.add(p["title"])
     assert not unfed, unfed
     collapsed = [p for p in board["panels"] if p["type"] == "row" and p.get("collapsed")]
-    assert [q["title"] for r in collapsed for q in r["panels"]] == [
-        "Predictions written per second (predict stream)"
+    assert [q["title"] for r in collapsed for q in r["panels"]][:2] == [
+        "Predictions written per second (predict stream)",
+        "Rows per table",  # the ID tables' row: only a schema with ID features fills it
     ]
 
 
