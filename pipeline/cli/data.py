@@ -36,14 +36,19 @@ def data_sample(name: str, folder: str) -> None:
 @click.option("--seed", default=0, show_default=True, type=int)
 def data_clicks(folder: str, records: int, users: int, items: int, seed: int) -> None:
     """Write a generated click table into FOLDER: clicks.jsonl (user_id, item_id, three dense
-    features, clicked) and clicks.best.json (the generator's settings and the best logloss and
-    AUC any model can reach on the last tenth, from the clicks' true probabilities)."""
+    features, clicked), clicks.schema.json (the user and the item as ID features) and
+    clicks.best.json (the generator's settings and the best logloss and AUC any model can reach
+    on the last tenth, from the clicks' true probabilities)."""
     from pipeline.train.evaluation import roc_auc
+    from producers.datasets.click_stream import click_schema
     from producers.datasets.clicks import ClickModel
 
     Path(folder).mkdir(parents=True, exist_ok=True)
     model = ClickModel(users=users, items=items, seed=seed)
     click.echo(model.write_jsonl(Path(folder) / "clicks.jsonl", records, auc=roc_auc))
+    schema = Path(folder) / "clicks.schema.json"
+    schema.write_text(click_schema(model).to_json() + "\n")
+    click.echo(schema)
 
 
 @data.command("fetch")

@@ -3,7 +3,7 @@
 Example:
     >>> from producers import datasets
     >>> sorted(datasets.NAMES)
-    ['csv', 'fashion-mnist', 'higgs', 'jsonl', 'mnist', 'npz', 'parquet']
+    ['clicks', 'csv', 'fashion-mnist', 'higgs', 'jsonl', 'mnist', 'npz', 'parquet']
     >>> datasets.BUILTIN          # read from the data folder; what `streamtrain run` trains
     ('mnist', 'fashion-mnist', 'higgs')
     >>> datasets.options("csv")      # a user's table: CSV, JSON lines or Parquet, by a schema
@@ -17,6 +17,7 @@ from typing import Any
 
 from pipeline.errors import ConfigError
 from producers.datasets.base import SPLITS, Chunk, Dataset
+from producers.datasets.click_stream import ClickStream
 from producers.datasets.fashion import FashionMnist
 from producers.datasets.higgs import Higgs
 from producers.datasets.mnist import Mnist
@@ -31,6 +32,7 @@ _REGISTRY: dict[str, type[Dataset]] = {
     "jsonl": Table,
     "parquet": Table,
     "npz": Npz,
+    "clicks": ClickStream,  # generated: no file, no end (--limit bounds it)
 }
 #: Every dataset's name, and those built in (no PATH: read from the data folder).
 NAMES = tuple(_REGISTRY)
@@ -51,7 +53,7 @@ def get(name: str | Dataset, path: str | Path | None = None, **options: Any) -> 
         cls = _REGISTRY[name]
     except KeyError:
         raise ConfigError(f"Unknown dataset {name!r}; expected one of {list(NAMES)}.") from None
-    if not cls.builtin and path is None:
+    if not cls.builtin and not getattr(cls, "generated", False) and path is None:
         raise ConfigError(f"The {name} dataset needs a PATH to the file.")
     return cls(path, **options)  # type: ignore[call-arg]
 
