@@ -32,6 +32,7 @@ so; ``numeric=`` reads it as numbers (the words then rejected by name):
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -45,6 +46,11 @@ from pipeline.table.transform import _FALSE, _TRUE, numbers, text
 #: A categorical column with more distinct values than this is hashed instead of listed.
 MAX_VOCABULARY = 50
 HASH_BUCKETS = 64
+#: A column of at least this many distinct values, of which the sample's second half brings
+#: at least this share new, is a column of IDs (``id``: a row per ID on the parameter server).
+MIN_IDS, NEW_IDS = 200, 0.1
+#: The embedding size an inferred ID column is given (the schema file is the user's to edit).
+ID_DIM = 16
 #: An integer label with at most this many distinct values is a class; beyond, a target.
 MAX_CLASSES = 20
 #: A column is numeric when at most this share of its values are not numbers (those are
@@ -119,6 +125,8 @@ def _feature(name: str, values: Sequence[Any], *, numeric: bool = False) -> Feat
     present = [v for v in values if text(v) is not None]
     if present and not numeric and all(_is_boolean(v) for v in present):
         return Feature(name, "boolean", fill=0.0)
+    if not numeric and _growing_ids(name, present):
+        return Feature(name, "id", dim=ID_DIM)
     v, bad = numbers(values)
     if (numeric or bad.sum() <= MAX_NOT_NUMBERS * max(1, len(present))) and np.isfinite(v).any():
         finite = v[np.isfinite(v)]
@@ -133,6 +141,32 @@ def _feature(name: str, values: Sequence[Any], *, numeric: bool = False) -> Feat
     if len(counts) <= MAX_VOCABULARY:
         return Feature(name, "categorical", vocabulary=tuple(sorted(counts)))
     return Feature(name, "categorical", hash_buckets=HASH_BUCKETS)
+
+
+def _growing_ids(name: str, present: Sequence[Any]) -> bool:
+    """Whether a column reads as IDs (users, items): many distinct values that keep coming
+    (the sample's second half brings at least :data:`NEW_IDS` of its values new), text, or
+    whole numbers in a column named as an ID (``user_id``, ``itemId``).
+
+    >>> ids = [f"u{i}" for i in range(400)]
+    >>> _growing_ids("user", ids), _growing_ids("color", ["red", "blue"] * 200)
+    (True, False)
+    >>> _growing_ids("item_id", list(range(400))), _growing_ids("price", list(range(400)))
+    (True, False)
+    """
+    texts = [text(v) for v in present]
+    distinct = set(texts)
+    if len(distinct) < MIN_IDS:
+        return False
+    half = len(texts) // 2
+    later = set(texts[half:])
+    if len(later - set(texts[:half])) < NEW_IDS * len(later):
+        return False
+    if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in present) or all(
+        t.isdigit() for t in distinct
+    ):
+        return bool(re.search(r"(^|_)id$|[a-z]Id$", name, re.IGNORECASE))
+    return True
 
 
 @dataclasses.dataclass(frozen=True)
