@@ -1,16 +1,17 @@
 """An ID model's rows in partition training: read before each mini-batch, pushed after it.
 
-For each mini-batch the worker reads the rows of the batch's unique IDs (one request per
-row-server shard, the previous step's push riding along), gives the model its input (the
-other columns, then the rows), and after the step scatters the input's gradient back to
-those rows. Each push names the task and its step, so the row servers apply it once
-however often Spark runs the task; before each exchange of the dense weights the pending
-push goes on its own, so that the servers never hold fewer of a task's steps than the
-parameter server (a retried task skips exactly those).
+For each mini-batch the worker gives the model its input (the other columns, then the rows
+of the batch's IDs) and after the step scatters the input's gradient back to those rows:
+one request per row-server shard carries the step's push and reads the next mini-batch's
+rows. Each push names the task and its step, so the row servers apply it once however
+often Spark runs the task; it goes before the step's exchange of the dense weights, so that
+the servers never hold fewer of a task's steps than the parameter server (a retried task
+skips exactly those).
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import numpy as np
@@ -20,7 +21,8 @@ from pipeline.train.ps.row_client import Push, RowClient
 
 
 class IdRows:
-    """One task's rows: ``before`` each step (its model input), ``after`` it (its push).
+    """One task's rows: ``before`` each step (its model input), ``after`` it (its push, with
+    the next step's read in the same request).
 
     Args:
         layout: where the schema's IDs are (:class:`~pipeline.table.ids.IdLayout`).
@@ -32,11 +34,13 @@ class IdRows:
         self.layout, self.client, self.task = layout, client, task
         self.tables = list(layout.tables())
         self._table_of = [self.tables.index(c.table) for c in layout.columns]
-        self._pending: tuple[int, list[Push]] | None = None
+        # The step under way: its keys and, per feature, which had a row of their own.
         self._read: tuple[list[np.ndarray], list[np.ndarray]] | None = None
+        self._next: tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray]] | None = None
+        self.seconds = 0.0  # in the row servers' requests
 
-    def before(self, x: np.ndarray) -> np.ndarray:
-        """The model's input for mini-batch ``x`` (its keys' rows read now)."""
+    def _reads(self, x: np.ndarray) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray]]:
+        """``x``'s keys per feature, and per table its unique keys and where each key is."""
         keys = self.layout.keys(x)
         uniques, inverses = [], []
         for t in range(len(self.tables)):
@@ -44,9 +48,11 @@ class IdRows:
             unique, inverse = np.unique(np.concatenate(mine), return_inverse=True)
             uniques.append(unique)
             inverses.append(inverse)
-        step, push = self._pending or (0, None)
-        self._pending = None
-        got = self.client.exchange(uniques, push, task=self.task, exchange=step)
+        return keys, uniques, inverses
+
+    def _rows(
+        self, keys: list[np.ndarray], inverses: list[np.ndarray], got: list[Any]
+    ) -> tuple[list[np.ndarray], list[np.ndarray]]:
         rows, has_rows = [], []
         at = [0] * len(self.tables)
         for k, t in zip(keys, self._table_of, strict=True):
@@ -54,14 +60,28 @@ class IdRows:
             at[t] += len(k)
             rows.append(got[t][0][idx])
             has_rows.append(got[t][1][idx])
+        return rows, has_rows
+
+    def before(self, x: np.ndarray) -> np.ndarray:
+        """The model's input for mini-batch ``x`` (its rows as the last push's reply brought
+        them, or read now)."""
+        if self._next is not None:
+            keys, rows, has_rows = self._next
+            self._next = None
+        else:
+            keys, uniques, inverses = self._reads(x)
+            started = time.perf_counter()
+            rows, has_rows = self._rows(keys, inverses, self.client.exchange(uniques))
+            self.seconds += time.perf_counter() - started
         self._read = (keys, has_rows)
         return self.layout.assemble(x, rows)
 
-    def after(self, step: int, input_grad: np.ndarray | None) -> None:
-        """Keep step ``step``'s push (its rows' gradients, its IDs' sightings) for the next
-        request."""
+    def after(self, step: int, input_grad: np.ndarray | None, following: np.ndarray | None) -> None:
+        """Push step ``step``'s rows' gradients and its IDs' sightings, reading the rows of
+        the ``following`` mini-batch in the same request (None: the task's last step)."""
         assert self._read is not None and input_grad is not None
         keys, has_rows = self._read
+        self._read = None
         grads = self.layout.row_gradients(np.asarray(input_grad, np.float32))
         push: list[Push] = []
         for t in range(len(self.tables)):
@@ -73,19 +93,25 @@ class IdRows:
                     np.concatenate([has_rows[i] for i in mine]),
                 )
             )
-        self._pending, self._read = (step, push), None
-
-    def flush(self) -> None:
-        """Send the pending push on its own (before an exchange of the dense weights)."""
-        if self._pending is not None:
-            step, push = self._pending
-            self._pending = None
+        started = time.perf_counter()
+        if following is None:
             self.client.push(push, task=self.task, exchange=step)
+            self.seconds += time.perf_counter() - started
+            return
+        nkeys, uniques, inverses = self._reads(following)
+        got = self.client.exchange(uniques, push, task=self.task, exchange=step)
+        self.seconds += time.perf_counter() - started
+        self._next = (nkeys, *self._rows(nkeys, inverses, got))
 
     def figures(self) -> dict[str, Any]:
         """What the task's rows did: rows read and pushed, the pushes' staleness."""
         c = self.client
-        return {"rows_read": c.rows_read, "rows_pushed": c.rows_pushed, "staleness": c.staleness}
+        return {
+            "rows_read": c.rows_read,
+            "rows_pushed": c.rows_pushed,
+            "staleness": c.staleness,
+            "seconds": self.seconds,
+        }
 
 
 def model_input(

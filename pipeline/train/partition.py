@@ -89,8 +89,9 @@ class TaskResult:
         sample_x: a sample of the records' features (tables: the feature drift signal).
         heldout_x, heldout_y, held_out: records held out of training after a drift
             (:mod:`pipeline.train.adapt`), and how many.
-        rows_read, rows_pushed, row_staleness: an ID model's rows read and pushed, and per
-            push of them the row servers' updates it missed.
+        rows_read, rows_pushed, row_staleness, rows_s: an ID model's rows read and pushed,
+            per push of them the row servers' updates it missed, and the seconds its requests
+            to the row servers took (part of ``exchange_s``).
     """
 
     worker: int
@@ -124,6 +125,7 @@ class TaskResult:
     rows_read: int = 0
     rows_pushed: int = 0
     row_staleness: list[int] = dataclasses.field(default_factory=list)
+    rows_s: float = 0.0
 
 
 def _labels(loss: str, y: np.ndarray, classes: int) -> np.ndarray:
@@ -218,7 +220,8 @@ def train_partition(
                 entry.weights.set(pulled)
             skipped = min(total, done * window)
             half = algo.worker(client, entry, pulled)
-            for step, idx in enumerate(_minibatches(rng, n, batch, epochs), start=1):
+            order = list(_minibatches(rng, n, batch, epochs))
+            for step, idx in enumerate(order, start=1):
                 if step <= skipped:  # applied by an earlier attempt: drawn, not trained
                     continue
                 xb = x[idx]
@@ -228,7 +231,8 @@ def train_partition(
                 with timer("compute"):
                     loss, acc = half.compute(xb, y[idx])
                 if ids is not None:
-                    ids.after(step, half.input_grad)
+                    with timer("exchange"):
+                        ids.after(step, half.input_grad, x[order[step]] if step < total else None)
                 losses.append(loss)
                 if step <= steps_per_epoch:  # the first pass
                     preq += (len(idx), loss * len(idx), acc * len(idx))
@@ -236,8 +240,6 @@ def train_partition(
                     preq_errors.append(1.0 - acc)
                 if step % window == 0 or step == total:
                     with timer("exchange"):
-                        if ids is not None:
-                            ids.flush()
                         half.exchange()
                     timer.exchanges += 1
                     if after_exchange is not None:
@@ -307,6 +309,7 @@ def _row_figures(ids: IdRows) -> dict[str, Any]:
         "rows_read": got["rows_read"],
         "rows_pushed": got["rows_pushed"],
         "row_staleness": got["staleness"],
+        "rows_s": got["seconds"],
     }
 
 

@@ -7,8 +7,10 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
+import numpy as np
+
 from pipeline.train.ps.row_server import RowServer
-from pipeline.train.ps.rows import RowSpec
+from pipeline.train.ps.rows import SHARED, RowSpec, shard_of
 
 
 def specs_of(schema: Any, seed: int) -> list[RowSpec]:
@@ -107,6 +109,21 @@ class RowServers:
     def load(self, changes: list[list[dict[str, Any]]], *, now: int) -> None:
         for server, change in zip(self.servers, changes, strict=True):
             server.load(change, now=now)
+
+    def table_rows(self, t: int) -> dict[str, np.ndarray]:
+        """Table ``t``'s rows over every shard, as one table holds them (the shared row is
+        the owning shard's), sorted by key: ``keys``, ``values``, ``accum``, ``last_seen``."""
+        owner = int(shard_of(np.array([SHARED], np.uint64), len(self.servers))[0])
+        parts = []
+        for s, server in enumerate(self.servers):
+            rows = server.tables[t].rows()
+            if s != owner:
+                keep = rows["keys"] != SHARED
+                rows = {k: v[keep] for k, v in rows.items()}
+            parts.append(rows)
+        merged = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+        order = np.argsort(merged["keys"], kind="stable")
+        return {k: v[order] for k, v in merged.items()}
 
     def stats(self) -> dict[str, Any]:
         """The tables' rows, bytes, rows created and expired, summed over the shards; rows

@@ -156,6 +156,7 @@ class BatchRow:
             row.tables = {
                 "rows_read": read,
                 "rows_pushed": sum(r.rows_pushed for r in results),
+                "rows_s": round(sum(r.rows_s for r in results), 3),
                 "staleness_p50": float(np.percentile(stale, 50)) if stale else None,
                 "staleness_p99": float(np.percentile(stale, 99)) if stale else None,
             }

@@ -104,7 +104,9 @@ class RowSpec:
     def initial(self, keys: np.ndarray) -> np.ndarray:
         """The initial rows of ``keys``, ``(n, dim)`` float32: the same on every run."""
         salt = self.seed * 1_000_003 + zlib.crc32(self.name.encode())
-        lanes = [mix64(mix64(keys, salt) + np.uint64(j)) for j in range(self.dim)]
+        with np.errstate(over="ignore"):
+            salted = mix64(keys, salt)
+            lanes = [mix64(salted + np.uint64(j)) for j in range(self.dim)]
         unit = (np.stack(lanes, axis=1) >> np.uint64(11)).astype(np.float64) / float(1 << 53)
         return ((2.0 * unit - 1.0) * self.init_scale).astype(np.float32)
 
@@ -197,7 +199,7 @@ class RowTable:
     def sight(self, keys: np.ndarray, counts: np.ndarray, *, now: int) -> int:
         """Count sightings of IDs (``counts`` each) at ``now``: a row's expiry moves; an ID
         without one gets it once seen ``min_count`` times. Returns the rows created."""
-        made = 0
+        born: list[int] = []
         for key, count in zip(
             np.asarray(keys, np.uint64).tolist(), np.asarray(counts).tolist(), strict=True
         ):
@@ -210,12 +212,23 @@ class RowTable:
             seen = self._pending.get(key, (0, now))[0] + int(count)
             if seen >= self.spec.min_count:
                 self._pending.pop(key, None)
-                self._row(key, now=now)
-                made += 1
+                born.append(key)
             else:
                 self._pending[key] = (seen, now)
-        self.created += made
-        return made
+        if born:  # their initial values in one pass (a row at a time costs ~0.3 ms)
+            new = np.array(born, np.uint64)
+            slots = np.array([self._take_slot() for _ in born], np.int64)
+            self._slot.update(zip(born, slots.tolist(), strict=True))
+            self._keys[slots] = new
+            self._values[slots] = self.spec.initial(new)
+            self._accum[slots] = self.spec.initial_accumulator
+            self._last_seen[slots] = now
+            self._touched.update(born)
+        self.created += len(born)
+        return len(born)
+
+    def _take_slot(self) -> int:
+        return self._free.pop() if self._free else self._grow()
 
     def expire(self, *, now: int) -> int:
         """Drop the rows, and the pending counts, not seen for ``ttl`` records before ``now``.

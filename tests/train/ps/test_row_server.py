@@ -1,0 +1,86 @@
+"""The row servers on the wire: the tables two shards make equal one shard's, a step's push
+applied once however often it comes, and what the servers refuse (issue 56)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pipeline.train.ps import protocol as p
+from pipeline.train.ps.row_client import RowClient
+from pipeline.train.ps.rows import RowSpec
+from pipeline.train.row_servers import RowServers
+
+SPECS = [RowSpec("user", dim=4, min_count=2, ttl=3_000, seed=3), RowSpec("item", dim=2, seed=3)]
+
+
+def _drive(rows: RowServers, *, steps: int = 60, repeat_every: int = 0) -> RowClient:
+    """A worker's loop: read the step's unique keys, push their gradients and sightings (every
+    ``repeat_every``-th step pushed twice, as a retried task would), move the clock."""
+    rng = np.random.default_rng(11)
+    client = RowClient(rows.addresses, secret=b"k", worker=1, dims=rows.dims)
+    for step in range(1, steps + 1):
+        keys = [(rng.zipf(1.3, 64) % 3_000 + step * 10).astype(np.uint64) for _ in rows.specs]
+        uniques = [np.unique(k) for k in keys]
+        got = client.exchange(uniques)
+        push = []
+        for t, k in enumerate(keys):
+            at = np.searchsorted(uniques[t], k)
+            values, has_row = got[t][0][at], got[t][1][at]
+            push.append((k, (values - 0.1).astype(np.float32), has_row))  # a gradient of its rows
+        client.push(push, task=42, exchange=step)
+        if repeat_every and step % repeat_every == 0:
+            client.push(push, task=42, exchange=step)  # a repeat: dropped
+        if step % 10 == 0:
+            rows.advance(640)
+    return client
+
+
+def test_two_row_server_shards_make_exactly_one_shards_tables() -> None:
+    with (
+        RowServers(SPECS, secret=b"k", host="127.0.0.1") as one,
+        RowServers(SPECS, secret=b"k", host="127.0.0.1", shards=2) as two,
+    ):
+        _drive(one).close()
+        client = _drive(two, repeat_every=7)
+        client.close()
+        for t in range(len(SPECS)):
+            a, b = one.table_rows(t), two.table_rows(t)
+            assert len(a["keys"]) > 50
+            for field in a:
+                assert np.array_equal(a[field], b[field]), (SPECS[t].name, field)
+        assert all(len(s.tables[0]) for s in two.servers)  # both shards hold rows
+        stats = two.stats()
+        assert stats["repeats_dropped"] == 2 * (60 // 7)  # each shard dropped each repeat
+        assert stats["tables"]["user"]["expired"] > 0 and client.repeats == 60 // 7
+        assert stats["rows_pushed"] > 0 and stats["rows_read"] > 0
+
+
+def test_a_row_server_refuses_a_wrong_secret_and_a_gradient_that_is_not_finite() -> None:
+    with RowServers(SPECS, secret=b"k", host="127.0.0.1") as rows:
+        with pytest.raises(p.ProtocolError, match="refused this worker's proof"):
+            RowClient(rows.addresses, secret=b"wrong", worker=1, dims=rows.dims)
+        with RowClient(rows.addresses, secret=b"k", worker=1, dims=rows.dims) as client:
+            keys = np.array([1, 2], np.uint64)
+            bad = np.full((2, 4), np.nan, np.float32)
+            with pytest.raises(p.ProtocolError, match="nonfinite"):
+                client.push(
+                    [
+                        (keys, bad, np.ones(2, bool)),
+                        (keys, np.zeros((2, 2), np.float32), np.ones(2, bool)),
+                    ]
+                )
+        refused = rows.servers[0].stats()["refused"]
+        assert refused.get("auth") == 1 and refused.get("nonfinite") == 1
+
+
+def test_a_row_server_refuses_keys_of_another_shard() -> None:
+    rows = RowServers(SPECS, secret=b"k", host="127.0.0.1", shards=2).start()
+    # A client that believes in one shard sends every key to the first.
+    client = RowClient(rows.addresses[:1], secret=b"k", worker=1, dims=rows.dims)
+    try:
+        with pytest.raises(p.ProtocolError, match="refused"):
+            client.exchange([np.arange(100, dtype=np.uint64), np.zeros(0, np.uint64)])
+    finally:
+        client.close()
+        rows.stop()
