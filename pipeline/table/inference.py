@@ -154,7 +154,7 @@ def _growing_ids(name: str, present: Sequence[Any]) -> bool:
     >>> _growing_ids("item_id", list(range(400))), _growing_ids("price", list(range(400)))
     (True, False)
     """
-    texts = [text(v) for v in present]
+    texts = [t for t in (text(v) for v in present) if t is not None]
     distinct = set(texts)
     if len(distinct) < MIN_IDS:
         return False
