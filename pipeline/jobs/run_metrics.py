@@ -15,7 +15,7 @@ from pipeline.ingest.kafka.fetch import UnreadableRange
 from pipeline.ingest.offsets import TopicPartition
 from pipeline.jobs.report import BATCHES_FILE, REPORT_FILE, read_rows
 from pipeline.observe import metrics, refusals
-from pipeline.observe.table_metrics import TableMeters
+from pipeline.observe.metrics.tables import TableMeters
 from pipeline.train import checkpoint
 from pipeline.train.drift import SIGNALS, Drift
 from pipeline.train.freshness import Freshness

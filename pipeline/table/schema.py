@@ -31,11 +31,8 @@ from pipeline.errors import ConfigError
 
 #: The kinds of feature, and how a categorical one reaches the model.
 KINDS = ("numeric", "categorical", "boolean", "id")
-#: How an ID table's rows learn on the parameter server (each row its own state).
-ROW_OPTIMIZERS = ("adagrad", "sgd")
 #: Float32 lanes an ID takes in a decoded block (:mod:`pipeline.table.ids`).
 ID_LANES = 3
-_ID_SETTINGS = ("dim", "min_count", "ttl", "optimizer", "learning_rate")
 ENCODINGS = ("one_hot", "index")
 #: Record formats a table's topic may carry.
 FORMATS = ("json", "csv", "avro")
@@ -68,13 +65,10 @@ class Feature:
         hash_buckets: categorical without a vocabulary: ``crc32(value) % N + 1`` (0: a gap).
         encoding: categorical: ``one_hot`` (width vocabulary + 1) or ``index`` (width 1,
             for an embedding layer).
-        dim: id: the size of its embedding row on the parameter server.
-        min_count: id: sightings before an ID gets a row of its own (until then it reads
-            the table's shared row).
-        ttl: id: records after its last sighting that an ID's row is dropped (None: kept).
-        table: id: the table its rows live in (default: the feature's name); two features
-            may share one (a clicked item and a candidate item).
-        optimizer, learning_rate: id: how its rows learn (``adagrad``, or ``sgd``).
+        dim, min_count, ttl, table, optimizer, learning_rate: id: its row's size, the
+            sightings before an ID gets a row of its own, the records after which an unseen
+            ID's row goes (None: never), the table (default: the feature's name; features
+            may share one), how its rows learn (:mod:`pipeline.table.id_settings`).
     """
 
     name: str
@@ -128,19 +122,10 @@ class Feature:
                 raise _fail(where, "either a vocabulary or hash_buckets >= 1", self.hash_buckets)
             if len(set(self.vocabulary)) != len(self.vocabulary):
                 raise _fail(where, "a vocabulary without repeats", list(self.vocabulary))
-        if self.kind == "id":
-            if not isinstance(self.dim, int) or not 1 <= self.dim <= 1024:
-                raise _fail(where, "dim, the embedding's size, a whole number in 1..1024", self.dim)
-            if not isinstance(self.min_count, int) or self.min_count < 1:
-                raise _fail(where, "min_count >= 1", self.min_count)
-            if self.ttl is not None and (not isinstance(self.ttl, int) or self.ttl < 1):
-                raise _fail(where, "ttl, records, >= 1 (or none)", self.ttl)
-            if self.optimizer not in ROW_OPTIMIZERS:
-                raise _fail(where, f"optimizer in {ROW_OPTIMIZERS}", self.optimizer)
-            if not self.learning_rate > 0:
-                raise _fail(where, "learning_rate > 0", self.learning_rate)
-        elif self.dim or self.table:
-            raise _fail(where, "dim and table only on a feature of kind id", self.kind)
+        if self.kind == "id" or self.dim or self.table:
+            from pipeline.table.id_settings import check_id
+
+            check_id(self, lambda expected, got: _fail(where, expected, got))
         if self.kind == "numeric" and (len(self.scale) != 2 or self.scale[1] == 0):
             raise _fail(
                 where, "scale [center, factor] with a factor other than 0", list(self.scale)
@@ -197,17 +182,10 @@ class TableSchema:
             raise _fail("features", "each name once", names)
         for f in self.features:
             f.check()
-        shapes: dict[str, tuple[Any, ...]] = {}
-        for f in self.features:
-            if f.kind == "id":
-                shape = (f.dim, f.min_count, f.ttl, f.optimizer, f.learning_rate)
-                if shapes.setdefault(f.table or f.name, shape) != shape:
-                    raise _fail(
-                        f"feature {f.name!r}",
-                        f"the settings of the other features in table {f.table!r} "
-                        f"({', '.join(_ID_SETTINGS)})",
-                        dict(zip(_ID_SETTINGS, shape, strict=True)),
-                    )
+        if self.ids:
+            from pipeline.table.id_settings import check_tables
+
+            check_tables(self.ids, lambda where, expected, got: _fail(where, expected, got))
         if self.label is not None and self.label.name in names:
             raise _fail("label", "a column that is not also a feature", self.label.name)
         if self.format not in FORMATS:
@@ -309,10 +287,9 @@ class TableSchema:
             if f.kind == "numeric":
                 d.update(missing=f.missing, fill=f.fill, scale=list(f.scale))
             elif f.kind == "id":
-                d.update(dim=f.dim, min_count=f.min_count, ttl=f.ttl)
-                d.update({"table": f.table} if f.table else {})
-                if (f.optimizer, f.learning_rate) != ("adagrad", 0.05):
-                    d.update(optimizer=f.optimizer, learning_rate=f.learning_rate)
+                from pipeline.table.id_settings import id_dict
+
+                d.update(id_dict(f))
             elif f.kind == "categorical":
                 d.update(missing=f.missing, encoding=f.encoding)
                 d.update(
@@ -416,28 +393,7 @@ class TableSchema:
 
 
 def avro_schema(schema: TableSchema, *, name: str = "Record") -> dict[str, Any]:
-    """An Avro record schema for the table's rows: every field nullable, gaps as null.
+    """An Avro record schema for the table's rows (:func:`pipeline.table.writers.writer_schema`)."""
+    from pipeline.table.writers import writer_schema
 
-    >>> from pipeline.table.schema import Feature, TableSchema
-    >>> avro_schema(TableSchema((Feature("a"),), None))["fields"]
-    [{'name': 'a', 'type': ['null', 'double'], 'default': None}]
-    """
-    kinds: dict[str, Any] = {
-        "numeric": "double",
-        "categorical": "string",
-        "boolean": "boolean",
-        "id": ["long", "string"],
-    }
-    fields = [
-        {"name": f.name, "type": ["null", *_branches(kinds[f.kind])], "default": None}
-        for f in schema.features
-    ]
-    if schema.label is not None:
-        kind = "double" if schema.label.regression else "string"
-        fields.append({"name": schema.label.name, "type": ["null", kind], "default": None})
-    return {"type": "record", "name": name, "fields": fields}
-
-
-def _branches(kind: str | list[str]) -> list[str]:
-    """An Avro type, or a union's branches, as a list."""
-    return kind if isinstance(kind, list) else [kind]
+    return writer_schema(schema, name=name)

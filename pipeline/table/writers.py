@@ -24,7 +24,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from pipeline.table.schema import TableSchema, avro_schema
+from pipeline.table.schema import TableSchema
 
 
 def _plain(v: Any) -> Any:
@@ -63,7 +63,7 @@ def _avro_values(
 ) -> list[bytes]:
     from fastavro import parse_schema, schemaless_writer
 
-    writer: Any = parse_schema(schema.avro or avro_schema(schema))
+    writer: Any = parse_schema(schema.avro or writer_schema(schema))
     names = [f["name"] for f in writer["fields"]]
     kinds = {f["name"]: [t for t in f["type"] if t != "null"] for f in writer["fields"]}
     prefix = b"" if schema_id is None else b"\x00" + schema_id.to_bytes(4, "big")
@@ -89,3 +89,26 @@ def _typed(v: Any, kinds: list[Any]) -> Any:
         except ValueError:
             return None
     return v
+
+
+def writer_schema(schema: TableSchema, *, name: str = "Record") -> dict[str, Any]:
+    """An Avro record schema for the table's rows: every field nullable, gaps as null (an
+    ID a long or a string).
+
+    >>> from pipeline.table.schema import Feature, TableSchema
+    >>> writer_schema(TableSchema((Feature("a"),), None))["fields"]
+    [{'name': 'a', 'type': ['null', 'double'], 'default': None}]
+    """
+    kinds: dict[str, list[str]] = {
+        "numeric": ["double"],
+        "categorical": ["string"],
+        "boolean": ["boolean"],
+        "id": ["long", "string"],
+    }
+    fields = [
+        {"name": f.name, "type": ["null", *kinds[f.kind]], "default": None} for f in schema.features
+    ]
+    if schema.label is not None:
+        kind = "double" if schema.label.regression else "string"
+        fields.append({"name": schema.label.name, "type": ["null", kind], "default": None})
+    return {"type": "record", "name": name, "fields": fields}

@@ -40,7 +40,7 @@ from pipeline.train.adapt import DriftResponse
 from pipeline.train.divergence import HeldoutWatch
 from pipeline.train.freshness import Freshness
 from pipeline.train.partition import TaskResult
-from pipeline.train.rows import BatchRow, TaskRow
+from pipeline.train.rows import BatchRow, TableFigures, TableSize, TaskRow
 from pipeline.train.server import Server
 
 #: Called with each saved batch's figures, its row and the center weights it saved.
@@ -188,10 +188,10 @@ class TrainDriver:
         if self.rows is not None:  # the rows' clock, their expiry, their changes beside the save
             expired = self.rows.advance(row.trained)
             tables = table_store.save(self.folder, info.batch_id, self.rows, tables)
-            row.tables = {
-                **(row.tables or {}),
-                "expired": expired,
-                "sizes": self.rows.stats()["tables"],
+            row.tables = row.tables or TableFigures()
+            row.tables.expired = expired
+            row.tables.sizes = {
+                name: TableSize(**t) for name, t in self.rows.stats()["tables"].items()
             }
         state.extra = {
             "trained": self.trained + row.trained,

@@ -60,6 +60,38 @@ class TaskRow:
 
 
 @dataclasses.dataclass
+class TableSize:
+    """One ID table after a batch: its rows, its bytes, its rows created and expired so far
+    (this trainer's counts)."""
+
+    rows: int
+    bytes: int
+    created: int
+    expired: int
+
+
+@dataclasses.dataclass
+class TableFigures:
+    """An ID model's tables in one batch.
+
+    Attributes:
+        rows_read, rows_pushed: rows the workers read and pushed.
+        rows_s: the workers' seconds in requests to the row servers (part of ``exchange_s``).
+        staleness_p50, staleness_p99: over the row pushes (None: none).
+        expired: rows dropped after the batch (``ttl``).
+        sizes: each table after the batch, by name.
+    """
+
+    rows_read: int = 0
+    rows_pushed: int = 0
+    rows_s: float = 0.0
+    staleness_p50: float | None = None
+    staleness_p99: float | None = None
+    expired: int = 0
+    sizes: dict[str, TableSize] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass
 class BatchRow:
     """One micro-batch's figures, as the report and the plots show them.
 
@@ -122,7 +154,7 @@ class BatchRow:
     drifts: list[Drift] = dataclasses.field(default_factory=list)
     #: An ID model's tables: rows read and pushed in the batch, the row pushes' staleness,
     #: rows expired after it, and each table's rows and bytes (None: no ID features).
-    tables: dict[str, Any] | None = None
+    tables: TableFigures | None = None
 
     @classmethod
     def from_batch(cls, info: BatchFigures, *, t: float, clock: int) -> BatchRow:
@@ -153,13 +185,13 @@ class BatchRow:
         read = sum(getattr(r, "rows_read", 0) for r in results)
         if read:
             stale = [s for r in results for s in getattr(r, "row_staleness", ())]
-            row.tables = {
-                "rows_read": read,
-                "rows_pushed": sum(r.rows_pushed for r in results),
-                "rows_s": round(sum(r.rows_s for r in results), 3),
-                "staleness_p50": float(np.percentile(stale, 50)) if stale else None,
-                "staleness_p99": float(np.percentile(stale, 99)) if stale else None,
-            }
+            row.tables = TableFigures(
+                rows_read=read,
+                rows_pushed=sum(r.rows_pushed for r in results),
+                rows_s=round(sum(r.rows_s for r in results), 3),
+                staleness_p50=float(np.percentile(stale, 50)) if stale else None,
+                staleness_p99=float(np.percentile(stale, 99)) if stale else None,
+            )
         if preq_n:
             row.prequential_accuracy = sum(r.preq_acc * r.preq_n for r in scored) / preq_n
             row.prequential_loss = sum(r.preq_loss * r.preq_n for r in scored) / preq_n

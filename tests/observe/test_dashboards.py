@@ -19,7 +19,7 @@ import yaml
 
 from pipeline.errors import ConfigError
 from pipeline.observe import dashboard, metrics, refusals
-from pipeline.observe.table_metrics import TableMeters
+from pipeline.observe.metrics.tables import TableMeters
 from tests.conftest import ROOT, free_port
 
 DEPLOY = ROOT / "deploy"

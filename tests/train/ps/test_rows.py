@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from pipeline.errors import ConfigError
-from pipeline.train.ps.rows import SHARED, RowSpec, RowTable, ShardedRows
+from pipeline.train.ps.rows import SHARED, RowSpec, RowTable
+from pipeline.train.ps.sharded_rows import ShardedRows
 
 
 def _stream(

@@ -54,19 +54,20 @@ class TableMeters:
         )
         self._seen: dict[tuple[str, str], int] = {}
 
-    def on_batch(self, tables: dict[str, Any] | None, results: list[Any]) -> None:
-        """A batch's ``BatchRow.tables`` and its task results."""
-        if not tables:
+    def on_batch(self, tables: Any, results: list[Any]) -> None:
+        """A batch's ``BatchRow.tables`` (:class:`~pipeline.train.rows.TableFigures`, or None)
+        and its task results."""
+        if tables is None:
             return
-        self.moved.labels("read").inc(tables.get("rows_read", 0))
-        self.moved.labels("pushed").inc(tables.get("rows_pushed", 0))
+        self.moved.labels("read").inc(tables.rows_read)
+        self.moved.labels("pushed").inc(tables.rows_pushed)
         for r in results:
             for s in getattr(r, "row_staleness", ()):
                 self.staleness.observe(s)
-        for name, t in tables.get("sizes", {}).items():
-            self.rows.labels(name).set(t["rows"])
-            self.bytes.labels(name).set(t["bytes"])
+        for name, t in tables.sizes.items():
+            self.rows.labels(name).set(t.rows)
+            self.bytes.labels(name).set(t.bytes)
             for key, counter in (("created", self.created), ("expired", self.expired)):
-                before = self._seen.get((name, key), 0)
-                counter.labels(name).inc(max(0, t[key] - before))
-                self._seen[name, key] = t[key]
+                now = getattr(t, key)
+                counter.labels(name).inc(max(0, now - self._seen.get((name, key), 0)))
+                self._seen[name, key] = now

@@ -370,3 +370,13 @@ def serving_metrics(model: str) -> ServingMetrics:
             registry=reg,
         ),
     )
+
+
+__all__ = [
+    "ProducerMetrics",
+    "ServingMetrics",
+    "TrainingMetrics",
+    "producer_metrics",
+    "serving_metrics",
+    "training_metrics",
+]
