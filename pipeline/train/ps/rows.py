@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.errors import ConfigError
+from pipeline.train.ps.key_index import KeyIndex
 
 #: The shared row's key: what an ID without a row of its own reads (and trains). Reserved: an
 #: ID's key is a non-negative 64-bit integer or a 64-bit hash, never this one value.
@@ -116,46 +117,49 @@ class RowTable:
 
     Reads have no effect (a worker's pull, a prediction, a retried task's pull alike):
     everything that changes a row comes with a push, which the server applies once
-    (:mod:`pipeline.train.ps.tasks`). Rows live in arrays grown by half again; a dict maps
-    each key to its slot, and the slots of dropped rows are reused. IDs seen fewer than
-    ``min_count`` times are only counted.
+    (:mod:`pipeline.train.ps.tasks`). Rows live in arrays grown by half again, found by a
+    vectorized hash index (:class:`~pipeline.train.ps.key_index.KeyIndex`); the slots of
+    dropped rows are reused. IDs seen fewer than ``min_count`` times are only counted.
     """
 
     def __init__(self, spec: RowSpec, *, capacity: int = 1024) -> None:
         self.spec = spec
-        self._slot: dict[int, int] = {}
+        self._index = KeyIndex(capacity)
         self._values = np.zeros((capacity, spec.dim), np.float32)
         self._accum = np.zeros((capacity, spec.dim), np.float32)
         self._last_seen = np.zeros(capacity, np.int64)
         self._keys = np.zeros(capacity, np.uint64)
+        self._touched = np.zeros(capacity, bool)  # slots changed since the last delta
         self._free: list[int] = []
         self._used = 0
         #: Sightings of IDs without a row yet, and when each was last seen.
         self._pending: dict[int, tuple[int, int]] = {}
-        self._touched: set[int] = set()  # keys changed since the last delta
         self._dropped: set[int] = set()  # keys dropped since the last delta
         self.created = 0
         self.expired = 0
-        self._shared = self._row(int(SHARED), now=0)  # the shared row, never expired
+        self._shared = int(self._make(np.array([SHARED], np.uint64), now=0)[0])  # never expired
 
     def __len__(self) -> int:
         """Rows of IDs (the shared row not counted)."""
-        return len(self._slot) - 1
+        return len(self._index) - 1
 
-    def _row(self, key: int, *, now: int) -> int:
-        slot = self._free.pop() if self._free else self._grow()
-        self._slot[key] = slot
-        self._keys[slot] = key
-        self._values[slot] = self.spec.initial(np.array([key], np.uint64))[0]
-        self._accum[slot] = self.spec.initial_accumulator
-        self._last_seen[slot] = now
-        self._touched.add(key)
-        return slot
+    def _make(self, keys: np.ndarray, *, now: int) -> np.ndarray:
+        """New rows for ``keys`` (absent, distinct), at their initial values; their slots."""
+        slots = np.array([self._take_slot() for _ in range(len(keys))], np.int64)
+        self._index.insert(keys, slots)
+        self._keys[slots] = keys
+        self._values[slots] = self.spec.initial(keys)
+        self._accum[slots] = self.spec.initial_accumulator
+        self._last_seen[slots] = now
+        self._touched[slots] = True
+        return slots
 
-    def _grow(self) -> int:
+    def _take_slot(self) -> int:
+        if self._free:
+            return self._free.pop()
         if self._used == len(self._keys):
             size = len(self._keys) + max(1024, len(self._keys) // 2)
-            for name in ("_values", "_accum", "_last_seen", "_keys"):
+            for name in ("_values", "_accum", "_last_seen", "_keys", "_touched"):
                 old = getattr(self, name)
                 new = np.zeros((size, *old.shape[1:]), old.dtype)
                 new[: len(old)] = old
@@ -163,24 +167,18 @@ class RowTable:
         self._used += 1
         return self._used - 1
 
-    def _slots(self, keys: np.ndarray) -> np.ndarray:
-        """Each key's slot, -1 for a key without a row."""
-        found = self._slot.get
-        return np.fromiter(
-            (found(k, -1) for k in np.asarray(keys, np.uint64).tolist()), np.int64, len(keys)
-        )
-
     def read(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The rows of ``keys`` (an ID without a row reads the shared row), and which keys have
         a row of their own. Changes nothing."""
-        slots = self._slots(keys)
+        slots = self._index.find(keys)
         has_row = slots >= 0
         return self._values[np.where(has_row, slots, self._shared)], has_row
 
     def push(self, keys: np.ndarray, gradients: np.ndarray, *, now: int) -> int:
-        """Adagrad on the rows of ``keys`` (repeated keys' gradients summed), each now seen at
-        ``now``; a key whose row is gone has its gradient dropped. Returns the rows stepped."""
-        slots = self._slots(keys)
+        """A step of the table's optimizer on the rows of ``keys`` (repeated keys' gradients
+        summed), each now seen at ``now``; a key whose row is gone has its gradient dropped.
+        Returns the rows stepped."""
+        slots = self._index.find(keys)
         live = slots >= 0
         if not live.any():
             return 0
@@ -193,42 +191,34 @@ class RowTable:
             self._accum[unique] += summed * summed
             self._values[unique] -= self.spec.learning_rate * summed / np.sqrt(self._accum[unique])
         self._last_seen[unique] = np.maximum(self._last_seen[unique], now)
-        self._touched.update(self._keys[unique].tolist())
+        self._touched[unique] = True
         return len(unique)
 
     def sight(self, keys: np.ndarray, counts: np.ndarray, *, now: int) -> int:
-        """Count sightings of IDs (``counts`` each) at ``now``: a row's expiry moves; an ID
-        without one gets it once seen ``min_count`` times. Returns the rows created."""
-        born: list[int] = []
-        for key, count in zip(
-            np.asarray(keys, np.uint64).tolist(), np.asarray(counts).tolist(), strict=True
-        ):
-            slot = self._slot.get(key)
-            if slot is not None:
-                if slot != self._shared and self._last_seen[slot] < now:
-                    self._last_seen[slot] = now
-                    self._touched.add(key)
-                continue
-            seen = self._pending.get(key, (0, now))[0] + int(count)
-            if seen >= self.spec.min_count:
-                self._pending.pop(key, None)
-                born.append(key)
-            else:
-                self._pending[key] = (seen, now)
-        if born:  # their initial values in one pass (a row at a time costs ~0.3 ms)
+        """Count sightings of IDs (``keys`` distinct, ``counts`` each) at ``now``: a row's
+        expiry moves; an ID without one gets it once seen ``min_count`` times. Returns the
+        rows created."""
+        keys = np.asarray(keys, np.uint64)
+        slots = self._index.find(keys)
+        rowed = slots[(slots >= 0) & (slots != self._shared)]
+        moved = rowed[self._last_seen[rowed] < now]
+        self._last_seen[moved] = now
+        self._touched[moved] = True
+        new, counts = keys[slots < 0], np.asarray(counts)[slots < 0]
+        if self.spec.min_count > 1:  # counted until they reach it
+            born: list[int] = []
+            for key, count in zip(new.tolist(), counts.tolist(), strict=True):
+                seen = self._pending.get(key, (0, now))[0] + int(count)
+                if seen >= self.spec.min_count:
+                    self._pending.pop(key, None)
+                    born.append(key)
+                else:
+                    self._pending[key] = (seen, now)
             new = np.array(born, np.uint64)
-            slots = np.array([self._take_slot() for _ in born], np.int64)
-            self._slot.update(zip(born, slots.tolist(), strict=True))
-            self._keys[slots] = new
-            self._values[slots] = self.spec.initial(new)
-            self._accum[slots] = self.spec.initial_accumulator
-            self._last_seen[slots] = now
-            self._touched.update(born)
-        self.created += len(born)
-        return len(born)
-
-    def _take_slot(self) -> int:
-        return self._free.pop() if self._free else self._grow()
+        if len(new):
+            self._make(new, now=now)
+        self.created += len(new)
+        return len(new)
 
     def expire(self, *, now: int) -> int:
         """Drop the rows, and the pending counts, not seen for ``ttl`` records before ``now``.
@@ -236,41 +226,47 @@ class RowTable:
         if self.spec.ttl is None:
             return 0
         cutoff = now - self.spec.ttl
-        old = [k for k, s in self._slot.items() if self._last_seen[s] < cutoff and k != int(SHARED)]
-        for key in old:
-            self._free.append(self._slot.pop(key))
-            self._touched.discard(key)
-            self._dropped.add(key)
+        keys, slots = self._index.items()
+        old = (self._last_seen[slots] < cutoff) & (slots != self._shared)
+        gone_keys, gone_slots = keys[old], slots[old]
+        self._index.remove(gone_keys)
+        self._free.extend(gone_slots.tolist())
+        self._touched[gone_slots] = False
+        self._dropped.update(gone_keys.tolist())
         self._pending = {k: v for k, v in self._pending.items() if v[1] >= cutoff}
-        self.expired += len(old)
-        return len(old)
+        self.expired += len(gone_keys)
+        return len(gone_keys)
 
     def nbytes(self) -> int:
-        """The table's memory: its arrays as allocated (values, Adagrad state, key, last seen)
-        and its maps, at CPython's measured cost per dict entry (~100 bytes)."""
-        arrays = sum(a.nbytes for a in (self._values, self._accum, self._last_seen, self._keys))
-        return arrays + (len(self._slot) + len(self._pending)) * 100
+        """The table's memory: its arrays as allocated (values, optimizer state, key, last
+        seen), its index, and its pending counts (a dict: ~100 bytes each)."""
+        arrays = sum(
+            a.nbytes
+            for a in (self._values, self._accum, self._last_seen, self._keys, self._touched)
+        )
+        return arrays + self._index.nbytes + len(self._pending) * 100
 
     def row_bytes(self) -> int:
         """What one row's values and optimizer state take as float32 (the floor of its cost)."""
         return 2 * 4 * self.spec.dim
 
-    def rows(self, keys: np.ndarray | None = None) -> dict[str, np.ndarray]:
-        """Rows as arrays (``keys``, ``values``, ``accum``, ``last_seen``), sorted by key:
-        those of ``keys`` that exist, or all (the shared row included)."""
-        chosen = (
-            self._slot
-            if keys is None
-            else {int(k): self._slot[int(k)] for k in keys if int(k) in self._slot}
-        )
-        order = sorted(chosen)
-        slots = np.array([chosen[k] for k in order], np.int64)
+    def _export(self, slots: np.ndarray) -> dict[str, np.ndarray]:
+        order = np.argsort(self._keys[slots], kind="stable")
+        slots = slots[order]
         return {
-            "keys": np.array(order, np.uint64),
+            "keys": self._keys[slots].copy(),
             "values": self._values[slots].copy(),
             "accum": self._accum[slots].copy(),
             "last_seen": self._last_seen[slots].copy(),
         }
+
+    def rows(self, keys: np.ndarray | None = None) -> dict[str, np.ndarray]:
+        """Rows as arrays (``keys``, ``values``, ``accum``, ``last_seen``), sorted by key:
+        those of ``keys`` that exist, or all (the shared row included)."""
+        if keys is None:
+            return self._export(self._index.items()[1])
+        slots = self._index.find(np.asarray(keys, np.uint64))
+        return self._export(np.unique(slots[slots >= 0]))
 
     def pending(self) -> dict[str, np.ndarray]:
         """The counts of IDs without a row: ``keys``, ``seen``, ``last_seen``, sorted by key."""
@@ -286,17 +282,17 @@ class RowTable:
         """What changed since the last delta (or snapshot): the rows touched, the keys
         dropped and the pending counts; taking it starts the next."""
         out = {
-            "rows": self.rows(np.array(sorted(self._touched), np.uint64)),
+            "rows": self._export(np.flatnonzero(self._touched)),
             "dropped": np.array(sorted(self._dropped), np.uint64),
             "pending": self.pending(),
         }
-        self._touched.clear()
+        self._touched[:] = False
         self._dropped.clear()
         return out
 
     def snapshot(self) -> dict[str, Any]:
         """Every row and pending count; the next delta starts from here."""
-        self._touched.clear()
+        self._touched[:] = False
         self._dropped.clear()
         return {
             "snapshot": True,
@@ -309,22 +305,24 @@ class RowTable:
         """Apply a snapshot (the table becomes it) or a delta (its dropped keys go, its rows
         are set); either's pending counts replace the table's."""
         if change.get("snapshot"):
-            for key in [k for k in self._slot if k != int(SHARED)]:
-                self._free.append(self._slot.pop(key))
-        for key in change["dropped"].tolist():
-            slot = self._slot.pop(int(key), None)
-            if slot is not None:
-                self._free.append(slot)
+            keys, slots = self._index.items()
+            others = slots != self._shared
+            self._index.remove(keys[others])
+            self._free.extend(slots[others].tolist())
+        dropped = np.asarray(change["dropped"], np.uint64)
+        if len(dropped):
+            slots = self._index.find(dropped)
+            self._index.remove(dropped[slots >= 0])
+            self._free.extend(slots[slots >= 0].tolist())
         rows = change["rows"]
-        for i, key in enumerate(rows["keys"].tolist()):
-            slot = self._slot.get(key)
-            if slot is None:
-                slot = self._free.pop() if self._free else self._grow()
-                self._slot[key] = slot
-                self._keys[slot] = key
-            self._values[slot] = rows["values"][i]
-            self._accum[slot] = rows["accum"][i]
-            self._last_seen[slot] = rows["last_seen"][i]
+        keys = np.asarray(rows["keys"], np.uint64)
+        slots = self._index.find(keys)
+        missing = slots < 0
+        if missing.any():
+            slots[missing] = self._make(keys[missing], now=0)
+        self._values[slots] = rows["values"]
+        self._accum[slots] = rows["accum"]
+        self._last_seen[slots] = rows["last_seen"]
         p = change["pending"]
         self._pending = {
             int(k): (int(s), int(t))
@@ -332,5 +330,5 @@ class RowTable:
                 p["keys"].tolist(), p["seen"].tolist(), p["last_seen"].tolist(), strict=True
             )
         }
-        self._touched.clear()
+        self._touched[:] = False
         self._dropped.clear()
