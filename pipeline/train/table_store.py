@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.train.checkpoint import CheckpointError
+from pipeline.train.ps.rows import SHARED, shard_of
 
 #: Deltas after which the next batch writes a snapshot instead.
 SNAPSHOT_EVERY = 50
@@ -69,7 +70,9 @@ def save(
 
 
 def restore(folder: str | os.PathLike[str], rows: Any, entry: dict[str, Any] | None) -> int:
-    """Rebuild ``rows`` from the chain a checkpoint names; returns the batches read."""
+    """Rebuild ``rows`` from the chain a checkpoint names; returns the batches read. The files
+    may come from another number of shards (``--ps-shards`` changed on resume): each row goes
+    to the shard its key names now."""
     if not entry:
         return 0
     shards, tables = len(rows.servers), len(rows.specs)
@@ -84,11 +87,47 @@ def restore(folder: str | os.PathLike[str], rows: Any, entry: dict[str, Any] | N
                 "from the run's folder as it was written, or start a new run."
             ) from None
         snapshot = bool(data["snapshot"][0])
-        changes = [
-            [_change(data, f"{s}.{t}.", snapshot) for t in range(tables)] for s in range(shards)
-        ]
+        written = sum(1 for k in data if k.endswith(".0.dropped"))  # shards when it was saved
+        owner = int(shard_of(np.array([SHARED], np.uint64), written)[0])
+        changes: list[list[dict[str, Any]]] = [[] for _ in range(shards)]
+        for t in range(tables):
+            parts = [_change(data, f"{s}.{t}.", snapshot) for s in range(written)]
+            for s, part in enumerate(parts):  # only the owner's shared row is the table's
+                if s != owner:
+                    keep = part["rows"]["keys"] != SHARED
+                    part["rows"] = {k: v[keep] for k, v in part["rows"].items()}
+            merged = _merge(parts, snapshot)
+            for s, mine in enumerate(_split(merged, shards)):
+                changes[s].append(mine)
         rows.load(changes, now=int(entry["now"]))
     return len(entry["chain"])
+
+
+def _merge(parts: list[dict[str, Any]], snapshot: bool) -> dict[str, Any]:
+    return {
+        "snapshot": snapshot,
+        "rows": {k: np.concatenate([p["rows"][k] for p in parts]) for k in _FIELDS},
+        "dropped": np.concatenate([p["dropped"] for p in parts]),
+        "pending": {k: np.concatenate([p["pending"][k] for p in parts]) for k in _PENDING},
+    }
+
+
+def _split(change: dict[str, Any], shards: int) -> list[dict[str, Any]]:
+    """A table's change cut into the part of each of ``shards`` by key."""
+    at = {
+        "rows": shard_of(change["rows"]["keys"], shards),
+        "dropped": shard_of(change["dropped"], shards),
+        "pending": shard_of(change["pending"]["keys"], shards),
+    }
+    return [
+        {
+            "snapshot": change["snapshot"],
+            "rows": {k: v[at["rows"] == s] for k, v in change["rows"].items()},
+            "dropped": change["dropped"][at["dropped"] == s],
+            "pending": {k: v[at["pending"] == s] for k, v in change["pending"].items()},
+        }
+        for s in range(shards)
+    ]
 
 
 def _change(data: dict[str, np.ndarray], at: str, snapshot: bool) -> dict[str, Any]:

@@ -3,9 +3,12 @@ applied once however often it comes, and what the servers refuse (issue 56)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
+from pipeline.train import table_store
 from pipeline.train.ps import protocol as p
 from pipeline.train.ps.row_client import RowClient
 from pipeline.train.ps.rows import RowSpec
@@ -14,7 +17,9 @@ from pipeline.train.row_servers import RowServers
 SPECS = [RowSpec("user", dim=4, min_count=2, ttl=3_000, seed=3), RowSpec("item", dim=2, seed=3)]
 
 
-def _drive(rows: RowServers, *, steps: int = 60, repeat_every: int = 0) -> RowClient:
+def _drive(
+    rows: RowServers, *, steps: int = 60, repeat_every: int = 0, task: int = 42
+) -> RowClient:
     """A worker's loop: read the step's unique keys, push their gradients and sightings (every
     ``repeat_every``-th step pushed twice, as a retried task would), move the clock."""
     rng = np.random.default_rng(11)
@@ -28,9 +33,9 @@ def _drive(rows: RowServers, *, steps: int = 60, repeat_every: int = 0) -> RowCl
             at = np.searchsorted(uniques[t], k)
             values, has_row = got[t][0][at], got[t][1][at]
             push.append((k, (values - 0.1).astype(np.float32), has_row))  # a gradient of its rows
-        client.push(push, task=42, exchange=step)
+        client.push(push, task=task, exchange=step)
         if repeat_every and step % repeat_every == 0:
-            client.push(push, task=42, exchange=step)  # a repeat: dropped
+            client.push(push, task=task, exchange=step)  # a repeat: dropped
         if step % 10 == 0:
             rows.advance(640)
     return client
@@ -84,3 +89,21 @@ def test_a_row_server_refuses_keys_of_another_shard() -> None:
     finally:
         client.close()
         rows.stop()
+
+
+@pytest.mark.parametrize("shards", [1, 3])
+def test_tables_saved_from_two_shards_resume_on_any_number(shards: int, tmp_path: Path) -> None:
+    """A resumed run may name another --ps-shards: each row goes to the shard its key names."""
+    with RowServers(SPECS, secret=b"k", host="127.0.0.1", shards=2) as two:
+        entry = None
+        for batch in range(3):  # a snapshot, then two deltas
+            _drive(two, steps=20, task=batch + 1).close()
+            entry = table_store.save(tmp_path, batch, two, entry)
+        assert entry is not None and entry["chain"] == [0, 1, 2]
+        resumed = RowServers(SPECS, secret=b"k", host="127.0.0.1", shards=shards)  # not started
+        assert table_store.restore(tmp_path, resumed, entry) == 3
+        assert resumed.now == two.now
+        for t in range(len(SPECS)):
+            a, b = two.table_rows(t), resumed.table_rows(t)
+            for field in a:
+                assert np.array_equal(a[field], b[field]), (SPECS[t].name, field)
