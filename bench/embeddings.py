@@ -52,6 +52,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from pipeline.train.evaluation import roc_auc  # noqa: E402
+from pipeline.train.partition import hist_auc  # noqa: E402
 from producers.datasets.click_stream import click_schema  # noqa: E402
 from producers.datasets.clicks import ClickModel  # noqa: E402
 
@@ -94,13 +95,6 @@ def _run(folder: Path, data: Path, schema: Path, name: str, out: Path) -> dict[s
     return {"report": report, "batches": batches}
 
 
-def _hist_auc(pos: np.ndarray, neg: np.ndarray) -> float:
-    """AUC from score histograms (equal bins over [0, 1]): ties within a bin count half."""
-    below = np.concatenate([[0], np.cumsum(neg)[:-1]])
-    total = pos.sum() * neg.sum()
-    return float((pos * below).sum() + 0.5 * (pos * neg).sum()) / total if total else 0.5
-
-
 def _online_figures(run: dict[str, Any]) -> dict[str, float]:
     batches, report = run["batches"], run["report"]
     total = sum(b["trained"] for b in batches)
@@ -117,7 +111,7 @@ def _online_figures(run: dict[str, Any]) -> dict[str, float]:
     memory = [sum(t["bytes"] for t in s.values()) for s in sizes]
     rows = sum(t["rows"] for t in sizes[-1].values())
     return {
-        "auc": _hist_auc(pos, neg) if pos is not None else float("nan"),
+        "auc": (hist_auc([neg, pos]) or float("nan")) if pos is not None else float("nan"),
         "rate": report["records_per_s_excluding_eval"],
         "bytes": memory[-1],
         "bytes_per_row": memory[-1] / max(1, rows) / (8 * DIM),

@@ -17,7 +17,8 @@ from pipeline.train.model import ModelSpec, accuracy_of, input_shape
 
 class InputGradientStep:
     """``step(x, y)`` trains the replica's model on one mini-batch and returns its loss, its
-    accuracy (NaN without classes) and the gradient of the loss with respect to ``x``."""
+    accuracy (NaN without classes), the gradient of the loss with respect to ``x`` and the
+    model's outputs (before the step)."""
 
     def __init__(self, model: Any, spec: ModelSpec) -> None:
         import tensorflow as tf
@@ -45,14 +46,14 @@ class InputGradientStep:
                 loss = model.compute_loss(x=x, y=y, y_pred=pred, training=True)
             *grads, gx = tape.gradient(loss, [*trainable, x])
             optimizer.apply(grads, trainable)
-            return loss, accuracy(y, pred), gx
+            return loss, accuracy(y, pred), gx, pred
 
         self._step = tf.function(
             step, input_signature=[tf.TensorSpec([None, *shape], tf.float32), labels]
         )
 
-    def __call__(self, x: np.ndarray, y: np.ndarray) -> tuple[float, float, np.ndarray]:
+    def __call__(self, x: np.ndarray, y: np.ndarray) -> tuple[float, float, np.ndarray, np.ndarray]:
         if self._out is not None and y.shape[1:] != self._out:  # (n,) labels for (n, 1) outputs
             y = y.reshape((len(y), *self._out))
-        loss, acc, gx = self._step(x, y)
-        return float(loss), float(acc), np.asarray(gx)
+        loss, acc, gx, pred = self._step(x, y)
+        return float(loss), float(acc), np.asarray(gx), np.asarray(pred)

@@ -296,6 +296,7 @@ class FlatGradients:
         accuracy = accuracy_of(spec.loss)
         self.inputs = inputs
         self.input_grad: np.ndarray | None = None  # with ``inputs``: the last call's
+        self.pred: np.ndarray | None = None  # the last call's outputs
 
         def step(x: Any, y: Any) -> Any:
             watched = [v for v, t in zip(variables, trainable, strict=True) if t]
@@ -314,7 +315,7 @@ class FlatGradients:
                     if g is not None
                     else tf.zeros([int(np.prod(v.shape))], tf.float32)
                 )
-            return tf.concat(parts, 0), loss, accuracy(y, pred), gx
+            return tf.concat(parts, 0), loss, accuracy(y, pred), gx, pred
 
         self._step = tf.function(
             step, input_signature=[tf.TensorSpec([None, *shape], tf.float32), labels]
@@ -324,7 +325,8 @@ class FlatGradients:
         """The gradient on ``x``/``y`` at the replica's weights, the loss and the accuracy."""
         if self._out is not None and y.shape[1:] != self._out:  # (n,) labels for (n, 1) outputs
             y = y.reshape((len(y), *self._out))
-        flat, loss, acc, gx = self._step(x, y)
+        flat, loss, acc, gx, pred = self._step(x, y)
+        self.pred = np.asarray(pred)
         if self.inputs:
             self.input_grad = np.asarray(gx)
         return np.asarray(flat), float(loss), float(acc)

@@ -92,6 +92,9 @@ class TaskResult:
         rows_read, rows_pushed, row_staleness, rows_s: an ID model's rows read and pushed,
             per push of them the row servers' updates it missed, and the seconds its requests
             to the row servers took (part of ``exchange_s``).
+        preq_hist: a binary classifier's first-pass scores (the positive class's, before
+            each mini-batch trained) in :data:`HIST_BINS` equal bins over [0, 1]: the
+            negatives' counts, then the positives' (the prequential AUC; None: no such model).
     """
 
     worker: int
@@ -126,6 +129,7 @@ class TaskResult:
     rows_pushed: int = 0
     row_staleness: list[int] = dataclasses.field(default_factory=list)
     rows_s: float = 0.0
+    preq_hist: list[list[int]] | None = None
 
 
 def _labels(loss: str, y: np.ndarray, classes: int) -> np.ndarray:
@@ -196,6 +200,12 @@ def train_partition(
     preq = np.zeros(3)  # records, summed loss, summed accuracy over the first pass
     preq_losses: list[float] = []
     preq_errors: list[float] = []
+    # A binary classifier's prequential scores, binned (an AUC needs them, not a mean).
+    binary = spec.shapes[-1][-1] in (1, 2) and spec.loss in (
+        "sparse_categorical_crossentropy",
+        "binary_crossentropy",
+    )
+    hist = np.zeros((2, HIST_BINS), np.int64) if binary else None
     timer = _Timer()
     ids: IdRows | None = None
     try:
@@ -236,6 +246,8 @@ def train_partition(
                 losses.append(loss)
                 if step <= steps_per_epoch:  # the first pass
                     preq += (len(idx), loss * len(idx), acc * len(idx))
+                    if hist is not None and half.pred is not None:
+                        _count_scores(hist, half.pred, y[idx])
                     preq_losses.append(loss)
                     preq_errors.append(1.0 - acc)
                 if step % window == 0 or step == total:
@@ -299,8 +311,37 @@ def train_partition(
         wire_dtype=client.wire_dtype,
         preq_losses=preq_losses,
         preq_errors=preq_errors,
+        preq_hist=hist.tolist() if hist is not None and hist.any() else None,
         **(_row_figures(ids) if ids is not None else {}),
     )
+
+
+#: Bins of the prequential score histogram (:attr:`TaskResult.preq_hist`).
+HIST_BINS = 200
+
+
+def _count_scores(hist: np.ndarray, pred: np.ndarray, y: np.ndarray) -> None:
+    """Add a mini-batch's positive-class scores to ``hist`` by label."""
+    pred = np.asarray(pred)
+    score = pred[:, -1] if pred.ndim == 2 else pred.reshape(-1)
+    bins = np.clip((score * HIST_BINS).astype(np.int64), 0, HIST_BINS - 1)
+    labels = np.asarray(y).reshape(-1).astype(np.int64)
+    np.add.at(hist, (np.clip(labels, 0, 1), bins), 1)
+
+
+def hist_auc(hist: np.ndarray | list[list[int]]) -> float | None:
+    """The AUC of binned scores (negatives' counts, positives'): ties within a bin count
+    half. None without both classes.
+
+    >>> hist_auc([[3, 1, 0], [0, 1, 3]])  # one tie in the middle bin
+    0.96875
+    """
+    neg, pos = (np.asarray(h, np.float64) for h in hist)
+    total = neg.sum() * pos.sum()
+    if not total:
+        return None
+    below = np.concatenate([[0.0], np.cumsum(neg)[:-1]])
+    return float(((pos * below).sum() + 0.5 * (pos * neg).sum()) / total)
 
 
 def _row_figures(ids: IdRows) -> dict[str, Any]:

@@ -12,7 +12,7 @@ import numpy as np
 from pipeline.ingest.batch_figures import BatchFigures
 from pipeline.ingest.offsets import PassedOver
 from pipeline.train.drift import Drift
-from pipeline.train.partition import TaskResult
+from pipeline.train.partition import TaskResult, hist_auc
 
 
 @dataclasses.dataclass
@@ -155,6 +155,10 @@ class BatchRow:
     #: An ID model's tables: rows read and pushed in the batch, the row pushes' staleness,
     #: rows expired after it, and each table's rows and bytes (None: no ID features).
     tables: TableFigures | None = None
+    #: A binary classifier's prequential AUC over the batch, and the binned scores it comes
+    #: from (negatives', positives'; summed over batches they give any stretch's AUC).
+    prequential_auc: float | None = None
+    prequential_hist: list[list[int]] | None = None
 
     @classmethod
     def from_batch(cls, info: BatchFigures, *, t: float, clock: int) -> BatchRow:
@@ -192,6 +196,11 @@ class BatchRow:
                 staleness_p50=float(np.percentile(stale, 50)) if stale else None,
                 staleness_p99=float(np.percentile(stale, 99)) if stale else None,
             )
+        hists = [r.preq_hist for r in results if getattr(r, "preq_hist", None) is not None]
+        if hists:
+            summed = np.sum(np.asarray(hists, np.int64), axis=0)
+            row.prequential_hist = summed.tolist()
+            row.prequential_auc = hist_auc(summed)
         if preq_n:
             row.prequential_accuracy = sum(r.preq_acc * r.preq_n for r in scored) / preq_n
             row.prequential_loss = sum(r.preq_loss * r.preq_n for r in scored) / preq_n
@@ -207,6 +216,8 @@ class BatchRow:
             "freshness_s",
             "data_as_of",
             "tables",
+            "prequential_auc",
+            "prequential_hist",
         ):
             if d[key] is None:
                 del d[key]
@@ -248,7 +259,10 @@ class BatchRow:
                     else f"prequential loss {self.prequential_loss:.4g}"
                 )
         elif self.prequential_accuracy is not None:
-            parts.append(f"prequential acc {self.prequential_accuracy:.3f}")
+            parts.append(
+                f"prequential acc {self.prequential_accuracy:.3f}"
+                + (f" auc {self.prequential_auc:.3f}" if self.prequential_auc is not None else "")
+            )
         if self.heldout is not None:
             parts.append("held-out " + " ".join(f"{k} {v:.4f}" for k, v in self.heldout.items()))
         return " | ".join(parts)

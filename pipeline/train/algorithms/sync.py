@@ -170,6 +170,7 @@ class GradientWorker(WorkerHalf):
     def compute(self, x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
         grad, loss, acc = self.replica.gradients(x, y)
         self.input_grad = self.replica.gradients.input_grad
+        self.pred = self.replica.gradients.pred
         # Each window sums into a new buffer: the last one may still be in flight.
         self.summed = (
             grad

@@ -41,6 +41,9 @@ class WorkerHalf(abc.ABC):
         #: The last mini-batch's gradient of the loss with respect to its input, where the
         #: replica is asked for it (``replica.input_grads``: an ID model's rows learn from it).
         self.input_grad: np.ndarray | None = None
+        #: The last mini-batch's outputs before it trained, where the step hands them back
+        #: (the prequential AUC of a binary classifier); None: it does not.
+        self.pred: np.ndarray | None = None
 
     @abc.abstractmethod
     def compute(self, x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
@@ -61,7 +64,7 @@ class DeltaWorker(WorkerHalf):
 
     def compute(self, x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
         if getattr(self.replica, "input_grads", False):
-            loss, acc, self.input_grad = self.replica.input_step(x, y)
+            loss, acc, self.input_grad, self.pred = self.replica.input_step(x, y)
             return loss, acc
         out = self.replica.model.train_on_batch(x, y)
         return (
