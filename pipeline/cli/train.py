@@ -252,7 +252,11 @@ from producers import datasets
     help="Port of the replay producer's /metrics (0: a free port).",
 )
 @click.option("--data-dir", type=click.Path(file_okay=False), help="Folder holding the datasets.")
-@click.option("--seed", type=int, help="Seed for reproducible data order.")
+@click.option(
+    "--seed",
+    type=int,
+    help="Seed for a repeatable run: the data's order and the model's initial weights.",
+)
 @click.option(
     "--data",
     type=click.Path(dir_okay=False),

@@ -68,6 +68,7 @@ def describe(
         folder=Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="streamtrain-model-"))),
         zygote=zygote,
         expect=user_data.contract(schema),
+        seed=cfg.seed,
     )
     stack.callback(probe.cancel)
     return probe

@@ -126,7 +126,8 @@ class Probe:
 
     Started early, the child's TensorFlow import overlaps the JVM's start. With a
     ``zygote`` (TensorFlow already imported there) the child is forked from it instead,
-    and skips the import.
+    and skips the import. With a ``seed`` the model's initial weights are the same on every
+    run (Keras's random seed set before it is built).
     """
 
     def __init__(
@@ -139,6 +140,7 @@ class Probe:
         folder: Path,
         zygote: Zygote | None = None,
         expect: dict[str, Any] | None = None,
+        seed: int | None = None,
     ) -> None:
         self.folder = folder
         folder.mkdir(parents=True, exist_ok=True)
@@ -149,6 +151,7 @@ class Probe:
             loss,
             str(folder),
             json.dumps(expect or {}),
+            "" if seed is None else str(seed),
         ]
         env = {"TF_CPP_MIN_LOG_LEVEL": "2"}
         # Its output goes to a file: a pipe nobody reads until the end could fill and stall it.
@@ -236,6 +239,10 @@ def compiled_with(model: Any) -> tuple[dict[str, Any], str] | None:
 def main(argv: list[str]) -> int:
     source, dataset, optimizer, loss, folder, *rest = argv
     try:
+        if len(rest) > 1 and rest[1]:  # --seed: the same initial weights on every run
+            import keras
+
+            keras.utils.set_random_seed(int(rest[1]))
         model = load_model(source or None, dataset)
         check_contract(model, json.loads(rest[0]) if rest else {})
         own = compiled_with(model)
