@@ -10,8 +10,8 @@ product, biases and three dense features. Its settings are printed first. Arms:
 - ``online``: ``streamtrain run --data clicks.jsonl`` with the user and the item as ID
   features (``dim`` 16, ``ttl`` records), the default model; its prequential AUC over the last
   tenth of the stream (each record scored before it trains, from the batches' histograms).
-- ``dense``: the same run on the dense features alone (the ID columns dropped), on the first
-  ``--dense-records``: the throughput baseline.
+- ``dense``: the same network (its hidden layers as wide) on the dense features alone (the ID
+  columns dropped), on the first ``--dense-records``: the throughput baseline.
 - ``offline``: the same network (the rows as Keras embeddings of every ID in the first nine
   tenths, an unknown ID a shared row) trained three epochs on the first nine tenths, scored
   on the last tenth.
@@ -64,7 +64,23 @@ def _say(line: str) -> None:
     print(line, flush=True)
 
 
-def _run(folder: Path, data: Path, schema: Path, name: str, out: Path) -> dict[str, Any]:
+DENSE_MODEL = """
+def build():
+    import keras
+
+    hidden = min(256, max(32, 4 * {width}))  # the ID model's widths (pipeline.train.zoo)
+    return keras.Sequential([
+        keras.Input(({dense},)),
+        keras.layers.Dense(hidden, activation="relu"),
+        keras.layers.Dense(max(16, hidden // 2), activation="relu"),
+        keras.layers.Dense(2, activation="softmax"),
+    ])
+"""
+
+
+def _run(
+    folder: Path, data: Path, schema: Path, name: str, out: Path, *extra: str
+) -> dict[str, Any]:
     """One ``streamtrain run`` of the file, alone; its report and batches."""
     cmd = [
         str(ROOT / ".venv/bin/streamtrain"),
@@ -81,6 +97,7 @@ def _run(folder: Path, data: Path, schema: Path, name: str, out: Path) -> dict[s
         "1",
         "--out",
         str(out),
+        *extra,
     ]
     started = time.monotonic()
     done = subprocess.run(cmd, cwd=folder, capture_output=True, text=True)
@@ -227,9 +244,12 @@ def main() -> None:
             with open(data, "rb") as src, open(head, "wb") as dst:
                 for _, line in zip(range(args.dense_records), src, strict=False):
                     dst.write(line)
-            got["dense_rate"] = _run(folder, head, dense_schema, "dense", folder / "d")["report"][
-                "records_per_s_excluding_eval"
-            ]
+            (folder / "dense_model.py").write_text(
+                DENSE_MODEL.format(dense=model.dense, width=model.dense + 2 * DIM)
+            )
+            model_arg = f"{folder / 'dense_model.py'}:build"
+            dense = _run(folder, head, dense_schema, "dense", folder / "d", "--model", model_arg)
+            got["dense_rate"] = dense["report"]["records_per_s_excluding_eval"]
     if "offline" in only:
         got["offline"] = _offline(model, n)
         _say(f"offline: AUC {got['offline']:.4f} on the last tenth after 3 epochs")

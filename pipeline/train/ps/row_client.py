@@ -91,7 +91,7 @@ class RowClient:
         wanted: list[tuple[np.ndarray, np.ndarray]] = []
         for t, keys in enumerate(reads):
             keys = np.asarray(keys, np.uint64)
-            where = shard_of(keys, n)
+            where = self._where(keys)
             wanted.append((keys, where))
             for s in range(n):
                 mine = keys[where == s]
@@ -117,6 +117,12 @@ class RowClient:
             out.append((values, has_row))
         return out
 
+    def _where(self, keys: np.ndarray) -> np.ndarray:
+        """Each key's shard (one shard: no hashing)."""
+        if self.shards == 1:
+            return np.zeros(len(keys), np.int64)
+        return shard_of(keys, self.shards)
+
     def push(self, push: list[Push], *, task: int = 0, exchange: int = 0) -> None:
         """Push alone (nothing read)."""
         self.exchange([np.zeros(0, np.uint64)] * len(self.dims), push, task=task, exchange=exchange)
@@ -135,9 +141,9 @@ class RowClient:
         unique, inverse = np.unique(rowed, return_inverse=True)
         summed = np.zeros((len(unique), dim), np.float32)
         np.add.at(summed, inverse, grads)
-        where = shard_of(unique, n)
+        where = self._where(unique)
         seen, counts = np.unique(keys, return_counts=True)
-        at = shard_of(seen, n)
+        at = self._where(seen)
         for s in range(n):
             requests[s][t]["keys"], requests[s][t]["grads"] = unique[where == s], summed[where == s]
             requests[s][t]["sighted"] = seen[at == s]
