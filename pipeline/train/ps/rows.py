@@ -106,9 +106,9 @@ class RowSpec:
         """The initial rows of ``keys``, ``(n, dim)`` float32: the same on every run."""
         salt = self.seed * 1_000_003 + zlib.crc32(self.name.encode())
         with np.errstate(over="ignore"):
-            salted = mix64(keys, salt)
-            lanes = [mix64(salted + np.uint64(j)) for j in range(self.dim)]
-        unit = (np.stack(lanes, axis=1) >> np.uint64(11)).astype(np.float64) / float(1 << 53)
+            salted = mix64(np.asarray(keys, np.uint64), salt)
+            lanes = mix64(salted[:, None] + np.arange(self.dim, dtype=np.uint64))  # all at once
+        unit = (lanes >> np.uint64(11)).astype(np.float64) / float(1 << 53)
         return ((2.0 * unit - 1.0) * self.init_scale).astype(np.float32)
 
 
@@ -145,7 +145,12 @@ class RowTable:
 
     def _make(self, keys: np.ndarray, *, now: int) -> np.ndarray:
         """New rows for ``keys`` (absent, distinct), at their initial values; their slots."""
-        slots = np.array([self._take_slot() for _ in range(len(keys))], np.int64)
+        reused = [self._free.pop() for _ in range(min(len(keys), len(self._free)))]
+        fresh = len(keys) - len(reused)
+        while self._used + fresh > len(self._keys):
+            self._grow()
+        slots = np.array(reused + list(range(self._used, self._used + fresh)), np.int64)
+        self._used += fresh
         self._index.insert(keys, slots)
         self._keys[slots] = keys
         self._values[slots] = self.spec.initial(keys)
@@ -154,18 +159,14 @@ class RowTable:
         self._touched[slots] = True
         return slots
 
-    def _take_slot(self) -> int:
-        if self._free:
-            return self._free.pop()
-        if self._used == len(self._keys):
-            size = len(self._keys) + max(1024, len(self._keys) // 2)
-            for name in ("_values", "_accum", "_last_seen", "_keys", "_touched"):
-                old = getattr(self, name)
-                new = np.zeros((size, *old.shape[1:]), old.dtype)
-                new[: len(old)] = old
-                setattr(self, name, new)
-        self._used += 1
-        return self._used - 1
+    def _grow(self) -> None:
+        """Half again as many slots (at least 1,024 more)."""
+        size = len(self._keys) + max(1024, len(self._keys) // 2)
+        for name in ("_values", "_accum", "_last_seen", "_keys", "_touched"):
+            old = getattr(self, name)
+            new = np.zeros((size, *old.shape[1:]), old.dtype)
+            new[: len(old)] = old
+            setattr(self, name, new)
 
     def read(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The rows of ``keys`` (an ID without a row reads the shared row), and which keys have
