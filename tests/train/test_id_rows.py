@@ -1,0 +1,59 @@
+"""Partition training of a model with ID features through the row servers, under an
+asynchronous algorithm (the default, synchronous SGD, runs in tests/jobs/test_id_features.py):
+the rows learn from the input's gradient, a retried task's steps are applied once."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pipeline.table.ids import IdLayout
+from pipeline.train import algorithms, zoo
+from pipeline.train.model import ModelSpec, get_flat
+from pipeline.train.partition import ServerInfo, train_partition
+from pipeline.train.ps.protocol import task_key
+from pipeline.train.row_servers import RowServers, specs_of
+from pipeline.train.server import parameter_server
+from producers.datasets.click_stream import ClickStream, click_schema
+from producers.datasets.clicks import ClickModel
+
+
+@pytest.mark.slow  # TensorFlow and a model traced: seconds, not milliseconds
+@pytest.mark.parametrize("name", ["adag", "downpour"])
+def test_an_asynchronous_algorithm_trains_the_rows_of_its_batches_once(name: str) -> None:
+    model = ClickModel(users=300, items=100, seed=2)
+    schema = click_schema(model, dim=4, ttl=None)
+    # The stream's blocks hold the IDs' keys, whatever the rows' size the schema gives them.
+    chunk = next(ClickStream(model=model).iter_chunks(chunk_rows=3_000))
+    algo = algorithms.get({"name": name, "config": {"num_workers": 1, "batch_size": 64}})
+    net = zoo.for_dataset(f"table_ids:{model.dense}:2:4,4")
+    spec = ModelSpec.from_model(net, optimizer=algo.worker_optimizer, loss=algo.loss)
+    server = parameter_server(algo, spec, get_flat(net), host="127.0.0.1")
+    rows = RowServers(specs_of(schema, 1), secret=server.secret, host="127.0.0.1")
+    layout = IdLayout(schema)
+    x = chunk.x
+    with server, rows:
+        info = ServerInfo.of(server, "float32", rows)
+        before = {t: rows.table_rows(t)["values"].copy() for t in range(2)}
+        kwargs = dict(
+            spec=spec,
+            algorithm=algorithms.serialize(algo),
+            server=info,
+            worker=0,
+            job="j",
+            seed=(1, 0, 0),
+            task=task_key("clicks", 0, 0),
+            layout=layout,
+        )
+        first = train_partition(x, chunk.y, **kwargs)  # type: ignore[arg-type]
+        made = {t: rows.table_rows(t) for t in range(2)}
+        again = train_partition(x, chunk.y, **kwargs)  # type: ignore[arg-type]  # a retry
+        after = {t: rows.table_rows(t) for t in range(2)}
+    assert first.rows_read > 0 and first.rows_pushed > 0 and first.preq_hist is not None
+    assert again.steps_skipped == again.steps_total  # every exchange applied already
+    for t in range(2):
+        assert len(made[t]["keys"]) > 50  # rows created for the IDs seen
+        # The shared row (the last key) learned from the IDs first seen without a row.
+        assert not np.array_equal(made[t]["values"][-1:], before[t][-1:])
+        for field in made[t]:  # the retry changed no row
+            assert np.array_equal(made[t][field], after[t][field]), field
