@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.train.model import ModelSpec, accuracy_of, input_shape
+from pipeline.train.model import ModelSpec, accuracy_of, input_shape, label_signature
 
 
 class InputGradientStep:
@@ -24,15 +24,7 @@ class InputGradientStep:
         import tensorflow as tf
 
         shape = input_shape(model)
-        sparse = spec.loss.startswith("sparse")
-        self._out: tuple[int, ...] | None = None
-        if sparse:
-            labels = tf.TensorSpec([None], tf.int32)
-        else:
-            self._out = tuple(
-                np.shape(model.predict_on_batch(np.zeros((1, *shape), np.float32)))[1:]
-            )
-            labels = tf.TensorSpec([None, *self._out], tf.float32)
+        labels, self._out = label_signature(model, spec)
         accuracy = accuracy_of(spec.loss)
         trainable = model.trainable_weights
         optimizer = model.optimizer

@@ -284,15 +284,7 @@ class FlatGradients:
         variables = [w.value for w in model.weights]  # the order of get_weights()
         trainable = [bool(w.trainable) for w in model.weights]
         shape = input_shape(model)
-        sparse = spec.loss.startswith("sparse")
-        self._out: tuple[int, ...] | None = None
-        if sparse:
-            labels = tf.TensorSpec([None], tf.int32)
-        else:
-            self._out = tuple(
-                np.shape(model.predict_on_batch(np.zeros((1, *shape), np.float32)))[1:]
-            )
-            labels = tf.TensorSpec([None, *self._out], tf.float32)
+        labels, self._out = label_signature(model, spec)
         accuracy = accuracy_of(spec.loss)
         self.inputs = inputs
         self.input_grad: np.ndarray | None = None  # with ``inputs``: the last call's
@@ -330,6 +322,18 @@ class FlatGradients:
         if self.inputs:
             self.input_grad = np.asarray(gx)
         return np.asarray(flat), float(loss), float(acc)
+
+
+def label_signature(model: Any, spec: ModelSpec) -> tuple[Any, tuple[int, ...] | None]:
+    """The labels a traced training step takes (a ``tf.TensorSpec``) and, for targets shaped
+    like the outputs, the outputs' shape (labels of shape ``(n,)`` are reshaped to it)."""
+    import tensorflow as tf
+
+    if spec.loss.startswith("sparse"):
+        return tf.TensorSpec([None], tf.int32), None
+    zeros = np.zeros((1, *input_shape(model)), np.float32)
+    out = tuple(np.shape(model.predict_on_batch(zeros))[1:])
+    return tf.TensorSpec([None, *out], tf.float32), out
 
 
 def accuracy_of(loss_name: str) -> Any:
