@@ -153,6 +153,8 @@ def _growing_ids(name: str, present: Sequence[Any]) -> bool:
     (True, False)
     >>> _growing_ids("item_id", list(range(400))), _growing_ids("price", list(range(400)))
     (True, False)
+    >>> _growing_ids("x0", [f"{0.001 * i:.3f}" for i in range(400)])  # a CSV's decimals
+    False
     """
     texts = [t for t in (text(v) for v in present) if t is not None]
     distinct = set(texts)
@@ -162,11 +164,12 @@ def _growing_ids(name: str, present: Sequence[Any]) -> bool:
     later = set(texts[half:])
     if len(later - set(texts[:half])) < NEW_IDS * len(later):
         return False
-    if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in present) or all(
-        t.isdigit() for t in distinct
-    ):
-        return bool(re.search(r"(^|_)id$|[a-z]Id$", name, re.IGNORECASE))
-    return True
+    _, bad = numbers(texts)
+    if bad.sum() > MAX_NOT_NUMBERS * len(texts):  # text: names, codes, hashes
+        return True
+    # Numbers (a CSV's are text): IDs only if every one is whole and the column is named as one.
+    whole = all(t.lstrip("-").isdigit() for t in distinct)
+    return whole and bool(re.search(r"(^|_)id$|[a-z]Id$", name, re.IGNORECASE))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -85,3 +85,16 @@ def test_schema_infer_makes_the_users_and_items_of_a_click_table_ids() -> None:
         "x2": "numeric",
     }
     assert json.loads(s.to_json())["features"][0]["dim"] == 16
+
+
+def test_a_csv_s_decimal_columns_stay_numeric_however_many_values_they_hold() -> None:
+    """A CSV's numbers are text: thousands of distinct decimals are a quantity, not IDs (they
+    were once proposed as IDs, and a table of them stopped learning)."""
+    rng = np.random.default_rng(0)
+    columns = {
+        "x0": [f"{v:.6f}" for v in rng.normal(size=2_000)],
+        "user_id": [str(i) for i in rng.integers(0, 10**9, 2_000)],
+        "y": [str(i % 2) for i in range(2_000)],
+    }
+    kinds = {f.name: f.kind for f in infer(columns, label="y").features}
+    assert kinds == {"x0": "numeric", "user_id": "id"}
