@@ -71,6 +71,7 @@ class TrainHandler(microbatch.Handler):
         if self.holdout_every:  # by offset: a retried task holds out the same records
             mask = block.offsets % self.holdout_every == 0
             held, x, y = (x[mask], y[mask]), x[~mask], y[~mask]
+        layout = _layout(block.schema)
         result = train_partition(
             block.schema.to_model_input(x),
             y,
@@ -85,9 +86,9 @@ class TrainHandler(microbatch.Handler):
             attempt=ctx.attemptNumber() if ctx else 0,
             after_exchange=_fault_after,
             lr_scale=self.lr_scale,
-            layout=_layout(block.schema),
+            layout=layout,
         )
-        _describe(result, block.schema, x, y, held)
+        _describe(result, block.schema, x, y, held, layout)
         return result
 
     def on_tasks(self, n: int) -> None:
@@ -108,16 +109,17 @@ def _describe(
     x: np.ndarray,
     y: np.ndarray,
     held: tuple[np.ndarray, np.ndarray] | None,
+    layout: Any = None,
 ) -> None:
     """What the driver's drift signals read besides the losses: the class counts, a sample
-    of a table's features (images have no per-column meaning), the held-out records."""
+    of a table's features (images have no per-column meaning, an ID's key no quantity), the
+    held-out records."""
     if schema.num_classes > 1 and not schema.regression and len(y):
         result.label_counts = np.bincount(y.astype(np.int64), minlength=schema.num_classes)[
             : schema.num_classes
         ].tolist()
     if schema.dtype == "float32" and len(x):
         result.sample_x = x[:: max(1, len(x) // SAMPLE_ROWS)][:SAMPLE_ROWS]
-        layout = _layout(schema)
         if layout is not None:  # keys are no quantity: their lanes are left out as constants
             result.sample_x = result.sample_x.copy()
             for c in layout.columns:

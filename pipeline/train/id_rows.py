@@ -34,6 +34,11 @@ class IdRows:
         self.layout, self.client, self.task = layout, client, task
         self.tables = list(layout.tables())
         self._table_of = [self.tables.index(c.table) for c in layout.columns]
+        # Per table, the ID features whose keys it holds.
+        self._features = [
+            [i for i, owner in enumerate(self._table_of) if owner == t]
+            for t in range(len(self.tables))
+        ]
         # The step under way: its keys and, per feature, which had a row of their own.
         self._read: tuple[list[np.ndarray], list[np.ndarray]] | None = None
         self._next: tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray]] | None = None
@@ -43,9 +48,9 @@ class IdRows:
         """``x``'s keys per feature, and per table its unique keys and where each key is."""
         keys = self.layout.keys(x)
         uniques, inverses = [], []
-        for t in range(len(self.tables)):
-            mine = [k for k, owner in zip(keys, self._table_of, strict=True) if owner == t]
-            unique, inverse = np.unique(np.concatenate(mine), return_inverse=True)
+        for mine in self._features:
+            together = np.concatenate([keys[i] for i in mine])
+            unique, inverse = np.unique(together, return_inverse=True)
             uniques.append(unique)
             inverses.append(inverse)
         return keys, uniques, inverses
@@ -84,8 +89,7 @@ class IdRows:
         self._read = None
         grads = self.layout.row_gradients(np.asarray(input_grad, np.float32))
         push: list[Push] = []
-        for t in range(len(self.tables)):
-            mine = [i for i, owner in enumerate(self._table_of) if owner == t]
+        for mine in self._features:
             push.append(
                 (
                     np.concatenate([keys[i] for i in mine]),
@@ -122,22 +126,13 @@ def model_input(
     row; a missing ID is not counted)."""
     from pipeline.table.ids import GAP
 
+    reader = IdRows(layout, client)
     parts, unknown = [], 0
-    tables = list(layout.tables())
-    owner = [tables.index(c.table) for c in layout.columns]
     for start in range(0, len(x), chunk):
         part = x[start : start + chunk]
-        keys = layout.keys(part)
-        reads = [
-            np.unique(np.concatenate([k for k, o in zip(keys, owner, strict=True) if o == t]))
-            for t in range(len(tables))
-        ]
-        got = client.exchange(reads)
-        rows = []
-        for k, t in zip(keys, owner, strict=True):
-            at = np.searchsorted(reads[t], k)
-            rows.append(got[t][0][at])
-            unknown += int((~got[t][1][at] & (k != GAP)).sum())
+        keys, uniques, inverses = reader._reads(part)
+        rows, has_rows = reader._rows(keys, inverses, client.exchange(uniques))
+        unknown += sum(int((~h & (k != GAP)).sum()) for k, h in zip(keys, has_rows, strict=True))
         parts.append(layout.assemble(part, rows))
     out = np.concatenate(parts) if parts else np.zeros((0, layout.width), np.float32)
     return out, unknown
