@@ -16,9 +16,11 @@ command -v ip >/dev/null || need+=(iproute2)
 # Java runs Spark and Apache Kafka's broker, the tests' shared broker.
 command -v java >/dev/null || need+=(openjdk-17-jre-headless)
 # Podman (rootful, runc, netavark's name resolution) and debootstrap run the compose stack in
-# containers, its images built without a registry (tests/deploy/test_containers.py).
-for tool in podman runc debootstrap netavark aardvark-dns; do
-  command -v "$tool" >/dev/null || [ -x "/usr/lib/podman/$tool" ] || need+=("$tool")
+# containers, its images built without a registry (tests/deploy/test_containers.py). netavark
+# sets up a bridge with iptables and fails without it ("netavark: No such file or directory").
+for tool in podman runc debootstrap netavark aardvark-dns iptables; do
+  command -v "$tool" >/dev/null || [ -x "/usr/lib/podman/$tool" ] || [ -x "/usr/sbin/$tool" ] \
+    || need+=("$tool")
 done
 if [ ${#need[@]} -gt 0 ] && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
   echo "installing Debian packages: ${need[*]}"

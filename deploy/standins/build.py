@@ -224,12 +224,14 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", type=Path, help="write each image's size and build time here")
     opts = parser.parse_args(argv)
-    for tool in ("podman", "debootstrap"):
-        if shutil.which(tool) is None:
+    # netavark runs iptables for every bridge it makes: without it each build step that
+    # reaches the network fails with "netavark: No such file or directory".
+    for tool in ("podman", "debootstrap", "iptables"):
+        if shutil.which(tool) is None and shutil.which(tool, path="/usr/sbin:/sbin") is None:
             raise SystemExit(
                 f"standins: error: Expected `{tool}` on PATH. Received: none. "
                 "Install it (Debian: apt-get install podman runc debootstrap netavark "
-                "aardvark-dns)."
+                "aardvark-dns iptables)."
             )
     import os
 

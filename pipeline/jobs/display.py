@@ -12,6 +12,7 @@ import numpy as np
 
 from pipeline.ingest.batch_figures import BatchFigures
 from pipeline.jobs.eval_cadence import EvalCadence
+from pipeline.jobs.keeping_up import KeepingUp
 from pipeline.jobs.rejects import Rejects
 from pipeline.jobs.report import History
 from pipeline.jobs.run_metrics import RunMetrics
@@ -33,6 +34,8 @@ class Display:
         until_accuracy: the held-out accuracy that ends the run (None: none).
         started: ``time.monotonic()`` when the run started.
         rejects: the run's tally of records set aside (shown in each status line).
+        freshness_target_s: the run's ``--freshness-target`` (None: none), against which it
+            says when it falls behind (:mod:`~pipeline.jobs.keeping_up`).
     """
 
     def __init__(
@@ -46,6 +49,7 @@ class Display:
         clock: Callable[[], float] = time.monotonic,
         started: float,
         rejects: Rejects | None = None,
+        freshness_target_s: float | None = None,
     ) -> None:
         self.history, self.metrics = history, metrics
         self.rejects = rejects or Rejects()
@@ -60,6 +64,8 @@ class Display:
         self.trained: Callable[[], int] = lambda: 0
         #: Why the run should stop, once a batch says so ("": go on).
         self.stop_reason = ""
+        #: The stream's pace against the run's: a line when the run falls behind or catches up.
+        self.keeping_up = KeepingUp(target_s=freshness_target_s)
 
     def stop_requested(self, signal_name: str) -> None:
         """A SIGTERM or Ctrl-C: the run ends after the batch in flight, as at its own end."""
@@ -106,6 +112,11 @@ class Display:
             total=self.trained(), per_s=history.trained() / elapsed, loss=self.regression_loss
         )
         print(" | ".join(p for p in (line, self.rejects.line()) if p), flush=True)
+        pace = self.keeping_up
+        said = pace.observe(at=row.at, rows=row.rows, lag=row.lag, freshness_s=row.freshness_s)
+        self.metrics.pace.set(needed=pace.needed, has=pace.has, behind=pace.behind)
+        if said:
+            print(said, flush=True)
         held = (row.heldout or {}).get("accuracy")
         if self.until_accuracy is not None and held is not None and held >= self.until_accuracy:
             self.stop_reason = (

@@ -96,6 +96,7 @@ class Run:
             metrics=self.metrics,
             eval_every=cfg.eval_every,
             eval_share=cfg.eval_share,
+            freshness_target_s=cfg.freshness_target_s,
             until_accuracy=cfg.until_accuracy,
             started=self._started,
             rejects=Rejects(limit=REJECTED_SHARE if cfg.max_rejected is None else cfg.max_rejected),

@@ -38,7 +38,8 @@ def watch(training: Any, *, handler: Any, schema: Any) -> DriftResponse:
         metrics.on_drift(drifts)
         display.on_drift(drifts)
 
-    found = driver.state.extra.get("drift", []) if driver.state is not None else []
+    extra = driver.state.extra if driver.state is not None else {}
+    found = extra.get("drift", [])
     signals = DriftWatch(
         classes=0 if schema.regression else schema.num_classes,
         columns=columns(schema),
@@ -52,10 +53,11 @@ def watch(training: Any, *, handler: Any, schema: Any) -> DriftResponse:
         batch_size=training.algorithm.worker_batch_size,
         window=min(cfg.eval_max, WINDOW),
         on_drift=on_drift,
-        algorithm=training.algorithm if cfg.ps_shards == 1 else None,
+        # The server's optimizer: this process's algorithm, or every shard process's.
+        algorithm=training.algorithm if cfg.ps_shards == 1 else training.server,
     )
     response.evaluation, response.regression = training.evaluation, schema.regression
     if found:  # a resumed run after a drift: its held-out score is on records after it again
-        response.resumed(driver)
+        response.resumed(driver, extra.get("adapt"))
     driver.watch_drift(response)
     return response

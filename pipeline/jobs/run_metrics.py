@@ -15,6 +15,7 @@ from pipeline.ingest.kafka.fetch import UnreadableRange
 from pipeline.ingest.offsets import TopicPartition
 from pipeline.jobs.report import BATCHES_FILE, REPORT_FILE, read_rows
 from pipeline.observe import metrics, refusals
+from pipeline.observe.metrics.pace import PaceMeters
 from pipeline.observe.metrics.tables import TableMeters
 from pipeline.train import checkpoint
 from pipeline.train.drift import SIGNALS, Drift
@@ -57,6 +58,7 @@ class RunMetrics:
     ) -> None:
         self.meters = m = metrics.training_metrics()
         self.tables = TableMeters(m.registry)
+        self.pace = PaceMeters(m.registry)
         self.topic = topic
         m.info.labels(dataset, algorithm, topic, str(workers)).set(1)
         for gauge in (

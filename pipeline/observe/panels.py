@@ -152,9 +152,14 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
                         "ingested {{topic}}",
                     ),
                     Query(_rate("streamtrain_train_records_total", "topic"), "trained {{topic}}"),
+                    Query(
+                        "max(streamtrain_stream_arrival_records_per_second)", "the stream brings"
+                    ),
                 ),
                 unit="short",
                 width=12,
+                description="The stream brings: records read plus the lag's growth over the last "
+                "30 s of batches, whoever produces them; above trained, the run falls behind.",
             ),
             Panel(
                 "Consumer lag per partition",

@@ -62,9 +62,11 @@ class DriftResponse:
     ) -> None:
         self.watch, self.mode, self.handler, self.window = watch, mode, handler, window
         self.batch_size, self.on_drift = batch_size, on_drift
-        #: The algorithm whose server half runs in this process (its optimizer's rate is raised).
+        #: Whose optimizer's rate is raised beside the replicas': the algorithm whose server half
+        #: runs in this process, or the sharded server (each shard's).
         self.algorithm = algorithm
         self._boost_left = 0  # records still to train with the raised rate
+        self._lr_scale = 1.0  # the scale in force
         #: Scores the held-out records (set once the run has one); its split is replaced.
         self.evaluation: Any = None
         #: Whether the run checks its held-out score for a collapse.
@@ -101,10 +103,20 @@ class DriftResponse:
                 driver.watch = HeldoutWatch.for_labels(window[1], regression=self.regression)
                 self._armed = True
 
-    def resumed(self, driver: Any) -> None:
+    def state(self) -> dict[str, float]:
+        """What the checkpoint keeps of the reaction: the learning rate's scale in force and
+        the records the raise has left."""
+        return {"lr_scale": self._lr_scale, "boost_left": self._boost_left}
+
+    def resumed(self, driver: Any, state: dict[str, float] | None = None) -> None:
         """A resumed run that had drifted: held-out records after the drift again (the
-        window, kept in memory, starts empty)."""
+        window, kept in memory, starts empty), and the raise :meth:`state` kept goes on for
+        the records it had left, instead of the configured rate from the restart on."""
         self._restart(driver, adapt=False)
+        left = int((state or {}).get("boost_left", 0))
+        if self.mode == "adapt" and left > 0:
+            self._boost_left = left
+            self._scale(float((state or {}).get("lr_scale", 1.0)))
 
     def _restart(self, driver: Any, *, adapt: bool = True) -> None:
         """A drift: the held-out window starts again after it; ``adapt`` raises the learning rate
@@ -133,7 +145,7 @@ class DriftResponse:
     def _scale(self, scale: float) -> None:
         """The learning rate, ``scale`` times the configured one: the server's optimizer's
         now, the replicas' from their next task (the handler travels with it)."""
-        self.handler.lr_scale = scale
+        self.handler.lr_scale = self._lr_scale = scale
         if self.algorithm is not None:
             self.algorithm.scale_learning_rate(scale)
 

@@ -200,7 +200,11 @@ class TrainDriver:
             **({"tables": tables} if tables else {}),
             **({"heldout": self.watch.state()} if self.watch is not None else {}),
             **(
-                {"drift": self.drift.watch.state(), "held_out": held_out}
+                {
+                    "drift": self.drift.watch.state(),
+                    "adapt": self.drift.state(),
+                    "held_out": held_out,
+                }
                 if self.drift is not None
                 else {}
             ),

@@ -60,9 +60,11 @@ def serve_shard(fd: int) -> None:
     # A Ctrl-C in the terminal reaches the driver, which stops the shards.
     processes.leave_terminal_group()
     processes.die_with_parent(job["parent"])
+    # Kept: the driver's raise of the learning rate (--on-drift adapt) reaches it here.
+    algorithm = algorithms.get(job["algorithm"])
     try:
         server = parameter_server(
-            algorithms.get(job["algorithm"]),
+            algorithm,
             ModelSpec.from_json(job["spec"]),
             job["weights"],
             secret=job["secret"],
@@ -87,7 +89,12 @@ def serve_shard(fd: int) -> None:
             if op == "stop":
                 return
             try:
-                conn.send(("ok", _answer(server, op, arg)))
+                answer = (
+                    algorithm.scale_learning_rate(arg)
+                    if op == "lr_scale"
+                    else _answer(server, op, arg)
+                )
+                conn.send(("ok", answer))
             except Exception as e:
                 conn.send(("error", f"{type(e).__name__}: {e}"))
     finally:

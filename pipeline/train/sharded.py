@@ -238,6 +238,11 @@ class ShardedServer:
         """How many workers the next synchronous rounds wait for, on every shard."""
         self._ask("expect", [n] * len(self.slices))
 
+    def scale_learning_rate(self, scale: float) -> bool:
+        """Every shard's optimizer steps with ``scale`` times its configured learning rate
+        from now on (``--on-drift adapt``); whether they have one (synchronous SGD's)."""
+        return all(self._ask("lr_scale", [scale] * len(self.slices)))
+
     def applied(self, task: int) -> tuple[int, int]:
         """The exchanges of ``task`` applied and the mini-batches they covered: the same on
         every shard, or an error that names the shards' counts."""

@@ -48,6 +48,20 @@ class Script:
         self.finish.clear()
 
 
+def _abort_left_open(writer: Any) -> None:
+    """Abort a transaction left open for the read_committed tests, and close its producer. A
+    broker aborts a transaction itself once it outlives its timeout, and fences the producer
+    (Tansu has, in a long module): that is the transaction's end as well, not a failure."""
+    try:
+        writer.end(False)
+    except Exception as err:
+        said = f"{type(err).__name__} {err}".lower()
+        if "fenced" not in said and "epoch" not in said:
+            raise
+    finally:
+        writer.close()
+
+
 def payloads(label: str, n: int) -> list[tuple[bytes, bytes]]:
     """``n`` records whose value names the step they belong to (text with no newline or
     colon, so that kcat's delimiters can carry it)."""
@@ -205,7 +219,7 @@ def write_step(
         w.send(topic, records)
         if step == "open":
             script.open_at = offset
-            script.finish.append(lambda: (w.end(False), w.close()))
+            script.finish.append(lambda: _abort_left_open(w))
         else:
             w.end(step == "commit")
             w.close()

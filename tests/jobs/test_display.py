@@ -7,14 +7,20 @@ import time
 from typing import Any
 
 import numpy as np
+from prometheus_client import CollectorRegistry
 
 from pipeline.ingest.batch_figures import BatchFigures
 from pipeline.jobs.display import Display
 from pipeline.jobs.report import History
+from pipeline.jobs.run_metrics import RunMetrics
+from pipeline.observe.metrics.pace import PaceMeters
 from pipeline.train.rows import BatchRow
 
 
 class _Metrics:
+    def __init__(self) -> None:
+        self.pace = PaceMeters(CollectorRegistry())
+
     def on_batch(self, info: Any, row: Any) -> None:
         pass
 
@@ -168,3 +174,52 @@ def test_with_a_freshness_target_scoring_takes_at_most_its_share_of_the_time() -
             scored_at.append(i)
     # The first batch, then the first batch 5 s or more after each score: 34 batches on.
     assert scored_at == [0, 34, 68], scored_at
+
+
+def test_a_run_that_cannot_keep_up_says_so_once_on_metrics_too_and_once_when_it_catches_up(
+    capsys: Any,
+) -> None:
+    """Proves (issue 57, item 3): batches that read 500 records/s while the lag grows by
+    2,000/s, the model staler than its 2 s target, give one "falling behind" line with both
+    rates, and /metrics's gauges say the same (StreamtrainFallingBehind fires on them); a
+    lag that shrinks again gives one "keeping up again" line and the gauge back at 0. A burst
+    whose model stays within the target says nothing."""
+    metrics = RunMetrics(dataset="higgs", algorithm="adag", topic="t", workers=2)
+    display = Display(
+        history=History(),
+        metrics=metrics,
+        eval_every=1000,
+        until_accuracy=None,
+        started=time.monotonic(),
+        freshness_target_s=2.0,
+    )
+    display.evaluation = _Evaluation()
+    gauge = metrics.meters.registry.get_sample_value
+
+    def batch(i: int, rows: int, lag: int, freshness_s: float) -> None:
+        row = BatchRow(i, 2.0 * i, rows, rows, {}, 1.5, lag, None, None, i, 1.0, 0.1)
+        row.at, row.freshness_s = 1_000.0 + 2.0 * i, freshness_s
+        display.on_row(BatchFigures(batch_id=i, ranges=[], rows=rows), row, np.zeros(1))
+
+    for i in range(30):  # a burst within the target: the lag grows, the model stays fresh
+        batch(i, 1_000, 4_000 * i, freshness_s=1.5)
+    assert "falling behind" not in capsys.readouterr().out
+    assert gauge("streamtrain_train_falling_behind") == 0
+    for i in range(30, 60):  # past the target, still behind
+        batch(i, 1_000, 4_000 * i, freshness_s=float(i))
+    out = capsys.readouterr().out
+    said = [line for line in out.splitlines() if line.startswith("falling behind")]
+    assert said == [
+        "falling behind: the stream brings 2,500 records/s and the run trains 500/s; the lag of "
+        "120,000 records grows by 2,000/s. Add workers (--workers) or cores, or shorten the "
+        "model, to keep up."
+    ], out
+    assert gauge("streamtrain_train_falling_behind") == 1
+    assert gauge("streamtrain_stream_arrival_records_per_second") == 2_500
+    assert gauge("streamtrain_train_pace_records_per_second") == 500
+    for i in range(60, 90):  # 4,000 a batch read, the lag shrinking by 1,000 a batch
+        batch(i, 4_000, 236_000 - 1_000 * (i - 59), freshness_s=float(i))
+    out = capsys.readouterr().out
+    again = [line for line in out.splitlines() if line.startswith("keeping up again")]
+    assert len(again) == 1 and "falling behind" not in out, out
+    assert gauge("streamtrain_train_falling_behind") == 0

@@ -19,6 +19,7 @@ import yaml
 
 from pipeline.errors import ConfigError
 from pipeline.observe import dashboard, metrics, refusals
+from pipeline.observe.metrics.pace import PaceMeters
 from pipeline.observe.metrics.tables import TableMeters
 from tests.conftest import ROOT, free_port
 
@@ -43,6 +44,7 @@ def _exported_names() -> set[str]:
     names = set()
     training = metrics.training_metrics().registry
     TableMeters(training)  # the ID tables' metrics, on the trainer's registry
+    PaceMeters(training)  # the run's pace against its stream, too
     for registry in (
         training,
         metrics.producer_metrics().registry,

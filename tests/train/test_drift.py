@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
 import math
 from typing import Any
 
@@ -305,6 +306,40 @@ def test_response_holds_out_records_after_a_drift_and_adapt_raises_the_learning_
         assert scales[-1] == 1.0
     else:
         assert algorithm.scales == [] and set(scales) == {1.0}
+
+
+def test_a_resumed_run_keeps_the_raise_that_adapt_set() -> None:
+    """Proves (issue 57, item 6): a run stopped while ``adapt``'s raise was in force resumes
+    with the raise, the server's and the replicas', for the records it had left, then goes back
+    to the configured rate; a raise that had ended stays ended."""
+    settings = drift.DriftSettings(
+        warmup=2_000, cooldown=50_000, adapt_lr_scale=4.0, adapt_records=5_000
+    )
+
+    def response(algorithm: _Algorithm, handler: _Handler) -> adapt.DriftResponse:
+        watch = drift.DriftWatch(classes=2, columns=None, settings=settings)
+        return adapt.DriftResponse(
+            watch, "adapt", handler=handler, batch_size=64, algorithm=algorithm
+        )
+
+    rng = np.random.default_rng(3)
+    first = response(_Algorithm(), _Handler())
+    for batch in range(33):  # the drift at batch 30 or 31, then a batch or two of the raise
+        level = 0.2 if batch < 30 else 1.5
+        results = [_Result(1_000, (level + rng.normal(0, 0.03, 16)).tolist(), [500, 500])]
+        info = _Info(batch, results, [OffsetRange("t", 0, batch * 1_000, (batch + 1) * 1_000)])
+        first.on_batch(info, _Row(), _Driver())
+    kept = json.loads(json.dumps(first.state()))  # as the checkpoint holds it
+    assert kept["lr_scale"] == 4.0 and 0 < kept["boost_left"] < 5_000, kept
+    algorithm, handler = _Algorithm(), _Handler()
+    resumed = response(algorithm, handler)
+    resumed.resumed(_Driver(), kept)
+    assert handler.lr_scale == 4.0 and algorithm.scales == [4.0]
+    resumed._wind_down(kept["boost_left"])  # the records it had left, trained
+    assert handler.lr_scale == 1.0 and algorithm.scales == [4.0, 1.0]
+    ended = response(_Algorithm(), _Handler())
+    ended.resumed(_Driver(), resumed.state())
+    assert ended.handler.lr_scale == 1.0 and ended.algorithm.scales == []
 
 
 def test_settings_refuse_an_unknown_key_in_one_line() -> None:

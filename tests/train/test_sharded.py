@@ -79,6 +79,28 @@ def test_a_sharded_checkpoint_is_one_servers_and_resumes_exactly() -> None:
         assert all(np.array_equal(got[2][k], expected[2][k]) for k in expected[2])
 
 
+def test_a_raised_learning_rate_reaches_every_shard() -> None:
+    """Proves (issue 57, item 6): ``--on-drift adapt``'s raise of the server's learning rate
+    reaches each shard's optimizer, so two shards step as one raised server does, bit for
+    bit, and not as an unraised one; back at 1 they step as configured again."""
+    start = np.random.default_rng(5).standard_normal(N).astype(np.float32)
+    raised, after = _deltas(6, 3), _deltas(7, 2)
+    centers = []
+    for shards, scale in ((1, 5.0), (2, 5.0), (2, None)):
+        algo = _sync()
+        with parameter_server(algo, SPEC, start, host="127.0.0.1", shards=shards) as server:
+            if scale is not None:
+                scaler = server if shards > 1 else algo
+                assert scaler.scale_learning_rate(scale)
+            _push(server, raised)
+            if scale is not None:
+                assert scaler.scale_learning_rate(1.0)
+            centers.append(_push(server, after))
+    one, two, unraised = centers
+    assert np.array_equal(one, two)
+    assert not np.allclose(two, unraised)
+
+
 def test_a_task_retried_across_shards_is_applied_once_on_every_shard() -> None:
     """Proves: an attempt that died between its shards (its second exchange applied on shard
     0 only) leaves shards that refuse a checkpoint and a task count with one line each; the
