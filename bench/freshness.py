@@ -1,6 +1,7 @@
 """Freshness benchmark: how old the newest data is that the model has learned, with fixed
-20,000-record batches and with ``--freshness-target``, through a steady rate, a 10x burst and
-steady again; and what the target costs in capacity.
+20,000-record batches and with ``--freshness-target``, at loads sized from the capacity the run
+measures (so that every target means the same on a slow machine and a fast one); what a
+micro-batch costs beyond its records' compute; and what the target costs in capacity.
 
 Per arm, one trainer (``streamtrain run --dataset mnist --bootstrap B --topic T``, no replay of
 its own) on a fresh two-partition topic of a broker started here (Tansu, memory only; ``--engine
@@ -10,28 +11,36 @@ noida`` for the one that keeps its data: on these same two cores it took 0.31 of
 1. capacity: a backlog of 60,000 records is written flat out before the trainer starts; its
    records/s over the batches that drain it (the first left out: it pays the workers' start)
    is the arm's maximum sustained rate; measured again at the end on a backlog of its own, in
-   the other order (fixed, target, target, fixed), and the two averaged;
-2. a producer in this process at 2,000 MNIST records/s for 180 s, then 20,000/s for 30 s, then
-   2,000/s for 120 s, phases back to back (each record's CreateTime is when it was sent);
+   the other order (fixed, target, target, fixed), and the two averaged. The fixed arm's first
+   figure is ``C``, which sizes both arms' loads;
+2. a producer in this process at ``--load`` x C (0.5) for 180 s, then ``--burst`` x C (2) for
+   30 s, then the load again for 240 s, phases back to back (each record's CreateTime is when
+   it was sent);
 3. the trainer drains the topic and is stopped (SIGINT), its report written.
 
 Freshness at time t: t minus the newest Kafka timestamp the saved model holds (each batch's
 ``data_as_of`` in ``batches.jsonl``, from when its tasks were done, ``at``), every 0.1 s. The
-steady phases it is summed over: the first from 30 s in (after the backlog, settled), the last
-from 60 s after the burst (the recovery the issue allows). ``burst_recovery_s``: seconds from
-the burst's end until freshness stays under the target to the end (``inf``: it never did).
+steady figures are over the first phase from 30 s in (the backlog drained, settled) and the
+last from 120 s after the burst. The burst leaves ``(burst - 1) x C x 30 s`` records above what
+the trainer takes, drained at the spare rate ``(1 - load) x C``: 60 s whatever C is, the ideal
+recovery. ``recovery_ratio`` is that over the seconds from the burst's end until freshness
+stays under the target to the end (1.0: perfect; 0: never).
 
-    .venv/bin/python bench/freshness.py [--scale 1] [--target 2] [--rate 2000]
+``batch_overhead_s``: the target arm's median, over its steady phases' batches, of a batch's
+cycle (from the previous batch's end to its own) minus its records' compute (the workers'
+compute seconds over the workers): the trigger, planning, task launch, reading, the
+exchange, scoring, checkpoint and commit. Its parts' medians are printed before the last line.
 
-At ``--scale 1`` each arm runs about 7 minutes (start-up, backlog, 330 s of phases, drain): 15
-minutes in all. ``--scale`` multiplies every duration and the backlog, ``--rate`` sets the steady
-rate (the burst is 10x it): ``--scale 0.05 --rate 200`` checks that it runs end to end in two or
-    three
-minutes (start-ups dominate; the figures mean nothing).
+    .venv/bin/python bench/freshness.py [--scale 1] [--target 2] [--load 0.5] [--burst 2]
 
-Last line: ``freshness p50_s=<s> p99_s=<s> burst_recovery_s=<s> capacity_ratio=<r> fixed_p99_s=<s>``
-(p50, p99 and the recovery are the target arm's; capacity_ratio: its capacity over the fixed
-arm's; fixed_p99_s: the fixed arm's p99 over the same steady phases).
+At ``--scale 1`` each arm runs about 9 minutes (start-up, backlog, 450 s of phases, drain):
+20 minutes in all. ``--scale`` multiplies every duration (and, above 1, the backlog):
+``--scale 0.1`` checks that it runs end to end in about six minutes (start-ups dominate; the
+figures mean little).
+
+Last line: ``freshness p50_s=<s> p99_s=<s> recovery_ratio=<r> capacity_ratio=<r>
+batch_overhead_s=<s> capacity_rps=<C>`` (p50, p99, the recovery and the overhead are the
+target arm's; capacity_ratio: its capacity over the fixed arm's).
 """
 
 from __future__ import annotations
@@ -52,10 +61,12 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from soak import Proc  # noqa: E402
 
-#: (phase, seconds at scale 1, records/s as a multiple of the steady rate).
-PHASES = (("steady", 180.0, 1.0), ("burst", 30.0, 10.0), ("after", 120.0, 1.0))
+#: (phase, seconds at scale 1); the rates are ``--load`` x C, ``--burst`` x C, ``--load`` x C.
+PHASES = (("steady", 180.0), ("burst", 30.0), ("after", 240.0))
 BACKLOG = 60_000
-SETTLE_S, RECOVERY_S = 30.0, 60.0
+#: The steady figures leave out the first phase's first SETTLE_S and the last one's first
+#: RECOVERY_S (the ideal recovery is 60 s: twice that).
+SETTLE_S, RECOVERY_S = 30.0, 120.0
 STEP_S = 0.1
 
 
@@ -88,7 +99,8 @@ def _rows(out: Path) -> list[dict[str, Any]]:
 
 
 def _backlog(scale: float) -> int:
-    return max(1, int(BACKLOG * scale))
+    """Never below BACKLOG: the capacity needs three batches of 20,000 to drain it."""
+    return int(BACKLOG * max(1.0, scale))
 
 
 def _trained(out: Path) -> int:
@@ -200,6 +212,40 @@ def capacity_again(name: str, extra: list[str], **kw: Any) -> float:
     return cap
 
 
+def overhead(rows: list[dict[str, Any]], windows: list[tuple[float, float]]) -> dict[str, float]:
+    """The medians, over the batches that ended within ``windows`` (Unix seconds), of a batch's
+    cycle beyond its records' compute (``overhead``) and of its parts: the tasks' time beyond
+    compute (reading, the exchange, task launch), the driver's commit, and the gap left
+    (trigger, planning, scoring).
+
+    >>> rows = [{"at": 10.0, "batch_s": 0.5, "commit_s": 0.1, "compute_s": 0.6, "tasks": []},
+    ...         {"at": 11.0, "batch_s": 0.6, "commit_s": 0.1, "compute_s": 0.8,
+    ...          "tasks": [{"worker": 0}, {"worker": 1}]}]
+    >>> overhead(rows, [(10.5, 12.0)])
+    {'overhead': 0.6, 'tasks_beyond_compute': 0.2, 'commit': 0.1, 'gap': 0.3}
+    """
+    parts: dict[str, list[float]] = {
+        "overhead": [],
+        "tasks_beyond_compute": [],
+        "commit": [],
+        "gap": [],
+    }
+    ordered = sorted(rows, key=lambda r: r["at"])
+    for before, r in zip(ordered, ordered[1:], strict=False):
+        if not any(a <= r["at"] < b for a, b in windows):
+            continue
+        workers = max(1, len({t["worker"] for t in r.get("tasks") or []}))
+        compute = float(r.get("compute_s", 0.0)) / workers
+        cycle = r["at"] - before["at"]
+        parts["overhead"].append(cycle - compute)
+        parts["tasks_beyond_compute"].append(float(r.get("batch_s", 0.0)) - compute)
+        parts["commit"].append(float(before.get("commit_s", 0.0)))
+        parts["gap"].append(
+            cycle - float(r.get("batch_s", 0.0)) - float(before.get("commit_s", 0.0))
+        )
+    return {k: round(float(np.median(v)), 3) if v else float("nan") for k, v in parts.items()}
+
+
 def run_arm(
     name: str,
     extra: list[str],
@@ -208,15 +254,24 @@ def run_arm(
     folder: Path,
     scale: float,
     target: float,
-    rate: float,
+    load: float,
+    burst: float,
+    capacity_rps: float | None = None,
 ) -> dict[str, Any]:
-    phases_s = sum(s for _, s, _ in PHASES) * scale
+    """One arm: its backlog (its capacity), then the phases at ``load`` and ``burst`` times
+    ``capacity_rps`` (None: the capacity this arm just measured), then its figures."""
+    phases_s = sum(s for _, s in PHASES) * scale
     trainer, out, topic, cap = _on_backlog(
         name, extra, bootstrap=bootstrap, folder=folder, scale=scale, run_s=phases_s
     )
+    c = capacity_rps or cap
+    if not c > 0:
+        trainer.signal(signal.SIGINT, timeout_s=120)
+        raise SystemExit(f"freshness: {name}: no capacity measured on the backlog ({cap})")
+    rates = {"steady": load * c, "burst": burst * c, "after": load * c}
     marks: list[tuple[str, float, int]] = []
     try:
-        phases = [(p, s * scale, times * rate) for p, s, times in PHASES]
+        phases = [(p, s * scale, rates[p]) for p, s in PHASES]
         producer = threading.Thread(
             target=_produce, args=(bootstrap, topic, phases, marks), daemon=True
         )
@@ -239,12 +294,11 @@ def run_arm(
             f"({n / max(t_next - t, 1e-9):,.0f}/s)",
             flush=True,
         )
-    steady = np.concatenate(
-        [
-            freshness_series(rows, times["steady"] + SETTLE_S * scale, times["burst"]),
-            freshness_series(rows, times["after"] + RECOVERY_S * scale, times["end"]),
-        ]
-    )
+    windows = [
+        (times["steady"] + SETTLE_S * scale, times["burst"]),
+        (times["after"] + RECOVERY_S * scale, times["end"]),
+    ]
+    steady = np.concatenate([freshness_series(rows, a, b) for a, b in windows])
     after = freshness_series(rows, times["after"], times["end"])
     over = np.flatnonzero(~(after <= target))  # NaN counts as over: nothing learned yet
     recovery = (
@@ -254,12 +308,10 @@ def run_arm(
         if over[-1] == len(after) - 1
         else (over[-1] + 1) * STEP_S
     )
+    # What the burst left above the trainer's rate, over the spare rate: 60 s at 2 C and 0.5 C.
+    ideal = (burst - 1.0) * PHASES[1][1] * scale / (1.0 - load)
     finite = steady[np.isfinite(steady)]
-    in_steady = [
-        int(r.get("rows", 0))
-        for r in rows
-        if times["steady"] + SETTLE_S * scale <= r["at"] < times["burst"]
-    ]
+    in_steady = [int(r.get("rows", 0)) for r in rows if any(a <= r["at"] < b for a, b in windows)]
     # Where the time went (the trigger, the checkpoint, the commit among it), from the run's report.
     try:
         shares = json.loads((out / "report.json").read_text()).get("time_shares", {})
@@ -267,11 +319,14 @@ def run_arm(
         shares = {}
     return {
         "capacity": cap,
+        "rates": {k: round(v) for k, v in rates.items()},
         "recovery_s": recovery,
+        "recovery_ratio": min(1.0, ideal / recovery) if recovery > 0 else 1.0,
         "p50": float(np.percentile(finite, 50)) if len(finite) else np.nan,
         "p99": float(np.percentile(finite, 99)) if len(finite) else np.nan,
         "steady_rows_p50": float(np.median(in_steady)) if in_steady else np.nan,
         "max_rows": max((int(r.get("rows", 0)) for r in rows), default=0),
+        "overhead": overhead(rows, windows),
         "time_shares": shares,
     }
 
@@ -285,7 +340,10 @@ def main() -> None:
         "--target", type=float, default=2.0, help="The target arm's --freshness-target, seconds."
     )
     parser.add_argument(
-        "--rate", type=float, default=2000.0, help="The steady records/s (the burst: 10x)."
+        "--load", type=float, default=0.5, help="The steady phases' rate, a share of C."
+    )
+    parser.add_argument(
+        "--burst", type=float, default=2.0, help="The burst's rate for 30 s, a multiple of C."
     )
     parser.add_argument(
         "--engine", choices=("tansu", "noida"), default="tansu", help="The broker started here."
@@ -296,10 +354,11 @@ def main() -> None:
         help="A folder to keep each arm's run in (batches.jsonl, report.json); default: removed.",
     )
     args = parser.parse_args()
-    if not (args.scale > 0 and args.target > 0 and args.rate > 0):
+    if not (args.scale > 0 and args.target > 0 and 0 < args.load < 1 < args.burst):
         raise SystemExit(
-            f"freshness: expected --scale, --target and --rate > 0. Received: {args.scale}, "
-            f"{args.target} and {args.rate}. Pass positive numbers (the defaults are the issue's)."
+            f"freshness: expected --scale and --target > 0, 0 < --load < 1 < --burst. Received: "
+            f"{args.scale}, {args.target}, {args.load} and {args.burst}. Pass numbers in those "
+            "ranges (the defaults are the issue's)."
         )
     from pipeline.ingest.kafka.broker import free_port
 
@@ -340,8 +399,18 @@ def main() -> None:
                 ],
             }
             kw = {"bootstrap": bootstrap, "folder": folder, "scale": args.scale}
+            c: float | None = None  # the fixed arm's capacity sizes both arms' loads
             for name, extra in flags.items():
-                arms[name] = run_arm(name, extra, target=args.target, rate=args.rate, **kw)
+                arms[name] = run_arm(
+                    name,
+                    extra,
+                    target=args.target,
+                    load=args.load,
+                    burst=args.burst,
+                    capacity_rps=c,
+                    **kw,
+                )
+                c = c or arms[name]["capacity"]
                 print(f"freshness: {name}: {arms[name]}", flush=True)
             # The capacities once more in the other order (fixed, target, target, fixed): this
             # machine's speed drifts over minutes by more than the arms differ.
@@ -352,10 +421,16 @@ def main() -> None:
             broker.signal(signal.SIGTERM)
     fixed, sized = arms["fixed"], arms["target"]
     print(
+        f"freshness: fixed arm p50 {fixed['p50']:.2f} s, p99 {fixed['p99']:.2f} s, recovered "
+        f"in {fixed['recovery_s']:.1f} s; the target arm's batch overhead by part (medians): "
+        + ", ".join(f"{k} {v:.3f} s" for k, v in sized["overhead"].items()),
+        flush=True,
+    )
+    print(
         f"freshness p50_s={sized['p50']:.2f} p99_s={sized['p99']:.2f} "
-        f"burst_recovery_s={sized['recovery_s']:.1f} "
+        f"recovery_ratio={sized['recovery_ratio']:.2f} "
         f"capacity_ratio={sized['capacity'] / fixed['capacity']:.2f} "
-        f"fixed_p99_s={fixed['p99']:.2f}"
+        f"batch_overhead_s={sized['overhead']['overhead']:.3f} capacity_rps={c:.0f}"
     )
 
 
