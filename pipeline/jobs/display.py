@@ -36,6 +36,7 @@ class Display:
         rejects: the run's tally of records set aside (shown in each status line).
         freshness_target_s: the run's ``--freshness-target`` (None: none), against which it
             says when it falls behind (:mod:`~pipeline.jobs.keeping_up`).
+        judge_pace: whether to say so (False where the run's own replay sends flat out).
     """
 
     def __init__(
@@ -50,6 +51,7 @@ class Display:
         started: float,
         rejects: Rejects | None = None,
         freshness_target_s: float | None = None,
+        judge_pace: bool = True,
     ) -> None:
         self.history, self.metrics = history, metrics
         self.rejects = rejects or Rejects()
@@ -65,7 +67,7 @@ class Display:
         #: Why the run should stop, once a batch says so ("": go on).
         self.stop_reason = ""
         #: The stream's pace against the run's: a line when the run falls behind or catches up.
-        self.keeping_up = KeepingUp(target_s=freshness_target_s)
+        self.keeping_up = KeepingUp(target_s=freshness_target_s, judge=judge_pace)
 
     def stop_requested(self, signal_name: str) -> None:
         """A SIGTERM or Ctrl-C: the run ends after the batch in flight, as at its own end."""
@@ -113,7 +115,9 @@ class Display:
         )
         print(" | ".join(p for p in (line, self.rejects.line()) if p), flush=True)
         pace = self.keeping_up
-        said = pace.observe(at=row.at, rows=row.rows, lag=row.lag, freshness_s=row.freshness_s)
+        said = pace.observe(
+            at=self._clock(), rows=row.rows, lag=row.lag, freshness_s=row.freshness_s
+        )
         self.metrics.pace.set(needed=pace.needed, has=pace.has, behind=pace.behind)
         if said:
             print(said, flush=True)

@@ -97,6 +97,8 @@ class Run:
             eval_every=cfg.eval_every,
             eval_share=cfg.eval_share,
             freshness_target_s=cfg.freshness_target_s,
+            # The run's own replay sends flat out unless rated: behind by design, not news.
+            judge_pace=bool(cfg.topic and cfg.bootstrap) or cfg.rate is not None,
             until_accuracy=cfg.until_accuracy,
             started=self._started,
             rejects=Rejects(limit=REJECTED_SHARE if cfg.max_rejected is None else cfg.max_rejected),

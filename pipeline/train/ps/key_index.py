@@ -3,7 +3,8 @@ by, a whole batch of keys per call.
 
 Open addressing with linear probing over a table kept at most half full (a third after each
 rebuild), so a lookup takes a probe or two; every probe round is one vectorized pass over
-the keys still looking. A removed key leaves a tombstone (the probe chains through it go on)
+the keys still looking, until a handful are left (the ends of a batch's longest chains), which
+go on one at a time. A removed key leaves a tombstone (the probe chains through it go on)
 until the table is rebuilt. It costs 16 bytes a position, 32 to 48 a key: a Python dict's
 entry costs ~100.
 
