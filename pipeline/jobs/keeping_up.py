@@ -73,14 +73,15 @@ class KeepingUp:
         while len(seen) > 2 and (at - seen[1][0] >= self.window_s or len(seen) > MAX_BATCHES):
             seen.popleft()  # the first kept batch starts the window (its rows are before it)
         start, _, first_lag = seen[0]
-        if len(seen) <= MIN_BATCHES or at - start < self.window_s / 2:
-            return None
         span = at - start
+        if len(seen) <= MIN_BATCHES or span <= 0:
+            return None
         kept = list(seen)
         took = sum(r for _, r, _ in kept[1:])
         grew = lag - first_lag
+        # The rates from the fourth batch on; a verdict once half a window of them is in.
         self.needed, self.has = (took + grew) / span, took / span
-        if not self.judge:
+        if not self.judge or span < self.window_s / 2:
             return None
         if not self.behind:
             target = self.target_s

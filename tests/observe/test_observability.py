@@ -336,6 +336,7 @@ def test_alert_rules_evaluate_on_real_data_and_stay_quiet_on_a_healthy_run(
         "StreamtrainServedWeightsStale",
         "StreamtrainModelStale",
         "StreamtrainDriftDetected",
+        "StreamtrainFallingBehind",
         "streamtrain:model_stale_threshold_seconds",
     }
     assert all(r["health"] == "ok" for r in rules.values()), {
