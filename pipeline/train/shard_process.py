@@ -60,9 +60,9 @@ def serve_shard(fd: int) -> None:
     # A Ctrl-C in the terminal reaches the driver, which stops the shards.
     processes.leave_terminal_group()
     processes.die_with_parent(job["parent"])
-    # Kept: the driver's raise of the learning rate (--on-drift adapt) reaches it here.
-    algorithm = algorithms.get(job["algorithm"])
     try:
+        # Kept: the driver's raise of the learning rate (--on-drift adapt) reaches it here.
+        algorithm = algorithms.get(job["algorithm"])
         server = parameter_server(
             algorithm,
             ModelSpec.from_json(job["spec"]),
