@@ -89,19 +89,16 @@ def serve_shard(fd: int) -> None:
             if op == "stop":
                 return
             try:
-                answer = (
-                    algorithm.scale_learning_rate(arg)
-                    if op == "lr_scale"
-                    else _answer(server, op, arg)
-                )
-                conn.send(("ok", answer))
+                conn.send(("ok", _answer(server, algorithm, op, arg)))
             except Exception as e:
                 conn.send(("error", f"{type(e).__name__}: {e}"))
     finally:
         server.stop()
 
 
-def _answer(server: Any, op: str, arg: Any) -> Any:
+def _answer(server: Any, algorithm: Any, op: str, arg: Any) -> Any:
+    if op == "lr_scale":  # the algorithm's own optimizer, which the server's rule steps
+        return algorithm.scale_learning_rate(arg)
     if op == "weights":
         return server.weights()
     if op == "snapshot":
