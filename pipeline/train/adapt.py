@@ -10,16 +10,18 @@ In either mode, from the first drift on:
   that window: a score that fell because the concept changed is not a model that diverged;
 - the checkpoint generation from just before the drift is kept, for a way back.
 
-With ``adapt`` the learning rate is also raised for a while: ``adapt_lr_scale`` times the
-configured one for the ``adapt_records`` records after the drift, then as configured again;
-the server's optimizer's (synchronous SGD) and every replica's own (the other algorithms).
-Measured against resetting the optimizer's moments, with and without a raise, and against
-raises of other sizes and lengths: ``docs/drift.md``.
+With ``adapt``, for the ``adapt_records`` records after the drift, the learning rate is
+also raised to ``adapt_lr_scale`` times the configured one (the server's optimizer's under
+synchronous SGD, and every replica's own under the other algorithms), and each task trains
+its records ``adapt_passes`` times (their prequential score is the first pass's); then as
+configured again. Measured against resetting the optimizer's moments, replaying the drift's
+batch, and raises and passes of other sizes and lengths: ``docs/drift.md``.
 """
 
 from __future__ import annotations
 
 import collections
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -76,6 +78,8 @@ class DriftResponse:
         self._y: collections.deque[np.ndarray] = collections.deque()
         self._held = 0
         self._armed = False  # whether the collapse check runs on the post-drift window
+        #: The batch last seen: its id, the stream's records before it, its offsets.
+        self._latest: tuple[int, int, dict[str, list[int]]] = (-1, 0, {})
 
     def pinned(self) -> list[int]:
         """The checkpoint generations from just before each drift (kept for a way back)."""
@@ -84,8 +88,10 @@ class DriftResponse:
     def on_batch(self, info: Any, row: Any, driver: Any) -> None:
         """Before the batch is saved: its drifts (on ``row.drifts``), the reaction, and the
         records its tasks held out (``row.held_out``; the held-out split when enough)."""
+        before, offsets = self.watch.records, offsets_of(info.ranges)
+        self._latest = (info.batch_id, before, offsets)
         drifts = self.watch.observe(
-            info.batch_id, info.results, offsets_of(info.ranges), batch_size=self.batch_size
+            info.batch_id, info.results, offsets, batch_size=self.batch_size
         )
         for d in drifts:
             d.generation = driver.state.last_batch_id if driver.state is not None else -1
@@ -103,10 +109,34 @@ class DriftResponse:
                 driver.watch = HeldoutWatch.for_labels(window[1], regression=self.regression)
                 self._armed = True
 
+    def heldout_moved(self, batch_id: int, detail: str, score: float, driver: Any) -> None:
+        """The held-out score collapsed while the stream's own held, at ``batch_id`` (scored
+        after its save): a drift the labels show (``heldout``), reacted to as any other from
+        the next batch on. Its way back is the generation of the best held-out score."""
+        latest, before, offsets = self._latest
+        drift = Drift(
+            "heldout",
+            batch_id,
+            before if latest == batch_id else self.watch.records,
+            round(score, 4),
+            detail,
+            offsets if latest == batch_id else {},
+            round(time.time(), 3),
+            driver.watch.best_batch if driver.watch is not None else -1,
+        )
+        self.watch.found.append(drift)
+        self._restart(driver)
+        if self.on_drift is not None:
+            self.on_drift([drift])
+
     def state(self) -> dict[str, float]:
-        """What the checkpoint keeps of the reaction: the learning rate's scale in force and
-        the records the raise has left."""
-        return {"lr_scale": self._lr_scale, "boost_left": self._boost_left}
+        """What the checkpoint keeps of the reaction: the learning rate's scale and the passes
+        in force, and the records the reaction has left."""
+        return {
+            "lr_scale": self._lr_scale,
+            "boost_left": self._boost_left,
+            "passes": self.handler.passes,
+        }
 
     def resumed(self, driver: Any, state: dict[str, float] | None = None) -> None:
         """A resumed run that had drifted: held-out records after the drift again (the
@@ -117,6 +147,7 @@ class DriftResponse:
         if self.mode == "adapt" and left > 0:
             self._boost_left = left
             self._scale(float((state or {}).get("lr_scale", 1.0)))
+            self.handler.passes = int((state or {}).get("passes", 1))
 
     def _restart(self, driver: Any, *, adapt: bool = True) -> None:
         """A drift: the held-out window starts again after it; ``adapt`` raises the learning rate
@@ -133,6 +164,7 @@ class DriftResponse:
         if adapt and self.mode == "adapt":
             self._boost_left = self.watch.settings.adapt_records
             self._scale(self.watch.settings.adapt_lr_scale)
+            self.handler.passes = self.watch.settings.adapt_passes
 
     def _wind_down(self, trained: int) -> None:
         """Count the batch's records against the raise; back to the configured rate after it."""
@@ -141,6 +173,7 @@ class DriftResponse:
         self._boost_left -= trained
         if self._boost_left <= 0:
             self._scale(1.0)
+            self.handler.passes = 1
 
     def _scale(self, scale: float) -> None:
         """The learning rate, ``scale`` times the configured one: the server's optimizer's

@@ -1,7 +1,7 @@
 """Drift: when the stream changes, the run says so.
 
 Three signals, each measured on the driver from what the executors send back with every
-task, in stream order:
+task, in stream order, and a fourth from the held-out score:
 
 - ``loss``: River's ADWIN over each mini-batch's prequential error rate (its loss for a
   numeric target; scored before it trains), and a z-test of each task's error rate: a rise
@@ -12,6 +12,10 @@ task, in stream order:
   by the population stability index (PSI).
 - ``feature``: for tables, each column of a sample of the records against a reference
   sample, by PSI over the reference's deciles; the column that moved most is named.
+- ``heldout``: the held-out score collapsed while the stream's own prequential score held
+  (:meth:`~pipeline.train.divergence.HeldoutWatch.stream_holds`): the held-out split's
+  labels no longer mean what the stream's do. It is no model failure, and does not stop the
+  run (:mod:`pipeline.train.adapt`).
 
 No signal fires in the first ``warmup`` records (the model is still learning, and the
 reference is being drawn), nor for ``cooldown`` records after it fired (the model is
@@ -31,7 +35,7 @@ from pipeline.errors import ConfigError
 from pipeline.train.detectors import CountsDrift, FeatureDrift, LossDrift
 
 #: The signals, as ``streamtrain_drift_detected_total``'s ``signal`` label has them.
-SIGNALS = ("loss", "prior", "feature")
+SIGNALS = ("loss", "prior", "feature", "heldout")
 
 #: Rows of features and labels each task sends back for the feature signal and the
 #: held-out window after a drift, at most.
@@ -97,6 +101,7 @@ class DriftSettings:
     feature_window: int = 1_000
     adapt_lr_scale: float = 5.0
     adapt_records: int = 5_000
+    adapt_passes: int = 4
 
     @classmethod
     def parse(cls, text: str | None) -> DriftSettings:
@@ -129,7 +134,7 @@ class DriftSettings:
 
 
 class DriftWatch:
-    """The three signals over a run's batches, and the drifts found so far.
+    """The signals over a run's batches, and the drifts found so far.
 
     Args:
         classes: the label's classes (0: a numeric target, no prior signal).

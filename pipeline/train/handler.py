@@ -44,6 +44,8 @@ class TrainHandler(microbatch.Handler):
         holdout_every: after a drift, one record in this many (by offset) is held out of
             training and sent back for the held-out window (0: none; :mod:`pipeline.train.adapt`).
         lr_scale: multiplies the replicas' learning rate (raised for a while after a drift).
+        passes: how many times each task trains its records (more than one for a while after
+            a drift; the prequential score is the first pass's).
     """
 
     spec: ModelSpec
@@ -55,6 +57,7 @@ class TrainHandler(microbatch.Handler):
     driver: TrainDriver | None = dataclasses.field(default=None, repr=False)
     holdout_every: int = 0
     lr_scale: float = 1.0
+    passes: int = 1
 
     def __getstate__(self) -> dict[str, Any]:
         # The driver holds the parameter server and its locks: never ship it.
@@ -86,8 +89,13 @@ class TrainHandler(microbatch.Handler):
             attempt=ctx.attemptNumber() if ctx else 0,
             after_exchange=_fault_after,
             lr_scale=self.lr_scale,
+            epochs=self.passes,
             layout=layout,
         )
+        # The stream's records, each once however many passes trained them (the steps count
+        # the passes): what the ledger, the drift signals and the rates count.
+        if not result.diverged:
+            result.records = len(y)
         _describe(result, block.schema, x, y, held, layout)
         return result
 

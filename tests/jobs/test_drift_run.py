@@ -37,7 +37,8 @@ def test_a_flipped_concept_is_found_said_and_adapted_to(tmp_path: Path) -> None:
     lists it in report.json with its batch, offsets per partition and statistic; the
     checkpoint from before it is kept; records are held out of training from then on, and
     the final held-out score is on them: the adapted model scores well on the new concept,
-    where the evaluation file (the old concept) would score it near 0."""
+    where the evaluation file (the old concept) would score it near 0. ``adapt``'s batches
+    after the drift train each record ``adapt_passes`` (4) times, and count it once."""
     _table(tmp_path / "flip.jsonl", RECORDS, change=CHANGE, seed=1)
     _table(tmp_path / "old.jsonl", 1_000, change=None, seed=2)
     out = tmp_path / "run"
@@ -94,6 +95,12 @@ def test_a_flipped_concept_is_found_said_and_adapted_to(tmp_path: Path) -> None:
     after = [r for r in rows if r["batch_id"] > d["batch_id"]]
     assert after and all(r.get("held_out", 0) > 0 for r in after)
     assert not any(r.get("held_out") for r in rows if r["batch_id"] <= d["batch_id"])
+
+    def steps_per_record(row: dict) -> float:  # type: ignore[type-arg]
+        return sum(t["steps"] for t in row["tasks"]) / max(1, row["trained"])
+
+    by_id = {r["batch_id"]: r for r in rows}
+    assert steps_per_record(after[0]) > 3 * steps_per_record(by_id[d["batch_id"]]), after[0]
     # Every record handled once: trained, or held out to score the model after the drift.
     assert report["trained_records"] + sum(r.get("held_out", 0) for r in rows) == RECORDS
     assert report["final"]["accuracy"] > 0.8, report["final"]

@@ -231,6 +231,7 @@ class _Driver:
 class _Handler:
     holdout_every: int = 0
     lr_scale: float = 1.0
+    passes: int = 1
 
 
 @dataclasses.dataclass
@@ -254,11 +255,12 @@ def test_response_holds_out_records_after_a_drift_and_adapt_raises_the_learning_
     """Proves: on a drift, either mode stops scoring the split from before it, holds records
     out from then on, scores the newest window of them once there are enough, and re-arms
     the collapse check on them; only ``adapt`` raises the learning rate (the server's and the
-    replicas'), for ``adapt_records`` records, then puts it back."""
+    replicas') and trains each task's records ``adapt_passes`` times, for ``adapt_records``
+    records, then puts both back."""
     rng = np.random.default_rng(1)
     algorithm, handler, evaluation = _Algorithm(), _Handler(), _Evaluation()
     settings = drift.DriftSettings(
-        warmup=2_000, cooldown=50_000, adapt_lr_scale=4.0, adapt_records=5_000
+        warmup=2_000, cooldown=50_000, adapt_lr_scale=4.0, adapt_records=5_000, adapt_passes=3
     )
     r = adapt.DriftResponse(
         drift.DriftWatch(classes=2, columns=None, settings=settings),
@@ -269,7 +271,7 @@ def test_response_holds_out_records_after_a_drift_and_adapt_raises_the_learning_
         algorithm=algorithm,
     )
     r.evaluation = evaluation
-    driver, drifted, scales = _Driver(), [], []
+    driver, drifted, scales, passes = _Driver(), [], [], []
     for batch in range(45):
         level = 0.2 if batch < 30 else 1.5
         held = bool(handler.holdout_every)  # the tasks hold records out once the handler says so
@@ -290,6 +292,7 @@ def test_response_holds_out_records_after_a_drift_and_adapt_raises_the_learning_
         )
         drifted += [batch] * len(row.drifts)
         scales.append(handler.lr_scale)
+        passes.append(handler.passes)
         assert row.held_out == (50 if held else 0)
     assert drifted in ([30], [31])
     assert handler.holdout_every == adapt.HOLDOUT_EVERY and evaluation.suspended == 1
@@ -303,15 +306,16 @@ def test_response_holds_out_records_after_a_drift_and_adapt_raises_the_learning_
         assert (
             algorithm.scales == [4.0, 1.0] and scales.count(4.0) == 5 and scales[drifted[0]] == 4.0
         )
-        assert scales[-1] == 1.0
+        assert scales[-1] == 1.0 and passes == [3 if s == 4.0 else 1 for s in scales]
     else:
-        assert algorithm.scales == [] and set(scales) == {1.0}
+        assert algorithm.scales == [] and set(scales) == {1.0} and set(passes) == {1}
 
 
 def test_a_resumed_run_keeps_the_raise_that_adapt_set() -> None:
     """Proves (issue 57, item 6): a run stopped while ``adapt``'s raise was in force resumes
-    with the raise, the server's and the replicas', for the records it had left, then goes back
-    to the configured rate; a raise that had ended stays ended."""
+    with the raise, the server's and the replicas', and the passes, for the records it had
+    left, then goes back to the configured rate and one pass; a raise that had ended stays
+    ended."""
     settings = drift.DriftSettings(
         warmup=2_000, cooldown=50_000, adapt_lr_scale=4.0, adapt_records=5_000
     )
@@ -334,9 +338,9 @@ def test_a_resumed_run_keeps_the_raise_that_adapt_set() -> None:
     algorithm, handler = _Algorithm(), _Handler()
     resumed = response(algorithm, handler)
     resumed.resumed(_Driver(), kept)
-    assert handler.lr_scale == 4.0 and algorithm.scales == [4.0]
+    assert handler.lr_scale == 4.0 and algorithm.scales == [4.0] and handler.passes == 4
     resumed._wind_down(kept["boost_left"])  # the records it had left, trained
-    assert handler.lr_scale == 1.0 and algorithm.scales == [4.0, 1.0]
+    assert handler.lr_scale == 1.0 and algorithm.scales == [4.0, 1.0] and handler.passes == 1
     ended = response(_Algorithm(), _Handler())
     ended.resumed(_Driver(), resumed.state())
     assert ended.handler.lr_scale == 1.0 and ended.algorithm.scales == []
@@ -464,3 +468,59 @@ def test_the_driver_saves_the_drifts_keeps_the_generation_before_and_counts_held
     held_out = sum(row.held_out for row in rows)
     assert held_out == 50 * (39 - found[0]) and state.extra["held_out"] == held_out
     assert driver.handled == 40_000 and driver.trained == 40_000 - held_out
+
+
+@pytest.mark.parametrize("stream", [0.70, 0.50])
+def test_a_held_out_collapse_while_the_stream_scores_well_is_a_drift_not_a_stop(
+    tmp_path: Any, stream: float
+) -> None:
+    """Proves, through a real parameter server and the exactly-once driver: when the held-out
+    score collapses (HIGGS's held-out accuracy from 0.68 to 0.31: its labels' meaning flipped)
+    while the stream's own prequential accuracy holds at 0.70, the run goes on and reports a
+    ``heldout`` drift (in the checkpoint, the records held out from then on, the generation of
+    the best score kept); when the stream's score collapsed too (0.50), the model failed and
+    the run stops, as before."""
+    from pipeline.errors import StreamtrainError
+    from pipeline.ingest.batch_figures import BatchFigures
+    from pipeline.train import checkpoint
+    from pipeline.train.driver import TrainDriver
+    from pipeline.train.partition import TaskResult
+    from pipeline.train.ps import ParameterServer
+
+    handler, found = _Handler(), []
+
+    def scored(info: Any, row: Any, weights: Any) -> None:  # the run's evaluation, every batch
+        row.heldout = {"accuracy": 0.59 + 0.01 * info.batch_id if info.batch_id < 10 else 0.31}
+        row.prequential_accuracy = stream
+
+    watch = drift.DriftWatch(classes=2, columns=None, settings=drift.DriftSettings())
+    with ParameterServer(np.zeros(4, np.float32), secret=b"s") as server:
+        driver = TrainDriver(
+            server, checkpoint.State(np.zeros(4, np.float32)), folder=tmp_path, on_row=scored
+        )
+        driver.watch_heldout(np.array([1] * 272 + [0] * 228), regression=False)
+        driver.watch_drift(
+            adapt.DriftResponse(
+                watch, "alert", handler=handler, batch_size=16, on_drift=found.extend
+            )
+        )
+
+        def batch(b: int) -> None:
+            result = TaskResult(0, 1_000, 0, 0, 0.0, 0.0, [], 0.0, 0.0, False)
+            ranges = [OffsetRange("t", 0, b * 1_000, (b + 1) * 1_000)]
+            driver.on_batch(BatchFigures(batch_id=b, ranges=ranges, results=[result]))
+
+        for b in range(11):
+            batch(b)
+        if stream < 0.6:
+            with pytest.raises(StreamtrainError, match="the model collapsed"):
+                batch(11)
+            return
+        for b in range(11, 14):
+            batch(b)
+    [d] = found
+    assert (d.signal, d.batch_id, d.records, d.generation) == ("heldout", 11, 11_000, 9)
+    assert "held-out accuracy 0.3100 after 0.6800" in d.detail and "scores 0.7000" in d.detail
+    state = checkpoint.load(tmp_path)
+    assert state is not None and [x["signal"] for x in state.extra["drift"]] == ["heldout"]
+    assert handler.holdout_every == adapt.HOLDOUT_EVERY and 9 in checkpoint.generations(tmp_path)
