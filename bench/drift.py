@@ -14,10 +14,11 @@ Streams (records at ``--scale 1``; each through the run's own broker and replay)
 - streams with room (a reaction has more than 0.05 to gain on them):
   ``mnist-fashion`` (MNIST, then Fashion-MNIST's images and classes after 60,000, 20,000
   after), ``sea-flipped`` and ``agrawal-flipped`` (SEA's concept 0 and Agrawal's function 0,
-  their label's meaning flipped after 20,000). Their generators have no label noise, so
-  every record can be right and the ceiling below is one a reaction can approach (HIGGS
-  with its label flipped was tried: its own noise made most of its ceiling, and the table
-  model relearnt the flip within the batch it came in);
+  their label's meaning flipped after 20,000, run with ``--no-divergence-check``). Their
+  generators have no label noise, so every record can be right and the ceiling below is
+  one a reaction can approach (HIGGS with its label flipped was tried: its own noise made
+  most of its ceiling, the table model relearnt the flip within the batch it came in, and
+  the held-out split's collapse stopped the run);
 - ``mnist-stationary`` (300,000 records: the training set five times) and
   ``higgs-stationary`` (the HIGGS sample replayed to 100,000): false alarms only.
 
@@ -259,6 +260,11 @@ def run_arm(stream: Stream, mode: str, folder: Path, scale: float) -> dict[str, 
     else:
         data, evaluation = table_files(stream, folder)
         args += ["--data", str(data), "--label", "label", "--eval-data", str(evaluation)]
+        if stream.name.endswith("-flipped"):
+            # The evaluation file is the concept before the change: a flip the loss signal does
+            # not find reads as a collapse of the held-out score, which stops a run by design (a
+            # label bug upstream looks the same). The stream's own scores are measured here.
+            args.append("--no-divergence-check")
     began = time.monotonic()
     done = subprocess.run(
         [sys.executable, "-m", "pipeline", *args],

@@ -21,7 +21,6 @@ batch, and raises and passes of other sizes and lengths: ``docs/drift.md``.
 from __future__ import annotations
 
 import collections
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -78,8 +77,6 @@ class DriftResponse:
         self._y: collections.deque[np.ndarray] = collections.deque()
         self._held = 0
         self._armed = False  # whether the collapse check runs on the post-drift window
-        #: The batch last seen: its id, the stream's records before it, its offsets.
-        self._latest: tuple[int, int, dict[str, list[int]]] = (-1, 0, {})
 
     def pinned(self) -> list[int]:
         """The checkpoint generations from just before each drift (kept for a way back)."""
@@ -88,10 +85,8 @@ class DriftResponse:
     def on_batch(self, info: Any, row: Any, driver: Any) -> None:
         """Before the batch is saved: its drifts (on ``row.drifts``), the reaction, and the
         records its tasks held out (``row.held_out``; the held-out split when enough)."""
-        before, offsets = self.watch.records, offsets_of(info.ranges)
-        self._latest = (info.batch_id, before, offsets)
         drifts = self.watch.observe(
-            info.batch_id, info.results, offsets, batch_size=self.batch_size
+            info.batch_id, info.results, offsets_of(info.ranges), batch_size=self.batch_size
         )
         for d in drifts:
             d.generation = driver.state.last_batch_id if driver.state is not None else -1
@@ -108,26 +103,6 @@ class DriftResponse:
             if self.check_collapse and not self._armed:  # re-armed on the new concept
                 driver.watch = HeldoutWatch.for_labels(window[1], regression=self.regression)
                 self._armed = True
-
-    def heldout_moved(self, batch_id: int, detail: str, score: float, driver: Any) -> None:
-        """The held-out score collapsed while the stream's own held, at ``batch_id`` (scored
-        after its save): a drift the labels show (``heldout``), reacted to as any other from
-        the next batch on. Its way back is the generation of the best held-out score."""
-        latest, before, offsets = self._latest
-        drift = Drift(
-            "heldout",
-            batch_id,
-            before if latest == batch_id else self.watch.records,
-            round(score, 4),
-            detail,
-            offsets if latest == batch_id else {},
-            round(time.time(), 3),
-            driver.watch.best_batch if driver.watch is not None else -1,
-        )
-        self.watch.found.append(drift)
-        self._restart(driver)
-        if self.on_drift is not None:
-            self.on_drift([drift])
 
     def state(self) -> dict[str, float]:
         """What the checkpoint keeps of the reaction: the learning rate's scale and the passes

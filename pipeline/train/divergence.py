@@ -171,22 +171,6 @@ class HeldoutWatch:
             f"({trivial} {self.baseline:.4f})"
         )
 
-    def stream_holds(self, score: float | None) -> bool:
-        """Whether the stream's own prequential ``score`` (a batch's, on records the model had
-        not trained on yet) still shows what the model learned. A held-out split whose score
-        collapsed while the stream's holds describes a concept the stream has left: the model
-        did not fail, the labels changed their meaning. Classifiers only.
-
-        >>> w = HeldoutWatch("accuracy", baseline=0.54, n=500)
-        >>> [w.observe(b, {"accuracy": a}) for b, a in [(0, 0.68), (1, 0.31)]]
-        [None, None]
-        >>> w.stream_holds(0.70), w.stream_holds(0.52), w.stream_holds(None)
-        (True, False, False)
-        """
-        if score is None or self.lower_is_better or self.best is None:
-            return False
-        return self.gain(score) > self.share * self._low_gain(self.best)
-
     def state(self) -> dict[str, Any]:
         """What a resumed run needs to go on watching (kept in the checkpoint)."""
         return {"best": self.best, "best_batch": self.best_batch}

@@ -9,7 +9,6 @@ each finds is measured by :class:`~pipeline.train.divergence.HeldoutWatch`.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -66,19 +65,12 @@ def check_heldout(
     *,
     watch: HeldoutWatch | None,
     folder: Path | None,
-    stream: float | None = None,
-    moved: Callable[[str, float], None] | None = None,
 ) -> None:
     """Stop a model whose held-out score collapsed (:class:`HeldoutWatch`), before Spark
     commits the batch: the checkpoint holds it, so the way on is the generation of the
-    best score. Unless the stream's own prequential score (``stream``) holds: then the
-    held-out split describes a concept the stream has left, and ``moved`` (the run's drift
-    reaction) is told, with what collapsed and the held-out score, instead."""
+    best score."""
     collapsed = watch.observe(batch_id, scores) if watch is not None else None
-    if collapsed is None or watch is None:
-        return
-    if moved is not None and watch.stream_holds(stream):
-        moved(f"{collapsed}, while the stream's own scores {stream:.4f}", scores[watch.metric])
+    if collapsed is None:
         return
     raise StreamtrainError(
         f"Batch {batch_id}: the model collapsed ({collapsed}); the batch is not committed. "

@@ -1,7 +1,7 @@
 """Drift: when the stream changes, the run says so.
 
 Three signals, each measured on the driver from what the executors send back with every
-task, in stream order, and a fourth from the held-out score:
+task, in stream order:
 
 - ``loss``: River's ADWIN over each mini-batch's prequential error rate (its loss for a
   numeric target; scored before it trains), and a z-test of each task's error rate: a rise
@@ -12,10 +12,6 @@ task, in stream order, and a fourth from the held-out score:
   by the population stability index (PSI).
 - ``feature``: for tables, each column of a sample of the records against a reference
   sample, by PSI over the reference's deciles; the column that moved most is named.
-- ``heldout``: the held-out score collapsed while the stream's own prequential score held
-  (:meth:`~pipeline.train.divergence.HeldoutWatch.stream_holds`): the held-out split's
-  labels no longer mean what the stream's do. It is no model failure, and does not stop the
-  run (:mod:`pipeline.train.adapt`).
 
 No signal fires in the first ``warmup`` records (the model is still learning, and the
 reference is being drawn), nor for ``cooldown`` records after it fired (the model is
@@ -35,7 +31,7 @@ from pipeline.errors import ConfigError
 from pipeline.train.detectors import CountsDrift, FeatureDrift, LossDrift
 
 #: The signals, as ``streamtrain_drift_detected_total``'s ``signal`` label has them.
-SIGNALS = ("loss", "prior", "feature", "heldout")
+SIGNALS = ("loss", "prior", "feature")
 
 #: Rows of features and labels each task sends back for the feature signal and the
 #: held-out window after a drift, at most.
@@ -134,7 +130,7 @@ class DriftSettings:
 
 
 class DriftWatch:
-    """The signals over a run's batches, and the drifts found so far.
+    """The three signals over a run's batches, and the drifts found so far.
 
     Args:
         classes: the label's classes (0: a numeric target, no prior signal).

@@ -229,7 +229,7 @@ class TrainDriver:
         if self.on_row is not None:
             self.on_row(info, row, weights)  # scores the held-out split when due
         if row.heldout:
-            self.check_heldout(info.batch_id, row.heldout, stream=row.prequential_accuracy)
+            self.check_heldout(info.batch_id, row.heldout)
         self._fault("saved", info.batch_id)  # saved, and Spark has not committed it
 
     def check_finite(self, batch_id: int, weights: np.ndarray, row: BatchRow) -> None:
@@ -237,23 +237,10 @@ class TrainDriver:
         (:func:`~pipeline.train.divergence_stop.check_finite`)."""
         divergence_stop.check_finite(batch_id, weights, row, watch=self.watch, folder=self.folder)
 
-    def check_heldout(
-        self, batch_id: int, scores: dict[str, float], *, stream: float | None = None
-    ) -> None:
+    def check_heldout(self, batch_id: int, scores: dict[str, float]) -> None:
         """Stop a model whose held-out score collapsed, before Spark commits the batch
-        (:func:`~pipeline.train.divergence_stop.check_heldout`); a collapse while the stream's
-        own prequential score (``stream``) holds is a drift instead (``heldout``), when the
-        run watches for them."""
-        moved = None
-        if self.drift is not None:
-            response = self.drift
-
-            def moved(detail: str, score: float) -> None:
-                response.heldout_moved(batch_id, detail, score, self)
-
-        divergence_stop.check_heldout(
-            batch_id, scores, watch=self.watch, folder=self.folder, stream=stream, moved=moved
-        )
+        (:func:`~pipeline.train.divergence_stop.check_heldout`)."""
+        divergence_stop.check_heldout(batch_id, scores, watch=self.watch, folder=self.folder)
 
     def check_applied(
         self, results: list[TaskResult], *, batch_id: int | None = None

@@ -284,7 +284,7 @@ def training_metrics() -> TrainingMetrics:
         # The run's: a resumed run goes on from the drifts its checkpoint lists.
         drift_detected=Counter(
             "streamtrain_drift_detected_total",
-            "Drifts found in the stream, by signal (loss, prior, feature, heldout; docs/drift.md).",
+            "Drifts found in the stream, by signal (loss, prior, feature; docs/drift.md).",
             ["signal"],
             registry=reg,
         ),
