@@ -573,6 +573,9 @@ def test_spark_source_reads_the_mixed_topic_as_its_isolation_level_says(
 
 
 @pytest.mark.slow
+# Apache Kafka's broker alone: a whole run per source. What the re-implementations answer to
+# the sources is checked above, on every engine, in seconds rather than a run's minute.
+@pytest.mark.parametrize("engine_broker", ["kafka"], indirect=True)
 @pytest.mark.parametrize("kind", SOURCES)
 def test_a_run_trains_the_mixed_topic_committed_only(
     request, engine_broker, mixed, tmp_path, kind

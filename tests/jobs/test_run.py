@@ -60,7 +60,8 @@ def test_a_driver_killed_at_each_boundary_of_a_batch_resumes_every_record_once(
 ) -> None:
     """Proves: SIGKILL of the driver inside a batch before its state is saved ("batch"),
     after the save and before Spark's commit ("saved"), and after the commit ("committed"),
-    each followed by --resume (one run killed three times, so that the replays chain):
+    each followed by --resume (one run killed three times, so that the replays chain; with
+    Spark's own source, at the last two):
     every record is trained exactly once (the ledger chains with no gap and no overlap, and
     sums to what was produced), and only after "saved" is the replayed batch skipped, once
     its ranges match the checkpoint's; each resumed run's first line says which batch Spark
@@ -99,7 +100,10 @@ def test_a_driver_killed_at_each_boundary_of_a_batch_resumes_every_record_once(
     # The runs' temp folder: each killed run leaves its files there; the next start removes them.
     temp = Path(tempfile.mkdtemp(prefix="st-kill-"))
     said = ""  # what Spark starts with, as the next run should say it
-    for point, batch, saved in BOUNDARIES:
+    # Inside a batch, before its save, both sources restart alike (Spark runs the batch its
+    # offset log planned): the Python source's run covers it. After the save and after the
+    # commit is where a source's offsets and the checkpoint must agree: both sources run those.
+    for point, batch, saved in BOUNDARIES if source == "python" else BOUNDARIES[1:]:
         killed = _cli(
             "run",
             *common,
