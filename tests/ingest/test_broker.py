@@ -40,6 +40,7 @@ def _port_free(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) != 0
 
 
+@pytest.mark.slow  # a broker of its own: the quick tier's budget
 def test_start_answers_metadata_and_stop_frees_port_and_pid() -> None:
     b = EmbeddedBroker().start()
     pid, port = b.pid, b.port
@@ -50,6 +51,7 @@ def test_start_answers_metadata_and_stop_frees_port_and_pid() -> None:
     b.stop()  # idempotent
 
 
+@pytest.mark.slow  # a broker of its own: the quick tier's budget
 def test_context_exit_on_exception_stops_the_broker() -> None:
     with pytest.raises(KeyboardInterrupt), EmbeddedBroker() as b:
         pid = b.pid
@@ -57,6 +59,7 @@ def test_context_exit_on_exception_stops_the_broker() -> None:
     assert pid and _wait_dead(pid)
 
 
+@pytest.mark.slow  # a broker of its own: the quick tier's budget
 def test_no_orphan_when_the_owner_is_killed(tmp_path: Path) -> None:
     script = (
         "import sys, time\n"
@@ -73,6 +76,7 @@ def test_no_orphan_when_the_owner_is_killed(tmp_path: Path) -> None:
     assert _wait_dead(broker_pid), "the broker outlived a SIGKILLed owner"
 
 
+@pytest.mark.slow  # a broker of its own: the quick tier's budget
 def test_interpreter_exit_stops_the_broker() -> None:
     script = (
         "from pipeline.ingest.kafka import EmbeddedBroker\nprint(EmbeddedBroker().start().pid)\n"

@@ -295,6 +295,7 @@ def test_produce(request, engine_broker, topic, name) -> None:  # type: ignore[n
     assert _fetch_read(engine_broker.bootstrap, topic, N) == expected
 
 
+@pytest.mark.slow  # a Spark session: the quick tier's budget
 def test_spark_source_reads_what_both_python_clients_sent(
     spark, engine_broker, topic, tmp_path
 ) -> None:  # type: ignore[no-untyped-def]
@@ -514,6 +515,7 @@ def _lists_aborted(engine: str) -> bool:
     return ("tansu", "confluent-kafka", "transactions") not in UNSUPPORTED or engine != "tansu"
 
 
+@pytest.mark.slow  # a Spark session: the quick tier's budget
 @pytest.mark.parametrize("kind", SOURCES)
 def test_spark_source_reads_the_mixed_topic_as_its_isolation_level_says(
     request,

@@ -110,6 +110,7 @@ def test_whole_log_equals_the_consumers_view(broker, topics, reader, codec) -> N
     max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(data=st.data())
+@pytest.mark.slow  # every range of a topic, read twice: the quick tier's budget
 def test_any_range_equals_the_consumers_view(broker, topics, reader, data) -> None:  # type: ignore[no-untyped-def]
     start = data.draw(st.integers(0, N - 1))
     end = data.draw(st.integers(start + 1, N))

@@ -161,6 +161,7 @@ def test_skip_passes_over_an_unreadable_batch_and_counts_its_offsets_and_cause()
         parse_batches(_log_with_poison(), start=0, end=7)
 
 
+@pytest.mark.slow  # a Spark session: the quick tier's budget
 def test_a_stream_with_on_poison_skip_goes_on_and_sets_the_batch_aside(
     spark,
     raw_broker,

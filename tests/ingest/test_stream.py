@@ -29,6 +29,10 @@ from producers import Replay, datasets
 from tests.conftest import SOURCES
 from tests.ingest import stream_helpers
 
+# A Spark session's streaming queries against the broker: the full tier's (the quick tier's
+# budget is four minutes; these take a minute together).
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -40,6 +40,7 @@ def test_flat_weights_match_the_numpy_path(build) -> None:  # type: ignore[no-un
         flat.set(new[:-1])
 
 
+@pytest.mark.slow  # a model traced in a child process: the quick tier's budget
 def test_flat_weights_leave_no_autograph_file_behind(tmp_path) -> None:  # type: ignore[no-untyped-def]
     """Autograph writes each function it converts to a temporary file that only a clean exit
     removes; a Spark Python worker exits without one, so every replica would leave two

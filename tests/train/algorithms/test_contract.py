@@ -16,6 +16,9 @@ from pipeline.train.model import ModelSpec
 from pipeline.train.server import parameter_server
 
 NAMES = algorithms.NAMES
+#: The default algorithm in the quick tier; every other on real MNIST in the full tier (each
+#: trains a model for seconds, and the quick tier's budget is four minutes).
+QUICK_NAMES = [n if n == "sync" else pytest.param(n, marks=pytest.mark.slow) for n in NAMES]
 
 
 def _workers(name: str, wanted: int) -> int:
@@ -78,6 +81,7 @@ def test_config_round_trip(name: str) -> None:
     assert again.batch_size == 17 and again.seed == 5
 
 
+@pytest.mark.slow  # every algorithm trained twice: the quick tier's budget
 @pytest.mark.parametrize("name", NAMES)
 def test_determinism_with_a_seed_on_one_worker(name: str, mnist_small) -> None:  # type: ignore[no-untyped-def]
     x, y = mnist_small
@@ -93,7 +97,7 @@ def test_determinism_with_a_seed_on_one_worker(name: str, mnist_small) -> None: 
 
 
 @pytest.mark.parametrize("shards", [1, 2])  # one server in the process, or two shard processes
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", QUICK_NAMES)
 def test_loss_falls_on_a_short_real_mnist_run(name: str, shards: int, mnist_small) -> None:  # type: ignore[no-untyped-def]
     import keras
 
@@ -132,7 +136,7 @@ def test_loss_falls_on_a_short_real_mnist_run(name: str, shards: int, mnist_smal
         assert [s["clock"] for s in each] == [t.server_stats["clock"]] * shards
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", QUICK_NAMES)
 def test_loss_falls_with_bfloat16_on_the_wire(name: str, mnist_small) -> None:  # type: ignore[no-untyped-def]
     """Proves: every algorithm still learns when its deltas and weights cross TCP as
     bfloat16 (the center kept in float32), and the exchanges did go over TCP narrowed."""
