@@ -38,7 +38,7 @@ records in the same order. ``recovery_share``: each stream's recovery gain over 
     .venv/bin/python bench/drift.py [--scale 1] [--only STREAM,...]
 
 At ``--scale 1`` it runs 18 trainers one after another (each a process of its own, alone
-on the machine) and the River anchors: about 20 minutes on 2 cores. ``--scale`` multiplies
+on the machine) and the River anchors: about 45 minutes on 2 cores. ``--scale`` multiplies
 every stream's length, and the detectors' warm-up and cool-down with them; ``--scale 0.05``
 checks that it runs end to end in a few minutes (start-ups dominate; figures mean little).
 
