@@ -118,11 +118,11 @@ class DriftResponse:
         window, kept in memory, starts empty), and the raise :meth:`state` kept goes on for
         the records it had left, instead of the configured rate from the restart on."""
         self._restart(driver, adapt=False)
-        left = int((state or {}).get("boost_left", 0))
+        kept = state or {}
+        left = int(kept.get("boost_left", 0))
         if self.mode == "adapt" and left > 0:
             self._boost_left = left
-            self._scale(float((state or {}).get("lr_scale", 1.0)))
-            self.handler.passes = int((state or {}).get("passes", 1))
+            self._react(float(kept.get("lr_scale", 1.0)), int(kept.get("passes", 1)))
 
     def _restart(self, driver: Any, *, adapt: bool = True) -> None:
         """A drift: the held-out window starts again after it; ``adapt`` raises the learning rate
@@ -138,8 +138,7 @@ class DriftResponse:
         driver.watch, self._armed = None, False
         if adapt and self.mode == "adapt":
             self._boost_left = self.watch.settings.adapt_records
-            self._scale(self.watch.settings.adapt_lr_scale)
-            self.handler.passes = self.watch.settings.adapt_passes
+            self._react(self.watch.settings.adapt_lr_scale, self.watch.settings.adapt_passes)
 
     def _wind_down(self, trained: int) -> None:
         """Count the batch's records against the raise; back to the configured rate after it."""
@@ -147,13 +146,14 @@ class DriftResponse:
             return
         self._boost_left -= trained
         if self._boost_left <= 0:
-            self._scale(1.0)
-            self.handler.passes = 1
+            self._react(1.0, 1)
 
-    def _scale(self, scale: float) -> None:
-        """The learning rate, ``scale`` times the configured one: the server's optimizer's
-        now, the replicas' from their next task (the handler travels with it)."""
+    def _react(self, scale: float, passes: int) -> None:
+        """The learning rate, ``scale`` times the configured one (the server's optimizer's
+        now, the replicas' from their next task: the handler travels with it), and each
+        task's ``passes`` over its records."""
         self.handler.lr_scale = self._lr_scale = scale
+        self.handler.passes = passes
         if self.algorithm is not None:
             self.algorithm.scale_learning_rate(scale)
 
