@@ -6,6 +6,7 @@ to the trained batch's row.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 from pipeline.ingest import offsets
@@ -46,6 +47,9 @@ class BatchFigures:
         default_factory=dict
     )  # per partition, for freshness
     started_at: float = 0.0  # time.monotonic() when the batch reached the driver
+    again: Callable[[], list[TaskFigures]] | None = dataclasses.field(
+        default=None, repr=False, compare=False
+    )
 
     @classmethod
     def gather(

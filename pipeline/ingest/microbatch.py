@@ -198,7 +198,11 @@ class StreamJob:
                     info.ranges = offsets.merge_ranges(planned)
                 info.lag = self._lag.lag(info.ranges) if self._lag else {}
                 info.batch_s = time.perf_counter() - started
-                self.handler.on_batch(info)
+                info.again = lambda: self._tasks.run(df, batch_id, planned, again=True)
+                try:
+                    self.handler.on_batch(info)
+                finally:
+                    info.again = None  # the batch's DataFrame is not kept past its handler
                 self.batches.append(info)
                 self.handled += 1
                 self._handled.update((r.topic_partition, r) for r in info.ranges)

@@ -181,10 +181,14 @@ class BatchTasks:
             return None if start is None else offsets.plan(start, end)
         return offsets.plan(start or {}, end, min_partitions=self.min_partitions)
 
-    def run(self, df: Any, batch_id: int, ranges: list[OffsetRange] | None) -> list[TaskFigures]:
+    def run(
+        self, df: Any, batch_id: int, ranges: list[OffsetRange] | None, *, again: bool = False
+    ) -> list[TaskFigures]:
         """Process the batch ``df`` (id ``batch_id``) over its planned ``ranges`` (see
-        :meth:`plan`); one figure per task that read records."""
-        schema, handler, dead = self.schema, self.handler, self.dead_letter
+        :meth:`plan`); one figure per task that read records. ``again``: the batch was
+        processed before (its rejects and poison were sent to the dead-letter topic then)."""
+        schema, handler = self.schema, self.handler
+        dead = None if again else self.dead_letter
         if self.python_source:
             assert ranges is not None  # plan() raises without them
             if ranges:

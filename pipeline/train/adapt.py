@@ -10,17 +10,23 @@ In either mode, from the first drift on:
   that window: a score that fell because the concept changed is not a model that diverged;
 - the checkpoint generation from just before the drift is kept, for a way back.
 
-With ``adapt``, for the ``adapt_records`` records after the drift, the learning rate is
-also raised to ``adapt_lr_scale`` times the configured one (the server's optimizer's under
-synchronous SGD, and every replica's own under the other algorithms), and each task trains
-its records ``adapt_passes`` times (their prequential score is the first pass's); then as
-configured again. Measured against resetting the optimizer's moments, replaying the drift's
-batch, and raises and passes of other sizes and lengths: ``docs/drift.md``.
+With ``adapt``, the micro-batch the drift showed up in (the only records of the new concept
+there are yet) is trained again ``adapt_replay`` times over, at once: its tasks run again
+on the same offsets, as tasks of their own for the parameter server, before the batch's
+checkpoint is saved, so that a driver killed during the replay trains the whole batch
+again on resuming, and none of it twice. Then, for the ``adapt_records`` records after
+the drift, the learning rate is raised to ``adapt_lr_scale`` times the configured one (the
+server's optimizer's under synchronous SGD, and every replica's own under the other
+algorithms; the replay trains at it too), and each task trains its records
+``adapt_passes`` times (their prequential score is the first pass's); then as configured
+again. Each drift's ``reaction`` says what was done. Measured against resetting the
+optimizer's moments, and raises, passes and replays of other sizes: ``docs/drift.md``.
 """
 
 from __future__ import annotations
 
 import collections
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -82,9 +88,11 @@ class DriftResponse:
         """The checkpoint generations from just before each drift (kept for a way back)."""
         return sorted({d.generation for d in self.watch.found if d.generation >= 0})
 
-    def on_batch(self, info: Any, row: Any, driver: Any) -> None:
+    def on_batch(self, info: Any, row: Any, driver: Any) -> list[Any]:
         """Before the batch is saved: its drifts (on ``row.drifts``), the reaction, and the
-        records its tasks held out (``row.held_out``; the held-out split when enough)."""
+        records its tasks held out (``row.held_out``; the held-out split when enough).
+        Returns the task results of the batch's replay (empty: none), for the driver to
+        check against the server before it saves the center they trained."""
         drifts = self.watch.observe(
             info.batch_id, info.results, offsets_of(info.ranges), batch_size=self.batch_size
         )
@@ -92,8 +100,25 @@ class DriftResponse:
             d.generation = driver.state.last_batch_id if driver.state is not None else -1
         row.drifts = list(drifts)
         self._wind_down(row.trained)
+        replayed: list[Any] = []
         if drifts:
             self._restart(driver)
+            reaction: dict[str, Any] = {"mode": self.mode}
+            if self.mode == "adapt":
+                s = self.watch.settings
+                reaction.update(
+                    lr_scale=s.adapt_lr_scale, passes=s.adapt_passes, records=s.adapt_records
+                )
+                if s.adapt_replay and getattr(info, "again", None) is not None:
+                    began = time.perf_counter()
+                    replayed = self._replay(info.again, s.adapt_replay)
+                    reaction.update(
+                        replay_passes=s.adapt_replay,
+                        replayed=sum(r.records for r in replayed),
+                        replay_s=round(time.perf_counter() - began, 2),
+                    )
+            for d in drifts:
+                d.reaction = dict(reaction)
             if self.on_drift is not None:
                 self.on_drift(drifts)
         row.held_out = self._collect(info.results)
@@ -103,6 +128,7 @@ class DriftResponse:
             if self.check_collapse and not self._armed:  # re-armed on the new concept
                 driver.watch = HeldoutWatch.for_labels(window[1], regression=self.regression)
                 self._armed = True
+        return replayed
 
     def state(self) -> dict[str, float]:
         """What the checkpoint keeps of the reaction: the learning rate's scale and the passes
@@ -139,6 +165,16 @@ class DriftResponse:
         if adapt and self.mode == "adapt":
             self._boost_left = self.watch.settings.adapt_records
             self._react(self.watch.settings.adapt_lr_scale, self.watch.settings.adapt_passes)
+
+    def _replay(self, again: Callable[[], list[Any]], passes: int) -> list[Any]:
+        """Train the batch's records ``passes`` times more (at the raised rate, its held-out
+        records left out as the stream's will be); return the replay's task results."""
+        kept = self.handler.passes
+        self.handler.passes, self.handler.replay = passes, 1
+        try:
+            return [f.result for f in again()]
+        finally:
+            self.handler.passes, self.handler.replay = kept, 0
 
     def _wind_down(self, trained: int) -> None:
         """Count the batch's records against the raise; back to the configured rate after it."""

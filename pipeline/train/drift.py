@@ -51,6 +51,8 @@ class Drift:
         offsets: per ``topic:partition``, the batch's ``[start, end)`` offsets.
         at: Unix time when it was found.
         generation: the checkpoint generation from just before it (kept; -1: none).
+        reaction: what the run did (``--on-drift``'s mode, and with ``adapt`` the raise, the
+            passes, and the replay of the batch: its passes, records and seconds).
     """
 
     signal: str
@@ -61,6 +63,7 @@ class Drift:
     offsets: dict[str, list[int]] = dataclasses.field(default_factory=dict)
     at: float = 0.0
     generation: int = -1
+    reaction: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -98,10 +101,12 @@ class DriftSettings:
     adapt_lr_scale: float = 5.0
     adapt_records: int = 5_000
     adapt_passes: int = 4
+    adapt_replay: int = 8
 
     @classmethod
     def parse(cls, text: str | None) -> DriftSettings:
         """Settings from ``--drift KEY=VALUE,...``; one bad pair raises a one-line error.
+        Each value is positive, but for ``adapt_replay=0`` (no replay).
 
         >>> DriftSettings.parse("warmup=5000, loss_delta=0.001").warmup
         5000
@@ -120,10 +125,11 @@ class DriftSettings:
                 number = (int if fields.get(key) == "int" else float)(value)
             except ValueError:
                 number = -1
-            if key not in fields or not number > 0:
+            if key not in fields or not (number > 0 or (key == "adapt_replay" and number == 0)):
                 raise ConfigError(
                     f"Expected --drift KEY=VALUE pairs, KEY one of {', '.join(sorted(fields))}, "
-                    f"VALUE a positive number. Received: {pair!r}. See docs/drift.md."
+                    f"VALUE a positive number (adapt_replay may be 0). Received: {pair!r}. "
+                    "See docs/drift.md."
                 )
             out[key] = number
         return cls(**out)

@@ -167,7 +167,15 @@ class TrainDriver:
         if (
             self.drift is not None
         ):  # before the save: the checkpoint holds the drifts and the held-out count
-            self.drift.on_batch(info, row, self)
+            replay = self.drift.on_batch(info, row, self)
+            if replay:  # the batch trained again after a drift: checked, and what it trained saved
+                diverged = [r.diverged for r in replay if getattr(r, "diverged", None)]
+                if diverged:
+                    divergence_stop.diverged(info.batch_id, diverged[0], folder=self.folder)
+                self.check_applied(replay, batch_id=info.batch_id)
+                weights, clock, optimizer = self.server.checkpoint()
+                row.clock = clock
+                self.check_finite(info.batch_id, weights, row)
         began = time.perf_counter()
         state = self.state
         state.weights, state.clock, state.last_batch_id, state.optimizer = (

@@ -46,6 +46,8 @@ class TrainHandler(microbatch.Handler):
         lr_scale: multiplies the replicas' learning rate (raised for a while after a drift).
         passes: how many times each task trains its records (more than one for a while after
             a drift; the prequential score is the first pass's).
+        replay: > 0 while the batch a drift showed up in is trained again (its tasks are tasks
+            of their own for the server, and send back no description for the drift signals).
     """
 
     spec: ModelSpec
@@ -58,6 +60,7 @@ class TrainHandler(microbatch.Handler):
     holdout_every: int = 0
     lr_scale: float = 1.0
     passes: int = 1
+    replay: int = 0
 
     def __getstate__(self) -> dict[str, Any]:
         # The driver holds the parameter server and its locks: never ship it.
@@ -85,7 +88,7 @@ class TrainHandler(microbatch.Handler):
             job=self.job,
             threads=self.threads,
             seed=(seed, block.partition, first),
-            task=task_key(block.topic, block.partition, first),
+            task=task_key(block.topic, block.partition, first, replay=self.replay),
             attempt=ctx.attemptNumber() if ctx else 0,
             after_exchange=_fault_after,
             lr_scale=self.lr_scale,
@@ -96,7 +99,8 @@ class TrainHandler(microbatch.Handler):
         # the passes): what the ledger, the drift signals and the rates count.
         if not result.diverged:
             result.records = len(y)
-        _describe(result, block.schema, x, y, held, layout)
+        if not self.replay:  # a replay's records were described when the stream trained them
+            _describe(result, block.schema, x, y, held, layout)
         return result
 
     def on_tasks(self, n: int) -> None:

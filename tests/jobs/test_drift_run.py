@@ -38,7 +38,10 @@ def test_a_flipped_concept_is_found_said_and_adapted_to(tmp_path: Path) -> None:
     checkpoint from before it is kept; records are held out of training from then on, and
     the final held-out score is on them: the adapted model scores well on the new concept,
     where the evaluation file (the old concept) would score it near 0. ``adapt``'s batches
-    after the drift train each record ``adapt_passes`` (4) times, and count it once."""
+    after the drift train each record ``adapt_passes`` (4) times, and count it once; the
+    drift's own batch is trained again ``adapt_replay`` (8) times over before its save (the
+    server's clock moves that much more in it), each record once in the ledger still;
+    report.json says what was done."""
     _table(tmp_path / "flip.jsonl", RECORDS, change=CHANGE, seed=1)
     _table(tmp_path / "old.jsonl", 1_000, change=None, seed=2)
     out = tmp_path / "run"
@@ -101,6 +104,17 @@ def test_a_flipped_concept_is_found_said_and_adapted_to(tmp_path: Path) -> None:
 
     by_id = {r["batch_id"]: r for r in rows}
     assert steps_per_record(after[0]) > 3 * steps_per_record(by_id[d["batch_id"]]), after[0]
+    reaction = d["reaction"]
+    assert reaction["mode"] == "adapt" and reaction["replay_passes"] == 8, reaction
+    # Its records but those held out from the drift on (one in 20), from both partitions.
+    assert 0.9 * BATCH <= reaction["replayed"] < BATCH, reaction
+
+    def moved(batch_id: int) -> int:  # the server's clock over a batch
+        return by_id[batch_id]["clock"] - by_id[batch_id - 1]["clock"]
+
+    assert moved(d["batch_id"]) > 6 * moved(d["batch_id"] - 1), [
+        moved(b) for b in sorted(by_id)[1:]
+    ]
     # Every record handled once: trained, or held out to score the model after the drift.
     assert report["trained_records"] + sum(r.get("held_out", 0) for r in rows) == RECORDS
     assert report["final"]["accuracy"] > 0.8, report["final"]

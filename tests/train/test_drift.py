@@ -7,6 +7,7 @@ import dataclasses
 import itertools
 import json
 import math
+import types
 from typing import Any
 
 import numpy as np
@@ -232,6 +233,7 @@ class _Handler:
     holdout_every: int = 0
     lr_scale: float = 1.0
     passes: int = 1
+    replay: int = 0
 
 
 @dataclasses.dataclass
@@ -239,6 +241,7 @@ class _Info:
     batch_id: int
     results: list[Any]
     ranges: list[OffsetRange]
+    again: Any = None
 
 
 @dataclasses.dataclass
@@ -256,12 +259,29 @@ def test_response_holds_out_records_after_a_drift_and_adapt_raises_the_learning_
     out from then on, scores the newest window of them once there are enough, and re-arms
     the collapse check on them; only ``adapt`` raises the learning rate (the server's and the
     replicas') and trains each task's records ``adapt_passes`` times, for ``adapt_records``
-    records, then puts both back."""
+    records, then puts both back; and only ``adapt`` runs the drift's batch again, once, at
+    the raised rate, ``adapt_replay`` passes over it, as a replay (the handler as it was
+    after), handing the replay's results back for the driver to check. Each drift says what
+    was done."""
     rng = np.random.default_rng(1)
     algorithm, handler, evaluation = _Algorithm(), _Handler(), _Evaluation()
     settings = drift.DriftSettings(
-        warmup=2_000, cooldown=50_000, adapt_lr_scale=4.0, adapt_records=5_000, adapt_passes=3
+        warmup=2_000,
+        cooldown=50_000,
+        adapt_lr_scale=4.0,
+        adapt_records=5_000,
+        adapt_passes=3,
+        adapt_replay=6,
     )
+    replays: list[tuple[int, int, int, float]] = []
+
+    def again(batch: int) -> Any:
+        def run() -> list[Any]:  # the batch's tasks, run again with the handler as set now
+            replays.append((batch, handler.passes, handler.replay, handler.lr_scale))
+            return [types.SimpleNamespace(result=_Result(950, []))]
+
+        return run
+
     r = adapt.DriftResponse(
         drift.DriftWatch(classes=2, columns=None, settings=settings),
         mode,
@@ -285,10 +305,18 @@ def test_response_holds_out_records_after_a_drift_and_adapt_raises_the_learning_
             )
         ]
         row = _Row()
-        r.on_batch(
-            _Info(batch, results, [OffsetRange("t", 0, batch * 1_000, (batch + 1) * 1_000)]),
+        replayed = r.on_batch(
+            _Info(
+                batch,
+                results,
+                [OffsetRange("t", 0, batch * 1_000, (batch + 1) * 1_000)],
+                again(batch),
+            ),
             row,
             driver,
+        )
+        assert [x.records for x in replayed] == (
+            [950] if replays and replays[-1][0] == batch else []
         )
         drifted += [batch] * len(row.drifts)
         scales.append(handler.lr_scale)
@@ -307,8 +335,20 @@ def test_response_holds_out_records_after_a_drift_and_adapt_raises_the_learning_
             algorithm.scales == [4.0, 1.0] and scales.count(4.0) == 5 and scales[drifted[0]] == 4.0
         )
         assert scales[-1] == 1.0 and passes == [3 if s == 4.0 else 1 for s in scales]
+        assert replays == [(drifted[0], 6, 1, 4.0)] and handler.replay == 0
+        [found] = r.watch.found
+        assert found.reaction == {
+            "mode": "adapt",
+            "lr_scale": 4.0,
+            "passes": 3,
+            "records": 5_000,
+            "replay_passes": 6,
+            "replayed": 950,
+            "replay_s": found.reaction["replay_s"],
+        }
     else:
         assert algorithm.scales == [] and set(scales) == {1.0} and set(passes) == {1}
+        assert replays == [] and [d.reaction for d in r.watch.found] == [{"mode": "alert"}]
 
 
 def test_a_resumed_run_keeps_the_raise_that_adapt_set() -> None:

@@ -320,14 +320,16 @@ def recv_exact(sock: socket.socket, buf: memoryview) -> None:
         got += n
 
 
-def task_key(topic: str, partition: int, first_offset: int) -> int:
+def task_key(topic: str, partition: int, first_offset: int, replay: int = 0) -> int:
     """The 64-bit key that names one offset range's training task (never 0), the same in
-    every attempt Spark makes at it.
+    every attempt Spark makes at it; ``replay`` > 0 names the range trained again after a
+    drift (:mod:`pipeline.train.adapt`), a task of its own whose exchanges count apart.
 
     >>> task_key("mnist", 0, 0) == task_key("mnist", 0, 0) != task_key("mnist", 1, 0)
     True
+    >>> task_key("mnist", 0, 0, replay=1) != task_key("mnist", 0, 0)
+    True
     """
-    digest = hashlib.blake2b(
-        f"{topic}\0{partition}\0{first_offset}".encode(), digest_size=8
-    ).digest()
+    name = f"{topic}\0{partition}\0{first_offset}" + (f"\0replay {replay}" if replay else "")
+    digest = hashlib.blake2b(name.encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") or 1
