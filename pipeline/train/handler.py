@@ -94,6 +94,7 @@ class TrainHandler(microbatch.Handler):
             lr_scale=self.lr_scale,
             epochs=self.passes,
             layout=layout,
+            sightings=not self.replay,
         )
         # The stream's records, each once however many passes trained them (the steps count
         # the passes): what the ledger, the drift signals and the rates count.

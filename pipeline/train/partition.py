@@ -157,6 +157,7 @@ def train_partition(
     after_exchange: Callable[[int], None] | None = None,
     lr_scale: float = 1.0,
     layout: Any = None,
+    sightings: bool = True,
 ) -> TaskResult:
     """Train on one partition's ``x``/``y`` with the algorithm's exchanges; report figures.
 
@@ -177,7 +178,8 @@ def train_partition(
 
     With a ``layout`` (:class:`~pipeline.table.ids.IdLayout`: the schema has ID features)
     ``x`` holds the IDs' keys, and each mini-batch's rows are read from the row servers and
-    trained there (:class:`~pipeline.train.id_rows.IdRows`).
+    trained there (:class:`~pipeline.train.id_rows.IdRows`); the first pass's pushes count
+    the IDs as seen (none with ``sightings`` False: records trained again after a drift).
     """
     algo = algorithms.get(algorithm)
     entry, fresh = replica(spec, job=job, threads=threads, lr_scale=lr_scale)
@@ -241,6 +243,7 @@ def train_partition(
                 with timer("compute"):
                     loss, acc = half.compute(xb, y[idx])
                 if ids is not None:
+                    ids.client.sighting = sightings and step <= steps_per_epoch
                     with timer("exchange"):
                         ids.after(step, half.input_grad, x[order[step]] if step < total else None)
                 losses.append(loss)

@@ -36,6 +36,9 @@ class RowClient:
         staleness: per applied push, the pushes of other workers between this worker's last
             read and it (the most over the shards).
         rows_read, rows_pushed: rows this client read and pushed.
+        sighting: whether a push counts its IDs as seen (their rows' expiry, ``min_count``);
+            off while a record is trained again (a later pass, a replay after a drift), so
+            that each record's IDs are seen once.
     """
 
     def __init__(
@@ -54,6 +57,7 @@ class RowClient:
         self.staleness: list[int] = []
         self.rows_read = self.rows_pushed = 0
         self.repeats = 0
+        self.sighting = True
         self._channels: list[Channel] = []
         try:
             for address in addresses:
@@ -142,7 +146,7 @@ class RowClient:
         summed = np.zeros((len(unique), dim), np.float32)
         np.add.at(summed, inverse, grads)
         where = self._where(unique)
-        seen, counts = np.unique(keys, return_counts=True)
+        seen, counts = np.unique(keys if self.sighting else keys[:0], return_counts=True)
         at = self._where(seen)
         for s in range(n):
             requests[s][t]["keys"], requests[s][t]["grads"] = unique[where == s], summed[where == s]

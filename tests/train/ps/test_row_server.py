@@ -61,6 +61,37 @@ def test_two_row_server_shards_make_exactly_one_shards_tables() -> None:
         assert stats["rows_pushed"] > 0 and stats["rows_read"] > 0
 
 
+def test_a_push_that_trains_a_record_again_does_not_count_its_ids_as_seen_again() -> None:
+    """Proves: with ``sighting`` off (a record's later pass, a replay after a drift), a push
+    trains the rows it names but counts no sighting, so ``min_count`` counts records, not
+    passes: an ID seen once, then pushed again without sighting, has no row of its own; a
+    second sighting gives it one."""
+    with (
+        RowServers(SPECS, secret=b"k", host="127.0.0.1") as rows,
+        RowClient(rows.addresses, secret=b"k", worker=1, dims=rows.dims) as client,
+    ):
+        keys = np.array([5, 9], np.uint64)
+
+        def push(exchange: int) -> None:
+            zeros = np.zeros(2, bool)
+            client.push(
+                [
+                    (keys, np.ones((2, 4), np.float32), zeros),
+                    (keys, np.ones((2, 2), np.float32), zeros),
+                ],
+                task=7,
+                exchange=exchange,
+            )
+
+        push(1)
+        client.sighting = False
+        push(2)
+        assert not client.exchange([keys, keys[:0]])[0][1].any()  # min_count 2: one sighting
+        client.sighting = True
+        push(3)
+        assert client.exchange([keys, keys[:0]])[0][1].all()
+
+
 def test_a_row_server_refuses_a_wrong_secret_and_a_gradient_that_is_not_finite() -> None:
     with RowServers(SPECS, secret=b"k", host="127.0.0.1") as rows:
         with pytest.raises(p.ProtocolError, match="refused this worker's proof"):
