@@ -110,6 +110,8 @@ class DriftSettings:
 
         >>> DriftSettings.parse("warmup=5000, loss_delta=0.001").warmup
         5000
+        >>> DriftSettings.parse("adapt_replay=0").adapt_replay
+        0
         >>> DriftSettings.parse("warmpu=1")  # doctest: +ELLIPSIS, +NORMALIZE_WHITESPACE
         Traceback (most recent call last):
         ...

@@ -31,7 +31,8 @@ def _table(path: Path, n: int, *, change: int | None, seed: int) -> None:
 
 
 @pytest.mark.slow  # a run
-def test_a_flipped_concept_is_found_said_and_adapted_to(tmp_path: Path) -> None:
+@pytest.mark.parametrize("source", ["python", "jvm"])
+def test_a_flipped_concept_is_found_said_and_adapted_to(tmp_path: Path, source: str) -> None:
     """Proves: the loss signal finds the planted change within two batches of it, and only
     that signal (features and class prior did not move); the run says it in one line and
     lists it in report.json with its batch, offsets per partition and statistic; the
@@ -41,7 +42,8 @@ def test_a_flipped_concept_is_found_said_and_adapted_to(tmp_path: Path) -> None:
     after the drift train each record ``adapt_passes`` (4) times, and count it once; the
     drift's own batch is trained again ``adapt_replay`` (8) times over before its save (the
     server's clock moves that much more in it), each record once in the ledger still;
-    report.json says what was done."""
+    report.json says what was done. Through both Kafka sources: Spark's own replays the batch
+    by computing its DataFrame again."""
     _table(tmp_path / "flip.jsonl", RECORDS, change=CHANGE, seed=1)
     _table(tmp_path / "old.jsonl", 1_000, change=None, seed=2)
     out = tmp_path / "run"
@@ -69,6 +71,8 @@ def test_a_flipped_concept_is_found_said_and_adapted_to(tmp_path: Path) -> None:
             "2",
             "--drift",
             "warmup=2000,cooldown=4000",
+            "--source",
+            source,
         ],
         capture_output=True,
         text=True,
@@ -78,6 +82,7 @@ def test_a_flipped_concept_is_found_said_and_adapted_to(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads((out / "report.json").read_text())
     assert report["stopped_because"] == "all produced records trained"
+    assert report["settings"]["source"] == source
     drifts = report["drifts"]
     assert [d["signal"] for d in drifts] == ["loss"], drifts
     [d] = drifts
