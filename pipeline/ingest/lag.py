@@ -52,7 +52,7 @@ class LagMonitor:
         from pipeline.ingest.kafka import client
 
         while not self._stop.is_set():
-            # A fresh consumer each time, as the source's planner uses (see spark_source._edges).
+            # A fresh consumer each refresh (about once a second, off the batch's path).
             c = None
             try:
                 c = client.consumer(

@@ -36,9 +36,9 @@ class RowClient:
         staleness: per applied push, the pushes of other workers between this worker's last
             read and it (the most over the shards).
         rows_read, rows_pushed: rows this client read and pushed.
-        sighting: whether a push counts its IDs as seen (their rows' expiry, ``min_count``);
-            off while a record is trained again (a later pass, a replay after a drift), so
-            that each record's IDs are seen once.
+        sighting: whether a push counts its IDs as seen (``min_count``; the rows it trains
+            have their expiry moved either way); off while a record is trained again (a later
+            pass, a replay after a drift), so that each record's IDs are counted once.
     """
 
     def __init__(
