@@ -351,6 +351,27 @@ def test_response_holds_out_records_after_a_drift_and_adapt_raises_the_learning_
         assert replays == [] and [d.reaction for d in r.watch.found] == [{"mode": "alert"}]
 
 
+def test_a_replay_that_fails_leaves_the_handler_as_the_reaction_set_it() -> None:
+    """Proves: when the replay's tasks raise (the batch then fails, and is trained again on
+    resuming), the handler the next tasks travel with is not left in replay mode or at the
+    replay's passes."""
+    handler = _Handler(passes=4)
+    response = adapt.DriftResponse(
+        drift.DriftWatch(classes=2, columns=None),
+        "adapt",
+        handler=handler,
+        batch_size=64,
+    )
+
+    def failing() -> list[Any]:
+        assert handler.replay == 1 and handler.passes == 8
+        raise RuntimeError("an executor lost")
+
+    with pytest.raises(RuntimeError, match="executor lost"):
+        response._replay(failing, 8)
+    assert handler.replay == 0 and handler.passes == 4
+
+
 def test_a_resumed_run_keeps_the_raise_that_adapt_set() -> None:
     """Proves (issue 57, item 6): a run stopped while ``adapt``'s raise was in force resumes
     with the raise, the server's and the replicas', and the passes, for the records it had
