@@ -202,8 +202,9 @@ from producers import datasets
     default="alert",
     show_default=True,
     help="When the stream drifts (the prequential loss rises, the class prior or a table's "
-    "columns move): say so (a status line, a metric, the report), or also adapt (raise the "
-    "learning rate for a while). Either way the held-out score moves to records after the drift. "
+    "columns move): say so (a status line, a metric, the report), or also adapt (train the "
+    "drift's micro-batch again, then raise the learning rate and train each record more than "
+    "once for a while). Either way the held-out score moves to records after the drift. "
     "docs/drift.md.",
 )
 @click.option(
@@ -211,7 +212,7 @@ from producers import datasets
     metavar="KEY=VALUE,...",
     help="The drift signals' settings (warmup, cooldown, loss_delta, loss_min_rise, loss_z, "
     "prior_threshold, prior_window, feature_threshold, feature_window, adapt_lr_scale, "
-    "adapt_records). "
+    "adapt_records, adapt_passes, adapt_replay). "
     "docs/drift.md.",
 )
 @click.option(
