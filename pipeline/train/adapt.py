@@ -109,7 +109,7 @@ class DriftResponse:
                 reaction.update(
                     lr_scale=s.adapt_lr_scale, passes=s.adapt_passes, records=s.adapt_records
                 )
-                if s.adapt_replay and getattr(info, "again", None) is not None:
+                if s.adapt_replay and info.again is not None:
                     began = time.perf_counter()
                     replayed = self._replay(info.again, s.adapt_replay)
                     reaction.update(

@@ -159,20 +159,14 @@ class TrainDriver:
         committing = time.perf_counter()
         weights, clock, optimizer = self.server.checkpoint()
         row = BatchRow.from_batch(info, t=time.monotonic() - self.started, clock=clock)
-        diverged = [r.diverged for r in info.results if getattr(r, "diverged", None)]
-        if diverged:  # the server refused an update that was not finite
-            divergence_stop.diverged(info.batch_id, diverged[0], folder=self.folder)
-        row.tasks = self.check_applied(info.results, batch_id=info.batch_id)
+        row.tasks = self._check_tasks(info.batch_id, info.results)
         self.check_finite(info.batch_id, weights, row)
         if (
             self.drift is not None
         ):  # before the save: the checkpoint holds the drifts and the held-out count
             replay = self.drift.on_batch(info, row, self)
             if replay:  # the batch trained again after a drift: checked, and what it trained saved
-                diverged = [r.diverged for r in replay if getattr(r, "diverged", None)]
-                if diverged:
-                    divergence_stop.diverged(info.batch_id, diverged[0], folder=self.folder)
-                self.check_applied(replay, batch_id=info.batch_id)
+                self._check_tasks(info.batch_id, replay)
                 weights, clock, optimizer = self.server.checkpoint()
                 row.clock = clock
                 self.check_finite(info.batch_id, weights, row)
@@ -239,6 +233,14 @@ class TrainDriver:
         if row.heldout:
             self.check_heldout(info.batch_id, row.heldout)
         self._fault("saved", info.batch_id)  # saved, and Spark has not committed it
+
+    def _check_tasks(self, batch_id: int, results: list[TaskResult]) -> list[TaskRow]:
+        """Stop where the server refused a task's update as not finite (its model diverged),
+        then check every task against the server (:meth:`check_applied`)."""
+        diverged = [why for r in results if (why := getattr(r, "diverged", None))]
+        if diverged:
+            divergence_stop.diverged(batch_id, diverged[0], folder=self.folder)
+        return self.check_applied(results, batch_id=batch_id)
 
     def check_finite(self, batch_id: int, weights: np.ndarray, row: BatchRow) -> None:
         """Stop a model that diverged before its weights are saved or served
