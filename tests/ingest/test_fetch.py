@@ -15,7 +15,8 @@ from pipeline.errors import BrokerError
 from pipeline.ingest.kafka import client
 from pipeline.ingest.kafka.fetch import RangeReader, UnreadableRange
 from pipeline.ingest.kafka.leaders import Leaders
-from pipeline.ingest.kafka.record_batch import _varints, parse_batches
+from pipeline.ingest.kafka.record_batch import parse_batches
+from pipeline.ingest.kafka.records import varints
 from pipeline.ingest.kafka.security import PLAINTEXT
 from tests.ingest import raw_batches
 
@@ -158,7 +159,7 @@ def test_varints_round_trip(values: list[int]) -> None:
             if not z:
                 break
     buf = np.frombuffer(raw + bytes(16), np.uint8)
-    decoded, sizes = _varints(buf, np.array(positions))
+    decoded, sizes = varints(buf, np.array(positions))
     assert decoded.tolist() == values
     assert int(sizes.sum()) == len(raw)
 

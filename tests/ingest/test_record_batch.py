@@ -157,3 +157,55 @@ def test_a_broker_that_drops_aborted_records_itself_leaves_a_gap_that_is_counted
     found, next_offset = parse_batches(log, start=2, end=8, aborted=[(7, 2)], skipped=skipped)
     assert [int(o) for rec in found for o in rec.offsets] == [6, 7] and next_offset == 8
     assert (skipped.aborted, skipped.control, skipped.first) == (3, 1, 2)
+
+
+def _small_batches(corrupt_at: int | None = None) -> bytes:
+    """Batches of three records as a producer at a low rate writes them, each with its own
+    times (every fourth with LogAppendTime), the fifth compressed; ``corrupt_at``: that
+    batch claims a record more than it holds."""
+    log = b""
+    for b in range(12):
+        records = RECORDS[3 * b : 3 * b + 3]
+        log += raw_batches.batch(
+            records + ([(b"x", b"y")] if b == corrupt_at else []),
+            payload=raw_batches.records_body(records) if b == corrupt_at else None,
+            codec=4 if b == 4 else 0,
+            base_offset=3 * b,
+            first_ms=1_000 * b,
+            deltas_ms=[0, 7, 9],
+            attributes=0x08 if b % 4 == 3 else 0,
+            max_ms=1_000 * b + 500 if b % 4 == 3 else None,
+        )
+    return log
+
+
+def test_many_small_batches_are_read_as_one_set_with_each_batchs_own_offsets_and_times() -> None:
+    """Proves: a response of many small batches (plain ones parsed together, a compressed
+    one among them) gives one set of records, cut to the range inside its first and last
+    batch, each record with its own batch's offsets and times."""
+    found, next_offset = parse_batches(_small_batches(), start=2, end=34)
+    assert len(found) == 1 and next_offset == 36
+    rec = found[0]
+    assert rec.offsets.tolist() == list(range(2, 34))
+    want_ms = [
+        1_000 * (o // 3) + 500 if (o // 3) % 4 == 3 else 1_000 * (o // 3) + [0, 7, 9][o % 3]
+        for o in range(2, 34)
+    ]
+    assert rec.timestamps_ms.tolist() == want_ms
+    assert [
+        bytes(rec.value_data[rec.value_offsets[i] : rec.value_offsets[i + 1]])
+        for i in range(len(rec))
+    ] == [RECORDS[o][1] for o in range(2, 34)]
+
+
+def test_a_corrupt_batch_among_small_ones_is_named_or_passed_over_alone() -> None:
+    """Proves: parsed together or not, a batch that cannot be read is the one named (fail),
+    or the only one passed over (skip)."""
+    with pytest.raises(UnreadableBatch, match="batch at offset 21 cannot be read"):
+        parse_batches(_small_batches(corrupt_at=7), start=0, end=1 << 40)
+    skipped = Skipped()
+    found, _ = parse_batches(
+        _small_batches(corrupt_at=7), start=0, end=1 << 40, skipped=skipped, on_poison="skip"
+    )
+    assert [int(o) for rec in found for o in rec.offsets] == [*range(21), *range(24, 36)]
+    assert [p[:2] for p in skipped.poison] == [(21, 24)]
