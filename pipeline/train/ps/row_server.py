@@ -230,19 +230,20 @@ class RowServer:
             applies = pushes and (
                 not h.task or self._tasks.admit(h.task, exchange=h.exchange, steps=1)
             )
-            if applies:
-                for table, t in zip(self.tables, tables, strict=True):
-                    table.push(t["keys"], t["grads"], now=self.now)
-                    table.sight(t["sighted"], t["counts"], now=self.now)
+            parts = []
+            for table, t in zip(self.tables, tables, strict=True):
+                if applies:  # the push, the sightings, then the read
+                    push, seen = (t["keys"], t["grads"]), (t["sighted"], t["counts"])
+                    values, has_row = table.apply(push, seen, t["read"], now=self.now)
                     self.rows_pushed += len(t["keys"])
+                else:
+                    values, has_row = table.read(t["read"])
+                parts += [values.astype("<f4").tobytes(), has_row.astype(np.uint8).tobytes()]
+                self.rows_read += len(t["read"])
+            if applies:
                 staleness = max(0, self.clock - h.clock)
                 self.counts.stats.count_staleness(staleness)
                 self.clock += 1
-            parts = []
-            for table, t in zip(self.tables, tables, strict=True):
-                values, has_row = table.read(t["read"])
-                parts += [values.astype("<f4").tobytes(), has_row.astype(np.uint8).tobytes()]
-                self.rows_read += len(t["read"])
             exchange = self._tasks.applied(h.task)[0] if h.task else 0
             clock = self.clock
             self.counts.stats.count_op("rows")

@@ -175,17 +175,44 @@ class RowTable:
         has_row = slots >= 0
         return self._values[np.where(has_row, slots, self._shared)], has_row
 
-    def push(self, keys: np.ndarray, gradients: np.ndarray, *, now: int) -> int:
+    def apply(
+        self,
+        push: tuple[np.ndarray, np.ndarray],
+        sighted: tuple[np.ndarray, np.ndarray],
+        read: np.ndarray,
+        *,
+        now: int,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """A worker's request: :meth:`push` ``(keys, gradients)``, then :meth:`sight`
+        ``(keys, counts)``, then :meth:`read`, with one look-up in the index for all their
+        keys (a look-up's fixed cost is most of it at a mini-batch's few hundred keys)."""
+        slots = self._index.find(np.concatenate([push[0], sighted[0], read]))
+        at, to = len(push[0]), len(push[0]) + len(sighted[0])
+        self.push(*push, now=now, slots=slots[:at])
+        mine = slots[to:]
+        if self.sight(*sighted, now=now, slots=slots[at:to]) and (gap := mine < 0).any():
+            mine[gap] = self._index.find(read[gap])  # rows this sighting made
+        has_row = mine >= 0
+        return self._values[np.where(has_row, mine, self._shared)], has_row
+
+    def push(
+        self, keys: np.ndarray, gradients: np.ndarray, *, now: int, slots: np.ndarray | None = None
+    ) -> int:
         """A step of the table's optimizer on the rows of ``keys`` (repeated keys' gradients
         summed), each now seen at ``now``; a key whose row is gone has its gradient dropped.
-        Returns the rows stepped."""
-        slots = self._index.find(keys)
+        Returns the rows stepped. ``slots``: the keys' (:meth:`apply`'s look-up)."""
+        slots = self._index.find(keys) if slots is None else slots
         live = slots >= 0
         if not live.any():
             return 0
         unique, inverse = np.unique(slots[live], return_inverse=True)
-        summed = np.zeros((len(unique), self.spec.dim), np.float32)
-        np.add.at(summed, inverse, np.asarray(gradients, np.float32)[live])
+        grads = np.asarray(gradients, np.float32)[live]
+        if len(unique) == len(grads):  # distinct keys, as a worker sends them: a permutation
+            summed = np.empty_like(grads)
+            summed[inverse] = grads
+        else:
+            summed = np.zeros((len(unique), self.spec.dim), np.float32)
+            np.add.at(summed, inverse, grads)
         if self.spec.optimizer == "sgd":
             self._values[unique] -= self.spec.learning_rate * summed
         else:
@@ -195,12 +222,14 @@ class RowTable:
         self._touched[unique] = True
         return len(unique)
 
-    def sight(self, keys: np.ndarray, counts: np.ndarray, *, now: int) -> int:
+    def sight(
+        self, keys: np.ndarray, counts: np.ndarray, *, now: int, slots: np.ndarray | None = None
+    ) -> int:
         """Count sightings of IDs (``keys`` distinct, ``counts`` each) at ``now``: a row's
         expiry moves; an ID without one gets it once seen ``min_count`` times. Returns the
         rows created."""
         keys = np.asarray(keys, np.uint64)
-        slots = self._index.find(keys)
+        slots = self._index.find(keys) if slots is None else slots
         rowed = slots[(slots >= 0) & (slots != self._shared)]
         moved = rowed[self._last_seen[rowed] < now]
         self._last_seen[moved] = now

@@ -127,3 +127,28 @@ def test_a_table_rebuilt_from_a_snapshot_and_its_deltas_equals_one_that_never_st
 def test_bad_settings_are_one_clear_error(settings: dict[str, int]) -> None:
     with pytest.raises(ConfigError, match="Expected dim >= 1, min_count >= 1"):
         RowSpec("item", **settings)
+
+
+@pytest.mark.parametrize("min_count", [1, 2])
+def test_a_request_applied_in_one_look_up_equals_its_push_sightings_and_read_one_by_one(
+    min_count: int,
+) -> None:
+    """Proves: ``apply`` (the row server's path: one index look-up for a request's keys)
+    reads and leaves exactly what push, sight and read called in turn do, rows created by
+    the request's own sightings included, duplicate gradients summed as before."""
+    spec = RowSpec("item", dim=4, min_count=min_count, ttl=3_000, seed=3)
+    one, apart = RowTable(spec), RowTable(spec)
+    batches = list(_stream(40, drift=40))
+    for (now, keys, grads), (_, following, _) in zip(batches, batches[1:], strict=False):
+        seen, counts = np.unique(keys, return_counts=True)
+        pushed = np.concatenate([keys, keys[:5]])  # repeats: summed, not a permutation
+        twice = np.concatenate([grads, grads[:5]])
+        got = one.apply((pushed, twice), (seen, counts), following, now=now)
+        apart.push(pushed, twice, now=now)
+        apart.sight(seen, counts, now=now)
+        want = apart.read(following)
+        assert all((g == w).all() for g, w in zip(got, want, strict=True))
+        if now % 10 == 0:
+            assert one.expire(now=now * 100) == apart.expire(now=now * 100)
+    a, b = one.rows(), apart.rows()
+    assert all((a[k] == b[k]).all() for k in a) and one.created == apart.created > 0
