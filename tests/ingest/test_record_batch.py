@@ -209,3 +209,15 @@ def test_a_corrupt_batch_among_small_ones_is_named_or_passed_over_alone() -> Non
     )
     assert [int(o) for rec in found for o in rec.offsets] == [*range(21), *range(24, 36)]
     assert [p[:2] for p in skipped.poison] == [(21, 24)]
+
+
+def test_a_range_ends_where_it_ends_whatever_the_response_holds_beyond_it() -> None:
+    """Proves: batches past the range are not read (one beyond it says where it ends), so a
+    short range at the head of a long backlog costs no more than its own batches, and a
+    batch that cannot be read past the range does not stop it."""
+    beyond = raw_batches.batch(
+        [(b"k", b"b")] * 3, codec=4, payload=b"\x28\xb5\x2f\xfd not zstd", base_offset=40
+    )
+    found, next_offset = parse_batches(_small_batches() + beyond, start=0, end=9)
+    assert [int(o) for rec in found for o in rec.offsets] == list(range(9))
+    assert next_offset == 12  # the batch holding offset 9 ends the range's read

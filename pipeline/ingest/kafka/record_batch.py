@@ -157,6 +157,10 @@ def parse_batches(
         headers.append((base + last_delta, producer, attributes, marker))
         next_offset = max(next_offset, base + last_delta + 1)
         pos = stop
+        if base >= end:
+            # Past the range (this first batch beyond it still says where the range's gaps
+            # end): a Fetch answers up to its byte limit, thousands of small batches more.
+            break
     keep = (
         transactions.filter_aborted(headers, aborted)
         if aborted is not None
