@@ -36,21 +36,30 @@ def varints(buf: np.ndarray, pos: np.ndarray, width: int = 10) -> tuple[np.ndarr
     return values, sizes
 
 
+def varint(data: bytes | memoryview, pos: int) -> tuple[int, int]:
+    """One zigzag varint at ``pos``: (value, size in bytes).
+
+    >>> varint(bytes([0x96, 0x01]), 0)
+    (75, 2)
+    """
+    raw, shift, size = 0, 0, 0
+    while True:
+        b = data[pos + size]
+        raw |= (b & 0x7F) << shift
+        size += 1
+        if b < 0x80:
+            return (raw >> 1) ^ -(raw & 1), size
+        shift += 7
+
+
 def record_starts(data: bytes | memoryview, first: int, count: int, limit: int) -> np.ndarray:
     """Where each of ``count`` records begins (walking the length varints)."""
     starts = np.empty(count, np.int64)
     pos = first
     for i in range(count):
         starts[i] = pos
-        raw, shift, size = 0, 0, 0
-        while True:
-            b = data[pos + size]
-            raw |= (b & 0x7F) << shift
-            size += 1
-            if b < 0x80:
-                break
-            shift += 7
-        pos += size + ((raw >> 1) ^ -(raw & 1))
+        length, size = varint(data, pos)
+        pos += size + length
     if pos > limit:
         raise BrokerError("A Kafka record batch is shorter than its records.")
     return starts

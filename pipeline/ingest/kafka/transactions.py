@@ -9,21 +9,7 @@ from __future__ import annotations
 
 import struct
 
-
-def _varint(data: bytes | memoryview, pos: int) -> tuple[int, int]:
-    """One zigzag varint at ``pos``: (value, size in bytes).
-
-    >>> _varint(bytes([0x96, 0x01]), 0)
-    (75, 2)
-    """
-    raw, shift, size = 0, 0, 0
-    while True:
-        b = data[pos + size]
-        raw |= (b & 0x7F) << shift
-        size += 1
-        if b < 0x80:
-            return (raw >> 1) ^ -(raw & 1), size
-        shift += 7
+from pipeline.ingest.kafka.records import varint
 
 
 def is_abort_marker(data: bytes, first: int) -> bool:
@@ -34,10 +20,10 @@ def is_abort_marker(data: bytes, first: int) -> bool:
     >>> is_abort_marker(record, 0)
     True
     """
-    pos = first + _varint(data, first)[1] + 1  # the record's length, its attributes
-    pos += _varint(data, pos)[1]  # timestamp delta
-    pos += _varint(data, pos)[1]  # offset delta
-    key_len, size = _varint(data, pos)
+    pos = first + varint(data, first)[1] + 1  # the record's length, its attributes
+    pos += varint(data, pos)[1]  # timestamp delta
+    pos += varint(data, pos)[1]  # offset delta
+    key_len, size = varint(data, pos)
     if key_len < 4:
         return False
     return bool(struct.unpack_from(">h", data, pos + size + 2)[0] == 0)
