@@ -130,6 +130,12 @@ def _produce(
     values = codec.encode(train.x, train.y, data.schema)
     keys = record_key.encode_keys(train.ids)
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
+    failed: list[str] = []
+
+    def delivered(err: Any, _msg: Any) -> None:
+        if err is not None:
+            failed.append(str(err))
+
     at = 0
     for name, seconds, rate in phases:
         n = int(seconds * rate) if rate else int(seconds)
@@ -140,7 +146,9 @@ def _produce(
             due = n if rate is None else min(n, int((time.time() - started) * rate) + 1)
             while sent < due:
                 try:
-                    producer.produce(topic, values[at % len(values)], keys[at % len(keys)])
+                    producer.produce(
+                        topic, values[at % len(values)], keys[at % len(keys)], on_delivery=delivered
+                    )
                 except BufferError:  # its queue is full: let it send
                     producer.poll(0.05)
                     continue
@@ -148,8 +156,12 @@ def _produce(
             producer.poll(0)
             if sent < n:
                 time.sleep(0.002)
-    if producer.flush(120):
-        raise SystemExit("freshness: the producer could not deliver its records within 120 s")
+    if producer.flush(120) or failed:
+        raise SystemExit(
+            f"freshness: the producer did not deliver its records ({len(failed)} failed, e.g. "
+            f"{failed[:1]}; or not within 120 s): the phases' figures would count records that "
+            "never arrived"
+        )
     marks.append(("end", time.time(), 0))
 
 

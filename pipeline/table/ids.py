@@ -61,7 +61,7 @@ def id_keys(values: Sequence[Any]) -> np.ndarray:
     True
     """
     known = _TEXT_KEYS
-    if len(known) > _MOST_TEXT_KEYS:
+    if len(known) + len(values) > _MOST_TEXT_KEYS:
         known.clear()
 
     def key(v: Any) -> int:

@@ -212,12 +212,49 @@ def test_a_corrupt_batch_among_small_ones_is_named_or_passed_over_alone() -> Non
 
 
 def test_a_range_ends_where_it_ends_whatever_the_response_holds_beyond_it() -> None:
-    """Proves: batches past the range are not read (one beyond it says where it ends), so a
-    short range at the head of a long backlog costs no more than its own batches, and a
-    batch that cannot be read past the range does not stop it."""
-    beyond = raw_batches.batch(
-        [(b"k", b"b")] * 3, codec=4, payload=b"\x28\xb5\x2f\xfd not zstd", base_offset=40
+    """Proves: batches past the range are not read (the first beyond it only says where the
+    range ends), so a short range at the head of a long backlog costs no more than its own
+    batches, and a batch that cannot be read past the range does not stop it."""
+    good = _small_batches()
+    cut = 0
+    for _ in range(3):  # the first three batches: offsets 0 to 8
+        cut += 12 + struct.unpack_from(">i", good, cut + 8)[0]
+    corrupt = bytearray(good[cut:])
+    corrupt[70] ^= 0xFF  # the batch at offset 9 fails its CRC
+    for tail in (bytes(corrupt), good[cut:]):
+        found, next_offset = parse_batches(good[:cut] + tail, start=0, end=9)
+        assert [int(o) for rec in found for o in rec.offsets] == list(range(9))
+        assert next_offset == 9
+    with pytest.raises(UnreadableBatch):
+        parse_batches(good[:cut] + bytes(corrupt), start=0, end=1 << 40)
+
+
+def test_corrupt_small_batches_are_named_and_passed_over_in_offset_order() -> None:
+    """Proves: among batches parsed together, the first that cannot be read is the one
+    named (fail), and those passed over are counted in offset order (skip): a record with a
+    malformed varint at 0, a batch declaring more records than its bytes hold at 1."""
+    malformed = bytes([24]) + b"\x00" + b"\x80" * 11  # a timestamp delta of 11+ bytes
+    log = (
+        raw_batches.batch([(b"k", b"v")], payload=malformed, base_offset=0)
+        + raw_batches.batch([(b"k", b"v")] * 50, payload=bytes(10), base_offset=1)
+        + raw_batches.batch([(b"k", b"v")], base_offset=51)
     )
-    found, next_offset = parse_batches(_small_batches() + beyond, start=0, end=9)
-    assert [int(o) for rec in found for o in rec.offsets] == list(range(9))
-    assert next_offset == 12  # the batch holding offset 9 ends the range's read
+    with pytest.raises(UnreadableBatch, match="batch at offset 0 "):
+        parse_batches(log, start=0, end=1 << 40)
+    skipped = Skipped()
+    found, _ = parse_batches(log, start=0, end=1 << 40, skipped=skipped, on_poison="skip")
+    assert [int(o) for rec in found for o in rec.offsets] == [51]
+    assert [p[:2] for p in skipped.poison] == [(0, 0), (1, 50)]
+
+
+def test_sets_are_joined_only_within_arrows_int32_offsets(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Proves: parts whose records would pass the joined size limit are not joined (the
+    limit is 1 GiB; 60 bytes here): the plain batches before the compressed one, it, and
+    those after come back as three sets, in order, nothing lost."""
+    from pipeline.ingest.kafka import record_batch
+
+    monkeypatch.setattr(record_batch, "_MOST_JOINED", 60)
+    log = _small_batches()
+    found, _ = parse_batches(log, start=0, end=1 << 40)
+    assert len(found) == 3
+    assert [int(o) for rec in found for o in rec.offsets] == list(range(36))

@@ -28,6 +28,8 @@ from pipeline.ingest.kafka.records import (
 __all__ = ["ON_POISON", "Records", "Skipped", "UnreadableBatch", "parse_batches"]
 
 _BATCH_HEADER = 61
+#: Bytes of keys (or of values) joined into one set at most: Arrow's binary offsets are int32.
+_MOST_JOINED = 1 << 30
 
 
 class UnreadableBatch(BrokerError):
@@ -128,6 +130,13 @@ def parse_batches(
             ):  # a length that cannot be a batch: no boundary to go on from
                 raise UnreadableBatch(base, f"corrupt batch: a length of {length} bytes")
             break
+        if base >= end:
+            # Past the range: only where it begins (the range's gaps end there), unchecked. A
+            # Fetch answers up to its byte limit: thousands of small batches more.
+            found.append((pos, stop, base))
+            headers.append((base, -1, 0, ""))
+            next_offset = max(next_offset, base)
+            break
         magic = data[pos + 16]
         crc, attributes, last_delta = struct.unpack_from(">Ihi", data, pos + 17)
         producer, count = (
@@ -157,10 +166,6 @@ def parse_batches(
         headers.append((base + last_delta, producer, attributes, marker))
         next_offset = max(next_offset, base + last_delta + 1)
         pos = stop
-        if base >= end:
-            # Past the range (this first batch beyond it still says where the range's gaps
-            # end): a Fetch answers up to its byte limit, thousands of small batches more.
-            break
     keep = (
         transactions.filter_aborted(headers, aborted)
         if aborted is not None
@@ -204,6 +209,7 @@ def parse_batches(
             try:
                 plain.add(pos, stop, count, attributes, base, last)
             except (BrokerError, IndexError, ValueError) as e:
+                out.extend(plain.parse(start, end, skipped, on_poison))  # those before it first
                 _poisoned(e, base, last, start, end, skipped, on_poison)
             continue
         out.extend(plain.parse(start, end, skipped, on_poison))  # in offset order
@@ -215,7 +221,25 @@ def parse_batches(
         if len(got):
             out.append(got)
     out.extend(plain.parse(start, end, skipped, on_poison))
-    return ([concat(out)] if len(out) > 1 else out), next_offset
+    return _merged(out), next_offset
+
+
+def _merged(parts: list[Records]) -> list[Records]:
+    """Consecutive parts joined while their keys and values stay within Arrow's int32
+    offsets (a response of large compressed batches can inflate past 2 GiB)."""
+    out: list[Records] = []
+    run: list[Records] = []
+    size = 0
+    for part in parts:
+        more = max(len(part.key_data), len(part.value_data))
+        if run and size + more >= _MOST_JOINED:
+            out.append(concat(run) if len(run) > 1 else run[0])
+            run, size = [], 0
+        run.append(part)
+        size += more
+    if run:
+        out.append(concat(run) if len(run) > 1 else run[0])
+    return out
 
 
 def _poisoned(

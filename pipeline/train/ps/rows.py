@@ -186,14 +186,13 @@ class RowTable:
         """A worker's request: :meth:`push` ``(keys, gradients)``, then :meth:`sight`
         ``(keys, counts)``, then :meth:`read`, with one look-up in the index for all their
         keys (a look-up's fixed cost is most of it at a mini-batch's few hundred keys)."""
-        slots = self._index.find(np.concatenate([push[0], sighted[0], read]))
+        keys = [np.asarray(k, np.uint64) for k in (push[0], sighted[0], read)]
+        slots = self._index.find(np.concatenate(keys))
         at, to = len(push[0]), len(push[0]) + len(sighted[0])
         self.push(*push, now=now, slots=slots[:at])
-        mine = slots[to:]
-        if self.sight(*sighted, now=now, slots=slots[at:to]) and (gap := mine < 0).any():
-            mine[gap] = self._index.find(read[gap])  # rows this sighting made
-        has_row = mine >= 0
-        return self._values[np.where(has_row, mine, self._shared)], has_row
+        if self.sight(*sighted, now=now, slots=slots[at:to]) and (gap := slots[to:] < 0).any():
+            slots[to:][gap] = self._index.find(keys[2][gap])  # rows this sighting made
+        return self._values[np.where(slots[to:] >= 0, slots[to:], self._shared)], slots[to:] >= 0
 
     def push(
         self, keys: np.ndarray, gradients: np.ndarray, *, now: int, slots: np.ndarray | None = None
