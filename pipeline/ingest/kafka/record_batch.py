@@ -93,8 +93,8 @@ def parse_batches(
     on_poison: str = "fail",
 ) -> tuple[list[Records], int]:
     """Records with ``start <= offset < end`` from a Fetch response's record set, as one
-    :class:`Records` (none where it holds none); also the offset to fetch next (after the
-    last complete batch).
+    :class:`Records` (none where it holds none, more past 1 GiB of keys or values); also the
+    offset to fetch next (after the last complete batch, or where the range ends).
 
     A trailing partial batch (the broker cuts at its byte limit) is left for the next
     fetch. Only message format v2 (Kafka >= 0.11) is read. Control batches (transaction
