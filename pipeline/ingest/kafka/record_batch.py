@@ -19,7 +19,6 @@ from pipeline.ingest.kafka import compression, transactions
 from pipeline.ingest.kafka.records import (
     PAD,
     Records,
-    check_count,
     columns,
     concat,
     record_starts,
@@ -214,7 +213,7 @@ def parse_batches(
             continue
         out.extend(plain.parse(start, end, skipped, on_poison))  # in offset order
         try:
-            got = _read_batch(data, buf, pos, stop, count, attributes, start, end, max_batch_bytes)
+            got = _read_batch(data, pos, stop, count, attributes, start, end, max_batch_bytes)
         except (BrokerError, IndexError, ValueError) as e:
             _poisoned(e, base, last, start, end, skipped, on_poison)
             continue
@@ -262,12 +261,8 @@ class _Plain:
 
     def add(self, pos: int, stop: int, count: int, attributes: int, base: int, last: int) -> None:
         """Walk the batch at ``data[pos:stop]`` to its records (raises if it is cut short)."""
-        base_ts, max_ts = struct.unpack_from(">qq", self.data, pos + 27)
-        first = pos + _BATCH_HEADER
-        check_count(count, first, stop)
-        starts = record_starts(self.data, first, count, stop)
-        log_append = max_ts if attributes & 0x08 else -1
-        self.batches.append((starts, base, base_ts, log_append, last))
+        starts = record_starts(self.data, pos + _BATCH_HEADER, count, stop)
+        self.batches.append((starts, base, *_times(self.data, pos, attributes), last))
 
     def parse(self, start: int, end: int, skipped: Skipped, on_poison: str) -> list[Records]:
         """The gathered batches' records in ``[start, end)`` (none left gathered after)."""
@@ -311,9 +306,15 @@ def _scratch(size: int) -> np.ndarray:
     return buf
 
 
+def _times(data: bytes, pos: int, attributes: int) -> tuple[int, int]:
+    """The batch at ``pos``'s base timestamp and, with LogAppendTime, the time every record
+    reads (else -1)."""
+    base_ts, max_ts = struct.unpack_from(">qq", data, pos + 27)
+    return base_ts, max_ts if attributes & 0x08 else -1
+
+
 def _read_batch(
     data: bytes,
-    buf: np.ndarray,
     pos: int,
     stop: int,
     count: int,
@@ -322,41 +323,15 @@ def _read_batch(
     end: int,
     max_batch_bytes: int,
 ) -> Records:
-    """The records of the batch at ``data[pos:stop]``, inflated where compressed."""
+    """The records of the compressed batch at ``data[pos:stop]``, inflated (uncompressed
+    ones are parsed together: :class:`_Plain`)."""
     (base,) = struct.unpack_from(">q", data, pos)
-    base_ts, max_ts = struct.unpack_from(">qq", data, pos + 27)
-    log_append_ts = max_ts if attributes & 0x08 else -1
-    codec = attributes & 0x07
-    if not codec:
-        return _parse_batch(
-            data, buf, pos + _BATCH_HEADER, stop, count, base, base_ts, log_append_ts, start, end
-        )
     body = compression.inflate(
-        codec,
+        attributes & 0x07,
         memoryview(data)[pos + _BATCH_HEADER : stop],
         max_bytes=max_batch_bytes,
         pad=PAD,
         out=_scratch(max_batch_bytes + 1 + PAD),
     )
-    return _parse_batch(
-        body.data, body, 0, len(body) - PAD, count, base, base_ts, log_append_ts, start, end
-    )
-
-
-def _parse_batch(
-    data: bytes | memoryview,
-    buf: np.ndarray,
-    first: int,
-    stop: int,
-    count: int,
-    base: int,
-    base_ts: int,
-    log_append_ts: int,
-    start: int,
-    end: int,
-) -> Records:
-    """The records of one batch, ``data[first:stop]`` after its header (``buf``: the same
-    bytes as numpy, padded), whose offsets fall in ``[start, end)``."""
-    check_count(count, first, stop)
-    starts = record_starts(data, first, count, stop)
-    return columns(buf, starts, base, base_ts, log_append_ts, start, end)
+    starts = record_starts(body.data, 0, count, len(body) - PAD)
+    return columns(body, starts, base, *_times(data, pos, attributes), start, end)

@@ -53,7 +53,14 @@ def varint(data: bytes | memoryview, pos: int) -> tuple[int, int]:
 
 
 def record_starts(data: bytes | memoryview, first: int, count: int, limit: int) -> np.ndarray:
-    """Where each of ``count`` records begins (walking the length varints)."""
+    """Where each of ``count`` records in ``data[first:limit]`` begins (walking the length
+    varints); a count or records that the bytes cannot hold raise."""
+    # A record takes 7 bytes at least (its length, attributes, two deltas, key and value
+    # lengths, header count): the header's count sizes nothing its bytes cannot hold.
+    if not 0 <= count <= (limit - first) // 7:
+        raise BrokerError(
+            f"corrupt batch: it declares {count:,} records in {limit - first:,} bytes"
+        )
     starts = np.empty(count, np.int64)
     pos = first
     for i in range(count):
@@ -129,13 +136,6 @@ def concat(parts: list[Records]) -> Records:
     )
 
 
-def check_count(count: int, first: int, stop: int) -> None:
-    # A record takes 7 bytes at least (its length, attributes, two deltas, key and value
-    # lengths, header count): the header's count sizes nothing its bytes cannot hold.
-    if not 0 <= count <= (stop - first) // 7:
-        raise BrokerError(f"corrupt batch: it declares {count:,} records in {stop - first:,} bytes")
-
-
 def columns(
     buf: np.ndarray,
     starts: np.ndarray,
@@ -173,7 +173,7 @@ def columns(
     stamps = np.where(log_append_ts >= 0, log_append_ts, base_ts + ts_delta).astype(np.int64)
     return Records(
         np.asarray(offsets, np.int64),
-        np.broadcast_to(stamps, offsets.shape).copy(),
+        stamps,
         key_offsets,
         key_data,
         key_len >= 0,

@@ -171,9 +171,10 @@ class RowTable:
     def read(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The rows of ``keys`` (an ID without a row reads the shared row), and which keys have
         a row of their own. Changes nothing."""
-        slots = self._index.find(keys)
-        has_row = slots >= 0
-        return self._values[np.where(has_row, slots, self._shared)], has_row
+        return self._rows_at(self._index.find(keys))
+
+    def _rows_at(self, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return self._values[np.where(slots >= 0, slots, self._shared)], slots >= 0
 
     def apply(
         self,
@@ -192,7 +193,7 @@ class RowTable:
         self.push(*push, now=now, slots=slots[:at])
         if self.sight(*sighted, now=now, slots=slots[at:to]) and (gap := slots[to:] < 0).any():
             slots[to:][gap] = self._index.find(keys[2][gap])  # rows this sighting made
-        return self._values[np.where(slots[to:] >= 0, slots[to:], self._shared)], slots[to:] >= 0
+        return self._rows_at(slots[to:])
 
     def push(
         self, keys: np.ndarray, gradients: np.ndarray, *, now: int, slots: np.ndarray | None = None
