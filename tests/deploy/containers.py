@@ -155,7 +155,33 @@ class Stack:
                 return value
             time.sleep(1)
         raise AssertionError(
-            f"timed out waiting for {what}; {service}'s log ends:\n{self.logs(service)}"
+            f"timed out waiting for {what}; {service}'s log ends:\n{self.logs(service)}\n"
+            f"{self.overview()}"
+        )
+
+    def overview(self) -> str:
+        """What a failed wait needs beside the service's log: every container's state and
+        restarts, what the compose network's DNS answers for Kafka inside the trainer (a
+        stale or missing entry looks like a broker that does not answer), Kafka's log end."""
+
+        def run(*cmd: str) -> str:
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=False)
+            return (done.stdout + done.stderr).strip()
+
+        label = f"label=io.podman.compose.project={self.project}"
+        names = run("podman", "ps", "-aq", "--filter", label).split()
+        states = run(
+            "podman", "inspect", "--format",
+            "{{.Name}}: {{.State.Status}}, exit {{.State.ExitCode}}, restarts {{.RestartCount}}",
+            *names,
+        ) if names else "(none)"  # fmt: skip
+        kafka = run("podman", "inspect", "--format", "{{json .NetworkSettings.Networks}}",
+                    self.container("kafka"))  # fmt: skip
+        dns = run("podman", "exec", self.container("trainer"), "getent", "ahosts", "kafka")
+        return (
+            f"containers:\n{states}\nkafka's networks: {kafka}\n"
+            f"`getent ahosts kafka` in the trainer: {dns or '(no answer)'}\n"
+            f"kafka's log ends:\n{self.logs('kafka', tail=20)}"
         )
 
     def up(self) -> None:

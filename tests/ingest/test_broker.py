@@ -95,6 +95,13 @@ def test_unreachable_bootstrap_is_a_clear_error_quickly() -> None:
     assert time.monotonic() - started < 10
 
 
+def test_a_kafka_gone_after_the_probe_is_one_line_at_the_topics_creation() -> None:
+    """The admin client made after the start-up probe (a broker gone meanwhile): its
+    bootstrap timeout is a BrokerError that names the address, not kafka-python's traceback."""
+    with pytest.raises(BrokerError, match=r"Cannot reach Kafka at 127\.0\.0\.1:1: .* 1 s"):
+        client.admin("127.0.0.1:1", bootstrap_timeout_ms=1000)
+
+
 def test_explicit_port_in_use_is_a_clear_error(broker: EmbeddedBroker) -> None:
     with pytest.raises(BrokerError, match="port is in use"):
         EmbeddedBroker(port=broker.port).start(timeout_s=2)

@@ -101,10 +101,18 @@ def check_reachable(bootstrap: str, *, conf: KafkaConf = PLAINTEXT, timeout_s: f
 
 
 def admin(bootstrap: str, *, conf: KafkaConf = PLAINTEXT, **settings: Any) -> Any:
-    """A kafka-python ``KafkaAdminClient`` for ``bootstrap``, secured as ``conf`` says."""
-    from kafka import KafkaAdminClient
+    """A kafka-python ``KafkaAdminClient`` for ``bootstrap``, secured as ``conf`` says.
 
-    return KafkaAdminClient(bootstrap_servers=bootstrap, **conf.kafka_python(), **settings)
+    It connects as it is made: a Kafka that does not answer within its bootstrap timeout
+    (30 s) is one line (:class:`BrokerError`), not kafka-python's traceback."""
+    from kafka import KafkaAdminClient
+    from kafka.errors import KafkaTimeoutError
+
+    try:
+        return KafkaAdminClient(bootstrap_servers=bootstrap, **conf.kafka_python(), **settings)
+    except KafkaTimeoutError as e:
+        waited_s = settings.get("bootstrap_timeout_ms", 30_000) / 1000
+        raise _unreachable(bootstrap, waited_s, e) from None
 
 
 def producer(bootstrap: str, *, conf: KafkaConf = PLAINTEXT, **settings: Any) -> Any:

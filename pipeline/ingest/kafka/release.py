@@ -17,6 +17,7 @@ import logging
 import threading
 from typing import Any
 
+from pipeline.errors import BrokerError
 from pipeline.ingest.kafka.security import PLAINTEXT, KafkaConf
 from pipeline.ingest.offsets import OffsetRange
 
@@ -101,7 +102,7 @@ class Releaser:
                 {TopicPartition(self.topic, p): o for p, o in wanted.items()}
             )
             return True
-        except (KafkaError, OSError) as e:
+        except (KafkaError, OSError, BrokerError) as e:
             # Tansu drops the connection: it has no DeleteRecords. Another error may pass;
             # the next batch's release asks again, for more.
             if "disconnected" in str(e).lower() or "unsupported" in type(e).__name__.lower():
