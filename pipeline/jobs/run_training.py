@@ -169,9 +169,9 @@ class RunTraining:
             shards=cfg.ps_shards,
         )
         stack.enter_context(server)
-        rows = self.rows = _row_servers(cfg, data.schema, server, state, self.out, self.metrics)
-        if rows is not None:
-            stack.enter_context(rows)
+        rows = self.rows = _row_servers(
+            cfg, data.schema, server, state, self.out, self.metrics, stack
+        )
         log.info(
             "parameter server at %s:%d%s",
             server.host,
@@ -264,10 +264,16 @@ class RunTraining:
 
 
 def _row_servers(
-    cfg: RunConfig, schema: Any, server: Any, state: checkpoint.State, out: Any, metrics: Any
+    cfg: RunConfig,
+    schema: Any,
+    server: Any,
+    state: checkpoint.State,
+    out: Any,
+    metrics: Any,
+    stack: contextlib.ExitStack,
 ) -> Any:
-    """The row servers of a table's ID features (None without any), restored from the
-    checkpoint's tables."""
+    """The row servers of a table's ID features (None without any), started (each shard in
+    a process of its own, stopped by ``stack``) and restored from the checkpoint's tables."""
     table = getattr(schema, "table", None)
     if table is None or not table.ids:
         return None
@@ -280,7 +286,9 @@ def _row_servers(
         host=server.host,
         shards=cfg.ps_shards,
         on_request=metrics.on_ps_request,
+        processes=True,
     )
+    stack.enter_context(rows)
     table_store.restore(out, rows, state.extra.get("tables"))
     return rows
 

@@ -3,13 +3,15 @@ does with them between batches (the tables' clock, expiry, the checkpoint, the f
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
 import numpy as np
 
-from pipeline.train.ps.row_server import RowServer
+from pipeline.train import shard_process
+from pipeline.train.ps.row_server import RowServer, answer_driver
 from pipeline.train.ps.rows import SHARED, RowSpec, shard_of
 
 
@@ -48,7 +50,11 @@ class RowServers:
         secret: the run's secret (the parameter server's).
         host: where they listen (the parameter server's host).
         shards: how many.
-        on_request: called with ``"rows"`` and its seconds after each answered request.
+        on_request: called with ``"rows"`` and its seconds after each answered request (in
+            processes: for each request answered since, at each :meth:`stats`).
+        processes: each shard in a process of its own (the driver's run: workers' requests
+            then never wait behind the driver's threads), else in this one (the model
+            server's, tests).
     """
 
     def __init__(
@@ -59,17 +65,40 @@ class RowServers:
         host: str,
         shards: int = 1,
         on_request: Callable[[str, float], None] | None = None,
+        processes: bool = False,
     ) -> None:
-        self.specs = specs
-        self.servers = [
-            RowServer(
-                specs, secret=secret, host=host, shard=s, shards=shards, on_request=on_request
-            )
-            for s in range(shards)
-        ]
+        self.specs, self.shards, self.host = specs, shards, host
+        self._on_request = on_request
+        self._now = 0
+        #: The shards in this process (none where they run in processes of their own).
+        self.servers: list[RowServer] = []
+        self._children: shard_process.Children | None = None
+        self._ports: list[int] = []
+        if processes:
+            jobs = [
+                {
+                    "kind": "rows",
+                    "specs": [dataclasses.asdict(spec) for spec in specs],
+                    "secret": secret,
+                    "host": host,
+                    "shard": s,
+                    "shards": shards,
+                }
+                for s in range(shards)
+            ]
+            self._children = shard_process.Children(jobs, "Row-server shard")
+        else:
+            self.servers = [
+                RowServer(
+                    specs, secret=secret, host=host, shard=s, shards=shards, on_request=on_request
+                )
+                for s in range(shards)
+            ]
 
     @property
     def addresses(self) -> list[tuple[str, int]]:
+        if self._children is not None:
+            return [(self.host, port) for port in self._ports]
         return [s.address for s in self.servers]
 
     @property
@@ -79,14 +108,18 @@ class RowServers:
     @property
     def now(self) -> int:
         """Records trained before the batch under way (the tables' clock for ``ttl``)."""
-        return self.servers[0].now
+        return self._now
 
     def start(self) -> RowServers:
+        if self._children is not None:
+            self._ports = self._children.start()
         for s in self.servers:
             s.start()
         return self
 
     def stop(self) -> None:
+        if self._children is not None:
+            self._children.stop()
         for s in self.servers:
             s.stop()
 
@@ -98,25 +131,33 @@ class RowServers:
     ) -> None:
         self.stop()
 
+    def _each(self, op: str, args: list[Any] | None = None) -> list[Any]:
+        """Every shard's answer to the driver's request ``op`` (``args[s]`` to shard ``s``)."""
+        if self._children is not None:
+            return self._children.ask(op, args)
+        each = args if args is not None else [None] * len(self.servers)
+        return [answer_driver(s, op, a) for s, a in zip(self.servers, each, strict=True)]
+
     def advance(self, records: int) -> int:
         """A batch of ``records`` is trained: every shard's clock moves on, old rows go."""
-        return sum(s.advance(records) for s in self.servers)
+        dropped = sum(self._each("advance", [records] * self.shards))
+        self._now += records
+        return dropped
 
     def changes(self, *, snapshot: bool) -> list[list[dict[str, Any]]]:
         """Per shard, per table: the rows changed since the last call, or all of them."""
-        return [s.changes(snapshot=snapshot) for s in self.servers]
+        return self._each("changes", [snapshot] * self.shards)
 
     def load(self, changes: list[list[dict[str, Any]]], *, now: int) -> None:
-        for server, change in zip(self.servers, changes, strict=True):
-            server.load(change, now=now)
+        self._each("load", [(change, now) for change in changes])
+        self._now = now
 
     def table_rows(self, t: int) -> dict[str, np.ndarray]:
         """Table ``t``'s rows over every shard, as one table holds them (the shared row is
         the owning shard's), sorted by key: ``keys``, ``values``, ``accum``, ``last_seen``."""
-        owner = int(shard_of(np.array([SHARED], np.uint64), len(self.servers))[0])
+        owner = int(shard_of(np.array([SHARED], np.uint64), self.shards)[0])
         parts = []
-        for s, server in enumerate(self.servers):
-            rows = server.tables[t].rows()
+        for s, rows in enumerate(self._each("rows", [t] * self.shards)):
             if s != owner:
                 keep = rows["keys"] != SHARED
                 rows = {k: v[keep] for k, v in rows.items()}
@@ -128,7 +169,10 @@ class RowServers:
     def stats(self) -> dict[str, Any]:
         """The tables' rows, bytes, rows created and expired, summed over the shards; rows
         read and pushed; the row pushes' staleness."""
-        each = [s.stats() for s in self.servers]
+        each = self._each("stats")
+        if self._on_request is not None:  # the requests shard processes answered since
+            for seconds in (d for one in each for d in one.pop("durations", ())):
+                self._on_request("rows", seconds)
         tables: dict[str, dict[str, int]] = {}
         for one in each:
             for name, t in one["tables"].items():

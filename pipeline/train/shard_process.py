@@ -1,28 +1,45 @@
-"""A parameter-server shard's process (``python -m pipeline.train.shard_process FD``): the
-child's half of :class:`~pipeline.train.sharded.ShardedServer`, and how the driver starts it
-(:func:`spawn`).
+"""A server shard's process (``python -m pipeline.train.shard_process FD``): the child's half
+of :class:`~pipeline.train.sharded.ShardedServer` (a slice of the dense weights) and of
+:class:`~pipeline.train.row_servers.RowServers` (a shard of the ID tables), and how the
+driver starts and asks them (:func:`spawn`, :class:`Children`).
 
-It reads its settings (its slice, the algorithm's config, the run's secret) from the
-driver's end of a socket pair, never argv or the environment; leaves the terminal's
-process group and dies with its parent; serves a
-:class:`~pipeline.train.ps.server.ParameterServer` over its slice; and answers the
-driver's requests (checkpoint, restore, stats, a task's applied count) on that pair
-alone, so that no new operation reaches the network.
+It reads its settings (its slice or tables, the run's secret) from the driver's end of a
+socket pair, never argv or the environment; leaves the terminal's process group and dies
+with its parent; serves a :class:`~pipeline.train.ps.server.ParameterServer` over its
+slice, or a :class:`~pipeline.train.ps.row_server.RowServer`; and answers the driver's
+requests (checkpoint, restore, stats, a task's applied count; the tables' clock, changes
+and rows) on that pair alone, so that no new operation reaches the network.
+
+Row servers get a process of their own because their requests come every mini-batch from
+every worker: in the driver's process each waited for the interpreter behind Spark's
+driver threads and the dense server (a request took 17 ms as a worker saw it, of which
+its answer took 3-4 ms).
 """
 
 from __future__ import annotations
 
+import atexit
+import collections
+import contextlib
 import logging
 import os
 import socket
 import subprocess
 import sys
+import threading
+from collections.abc import Callable
 from multiprocessing import connection
 from typing import Any
 
 from pipeline.cluster import processes
+from pipeline.errors import StreamtrainError
 from pipeline.train import algorithms
 from pipeline.train.model import ModelSpec
+
+#: Seconds a shard has to start (spawn a Python, import numpy and the protocol, bind).
+START_TIMEOUT_S = 60.0
+#: Request durations a row shard keeps for the driver's metrics between two ``stats``.
+_DURATIONS_KEPT = 100_000
 
 
 def spawn(job: dict[str, Any]) -> tuple[subprocess.Popen[bytes], connection.Connection]:
@@ -49,37 +66,90 @@ def spawn(job: dict[str, Any]) -> tuple[subprocess.Popen[bytes], connection.Conn
     return proc, conn
 
 
+class Children:
+    """The driver's side of a set of shard processes: started together, asked together.
+
+    Args:
+        jobs: each child's settings (one child per job).
+        what: how errors name a child ("Parameter-server shard").
+    """
+
+    def __init__(self, jobs: list[dict[str, Any]], what: str) -> None:
+        self.jobs, self.what = jobs, what
+        self.procs: list[tuple[subprocess.Popen[bytes], connection.Connection]] = []
+        self._lock = threading.Lock()
+
+    def start(self) -> list[Any]:
+        """Start every child; what each answered once it serves (its port)."""
+        try:
+            for job in self.jobs:
+                self.procs.append(spawn(job))
+            ready = [self._receive(i, START_TIMEOUT_S) for i in range(len(self.procs))]
+        except BaseException:
+            self.stop()
+            raise
+        atexit.register(self.stop)
+        return ready
+
+    def stop(self) -> None:
+        """Stop every child (asked first, killed by its pid 10 s later); their ports are free on
+        return."""
+        children, self.procs = self.procs, []
+        for _, conn in children:
+            with contextlib.suppress(OSError, ValueError):
+                conn.send(("stop", None))
+        for proc, conn in children:
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            conn.close()
+        atexit.unregister(self.stop)
+
+    def _receive(self, i: int, timeout_s: float | None = None) -> Any:
+        proc, conn = self.procs[i]
+        try:
+            if timeout_s is not None and not conn.poll(timeout_s):
+                raise StreamtrainError(f"{self.what} {i} did not start in {timeout_s:.0f} s.")
+            status, value = conn.recv()
+        except (EOFError, OSError):
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(5)
+            raise StreamtrainError(
+                f"{self.what} {i} exited (status {proc.returncode}); "
+                "see the run's log for why, then resume the run."
+            ) from None
+        if status != "ok":
+            raise StreamtrainError(f"{self.what} {i}: {value}")
+        return value
+
+    def ask(self, op: str, args: list[Any] | None = None) -> list[Any]:
+        """Send ``op`` to every child at once (with ``args[i]`` to child ``i``); their answers
+        in order."""
+        with self._lock:
+            if not self.procs:
+                raise StreamtrainError(f"The {self.what.lower()}s are not running.")
+            for i, (_, conn) in enumerate(self.procs):
+                conn.send((op, args[i] if args is not None else None))
+            return [self._receive(i) for i in range(len(self.procs))]
+
+
 def serve_shard(fd: int) -> None:
     """A shard's process: its settings from the driver's end of socket ``fd``, then a
-    parameter server over its slice, answering the driver there until the driver asks it
-    to stop or goes away."""
-    from pipeline.train.server import parameter_server
-
+    parameter server over its slice (or a row server over its tables), answering the
+    driver there until the driver asks it to stop or goes away."""
     conn = connection.Connection(fd)
     job = conn.recv()
     # A Ctrl-C in the terminal reaches the driver, which stops the shards.
     processes.leave_terminal_group()
     processes.die_with_parent(job["parent"])
     try:
-        # Kept: the driver's raise of the learning rate (--on-drift adapt) reaches it here.
-        algorithm = algorithms.get(job["algorithm"])
-        server = parameter_server(
-            algorithm,
-            ModelSpec.from_json(job["spec"]),
-            job["weights"],
-            secret=job["secret"],
-            host=job["host"],
-            port=job["port"],
-            sync_timeout_s=job["sync_timeout_s"],
-            shared_memory=job["shared_memory"],
-            straggler_wait=job["straggler_wait"],
-            clock=job["clock"],
-            optimizer=job["optimizer"],
-        ).start()
+        server, answer = (_rows if job.get("kind") == "rows" else _dense)(job)
     except Exception as e:
         conn.send(("error", f"{type(e).__name__}: {e}"))
         return
-    conn.send(("ok", server.port))
+    conn.send(("ok", server.address[1]))
     try:
         while True:
             try:
@@ -89,11 +159,57 @@ def serve_shard(fd: int) -> None:
             if op == "stop":
                 return
             try:
-                conn.send(("ok", _answer(server, algorithm, op, arg)))
+                conn.send(("ok", answer(op, arg)))
             except Exception as e:
                 conn.send(("error", f"{type(e).__name__}: {e}"))
     finally:
         server.stop()
+
+
+def _dense(job: dict[str, Any]) -> tuple[Any, Callable[[str, Any], Any]]:
+    from pipeline.train.server import parameter_server
+
+    # Kept: the driver's raise of the learning rate (--on-drift adapt) reaches it here.
+    algorithm = algorithms.get(job["algorithm"])
+    server = parameter_server(
+        algorithm,
+        ModelSpec.from_json(job["spec"]),
+        job["weights"],
+        secret=job["secret"],
+        host=job["host"],
+        port=job["port"],
+        sync_timeout_s=job["sync_timeout_s"],
+        shared_memory=job["shared_memory"],
+        straggler_wait=job["straggler_wait"],
+        clock=job["clock"],
+        optimizer=job["optimizer"],
+    ).start()
+    return server, lambda op, arg: _answer(server, algorithm, op, arg)
+
+
+def _rows(job: dict[str, Any]) -> tuple[Any, Callable[[str, Any], Any]]:
+    """A row server over the job's tables; its requests' seconds go to the driver with each
+    ``stats`` (the driver's metrics observe them there)."""
+    from pipeline.train.ps.row_server import RowServer, answer_driver
+    from pipeline.train.ps.rows import RowSpec
+
+    durations: collections.deque[float] = collections.deque(maxlen=_DURATIONS_KEPT)
+    server = RowServer(
+        [RowSpec(**spec) for spec in job["specs"]],
+        secret=job["secret"],
+        host=job["host"],
+        shard=job["shard"],
+        shards=job["shards"],
+        on_request=lambda _op, seconds: durations.append(seconds),
+    ).start()
+
+    def answer(op: str, arg: Any) -> Any:
+        got = answer_driver(server, op, arg)
+        if op == "stats":
+            got["durations"] = [durations.popleft() for _ in range(len(durations))]
+        return got
+
+    return server, answer
 
 
 def _answer(server: Any, algorithm: Any, op: str, arg: Any) -> Any:

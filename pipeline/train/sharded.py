@@ -22,12 +22,7 @@ checkpoint reads the same, and resumes, with any number of shards).
 
 from __future__ import annotations
 
-import atexit
-import contextlib
 import logging
-import subprocess
-import threading
-from multiprocessing import connection
 from types import TracebackType
 from typing import Any
 
@@ -39,9 +34,6 @@ from pipeline.train.model import ModelSpec
 from pipeline.train.ps.shards import Shard, plan
 
 log = logging.getLogger(__name__)
-
-#: Seconds a shard has to start (spawn a Python, import numpy and the protocol, bind).
-START_TIMEOUT_S = 60.0
 
 
 class ShardedServer:
@@ -97,10 +89,7 @@ class ShardedServer:
             for i, (a, b) in enumerate(self.slices)
         ]
         self.shards: tuple[Shard, ...] = ()
-        self._children: list[
-            tuple[subprocess.Popen[bytes], connection.Connection]
-        ] = []  # with the driver's end
-        self._lock = threading.Lock()
+        self._children = shard_process.Children(self._jobs, "Parameter-server shard")
 
     @property
     def address(self) -> tuple[str, int]:
@@ -109,18 +98,11 @@ class ShardedServer:
     # --- life cycle ---
 
     def start(self) -> ShardedServer:
-        try:
-            for job in self._jobs:
-                self._children.append(shard_process.spawn(job))
-            ports = [self._receive(i, START_TIMEOUT_S) for i in range(len(self._children))]
-        except BaseException:
-            self.stop()
-            raise
+        ports = self._children.start()
         self.port = ports[0]
         self.shards = tuple(
             (self.host, port, a, b) for port, (a, b) in zip(ports, self.slices, strict=True)
         )
-        atexit.register(self.stop)
         log.info(
             "parameter server: %d shards at %s",
             len(self.shards),
@@ -131,18 +113,7 @@ class ShardedServer:
     def stop(self) -> None:
         """Stop every shard (asked first, killed by its pid 10 s later); their ports are free on
         return."""
-        children, self._children = self._children, []
-        for _, conn in children:
-            with contextlib.suppress(OSError, ValueError):
-                conn.send(("stop", None))
-        for proc, conn in children:
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-            conn.close()
-        atexit.unregister(self.stop)
+        self._children.stop()
 
     def __enter__(self) -> ShardedServer:
         return self.start()
@@ -152,36 +123,8 @@ class ShardedServer:
     ) -> None:
         self.stop()
 
-    # --- requests to the shards ---
-
-    def _receive(self, i: int, timeout_s: float | None = None) -> Any:
-        proc, conn = self._children[i]
-        try:
-            if timeout_s is not None and not conn.poll(timeout_s):
-                raise StreamtrainError(
-                    f"Parameter-server shard {i} did not start in {timeout_s:.0f} s."
-                )
-            status, value = conn.recv()
-        except (EOFError, OSError):
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(5)
-            raise StreamtrainError(
-                f"Parameter-server shard {i} exited (status {proc.returncode}); "
-                "see the run's log for why, then resume the run."
-            ) from None
-        if status != "ok":
-            raise StreamtrainError(f"Parameter-server shard {i}: {value}")
-        return value
-
     def _ask(self, op: str, args: list[Any] | None = None) -> list[Any]:
-        """Send ``op`` to every shard at once (with ``args[i]`` to shard ``i``); their answers in
-        order."""
-        with self._lock:
-            if not self._children:
-                raise StreamtrainError("The sharded parameter server is not running.")
-            for i, (_, conn) in enumerate(self._children):
-                conn.send((op, args[i] if args is not None else None))
-            return [self._receive(i) for i in range(len(self._children))]
+        return self._children.ask(op, args)
 
     def weights(self) -> np.ndarray:
         """The center weights, every shard's slice."""

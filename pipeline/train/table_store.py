@@ -75,7 +75,7 @@ def restore(folder: str | os.PathLike[str], rows: Any, entry: dict[str, Any] | N
     to the shard its key names now."""
     if not entry:
         return 0
-    shards, tables = len(rows.servers), len(rows.specs)
+    shards, tables = rows.shards, len(rows.specs)
     for batch_id in entry["chain"]:
         path = _path(folder, batch_id)
         try:

@@ -63,7 +63,7 @@ def test_a_sharded_checkpoint_is_one_servers_and_resumes_exactly() -> None:
         sharded.restore(*cut)
         _push(sharded, then)
         restored = sharded.checkpoint()
-        procs = [proc for proc, _ in sharded._children]
+        procs = [proc for proc, _ in sharded._children.procs]
     assert all(proc.poll() is not None for proc in procs)  # stopped, by pid
     with parameter_server(
         _sync(), SPEC, saved[0], host="127.0.0.1", shards=2, clock=saved[1], optimizer=saved[2]

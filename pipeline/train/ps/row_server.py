@@ -193,6 +193,11 @@ class RowServer:
                 table.load(change)
             self.now = now
 
+    def rows(self, t: int) -> dict[str, np.ndarray]:
+        """Table ``t``'s rows (:meth:`RowTable.rows`)."""
+        with self._lock:
+            return self.tables[t].rows()
+
     def stats(self) -> dict[str, Any]:
         with self._lock:
             return {
@@ -260,6 +265,23 @@ class RowServer:
             steps=int(applies),
         )
         return reply, payload
+
+
+def answer_driver(server: RowServer, op: str, arg: Any) -> Any:
+    """The driver's request ``op`` of a row server, in the driver's process or in a shard's
+    (:mod:`pipeline.train.shard_process`): the same answer either way."""
+    if op == "advance":
+        return server.advance(arg)
+    if op == "changes":
+        return server.changes(snapshot=arg)
+    if op == "load":
+        changes, now = arg
+        return server.load(changes, now=now)
+    if op == "rows":
+        return server.rows(arg)
+    if op == "stats":
+        return server.stats()
+    raise ValueError(f"unknown request {op!r}")
 
 
 class RowConnection:

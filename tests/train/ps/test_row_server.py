@@ -41,10 +41,22 @@ def _drive(
     return client
 
 
-def test_two_row_server_shards_make_exactly_one_shards_tables() -> None:
+@pytest.mark.parametrize("processes", [False, True], ids=["here", "processes"])
+def test_two_row_server_shards_make_exactly_one_shards_tables(processes: bool) -> None:
+    """Proves: two shards, in this process or each in a process of its own (a run's), make
+    the tables one shard makes, and drop each repeated push once; in processes, every
+    request's seconds reach the driver's metrics at the next stats."""
+    seconds: list[float] = []
     with (
         RowServers(SPECS, secret=b"k", host="127.0.0.1") as one,
-        RowServers(SPECS, secret=b"k", host="127.0.0.1", shards=2) as two,
+        RowServers(
+            SPECS,
+            secret=b"k",
+            host="127.0.0.1",
+            shards=2,
+            processes=processes,
+            on_request=lambda _op, s: seconds.append(s),
+        ) as two,
     ):
         _drive(one).close()
         client = _drive(two, repeat_every=7)
@@ -54,8 +66,12 @@ def test_two_row_server_shards_make_exactly_one_shards_tables() -> None:
             assert len(a["keys"]) > 50
             for field in a:
                 assert np.array_equal(a[field], b[field]), (SPECS[t].name, field)
+        assert bool(two.servers) != processes
         assert all(len(s.tables[0]) for s in two.servers)  # both shards hold rows
+        assert two.now == one.now == 6 * 640
         stats = two.stats()
+        # Each shard answered the 60 reads, the 60 pushes and the 8 repeats.
+        assert len(seconds) == 2 * (60 + 60 + 60 // 7), len(seconds)
         assert stats["repeats_dropped"] == 2 * (60 // 7)  # each shard dropped each repeat
         assert stats["tables"]["user"]["expired"] > 0 and client.repeats == 60 // 7
         assert stats["rows_pushed"] > 0 and stats["rows_read"] > 0
