@@ -75,6 +75,9 @@ def test_two_row_server_shards_make_exactly_one_shards_tables(processes: bool) -
         assert stats["repeats_dropped"] == 2 * (60 // 7)  # each shard dropped each repeat
         assert stats["tables"]["user"]["expired"] > 0 and client.repeats == 60 // 7
         assert stats["rows_pushed"] > 0 and stats["rows_read"] > 0
+        children = [proc for proc, _ in two._children.procs] if two._children else []
+    assert len(children) == 2 * processes
+    assert all(proc.poll() is not None for proc in children)  # stopped, by pid
 
 
 def test_a_push_that_trains_a_record_again_does_not_count_its_ids_as_seen_again() -> None:
