@@ -4,11 +4,8 @@ measures (so that every target means the same on a slow machine and a fast one);
 micro-batch costs beyond its records' compute; and what the target costs in capacity.
 
 Per arm, one trainer (``streamtrain run --dataset mnist --bootstrap B --topic T``, no replay of
-its own) on a fresh two-partition topic of a broker started here: Apache Kafka's own, as users
-run it (``--engine tansu`` or ``noida`` for the re-implementations; Tansu takes less of a core,
-0.06 at 2,000 records/s against noida's 0.31 at 504a444, but its Fetch slows as its log grows:
-on a machine whose capacity was 2,558 records/s, the fixed arm's reads took 6-37 s a batch by
-its end, at 7a2dbb1, and the benchmark measured Tansu):
+its own) on a fresh two-partition topic of Apache Kafka's own broker, started here (``--engine
+tansu``: its Fetch slows as its log grows, to 6-37 s a batch's read at 2,558 records/s):
 
 1. capacity: a backlog of 60,000 records is written flat out before the trainer starts; its
    records/s over the batches that drain it (the first left out: it pays the workers' start)

@@ -107,32 +107,51 @@ class Children:
             conn.close()
         atexit.unregister(self.stop)
 
+    def _gone(self, i: int) -> StreamtrainError:
+        proc = self.procs[i][0]
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(5)
+        return StreamtrainError(
+            f"{self.what} {i} exited (status {proc.returncode}); "
+            "see the run's log for why, then resume the run."
+        )
+
     def _receive(self, i: int, timeout_s: float | None = None) -> Any:
-        proc, conn = self.procs[i]
+        conn = self.procs[i][1]
         try:
             if timeout_s is not None and not conn.poll(timeout_s):
                 raise StreamtrainError(f"{self.what} {i} did not start in {timeout_s:.0f} s.")
             status, value = conn.recv()
         except (EOFError, OSError):
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(5)
-            raise StreamtrainError(
-                f"{self.what} {i} exited (status {proc.returncode}); "
-                "see the run's log for why, then resume the run."
-            ) from None
+            raise self._gone(i) from None
         if status != "ok":
             raise StreamtrainError(f"{self.what} {i}: {value}")
         return value
 
     def ask(self, op: str, args: list[Any] | None = None) -> list[Any]:
         """Send ``op`` to every child at once (with ``args[i]`` to child ``i``); their answers
-        in order."""
+        in order. Every answer is read before the first error is raised, so that the next
+        request reads its own answers."""
         with self._lock:
             if not self.procs:
                 raise StreamtrainError(f"The {self.what.lower()}s are not running.")
+            errors: list[StreamtrainError] = []
+            sent = []
             for i, (_, conn) in enumerate(self.procs):
-                conn.send((op, args[i] if args is not None else None))
-            return [self._receive(i) for i in range(len(self.procs))]
+                try:
+                    conn.send((op, args[i] if args is not None else None))
+                    sent.append(i)
+                except OSError:
+                    errors.append(self._gone(i))
+            answers = []
+            for i in sent:
+                try:
+                    answers.append(self._receive(i))
+                except StreamtrainError as e:
+                    errors.append(e)
+            if errors:
+                raise errors[0]
+            return answers
 
 
 def serve_shard(fd: int) -> None:

@@ -165,7 +165,10 @@ class Stack:
         stale or missing entry looks like a broker that does not answer), Kafka's log end."""
 
         def run(*cmd: str) -> str:
-            done = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=False)
+            try:
+                done = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=False)
+            except (OSError, subprocess.TimeoutExpired) as e:  # the wait's own failure first
+                return f"({cmd[1]} failed: {e})"
             return (done.stdout + done.stderr).strip()
 
         label = f"label=io.podman.compose.project={self.project}"

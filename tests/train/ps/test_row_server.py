@@ -66,18 +66,29 @@ def test_two_row_server_shards_make_exactly_one_shards_tables(processes: bool) -
             assert len(a["keys"]) > 50
             for field in a:
                 assert np.array_equal(a[field], b[field]), (SPECS[t].name, field)
-        assert bool(two.servers) != processes
-        assert all(len(s.tables[0]) for s in two.servers)  # both shards hold rows
         assert two.now == one.now == 6 * 640
         stats = two.stats()
         # Each shard answered the 60 reads, the 60 pushes and the 8 repeats.
         assert len(seconds) == 2 * (60 + 60 + 60 // 7), len(seconds)
+        assert bool(two.servers) != processes
+        assert all(s["tables"]["user"]["rows"] for s in two._each("stats"))  # both hold rows
         assert stats["repeats_dropped"] == 2 * (60 // 7)  # each shard dropped each repeat
         assert stats["tables"]["user"]["expired"] > 0 and client.repeats == 60 // 7
         assert stats["rows_pushed"] > 0 and stats["rows_read"] > 0
         children = [proc for proc, _ in two._children.procs] if two._children else []
     assert len(children) == 2 * processes
     assert all(proc.poll() is not None for proc in children)  # stopped, by pid
+
+
+def test_a_shard_process_that_refuses_a_request_leaves_the_next_in_step() -> None:
+    """Proves: where the first of two shard processes answers an error, the error is raised
+    once every answer is read, so the next request reads its own answers, not the last's."""
+    from pipeline.errors import StreamtrainError
+
+    with RowServers(SPECS, secret=b"k", host="127.0.0.1", shards=2, processes=True) as rows:
+        with pytest.raises(StreamtrainError, match=r"Row-server shard 0: IndexError"):
+            rows._each("rows", [99, 0])  # no table 99 on shard 0; shard 1 answers
+        assert rows.stats()["tables"]["user"]["rows"] == 0
 
 
 def test_a_push_that_trains_a_record_again_does_not_count_its_ids_as_seen_again() -> None:
