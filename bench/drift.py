@@ -69,7 +69,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from drift_streams import AFTER, Stream, mnist_stream, streams, table_files, table_rows  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-BATCH = 2_000  # records per micro-batch on the MNIST drift streams at scale 1 (the delay's resolution)
+BATCH = 2_000  # records per micro-batch on the MNIST drift streams at scale 1 (the delay's step)
 #: Records per micro-batch on the table streams at scale 1. A reaction starts when the batch
 #: a change lands in has ended, and River's learners turn within it record by record: at
 #: 2,000 that batch alone held SEA-flipped's adapt to 0.967 of ARF's score at best.

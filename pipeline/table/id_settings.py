@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from pipeline.table.schema import ROW_LEARNING_RATE
+
 #: How an ID table's rows learn on the parameter server (each row its own state).
 ROW_OPTIMIZERS = ("adagrad", "sgd")
 #: What features that share a table must agree on.
@@ -55,6 +57,6 @@ def id_dict(f: Any) -> dict[str, Any]:
     d: dict[str, Any] = {"dim": f.dim, "min_count": f.min_count, "ttl": f.ttl}
     if f.table:
         d["table"] = f.table
-    if (f.optimizer, f.learning_rate) != ("adagrad", 0.05):
+    if (f.optimizer, f.learning_rate) != ("adagrad", ROW_LEARNING_RATE):
         d.update(optimizer=f.optimizer, learning_rate=f.learning_rate)
     return d

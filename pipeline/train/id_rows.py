@@ -87,7 +87,10 @@ class IdRows:
         assert self._read is not None and input_grad is not None
         keys, has_rows = self._read
         self._read = None
-        grads = self.layout.row_gradients(np.asarray(input_grad, np.float32))
+        # The step's loss is the mini-batch's mean, so a row's share of its gradient shrinks
+        # with the records of other IDs beside it; scaled back by the records, each row
+        # learns from the sum over its own records, whatever the mini-batch's size.
+        grads = self.layout.row_gradients(np.asarray(input_grad, np.float32) * len(input_grad))
         push: list[Push] = []
         for mine in self._features:
             push.append(

@@ -9,9 +9,11 @@ import pytest
 
 from pipeline.table.ids import IdLayout
 from pipeline.train import algorithms, zoo
+from pipeline.train.id_rows import IdRows
 from pipeline.train.model import ModelSpec, get_flat
 from pipeline.train.partition import ServerInfo, train_partition
 from pipeline.train.ps.protocol import task_key
+from pipeline.train.ps.row_client import RowClient
 from pipeline.train.row_servers import RowServers, specs_of
 from pipeline.train.server import parameter_server
 from producers.datasets.click_stream import ClickStream, click_schema
@@ -57,3 +59,38 @@ def test_an_asynchronous_algorithm_trains_the_rows_of_its_batches_once(name: str
         assert not np.array_equal(made[t]["values"][-1:], before[t][-1:])
         for field in made[t]:  # the retry changed no row
             assert np.array_equal(made[t][field], after[t][field]), field
+
+
+@pytest.mark.parametrize("n", [2, 64])
+def test_a_rows_step_is_its_own_records_gradient_whatever_the_mini_batch_size(n: int) -> None:
+    # The step's loss is the mini-batch's mean, so the input's gradient holds each record's
+    # own gradient over n; a row learns from the sum over its records, n times that.
+    model = ClickModel(users=300, items=100, seed=2)
+    schema = click_schema(model, dim=4, ttl=None)
+    layout = IdLayout(schema)
+    x = next(ClickStream(model=model).iter_chunks(chunk_rows=n)).x[:n]
+    own = 0.3  # every record's own gradient on each of its rows' values
+    with (
+        RowServers(specs_of(schema, 1), secret=b"k", host="127.0.0.1") as rows,
+        RowClient(rows.addresses, secret=b"k", worker=1, dims=rows.dims) as client,
+    ):
+        ids = IdRows(layout, client)
+        zero = np.zeros((n, layout.width), np.float32)
+        ids.before(x)
+        ids.after(0, zero, None)  # the IDs' first sighting makes their rows
+        start = {t: rows.table_rows(t) for t in range(2)}
+        ids.before(x)
+        ids.after(1, np.full_like(zero, own / n), None)
+        end = {t: rows.table_rows(t) for t in range(2)}
+    specs = specs_of(schema, 1)
+    for c, column in enumerate(layout.columns):
+        t = [s.name for s in specs].index(column.table)
+        spec = specs[t]
+        keys, counts = np.unique(layout.keys(x)[c], return_counts=True)
+        at = np.searchsorted(start[t]["keys"], keys)
+        assert np.array_equal(start[t]["keys"][at], keys)  # every ID has its row
+        summed = (counts * np.float32(own))[:, None]
+        # Adagrad's step on the sum: the same for a key seen once in 2 records or in 64.
+        step = spec.learning_rate * summed / np.sqrt(spec.initial_accumulator + summed**2)
+        moved = start[t]["values"][at] - end[t]["values"][at]
+        assert np.allclose(moved, step, rtol=1e-4, atol=1e-6), column.name
