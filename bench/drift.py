@@ -22,6 +22,9 @@ Streams (records at ``--scale 1``; each through the run's own broker and replay)
 - ``mnist-stationary`` (300,000 records: the training set five times) and
   ``higgs-stationary`` (the HIGGS sample replayed to 100,000): false alarms only.
 
+The MNIST drift streams run at 2,000 records a micro-batch, the table streams at 1,000
+(:data:`TABLE_BATCH`: they are scored against learners that turn record by record).
+
 Per drift stream and arm: the detection delay (records from the change to the end of the
 batch that found it; ``delay_records_p50`` is the median over the abrupt streams' arms, as
 the target is an abrupt change's, and ``gradual_delay_p50`` the gradual ones', counted from
@@ -38,7 +41,7 @@ records in the same order. ``recovery_share``: each stream's recovery gain over 
     .venv/bin/python bench/drift.py [--scale 1] [--only STREAM,...]
 
 At ``--scale 1`` it runs 18 trainers one after another (each a process of its own, alone
-on the machine) and the River anchors: about 45 minutes on 2 cores. ``--scale`` multiplies
+on the machine) and the River anchors: 20-45 minutes on 2 cores. ``--scale`` multiplies
 every stream's length, and the detectors' warm-up and cool-down with them; ``--scale 0.05``
 checks that it runs end to end in a few minutes (start-ups dominate; figures mean little).
 
