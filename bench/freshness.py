@@ -23,7 +23,10 @@ steady figures are over the first phase from 30 s in (the backlog drained, settl
 last from 120 s after the burst. The burst leaves ``(burst - 1) x C x 30 s`` records above what
 the trainer takes, drained at the spare rate ``(1 - load) x C``: 60 s whatever C is, the ideal
 recovery. ``recovery_ratio`` is that over the seconds from the burst's end until freshness
-stays under the target to the end (1.0: perfect; 0: never).
+is under the target for good within the 120 s after it (a moment over it later, such as a
+checkpoint that a busy disk held for a second minutes on, is the last steady phase's, in its
+p99; where it is still over at 120 s, until it stays under to the end; 1.0: perfect; 0:
+never).
 
 ``batch_overhead_s``: the target arm's median, over its steady phases' batches, of a batch's
 cycle (from the previous batch's end to its own) minus its records' compute (the workers'
@@ -58,7 +61,7 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from freshness_figures import STEP_S, capacity, freshness_series, overhead  # noqa: E402
+from freshness_figures import capacity, freshness_series, overhead, recovery_s  # noqa: E402
 from soak import Proc  # noqa: E402
 
 #: (phase, seconds at scale 1); the rates are ``--load`` x C, ``--burst`` x C, ``--load`` x C.
@@ -272,14 +275,7 @@ def run_arm(
     ]
     steady = np.concatenate([freshness_series(rows, a, b) for a, b in windows])
     after = freshness_series(rows, times["after"], times["end"])
-    over = np.flatnonzero(~(after <= target))  # NaN counts as over: nothing learned yet
-    recovery = (
-        0.0
-        if not len(over)
-        else float("inf")
-        if over[-1] == len(after) - 1
-        else (over[-1] + 1) * STEP_S
-    )
+    recovery = recovery_s(after, target, RECOVERY_S * scale)
     # What the burst left above the trainer's rate, over the spare rate: 60 s at 2 C and 0.5 C.
     ideal = (burst - 1.0) * PHASES[1][1] * scale / (1.0 - load)
     finite = steady[np.isfinite(steady)]

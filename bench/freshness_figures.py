@@ -29,6 +29,31 @@ def freshness_series(rows: list[dict[str, Any]], start: float, end: float) -> np
     return np.where(idx >= 0, ts - as_of[np.maximum(idx, 0)], np.nan)
 
 
+def recovery_s(after: np.ndarray, target: float, window_s: float) -> float:
+    """Seconds from a burst's end until the freshness series ``after`` (from that end on) is
+    back under ``target`` for good: the end of its last moment over the target within the
+    recovery window ``window_s``. A moment over it later (a slow checkpoint minutes on) is the
+    steady phase's, counted in its p99, not the burst's. Where the window ends over the
+    target, the last moment over it in the whole series (inf: still over at its end). NaN
+    (nothing learned yet) counts as over.
+
+    >>> recovery_s(np.array([5.0, 3.0, 1.0, 1.0, 3.0, 1.0]), 2.0, 0.3)  # 3.0 later: steady's
+    0.2
+    >>> recovery_s(np.array([5.0, 3.0, 3.0, 1.0, 3.0, 1.0]), 2.0, 0.3)  # the window ends over
+    0.5
+    >>> recovery_s(np.array([1.0, 1.0]), 2.0, 0.1), recovery_s(np.array([3.0, 3.0]), 2.0, 0.1)
+    (0.0, inf)
+    """
+    over = ~(after <= target)
+    window = over[: max(1, round(window_s / STEP_S))]
+    last = np.flatnonzero(over if window[-1] else window)
+    if not len(last):
+        return 0.0
+    if last[-1] == len(after) - 1:
+        return float("inf")
+    return round(float(last[-1] + 1) * STEP_S, 3)
+
+
 def capacity(rows: list[dict[str, Any]], backlog: int) -> float:
     """Records/s over the batches that drained the backlog, the first left out (NaN: fewer
     than three batches did)."""
