@@ -106,7 +106,9 @@ def _backlog(scale: float) -> int:
 
 
 def _trained(out: Path) -> int:
-    return sum(int(r.get("trained", 0)) for r in _rows(out))
+    """Records through the trainer: trained, or held out to score the model (which a run
+    starts after a drift alarm; those never count as trained)."""
+    return sum(int(r.get("trained", 0)) + int(r.get("held_out", 0)) for r in _rows(out))
 
 
 def _produce(
