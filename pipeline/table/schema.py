@@ -28,15 +28,12 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.errors import ConfigError
+from pipeline.table.id_settings import ROW_LEARNING_RATE
 
 #: The kinds of feature, and how a categorical one reaches the model.
 KINDS = ("numeric", "categorical", "boolean", "id")
 #: Float32 lanes an ID takes in a decoded block (:mod:`pipeline.table.ids`).
 ID_LANES = 3
-#: An ID table's default Adagrad step. Each row learns from the sum of its records'
-#: gradients (pipeline.train.id_rows); on bench/embeddings.py's click stream 0.05 reached an
-#: AUC of 0.732, 0.15 0.744 and 0.5 0.745.
-ROW_LEARNING_RATE = 0.1
 ENCODINGS = ("one_hot", "index")
 #: Record formats a table's topic may carry.
 FORMATS = ("json", "csv", "avro")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from pipeline.table.id_settings import ROW_LEARNING_RATE
 from pipeline.table.ids import IdLayout
 from pipeline.train import algorithms, zoo
 from pipeline.train.id_rows import IdRows
@@ -14,6 +15,7 @@ from pipeline.train.model import ModelSpec, get_flat
 from pipeline.train.partition import ServerInfo, train_partition
 from pipeline.train.ps.protocol import task_key
 from pipeline.train.ps.row_client import RowClient
+from pipeline.train.ps.rows import RowSpec
 from pipeline.train.row_servers import RowServers, specs_of
 from pipeline.train.server import parameter_server
 from producers.datasets.click_stream import ClickStream, click_schema
@@ -83,6 +85,7 @@ def test_a_rows_step_is_its_own_records_gradient_whatever_the_mini_batch_size(n:
         ids.after(1, np.full_like(zero, own / n), None)
         end = {t: rows.table_rows(t) for t in range(2)}
     specs = specs_of(schema, 1)
+    assert specs[0].learning_rate == RowSpec("t", dim=1).learning_rate == ROW_LEARNING_RATE
     for c, column in enumerate(layout.columns):
         t = [s.name for s in specs].index(column.table)
         spec = specs[t]

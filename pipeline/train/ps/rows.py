@@ -35,7 +35,6 @@ from typing import Any
 import numpy as np
 
 from pipeline.errors import ConfigError
-from pipeline.table.schema import ROW_LEARNING_RATE
 from pipeline.train.ps.key_index import KeyIndex
 
 #: The shared row's key: what an ID without a row of its own reads (and trains). Reserved: an
@@ -89,7 +88,7 @@ class RowSpec:
     dim: int
     min_count: int = 1
     ttl: int | None = None
-    learning_rate: float = ROW_LEARNING_RATE
+    learning_rate: float = 0.1  # the schema's (pipeline.table.id_settings.ROW_LEARNING_RATE)
     optimizer: str = "adagrad"
     initial_accumulator: float = 0.1
     init_scale: float = 0.05
