@@ -43,10 +43,12 @@ def recovery_s(after: np.ndarray, target: float, window_s: float) -> float:
     0.5
     >>> recovery_s(np.array([1.0, 1.0]), 2.0, 0.1), recovery_s(np.array([3.0, 3.0]), 2.0, 0.1)
     (0.0, inf)
+    >>> recovery_s(np.array([]), 2.0, 0.1)  # no series: nothing over the target, as before
+    0.0
     """
     over = ~(after <= target)
     window = over[: max(1, round(window_s / STEP_S))]
-    last = np.flatnonzero(over if window[-1] else window)
+    last = np.flatnonzero(over if len(window) and window[-1] else window)
     if not len(last):
         return 0.0
     if last[-1] == len(after) - 1:
