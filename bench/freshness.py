@@ -10,12 +10,17 @@ tansu``: its Fetch slows as its log grows, to 6-37 s a batch's read at 2,558 rec
 1. capacity: a backlog of 60,000 records is written flat out before the trainer starts; its
    records/s over the batches that drain it (the first left out: it pays the workers' start)
    is the arm's maximum sustained rate; measured again at the end on a backlog of its own, in
-   the other order (fixed, target, target, fixed), and the two averaged. The fixed arm's first
-   figure is ``C``, which sizes both arms' loads;
-2. a producer in this process (librdkafka) at ``--load`` x C (0.5) for 180 s, then
+   the other order (fixed, target, target, fixed), and the two averaged (``capacity_ratio``);
+2. ``C``, which sizes both arms' loads: the fixed arm drains a second backlog of 60,000 while
+   the producer sends at ``--load`` x its first figure, and ``C`` is its rate over the
+   batches planned at the cap. The producer and the broker share these cores with the
+   trainer: measured here, they took a fifth of a core through the burst and its drain, and
+   the workers 145% of the two cores where they had 165% on a backlog alone (``C`` taken
+   alone left the burst's ideal recovery 40% short of what the trainer could do);
+3. a producer in this process (librdkafka) at ``--load`` x C (0.5) for 180 s, then
    ``--burst`` x C (2) for 30 s, then the load again for 240 s, phases back to back (each
    record's CreateTime is when it was sent);
-3. the trainer drains the topic and is stopped (SIGINT), its report written.
+4. the trainer drains the topic and is stopped (SIGINT), its report written.
 
 Freshness at time t: t minus the newest Kafka timestamp the saved model holds (each batch's
 ``data_as_of`` in ``batches.jsonl``, from when its tasks were done, ``at``), every 0.1 s. The
@@ -61,7 +66,13 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from freshness_figures import capacity, freshness_series, overhead, recovery_s  # noqa: E402
+from freshness_figures import (  # noqa: E402
+    capacity,
+    freshness_series,
+    overhead,
+    recovery_s,
+    saturated_rate,
+)
 from soak import Proc  # noqa: E402
 
 #: (phase, seconds at scale 1); the rates are ``--load`` x C, ``--burst`` x C, ``--load`` x C.
@@ -70,6 +81,10 @@ BACKLOG = 60_000
 #: The steady figures leave out the first phase's first SETTLE_S and the last one's first
 #: RECOVERY_S (the ideal recovery is 60 s: twice that).
 SETTLE_S, RECOVERY_S = 30.0, 120.0
+#: Seconds at scale 1 that the producer sends at the load while C is measured under it.
+LOADED_S = 90.0
+#: Every arm's cap on a batch's records (--max-offsets-per-trigger).
+CAP = 20_000
 
 
 def _wait(cond: Any, timeout_s: float, what: str, proc: Proc | None = None) -> None:
@@ -216,6 +231,28 @@ def _on_backlog(
     return trainer, out, topic, cap
 
 
+def _loaded_capacity(
+    name: str, out: Path, bootstrap: str, topic: str, rate: float, scale: float, trainer: Proc
+) -> float:
+    """The trainer's rate under the stream's load: a second backlog drained while the
+    producer sends at ``rate``, over the batches planned at the cap (then drained)."""
+    marks: list[tuple[str, float, int]] = []
+    before = _trained(out)
+    _produce(
+        bootstrap,
+        topic,
+        [("backlog", _backlog(scale), None), ("load", LOADED_S * scale, rate)],
+        marks,
+    )
+    sent = before + sum(n for _, _, n in marks)
+    _wait(lambda: _trained(out) >= sent, 120 + 300 * scale, f"{name}: the loaded backlog", trainer)
+    c = saturated_rate([r for r in _rows(out) if r["at"] >= marks[0][1]], CAP)
+    print(
+        f"freshness: {name}: under a load of {rate:,.0f} records/s, {c:,.0f} records/s", flush=True
+    )
+    return c
+
+
 def capacity_again(name: str, extra: list[str], **kw: Any) -> float:
     """An arm's capacity measured once more, on a backlog of its own (then stopped)."""
     trainer, _, _, cap = _on_backlog(name, extra, run_s=0.0, **kw)
@@ -236,16 +273,28 @@ def run_arm(
     capacity_rps: float | None = None,
 ) -> dict[str, Any]:
     """One arm: its backlog (its capacity), then the phases at ``load`` and ``burst`` times
-    ``capacity_rps`` (None: the capacity this arm just measured), then its figures."""
+    ``capacity_rps`` (None: this arm's own rate under the load, ``C``), then its figures."""
     phases_s = sum(s for _, s in PHASES) * scale
     trainer, out, topic, cap = _on_backlog(
-        name, extra, bootstrap=bootstrap, folder=folder, scale=scale, run_s=phases_s
+        name,
+        extra,
+        bootstrap=bootstrap,
+        folder=folder,
+        scale=scale,
+        run_s=phases_s + LOADED_S * scale,
     )
-    c = capacity_rps or cap
-    if not c > 0:
+    c = capacity_rps
+    try:
+        if c is None and cap > 0:
+            c = _loaded_capacity(name, out, bootstrap, topic, cap * load, scale, trainer)
+    except BaseException:
         trainer.signal(signal.SIGINT, timeout_s=120)
-        raise SystemExit(f"freshness: {name}: no capacity measured on the backlog ({cap})")
+        raise
+    if c is None or not c > 0:
+        trainer.signal(signal.SIGINT, timeout_s=120)
+        raise SystemExit(f"freshness: {name}: no capacity measured on the backlog ({cap}, {c})")
     rates = {"steady": load * c, "burst": burst * c, "after": load * c}
+    trained_before = _trained(out)
     marks: list[tuple[str, float, int]] = []
     try:
         phases = [(p, s * scale, rates[p]) for p, s in PHASES]
@@ -254,7 +303,7 @@ def run_arm(
         )
         producer.start()
         producer.join(phases_s * 3 + 120)
-        sent = _backlog(scale) + sum(n for _, _, n in marks)
+        sent = trained_before + sum(n for _, _, n in marks)
         _wait(
             lambda: _trained(out) >= sent,
             120 + 600 * scale,
@@ -289,6 +338,7 @@ def run_arm(
         shares = {}
     return {
         "capacity": cap,
+        "sized_by": c,
         "rates": {k: round(v) for k, v in rates.items()},
         "recovery_s": recovery,
         "recovery_ratio": min(1.0, ideal / recovery) if recovery > 0 else 1.0,
@@ -363,10 +413,10 @@ def main() -> None:
             _wait(lambda: bootstrap in broker.text(), 60, "the broker", broker)
             arms = {}
             flags = {
-                "fixed": ["--max-offsets-per-trigger", "20000"],
+                "fixed": ["--max-offsets-per-trigger", str(CAP)],
                 "target": [
                     "--max-offsets-per-trigger",
-                    "20000",
+                    str(CAP),
                     "--freshness-target",
                     str(args.target),
                 ],
@@ -383,7 +433,7 @@ def main() -> None:
                     capacity_rps=c,
                     **kw,
                 )
-                c = c or arms[name]["capacity"]
+                c = c or arms[name]["sized_by"]
                 print(f"freshness: {name}: {arms[name]}", flush=True)
             # The capacities once more in the other order (fixed, target, target, fixed): this
             # machine's speed drifts over minutes by more than the arms differ.

@@ -71,6 +71,27 @@ def capacity(rows: list[dict[str, Any]], backlog: int) -> float:
     return records / max(1e-9, rows[upto]["at"] - rows[0]["at"])
 
 
+def saturated_rate(rows: list[dict[str, Any]], full: int) -> float:
+    """Records/s while the trainer was saturated: over the run of ``full``-record batches
+    (each planned at the cap, so records waited for it), from the first one's end to the
+    last's; NaN where fewer than three ran back to back.
+
+    >>> rows = [{"at": 0.0, "rows": 500}, {"at": 5.0, "rows": 20_000},
+    ...         {"at": 12.0, "rows": 20_000}, {"at": 20.0, "rows": 20_000},
+    ...         {"at": 21.0, "rows": 900}]
+    >>> saturated_rate(rows, 20_000)
+    2666.6666666666665
+    """
+    best: list[dict[str, Any]] = []
+    run: list[dict[str, Any]] = []
+    for r in sorted(rows, key=lambda r: r["at"]):
+        run = [*run, r] if int(r.get("rows", 0)) >= full else []
+        best = run if len(run) > len(best) else best
+    if len(best) < 3:
+        return float("nan")
+    return sum(int(r["rows"]) for r in best[1:]) / max(1e-9, best[-1]["at"] - best[0]["at"])
+
+
 def overhead(rows: list[dict[str, Any]], windows: list[tuple[float, float]]) -> dict[str, float]:
     """The medians, over the batches that ended within ``windows`` (Unix seconds), of a batch's
     cycle beyond its records' compute (``overhead``) and of its parts: the tasks' time beyond
