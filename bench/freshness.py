@@ -15,8 +15,8 @@ tansu``: its Fetch slows as its log grows, to 6-37 s a batch's read at 2,558 rec
    the producer sends at ``--load`` x its first figure, and ``C`` is its rate over the
    batches planned at the cap. The producer and the broker share these cores with the
    trainer: measured here, they took a fifth of a core through the burst and its drain, and
-   the workers 145% of the two cores where they had 165% on a backlog alone (``C`` taken
-   alone left the burst's ideal recovery 40% short of what the trainer could do);
+   the workers 145% of the two cores where they had 165% on a backlog alone (sized from
+   ``C`` taken alone, the phases asked for a spare rate the trainer never had);
 3. a producer in this process (librdkafka) at ``--load`` x C (0.5) for 180 s, then
    ``--burst`` x C (2) for 30 s, then the load again for 240 s, phases back to back (each
    record's CreateTime is when it was sent);
