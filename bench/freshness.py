@@ -287,12 +287,11 @@ def run_arm(
     try:
         if c is None and cap > 0:
             c = _loaded_capacity(name, out, bootstrap, topic, cap * load, scale, trainer)
+        if c is None or not c > 0:
+            raise SystemExit(f"freshness: {name}: no capacity measured on the backlog ({cap}, {c})")
     except BaseException:
         trainer.signal(signal.SIGINT, timeout_s=120)
         raise
-    if c is None or not c > 0:
-        trainer.signal(signal.SIGINT, timeout_s=120)
-        raise SystemExit(f"freshness: {name}: no capacity measured on the backlog ({cap}, {c})")
     rates = {"steady": load * c, "burst": burst * c, "after": load * c}
     trained_before = _trained(out)
     marks: list[tuple[str, float, int]] = []
