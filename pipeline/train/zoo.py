@@ -85,30 +85,23 @@ def table_ids(
     (``dims``). The table MLP over all of it, beside the dot product of every two rows of one
     size (a factorization machine's interactions: what an MLP learns poorly), into the output.
 
-    The rows are taken apart by fixed selection matrices (Dense layers that do not train),
-    so the model is built of stock Keras layers and loads anywhere.
+    The rows are cut out of the input by cropping (stock Keras layers without weights, so
+    the model loads anywhere, and every weight it has is one that gradients train: no
+    exchange has to carry constants along).
     """
     import keras
-    import numpy as np
 
     width = dense + sum(dims)
     inputs = keras.Input((width,))
     hidden = min(256, max(32, 4 * width))
     deep = keras.layers.Dense(hidden, activation="relu")(inputs)
     deep = keras.layers.Dense(max(16, hidden // 2), activation="relu")(deep)
+    column = keras.layers.Reshape((width, 1))(inputs)
     rows, at = [], dense
     for i, dim in enumerate(dims):
-        pick = np.zeros((width, dim), np.float32)
-        pick[at + np.arange(dim), np.arange(dim)] = 1.0
+        cut = keras.layers.Cropping1D((at, width - at - dim), name=f"id_row_{i}")(column)
+        rows.append((dim, keras.layers.Reshape((dim,))(cut)))
         at += dim
-        select = keras.layers.Dense(
-            dim,
-            use_bias=False,
-            trainable=False,
-            kernel_initializer=keras.initializers.Constant(pick),
-            name=f"id_row_{i}",
-        )
-        rows.append((dim, select(inputs)))
     dots = [
         keras.layers.Dot(axes=1)([a, b])
         for i, (da, a) in enumerate(rows)
