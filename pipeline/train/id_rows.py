@@ -4,9 +4,11 @@ For each mini-batch the worker gives the model its input (the other columns, the
 of the batch's IDs) and after the step scatters the input's gradient back to those rows:
 one request per row-server shard carries the step's push and reads the next mini-batch's
 rows. Each push names the task and its step, so the row servers apply it once however
-often Spark runs the task; it goes before the step's exchange of the dense weights, so that
-the servers never hold fewer of a task's steps than the parameter server (a retried task
-skips exactly those).
+often Spark runs the task. It is sent before the step's exchange of the dense weights and
+its reply taken after it, so that both servers work at once; a retried task starts after
+the last step both hold (the row servers may hold one step fewer than the parameter server,
+where an attempt died with its rows in flight), and the pushes of steps one of them already
+holds are dropped there as repeats.
 """
 
 from __future__ import annotations
@@ -42,6 +44,8 @@ class IdRows:
         # The step under way: its keys and, per feature, which had a row of their own.
         self._read: tuple[list[np.ndarray], list[np.ndarray]] | None = None
         self._next: tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray]] | None = None
+        # The request in flight: the following mini-batch's keys and where each is in its reply.
+        self._following: tuple[list[np.ndarray], list[np.ndarray]] | None = None
         self.seconds = 0.0  # in the row servers' requests
 
     def _reads(self, x: np.ndarray) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray]]:
@@ -82,8 +86,11 @@ class IdRows:
         return self.layout.assemble(x, rows)
 
     def after(self, step: int, input_grad: np.ndarray | None, following: np.ndarray | None) -> None:
-        """Push step ``step``'s rows' gradients and its IDs' sightings, reading the rows of
-        the ``following`` mini-batch in the same request (None: the task's last step)."""
+        """Send step ``step``'s rows' gradients and its IDs' sightings, asking in the same
+        request for the rows of the ``following`` mini-batch (None: the task's last step);
+        :meth:`arrive` takes the reply. The worker exchanges its dense weights in between:
+        the two servers work at once, and a retried task levels them
+        (:meth:`level`)."""
         assert self._read is not None and input_grad is not None
         keys, has_rows = self._read
         self._read = None
@@ -101,14 +108,38 @@ class IdRows:
                 )
             )
         started = time.perf_counter()
-        if following is None:
-            self.client.push(push, task=self.task, exchange=step)
-            self.seconds += time.perf_counter() - started
-            return
-        nkeys, uniques, inverses = self._reads(following)
-        got = self.client.exchange(uniques, push, task=self.task, exchange=step)
+        uniques = None
+        if following is not None:
+            nkeys, uniques, inverses = self._reads(following)
+            self._following = (nkeys, inverses)
+        self.client.send(uniques, push, task=self.task, exchange=step)
         self.seconds += time.perf_counter() - started
-        self._next = (nkeys, *self._rows(nkeys, inverses, got))
+
+    def arrive(self) -> None:
+        """Take the reply to :meth:`after`'s request: its push applied, the next mini-batch's
+        rows read."""
+        started = time.perf_counter()
+        got = self.client.receive()
+        self.seconds += time.perf_counter() - started
+        if self._following is not None:
+            nkeys, inverses = self._following
+            self._next = (nkeys, *self._rows(nkeys, inverses, got))
+        self._following = None
+
+    def level(self, dense: Any, done: int, window: int, steps: int) -> int:
+        """The exchanges an earlier attempt of the task left applied on both servers, given
+        the parameter server's ``done`` (one every ``window`` of the task's ``steps``, and
+        one after the last) and its client ``dense``. A step's rows go out before its
+        exchange, but an attempt that died with them in flight may have had the exchange
+        applied and not the rows: the retry then goes back to the rows' last exchange, and
+        its pushes the parameter server already holds are dropped there as repeats."""
+        if not done or not self.task:
+            return done
+        rows = self.client.applied(self.task)
+        if rows >= min(done * window, steps):
+            return done
+        dense.continue_after(rows // window)
+        return rows // window
 
     def figures(self) -> dict[str, Any]:
         """What the task's rows did: rows read and pushed, the pushes' staleness."""

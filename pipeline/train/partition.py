@@ -228,6 +228,7 @@ def train_partition(
                 ids = IdRows(layout, rows, task)
             with timer("exchange"):
                 done = client.begin(task, steps=total, window=window) if task else 0
+                done = ids.level(client, done, window, total) if ids is not None else done
                 pulled = client.pull().copy()
                 entry.weights.set(pulled)
             skipped = min(total, done * window)
@@ -242,7 +243,7 @@ def train_partition(
                         xb = ids.before(xb)
                 with timer("compute"):
                     loss, acc = half.compute(xb, y[idx])
-                if ids is not None:
+                if ids is not None:  # its request sent, its reply taken after the exchange
                     ids.client.sighting = sightings and step <= steps_per_epoch
                     with timer("exchange"):
                         ids.after(step, half.input_grad, x[order[step]] if step < total else None)
@@ -259,6 +260,9 @@ def train_partition(
                     timer.exchanges += 1
                     if after_exchange is not None:
                         after_exchange(done + timer.exchanges)
+                if ids is not None:
+                    with timer("exchange"):
+                        ids.arrive()
             with timer("exchange"):
                 half.close()
     except ps.ProtocolError as e:

@@ -12,7 +12,7 @@ from pipeline.table.ids import IdLayout
 from pipeline.train import algorithms, zoo
 from pipeline.train.id_rows import IdRows
 from pipeline.train.model import ModelSpec, get_flat
-from pipeline.train.partition import ServerInfo, train_partition
+from pipeline.train.partition import ServerInfo, TaskResult, train_partition
 from pipeline.train.ps.protocol import task_key
 from pipeline.train.ps.row_client import RowClient
 from pipeline.train.ps.rows import RowSpec
@@ -63,6 +63,72 @@ def test_an_asynchronous_algorithm_trains_the_rows_of_its_batches_once(name: str
             assert np.array_equal(made[t][field], after[t][field]), field
 
 
+@pytest.mark.slow  # TensorFlow and a model traced, three times
+def test_a_retry_pushes_the_rows_an_attempt_lost_in_flight_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A step's rows go out before its exchange of the dense weights and their reply is taken
+    # after it: an attempt that dies with them in flight leaves the parameter server one step
+    # ahead of the row servers. Its retry goes back to that step: the rows are pushed, the
+    # dense exchange is dropped as a repeat, and the tables hold what an unbroken run's do.
+    model = ClickModel(users=300, items=100, seed=2)
+    schema = click_schema(model, dim=4, ttl=None)
+    chunk = next(ClickStream(model=model).iter_chunks(chunk_rows=1_000))
+    algo = algorithms.get({"name": "sync", "config": {"num_workers": 1, "batch_size": 64}})
+    net = zoo.for_dataset(f"table_ids:{model.dense}:2:4,4")
+    spec = ModelSpec.from_model(net, optimizer=algo.worker_optimizer, loss=algo.loss)
+    task, lost = task_key("clicks", 0, 0), 5
+    send = RowClient.send
+
+    def lose_step(self: RowClient, reads: object, push: object = None, **kw: int) -> None:
+        if kw.get("exchange") == lost and kw.get("task") == task:  # never reaches the servers
+            self._sent = "lost"
+            return
+        send(self, reads, push, **kw)  # type: ignore[arg-type]
+
+    receive = RowClient.receive
+
+    def lost_reply(self: RowClient) -> object:
+        if self._sent == "lost":
+            raise ConnectionError("the connection broke with the rows in flight")
+        return receive(self)
+
+    def run(attempts: int) -> tuple[list[TaskResult], dict[int, set[int]], int]:
+        server = parameter_server(algo, spec, get_flat(net), host="127.0.0.1")
+        rows = RowServers(specs_of(schema, 1), secret=server.secret, host="127.0.0.1")
+        results = []
+        with server, rows:
+            kwargs = dict(
+                spec=spec,
+                algorithm=algorithms.serialize(algo),
+                server=ServerInfo.of(server, "float32", rows),
+                worker=0,
+                job="j",
+                seed=(1, 0, 0),
+                task=task,
+                layout=IdLayout(schema),
+            )
+            for attempt in range(attempts):
+                try:
+                    results.append(train_partition(chunk.x, chunk.y, **kwargs))  # type: ignore[arg-type]
+                except ConnectionError:
+                    assert attempt == 0
+                    monkeypatch.undo()
+            keys = {t: set(rows.table_rows(t)["keys"].tolist()) for t in range(2)}
+            with RowClient(rows.addresses, secret=server.secret, worker=9, dims=rows.dims) as c:
+                applied = c.applied(task)
+        return results, keys, applied
+
+    unbroken, unbroken_keys, _ = run(1)
+    monkeypatch.setattr(RowClient, "send", lose_step)
+    monkeypatch.setattr(RowClient, "receive", lost_reply)
+    (retry,), keys, applied = run(2)
+    assert retry.steps_skipped == lost - 1
+    assert retry.repeats == 1  # the dense exchange of step 5
+    assert applied == unbroken[0].steps_total  # every step's rows, once
+    assert keys == unbroken_keys  # each ID's sightings counted once: the same rows made
+
+
 @pytest.mark.parametrize("n", [2, 64])
 def test_a_rows_step_is_its_own_records_gradient_whatever_the_mini_batch_size(n: int) -> None:
     # The step's loss is the mini-batch's mean, so the input's gradient holds each record's
@@ -80,9 +146,11 @@ def test_a_rows_step_is_its_own_records_gradient_whatever_the_mini_batch_size(n:
         zero = np.zeros((n, layout.width), np.float32)
         ids.before(x)
         ids.after(0, zero, None)  # the IDs' first sighting makes their rows
+        ids.arrive()
         start = {t: rows.table_rows(t) for t in range(2)}
         ids.before(x)
         ids.after(1, np.full_like(zero, own / n), None)
+        ids.arrive()
         end = {t: rows.table_rows(t) for t in range(2)}
     specs = specs_of(schema, 1)
     assert specs[0].learning_rate == RowSpec("t", dim=1).learning_rate == ROW_LEARNING_RATE

@@ -8,9 +8,11 @@ bytes), or through the server's shared file on its machine.
 
 from __future__ import annotations
 
+import dataclasses
 import hmac
 import os
 import socket
+from typing import Any
 
 import numpy as np
 
@@ -18,6 +20,17 @@ from pipeline.errors import ConfigError
 from pipeline.train.ps import protocol as p
 from pipeline.train.ps import wire
 from pipeline.train.ps.shm import SharedBuffers
+
+
+@dataclasses.dataclass(frozen=True)
+class Sent:
+    """A request on its way: what its reply is checked and decoded by."""
+
+    seq: int
+    weights: bool  # the weights come back on the socket
+    narrow: int  # in this wire type (0: float32)
+    most: int  # bytes at most, where not the weights
+
 
 #: What seals a connection's frames (bench/ps.py swaps in the HMAC protocol it compares with).
 SESSION = p.Session
@@ -116,6 +129,14 @@ class Channel:
         return shared
 
     def request(
+        self, op: int, payload: np.ndarray | None = None, **options: Any
+    ) -> tuple[p.Header, memoryview]:
+        """Send a request (:meth:`send`'s ``options``); return the reply's header and payload
+        (at most ``most`` bytes; the weights' size where the weights come back on the socket),
+        both authenticated."""
+        return self.receive(self.send(op, payload, **options))
+
+    def send(
         self,
         op: int,
         payload: np.ndarray | None = None,
@@ -126,9 +147,9 @@ class Channel:
         task: int = 0,
         exchange: int = 0,
         steps: int = 0,
-    ) -> tuple[p.Header, memoryview]:
-        """Send a request; return the reply's header and payload (at most ``most`` bytes; the
-        weights' size where the weights come back on the socket), both authenticated."""
+    ) -> Sent:
+        """Send a request without waiting for its reply (:meth:`receive` takes it; one
+        request at a time is in flight on a channel)."""
         self._seq += 1
         shared = self._shared is not None and op not in (p.STATS, p.ATTACH, p.PROGRESS)
         weights = op in (p.PULL, p.PEEK, p.PUSH_PULL) and not shared
@@ -172,6 +193,11 @@ class Channel:
             self._sock.sendall(sealed)
         else:
             self._sock.sendall(header + bytes(sealed))
+        return Sent(self._seq, weights, narrow, most)
+
+    def receive(self, sent: Sent) -> tuple[p.Header, memoryview]:
+        """The reply to the request ``sent``: its header and payload, authenticated."""
+        weights, narrow, most = sent.weights, sent.narrow, sent.most
         raw = bytearray(p.HEADER.size)
         p.recv_exact(self._sock, memoryview(raw))
         reply = p.unpack(raw)
@@ -181,7 +207,7 @@ class Channel:
                 f"the parameter server refused the request ({reason})", reason=reason
             )
         allowed = self.size * wire.itemsize(narrow) if weights else most
-        if reply.seq != self._seq or (
+        if reply.seq != sent.seq or (
             reply.length != allowed if weights else reply.length > allowed
         ):
             raise p.ProtocolError(

@@ -10,11 +10,12 @@ shard. So a run on any number of shards makes exactly the tables one shard would
 from __future__ import annotations
 
 from types import TracebackType
+from typing import Any
 
 import numpy as np
 
 from pipeline.train.ps import protocol as p
-from pipeline.train.ps.channel import Channel
+from pipeline.train.ps.channel import Channel, Sent
 from pipeline.train.ps.row_server import MAX_BYTES, encode
 from pipeline.train.ps.rows import SHARED, shard_of
 
@@ -58,6 +59,7 @@ class RowClient:
         self.rows_read = self.rows_pushed = 0
         self.repeats = 0
         self.sighting = True
+        self._sent: Any = None  # the requests in flight (send, then receive)
         self._channels: list[Channel] = []
         try:
             for address in addresses:
@@ -78,7 +80,7 @@ class RowClient:
 
     def exchange(
         self,
-        reads: list[np.ndarray],
+        reads: list[np.ndarray] | None,
         push: list[Push] | None = None,
         *,
         task: int = 0,
@@ -86,6 +88,23 @@ class RowClient:
     ) -> list[tuple[np.ndarray, np.ndarray]]:
         """Push (once per ``task`` and ``exchange``, where given) and read: per table, the
         rows of ``reads``' keys ``(n, dim)`` and which have a row of their own."""
+        self.send(reads, push, task=task, exchange=exchange)
+        return self.receive()
+
+    def send(
+        self,
+        reads: list[np.ndarray] | None,
+        push: list[Push] | None = None,
+        *,
+        task: int = 0,
+        exchange: int = 0,
+    ) -> None:
+        """:meth:`exchange`'s requests, one to each shard, sent without waiting for the
+        replies (:meth:`receive` takes them): the worker goes on meanwhile. ``reads`` None:
+        nothing read."""
+        assert self._sent is None, "a row request is already in flight"
+        if reads is None:
+            reads = [np.zeros(0, np.uint64)] * len(self.dims)
         n = self.shards
         empty = _empty_request(self.dims)
         requests = [[dict(t) for t in empty] for _ in range(n)]
@@ -102,15 +121,33 @@ class RowClient:
                 if s == self._owner:  # what an ID without a row reads, from any shard
                     mine = np.concatenate([mine, np.array([SHARED], np.uint64)])
                 requests[s][t]["read"] = mine
-        answers = [
-            self._request(s, requests[s], push is not None, task, exchange) for s in range(n)
+        sent = [
+            self._channels[s].send(
+                p.ROWS,
+                body=encode(requests[s]),
+                most=MAX_BYTES,
+                clock=self._clock[s],
+                task=task,
+                exchange=exchange,
+                steps=int(push is not None),
+            )
+            for s in range(n)
         ]
+        self._sent = (sent, requests, wanted, push is not None)
+
+    def receive(self) -> list[tuple[np.ndarray, np.ndarray]]:
+        """The replies to the requests :meth:`send` sent: per table, the rows read and which
+        have a row of their own."""
+        assert self._sent is not None, "no row request in flight"
+        sent, requests, wanted, pushes = self._sent
+        self._sent = None
+        answers = [self._reply(s, sent[s], requests[s], pushes) for s in range(self.shards)]
         out = []
         for t, (keys, where) in enumerate(wanted):
             dim = self.dims[t]
             values = np.empty((len(keys), dim), np.float32)
             has_row = np.zeros(len(keys), bool)
-            for s in range(n):
+            for s in range(self.shards):
                 got, rowed = answers[s][t]
                 mine = where == s
                 if s == self._owner:
@@ -121,6 +158,15 @@ class RowClient:
             out.append((values, has_row))
         return out
 
+    def applied(self, task: int) -> int:
+        """The steps of ``task`` whose pushes every shard has applied (an earlier attempt's)."""
+        empty = encode(_empty_request(self.dims))  # a read of nothing: its reply says
+        done = [
+            c.request(p.ROWS, body=empty, most=MAX_BYTES, clock=k, task=task)[0].exchange
+            for c, k in zip(self._channels, self._clock, strict=True)
+        ]
+        return min(done)
+
     def _where(self, keys: np.ndarray) -> np.ndarray:
         """Each key's shard (one shard: no hashing)."""
         if self.shards == 1:
@@ -129,7 +175,7 @@ class RowClient:
 
     def push(self, push: list[Push], *, task: int = 0, exchange: int = 0) -> None:
         """Push alone (nothing read)."""
-        self.exchange([np.zeros(0, np.uint64)] * len(self.dims), push, task=task, exchange=exchange)
+        self.exchange(None, push, task=task, exchange=exchange)
 
     def _split_push(
         self,
@@ -154,18 +200,10 @@ class RowClient:
             requests[s][t]["counts"] = counts[at == s].astype(np.uint32)
         self.rows_pushed += len(unique)
 
-    def _request(
-        self, s: int, tables: list[dict[str, np.ndarray]], pushes: bool, task: int, exchange: int
+    def _reply(
+        self, s: int, sent: Sent, tables: list[dict[str, np.ndarray]], pushes: bool
     ) -> list[tuple[np.ndarray, np.ndarray]]:
-        reply, payload = self._channels[s].request(
-            p.ROWS,
-            body=encode(tables),
-            most=MAX_BYTES,
-            clock=self._clock[s],
-            task=task,
-            exchange=exchange,
-            steps=int(pushes),
-        )
+        reply, payload = self._channels[s].receive(sent)
         self._clock[s] = reply.clock
         if pushes and s == 0:
             self.staleness.append(0)

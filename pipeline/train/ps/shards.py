@@ -193,6 +193,11 @@ class ShardedClient:
             c.continue_after(done)
         return done
 
+    def continue_after(self, exchange: int) -> None:
+        """Push the task's exchange after ``exchange`` next, on every shard."""
+        for c in self._clients:
+            c.continue_after(exchange)
+
     def push(self, delta: np.ndarray) -> int:
         """Send each shard its slice of an update; return the largest staleness."""
         self._check(delta)
