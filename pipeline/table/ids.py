@@ -57,22 +57,23 @@ _MOST_TEXT_KEYS = 1 << 20
 def id_keys(values: Sequence[Any]) -> np.ndarray:
     """The keys of a column of IDs, uint64.
 
-    >>> id_keys(["u7", "u7", 7]).tolist() == [id_key("u7"), id_key("u7"), 7]
+    >>> id_keys(["u7", "u7", 7, [1]]).tolist()[:3] == [id_key("u7"), id_key("u7"), 7]
     True
     """
     known = _TEXT_KEYS
     if len(known) + len(values) > _MOST_TEXT_KEYS:
         known.clear()
-
-    def key(v: Any) -> int:
-        if type(v) is not str:  # only text: True, 1 and 1.0 are one dict key, not one ID
-            return id_key(v)
-        k = known.get(v)
-        if k is None:
-            k = known[v] = id_key(v)
-        return k
-
-    return np.fromiter(map(key, values), np.uint64, len(values))
+    try:  # the known texts' keys in one C pass (only text is cached: True, 1 and 1.0 are
+        # one dict key, not one ID, and they miss here)
+        got = list(map(known.get, values))
+    except TypeError:  # an unhashable value (a list, an object): each on its own
+        got = [None] * len(values)
+    for i in [i for i, k in enumerate(got) if k is None]:
+        v = values[i]
+        k = got[i] = id_key(v)
+        if type(v) is str:
+            known[v] = k
+    return np.fromiter(got, np.uint64, len(values))
 
 
 def to_lanes(keys: np.ndarray) -> np.ndarray:

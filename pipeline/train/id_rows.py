@@ -19,7 +19,11 @@ from typing import Any
 import numpy as np
 
 from pipeline.table.ids import IdLayout
-from pipeline.train.ps.row_client import Push, RowClient
+from pipeline.train.ps.row_client import RowClient, grouped
+
+#: A mini-batch's keys: per ID feature, each record's; per table, the unique keys of its
+#: features' records and each record's place among them.
+_Keys = tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray]]
 
 
 class IdRows:
@@ -41,14 +45,15 @@ class IdRows:
             [i for i, owner in enumerate(self._table_of) if owner == t]
             for t in range(len(self.tables))
         ]
-        # The step under way: its keys and, per feature, which had a row of their own.
-        self._read: tuple[list[np.ndarray], list[np.ndarray]] | None = None
-        self._next: tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray]] | None = None
-        # The request in flight: the following mini-batch's keys and where each is in its reply.
-        self._following: tuple[list[np.ndarray], list[np.ndarray]] | None = None
+        # The step under way: its keys, and per table whether each unique key had a row.
+        self._read: tuple[_Keys, list[np.ndarray]] | None = None
+        # The next step's keys and rows, as the last reply brought them.
+        self._next: tuple[_Keys, list[Any]] | None = None
+        # The request in flight: the following mini-batch's keys.
+        self._following: _Keys | None = None
         self.seconds = 0.0  # in the row servers' requests
 
-    def _reads(self, x: np.ndarray) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray]]:
+    def _reads(self, x: np.ndarray) -> _Keys:
         """``x``'s keys per feature, and per table its unique keys and where each key is."""
         keys = self.layout.keys(x)
         uniques, inverses = [], []
@@ -59,9 +64,10 @@ class IdRows:
             inverses.append(inverse)
         return keys, uniques, inverses
 
-    def _rows(
-        self, keys: list[np.ndarray], inverses: list[np.ndarray], got: list[Any]
-    ) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    def _rows(self, batch: _Keys, got: list[Any]) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """Each feature's rows and whether each record's ID had a row of its own, from the
+        reply ``got`` (per table: its unique keys' rows, and whether each had one)."""
+        keys, _, inverses = batch
         rows, has_rows = [], []
         at = [0] * len(self.tables)
         for k, t in zip(keys, self._table_of, strict=True):
@@ -75,44 +81,36 @@ class IdRows:
         """The model's input for mini-batch ``x`` (its rows as the last push's reply brought
         them, or read now)."""
         if self._next is not None:
-            keys, rows, has_rows = self._next
+            batch, got = self._next
             self._next = None
         else:
-            keys, uniques, inverses = self._reads(x)
+            batch = self._reads(x)
             started = time.perf_counter()
-            rows, has_rows = self._rows(keys, inverses, self.client.exchange(uniques))
+            got = self.client.exchange(batch[1])
             self.seconds += time.perf_counter() - started
-        self._read = (keys, has_rows)
-        return self.layout.assemble(x, rows)
+        self._read = (batch, [has_row for _, has_row in got])
+        return self.layout.assemble(x, self._rows(batch, got)[0])
 
     def after(self, step: int, input_grad: np.ndarray | None, following: np.ndarray | None) -> None:
         """Send step ``step``'s rows' gradients and its IDs' sightings, asking in the same
         request for the rows of the ``following`` mini-batch (None: the task's last step);
         :meth:`arrive` takes the reply. The worker exchanges its dense weights in between:
-        the two servers work at once, and a retried task levels them
-        (:meth:`level`)."""
+        the two servers work at once, and a retried task levels them (:meth:`level`)."""
         assert self._read is not None and input_grad is not None
-        keys, has_rows = self._read
+        (_, uniques, inverses), owned = self._read
         self._read = None
         # The step's loss is the mini-batch's mean, so a row's share of its gradient shrinks
         # with the records of other IDs beside it; scaled back by the records, each row
         # learns from the sum over its own records, whatever the mini-batch's size.
         grads = self.layout.row_gradients(np.asarray(input_grad, np.float32) * len(input_grad))
-        push: list[Push] = []
-        for mine in self._features:
-            push.append(
-                (
-                    np.concatenate([keys[i] for i in mine]),
-                    np.concatenate([grads[i] for i in mine]),
-                    np.concatenate([has_rows[i] for i in mine]),
-                )
-            )
+        push = [
+            grouped(uniques[t], inverses[t], owned[t], np.concatenate([grads[i] for i in mine]))
+            for t, mine in enumerate(self._features)
+        ]
         started = time.perf_counter()
-        uniques = None
-        if following is not None:
-            nkeys, uniques, inverses = self._reads(following)
-            self._following = (nkeys, inverses)
-        self.client.send(uniques, push, task=self.task, exchange=step)
+        self._following = self._reads(following) if following is not None else None
+        reads = self._following[1] if self._following is not None else None
+        self.client.send(reads, push, task=self.task, exchange=step)
         self.seconds += time.perf_counter() - started
 
     def arrive(self) -> None:
@@ -122,8 +120,7 @@ class IdRows:
         got = self.client.receive()
         self.seconds += time.perf_counter() - started
         if self._following is not None:
-            nkeys, inverses = self._following
-            self._next = (nkeys, *self._rows(nkeys, inverses, got))
+            self._next = (self._following, got)
         self._following = None
 
     def level(self, dense: Any, done: int, window: int, steps: int) -> int:
@@ -164,8 +161,9 @@ def model_input(
     parts, unknown = [], 0
     for start in range(0, len(x), chunk):
         part = x[start : start + chunk]
-        keys, uniques, inverses = reader._reads(part)
-        rows, has_rows = reader._rows(keys, inverses, client.exchange(uniques))
+        batch = reader._reads(part)
+        keys = batch[0]
+        rows, has_rows = reader._rows(batch, client.exchange(batch[1]))
         unknown += sum(int((~h & (k != GAP)).sum()) for k, h in zip(keys, has_rows, strict=True))
         parts.append(layout.assemble(part, rows))
     out = np.concatenate(parts) if parts else np.zeros((0, layout.width), np.float32)

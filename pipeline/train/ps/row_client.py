@@ -22,6 +22,48 @@ from pipeline.train.ps.rows import SHARED, shard_of
 #: One table's push: each record's key, the gradient of its row, and whether it read a row of
 #: its own (else its gradient is the shared row's).
 Push = tuple[np.ndarray, np.ndarray, np.ndarray]
+#: One table's push grouped by key (:func:`grouped`): the rows' keys, sorted and distinct,
+#: their gradients' sums (the IDs read without a row of their own summed into
+#: :data:`SHARED`'s), and every ID of the batch, sorted and distinct, with its count (its
+#: sightings).
+Grouped = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+
+
+def grouped(
+    unique: np.ndarray, inverse: np.ndarray, owned: np.ndarray, grads: np.ndarray
+) -> Grouped:
+    """A table's push from its batch's ``unique`` keys (sorted, as np.unique gives them),
+    each record's place among them (``inverse``), whether each key read a row of its own
+    (``owned``) and each record's gradient.
+
+    >>> keys, sums, seen, counts = grouped(
+    ...     np.array([3, 8, 9], np.uint64), np.array([0, 2, 0, 1]),
+    ...     np.array([True, False, True]), np.arange(4, dtype=np.float32)[:, None])
+    >>> keys.tolist() == [3, 9, int(SHARED)], sums.ravel().tolist(), counts.tolist()
+    (True, [2.0, 1.0, 3.0], [2, 1, 1])
+    """
+    counts = np.bincount(inverse, minlength=len(unique))
+    if not len(inverse):
+        return unique, np.zeros((0, *grads.shape[1:]), np.float32), unique, counts
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    # Each key's records in their order (a stable sort), summed: what np.add.at gives, in a
+    # fraction of its time.
+    sums = np.add.reduceat(grads[np.argsort(inverse, kind="stable")], starts, axis=0)
+    own = owned & (unique != SHARED)
+    keys, rows = unique[own], sums[own]
+    if not own.all():  # SHARED is the largest key: the order holds
+        keys = np.append(keys, SHARED)
+        rows = np.concatenate([rows, sums[~own].sum(axis=0, keepdims=True)])
+    return keys, rows.astype(np.float32, copy=False), unique, counts
+
+
+def group(push: Push) -> Grouped:
+    """:func:`grouped` from a table's push record by record."""
+    keys, grads, has_row = push
+    unique, inverse = np.unique(np.asarray(keys, np.uint64), return_inverse=True)
+    owned = np.zeros(len(unique), bool)
+    owned[inverse] = has_row
+    return grouped(unique, inverse, owned, np.asarray(grads, np.float32).reshape(len(keys), -1))
 
 
 class RowClient:
@@ -88,13 +130,14 @@ class RowClient:
     ) -> list[tuple[np.ndarray, np.ndarray]]:
         """Push (once per ``task`` and ``exchange``, where given) and read: per table, the
         rows of ``reads``' keys ``(n, dim)`` and which have a row of their own."""
-        self.send(reads, push, task=task, exchange=exchange)
+        together = None if push is None else [group(t) for t in push]
+        self.send(reads, together, task=task, exchange=exchange)
         return self.receive()
 
     def send(
         self,
         reads: list[np.ndarray] | None,
-        push: list[Push] | None = None,
+        push: list[Grouped] | None = None,
         *,
         task: int = 0,
         exchange: int = 0,
@@ -109,8 +152,8 @@ class RowClient:
         empty = _empty_request(self.dims)
         requests = [[dict(t) for t in empty] for _ in range(n)]
         if push is not None:
-            for t, (keys, grads, has_row) in enumerate(push):
-                self._split_push(requests, t, np.asarray(keys, np.uint64), grads, has_row)
+            for t, together in enumerate(push):
+                self._split_push(requests, t, together)
         wanted: list[tuple[np.ndarray, np.ndarray]] = []
         for t, keys in enumerate(reads):
             keys = np.asarray(keys, np.uint64)
@@ -178,27 +221,18 @@ class RowClient:
         self.exchange(None, push, task=task, exchange=exchange)
 
     def _split_push(
-        self,
-        requests: list[list[dict[str, np.ndarray]]],
-        t: int,
-        keys: np.ndarray,
-        grads: np.ndarray,
-        has_row: np.ndarray,
+        self, requests: list[list[dict[str, np.ndarray]]], t: int, push: Grouped
     ) -> None:
-        dim, n = self.dims[t], self.shards
-        grads = np.asarray(grads, np.float32).reshape(len(keys), dim)
-        rowed = np.where(has_row, keys, SHARED)
-        unique, inverse = np.unique(rowed, return_inverse=True)
-        summed = np.zeros((len(unique), dim), np.float32)
-        np.add.at(summed, inverse, grads)
-        where = self._where(unique)
-        seen, counts = np.unique(keys if self.sighting else keys[:0], return_counts=True)
-        at = self._where(seen)
-        for s in range(n):
-            requests[s][t]["keys"], requests[s][t]["grads"] = unique[where == s], summed[where == s]
-            requests[s][t]["sighted"] = seen[at == s]
-            requests[s][t]["counts"] = counts[at == s].astype(np.uint32)
-        self.rows_pushed += len(unique)
+        keys, sums, seen, counts = push
+        if not self.sighting:
+            seen, counts = seen[:0], counts[:0]
+        where, at = self._where(keys), self._where(seen)
+        for s in range(self.shards):
+            mine, sighted = where == s, at == s
+            requests[s][t]["keys"], requests[s][t]["grads"] = keys[mine], sums[mine]
+            requests[s][t]["sighted"] = seen[sighted]
+            requests[s][t]["counts"] = counts[sighted].astype(np.uint32)
+        self.rows_pushed += len(keys)
 
     def _reply(
         self, s: int, sent: Sent, tables: list[dict[str, np.ndarray]], pushes: bool

@@ -58,6 +58,15 @@ def mix64(keys: np.ndarray, salt: int = 0) -> np.ndarray:
         return z ^ (z >> np.uint64(31))
 
 
+def _ascending(keys: np.ndarray) -> bool:
+    """Whether ``keys`` are strictly ascending (so distinct): what np.unique gives.
+
+    >>> _ascending(np.array([1, 5, 9], np.uint64)), _ascending(np.array([1, 1], np.uint64))
+    (True, False)
+    """
+    return bool((keys[1:] > keys[:-1]).all())
+
+
 def shard_of(keys: np.ndarray, shards: int) -> np.ndarray:
     """The shard that holds each key: its mixed bits, modulo the shards.
 
@@ -185,15 +194,35 @@ class RowTable:
         now: int,
     ) -> tuple[np.ndarray, np.ndarray]:
         """A worker's request: :meth:`push` ``(keys, gradients)``, then :meth:`sight`
-        ``(keys, counts)``, then :meth:`read`, with one look-up in the index for all their
-        keys (a look-up's fixed cost is most of it at a mini-batch's few hundred keys)."""
-        keys = [np.asarray(k, np.uint64) for k in (push[0], sighted[0], read)]
-        slots = self._index.find(np.concatenate(keys))
-        at, to = len(push[0]), len(push[0]) + len(sighted[0])
-        self.push(*push, now=now, slots=slots[:at])
-        if self.sight(*sighted, now=now, slots=slots[at:to]) and (gap := slots[to:] < 0).any():
-            slots[to:][gap] = self._index.find(keys[2][gap])  # rows this sighting made
-        return self._rows_at(slots[to:])
+        ``(keys, counts)``, then :meth:`read`. A look-up's fixed cost is most of it at a
+        mini-batch's few hundred keys, so the sighted and read keys are looked up at once,
+        and the pushed ones, which a worker sends sorted, as are the sighted (its batch's
+        keys, of which they are the ones with rows), are found among those."""
+        pkeys, skeys, read = (np.asarray(k, np.uint64) for k in (push[0], sighted[0], read))
+        slots = self._index.find(np.concatenate([skeys, read]))
+        seen, reads = slots[: len(skeys)], slots[len(skeys) :]
+        self.push(pkeys, push[1], now=now, slots=self._among(pkeys, skeys, seen))
+        made, at = self._sight(skeys, sighted[1], now=now, slots=seen)
+        if len(made) and (gap := reads < 0).any():  # rows this sighting made; the rest none
+            reads[gap] = self._among(read[gap], made, at, absent=True)
+        return self._rows_at(reads)
+
+    def _among(
+        self, keys: np.ndarray, known: np.ndarray, slots: np.ndarray, *, absent: bool = False
+    ) -> np.ndarray:
+        """The slots of ``keys``, taken from ``known`` keys' ``slots`` where ``known`` is sorted
+        and holds them (one binary search). The others are looked up in the index, but for
+        the shared row's key, whose slot is known, or where the caller knows them ``absent``
+        (-1)."""
+        if not len(keys) or not len(known) or not _ascending(known):
+            return self._index.find(keys)
+        at = np.minimum(np.searchsorted(known, keys), len(known) - 1)
+        hit = known[at] == keys
+        out = np.where(hit, slots[at], np.where(keys == SHARED, self._shared, -1))
+        rest = ~hit & (keys != SHARED)
+        if not absent and rest.any():
+            out[rest] = self._index.find(keys[rest])
+        return out
 
     def push(
         self, keys: np.ndarray, gradients: np.ndarray, *, now: int, slots: np.ndarray | None = None
@@ -201,23 +230,24 @@ class RowTable:
         """A step of the table's optimizer on the rows of ``keys`` (repeated keys' gradients
         summed), each now seen at ``now``; a key whose row is gone has its gradient dropped.
         Returns the rows stepped. ``slots``: the keys' (:meth:`apply`'s look-up)."""
+        keys = np.asarray(keys, np.uint64)
         slots = self._index.find(keys) if slots is None else slots
         live = slots >= 0
         if not live.any():
             return 0
-        unique, inverse = np.unique(slots[live], return_inverse=True)
         grads = np.asarray(gradients, np.float32)[live]
-        if len(unique) == len(grads):  # distinct keys, as a worker sends them: a permutation
-            summed = np.empty_like(grads)
-            summed[inverse] = grads
+        if _ascending(keys):  # distinct keys, as a worker sends them: distinct rows
+            unique, summed = slots[live], grads
         else:
+            unique, inverse = np.unique(slots[live], return_inverse=True)
             summed = np.zeros((len(unique), self.spec.dim), np.float32)
             np.add.at(summed, inverse, grads)
         if self.spec.optimizer == "sgd":
             self._values[unique] -= self.spec.learning_rate * summed
         else:
-            self._accum[unique] += summed * summed
-            self._values[unique] -= self.spec.learning_rate * summed / np.sqrt(self._accum[unique])
+            accum = self._accum[unique] + summed * summed
+            self._accum[unique] = accum
+            self._values[unique] -= self.spec.learning_rate * summed / np.sqrt(accum)
         self._last_seen[unique] = np.maximum(self._last_seen[unique], now)
         self._touched[unique] = True
         return len(unique)
@@ -228,6 +258,12 @@ class RowTable:
         """Count sightings of IDs (``keys`` distinct, ``counts`` each) at ``now``: a row's
         expiry moves; an ID without one gets it once seen ``min_count`` times. Returns the
         rows created."""
+        return len(self._sight(keys, counts, now=now, slots=slots)[0])
+
+    def _sight(
+        self, keys: np.ndarray, counts: np.ndarray, *, now: int, slots: np.ndarray | None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`sight`: the keys of the rows it created (in ``keys``' order) and their slots."""
         keys = np.asarray(keys, np.uint64)
         slots = self._index.find(keys) if slots is None else slots
         rowed = slots[(slots >= 0) & (slots != self._shared)]
@@ -245,10 +281,9 @@ class RowTable:
                 else:
                     self._pending[key] = (seen, now)
             new = np.array(born, np.uint64)
-        if len(new):
-            self._make(new, now=now)
+        made = self._make(new, now=now) if len(new) else np.zeros(0, np.int64)
         self.created += len(new)
-        return len(new)
+        return new, made
 
     def expire(self, *, now: int) -> int:
         """Drop the rows, and the pending counts, not seen for ``ttl`` records before ``now``.

@@ -129,13 +129,16 @@ def test_bad_settings_are_one_clear_error(settings: dict[str, int]) -> None:
         RowSpec("item", **settings)
 
 
+@pytest.mark.parametrize("grouped", [False, True], ids=["repeats", "grouped"])
 @pytest.mark.parametrize("min_count", [1, 2])
 def test_a_request_applied_in_one_look_up_equals_its_push_sightings_and_read_one_by_one(
-    min_count: int,
+    min_count: int, grouped: bool
 ) -> None:
     """Proves: ``apply`` (the row server's path: one index look-up for a request's keys)
     reads and leaves exactly what push, sight and read called in turn do, rows created by
-    the request's own sightings included, duplicate gradients summed as before."""
+    the request's own sightings included, duplicate gradients summed as before; whether the
+    push comes grouped, as a worker sends it (sorted, distinct, the shared row's key last:
+    found among the sighted keys), or not (looked up)."""
     spec = RowSpec("item", dim=4, min_count=min_count, ttl=3_000, seed=3)
     one, apart = RowTable(spec), RowTable(spec)
     batches = list(_stream(40, drift=40))
@@ -143,6 +146,8 @@ def test_a_request_applied_in_one_look_up_equals_its_push_sightings_and_read_one
         seen, counts = np.unique(keys, return_counts=True)
         pushed = np.concatenate([keys, keys[:5]])  # repeats: summed, not a permutation
         twice = np.concatenate([grads, grads[:5]])
+        if grouped:
+            pushed, twice = np.append(seen, SHARED), grads[: len(seen) + 1]
         got = one.apply((pushed, twice), (seen, counts), following, now=now)
         apart.push(pushed, twice, now=now)
         apart.sight(seen, counts, now=now)
