@@ -35,6 +35,15 @@ def _hash(keys: np.ndarray) -> np.ndarray:
         return z ^ (z >> np.uint64(29))
 
 
+def ascending(keys: np.ndarray) -> bool:
+    """Whether ``keys`` are strictly ascending (so distinct): what np.unique gives.
+
+    >>> ascending(np.array([1, 5, 9], np.uint64)), ascending(np.array([1, 1], np.uint64))
+    (True, False)
+    """
+    return bool((keys[1:] > keys[:-1]).all())
+
+
 class KeyIndex:
     """uint64 key -> int64 slot (a row's place in its table's arrays)."""
 
@@ -52,19 +61,23 @@ class KeyIndex:
     def nbytes(self) -> int:
         return self._keys.nbytes + self._slots.nbytes
 
-    def _locate(self, keys: np.ndarray) -> np.ndarray:
-        """Each key's position in the table, -1 where absent."""
+    def _locate(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Each key's position in the table, -1 where absent; and where each absent key's
+        probe ended, the empty position an insert would take (-1 for those present)."""
         keys = np.asarray(keys, np.uint64)
         size = len(self._keys)
         pos = (_hash(keys) % np.uint64(size)).astype(np.int64)
         out = np.full(len(keys), -1, np.int64)
+        ends = np.full(len(keys), -1, np.int64)
         todo = np.arange(len(keys))
         while todo.size > _ONE_BY_ONE:
             p = pos[todo]
             slot = self._slots[p]
             hit = (slot >= 0) & (self._keys[p] == keys[todo])
             out[todo[hit]] = p[hit]
-            todo = todo[~hit & (slot != _EMPTY)]  # past another key, or a tombstone
+            empty = slot == _EMPTY
+            ends[todo[empty]] = p[empty]
+            todo = todo[~hit & ~empty]  # past another key, or a tombstone
             pos[todo] = (pos[todo] + 1) % size
         stored, slots = self._keys, self._slots
         for i in todo.tolist():
@@ -74,21 +87,49 @@ class KeyIndex:
                     out[i] = at
                     break
                 at = (at + 1) % size
-        return out
+            else:
+                ends[i] = at
+        return out, ends
 
     def find(self, keys: np.ndarray) -> np.ndarray:
         """Each key's slot, -1 where absent."""
-        at = self._locate(keys)
-        return np.where(at >= 0, self._slots[np.maximum(at, 0)], -1)
+        return self.look(keys)[0]
 
-    def insert(self, keys: np.ndarray, slots: np.ndarray) -> None:
-        """Add ``keys`` (distinct, none present) at ``slots``."""
+    def look(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Each key's slot (-1 where absent), and for the absent ones where an :meth:`insert`
+        right after may place them (its ``at``; -1 for those present)."""
+        at, ends = self._locate(keys)
+        return np.where(at >= 0, self._slots[np.maximum(at, 0)], -1), ends
+
+    def insert(self, keys: np.ndarray, slots: np.ndarray, at: np.ndarray | None = None) -> None:
+        """Add ``keys`` (distinct, none present) at ``slots``. ``at``: where :meth:`look`
+        found each key's probe ending, with no insert since: a key whose position is still
+        empty, and no other's, takes it without probing again (the others probe)."""
         keys = np.asarray(keys, np.uint64)
+        slots = np.asarray(slots, np.int64)
         if 2 * (self._live + self._gone + len(keys)) > len(self._keys):
             self._rebuild(self._live + len(keys))
+            at = None  # the positions moved
+        if at is not None and len(keys):
+            at = np.asarray(at, np.int64)
+            mine = np.arange(len(keys))
+            free = (at >= 0) & (self._slots[np.maximum(at, 0)] == _EMPTY)
+            # Two keys may end at one empty position: each marks it, and the one whose mark
+            # stays takes it (a mark is below _GONE, so never a slot nor a marker of state).
+            self._slots[at[free]] = -3 - mine[free]
+            won = np.zeros(len(keys), bool)
+            won[free] = self._slots[at[free]] == -3 - mine[free]
+            self._keys[at[won]], self._slots[at[won]] = keys[won], slots[won]
+            self._live += int(won.sum())
+            keys, slots = keys[~won], slots[~won]
+        self._probe_in(keys, slots)
+
+    def _probe_in(self, keys: np.ndarray, slots: np.ndarray) -> None:
+        """Add ``keys`` at ``slots``, each at the first free position of its probe chain."""
+        if not len(keys):
+            return
         size = len(self._keys)
         pos = (_hash(keys) % np.uint64(size)).astype(np.int64)
-        slots = np.asarray(slots, np.int64)
         todo = np.arange(len(keys))
         while todo.size > _ONE_BY_ONE:
             p = pos[todo]
@@ -113,7 +154,7 @@ class KeyIndex:
 
     def remove(self, keys: np.ndarray) -> None:
         """Remove ``keys`` (those absent are ignored)."""
-        at = self._locate(keys)
+        at = self._locate(keys)[0]
         at = at[at >= 0]
         self._slots[at] = _GONE
         self._live -= len(at)

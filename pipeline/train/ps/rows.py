@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.errors import ConfigError
-from pipeline.train.ps.key_index import KeyIndex
+from pipeline.train.ps.key_index import KeyIndex, ascending
 
 #: The shared row's key: what an ID without a row of its own reads (and trains). Reserved: an
 #: ID's key is a non-negative 64-bit integer or a 64-bit hash, never this one value.
@@ -56,15 +56,6 @@ def mix64(keys: np.ndarray, salt: int = 0) -> np.ndarray:
         z = (z ^ (z >> np.uint64(30))) * _ODD[1]
         z = (z ^ (z >> np.uint64(27))) * _ODD[2]
         return z ^ (z >> np.uint64(31))
-
-
-def _ascending(keys: np.ndarray) -> bool:
-    """Whether ``keys`` are strictly ascending (so distinct): what np.unique gives.
-
-    >>> _ascending(np.array([1, 5, 9], np.uint64)), _ascending(np.array([1, 1], np.uint64))
-    (True, False)
-    """
-    return bool((keys[1:] > keys[:-1]).all())
 
 
 def shard_of(keys: np.ndarray, shards: int) -> np.ndarray:
@@ -152,15 +143,16 @@ class RowTable:
         """Rows of IDs (the shared row not counted)."""
         return len(self._index) - 1
 
-    def _make(self, keys: np.ndarray, *, now: int) -> np.ndarray:
-        """New rows for ``keys`` (absent, distinct), at their initial values; their slots."""
+    def _make(self, keys: np.ndarray, *, now: int, at: np.ndarray | None = None) -> np.ndarray:
+        """New rows for ``keys`` (absent, distinct), at their initial values; their slots.
+        ``at``: where the index's look-up placed them (:meth:`KeyIndex.look`)."""
         reused = [self._free.pop() for _ in range(min(len(keys), len(self._free)))]
         fresh = len(keys) - len(reused)
         while self._used + fresh > len(self._keys):
             self._grow()
         slots = np.array(reused + list(range(self._used, self._used + fresh)), np.int64)
         self._used += fresh
-        self._index.insert(keys, slots)
+        self._index.insert(keys, slots, at)
         self._keys[slots] = keys
         self._values[slots] = self.spec.initial(keys)
         self._accum[slots] = self.spec.initial_accumulator
@@ -199,10 +191,10 @@ class RowTable:
         and the pushed ones, which a worker sends sorted, as are the sighted (its batch's
         keys, of which they are the ones with rows), are found among those."""
         pkeys, skeys, read = (np.asarray(k, np.uint64) for k in (push[0], sighted[0], read))
-        slots = self._index.find(np.concatenate([skeys, read]))
+        slots, ends = self._index.look(np.concatenate([skeys, read]))
         seen, reads = slots[: len(skeys)], slots[len(skeys) :]
         self.push(pkeys, push[1], now=now, slots=self._among(pkeys, skeys, seen))
-        made, at = self._sight(skeys, sighted[1], now=now, slots=seen)
+        made, at = self._sight(skeys, sighted[1], now=now, slots=seen, ends=ends[: len(skeys)])
         if len(made) and (gap := reads < 0).any():  # rows this sighting made; the rest none
             reads[gap] = self._among(read[gap], made, at, absent=True)
         return self._rows_at(reads)
@@ -214,7 +206,7 @@ class RowTable:
         and holds them (one binary search). The others are looked up in the index, but for
         the shared row's key, whose slot is known, or where the caller knows them ``absent``
         (-1)."""
-        if not len(keys) or not len(known) or not _ascending(known):
+        if not len(keys) or not len(known) or not ascending(known):
             return self._index.find(keys)
         at = np.minimum(np.searchsorted(known, keys), len(known) - 1)
         hit = known[at] == keys
@@ -236,7 +228,7 @@ class RowTable:
         if not live.any():
             return 0
         grads = np.asarray(gradients, np.float32)[live]
-        if _ascending(keys):  # distinct keys, as a worker sends them: distinct rows
+        if ascending(keys):  # distinct keys, as a worker sends them: distinct rows
             unique, summed = slots[live], grads
         else:
             unique, inverse = np.unique(slots[live], return_inverse=True)
@@ -261,29 +253,34 @@ class RowTable:
         return len(self._sight(keys, counts, now=now, slots=slots)[0])
 
     def _sight(
-        self, keys: np.ndarray, counts: np.ndarray, *, now: int, slots: np.ndarray | None
+        self, keys: np.ndarray, counts: np.ndarray, *, now: int, slots: Any, ends: Any = None
     ) -> tuple[np.ndarray, np.ndarray]:
-        """:meth:`sight`: the keys of the rows it created (in ``keys``' order) and their slots."""
+        """:meth:`sight`: the keys of the rows it created (in ``keys``' order) and their slots.
+        ``ends``: where the index's look-up of ``keys`` would place them."""
         keys = np.asarray(keys, np.uint64)
         slots = self._index.find(keys) if slots is None else slots
         rowed = slots[(slots >= 0) & (slots != self._shared)]
         moved = rowed[self._last_seen[rowed] < now]
         self._last_seen[moved] = now
         self._touched[moved] = True
-        new, counts = keys[slots < 0], np.asarray(counts)[slots < 0]
+        new = np.flatnonzero(slots < 0)
         if self.spec.min_count > 1:  # counted until they reach it
             born: list[int] = []
-            for key, count in zip(new.tolist(), counts.tolist(), strict=True):
+            for i, key, count in zip(
+                new.tolist(), keys[new].tolist(), np.asarray(counts)[new].tolist(), strict=True
+            ):
                 seen = self._pending.get(key, (0, now))[0] + int(count)
                 if seen >= self.spec.min_count:
                     self._pending.pop(key, None)
-                    born.append(key)
+                    born.append(i)
                 else:
                     self._pending[key] = (seen, now)
-            new = np.array(born, np.uint64)
-        made = self._make(new, now=now) if len(new) else np.zeros(0, np.int64)
+            new = np.array(born, np.int64)
+        made = np.zeros(0, np.int64)
+        if len(new):
+            made = self._make(keys[new], now=now, at=None if ends is None else ends[new])
         self.created += len(new)
-        return new, made
+        return keys[new], made
 
     def expire(self, *, now: int) -> int:
         """Drop the rows, and the pending counts, not seen for ``ttl`` records before ``now``.

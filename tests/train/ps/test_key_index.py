@@ -1,13 +1,18 @@
-"""The vectorized key index agrees with a dict through inserts, removals and rebuilds."""
+"""The vectorized key index agrees with a dict through inserts, removals and rebuilds, whether
+an insert probes or takes the places its look-up found."""
 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from pipeline.train.ps.key_index import KeyIndex
 
 
-def test_the_index_answers_as_a_dict_does_through_inserts_removals_and_rebuilds() -> None:
+@pytest.mark.parametrize("placed", [False, True], ids=["probing", "placed"])
+def test_the_index_answers_as_a_dict_does_through_inserts_removals_and_rebuilds(
+    placed: bool,
+) -> None:
     rng = np.random.default_rng(4)
     index, truth = KeyIndex(capacity=16), {}
     next_slot = 0
@@ -20,10 +25,15 @@ def test_the_index_answers_as_a_dict_does_through_inserts_removals_and_rebuilds(
                 ]
             )
         )
+        found, ends = index.look(keys)
+        missing = found < 0
+        assert ((ends >= 0) == missing).all()  # a place for each absent key, none for the rest
         absent = np.array([k for k in keys.tolist() if k not in truth], np.uint64)
+        assert absent.tolist() == keys[missing].tolist()
         slots = np.arange(next_slot, next_slot + len(absent))
         next_slot += len(absent)
-        index.insert(absent, slots)
+        # Placed: keys that end at one empty position (small keys collide) share it out.
+        index.insert(absent, slots, ends[missing] if placed else None)
         truth.update(zip(absent.tolist(), slots.tolist(), strict=True))
         gone = rng.choice(keys, size=len(keys) // 3, replace=False)
         index.remove(gone)
