@@ -112,6 +112,30 @@ class RowSpec:
         return ((2.0 * unit - 1.0) * self.init_scale).astype(np.float32)
 
 
+def _reaching(
+    pending: dict[int, tuple[int, int]],
+    min_count: int,
+    keys: np.ndarray,
+    counts: np.ndarray,
+    new: np.ndarray,
+    *,
+    now: int,
+) -> np.ndarray:
+    """Of the IDs at ``new`` (places in ``keys``, without rows), those whose sightings reach
+    ``min_count`` with these ``counts``; the others' counts are kept in ``pending``."""
+    born: list[int] = []
+    for i, key, count in zip(
+        new.tolist(), keys[new].tolist(), np.asarray(counts)[new].tolist(), strict=True
+    ):
+        seen = pending.get(key, (0, now))[0] + int(count)
+        if seen >= min_count:
+            pending.pop(key, None)
+            born.append(i)
+        else:
+            pending[key] = (seen, now)
+    return np.array(born, np.int64)
+
+
 class RowTable:
     """One table's rows (or one shard's part of them).
 
@@ -135,8 +159,7 @@ class RowTable:
         #: Sightings of IDs without a row yet, and when each was last seen.
         self._pending: dict[int, tuple[int, int]] = {}
         self._dropped: set[int] = set()  # keys dropped since the last delta
-        self.created = 0
-        self.expired = 0
+        self.created = self.expired = 0
         self._shared = int(self._make(np.array([SHARED], np.uint64), now=0)[0])  # never expired
 
     def __len__(self) -> int:
@@ -144,8 +167,7 @@ class RowTable:
         return len(self._index) - 1
 
     def _make(self, keys: np.ndarray, *, now: int, at: np.ndarray | None = None) -> np.ndarray:
-        """New rows for ``keys`` (absent, distinct), at their initial values; their slots.
-        ``at``: where the index's look-up placed them (:meth:`KeyIndex.look`)."""
+        """New rows for ``keys`` (absent, distinct; ``at``: :meth:`KeyIndex.look`'s places)."""
         reused = [self._free.pop() for _ in range(min(len(keys), len(self._free)))]
         fresh = len(keys) - len(reused)
         while self._used + fresh > len(self._keys):
@@ -185,36 +207,19 @@ class RowTable:
         *,
         now: int,
     ) -> tuple[np.ndarray, np.ndarray]:
-        """A worker's request: :meth:`push` ``(keys, gradients)``, then :meth:`sight`
-        ``(keys, counts)``, then :meth:`read`. A look-up's fixed cost is most of it at a
-        mini-batch's few hundred keys, so the sighted and read keys are looked up at once,
-        and the pushed ones, which a worker sends sorted, as are the sighted (its batch's
-        keys, of which they are the ones with rows), are found among those."""
+        """A worker's request: :meth:`push` ``(keys, gradients)``, :meth:`sight` ``(keys,
+        counts)``, :meth:`read`. A look-up's fixed cost is most of it at a mini-batch's few
+        hundred keys: the sighted and read keys are looked up at once, and the pushed ones
+        (sorted, as the sighted are, of which they are those with rows) found among those."""
         pkeys, skeys, read = (np.asarray(k, np.uint64) for k in (push[0], sighted[0], read))
         slots, ends = self._index.look(np.concatenate([skeys, read]))
         seen, reads = slots[: len(skeys)], slots[len(skeys) :]
-        self.push(pkeys, push[1], now=now, slots=self._among(pkeys, skeys, seen))
+        index, shared = self._index, self._shared
+        self.push(pkeys, push[1], now=now, slots=index.among(pkeys, skeys, seen, shared))
         made, at = self._sight(skeys, sighted[1], now=now, slots=seen, ends=ends[: len(skeys)])
         if len(made) and (gap := reads < 0).any():  # rows this sighting made; the rest none
-            reads[gap] = self._among(read[gap], made, at, absent=True)
+            reads[gap] = index.among(read[gap], made, at, shared, absent=True)
         return self._rows_at(reads)
-
-    def _among(
-        self, keys: np.ndarray, known: np.ndarray, slots: np.ndarray, *, absent: bool = False
-    ) -> np.ndarray:
-        """The slots of ``keys``, taken from ``known`` keys' ``slots`` where ``known`` is sorted
-        and holds them (one binary search). The others are looked up in the index, but for
-        the shared row's key, whose slot is known, or where the caller knows them ``absent``
-        (-1)."""
-        if not len(keys) or not len(known) or not ascending(known):
-            return self._index.find(keys)
-        at = np.minimum(np.searchsorted(known, keys), len(known) - 1)
-        hit = known[at] == keys
-        out = np.where(hit, slots[at], np.where(keys == SHARED, self._shared, -1))
-        rest = ~hit & (keys != SHARED)
-        if not absent and rest.any():
-            out[rest] = self._index.find(keys[rest])
-        return out
 
     def push(
         self, keys: np.ndarray, gradients: np.ndarray, *, now: int, slots: np.ndarray | None = None
@@ -247,16 +252,14 @@ class RowTable:
     def sight(
         self, keys: np.ndarray, counts: np.ndarray, *, now: int, slots: np.ndarray | None = None
     ) -> int:
-        """Count sightings of IDs (``keys`` distinct, ``counts`` each) at ``now``: a row's
-        expiry moves; an ID without one gets it once seen ``min_count`` times. Returns the
-        rows created."""
+        """Count sightings of IDs (``keys`` distinct, ``counts`` each) at ``now``: a row's expiry
+        moves; an ID without one gets it once seen ``min_count`` times. Returns rows created."""
         return len(self._sight(keys, counts, now=now, slots=slots)[0])
 
     def _sight(
         self, keys: np.ndarray, counts: np.ndarray, *, now: int, slots: Any, ends: Any = None
     ) -> tuple[np.ndarray, np.ndarray]:
-        """:meth:`sight`: the keys of the rows it created (in ``keys``' order) and their slots.
-        ``ends``: where the index's look-up of ``keys`` would place them."""
+        """:meth:`sight`'s new rows' keys and slots (``ends``: :meth:`KeyIndex.look`'s)."""
         keys = np.asarray(keys, np.uint64)
         slots = self._index.find(keys) if slots is None else slots
         rowed = slots[(slots >= 0) & (slots != self._shared)]
@@ -265,20 +268,9 @@ class RowTable:
         self._touched[moved] = True
         new = np.flatnonzero(slots < 0)
         if self.spec.min_count > 1:  # counted until they reach it
-            born: list[int] = []
-            for i, key, count in zip(
-                new.tolist(), keys[new].tolist(), np.asarray(counts)[new].tolist(), strict=True
-            ):
-                seen = self._pending.get(key, (0, now))[0] + int(count)
-                if seen >= self.spec.min_count:
-                    self._pending.pop(key, None)
-                    born.append(i)
-                else:
-                    self._pending[key] = (seen, now)
-            new = np.array(born, np.int64)
-        made = np.zeros(0, np.int64)
-        if len(new):
-            made = self._make(keys[new], now=now, at=None if ends is None else ends[new])
+            new = _reaching(self._pending, self.spec.min_count, keys, counts, new, now=now)
+        at = None if ends is None else ends[new]
+        made = self._make(keys[new], now=now, at=at) if len(new) else new
         self.created += len(new)
         return keys[new], made
 
