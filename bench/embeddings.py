@@ -28,7 +28,7 @@ dense run's.
 
     .venv/bin/python bench/embeddings.py [--records 2000000] [--only online,offline,...]
 
-At full size it runs about an hour on 2 cores: run it alone. ``--records 200000`` checks it
+At full size it runs 15-30 minutes on 2 cores: run it alone. ``--records 200000`` checks it
 end to end in a few minutes (the figures then mean little).
 
 Last line: ``embeddings auc=… auc_bayes=… auc_share=… vs_offline=… vs_river_fm=… vs_hashing=…
