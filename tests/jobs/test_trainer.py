@@ -90,8 +90,16 @@ def test_dist_keras_mnist_cnn_reaches_95_percent_with_two_workers(mnist) -> None
     train, test = mnist.load("train"), mnist.load("test")
     net = models.mnist_cnn()
     assert net.count_params() == 1_048_853
+    # Two epochs: where one ends depends on the two workers' timing (asynchronous pushes),
+    # 0.935 to 0.978 in seven runs on 2 cores; two ended at 0.981 and 0.982.
     t = Trainer(
-        net, algorithm="downpour", num_workers=2, batch_size=128, communication_window=5, seed=0
+        net,
+        algorithm="downpour",
+        num_workers=2,
+        batch_size=128,
+        communication_window=5,
+        seed=0,
+        num_epoch=2,
     )
     trained = t.train(codec.MNIST.to_model_input(train.x), train.y)
     accuracy = float(
