@@ -27,8 +27,6 @@ _EMPTY, _GONE = -1, -2
 #: (a dozen probes) would otherwise take a round each, for a handful of keys.
 _ONE_BY_ONE = 16
 _ODD = np.uint64(0x9E3779B97F4A7C15)
-#: The shared row's key (:data:`pipeline.train.ps.rows.SHARED`), whose slot a table knows.
-_SHARED = np.uint64(0xFFFFFFFFFFFFFFFF)
 
 
 def _hash(keys: np.ndarray) -> np.ndarray:
@@ -104,31 +102,24 @@ class KeyIndex:
         return np.where(at >= 0, self._slots[np.maximum(at, 0)], -1), ends
 
     def among(
-        self,
-        keys: np.ndarray,
-        known: np.ndarray,
-        slots: np.ndarray,
-        shared: int,
-        *,
-        absent: bool = False,
+        self, keys: np.ndarray, known: np.ndarray, slots: np.ndarray, *, absent: bool = False
     ) -> np.ndarray:
         """The slots of ``keys``, taken from ``known`` keys' ``slots`` where ``known`` is sorted
-        and holds them (one binary search, not a look-up). The others are looked up, but for
-        the shared row's key (slot ``shared``), or where the caller knows them ``absent`` (-1).
+        and holds them (one binary search, not a look-up); the others looked up, or -1 where
+        the caller knows them ``absent``.
 
         >>> index = KeyIndex(); index.insert(np.array([4], np.uint64), np.array([7]))
         >>> index.among(np.array([2, 4, 9], np.uint64), np.array([2, 9], np.uint64),
-        ...     np.array([0, 1]), shared=5).tolist()
+        ...     np.array([0, 1])).tolist()
         [0, 7, 1]
         """
         if not len(keys) or not len(known) or not ascending(known):
             return self.find(keys)
         at = np.minimum(np.searchsorted(known, keys), len(known) - 1)
         hit = known[at] == keys
-        out = np.where(hit, slots[at], np.where(keys == _SHARED, shared, -1))
-        rest = ~hit & (keys != _SHARED)
-        if not absent and rest.any():
-            out[rest] = self.find(keys[rest])
+        out = np.where(hit, slots[at], -1)
+        if not absent and not hit.all():
+            out[~hit] = self.find(keys[~hit])
         return out
 
     def insert(self, keys: np.ndarray, slots: np.ndarray, at: np.ndarray | None = None) -> None:

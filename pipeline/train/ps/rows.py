@@ -112,6 +112,14 @@ class RowSpec:
         return ((2.0 * unit - 1.0) * self.init_scale).astype(np.float32)
 
 
+def _known(keys: np.ndarray, slots: np.ndarray, shared: int) -> tuple[np.ndarray, np.ndarray]:
+    """Sorted ``keys`` and their ``slots``, with the shared row's key (the largest) and its
+    slot ``shared`` at the end: what a push's keys are found among."""
+    if len(keys) and keys[-1] == SHARED:
+        return keys, slots
+    return np.append(keys, SHARED), np.append(slots, shared)
+
+
 def _reaching(
     pending: dict[int, tuple[int, int]],
     min_count: int,
@@ -214,11 +222,11 @@ class RowTable:
         pkeys, skeys, read = (np.asarray(k, np.uint64) for k in (push[0], sighted[0], read))
         slots, ends = self._index.look(np.concatenate([skeys, read]))
         seen, reads = slots[: len(skeys)], slots[len(skeys) :]
-        index, shared = self._index, self._shared
-        self.push(pkeys, push[1], now=now, slots=index.among(pkeys, skeys, seen, shared))
+        index, known = self._index, _known(skeys, seen, self._shared)
+        self.push(pkeys, push[1], now=now, slots=index.among(pkeys, *known))
         made, at = self._sight(skeys, sighted[1], now=now, slots=seen, ends=ends[: len(skeys)])
         if len(made) and (gap := reads < 0).any():  # rows this sighting made; the rest none
-            reads[gap] = index.among(read[gap], made, at, shared, absent=True)
+            reads[gap] = index.among(read[gap], made, at, absent=True)
         return self._rows_at(reads)
 
     def push(

@@ -189,8 +189,7 @@ class ShardedClient:
         shard applied. A shard ahead of another (an attempt that died between two shards'
         pushes) drops the repeats that bring the others level."""
         done = min(self._each(lambda i, c: c.begin(task, steps=steps, window=window)))
-        for c in self._clients:
-            c.continue_after(done)
+        self.continue_after(done)
         return done
 
     def continue_after(self, exchange: int) -> None:
