@@ -7,7 +7,9 @@ a Python parse makes a dict per record and an object per value. It is exact or i
 declines: a record on more than one line, an empty one, one that is not an object, a
 field of another type than the schema's (a number as a string, a category as a
 number) make it return None, and the block takes the record-by-record path, which
-names each reject.
+names each reject. A class label or an ID that the block's first record writes as a
+number (``"clicked": 0``, ``"user": 42``) is read as a number in the whole block: a
+later record that writes it as text sends the block to the careful path.
 
 Example:
     >>> from pipeline.table.schema import Feature, Label, TableSchema
@@ -34,29 +36,61 @@ Example:
 from __future__ import annotations
 
 import io
+import json
 from collections.abc import Sequence
 from typing import Any
+
+import numpy as np
 
 from pipeline.table.schema import TableSchema
 
 #: The smallest block worth Arrow's set-up (below it, the Python parse is as fast).
 MIN_RECORDS = 64
+#: Beyond it a float64 no longer holds every integer: a class label written as such a number
+#: takes the careful path, which keeps its every digit.
+_EXACT = 2.0**53
 
 
-def _arrow_schema(schema: TableSchema) -> Any:
+def _numbers(first: bytes, schema: TableSchema) -> frozenset[str]:
+    """The ID fields and the class label that the record ``first`` writes as JSON numbers
+    (integers, for an ID), which Arrow then reads as numbers.
+
+    >>> from pipeline.table.schema import Feature, Label
+    >>> ids = (Feature("u", "id", dim=4), Feature("v", "id", dim=4))
+    >>> s = TableSchema(ids, Label("y", ("0", "1")))
+    >>> sorted(_numbers(b'{"u": 7, "v": "b", "y": 1}', s)), sorted(_numbers(b'{"u": 7.5}', s))
+    (['u', 'y'], [])
+    """
+    try:
+        record = json.loads(first)
+    except ValueError:
+        return frozenset()
+    if not isinstance(record, dict):
+        return frozenset()
+    # type(), not isinstance: true and false are ints to isinstance, and no numbers here
+    kinds: dict[str, tuple[type, ...]] = {f.name: (int,) for f in schema.features if f.kind == "id"}
+    if schema.label is not None and not schema.label.regression:
+        kinds[schema.label.name] = (int, float)
+    return frozenset(n for n, kind in kinds.items() if type(record.get(n)) in kind)
+
+
+def _arrow_schema(schema: TableSchema, numbers: frozenset[str] = frozenset()) -> Any:
     import pyarrow as pa
 
     kinds = {
         "numeric": pa.float64(),
         "categorical": pa.string(),
         "boolean": pa.bool_(),
-        "id": pa.string(),  # integer IDs fail it: their blocks take the exact Python parse
+        "id": pa.string(),
     }
-    fields = [pa.field(f.name, kinds[f.kind]) for f in schema.features]
+    fields = [
+        pa.field(f.name, pa.int64() if f.name in numbers else kinds[f.kind])
+        for f in schema.features
+    ]
     if schema.label is not None:
-        fields.append(
-            pa.field(schema.label.name, pa.float64() if schema.label.regression else pa.string())
-        )
+        label = schema.label
+        number = label.regression or label.name in numbers
+        fields.append(pa.field(label.name, pa.float64() if number else pa.string()))
     return pa.schema(fields)
 
 
@@ -79,7 +113,8 @@ def columns(
         b"NaN" in data or b"Infinity" in data
     ):  # Arrow reads these constants; JSON has none (they are not_json)
         return None
-    arrow_schema = _arrow_schema(schema)
+    numbers = _numbers(raw[0], schema)  # type: ignore[arg-type]
+    arrow_schema = _arrow_schema(schema, numbers)
     try:
         table = pj.read_json(
             io.BytesIO(data),
@@ -100,4 +135,11 @@ def columns(
             if pa.types.is_floating(field.type)
             else column.to_pylist()
         )
+    label = schema.label
+    if (
+        label is not None
+        and label.name in numbers
+        and np.nanmax(np.abs(out[label.name]), initial=0.0) >= _EXACT
+    ):
+        return None
     return out

@@ -243,10 +243,15 @@ class Encoder:
             _reject(code, np.isinf(v), f"non_finite:{label.name}", reasons)
             return np.nan_to_num(v, nan=0.0, posinf=0.0, neginf=0.0).astype(np.float32)
         found = self._classes.get
-        y = np.array([found(v, -1) if v.__class__ is str else -2 for v in values], np.int64)
-        for i in np.flatnonzero(y < 0).tolist():
-            t = text(values[i])
-            y[i] = -2 if t is None else found(t, -1)
+        if isinstance(values, np.ndarray):  # numbers (Arrow's column): each distinct one's text
+            distinct, where = np.unique(values, return_inverse=True)
+            at = [found(t, -1) if (t := text(float(v))) is not None else -2 for v in distinct]
+            y = np.array(at, np.int64)[where.reshape(-1)] if at else np.zeros(0, np.int64)
+        else:
+            y = np.array([found(v, -1) if v.__class__ is str else -2 for v in values], np.int64)
+            for i in np.flatnonzero(y < 0).tolist():
+                t = text(values[i])
+                y[i] = -2 if t is None else found(t, -1)
         _reject(code, y == -2, f"missing:{label.name}", reasons)
         _reject(code, y == -1, f"unknown_class:{label.name}", reasons)
         return np.where(y < 0, 0, y).astype(np.int32)

@@ -584,3 +584,33 @@ def test_arrows_columns_and_the_careful_path_decode_alike(penguins: TableSchema)
     fast, careful = decode(values, regression), decode([*values, b"[1]"], regression)
     assert np.array_equal(fast.x, careful.x) and np.array_equal(fast.y, careful.y)
     assert fast.reason_names() == careful.reason_names()[:-1]  # the masses that are gaps, alike
+
+
+def test_numbers_as_class_labels_and_ids_take_arrows_path_and_decode_alike(
+    tmp_path: Path,
+) -> None:
+    """Proves: a click block whose label is a JSON number (``"clicked": 0``), its IDs text or
+    integers, is read by Arrow (the fast path) into the very input and labels the careful path
+    gives; a later record writing the label as text, or a label beyond float64's integers,
+    sends the block to the careful path, which reads it exactly."""
+    from pipeline.table import arrow_json
+    from producers.datasets.click_stream import click_schema
+    from producers.datasets.clicks import ClickModel
+
+    model = ClickModel(users=500, items=100, dense=2, seed=3)
+    schema = click_schema(model)
+    lines = model.write_jsonl(tmp_path / "clicks.jsonl", 300).read_bytes().splitlines()
+    records = [json.loads(line) for line in lines]
+    numbered = [json.dumps({**r, "user_id": int(r["user_id"][1:])}).encode() for r in records]
+    for block in (lines, numbered):
+        assert arrow_json.columns(block, schema) is not None
+        fast, careful = decode(block, schema), decode([*block, b"{oops"], schema)
+        assert careful.reason_names() == ["not_json"] and len(fast.y) == 300
+        assert np.array_equal(fast.x, careful.x) and np.array_equal(fast.y, careful.y)
+        assert set(fast.y.tolist()) == {0, 1}
+    texts = [*lines[:-1], json.dumps({**records[-1], "clicked": "1"}).encode()]
+    huge = [*lines[:-1], json.dumps({**records[-1], "clicked": 2**53 + 1}).encode()]
+    assert arrow_json.columns(texts, schema) is None and arrow_json.columns(huge, schema) is None
+    got = decode(texts, schema)
+    assert np.array_equal(got.x, decode(lines, schema).x) and got.y[-1] == 1
+    assert decode(huge, schema).reason_names() == ["unknown_class:clicked"]
