@@ -67,8 +67,8 @@ def test_apache_kafka_releases_each_batch_once_the_next_is_saved(
 @pytest.mark.slow  # 3 to 8 s (a process to start or a timeout to wait out): full tier only
 def test_with_trained_records_released_noidas_memory_stops_growing_with_the_replay() -> None:
     """Four rounds of 60 MB each, every record trained: without the releases the broker holds
-    all 240 MB (measured: 430 MB over its empty self); with them about a round's worth
-    (measured: 100-120 MB, on an idle and on a loaded machine)."""
+    all 240 MB (measured: 430 MB over its empty self); with them a round's worth or two
+    (measured: 100-120 MB, on an idle and on a loaded machine; 184 MB once in a full suite)."""
     per_round = 60_000
     with EmbeddedBroker(engine="noida") as broker:
         client.ensure_topic(broker.bootstrap, "replayed", partitions=2)
@@ -89,10 +89,12 @@ def test_with_trained_records_released_noidas_memory_stops_growing_with_the_repl
             releaser.close()
         assert _earliest(broker.bootstrap, "replayed") == {0: 2 * per_round, 1: 2 * per_round}
         # It frees in its own time, and how much the allocator keeps depends on the machine's
-        # load (a first round's figure is no baseline: 57 MB idle, 142 MB loaded). The bound
-        # is against the data: under three of the four rounds' 60 MB over the empty broker.
+        # load (a first round's figure is no baseline: 57 MB idle, 142 MB loaded; one full-suite
+        # run kept 184 MB over the empty broker a minute on). The bound is against the data:
+        # under the four rounds' 240 MB over the empty broker, which holds 430 MB without the
+        # releases.
         deadline = time.monotonic() + 60
-        while _rss_mb(broker.pid) - empty >= 3 * 60:
+        while _rss_mb(broker.pid) - empty >= 4 * 60:
             assert time.monotonic() < deadline, (
                 f"the broker's memory: {empty} MB empty, {grown} MB after each round, "
                 f"{_rss_mb(broker.pid)} MB a minute on"
