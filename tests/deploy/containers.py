@@ -106,14 +106,34 @@ class Stack:
     def container(self, service: str) -> str:
         return f"{self.project}_{service}_1"
 
-    def logs(self, service: str, tail: int = 60) -> str:
+    def logs(self, service: str, tail: int = 60, *, container: str | None = None) -> str:
         done = subprocess.run(
-            ["podman", "logs", "--tail", str(tail), self.container(service)],
+            ["podman", "logs", "--tail", str(tail), container or self.container(service)],
             capture_output=True,
             text=True,
             check=False,
         )
         return done.stdout + done.stderr
+
+    def failed(self) -> dict[str, int]:
+        """The stack's containers that are down with a non-zero exit code, by name."""
+        label = f"label=io.podman.compose.project={self.project}"
+        names = subprocess.run(
+            ["podman", "ps", "-aq", "--filter", label], capture_output=True, text=True, check=False
+        ).stdout.split()
+        if not names:
+            return {}
+        states = subprocess.run(
+            ["podman", "inspect", "--format", "{{.Name}} {{.State.Status}} {{.State.ExitCode}}",
+             *names],
+            capture_output=True, text=True, check=False,
+        ).stdout  # fmt: skip
+        down = (line.split() for line in states.splitlines() if len(line.split()) == 3)
+        return {
+            name: int(code)
+            for name, status, code in down
+            if status in ("exited", "stopped") and code.lstrip("-").isdigit() and code != "0"
+        }
 
     def state(self, service: str) -> dict[str, Any]:
         done = subprocess.run(
@@ -144,8 +164,12 @@ class Stack:
 
     def wait(self, predicate: Callable[[], Any], timeout_s: float, what: str, service: str) -> Any:
         """``predicate``'s first true value within ``timeout_s``; else fail with the
-        service's log."""
+        service's log. A container of the stack that exited non-zero and stayed down for
+        a minute (its restart policy did not bring it back) fails the wait at once, with its
+        log: what it waits for may never come (CI waited 15 minutes on an exited producer)."""
         deadline = time.monotonic() + timeout_s
+        down_since: dict[str, float] = {}
+        checked = time.monotonic()
         while time.monotonic() < deadline:
             try:
                 value = predicate()
@@ -153,6 +177,17 @@ class Stack:
                 value = None
             if value:
                 return value
+            if time.monotonic() - checked >= 10:
+                checked = now = time.monotonic()
+                failed = self.failed()
+                down_since = {name: down_since.get(name, now) for name in failed}
+                for name, since in down_since.items():
+                    if now - since >= 60:
+                        raise AssertionError(
+                            f"{name} exited {failed[name]} and stayed down while waiting for "
+                            f"{what}; its log ends:\n{self.logs('', 40, container=name)}\n"
+                            f"{self.overview()}"
+                        )
             time.sleep(1)
         raise AssertionError(
             f"timed out waiting for {what}; {service}'s log ends:\n{self.logs(service)}\n"
@@ -162,7 +197,8 @@ class Stack:
     def overview(self) -> str:
         """What a failed wait needs beside the service's log: every container's state and
         restarts, what the compose network's DNS answers for Kafka inside the trainer (a
-        stale or missing entry looks like a broker that does not answer), Kafka's log end."""
+        stale or missing entry looks like a broker that does not answer), the log of every
+        container that exited non-zero, Kafka's log end."""
 
         def run(*cmd: str) -> str:
             try:
@@ -181,10 +217,14 @@ class Stack:
         kafka = run("podman", "inspect", "--format", "{{json .NetworkSettings.Networks}}",
                     self.container("kafka"))  # fmt: skip
         dns = run("podman", "exec", self.container("trainer"), "getent", "ahosts", "kafka")
+        exited = "".join(
+            f"{name}, which exited {code}: its log ends:\n{self.logs('', 30, container=name)}\n"
+            for name, code in self.failed().items()
+        )
         return (
             f"containers:\n{states}\nkafka's networks: {kafka}\n"
             f"`getent ahosts kafka` in the trainer: {dns or '(no answer)'}\n"
-            f"kafka's log ends:\n{self.logs('kafka', tail=20)}"
+            f"{exited}kafka's log ends:\n{self.logs('kafka', tail=20)}"
         )
 
     def up(self) -> None:

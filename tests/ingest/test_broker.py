@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -93,6 +95,44 @@ def test_unreachable_bootstrap_is_a_clear_error_quickly() -> None:
     with pytest.raises(BrokerError, match=r"Cannot reach Kafka at 127\.0\.0\.1:1: .*--bootstrap"):
         client.check_reachable("127.0.0.1:1", timeout_s=1)
     assert time.monotonic() - started < 10
+
+
+def test_a_listener_that_takes_the_connection_but_never_finishes_tls_is_tried_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A TLS handshake that times out is a busy broker (or a port that does not speak TLS),
+    not a wrong setting: tried again until the probe's deadline, then the one line, which
+    says so. Before, the first timed-out handshake was fatal at once, and a compose stack's
+    producer exited 2 when its broker's first TLS handshake took over 5 s."""
+    from pipeline.ingest.kafka import wire
+    from pipeline.ingest.kafka.security import KafkaConf
+
+    monkeypatch.setattr(wire, "HANDSHAKE_TIMEOUT_S", 0.3)
+    held: list[socket.socket] = []
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        server.settimeout(0.05)
+        bootstrap = f"127.0.0.1:{server.getsockname()[1]}"
+        done = threading.Event()
+
+        def take() -> None:  # takes each connection and never answers it
+            while not done.is_set():
+                with contextlib.suppress(TimeoutError):
+                    held.append(server.accept()[0])
+
+        taker = threading.Thread(target=take, daemon=True)
+        taker.start()
+        try:
+            with pytest.raises(BrokerError) as raised:
+                client.check_reachable(bootstrap, conf=KafkaConf(protocol="SSL"), timeout_s=1)
+        finally:
+            done.set()
+            taker.join(5)
+            for conn in held:
+                conn.close()
+    assert not isinstance(raised.value, wire.AuthenticationError), raised.value
+    assert f"Cannot reach Kafka at {bootstrap}" in str(raised.value)
+    assert "did not finish a TLS handshake within 0.3 s" in str(raised.value)
+    assert len(held) >= 3  # tried again, each try a connection of its own
 
 
 def test_a_kafka_gone_after_the_probe_is_one_line_at_the_topics_creation() -> None:

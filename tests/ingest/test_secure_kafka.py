@@ -11,10 +11,13 @@ properties as an operator would; nothing here needs a stand-in for the broker an
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
+import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -379,6 +382,75 @@ def test_the_fetch_reader_never_retries_a_refused_login(scram: SecureKafka, tmp_
         list(fetch.read("any", 0, 0, 1))
     assert time.monotonic() - started < 5
     assert isinstance(wire.AuthenticationError("x"), BrokerError)
+
+
+class _LateRelay:
+    """A loopback relay to a broker that holds each connection ``delay_s`` before it forwards
+    a byte: a broker that takes the connection at once and answers late, as a busy one does."""
+
+    def __init__(self, target: str, delay_s: float) -> None:
+        host, _, port = target.rpartition(":")
+        self.target, self.delay_s = (host, int(port)), delay_s
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.server.settimeout(0.1)
+        self.bootstrap = f"127.0.0.1:{self.server.getsockname()[1]}"
+        self.done = threading.Event()
+        self.sockets: list[socket.socket] = []
+        self.threads = [threading.Thread(target=self._accept, daemon=True)]
+        self.threads[0].start()
+
+    def _accept(self) -> None:
+        while not self.done.is_set():
+            with contextlib.suppress(TimeoutError):
+                conn = self.server.accept()[0]
+                self.sockets.append(conn)
+                threading.Thread(target=self._relay, args=(conn,), daemon=True).start()
+
+    def _relay(self, conn: socket.socket) -> None:
+        if self.done.wait(self.delay_s):
+            return
+        upstream = socket.create_connection(self.target, timeout=10)
+        self.sockets.append(upstream)
+        for a, b in ((conn, upstream), (upstream, conn)):
+            pump = threading.Thread(target=self._pump, args=(a, b), daemon=True)
+            self.threads.append(pump)
+            pump.start()
+
+    def _pump(self, source: socket.socket, sink: socket.socket) -> None:
+        with contextlib.suppress(OSError):  # either end closed: the relay's end too
+            while data := source.recv(65536):
+                sink.sendall(data)
+        for end in (source, sink):
+            with contextlib.suppress(OSError):
+                end.shutdown(socket.SHUT_RDWR)
+
+    def close(self) -> None:
+        self.done.set()
+        for conn in self.sockets:
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)
+            conn.close()
+        for thread in self.threads:
+            thread.join(5)
+        self.server.close()
+
+
+@pytest.mark.slow  # a broker JVM of its own and seconds of TLS and SASL: full tier only
+def test_a_broker_that_answers_its_first_tls_handshake_late_is_waited_for(
+    scram: SecureKafka, tmp_path: Path
+) -> None:
+    """Apache Kafka's SASL_SSL listener behind a relay that answers 6 s late: the start-up
+    probe (5 s) waits for the handshake of a connection the broker took, and logs in. In a
+    compose stack's start a busy broker's first TLS handshake took that long, and the
+    producer exited 2 with "its port is probably PLAINTEXT"."""
+    path = scram.write_client_properties(tmp_path / "client.properties")
+    relay = _LateRelay(scram.bootstrap, delay_s=6)
+    try:
+        started = time.monotonic()
+        client.check_reachable(relay.bootstrap, conf=conf.load(path), timeout_s=5)
+        assert time.monotonic() - started >= 6  # the relay's delay was waited out
+    finally:
+        relay.close()
 
 
 @pytest.mark.slow  # a broker JVM of its own and seconds of TLS and SASL: full tier only

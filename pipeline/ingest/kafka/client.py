@@ -50,7 +50,7 @@ def parse_bootstrap(bootstrap: str) -> str:
 
 def _unreachable(bootstrap: str, timeout_s: float, why: object) -> BrokerError:
     return BrokerError(
-        f"Cannot reach Kafka at {bootstrap}: no broker answered within {timeout_s:g} s "
+        f"Cannot reach Kafka at {bootstrap}: no broker answered within {timeout_s:.3g} s "
         f"({str(why).rstrip('.')}). Start one with `streamtrain broker`, or pass --bootstrap "
         "HOST:PORT of a running Kafka."
     )
@@ -60,20 +60,31 @@ def check_reachable(bootstrap: str, *, conf: KafkaConf = PLAINTEXT, timeout_s: f
     """Raise unless a broker of ``bootstrap`` answers a Metadata request in time, over TLS
     and SASL as ``conf`` says: a refused password, a certificate that does not verify or a
     listener of another protocol is one line (:class:`AuthenticationError`) within seconds,
-    before anything starts."""
+    before anything starts. A broker that takes the connection but is slow to finish its
+    TLS or SASL handshake (busy, as in a compose stack's start) is waited for, up to
+    :data:`wire.HANDSHAKE_TIMEOUT_S` a try, and tried again until ``timeout_s`` has passed."""
     from pipeline.ingest.kafka import wire
 
     addresses = [
         (h, int(p))
         for h, _, p in (b.strip().rpartition(":") for b in parse_bootstrap(bootstrap).split(","))
     ]
-    deadline = time.monotonic() + timeout_s
+    started = time.monotonic()
+    deadline = started + timeout_s
     why: object = "no answer"
     closed = 0
     while True:
         for host, port in addresses:
             try:
-                conn = wire.Connection(host, port, max(0.5, deadline - time.monotonic()), conf)
+                # ``timeout_s`` bounds finding a broker that takes the connection; one that
+                # took it gets the whole handshake time (a busy broker's first TLS and SCRAM).
+                conn = wire.Connection(
+                    host,
+                    port,
+                    max(0.5, deadline - time.monotonic()),
+                    conf,
+                    handshake_s=wire.HANDSHAKE_TIMEOUT_S,
+                )
             except wire.ConnectionLost as e:
                 why = e
                 continue
@@ -82,6 +93,8 @@ def check_reachable(bootstrap: str, *, conf: KafkaConf = PLAINTEXT, timeout_s: f
                     3, 4, struct.pack(">i", 0) + b"\x00"
                 )  # Metadata v4 of no topic: the brokers
                 return
+            except wire.SlowAnswer as e:
+                why = e
             except wire.ConnectionLost as e:
                 why = e
                 # Accepted, then closed at the first request, twice: a TLS listener met with
@@ -96,7 +109,7 @@ def check_reachable(bootstrap: str, *, conf: KafkaConf = PLAINTEXT, timeout_s: f
             finally:
                 conn.close()
         if time.monotonic() > deadline:
-            raise _unreachable(bootstrap, timeout_s, why)
+            raise _unreachable(bootstrap, max(timeout_s, time.monotonic() - started), why)
         time.sleep(0.2)
 
 

@@ -12,7 +12,9 @@ the connection authenticates again before it ends.
 Failures that a retry cannot mend (a refused password, a certificate that does not
 verify, a peer that does not speak TLS or Kafka) raise :class:`AuthenticationError` at
 once, with the broker, the user and the mechanism named; a broker that cannot be reached
-raises :class:`ConnectionLost`, which readers retry.
+raises :class:`ConnectionLost`, which readers retry, and so is one that takes the
+connection but does not finish its handshake in time (:class:`SlowAnswer`): a busy broker's
+first TLS handshake is not a wrong setting.
 """
 
 from __future__ import annotations
@@ -27,9 +29,10 @@ from pipeline.errors import BrokerError
 from pipeline.ingest.kafka.security import PLAINTEXT, KafkaConf
 
 _SASL_HANDSHAKE, _SASL_AUTHENTICATE = 17, 36
-#: A TLS handshake or SASL exchange longer than this is a peer that will never finish one
-#: (a TLS client at a plaintext port waits for a ServerHello that never comes).
-HANDSHAKE_TIMEOUT_S = 5.0
+#: How long a TLS handshake or SASL exchange may take (the Java client's default for a
+#: connection's set-up). Past it the peer is busy, or will never finish one (a TLS client
+#: at another broker's plaintext port may wait for a ServerHello that never comes).
+HANDSHAKE_TIMEOUT_S = 10.0
 #: Authenticate again once this share of the broker's session lifetime has passed.
 _REAUTH_AT = 0.85
 
@@ -43,6 +46,11 @@ MAX_CUT_RESPONSE_BYTES = 1 << 30
 
 class ConnectionLost(BrokerError):
     """A broker could not be reached or dropped the connection (worth retrying)."""
+
+
+class SlowAnswer(ConnectionLost):
+    """A broker took the connection but did not answer in time (worth retrying: a busy
+    broker's first TLS handshake and SCRAM exchange have taken over 5 s on two cores)."""
 
 
 class AuthenticationError(BrokerError):
@@ -151,12 +159,21 @@ class Connection:
         reader = conn.request(3, 4, body)
     """
 
-    def __init__(self, host: str, port: int, timeout_s: float, conf: KafkaConf = PLAINTEXT) -> None:
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        timeout_s: float,
+        conf: KafkaConf = PLAINTEXT,
+        *,
+        handshake_s: float | None = None,
+    ) -> None:
+        """Connect, then TLS and SASL within ``handshake_s`` (default: ``timeout_s`` up to
+        :data:`HANDSHAKE_TIMEOUT_S`); requests then wait ``timeout_s``."""
         self.where, self.conf, self.timeout_s = f"{host}:{port}", conf, timeout_s
+        handshake_s = min(timeout_s, HANDSHAKE_TIMEOUT_S) if handshake_s is None else handshake_s
         try:
-            sock = socket.create_connection(
-                (host, port), timeout=min(timeout_s, HANDSHAKE_TIMEOUT_S)
-            )
+            sock = socket.create_connection((host, port), timeout=min(timeout_s, handshake_s))
         except OSError as e:
             raise ConnectionLost(
                 f"Cannot connect to the Kafka broker at {host}:{port} ({e})."
@@ -167,6 +184,7 @@ class Connection:
         self.correlation = 0
         self._reauth_at = float("inf")
         try:
+            sock.settimeout(handshake_s)
             context = conf.ssl_context()
             if context is not None:
                 try:
@@ -174,11 +192,10 @@ class Connection:
                 except ssl.SSLError as e:
                     raise _tls_failure(e, self.where, conf) from None
                 except TimeoutError:
-                    raise AuthenticationError(
-                        f"The Kafka broker at {self.where} did not answer a TLS handshake "
-                        f"within {min(timeout_s, HANDSHAKE_TIMEOUT_S):g} s: its port is "
-                        "probably PLAINTEXT, not "
-                        f"{conf.protocol}. Check security.protocol in --kafka-conf."
+                    raise SlowAnswer(
+                        f"The Kafka broker at {self.where} took the connection but did not "
+                        f"finish a TLS handshake within {handshake_s:g} s: it is busy, or its "
+                        f"port is not {conf.protocol} (check security.protocol in --kafka-conf)."
                     ) from None
                 except OSError as e:  # reset while handshaking: a peer that does not speak TLS here
                     raise AuthenticationError(
@@ -249,7 +266,12 @@ class Connection:
             ssl.SSLError
         ) as e:  # TLS 1.3 sends a refused client certificate's alert after the handshake
             raise _tls_failure(e, self.where, self.conf) from None
-        except OSError as e:  # timeouts included
+        except TimeoutError:
+            raise SlowAnswer(
+                f"The Kafka broker at {self.where} did not answer within "
+                f"{self.sock.gettimeout():g} s."
+            ) from None
+        except OSError as e:
             raise ConnectionLost(f"Kafka request failed ({type(e).__name__}: {e}).") from None
         if struct.unpack_from(">i", data)[0] != self.correlation:
             raise BrokerError(
@@ -295,7 +317,7 @@ class Connection:
             r = self._request(_SASL_HANDSHAKE, 1, string(conf.mechanism))
             error = r.take(">h")
             offered = [r.string() for _ in range(max(r.take(">i"), 0))]
-        except AuthenticationError:
+        except (AuthenticationError, SlowAnswer):
             raise
         except ConnectionLost:
             if not first:
@@ -329,6 +351,8 @@ class Connection:
                 r = self._request(_SASL_AUTHENTICATE, 1, _bytes(mechanism.auth_bytes()))
                 error, message, answer = r.take(">h"), r.string(), r.bytes_()
                 lifetime_ms = r.take(">q")
+            except SlowAnswer:
+                raise
             except ConnectionLost as e:
                 if not first:
                     raise
