@@ -115,19 +115,32 @@ class Stack:
         )
         return done.stdout + done.stderr
 
+    def names(self) -> list[str]:
+        """The IDs of the stack's containers, running or not (none where Podman fails: the
+        callers' own failure comes first)."""
+        label = f"label=io.podman.compose.project={self.project}"
+        try:
+            done = subprocess.run(
+                ["podman", "ps", "-aq", "--filter", label],
+                capture_output=True, text=True, timeout=60, check=False,
+            )  # fmt: skip
+        except (OSError, subprocess.TimeoutExpired):
+            return []
+        return done.stdout.split()
+
     def failed(self) -> dict[str, int]:
         """The stack's containers that are down with a non-zero exit code, by name."""
-        label = f"label=io.podman.compose.project={self.project}"
-        names = subprocess.run(
-            ["podman", "ps", "-aq", "--filter", label], capture_output=True, text=True, check=False
-        ).stdout.split()
+        names = self.names()
         if not names:
             return {}
-        states = subprocess.run(
-            ["podman", "inspect", "--format", "{{.Name}} {{.State.Status}} {{.State.ExitCode}}",
-             *names],
-            capture_output=True, text=True, check=False,
-        ).stdout  # fmt: skip
+        try:
+            states = subprocess.run(
+                ["podman", "inspect", "--format", "{{.Name}} {{.State.Status}} {{.State.ExitCode}}",
+                 *names],
+                capture_output=True, text=True, timeout=60, check=False,
+            ).stdout  # fmt: skip
+        except (OSError, subprocess.TimeoutExpired):
+            return {}
         down = (line.split() for line in states.splitlines() if len(line.split()) == 3)
         return {
             name: int(code)
@@ -207,8 +220,7 @@ class Stack:
                 return f"({cmd[1]} failed: {e})"
             return (done.stdout + done.stderr).strip()
 
-        label = f"label=io.podman.compose.project={self.project}"
-        names = run("podman", "ps", "-aq", "--filter", label).split()
+        names = self.names()
         states = run(
             "podman", "inspect", "--format",
             "{{.Name}}: {{.State.Status}}, exit {{.State.ExitCode}}, restarts {{.RestartCount}}",
@@ -254,12 +266,7 @@ class Stack:
     def down(self, keep_volumes: bool = False) -> None:
         """`down` (with `-v` unless ``keep_volumes``), and the anonymous volumes of the
         images' VOLUME lines (apache/kafka declares three), which down leaves behind."""
-        names = subprocess.run(
-            ["podman", "ps", "-aq", "--filter", f"label=io.podman.compose.project={self.project}"],
-            capture_output=True,
-            text=True,
-            check=False,
-        ).stdout.split()
+        names = self.names()
         mounts = subprocess.run(
             ["podman", "inspect", "--format", "{{range .Mounts}}{{.Name}} {{end}}", *names],
             capture_output=True,
