@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
+import re
 import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -248,18 +250,107 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..
         p.stop()
 
 
+#: Test files that run longest (measured on 2 cores, the slowest machine seen), longest first.
+#: Under pytest-xdist (tests/run.sh runs two workers, a file to one worker) they start first:
+#: the containers wait on Podman and the stack more than they compute, so the other worker's
+#: tests fill those waits; and no long file starts last, leaving one worker alone at the end.
+LONGEST_FIRST = (
+    "tests/deploy/test_containers.py",
+    "tests/jobs/test_faults.py",
+    "tests/cluster/test_compose_rehearsal.py",
+    "tests/observe/test_steady_panels.py",
+    "tests/jobs/test_stop.py",
+    "tests/cluster/test_cluster_guide.py",
+    "tests/jobs/test_id_features.py",
+    "tests/jobs/test_trainer.py",
+    "tests/jobs/test_secure_run.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    rank = {path: i for i, path in enumerate(LONGEST_FIRST)}
+    # A stable sort: within a file, and among the other files, the order stays as written.
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))
+
+
 _left_out: list[str] = []
+#: Under xdist the workers collect and deselect; the controller hears their counts here.
+_left_out_by_workers: list[int] = []
 
 
 def pytest_deselected(items: list[pytest.Item]) -> None:
     _left_out.extend(item.nodeid for item in items if item.get_closest_marker("slow"))
 
 
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    output = getattr(session.config, "workeroutput", None)  # set on an xdist worker only
+    if output is not None:
+        output["left_out"] = len(_left_out)
+
+
+def pytest_testnodedown(node: Any, error: Any) -> None:
+    _left_out_by_workers.append(getattr(node, "workeroutput", {}).get("left_out", 0))
+
+
+#: A test that needs more than this says why in its docstring (or its class's or module's), in
+#: a sentence that starts "Slow": the suite's time is spent on purpose or not at all.
+SLOW_S = 60.0
+
+
+def _says_why_slow(item: pytest.Item) -> bool:
+    docs = [getattr(getattr(item, name, None), "__doc__", None) for name in ("function", "cls")]
+    docs.append(getattr(item.module, "__doc__", None) if isinstance(item, pytest.Function) else "")
+    return any(re.search(r"(^|\.\s|\n)\s*Slow\b", doc or "") for doc in docs)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    outcome = yield
+    report = outcome.get_result()
+    if report.when == "call":  # carried to xdist's controller with the report
+        report.user_properties.append(("says_why_slow", _says_why_slow(item)))
+
+
+def _slow_without_reason(reporter: pytest.TerminalReporter) -> list[str]:
+    """Tests over SLOW_S (set-up, call and tear-down) whose docstrings do not say why."""
+    spent: dict[str, float] = {}
+    unexplained = set()
+    for reports in reporter.stats.values():
+        for r in reports:
+            if isinstance(r, pytest.TestReport):
+                spent[r.nodeid] = spent.get(r.nodeid, 0.0) + r.duration
+                if any(list(p) == ["says_why_slow", False] for p in r.user_properties):
+                    unexplained.add(r.nodeid)
+    return sorted(f"{spent[n]:.0f} s {n}" for n in unexplained if spent[n] > SLOW_S)
+
+
+def _tier_seconds(reporter: pytest.TerminalReporter) -> dict[str, float]:
+    """Seconds of test time (set-up, call, tear-down) in each tier, from every report."""
+    totals = {"quick": 0.0, "slow": 0.0}
+    for reports in reporter.stats.values():
+        for r in reports:
+            if isinstance(r, pytest.TestReport):
+                totals["slow" if "slow" in r.keywords else "quick"] += r.duration
+    return totals
+
+
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    """Say what a quick tier (``-m "not slow"``) left out, so nobody mistakes it for the suite."""
-    if _left_out:
+    """Each tier's test time, and what a quick tier (``-m "not slow"``) left out, so nobody
+    mistakes it for the suite."""
+    tiers = _tier_seconds(terminalreporter)
+    workers = getattr(terminalreporter.config.option, "numprocesses", None) or 1
+    terminalreporter.write_line(
+        f"tiers: quick {tiers['quick']:.0f} s, slow {tiers['slow']:.0f} s of test time "
+        f"over {workers} worker{'s' * (workers > 1)}"
+    )
+    for line in _slow_without_reason(terminalreporter):
         terminalreporter.write_line(
-            f"quick tier: left out {len(_left_out)} slow tests (full runs, clusters, containers, "
+            f"over {SLOW_S:.0f} s without a 'Slow: why' in its docstring: {line}"
+        )
+    left_out = max([len(_left_out), *_left_out_by_workers])
+    if left_out:
+        terminalreporter.write_line(
+            f"quick tier: left out {left_out} slow tests (full runs, clusters, containers, "
             "soak-like, timeouts to wait out, brokers of their own); `bash tests/run.sh` runs "
             "them all"
         )
