@@ -65,6 +65,14 @@ def test_the_guide_names_the_broker_the_driver_address_and_closed_6066() -> None
 @pytest.mark.slow
 @pytest.mark.skipif(_CANNOT is not None, reason=_CANNOT or "")
 def test_the_guides_cluster_commands_run_as_written_on_three_hosts(tmp_path: Path) -> None:
+    """Proves: the cluster guide's commands, run as written on three network-namespace hosts,
+    start a cluster whose web UIs are closed to other hosts, which `cluster-status` lists with
+    its cores, and on which `run` trains over TCP through the driver's fixed port.
+
+    Slow: everything the guide starts, each waited for by its ready line (Apache Kafka's broker,
+    Spark's master and two workers, a JVM each, in three network namespaces), then a
+    `streamtrain run` whose executors start on the workers for one micro-batch of 1,500 MNIST
+    records; the guide's own commands leave no part to share with another test."""
     commands = guide_commands()
     with netns.Hosts(["driver", "worker-a", "worker-b"]) as hosts:
         where = {"10.0.0.1": "driver", "10.0.0.2": "worker-a", "10.0.0.3": "worker-b"}

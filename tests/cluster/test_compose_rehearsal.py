@@ -196,7 +196,13 @@ def test_the_stack_trains_and_prometheus_finds_every_target_up(stack: Stack) -> 
     """Proves: every service of the compose file's cluster profile, run with its own command
     and configuration where its name and its peers' names resolve as in Compose: the
     trainer trains from the producer's topic on the profile's Spark master and workers, over
-    TCP, and Prometheus, with deploy/prometheus/, finds every scrape target up."""
+    TCP, and Prometheus, with deploy/prometheus/, finds every scrape target up.
+
+    Slow: the profile's services start one after another in their dependency order, each a
+    process in a network namespace of its own (Apache Kafka's broker, the secrets job, Spark's
+    master and two workers, the replay producer, the trainer with its Spark session and two
+    TensorFlow workers, Prometheus), and the test then waits, up to 300 s, for the trainer's
+    first micro-batch and a scrape of every target: the whole stack is what it rehearses."""
     rows_file = Path(stack.path("trainer", "/runs/mnist")) / "batches.jsonl"
     deadline = time.monotonic() + 300
     targets: list[dict[str, Any]] = []

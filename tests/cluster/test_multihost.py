@@ -79,7 +79,12 @@ def test_mnist_trains_once_across_hosts_over_tcp_through_an_executor_kill(
     after a task's second exchange is replaced and the task run again; every MNIST record
     is trained once (ledger), each range's mini-batches applied once by the server's count,
     and the model learned (held-out accuracy far above chance). The parameter server runs
-    as two shard processes (``--ps-shards 2``): the retried task is applied once on both."""
+    as two shard processes (``--ps-shards 2``): the retried task is applied once on both.
+
+    Slow: as the module's first test it pays for the module's cluster (Apache Kafka's broker,
+    Spark's master and two workers in three network namespaces); then 6,000 MNIST records are
+    produced and trained in two micro-batches by executors on the other hosts, one executor
+    SIGKILLed and replaced by a new JVM before its task runs again."""
     marker = tmp_path / "killed"
     conf = tmp_path / "driver.conf"
     conf.write_text(

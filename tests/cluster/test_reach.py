@@ -78,7 +78,11 @@ def test_an_unreachable_master_is_one_line_before_anything_starts(tmp_path: Path
 def test_a_driver_its_executors_cannot_reach_stops_in_one_line(tmp_path: Path) -> None:
     """Proves: a driver advertising an address its executors cannot reach (as a host name
     other hosts could not resolve did) stops within STREAMTRAIN_EXECUTOR_WAIT_S with one
-    line naming that address, and leaves no Spark process of its own."""
+    line naming that address, and leaves no Spark process of its own.
+
+    Slow: a Spark standalone master and worker (a JVM each) start first; then the run starts its
+    own Apache Kafka broker and replay, and waits out the 15 s STREAMTRAIN_EXECUTOR_WAIT_S on
+    purpose before its one line."""
     conf = security.write_conf(tmp_path / "auth.conf")
     spark = Standalone(tmp_path / "spark", conf, worker_hosts=["127.0.0.1"]).start()
     try:

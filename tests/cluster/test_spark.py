@@ -63,6 +63,14 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_the_first_session_records_the_class_archive_and_the_next_maps_it(
     recorded: Path, tmp_path: Path
 ) -> None:
+    """Proves: the class archive the first Spark session recorded is mapped by the next
+    session's JVM (SparkContext loads from the shared objects file), and nothing is recorded
+    again.
+
+    Slow: mostly the set-up of the module's `recorded` fixture, which this test, the module's
+    first, pays for: a Spark session whose loaded classes a background build at nice 19 dumps
+    into the archive (waited for, up to 300 s); then the second session's JVM, which the check
+    needs."""
     cache = tmp_path / "cache"
     shutil.copytree(recorded, cache)
     [archive] = (cache / "jvm").glob("*.jsa")

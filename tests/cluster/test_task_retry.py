@@ -146,7 +146,12 @@ def test_with_speculation_on_a_standalone_cluster_a_killed_worker_trains_each_mi
     on (a copy of any task running longer than half the finished one's time), a Python
     worker SIGKILLed mid-partition: Spark runs the task again, and the server applies every
     mini-batch of every range once, by its own count (and the clock rose by exactly the
-    exchanges); every record is trained once. (An executor JVM killed: test_multihost.)"""
+    exchanges); every record is trained once. (An executor JVM killed: test_multihost.)
+
+    Slow: the module's Spark standalone cluster (a master and two 1-core workers, a JVM each)
+    starts with this test, its only user; then one `streamtrain run` whose executors start on it
+    trains two 3,500-record HIGGS batches while a Python worker is killed and its task runs
+    again."""
     produced = (
         Replay(
             datasets.get("higgs", data_dir=data_dir),

@@ -43,7 +43,12 @@ def test_a_flipped_concept_is_found_said_and_adapted_to(tmp_path: Path, source: 
     drift's own batch is trained again ``adapt_replay`` (8) times over before its save (the
     server's clock moves that much more in it), each record once in the ledger still;
     report.json says what was done. Through both Kafka sources: Spark's own replays the batch
-    by computing its DataFrame again."""
+    by computing its DataFrame again.
+
+    Slow: per source, one whole run (its own Apache Kafka broker and replay, Spark, the
+    parameter server, TensorFlow workers) of the 12,000-record table in 1,000-record batches to
+    its end, the drift's batch trained 8 more times and each later batch 4 times; the old
+    concept's half warms the detector up and the new concept's half is adapted to and scored on."""
     _table(tmp_path / "flip.jsonl", RECORDS, change=CHANGE, seed=1)
     _table(tmp_path / "old.jsonl", 1_000, change=None, seed=2)
     out = tmp_path / "run"

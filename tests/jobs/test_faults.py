@@ -97,7 +97,11 @@ def _trained_once(out: Path, topic: str, produced: int) -> checkpoint.State:
 def test_a_broker_restart_mid_run_loses_nothing(tmp_path: Path) -> None:
     """Proves: the broker stopped and restarted (same port, same data folder) while the run's
     replay is still sending and the run is training: the producer sends again what failed,
-    the stream waits out the outage instead of failing, and every record is trained once."""
+    the stream waits out the outage instead of failing, and every record is trained once.
+
+    Slow: a broker of its own (Apache Kafka's JVM, its data kept in a folder) starts twice, and
+    the run's replay is held to 150 records/s so that it is still sending when the broker stops:
+    the 7,000 HIGGS records take 47 s, and the run trains them all across a 4 s outage."""
     port, storage, out = free_port("127.0.0.1"), tmp_path / "kafka", tmp_path / "run"
     # Apache Kafka's own broker, its data kept in a folder across the restart, as a user's.
     broker = EmbeddedBroker(engine="kafka", port=port, storage=str(storage)).start()
@@ -213,7 +217,11 @@ def test_a_full_disk_stops_the_run_with_one_line_and_resume_loses_nothing(
 ) -> None:
     """Proves: the disk under the run's folder fills mid-run; the run stops with one line and
     a non-zero exit, commits nothing it could not checkpoint, and once space returns,
-    --resume trains every record exactly once."""
+    --resume trains every record exactly once.
+
+    Slow: two runs of `streamtrain run` (Spark, the parameter server, TensorFlow workers): one
+    trains 250-record batches until batch 1's line and stops once the disk fills under it; its
+    resume streams until its 30 s --timeout (the topic is the test's: no end is known)."""
     produced = (
         Replay(
             datasets.get("higgs", data_dir=data_dir),

@@ -55,6 +55,15 @@ def test_a_click_stream_trains_its_id_tables_exactly_once_and_serves_them(
     topic,
     tmp_path,  # type: ignore[no-untyped-def]
 ) -> None:
+    """Proves: a click stream's ID tables train exactly once: on one shard, through a driver
+    killed at three batch boundaries, they end with the tables and weights of an uninterrupted
+    run on two shards; rows expire by their TTL, the model beats the majority class, and `serve`
+    answers a known and an unknown ID.
+
+    Slow: five runs of `streamtrain run`, each starting Spark, the parameter server, the row
+    servers and a TensorFlow worker (the uninterrupted run of six 2,000-record batches, three
+    runs killed at a boundary each, and the resume that finishes), then `streamtrain serve`; the
+    exact comparison needs the uninterrupted run beside the killed chain."""
     Replay(
         ClickStream(model=MODEL),
         bootstrap=broker.bootstrap,

@@ -196,7 +196,12 @@ def test_topics_of_json_and_avro_records_written_by_confluent_kafka(
 ) -> None:  # type: ignore[no-untyped-def]
     """Proves: a topic fed by someone else trains by a schema (inferred from its first JSON
     records, or given with the Avro writer's schema); the held-out share of keys scores
-    the model and is never trained; a bad record goes to dead letters naming its field."""
+    the model and is never trained; a bad record goes to dead letters naming its field.
+
+    Slow: three runs of `streamtrain run`, each starting Spark, the parameter server and
+    TensorFlow workers: a batch of the JSON topic, a batch of the Avro topic, and the run on
+    Confluent-framed records that stops in one line once its rejections pass the bound; each
+    topic's format needs a run of its own."""
     rows = [r for _, block, _ in read_rows(PENGUINS) for r in block]
     from pipeline.table import infer
     from producers.datasets.table import sample_columns

@@ -67,7 +67,13 @@ def test_a_driver_killed_at_each_boundary_of_a_batch_resumes_every_record_once(
     its ranges match the checkpoint's; each resumed run's first line says which batch Spark
     starts with and why, and removes the temporary files the kill left. Then a Spark
     checkpoint reset beside the state is refused with one line instead of skipping batches it
-    never ran."""
+    never ran.
+
+    Slow: per source, one run killed at each boundary and resumed in one chain (three kills with
+    the Python source, two with Spark's own), each a fresh `streamtrain run` starting Spark, the
+    parameter server and TensorFlow workers over 500-record batches; the resume that finishes
+    streams until its 25 s --timeout (the topic is the test's: no end is known), and one more
+    start is refused."""
     produced = (
         Replay(
             datasets.get("higgs", data_dir=data_dir),
@@ -431,7 +437,11 @@ def test_a_run_on_two_parameter_server_shards_resumes_on_one(
     batch's checkpoint one cut of both, every task's count agreed by both), and its
     checkpoint resumes on one server (--ps-shards may change between sessions): Adam's
     state goes on (a step per clock tick), every record is trained once, and no shard
-    process outlives the run."""
+    process outlives the run.
+
+    Slow: two runs of `streamtrain run` (Spark, TensorFlow workers, the parameter server as two
+    shard processes, then one): three 1,000-record batches on two shards, then the resume on
+    one, which streams until its 30 s --timeout (the topic is the test's: no end is known)."""
     produced = (
         Replay(
             datasets.get("higgs", data_dir=data_dir),

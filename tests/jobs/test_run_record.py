@@ -312,7 +312,12 @@ def test_a_higgs_run_stopped_after_a_batch_resumes_with_its_folder_alone(tmp_pat
     """Proves: the issue's night: `run --dataset higgs --epochs 2 --bootstrap B --out DIR` killed
     after its first batches, then `run --resume DIR` alone: HIGGS again (not MNIST's CNN), its
     replay sends what the topic lacks, and every one of the 14,000 records is trained once,
-    the run stopping by itself."""
+    the run stopping by itself.
+
+    Slow: a broker of its own (Apache Kafka's JVM) and two runs of `streamtrain run`, each
+    starting Spark, the parameter server and TensorFlow workers: two epochs of HIGGS killed
+    after batch 1's commit, then the resume that trains the rest of the 14,000 records and stops
+    by itself."""
     from pipeline.ingest.kafka import EmbeddedBroker
     from pipeline.train.ledger import check_ledger
 

@@ -70,7 +70,11 @@ def test_a_bad_isolation_level_is_one_line(tmp_path) -> None:  # type: ignore[no
 def test_two_runs_on_one_kafka_each_train_their_own_records(broker, tmp_path) -> None:  # type: ignore[no-untyped-def]
     """Proves: runs one after the other on one Kafka, each replaying HIGGS itself, each
     train their own 7,000 records once, in a topic of their own named in the report, and
-    stop by themselves ("all produced records trained"); a resume keeps its run's topic."""
+    stop by themselves ("all produced records trained"); a resume keeps its run's topic.
+
+    Slow: three starts of `streamtrain run` (Spark, the parameter server, TensorFlow workers):
+    two whole runs, each replaying the 7,000 HIGGS records and training them to the end, and the
+    second's resume, bounded by its 15 s --timeout; two runs are the least that share one Kafka."""
     from pipeline.train import checkpoint
 
     reports = []

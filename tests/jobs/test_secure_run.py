@@ -81,6 +81,15 @@ def scram(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecureKafka]:
 def test_a_run_trains_a_librdkafka_transaction_from_sasl_ssl_exactly_once(
     scram: SecureKafka, source: str, tmp_path: Path
 ) -> None:
+    """Proves: a librdkafka transaction on SASL_SSL (SCRAM-SHA-512) Kafka trains every record
+    once through either source, its malformed records go to dead letters and `predict` writes
+    its predictions there, and the password is in no process's command line or environment, nor
+    in any file of the run.
+
+    Slow: per source, a `streamtrain run` (Spark, the parameter server, a TensorFlow worker)
+    over TLS and SASL that streams until its 25 s --timeout, then a `streamtrain predict` with a
+    Spark session of its own; the module's secured broker (Apache Kafka's JVM, with its
+    certificates and SCRAM users) starts once, with the first case."""
     path = scram.write_client_properties(tmp_path / "client.properties")
     topic = f"secured-higgs-{source}"  # one broker serves both runs
     client.ensure_topic(scram.bootstrap, topic, partitions=1, conf=conf.load(path))

@@ -52,7 +52,12 @@ def test_a_stopped_run_leaves_its_report_and_model_and_resumes(
     written and the report's count is the checkpoint's; the broker, a child of the run,
     outlived a terminal's Ctrl-C to the group until the run stopped it; no temporary file is
     left. After SIGTERM, --resume trains the rest, every record once, and from its start
-    shows the run's totals and last score, serves the checkpoint, and says it truthfully."""
+    shows the run's totals and last score, serves the checkpoint, and says it truthfully.
+
+    Slow: each case starts a `streamtrain run` (Spark, the parameter server, TensorFlow
+    workers), lets it train until batch 1's line, then waits for it to finish the batch in
+    flight and write its model, report and picture; after SIGTERM, the resume, serving and
+    scraped, streams until its 20 s --timeout."""
     produced = (
         Replay(
             datasets.get("higgs", data_dir=data_dir),

@@ -87,6 +87,12 @@ def test_missing_columns_and_bad_inputs_are_clear(spark) -> None:  # type: ignor
 
 @pytest.mark.slow
 def test_dist_keras_mnist_cnn_reaches_95_percent_with_two_workers(mnist) -> None:  # type: ignore[no-untyped-def]
+    """Proves: the batch API trains dist-keras's MNIST CNN on two local workers (DOWNPOUR,
+    window 5) above 95% test accuracy.
+
+    Slow: two epochs of MNIST's 60,000 training images through that 1M-weight CNN on CPU, in two
+    spawned worker processes that each load TensorFlow and compile a replica; one epoch ended as
+    low as 0.935 on 2 cores, so two are the least that clear 0.95."""
     train, test = mnist.load("train"), mnist.load("test")
     net = models.mnist_cnn()
     assert net.count_params() == 1_048_853

@@ -218,6 +218,14 @@ def _last(prom_url: str, expr: str, at: float) -> float:
 
 
 def test_every_dashboard_panel_query_returns_data(scraped: dict[str, Any]) -> None:
+    """Proves: every dashboard panel's query returns data from a real Prometheus that scraped a
+    real run, its producer and its model server, except the panels fed elsewhere and a steady
+    run's drift marks.
+
+    Slow: mostly the set-up of the module's `scraped` fixture, which this test, the module's
+    first, pays for: a whole HIGGS `streamtrain run` with its metrics and model server, waited
+    for until its workers are warm, fed 7,000 records at 500/s and 40 broken ones while clients
+    ask it, streaming until its 30 s --timeout, then a last scrape of the producer."""
     board = dashboard.load(dashboard.DEFAULT_FILE)
     empty = []
     for title, expr, _ in dashboard.queries(board):

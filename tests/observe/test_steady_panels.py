@@ -91,6 +91,14 @@ def _series(prom: str, expr: str, start: float, end: float) -> list[list[float]]
 def test_rate_panels_read_steady_and_counters_go_on_across_a_resume(
     prometheus: Any, tmp_path: Path
 ) -> None:
+    """Proves: on a real Prometheus, the dashboard's per-batch rate panels read steady and its
+    duration quantiles within the batches' buckets, and across a resume the counters go on from
+    the checkpoint's totals at the first scrape, nothing counted twice.
+
+    Slow: it runs in real time against a 1 s scrape: a batch every 2 s for a full rate window
+    (the panels' 1-minute interval plus a scrape, 61 s) and 25 s of steady readings after it,
+    about 86 s, then the resume's warm-up and three more batches; a shorter feed leaves the rate
+    window without a steady stretch to read."""
     port = free_port()
     server_prom = prometheus({"streamtrain": [f"127.0.0.1:{port}"]})
     prom = server_prom.url

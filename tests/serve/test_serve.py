@@ -169,7 +169,12 @@ def served(live_run: dict[str, Any]) -> Iterator[int]:
 
 def test_live_predictions_change_as_the_clock_advances(live_run: dict[str, Any]) -> None:
     """Proves: `run --serve-port` answers from the weights being trained: a client saw
-    several versions (the server's clock) and different predictions for the same images."""
+    several versions (the server's clock) and different predictions for the same images.
+
+    Slow: mostly the set-up of the module's `live_run` fixture, which this test, the module's
+    first, pays for: a whole `streamtrain run` of MNIST (its own Apache Kafka broker and replay,
+    Spark, the parameter server, TensorFlow workers; six 3,000-record batches) served and
+    watched live until it ends and writes its report."""
     seen = live_run["seen"]
     assert len(seen) >= 2, (
         f"saw only versions {sorted(seen)}; watch ended by a refused connection: "
