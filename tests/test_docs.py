@@ -227,3 +227,21 @@ def test_the_reader_finds_each_tests_commands() -> None:
     assert cluster[-1].startswith("SPARK_LOCAL_IP=10.0.0.1 ") and cluster[-1].endswith(
         "--workers 8"
     )
+
+
+def test_every_properties_block_reads_as_it_means(tmp_path: Path) -> None:
+    """Proves: each ``properties`` block of the docs, saved as a user saves it, reads with the
+    project's reader into settings whose values hold no comment: Java's ``Properties`` and
+    librdkafka take a ``#`` after a value as part of it, so a file copied from the docs with
+    one would send the comment as the broker's address or the mechanism."""
+    from pipeline.ingest.kafka import conf
+
+    found = [b for b in _blocks() if b.info == "properties"]
+    assert found, "no properties block in the docs: the check has nothing to read"
+    for block in found:
+        saved = tmp_path / "client.properties"
+        saved.write_text(block.text + "\n")
+        settings = conf.read_properties(saved)
+        assert settings, f"{block.doc}:{block.line}: no setting read"
+        commented = {k: v for k, v in settings.items() if "#" in v}
+        assert not commented, f"{block.doc}:{block.line}: a comment after a value: {commented}"

@@ -1,6 +1,6 @@
 """Faults beyond a driver kill, survived end to end: a broker restart mid-run, and a disk that
-fills under the checkpoint. Real broker (noida, which keeps its data), real Spark, real
-TensorFlow; the test reads what happened from the run's own files."""
+fills under the checkpoint. Real broker (Apache Kafka's, its data in a folder that outlives a
+restart), real Spark, real TensorFlow; the test reads what happened from the run's own files."""
 
 from __future__ import annotations
 
