@@ -288,6 +288,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         output["left_out"] = len(_left_out)
 
 
+@pytest.hookimpl(optionalhook=True)  # xdist's hook: without xdist, nothing calls it
 def pytest_testnodedown(node: Any, error: Any) -> None:
     _left_out_by_workers.append(getattr(node, "workeroutput", {}).get("left_out", 0))
 

@@ -45,10 +45,10 @@ took lint
 .venv/bin/python -m pipeline.ingest.kafka kafka || exit 1
 took "kafka's jars"
 
-# Two workers, a test file to each at a time (its module fixtures started once), the longest
-# files first (tests/conftest.py): many tests wait on brokers, JVMs and containers rather than
-# compute, and on 2 cores two lanes finish the suite in about half the time of one
-# (README.md). STREAMTRAIN_TEST_WORKERS=0 runs them in this process, one after another.
+# Two workers, each test file whole on one of them (its module fixtures started once), the
+# longest files first (tests/conftest.py): many tests wait on brokers, JVMs and containers
+# rather than compute, and two lanes fill those waits (README.md has the times).
+# STREAMTRAIN_TEST_WORKERS=0 runs every test in this process, one after another (for --pdb).
 .venv/bin/python -m pytest -n "${STREAMTRAIN_TEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder "$@"
 rc=$?
 took pytest

@@ -1,6 +1,7 @@
 """The map of what the suite proves: every test, by id, with what it claims and asserts.
 
-Generated from the test files' syntax (no import, no collection), so it is the same on every
+Generated from the test files' syntax (no import, no collection), each check as its source
+text (not ``ast.unparse``, whose quoting changes between Pythons), so it is the same on every
 machine and quick to check. ``tests/SCENARIOS.txt`` holds it; ``tests/test_scenarios.py``
 fails when the file is stale, and when a scenario leaves the map without a new home in
 ``MOVED``: a test folded into another one that starts the same services keeps its checks,
@@ -9,15 +10,14 @@ and the map says where they went.
 Regenerate after changing tests: ``.venv/bin/python -m tests.scenarios --write``.
 
 Example:
-    >>> import ast
-    >>> tree = ast.parse('''
+    >>> source = '''
     ... def test_adds():
     ...     "One and one make two."
-    ...     assert 1 + 1 == 2
-    ... ''')
-    >>> [s.claim for s in scenarios_of(tree, "tests/test_x.py")]
+    ...     assert 1 + 1 == 2  # arithmetic
+    ... '''
+    >>> [s.claim for s in scenarios_of(source, "tests/test_x.py")]
     ['One and one make two.']
-    >>> scenarios_of(tree, "tests/test_x.py")[0].checks
+    >>> scenarios_of(source, "tests/test_x.py")[0].checks
     ('assert 1 + 1 == 2',)
 """
 
@@ -91,18 +91,18 @@ def _short(text: str, limit: int = 160) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _checks(fn: ast.AST, helpers: dict[str, int]) -> tuple[str, ...]:
+def _checks(fn: ast.AST, helpers: dict[str, int], source: str) -> tuple[str, ...]:
     """The test's own asserts, what it expects to raise or fail, and the project helpers with
     asserts of their own that it calls (their checks count as the test's)."""
     out: list[str] = []
     called: list[str] = []
     for sub in ast.walk(fn):
         if isinstance(sub, ast.Assert):
-            out.append("assert " + _short(ast.unparse(sub.test)))
+            out.append("assert " + _short(ast.get_source_segment(source, sub.test) or ""))
         elif isinstance(sub, ast.Call):
-            name = ast.unparse(sub.func)
+            name = ast.get_source_segment(source, sub.func) or ""
             if name in ("pytest.raises", "pytest.fail", "pytest.xfail", "pytest.skip"):
-                args = ", ".join(ast.unparse(a) for a in sub.args[:1])
+                args = ", ".join(ast.get_source_segment(source, a) or "" for a in sub.args[:1])
                 out.append(f"{name.removeprefix('pytest.')} {_short(args, 80)}".rstrip())
             elif name in helpers and name not in called:
                 called.append(name)
@@ -121,8 +121,9 @@ def _helpers(tree: ast.Module) -> dict[str, int]:
     return found
 
 
-def scenarios_of(tree: ast.Module, path: str) -> list[Scenario]:
-    """Every test function of one parsed test module, in file order."""
+def scenarios_of(source: str, path: str) -> list[Scenario]:
+    """Every test function of one test module's source, in file order."""
+    tree = ast.parse(source, path)
     module_slow = "slow" in _module_marks(tree)
     helpers = _helpers(tree)
 
@@ -141,7 +142,7 @@ def scenarios_of(tree: ast.Module, path: str) -> list[Scenario]:
                     slow=slow or "slow" in marks,
                     parametrized="parametrize" in marks,
                     claim=_claim(node),
-                    checks=_checks(node, helpers),
+                    checks=_checks(node, helpers, source),
                 )
 
     return list(walk(tree.body, path, module_slow))
@@ -152,7 +153,7 @@ def collect(root: Path = ROOT) -> list[Scenario]:
     found: list[Scenario] = []
     for path in sorted((root / "tests").rglob("test_*.py")):
         rel = path.relative_to(root).as_posix()
-        found += scenarios_of(ast.parse(path.read_text(), rel), rel)
+        found += scenarios_of(path.read_text(), rel)
     return found
 
 

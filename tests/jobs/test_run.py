@@ -12,6 +12,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +24,8 @@ from producers import Replay, datasets
 from tests.conftest import SOURCES
 
 ROOT = Path(__file__).resolve().parents[2]
+#: An environment variable a test gives its runs, to tell their processes from other tests'.
+MARK = "STREAMTRAIN_TEST_MARK"
 
 
 def _cli(
@@ -416,15 +419,19 @@ def test_a_driver_killed_outright_leaves_no_replay_or_model_server(tmp_path: Pat
         time.sleep(0.2)
 
 
-def _shard_processes() -> list[int]:
-    """Shard processes of this checkout's Python (a run's, however it ended)."""
+def _shard_processes(mark: str) -> list[int]:
+    """Shard processes of this checkout's Python started by runs whose environment holds
+    ``MARK=mark`` (a run's, however it ended): not another test's, which may run beside."""
     found = []
     for proc in Path("/proc").iterdir():
         try:
             cmdline = (proc / "cmdline").read_bytes().split(b"\0")
+            if b"pipeline.train.shard_process" not in cmdline:
+                continue
+            environ = (proc / "environ").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"pipeline.train.shard_process" in cmdline and cmdline[0].startswith(str(ROOT).encode()):
+        if cmdline[0].startswith(str(ROOT).encode()) and f"{MARK}={mark}".encode() in environ:
             found.append(int(proc.name))
     return found
 
@@ -465,7 +472,10 @@ def test_a_run_on_two_parameter_server_shards_resumes_on_one(
         "--eval-every",
         "100",
     ]
-    first = _cli("run", *common, "--out", str(out), "--ps-shards", "2", "--max-batches", "3")
+    mark = {MARK: uuid.uuid4().hex}  # inherited by the runs' shard processes, so found
+    first = _cli(
+        "run", *common, "--out", str(out), "--ps-shards", "2", "--max-batches", "3", env=mark
+    )
     assert first.returncode == 0, first.stderr[-3000:]
     report = json.loads((out / "report.json").read_text())
     assert report["parameter_server"]["shards"] == 2 and report["trained_records"] == 3000
@@ -478,10 +488,12 @@ def test_a_run_on_two_parameter_server_shards_resumes_on_one(
     )
     assert saved.optimizer["m"].size == saved.weights.size  # the shards' slices joined
 
-    done = _cli("run", *common, "--resume", str(out), "--ps-shards", "1", "--timeout", "30")
+    done = _cli(
+        "run", *common, "--resume", str(out), "--ps-shards", "1", "--timeout", "30", env=mark
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     final = checkpoint.load(out)
     assert final is not None and int(final.optimizer["iterations"]) == final.clock > saved.clock
     assert _ledger_total(final.ledger) == produced == final.extra["trained"]
     assert json.loads((out / "report.json").read_text())["parameter_server"]["shards"] == 1
-    assert not _shard_processes()
+    assert not _shard_processes(mark[MARK])
