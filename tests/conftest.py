@@ -322,7 +322,8 @@ def _slow_without_reason(reporter: pytest.TerminalReporter) -> list[str]:
                 spent[r.nodeid] = spent.get(r.nodeid, 0.0) + r.duration
                 if any(list(p) == ["says_why_slow", False] for p in r.user_properties):
                     unexplained.add(r.nodeid)
-    return sorted(f"{spent[n]:.0f} s {n}" for n in unexplained if spent[n] > SLOW_S)
+    over = sorted((n for n in unexplained if spent[n] > SLOW_S), key=lambda n: -spent[n])
+    return [f"{spent[n]:.0f} s {n}" for n in over]
 
 
 def _tier_seconds(reporter: pytest.TerminalReporter) -> dict[str, float]:
