@@ -312,16 +312,20 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         report.user_properties.append(("says_why_slow", _says_why_slow(item)))
 
 
+def _test_reports(reporter: pytest.TerminalReporter) -> Iterator[pytest.TestReport]:
+    """Every test's set-up, call and tear-down report, whatever its outcome."""
+    for reports in reporter.stats.values():
+        yield from (r for r in reports if isinstance(r, pytest.TestReport))
+
+
 def _slow_without_reason(reporter: pytest.TerminalReporter) -> list[str]:
     """Tests over SLOW_S (set-up, call and tear-down) whose docstrings do not say why."""
     spent: dict[str, float] = {}
     unexplained = set()
-    for reports in reporter.stats.values():
-        for r in reports:
-            if isinstance(r, pytest.TestReport):
-                spent[r.nodeid] = spent.get(r.nodeid, 0.0) + r.duration
-                if any(list(p) == ["says_why_slow", False] for p in r.user_properties):
-                    unexplained.add(r.nodeid)
+    for r in _test_reports(reporter):
+        spent[r.nodeid] = spent.get(r.nodeid, 0.0) + r.duration
+        if any(list(p) == ["says_why_slow", False] for p in r.user_properties):
+            unexplained.add(r.nodeid)
     over = sorted((n for n in unexplained if spent[n] > SLOW_S), key=lambda n: -spent[n])
     return [f"{spent[n]:.0f} s {n}" for n in over]
 
@@ -329,10 +333,8 @@ def _slow_without_reason(reporter: pytest.TerminalReporter) -> list[str]:
 def _tier_seconds(reporter: pytest.TerminalReporter) -> dict[str, float]:
     """Seconds of test time (set-up, call, tear-down) in each tier, from every report."""
     totals = {"quick": 0.0, "slow": 0.0}
-    for reports in reporter.stats.values():
-        for r in reports:
-            if isinstance(r, pytest.TestReport):
-                totals["slow" if "slow" in r.keywords else "quick"] += r.duration
+    for r in _test_reports(reporter):
+        totals["slow" if "slow" in r.keywords else "quick"] += r.duration
     return totals
 
 
